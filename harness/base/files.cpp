@@ -1,0 +1,82 @@
+// write_file_atomic, read_file and tail_lines.
+#include "harness/base/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "harness/base/error.h"
+
+namespace mih {
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create directory '", path.parent_path().string(),
+                 "': ", ec.message(), "; choose a writable evidence/run directory");
+  std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(errno),
+                 "; choose a writable evidence/run directory");
+  const char* data = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err));
+    }
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
+  bool synced = ::fsync(fd) == 0;
+  int err = errno;
+  ::close(fd);
+  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (synced) err = errno;
+    ::unlink(tmp.c_str());
+    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err));
+  }
+}
+
+bool read_file(const std::filesystem::path& path, std::string* contents) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  *contents = buffer.str();
+  return true;
+}
+
+std::string tail_lines(const std::filesystem::path& path, size_t lines, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  std::streamoff size = in.tellg();
+  std::streamoff start = size > static_cast<std::streamoff>(max_bytes) ? size - static_cast<std::streamoff>(max_bytes) : 0;
+  in.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (start > 0) text.erase(0, text.find('\n') + 1);  // drop the partial first line
+  std::vector<std::string_view> all;
+  std::string_view rest(text);
+  while (!rest.empty()) {
+    size_t eol = rest.find('\n');
+    all.push_back(rest.substr(0, eol));
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+  }
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out.append(all[i]);
+    out.push_back('\n');
+  }
+  return out;
+}
+
+}  // namespace mih

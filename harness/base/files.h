@@ -1,0 +1,25 @@
+// Small file helpers every component needs: atomic whole-file writes (temp + fsync +
+// rename, so a reader never sees half a file) and reading a file's last lines.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace mih {
+
+/// Writes `contents` to `path` atomically: a temp file in the same directory, fsync, then
+/// rename over `path`. Creates missing parent directories.
+/// Throws: mih::Error{kFailedPrecondition} naming the path and the OS error if the
+///   directory cannot be created or the file written.
+void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
+
+/// Reads the whole file into *contents; returns false if it cannot be read.
+bool read_file(const std::filesystem::path& path, std::string* contents);
+
+/// Returns the last `lines` lines of the file (all of it if shorter; "" if unreadable),
+/// reading at most the last `max_bytes` bytes.
+std::string tail_lines(const std::filesystem::path& path, size_t lines, size_t max_bytes = 64 * 1024);
+
+}  // namespace mih

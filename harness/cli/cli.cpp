@@ -1,0 +1,212 @@
+// `mih` subcommands: argument parsing with CLI11, then the runtime does the work.
+#include "harness/cli/cli.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/compat/collectives.h"
+#include "harness/runtime/device_mesh.h"
+#include "harness/runtime/launcher.h"
+#include "harness/runtime/selftest.h"
+#include "harness/runtime/worker.h"
+
+namespace mih {
+namespace {
+
+std::string default_run_id() {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  return std::string(stamp) + "-" + std::to_string(::getpid());
+}
+
+std::string version_text() {
+  return internal::str("mih 0.1.0 (libtorch ", compat::torch_version(), "; backends:",
+                       compat::backend_available(compat::BackendKind::kGloo) ? " gloo" : "",
+                       compat::backend_available(compat::BackendKind::kNccl) ? " nccl" : "", ")");
+}
+
+// Options shared by every subcommand that launches ranks.
+struct LaunchFlags {
+  int world_size = 2;
+  std::string backend = "gloo";
+  double timeout_s = 300;
+  double collective_timeout_s = 60;
+  double rendezvous_timeout_s = 60;
+  int threads_per_rank = 1;
+  std::string launcher_template;
+  std::string rendezvous = "file";
+  std::filesystem::path evidence_root = "mih-evidence";
+  std::string run_id;
+
+  void add_to(CLI::App& app) {
+    app.add_option("-n,--world-size", world_size, "number of ranks")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("--backend", backend, "process-group backend")
+        ->check(CLI::IsMember({"gloo", "nccl"}))
+        ->capture_default_str();
+    app.add_option("--timeout", timeout_s, "seconds the whole run may take; then every rank is stopped")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--collective-timeout", collective_timeout_s, "seconds one collective may take")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--rendezvous-timeout", rendezvous_timeout_s, "seconds a rank waits for the others to start")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--threads-per-rank", threads_per_rank, "intra-op threads of torch and BLAS in each rank")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--rendezvous", rendezvous,
+                   "local runs: 'file' (FileStore in the run dir, no ports) or 'tcp' (TCPStore hosted by mih)")
+        ->check(CLI::IsMember({"file", "tcp"}))
+        ->capture_default_str();
+    app.add_option("--launcher", launcher_template,
+                   "command template that starts the ranks itself, with {cmd} for the rank command, e.g. "
+                   "\"srun -N2 --ntasks-per-node=8 {cmd}\" (mih hosts the TCPStore they meet at)");
+    app.add_option("--evidence-root", evidence_root, "where run directories are created")->capture_default_str();
+    app.add_option("--run-id", run_id, "name of this run's directory (default: UTC time and pid)");
+  }
+
+  std::filesystem::path run_dir(const std::string& what) const {
+    return evidence_root / (run_id.empty() ? default_run_id() : run_id) / what;
+  }
+
+  WorkerOptions worker_options(const std::filesystem::path& run_dir) const {
+    WorkerOptions o;
+    o.run_dir = std::filesystem::absolute(run_dir);
+    o.backend = compat::parse_backend(backend);
+    o.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
+    o.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(rendezvous_timeout_s * 1000));
+    if (launcher_template.empty()) o.gloo_hostname = "127.0.0.1";
+    o.determinism.intra_op_threads = threads_per_rank;
+    return o;
+  }
+
+  LaunchOptions launch_options(std::vector<std::string> command, const std::filesystem::path& run_dir) const {
+    LaunchOptions o;
+    o.world_size = world_size;
+    o.command = std::move(command);
+    o.run_dir = run_dir;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    o.threads_per_rank = threads_per_rank;
+    o.command_template = launcher_template;
+    o.rendezvous = rendezvous == "tcp" ? RendezvousKind::kTcp : RendezvousKind::kFile;
+    return o;
+  }
+};
+
+int run_selftest(const LaunchFlags& flags, const std::string& mesh_text, int repeats) {
+  ParallelDims dims = mesh_text.empty() ? ParallelDims::spread(flags.world_size) : ParallelDims::parse(mesh_text);
+  dims.validate(flags.world_size);  // before any rank starts
+  std::filesystem::path run_dir = flags.run_dir("selftest");
+  std::vector<std::string> task_args = {"--repeats", std::to_string(repeats)};
+  if (dims.product() > 1) task_args.insert(task_args.end(), {"--mesh", dims.str()});
+  LaunchOptions launch_options =
+      flags.launch_options(worker_command("selftest", flags.worker_options(run_dir), task_args), run_dir);
+  std::printf("mih selftest: %d rank(s), mesh %s, backend %s, run dir %s\n", flags.world_size, dims.str().c_str(),
+              flags.backend.c_str(), run_dir.string().c_str());
+  std::fflush(stdout);
+  LaunchResult result = launch(launch_options);
+
+  std::string text;
+  bool have_table = read_file(run_dir / "selftest.json", &text);
+  bool checks_ok = false;
+  if (have_table) {
+    nlohmann::json summary = nlohmann::json::parse(text);
+    checks_ok = summary.at("ok").get<bool>();
+    std::printf("\n%s", format_selftest_table(summary).c_str());
+  }
+  if (!result.ok() && !(have_table && !checks_ok)) {
+    std::fprintf(stderr, "\n%s", result.report().c_str());
+  }
+  std::printf("\nevidence: %s (logs/, comm/, selftest.json); %.2f s\n", run_dir.string().c_str(), result.seconds);
+  if (have_table && !checks_ok) return 1;
+  return result.ok() ? 0 : exit_status(result.code());
+}
+
+int run_launch(const LaunchFlags& flags, const std::string& task, const std::vector<std::string>& task_args) {
+  std::filesystem::path run_dir = flags.run_dir(task);
+  LaunchOptions launch_options =
+      flags.launch_options(worker_command(task, flags.worker_options(run_dir), task_args), run_dir);
+  LaunchResult result = launch(launch_options);
+  std::fprintf(result.ok() ? stdout : stderr, "%s", result.report().c_str());
+  std::printf("evidence: %s (logs/, comm/)\n", run_dir.string().c_str());
+  return result.ok() ? 0 : exit_status(result.code());
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "worker") return worker_main(argc - 1, argv + 1);
+
+  CLI::App app{
+      "mih: model-integration conformance harness. Runs short real training steps of a model across parallel "
+      "configurations on real c10d process groups and checks every declared invariant.",
+      "mih"};
+  app.set_version_flag("--version", version_text());
+  app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 ok; 1 checks failed; 2 usage error; 11-17 a mih error "
+      "(11 invalid_spec, 12 failed_precondition, 13 unimplemented, 14 deadline_exceeded, 15 unavailable, "
+      "16 aborted: a rank crashed, 17 internal).");
+
+  LaunchFlags flags;
+  flags.world_size = 4;
+  std::string mesh_text;
+  int repeats = 3;
+  CLI::App* selftest = app.add_subcommand(
+      "selftest",
+      "Launch N ranks, build the device mesh, run every collective (all_reduce sum/avg/max/min, all_gather, "
+      "reduce_scatter sum/avg, broadcast, all_to_all, send/recv, barrier) on every mesh axis with float32, "
+      "float64, bfloat16 and int64 tensors, check each value against an independent computation, and print "
+      "a table (axis x op: ok, time). Under torchrun/srun instead: "
+      "`torchrun --nproc-per-node=4 mih worker selftest --run-dir DIR -- --mesh cp=2,tp=2`.");
+  flags.add_to(*selftest);
+  selftest->add_option("--mesh", mesh_text,
+                       "mesh degrees, e.g. dp_shard=2,tp=2 (axes dp_replicate, dp_shard, cp, tp; product = world "
+                       "size; default: the world size's prime factors spread over tp, cp, dp_shard, dp_replicate)");
+  selftest->add_option("--repeats", repeats, "calls per (axis, op, dtype); the median time is shown")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
+  LaunchFlags launch_flags;
+  std::string task;
+  CLI::App* launch_cmd = app.add_subcommand(
+      "launch",
+      "Launch N ranks of a worker task (see `mih worker --help` for the tasks) and report how each rank ended; "
+      "arguments after the task name go to the task.");
+  launch_flags.add_to(*launch_cmd);
+  launch_cmd->add_option("task", task, "worker task to run on every rank")->required();
+  launch_cmd->prefix_command();
+
+  app.add_subcommand("worker",
+                     "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
+                     "`mih worker --help` lists its options and tasks.")
+      ->prefix_command();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (selftest->parsed()) return run_selftest(flags, mesh_text, repeats);
+    if (launch_cmd->parsed()) return run_launch(launch_flags, task, launch_cmd->remaining());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
+    return exit_status(e.code());
+  }
+  return 0;
+}
+
+}  // namespace mih

@@ -1,0 +1,185 @@
+// CommLedger: in-memory records plus an append-only JSONL file per rank.
+#include "harness/runtime/comm_ledger.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+
+namespace mih {
+
+CallSite::CallSite(const char* label, std::source_location where)
+    : label(label ? label : ""), file(where.file_name()), line(static_cast<int>(where.line())) {}
+
+std::string CallSite::str() const {
+  std::string_view f(file);
+  auto last = f.rfind('/');
+  if (last != std::string_view::npos && last > 0) {
+    auto before = f.rfind('/', last - 1);
+    if (before != std::string_view::npos) f = f.substr(before + 1);
+  }
+  std::string where = internal::str(f, ":", line);
+  return *label ? internal::str(label, " @ ", where) : where;
+}
+
+void to_json(nlohmann::json& j, const CommRecord& r) {
+  j = nlohmann::json{{"seq", r.seq},       {"event", r.event}, {"axis", r.axis},
+                     {"ranks", r.ranks},   {"op", r.op},       {"dtype", r.dtype},
+                     {"numel", r.numel},   {"bytes", r.bytes}, {"start_us", r.start_us},
+                     {"site", r.site}};
+  if (r.event != "begin") j["duration_us"] = r.duration_us;
+  if (!r.error.empty()) j["error"] = r.error;
+}
+
+void from_json(const nlohmann::json& j, CommRecord& r) {
+  r.seq = j.at("seq").get<int64_t>();
+  r.event = j.at("event").get<std::string>();
+  r.axis = j.at("axis").get<std::string>();
+  r.ranks = j.at("ranks").get<std::vector<int>>();
+  r.op = j.at("op").get<std::string>();
+  r.dtype = j.value("dtype", "");
+  r.numel = j.value("numel", int64_t{0});
+  r.bytes = j.value("bytes", int64_t{0});
+  r.start_us = j.value("start_us", int64_t{0});
+  r.duration_us = j.value("duration_us", int64_t{0});
+  r.site = j.value("site", "");
+  r.error = j.value("error", "");
+}
+
+int64_t wall_clock_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+CommLedger::CommLedger(const std::filesystem::path& path) : path_(path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the comm ledger '", path.string(),
+                 "' for appending: ", std::strerror(errno), "; the run directory must be writable");
+}
+
+CommLedger::~CommLedger() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void CommLedger::append(const CommRecord& record) {
+  if (fd_ < 0) return;
+  std::string line = nlohmann::json(record).dump() + "\n";
+  // One write per line: O_APPEND makes it atomic with respect to other appends, and a
+  // crash between lines leaves whole lines behind.
+  const char* data = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd_, data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // evidence of a failing disk is not worth failing the collective
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+int64_t CommLedger::begin(std::string_view axis, const std::vector<int>& ranks, std::string_view op,
+                          std::string_view dtype, int64_t numel, int64_t bytes, const CallSite& site) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  CommRecord r;
+  r.seq = next_seq_++;
+  r.event = "begin";
+  r.axis = axis;
+  r.ranks = ranks;
+  r.op = op;
+  r.dtype = dtype;
+  r.numel = numel;
+  r.bytes = bytes;
+  r.start_us = wall_clock_us();
+  r.site = site.str();
+  append(r);
+  open_.push_back(std::move(r));
+  open_started_.push_back(std::chrono::steady_clock::now());
+  return open_.back().seq;
+}
+
+void CommLedger::finish(int64_t seq, std::string_view event, std::string_view error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].seq != seq) continue;
+    CommRecord r = std::move(open_[i]);
+    r.event = event;
+    r.error = error;
+    r.duration_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::steady_clock::now() - open_started_[i])
+                        .count();
+    open_.erase(open_.begin() + static_cast<std::ptrdiff_t>(i));
+    open_started_.erase(open_started_.begin() + static_cast<std::ptrdiff_t>(i));
+    append(r);
+    completed_.push_back(std::move(r));
+    return;
+  }
+}
+
+void CommLedger::end(int64_t seq) { finish(seq, "end", ""); }
+
+void CommLedger::fail(int64_t seq, std::string_view error) { finish(seq, "error", error); }
+
+std::vector<CommRecord> CommLedger::completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+std::optional<CommRecord> CommLedger::in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (open_.empty()) return std::nullopt;
+  return open_.back();
+}
+
+std::vector<CommRecord> read_ledger(const std::filesystem::path& path) {
+  std::vector<CommRecord> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;  // a line cut short by a kill
+    try {
+      out.push_back(j.get<CommRecord>());
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+  }
+  return out;
+}
+
+std::string describe_last_activity(const std::vector<CommRecord>& records, int64_t now_us) {
+  if (records.empty()) return "no collective yet";
+  // The newest begin without a matching end/error is the call the rank is inside.
+  std::vector<int64_t> finished;
+  for (const auto& r : records) {
+    if (r.event != "begin") finished.push_back(r.seq);
+  }
+  auto where = [](const CommRecord& r) {
+    std::string ranks;
+    for (size_t i = 0; i < r.ranks.size(); ++i) ranks += (i ? ", " : "") + std::to_string(r.ranks[i]);
+    return internal::str(r.op, " on axis '", r.axis, "' (ranks [", ranks, "], ", r.dtype, " x ", r.numel,
+                         ") called from ", r.site);
+  };
+  for (auto it = records.rbegin(); it != records.rend(); ++it) {
+    if (it->event == "begin" && std::find(finished.begin(), finished.end(), it->seq) == finished.end()) {
+      double secs = static_cast<double>(now_us - it->start_us) / 1e6;
+      std::ostringstream s;
+      s.precision(2);
+      s << std::fixed << secs;
+      return internal::str("inside ", where(*it), " for ", s.str(), " s");
+    }
+  }
+  const CommRecord& last = records.back();
+  if (last.event == "error") return internal::str("failed in ", where(last), ": ", last.error);
+  return internal::str("last completed ", where(last));
+}
+
+}  // namespace mih

@@ -1,0 +1,58 @@
+// Store selection and the join step of a run.
+#include "harness/runtime/rendezvous.h"
+
+#include <unistd.h>
+
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+
+namespace mih {
+
+compat::Store connect_store(const World& world, const Env& env, std::chrono::milliseconds timeout) {
+  if (const std::string* path = find_env(env, kStoreFileVar)) {
+    return compat::make_file_store(*path, world.world_size, timeout);
+  }
+  MIH_CHECK(!world.master_addr.empty(),
+            "no rendezvous for ", world.describe(), ": set ", kStoreFileVar,
+            "=<shared file>, or MASTER_ADDR and MASTER_PORT (torchrun sets them; under srun or mpirun export "
+            "MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>)");
+  const std::string* hosted = find_env(env, kStoreHostedVar);
+  compat::TcpStoreOptions o;
+  o.host = world.master_addr;
+  o.port = static_cast<uint16_t>(world.master_port);
+  o.is_server = !(hosted && *hosted == "1") && world.rank == 0;
+  o.world_size = world.world_size;
+  o.timeout = timeout;
+  return with_context(internal::str("while connecting ", world.describe(), " to the rendezvous store"),
+                      [&] { return compat::make_tcp_store(o); });
+}
+
+void join(compat::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
+          const std::string& tag) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string prefix = "mih/join/" + tag + "/rank";
+  store.set(prefix + std::to_string(rank), nlohmann::json{{"host", host}, {"pid", ::getpid()}}.dump());
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const Error&) {
+    std::vector<int> missing, joined;
+    for (int r = 0; r < world_size; ++r) (store.check({keys[static_cast<size_t>(r)]}) ? joined : missing).push_back(r);
+    if (missing.empty()) return;  // the last rank arrived just after the deadline
+    auto list = [](const std::vector<int>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return "[" + s + "]";
+    };
+    MIH_THROW(Code::kDeadlineExceeded, "rendezvous '", tag, "' timed out after ", timeout.count(), " ms: rank(s) ",
+              list(missing), " of ", world_size, " never joined (joined: ", list(joined), "; store ",
+              store.description(), "); check that every rank was started and reaches the same store");
+  }
+}
+
+}  // namespace mih

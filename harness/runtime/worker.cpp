@@ -1,0 +1,308 @@
+// worker_main: parses the worker command line, sets up the rank (parent-death signal,
+// determinism, watchdog) and runs the task; the task registry.
+#include "harness/runtime/worker.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/runtime/launcher.h"
+#include "harness/runtime/rendezvous.h"
+#include "harness/runtime/selftest.h"
+
+namespace mih {
+namespace {
+
+struct TaskEntry {
+  std::string help;
+  std::vector<TaskOption> options;
+  WorkerTask task;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, TaskEntry>& registry() {
+  static std::map<std::string, TaskEntry> tasks;
+  return tasks;
+}
+
+// Built-in tasks live in this library; registering them from a static initializer in a
+// static archive would be dropped by the linker, so they are registered on first use.
+void ensure_builtin_tasks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_worker_task("selftest", "every collective on every mesh axis, checked against expected values",
+                         selftest_task_options(), run_selftest_task);
+    register_worker_task("ping", "join the rendezvous and all-reduce one tensor over the world (launch cost)", {},
+                         run_ping_task);
+  });
+}
+
+std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank) {
+  return run_dir / "errors" / (rank >= 0 ? "rank" + std::to_string(rank) + ".json" : std::string("rank_unknown.json"));
+}
+
+// Reports `e` and ends the process: destructors could block (a group whose peer died).
+[[noreturn]] void fail_worker(const std::filesystem::path& run_dir, int rank, int world_size, const Error& e) {
+  nlohmann::json j{{"rank", rank},
+                   {"world_size", world_size},
+                   {"code", std::string(code_name(e.code()))},
+                   {"exit_status", exit_status(e.code())},
+                   {"message", e.message()},
+                   {"context", e.context()}};
+  try {
+    write_file_atomic(error_file(run_dir, rank), j.dump(2) + "\n");
+  } catch (const std::exception& write_error) {
+    std::fprintf(stderr, "mih worker: could not record the error: %s\n", write_error.what());
+  }
+  std::fprintf(stderr, "mih worker rank %d/%d: %s error: %s\n", rank, world_size, std::string(code_name(e.code())).c_str(),
+               e.what());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(exit_status(e.code()));
+}
+
+// Ends the rank if the task outlives options.case_timeout (runs without mih's launcher).
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds timeout, std::function<void()> on_expiry) {
+    if (timeout.count() <= 0) return;
+    thread_ = std::thread([this, timeout, on_expiry = std::move(on_expiry)] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!cv_.wait_for(lock, timeout, [this] { return cancelled_; })) on_expiry();
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+  std::thread thread_;
+};
+
+// Dies with the launcher: without this a SIGKILLed launcher would leave its ranks running.
+void follow_launcher(const Env& env) {
+  const std::string* pid = find_env(env, kLauncherPidVar);
+  if (!pid) return;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (std::to_string(::getppid()) != *pid) std::_Exit(exit_status(Code::kAborted));  // died before prctl
+}
+
+}  // namespace
+
+std::vector<std::string> WorkerOptions::to_args() const {
+  std::vector<std::string> args = {
+      "--run-dir", run_dir.string(),
+      "--backend", std::string(compat::backend_name(backend)),
+      "--collective-timeout-ms", std::to_string(collective_timeout.count()),
+      "--rendezvous-timeout-ms", std::to_string(rendezvous_timeout.count()),
+      "--threads", std::to_string(determinism.intra_op_threads),
+      "--seed", std::to_string(determinism.seed)};
+  if (case_timeout.count() > 0) {
+    args.insert(args.end(), {"--case-timeout-ms", std::to_string(case_timeout.count())});
+  }
+  if (!gloo_hostname.empty()) args.insert(args.end(), {"--gloo-host", gloo_hostname});
+  if (!determinism.deterministic_algorithms) args.push_back("--no-deterministic");
+  return args;
+}
+
+WorkerContext::WorkerContext(World world, WorkerOptions options, std::map<std::string, std::string> task_options,
+                             Env env)
+    : world_(std::move(world)),
+      options_(std::move(options)),
+      task_options_(std::move(task_options)),
+      env_(std::move(env)) {}
+
+const std::string& WorkerContext::option(const std::string& name) const {
+  auto it = task_options_.find(name);
+  MIH_INTERNAL_ASSERT(it != task_options_.end(), "the task reads option '--", name, "' it did not declare");
+  return it->second;
+}
+
+int64_t WorkerContext::int_option(const std::string& name) const {
+  const std::string& value = option(name);
+  int64_t out = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && !value.empty(), "task option '--", name,
+            "': expected an integer, got '", value, "'");
+  return out;
+}
+
+compat::Store& WorkerContext::store() {
+  if (!store_) {
+    compat::Store store = connect_store(world_, env_, options_.rendezvous_timeout);
+    join(store, world_.rank, world_.world_size, options_.rendezvous_timeout);
+    store_ = std::move(store);
+  }
+  return *store_;
+}
+
+const std::shared_ptr<CommLedger>& WorkerContext::ledger() {
+  if (!ledger_) {
+    ledger_ = std::make_shared<CommLedger>(run_dir() / "comm" / ("ledger_rank" + std::to_string(world_.rank) + ".jsonl"));
+  }
+  return ledger_;
+}
+
+DeviceMesh WorkerContext::build_mesh(const ParallelDims& dims, const std::string& name) {
+  MeshOptions o;
+  o.name = name;
+  o.ledger = ledger();
+  o.group.backend = options_.backend;
+  o.group.timeout = options_.collective_timeout;
+  if (const std::string* ifname = find_env(env_, "GLOO_SOCKET_IFNAME")) o.group.gloo_interface = *ifname;
+  o.group.gloo_hostname = options_.gloo_hostname;
+  o.group.device_index = world_.local_rank;
+  return DeviceMesh(dims, store(), world_.rank, world_.world_size, o);
+}
+
+void register_worker_task(const std::string& name, const std::string& help, std::vector<TaskOption> options,
+                          WorkerTask task) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  bool inserted = registry().emplace(name, TaskEntry{help, std::move(options), std::move(task)}).second;
+  MIH_INTERNAL_ASSERT(inserted, "worker task '", name, "' is registered twice");
+}
+
+std::vector<std::pair<std::string, std::string>> worker_tasks() {
+  ensure_builtin_tasks();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, entry] : registry()) out.emplace_back(name, entry.help);
+  return out;
+}
+
+std::filesystem::path self_executable() {
+  std::error_code ec;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot resolve /proc/self/exe: ", ec.message());
+  return path;
+}
+
+std::vector<std::string> worker_command(const std::string& task, const WorkerOptions& options,
+                                        const std::vector<std::string>& task_args) {
+  std::vector<std::string> cmd = {self_executable().string(), "worker"};
+  auto args = options.to_args();
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  cmd.push_back(task);
+  cmd.insert(cmd.end(), task_args.begin(), task_args.end());
+  return cmd;
+}
+
+int worker_main(int argc, char** argv) {
+  ensure_builtin_tasks();
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed rank still leaves its last lines
+  Env env = process_env();
+  follow_launcher(env);
+
+  WorkerOptions options;
+  std::string backend = "gloo";
+  int64_t collective_ms = options.collective_timeout.count(), rendezvous_ms = options.rendezvous_timeout.count();
+  int64_t case_ms = 0;
+  bool no_deterministic = false;
+
+  CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
+               "(the rank comes from their environment variables). Usage: worker [options] <task> [task options]",
+               "worker"};
+  app.require_subcommand(1);
+  app.add_option("--run-dir", options.run_dir, "run directory (ledgers, error reports, task output)");
+  app.add_option("--backend", backend, "process-group backend")->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_option("--collective-timeout-ms", collective_ms, "timeout of each collective, ms")->check(CLI::PositiveNumber);
+  app.add_option("--rendezvous-timeout-ms", rendezvous_ms, "how long to wait for the other ranks, ms")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--case-timeout-ms", case_ms, "watchdog: exit after this long, ms (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--gloo-host", options.gloo_hostname, "Gloo bind address (default: GLOO_SOCKET_IFNAME or hostname)");
+  app.add_option("--threads", options.determinism.intra_op_threads, "intra-op threads (torch and BLAS)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", options.determinism.seed, "seed of every generator");
+  app.add_flag("--no-deterministic", no_deterministic, "do not force deterministic algorithms");
+
+  // One subcommand per task, with the options the task declared.
+  std::map<std::string, TaskEntry> tasks;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    tasks = registry();
+  }
+  std::map<std::string, std::map<std::string, std::string>> values;
+  for (const auto& [name, entry] : tasks) {
+    CLI::App* sub = app.add_subcommand(name, entry.help);
+    sub->fallthrough();  // worker options may follow the task name
+    for (const TaskOption& o : entry.options) {
+      std::string& value = values[name][o.name];
+      value = o.default_value;
+      sub->add_option("--" + o.name, value, o.help)->capture_default_str();
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const std::string task_name = app.get_subcommands().front()->get_name();
+  options.backend = compat::parse_backend(backend);
+  options.collective_timeout = std::chrono::milliseconds(collective_ms);
+  options.rendezvous_timeout = std::chrono::milliseconds(rendezvous_ms);
+  options.case_timeout = std::chrono::milliseconds(case_ms);
+  options.determinism.deterministic_algorithms = !no_deterministic;
+
+  World world;
+  try {
+    world = World::from_env(env);
+  } catch (const Error& e) {
+    fail_worker(options.run_dir, -1, 0, e);
+  }
+  const std::string where = internal::str("while running worker task '", task_name, "' on rank ", world.rank, "/",
+                                          world.world_size);
+  try {
+    const WorkerTask& task = tasks.at(task_name).task;
+    apply_determinism(options.determinism);
+    WorkerContext ctx(world, options, values[task_name], env);
+    Watchdog watchdog(options.case_timeout, [&] {
+      auto activity = ctx.ledger()->in_flight();
+      std::string doing = activity ? describe_last_activity({*activity}, wall_clock_us()) : "outside any collective";
+      fail_worker(options.run_dir, world.rank, world.world_size,
+                  Error(Code::kDeadlineExceeded,
+                        internal::str("case timeout: rank ", world.rank, " still running after ",
+                                      options.case_timeout.count(), " ms, ", doing)));
+    });
+    int status = task(ctx);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Skip libtorch's static teardown: it takes long enough that peers of a rank that
+    // returned non-zero would fail on its closed sockets before it is seen to exit, and
+    // every file the worker writes is already complete (atomic writes, unbuffered ledger).
+    std::_Exit(status);
+  } catch (Error& e) {
+    e.add_context(where);
+    fail_worker(options.run_dir, world.rank, world.world_size, e);
+  } catch (const std::exception& e) {
+    Error wrapped(Code::kInternal, e.what());
+    wrapped.add_context(where);
+    fail_worker(options.run_dir, world.rank, world.world_size, wrapped);
+  }
+}
+
+}  // namespace mih

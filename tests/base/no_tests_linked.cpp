@@ -1,0 +1,1 @@
+// A test binary with no tests, for GtestMainFailsWhenNoTestIsLinked.

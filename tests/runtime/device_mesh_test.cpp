@@ -1,0 +1,153 @@
+// ParallelDims parsing and validation (errors show the arithmetic), mesh layout arithmetic,
+// and the groups a real DeviceMesh builds on thread ranks.
+#include <map>
+#include <mutex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/runtime/device_mesh.h"
+#include "tests/support/thread_ranks.h"
+
+namespace mih {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+TEST(ParallelDimsTest, ParsesNamedDegrees) {
+  ParallelDims d = ParallelDims::parse(" dp_shard=2, tp=3 ");
+  EXPECT_EQ(d.dp_replicate, 1);
+  EXPECT_EQ(d.dp_shard, 2);
+  EXPECT_EQ(d.cp, 1);
+  EXPECT_EQ(d.tp, 3);
+  EXPECT_EQ(d.str(), "dp_shard=2,tp=3");
+  EXPECT_EQ(ParallelDims::parse("").str(), "1");
+}
+
+TEST(ParallelDimsTest, RejectsUnknownRepeatedAndBadDegrees) {
+  EXPECT_THAT([] { ParallelDims::parse("pp=2"); },
+              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [dp_replicate, dp_shard, cp, tp]")));
+  EXPECT_THAT([] { ParallelDims::parse("tp=2,tp=2"); }, ThrowsMessage<Error>(HasSubstr("'tp' is given twice")));
+  EXPECT_THAT([] { ParallelDims::parse("tp=0"); }, ThrowsMessage<Error>(HasSubstr("degree '0' is not an integer >= 1")));
+  EXPECT_THAT([] { ParallelDims::parse("tp=two"); }, ThrowsMessage<Error>(HasSubstr("degree 'two'")));
+  EXPECT_THAT([] { ParallelDims::parse("tp"); }, ThrowsMessage<Error>(HasSubstr("expected <axis>=<degree>")));
+}
+
+TEST(ParallelDimsTest, RejectsWorldSizeMismatchShowingTheArithmetic) {
+  ParallelDims d = ParallelDims::parse("dp_shard=2,tp=3");
+  EXPECT_THAT([&] { d.validate(4); },
+              ThrowsMessage<Error>(HasSubstr("dp_replicate(1) * dp_shard(2) * cp(1) * tp(3) = 6 != world_size(4)")));
+  EXPECT_NO_THROW(d.validate(6));
+  EXPECT_THAT([] { DeviceMesh(ParallelDims::parse("tp=2"), compat::make_hash_store(std::chrono::seconds(1)), 0, 4); },
+              ThrowsMessage<Error>(HasSubstr("= 2 != world_size(4)")));
+}
+
+TEST(ParallelDimsTest, SpreadGivesInnerAxesFirst) {
+  EXPECT_EQ(ParallelDims::spread(1).str(), "1");
+  EXPECT_EQ(ParallelDims::spread(2).str(), "tp=2");
+  EXPECT_EQ(ParallelDims::spread(4).str(), "cp=2,tp=2");
+  EXPECT_EQ(ParallelDims::spread(8).str(), "dp_shard=2,cp=2,tp=2");
+  EXPECT_EQ(ParallelDims::spread(16).str(), "dp_replicate=2,dp_shard=2,cp=2,tp=2");
+  EXPECT_EQ(ParallelDims::spread(6).str(), "cp=3,tp=2");
+}
+
+TEST(ParallelDimsTest, JsonRoundTripAndUnknownKeys) {
+  ParallelDims d = ParallelDims::parse("dp_replicate=2,cp=2");
+  nlohmann::json j = d;
+  EXPECT_EQ(j.get<ParallelDims>(), d);
+  nlohmann::json with_ep = {{"tp", 2}, {"ep", 2}};
+  EXPECT_THAT([&] { with_ep.get<ParallelDims>(); },
+              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'ep'")));
+}
+
+TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
+  MeshLayout layout(ParallelDims::parse("dp_replicate=2,dp_shard=2,cp=2,tp=2"), 16);
+  EXPECT_EQ(layout.coordinates(0), (std::array<int, 4>{0, 0, 0, 0}));
+  EXPECT_EQ(layout.coordinates(1), (std::array<int, 4>{0, 0, 0, 1}));
+  EXPECT_EQ(layout.coordinates(6), (std::array<int, 4>{0, 1, 1, 0}));
+  EXPECT_EQ(layout.coordinates(13), (std::array<int, 4>{1, 1, 0, 1}));
+  // Rank 13 = (1, 1, 0, 1).
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kTp, 13), ElementsAre(12, 13));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kCp, 13), ElementsAre(13, 15));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpShard, 13), ElementsAre(9, 13));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpReplicate, 13), ElementsAre(5, 13));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpShardCp, 13), ElementsAre(9, 11, 13, 15));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDp, 13), ElementsAre(1, 5, 9, 13));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpCp, 13), ElementsAre(1, 3, 5, 7, 9, 11, 13, 15));
+  EXPECT_EQ(layout.group_ranks(MeshAxis::kWorld, 13).size(), 16u);
+  EXPECT_EQ(layout.all_groups(MeshAxis::kTp).size(), 8u);
+  EXPECT_EQ(layout.all_groups(MeshAxis::kDpCp).size(), 2u);
+  EXPECT_THAT(layout.all_groups(MeshAxis::kDpCp)[1], ElementsAre(1, 3, 5, 7, 9, 11, 13, 15));
+}
+
+TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
+  MeshLayout layout(ParallelDims::parse("dp_replicate=3,dp_shard=2,cp=2"), 12);
+  for (MeshAxis axis : kAllMeshAxes) {
+    std::map<int, int> seen;
+    for (const auto& g : layout.all_groups(axis)) {
+      for (int r : g) ++seen[r];
+    }
+    ASSERT_EQ(seen.size(), 12u) << mesh_axis_name(axis);
+    for (const auto& [r, n] : seen) EXPECT_EQ(n, 1) << mesh_axis_name(axis) << " rank " << r;
+  }
+}
+
+TEST(MeshAxisTest, NamesRoundTrip) {
+  for (MeshAxis axis : kAllMeshAxes) EXPECT_EQ(parse_mesh_axis(mesh_axis_name(axis)), axis);
+  EXPECT_THAT([] { parse_mesh_axis("ep"); }, ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'ep'")));
+}
+
+// A real 2x2 (dp_shard x tp) mesh on thread ranks: each axis's communicator has the
+// layout's ranks, sums over exactly them, and axes with equal members share a backend.
+TEST(DeviceMeshTest, BuildsOneGroupPerAxisWithTheLayoutsRanks) {
+  const ParallelDims dims = ParallelDims::parse("dp_shard=2,tp=2");
+  MeshLayout layout(dims, 4);
+  std::mutex mutex;
+  std::map<int, nlohmann::json> described;
+  auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+    for (MeshAxis axis : kAllMeshAxes) {
+      Communicator& comm = mesh.comm(axis);
+      std::vector<int> expected = layout.group_ranks(axis, mesh.rank());
+      EXPECT_EQ(comm.ranks(), expected) << mesh_axis_name(axis);
+      EXPECT_EQ(comm.axis(), mesh_axis_name(axis));
+      // Sum of (global rank + 1) over the axis proves the group really has these members.
+      at::Tensor t = at::full({1}, mesh.rank() + 1.0, at::kDouble);
+      comm.all_reduce(t);
+      double want = 0;
+      for (int r : expected) want += r + 1;
+      EXPECT_EQ(t.item<double>(), want) << mesh_axis_name(axis) << " on rank " << mesh.rank();
+    }
+    EXPECT_EQ(mesh.comm(MeshAxis::kCp).group().backend(), compat::BackendKind::kSelf);
+    EXPECT_EQ(mesh.comm(MeshAxis::kTp).group().backend(), compat::BackendKind::kGloo);
+    std::lock_guard<std::mutex> lock(mutex);
+    described[mesh.rank()] = mesh.to_json();
+  });
+  ASSERT_THAT(errors, ::testing::IsEmpty());
+  EXPECT_EQ(described[3]["coordinates"]["dp_shard"], 1);
+  EXPECT_EQ(described[3]["coordinates"]["tp"], 1);
+  EXPECT_EQ(described[3]["axes"]["dp_shard_cp"]["ranks"], nlohmann::json({1, 3}));
+  EXPECT_EQ(described[3]["axes"]["cp"]["backend"], "self");
+}
+
+TEST(DeviceMeshTest, TwoMeshesOnOneStoreDoNotShareKeys) {
+  const ParallelDims dims = ParallelDims::parse("tp=2");
+  compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
+  MeshOptions options;
+  options.group = testing::thread_group_options();
+  auto errors = testing::run_ranks(2, [&](int rank) {
+    DeviceMesh first(dims, store, rank, 2, options);
+    DeviceMesh second(dims, store, rank, 2, options);
+    at::Tensor t = at::ones({1});
+    second.comm(MeshAxis::kTp).all_reduce(t);
+    first.comm(MeshAxis::kTp).all_reduce(t);
+    EXPECT_EQ(t.item<float>(), 4.0f);
+  });
+  EXPECT_THAT(errors, ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace mih
