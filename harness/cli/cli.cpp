@@ -85,6 +85,8 @@ struct LaunchFlags {
     WorkerOptions o;
     o.run_dir = std::filesystem::absolute(run_dir);
     o.backend = compat::parse_backend(backend);
+    MIH_CHECK_CODE(compat::backend_available(o.backend), Code::kUnimplemented, "backend '", backend,
+                   "' is not available in this build (", version_text(), ")");
     o.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
     o.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(rendezvous_timeout_s * 1000));
     if (launcher_template.empty()) o.gloo_hostname = "127.0.0.1";

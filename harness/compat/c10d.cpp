@@ -167,6 +167,26 @@ void run(const GroupImpl& g, std::string_view op, Start&& start) {
   wait_work(g, op, work);
 }
 
+// Runs the backend's native form of an op when it has one, which is learned at first use:
+// a missing native op throws c10::Error synchronously at call time, on every rank, before
+// any communication (libtorch_compat.md section 1.5). Returns false when the caller must
+// use its fallback.
+template <class Start>
+bool run_native(const GroupImpl& g, std::atomic<int>& native, std::string_view op, Start&& start) {
+  if (native.load() == 0) return false;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start(*g.state->backend);
+  } catch (const c10::Error& e) {
+    if (native.load() == 1) throw transport_error(g, op, e);  // it worked before: a real error
+    native = 0;
+    return false;
+  }
+  native = 1;
+  wait_work(g, op, work);
+  return true;
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -532,28 +552,14 @@ void all_gather_into_tensor(const Group& group, at::Tensor& output, const at::Te
   at::Tensor in = as_movable(g, input.contiguous().view(-1));
   at::Tensor flat_out = as_movable(g, out.view(-1));
   BackendState& s = *g.state;
-  bool done = false;
-  if (s.native_all_gather.load() != 0) {
-    c10d::AllgatherOptions o;
-    o.timeout = s.timeout;
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = s.backend->_allgather_base(flat_out, in, o);
-      s.native_all_gather = 1;
-    } catch (const c10::Error&) {
-      if (s.native_all_gather.load() == 1) throw;  // it worked before: a real error
-      s.native_all_gather = 0;  // Gloo before 2.2 (PR #112144): use the list form
-    }
-    if (work) {
-      wait_work(g, "all_gather_into_tensor", work);
-      done = true;
-    }
-  }
+  c10d::AllgatherOptions o;
+  o.timeout = s.timeout;
+  // Gloo before 2.2 (PR #112144) has no _allgather_base: the list form below.
+  bool done = run_native(g, s.native_all_gather, "all_gather_into_tensor",
+                         [&](internal::C10dBackend& b) { return b._allgather_base(flat_out, in, o); });
   if (!done) {
     std::vector<std::vector<at::Tensor>> outs{flat_out.chunk(group.size())};
     std::vector<at::Tensor> ins{in};
-    c10d::AllgatherOptions o;
-    o.timeout = s.timeout;
     run(g, "all_gather_into_tensor", [&](internal::C10dBackend& b) { return b.allgather(outs, ins, o); });
   }
   if (!out.is_same(output)) output.copy_(out);
@@ -574,7 +580,7 @@ void reduce_scatter_tensor(const Group& group, at::Tensor& output, const at::Ten
   }
   BackendState& s = *g.state;
   bool upcast = reduction_upcast(g, input.scalar_type()).has_value();
-  if (!upcast && s.native_reduce_scatter.load() != 0) {
+  if (!upcast) {
     at::Tensor out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
     at::Tensor in = input.contiguous();
     at::Tensor flat_out = out.view(-1);
@@ -582,16 +588,9 @@ void reduce_scatter_tensor(const Group& group, at::Tensor& output, const at::Ten
     c10d::ReduceScatterOptions o;
     o.reduceOp = to_c10d(op);
     o.timeout = s.timeout;
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = s.backend->_reduce_scatter_base(flat_out, flat_in, o);
-      s.native_reduce_scatter = 1;
-    } catch (const c10::Error&) {
-      if (s.native_reduce_scatter.load() == 1) throw;
-      s.native_reduce_scatter = 0;  // Gloo before 2.2: fall back below
-    }
-    if (work) {
-      wait_work(g, "reduce_scatter_tensor", work);
+    // Gloo before 2.2 has no _reduce_scatter_base: the fallback below.
+    if (run_native(g, s.native_reduce_scatter, "reduce_scatter_tensor",
+                   [&](internal::C10dBackend& b) { return b._reduce_scatter_base(flat_out, flat_in, o); })) {
       if (op == ReduceOp::kAvg) divide_for_avg(out, group.size());
       if (!out.is_same(output)) output.copy_(out);
       return;

@@ -79,7 +79,7 @@ double dtype_eps(at::ScalarType t) {
 void compare(SelftestCheck& check, const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype,
              bool reduction) {
   at::Tensor want = expected.to(dtype).to(at::kDouble).reshape(-1);
-  at::Tensor got = actual.to(at::kDouble).reshape(-1);
+  at::Tensor got = actual.to(at::kCPU).to(at::kDouble).reshape(-1);
   double scale = std::max(1.0, want.abs().max().item<double>());
   double tol = reduction ? 2 * dtype_eps(dtype) * scale : 0.0;
   at::Tensor diff = (got - want).abs();
@@ -107,6 +107,10 @@ struct OpRunner {
   Communicator& comm;
   at::ScalarType dtype;
   int64_t rows, cols;
+  c10::Device device;
+
+  // A CPU-computed float64 value as a tensor under test.
+  at::Tensor on_device(const at::Tensor& values) const { return values.to(device, dtype); }
 
   int me() const { return comm.rank(); }
   int n() const { return comm.size(); }
@@ -125,7 +129,7 @@ struct OpRunner {
     };
     if (op.rfind("all_reduce.", 0) == 0) {
       ReduceOp rop = parse_reduce(op.substr(11));
-      at::Tensor t = pattern(global(me()), numel).to(dtype).reshape({rows, cols});
+      at::Tensor t = on_device(pattern(global(me()), numel)).reshape({rows, cols});
       double us = timed([&] { comm.all_reduce(t, rop, "selftest"); });
       std::vector<at::Tensor> inputs;
       for (int m = 0; m < n(); ++m) inputs.push_back(pattern(global(m), numel));
@@ -133,7 +137,7 @@ struct OpRunner {
       return us;
     }
     if (op == "all_gather") {
-      at::Tensor in = pattern(global(me()), numel).to(dtype).reshape({rows, cols});
+      at::Tensor in = on_device(pattern(global(me()), numel)).reshape({rows, cols});
       at::Tensor out = at::empty({n() * rows, cols}, in.options());
       double us = timed([&] { comm.all_gather_into_tensor(out, in, "selftest"); });
       std::vector<at::Tensor> parts;
@@ -143,7 +147,7 @@ struct OpRunner {
     }
     if (op.rfind("reduce_scatter.", 0) == 0) {
       ReduceOp rop = parse_reduce(op.substr(15));
-      at::Tensor in = pattern(global(me()), n() * numel).to(dtype).reshape({n() * rows, cols});
+      at::Tensor in = on_device(pattern(global(me()), n() * numel)).reshape({n() * rows, cols});
       at::Tensor out = at::empty({rows, cols}, in.options());
       double us = timed([&] { comm.reduce_scatter_tensor(out, in, rop, "selftest"); });
       std::vector<at::Tensor> inputs;
@@ -153,7 +157,7 @@ struct OpRunner {
     }
     if (op == "broadcast") {
       const int root = n() - 1;
-      at::Tensor t = pattern(global(me()), numel).to(dtype).reshape({rows, cols});
+      at::Tensor t = on_device(pattern(global(me()), numel)).reshape({rows, cols});
       double us = timed([&] { comm.broadcast(t, root, "selftest"); });
       compare(check, t, pattern(global(root), numel), dtype, false);
       return us;
@@ -167,7 +171,7 @@ struct OpRunner {
         blocks.push_back(a2a_block(global(me()), global(j), in_splits.back(), cols));
         expected.push_back(a2a_block(global(j), global(me()), out_splits.back(), cols));
       }
-      at::Tensor in = at::cat(blocks).to(dtype);
+      at::Tensor in = on_device(at::cat(blocks));
       int64_t out_rows = 0;
       for (int64_t s : out_splits) out_rows += s;
       at::Tensor out = at::empty({out_rows, cols}, in.options());
@@ -177,7 +181,7 @@ struct OpRunner {
     }
     if (op == "send_recv") {
       const int dst = (me() + 1) % n(), src = (me() + n() - 1) % n();
-      at::Tensor out = pattern(global(me()), numel).to(dtype).reshape({rows, cols});
+      at::Tensor out = on_device(pattern(global(me()), numel)).reshape({rows, cols});
       at::Tensor in = at::empty_like(out);
       double us = timed([&] { comm.send_recv(out, dst, in, src, /*tag=*/0, "selftest"); });
       compare(check, in, pattern(global(src), numel), dtype, false);
@@ -257,7 +261,7 @@ std::vector<SelftestCheck> run_collective_selftest(DeviceMesh& mesh, const Selft
           checks.push_back(check);
           continue;
         }
-        OpRunner runner{comm, per_dtype ? dtypes[d] : at::kFloat, options.rows, options.cols};
+        OpRunner runner{comm, per_dtype ? dtypes[d] : at::kFloat, options.rows, options.cols, options.device};
         std::vector<double> times;
         for (int k = 0; k < options.repeats; ++k) times.push_back(runner.run(op, check));
         check.median_us = median(times);
@@ -370,6 +374,7 @@ std::vector<TaskOption> selftest_task_options() {
 int run_selftest_task(WorkerContext& ctx) {
   SelftestOptions options;
   options.repeats = static_cast<int>(ctx.int_option("repeats"));
+  options.device = ctx.device();
   options.dtypes.clear();
   std::istringstream dtypes(ctx.option("dtypes"));
   for (std::string d; std::getline(dtypes, d, ',');) {
@@ -399,7 +404,7 @@ int run_ping_task(WorkerContext& ctx) {
   ParallelDims dims;
   dims.dp_shard = ctx.world().world_size;  // one group: the world
   DeviceMesh mesh = ctx.build_mesh(dims, "ping");
-  at::Tensor t = at::ones({1});
+  at::Tensor t = at::ones({1}, at::TensorOptions().device(ctx.device()));
   mesh.comm(MeshAxis::kWorld).all_reduce(t, ReduceOp::kSum, "ping");
   MIH_CHECK_CODE(t.item<float>() == static_cast<float>(ctx.world().world_size), Code::kInternal,
                  "ping: all_reduce gave ", t.item<float>(), ", expected ", ctx.world().world_size);

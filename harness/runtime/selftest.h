@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/runtime/device_mesh.h"
@@ -22,6 +23,8 @@ struct SelftestOptions {
   int64_t cols = 64;
   /// Calls per (axis, op, dtype); each is checked, the median is reported.
   int repeats = 3;
+  /// Where the tensors live (CUDA for NCCL). Expected values are computed on the CPU.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
 };
 
 /// One (axis, op, dtype) check on one rank.

@@ -179,6 +179,13 @@ DeviceMesh WorkerContext::build_mesh(const ParallelDims& dims, const std::string
   return DeviceMesh(dims, store(), world_.rank, world_.world_size, o);
 }
 
+c10::Device WorkerContext::device() const {
+  if (options_.backend == compat::BackendKind::kNccl) {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
+
 void register_worker_task(const std::string& name, const std::string& help, std::vector<TaskOption> options,
                           WorkerTask task) {
   std::lock_guard<std::mutex> lock(registry_mutex());

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "harness/compat/collectives.h"
 #include "harness/compat/store.h"
 #include "harness/runtime/comm_ledger.h"
@@ -77,6 +79,8 @@ class WorkerContext {
   /// Builds a mesh of `dims` over the world with this worker's backend and timeouts.
   /// Throws: as DeviceMesh.
   DeviceMesh build_mesh(const ParallelDims& dims, const std::string& name = "mesh");
+  /// Where this rank's tensors live: cuda:<local rank> with NCCL, else the CPU.
+  c10::Device device() const;
 
  private:
   World world_;

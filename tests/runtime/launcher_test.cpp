@@ -283,7 +283,7 @@ std::filesystem::path script(const char* name) {
 
 TEST(LauncherTest, CommandTemplateStartsRanksUnderAFakeSrun) {
   LaunchOptions o = options_for("ping", "template", 3);
-  o.command_template = script("fake_srun.sh").string() + " 3 {cmd}";
+  o.command_template = script("fake_launcher.sh").string() + " srun 3 {cmd}";
   o.extra_env = {{"MASTER_ADDR", "127.0.0.1"}};
   LaunchResult r = launch(o);
   ASSERT_TRUE(r.ok()) << r.report() << tail_lines(r.ranks.front().log, 30);
@@ -293,7 +293,7 @@ TEST(LauncherTest, CommandTemplateStartsRanksUnderAFakeSrun) {
 
 TEST(LauncherTest, CommandTemplateReportsARankThatFailed) {
   LaunchOptions o = options_for("test_exit3", "template_fail", 2, std::chrono::milliseconds(3000));
-  o.command_template = script("fake_srun.sh").string() + " 2 {cmd}";
+  o.command_template = script("fake_launcher.sh").string() + " srun 2 {cmd}";
   o.extra_env = {{"MASTER_ADDR", "127.0.0.1"}};
   LaunchResult r = launch(o);
   ASSERT_EQ(r.status, LaunchResult::Status::kRankFailed) << r.report();
@@ -302,7 +302,7 @@ TEST(LauncherTest, CommandTemplateReportsARankThatFailed) {
 
 TEST(LauncherTest, TorchrunStyleRanksHostTheirOwnStore) {
   LaunchOptions o = options_for("ping", "torchrun", 2);
-  o.command_template = script("fake_torchrun.sh").string() + " 2 {cmd}";
+  o.command_template = script("fake_launcher.sh").string() + " torchrun 2 {cmd}";
   LaunchResult r = launch(o);
   ASSERT_TRUE(r.ok()) << r.report() << tail_lines(r.ranks.front().log, 30);
 }
