@@ -1,6 +1,7 @@
 // The c10d implementation behind store.h and collectives.h: the only translation unit that
 // includes c10d headers and the libtorch version macros (libtorch_compat.md sections 1, 8).
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -448,6 +449,11 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const GroupOptions& optio
 
 Group new_group(const Store& store, const std::string& name, const std::vector<int>& global_ranks,
                 int global_rank, const GroupOptions& options) {
+  // Gloo writes to sockets whose peer may have died; the default SIGPIPE action would kill
+  // this rank instead of letting the write fail as a transport error. Python (where c10d
+  // usually runs) ignores SIGPIPE at start-up; so do we, once, at the first group.
+  static std::once_flag sigpipe_once;
+  std::call_once(sigpipe_once, [] { std::signal(SIGPIPE, SIG_IGN); });
   MIH_CHECK(!global_ranks.empty(), "group '", name, "': the member list is empty");
   std::set<int> unique(global_ranks.begin(), global_ranks.end());
   MIH_CHECK(unique.size() == global_ranks.size(), "group '", name, "': ranks repeat in ",

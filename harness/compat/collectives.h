@@ -98,6 +98,8 @@ class Group {
 /// `global_rank`, which must be a member. Blocks until every member has joined. All groups
 /// must be created in one global order on every rank (construction is a collective).
 /// `name` must be unique per store: it prefixes the group's rendezvous keys.
+/// The first call sets SIGPIPE to ignored for the process (as Python does), so that a write
+/// to a dead peer's socket is a kUnavailable error instead of a killed rank.
 /// Throws: mih::Error{kInvalidSpec} if `global_rank` is not a member or ranks repeat;
 ///   kUnimplemented if the backend is not in this build; kDeadlineExceeded if a member
 ///   does not join within options.timeout.

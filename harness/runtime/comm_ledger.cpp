@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -165,8 +167,8 @@ std::string describe_last_activity(const std::vector<CommRecord>& records, int64
   auto where = [](const CommRecord& r) {
     std::string ranks;
     for (size_t i = 0; i < r.ranks.size(); ++i) ranks += (i ? ", " : "") + std::to_string(r.ranks[i]);
-    return internal::str(r.op, " on axis '", r.axis, "' (ranks [", ranks, "], ", r.dtype, " x ", r.numel,
-                         ") called from ", r.site);
+    std::string payload = r.dtype.empty() ? "" : internal::str(", ", r.dtype, " x ", r.numel);
+    return internal::str(r.op, " on axis '", r.axis, "' (ranks [", ranks, "]", payload, ") called from ", r.site);
   };
   for (auto it = records.rbegin(); it != records.rend(); ++it) {
     if (it->event == "begin" && std::find(finished.begin(), finished.end(), it->seq) == finished.end()) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/runtime/dtypes.h"
 
 namespace mih {
 
@@ -15,7 +16,7 @@ void Communicator::record(std::string_view op, const at::Tensor* payload, const 
   int64_t seq = -1;
   if (ledger_) {
     bool has = payload && payload->defined();
-    std::string dtype = has ? std::string(c10::toString(payload->scalar_type())) : "";
+    std::string dtype = has ? dtype_name(payload->scalar_type()) : "";
     int64_t numel = has ? payload->numel() : 0;
     int64_t bytes = has ? numel * static_cast<int64_t>(payload->element_size()) : 0;
     seq = ledger_->begin(axis_, group_.ranks(), op, dtype, numel, bytes, site);

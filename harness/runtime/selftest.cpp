@@ -15,21 +15,12 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/compat/collectives.h"
+#include "harness/runtime/dtypes.h"
 
 namespace mih {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-at::ScalarType parse_dtype(const std::string& name) {
-  static const std::map<std::string, at::ScalarType> kTypes = {
-      {"float32", at::kFloat}, {"float64", at::kDouble}, {"bfloat16", at::kBFloat16},
-      {"float16", at::kHalf},  {"int64", at::kLong},     {"int32", at::kInt}};
-  auto it = kTypes.find(name);
-  MIH_CHECK(it != kTypes.end(), "selftest: unknown dtype '", name,
-            "'; valid: [float32, float64, bfloat16, float16, int64, int32]");
-  return it->second;
-}
 
 // Input of global rank `r` at flat index `offset + i`: small integers in [-8, 8], exact in
 // every dtype, different on every rank and position.

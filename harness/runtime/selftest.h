@@ -16,7 +16,7 @@ namespace mih {
 
 /// What the selftest runs.
 struct SelftestOptions {
-  /// dtype names: "float32", "float64", "bfloat16", "int64" (also "float16", "int32").
+  /// dtype names (see dtypes.h).
   std::vector<std::string> dtypes = {"float32", "float64", "bfloat16", "int64"};
   /// Per-rank payload shape [rows, cols]; all_to_all uses 1-3 rows per peer.
   int64_t rows = 4;

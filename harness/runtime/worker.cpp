@@ -134,7 +134,9 @@ WorkerContext::WorkerContext(World world, WorkerOptions options, std::map<std::s
     : world_(std::move(world)),
       options_(std::move(options)),
       task_options_(std::move(task_options)),
-      env_(std::move(env)) {}
+      env_(std::move(env)),
+      ledger_(std::make_shared<CommLedger>(options_.run_dir / "comm" /
+                                           ("ledger_rank" + std::to_string(world_.rank) + ".jsonl"))) {}
 
 const std::string& WorkerContext::option(const std::string& name) const {
   auto it = task_options_.find(name);
@@ -158,13 +160,6 @@ compat::Store& WorkerContext::store() {
     store_ = std::move(store);
   }
   return *store_;
-}
-
-const std::shared_ptr<CommLedger>& WorkerContext::ledger() {
-  if (!ledger_) {
-    ledger_ = std::make_shared<CommLedger>(run_dir() / "comm" / ("ledger_rank" + std::to_string(world_.rank) + ".jsonl"));
-  }
-  return ledger_;
 }
 
 DeviceMesh WorkerContext::build_mesh(const ParallelDims& dims, const std::string& name) {

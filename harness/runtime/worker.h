@@ -59,6 +59,7 @@ struct WorkerOptions {
 /// runtime pieces (store, ledger, meshes).
 class WorkerContext {
  public:
+  /// Throws: mih::Error{kFailedPrecondition} if the ledger cannot be created in run_dir.
   WorkerContext(World world, WorkerOptions options, std::map<std::string, std::string> task_options, Env env);
 
   const World& world() const { return world_; }
@@ -74,8 +75,8 @@ class WorkerContext {
   /// The run's store, connected and joined by every rank on first use.
   /// Throws: as connect_store and join.
   compat::Store& store();
-  /// This rank's comm ledger (run_dir/comm/ledger_rank<r>.jsonl).
-  const std::shared_ptr<CommLedger>& ledger();
+  /// This rank's comm ledger (run_dir/comm/ledger_rank<r>.jsonl, opened at construction).
+  const std::shared_ptr<CommLedger>& ledger() const { return ledger_; }
   /// Builds a mesh of `dims` over the world with this worker's backend and timeouts.
   /// Throws: as DeviceMesh.
   DeviceMesh build_mesh(const ParallelDims& dims, const std::string& name = "mesh");

@@ -12,6 +12,7 @@
 
 #include "harness/base/error.h"
 #include "harness/runtime/device_mesh.h"
+#include "harness/runtime/dtypes.h"
 #include "tests/support/thread_ranks.h"
 
 namespace mih {
@@ -241,7 +242,7 @@ TEST_P(CollectiveTest, EveryCallIsInTheLedger) {
     records.erase(records.begin());
     EXPECT_EQ(records[0].axis, mesh_axis_name(GetParam().axis));
     EXPECT_EQ(records[0].op, "all_reduce.avg");
-    EXPECT_EQ(records[0].dtype, "Double");
+    EXPECT_EQ(records[0].dtype, "float64");
     EXPECT_EQ(records[0].numel, 15);
     EXPECT_EQ(records[0].bytes, 15 * 8);
     EXPECT_THAT(records[0].site, HasSubstr("ledger_test @ runtime/collectives_test.cpp:"));
@@ -257,6 +258,14 @@ INSTANTIATE_TEST_SUITE_P(Meshes, CollectiveTest,
                                            AxisCase{"dp_shard=2,tp=2", MeshAxis::kTp},
                                            AxisCase{"dp_shard=2,tp=2", MeshAxis::kCp}),
                          case_name);
+
+TEST(DtypeNameTest, PythonNamesRoundTrip) {
+  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kInt, at::kBool}) {
+    EXPECT_EQ(parse_dtype(dtype_name(t)), t) << dtype_name(t);
+  }
+  EXPECT_EQ(dtype_name(at::kBFloat16), "bfloat16");
+  EXPECT_THAT([] { parse_dtype("fp32"); }, ::testing::ThrowsMessage<Error>(HasSubstr("unknown dtype 'fp32'; valid: [float32")));
+}
 
 TEST(CollectiveErrorTest, MismatchedShapesAreInvalidSpec) {
   auto errors = testing::run_mesh(ParallelDims::parse("tp=2"), [](DeviceMesh& mesh) {

@@ -32,9 +32,9 @@ TEST(CommLedgerTest, WritesBeginAndEndLinesToTheFile) {
   auto path = temp_file("ledger_rank0.jsonl");
   {
     CommLedger ledger(path);
-    int64_t a = ledger.begin("tp", {0, 1}, "all_reduce.sum", "Float", 10, 40, CallSite("x"));
+    int64_t a = ledger.begin("tp", {0, 1}, "all_reduce.sum", "float32", 10, 40, CallSite("x"));
     ledger.end(a);
-    int64_t b = ledger.begin("dp_shard", {0, 2}, "all_gather", "Double", 3, 24, CallSite("y"));
+    int64_t b = ledger.begin("dp_shard", {0, 2}, "all_gather", "float64", 3, 24, CallSite("y"));
     ledger.fail(b, "timed out");
     EXPECT_EQ(ledger.completed().size(), 2u);
     EXPECT_FALSE(ledger.in_flight().has_value());
@@ -68,12 +68,12 @@ TEST(CommLedgerTest, DescribesWhatARankIsDoing) {
   begin.axis = "tp";
   begin.ranks = {0, 1};
   begin.op = "recv";
-  begin.dtype = "Float";
+  begin.dtype = "float32";
   begin.numel = 8;
   begin.start_us = 1'000'000;
   begin.site = "never_sent @ a.cpp:1";
   EXPECT_EQ(describe_last_activity({begin}, 3'500'000),
-            "inside recv on axis 'tp' (ranks [0, 1], Float x 8) called from never_sent @ a.cpp:1 for 2.50 s");
+            "inside recv on axis 'tp' (ranks [0, 1], float32 x 8) called from never_sent @ a.cpp:1 for 2.50 s");
   CommRecord end = begin;
   end.event = "end";
   EXPECT_THAT(describe_last_activity({begin, end}, 3'500'000), StartsWith("last completed recv on axis 'tp'"));

@@ -1,0 +1,20 @@
+// The names mih writes dtypes under in evidence and accepts on command lines: PyTorch's
+// Python names ("float32", "bfloat16", "int64"), the same on every libtorch version.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <c10/core/ScalarType.h>
+
+namespace mih {
+
+/// Returns "float32", "float64", "bfloat16", "float16", "int64", "int32", "int16", "int8",
+/// "uint8", "bool", "complex64", "complex128"; c10's own name for any other type.
+std::string dtype_name(c10::ScalarType dtype);
+
+/// Parses a name of dtype_name.
+/// Throws: mih::Error{kInvalidSpec} listing the valid names.
+c10::ScalarType parse_dtype(std::string_view name);
+
+}  // namespace mih
