@@ -29,6 +29,15 @@ Code code_from_exit_status(int status) {
   return Code::kOk;
 }
 
+std::string exit_status_legend() {
+  std::string out = "Exit status: 0 ok; 1 checks failed; 2 usage error";
+  for (Code c : {Code::kInvalidSpec, Code::kFailedPrecondition, Code::kUnimplemented, Code::kDeadlineExceeded,
+                 Code::kUnavailable, Code::kAborted, Code::kInternal}) {
+    out += internal::str("; ", exit_status(c), " ", code_name(c));
+  }
+  return out + " (a rank crashed is aborted).";
+}
+
 Error::Error(Code code, std::string message)
     : std::runtime_error(message), code_(code), message_(std::move(message)) {
   rebuild_what();

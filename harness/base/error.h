@@ -39,8 +39,11 @@ std::string_view code_name(Code code);
 /// without clashing with the 1/2 of generic failures and usage errors.
 int exit_status(Code code);
 
-/// Returns the code whose exit_status() is `status`, or nullopt-like kOk when none is.
+/// Returns the code whose exit_status() is `status`, or kOk when none is.
 Code code_from_exit_status(int status);
+
+/// One line for --help footers: what every exit status of a mih binary means.
+std::string exit_status_legend();
 
 /// The exception every mih component throws. `message()` is the bare problem statement
 /// ("'tp' must divide 'world_size': ..."); context lines are added as it propagates

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/compat/collectives.h"
+#include "harness/runtime/cli_support.h"
 #include "harness/runtime/device_mesh.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/selftest.h"
@@ -23,17 +25,22 @@
 namespace mih {
 namespace {
 
-std::string default_run_id() {
+std::string utc_now(const char* format) {
   std::time_t now = std::time(nullptr);
   char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", std::gmtime(&now));
-  return std::string(stamp) + "-" + std::to_string(::getpid());
+  std::strftime(stamp, sizeof(stamp), format, std::gmtime(&now));
+  return stamp;
 }
 
 std::string version_text() {
   return internal::str("mih 0.1.0 (libtorch ", compat::torch_version(), "; backends:",
                        compat::backend_available(compat::BackendKind::kGloo) ? " gloo" : "",
                        compat::backend_available(compat::BackendKind::kNccl) ? " nccl" : "", ")");
+}
+
+// Seconds on the command line, milliseconds inside; at least 1 ms (at_least(0.001) checks).
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
 
 // Options shared by every subcommand that launches ranks.
@@ -50,21 +57,22 @@ struct LaunchFlags {
   std::string run_id;
 
   void add_to(CLI::App& app) {
-    app.add_option("-n,--world-size", world_size, "number of ranks")->check(CLI::PositiveNumber)->capture_default_str();
+    app.add_option("-n,--world-size", world_size, "number of ranks")->check(cli::at_least(1))->capture_default_str();
     app.add_option("--backend", backend, "process-group backend")
         ->check(CLI::IsMember({"gloo", "nccl"}))
         ->capture_default_str();
-    app.add_option("--timeout", timeout_s, "seconds the whole run may take; then every rank is stopped")
-        ->check(CLI::PositiveNumber)
+    app.add_option("--timeout", timeout_s,
+                   "seconds the whole run may take (rank start-up included); then every rank is stopped")
+        ->check(cli::at_least(0.001))
         ->capture_default_str();
     app.add_option("--collective-timeout", collective_timeout_s, "seconds one collective may take")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::at_least(0.001))
         ->capture_default_str();
     app.add_option("--rendezvous-timeout", rendezvous_timeout_s, "seconds a rank waits for the others to start")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::at_least(0.001))
         ->capture_default_str();
     app.add_option("--threads-per-rank", threads_per_rank, "intra-op threads of torch and BLAS in each rank")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::at_least(1))
         ->capture_default_str();
     app.add_option("--rendezvous", rendezvous,
                    "local runs: 'file' (FileStore in the run dir, no ports) or 'tcp' (TCPStore hosted by mih)")
@@ -73,12 +81,15 @@ struct LaunchFlags {
     app.add_option("--launcher", launcher_template,
                    "command template that starts the ranks itself, with {cmd} for the rank command, e.g. "
                    "\"srun -N2 --ntasks-per-node=8 {cmd}\" (mih hosts the TCPStore they meet at)");
-    app.add_option("--evidence-root", evidence_root, "where run directories are created")->capture_default_str();
+    app.add_option("--evidence-root", evidence_root, "where run directories are created (relative to the current "
+                                                     "directory)")
+        ->capture_default_str();
     app.add_option("--run-id", run_id, "name of this run's directory (default: UTC time and pid)");
   }
 
-  std::filesystem::path run_dir(const std::string& what) const {
-    return evidence_root / (run_id.empty() ? default_run_id() : run_id) / what;
+  std::filesystem::path run_dir(const std::string& what) {
+    if (run_id.empty()) run_id = utc_now("%Y%m%dT%H%M%SZ") + "-" + std::to_string(::getpid());
+    return evidence_root / run_id / what;
   }
 
   WorkerOptions worker_options(const std::filesystem::path& run_dir) const {
@@ -87,8 +98,8 @@ struct LaunchFlags {
     o.backend = compat::parse_backend(backend);
     MIH_CHECK_CODE(compat::backend_available(o.backend), Code::kUnimplemented, "backend '", backend,
                    "' is not available in this build (", version_text(), ")");
-    o.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(collective_timeout_s * 1000));
-    o.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(rendezvous_timeout_s * 1000));
+    o.collective_timeout = to_ms(collective_timeout_s);
+    o.rendezvous_timeout = to_ms(rendezvous_timeout_s);
     if (launcher_template.empty()) o.gloo_hostname = "127.0.0.1";
     o.determinism.intra_op_threads = threads_per_rank;
     return o;
@@ -99,7 +110,7 @@ struct LaunchFlags {
     o.world_size = world_size;
     o.command = std::move(command);
     o.run_dir = run_dir;
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    o.timeout = to_ms(timeout_s);
     o.threads_per_rank = threads_per_rank;
     o.command_template = launcher_template;
     o.rendezvous = rendezvous == "tcp" ? RendezvousKind::kTcp : RendezvousKind::kFile;
@@ -107,18 +118,49 @@ struct LaunchFlags {
   }
 };
 
-int run_selftest(const LaunchFlags& flags, const std::string& mesh_text, int repeats) {
+// Writes run_dir/run.json: what was run, where and by what, and how it ended.
+void write_run_record(const std::filesystem::path& run_dir, int argc, char** argv, const std::string& run_id,
+                      const std::string& started, const LaunchResult& result) {
+  std::vector<std::string> command(argv, argv + argc);
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  nlohmann::json record = {{"command", command},       {"run_id", run_id},
+                           {"started_utc", started},   {"host", host},
+                           {"mih", version_text()},    {"torch_version", compat::torch_version()},
+                           {"launch", result}};
+  write_file_atomic(run_dir / "run.json", record.dump(2) + "\n");
+}
+
+// "evidence: <dir> (run.json, logs/, comm/, selftest.json)", listing what exists.
+void print_evidence(const std::filesystem::path& run_dir, double seconds) {
+  std::string items;
+  for (const char* name : {"run.json", "logs", "comm", "errors", "selftest.json"}) {
+    if (!std::filesystem::exists(run_dir / name)) continue;
+    items += (items.empty() ? "" : ", ") + std::string(name) +
+             (std::filesystem::is_directory(run_dir / name) ? "/" : "");
+  }
+  std::printf("\nevidence: %s (%s); %.2f s\n", run_dir.string().c_str(), items.c_str(), seconds);
+}
+
+int run_selftest(LaunchFlags flags, const std::string& mesh_text, const SelftestOptions& selftest, int argc,
+                 char** argv) {
   ParallelDims dims = mesh_text.empty() ? ParallelDims::spread(flags.world_size) : ParallelDims::parse(mesh_text);
   dims.validate(flags.world_size);  // before any rank starts
+  MIH_CHECK(!selftest.dtypes.empty(), "selftest: --dtypes is empty; give at least one of float32, float64, "
+                                      "bfloat16, int64");
+  const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::filesystem::path run_dir = flags.run_dir("selftest");
-  std::vector<std::string> task_args = {"--repeats", std::to_string(repeats)};
+  std::string dtypes;
+  for (const auto& d : selftest.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
+  std::vector<std::string> task_args = {"--repeats", std::to_string(selftest.repeats), "--dtypes", dtypes};
   if (dims.product() > 1) task_args.insert(task_args.end(), {"--mesh", dims.str()});
   LaunchOptions launch_options =
       flags.launch_options(worker_command("selftest", flags.worker_options(run_dir), task_args), run_dir);
-  std::printf("mih selftest: %d rank(s), mesh %s, backend %s, run dir %s\n", flags.world_size, dims.str().c_str(),
-              flags.backend.c_str(), run_dir.string().c_str());
+  std::printf("mih selftest: %d rank(s), mesh %s, backend %s, run dir %s\n", flags.world_size,
+              dims.product() > 1 ? dims.str().c_str() : "of one rank", flags.backend.c_str(), run_dir.string().c_str());
   std::fflush(stdout);
   LaunchResult result = launch(launch_options);
+  write_run_record(run_dir, argc, argv, flags.run_id, started, result);
 
   std::string text;
   bool have_table = read_file(run_dir / "selftest.json", &text);
@@ -131,18 +173,28 @@ int run_selftest(const LaunchFlags& flags, const std::string& mesh_text, int rep
   if (!result.ok() && !(have_table && !checks_ok)) {
     std::fprintf(stderr, "\n%s", result.report().c_str());
   }
-  std::printf("\nevidence: %s (logs/, comm/, selftest.json); %.2f s\n", run_dir.string().c_str(), result.seconds);
+  print_evidence(run_dir, result.seconds);
   if (have_table && !checks_ok) return 1;
   return result.ok() ? 0 : exit_status(result.code());
 }
 
-int run_launch(const LaunchFlags& flags, const std::string& task, const std::vector<std::string>& task_args) {
+int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std::string>& task_args, int argc,
+               char** argv) {
+  std::string valid;
+  bool known = false;
+  for (const auto& [name, help] : worker_tasks()) {
+    known = known || name == task;
+    valid += (valid.empty() ? "" : ", ") + name;
+  }
+  MIH_CHECK(known, "unknown worker task '", task, "'; valid: [", valid, "]");
+  const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::filesystem::path run_dir = flags.run_dir(task);
   LaunchOptions launch_options =
       flags.launch_options(worker_command(task, flags.worker_options(run_dir), task_args), run_dir);
   LaunchResult result = launch(launch_options);
+  write_run_record(run_dir, argc, argv, flags.run_id, started, result);
   std::fprintf(result.ok() ? stdout : stderr, "%s", result.report().c_str());
-  std::printf("evidence: %s (logs/, comm/)\n", run_dir.string().c_str());
+  print_evidence(run_dir, result.seconds);
   return result.ok() ? 0 : exit_status(result.code());
 }
 
@@ -156,29 +208,29 @@ int cli_main(int argc, char** argv) {
       "configurations on real c10d process groups and checks every declared invariant.",
       "mih"};
   app.set_version_flag("--version", version_text());
-  app.require_subcommand(1);
-  app.footer(
-      "Exit status: 0 ok; 1 checks failed; 2 usage error; 11-17 a mih error "
-      "(11 invalid_spec, 12 failed_precondition, 13 unimplemented, 14 deadline_exceeded, 15 unavailable, "
-      "16 aborted: a rank crashed, 17 internal).");
+  app.footer(exit_status_legend());
 
-  LaunchFlags flags;
-  flags.world_size = 4;
+  LaunchFlags selftest_flags;
+  selftest_flags.world_size = 4;
   std::string mesh_text;
-  int repeats = 3;
-  CLI::App* selftest = app.add_subcommand(
+  SelftestOptions selftest;
+  CLI::App* selftest_cmd = app.add_subcommand(
       "selftest",
       "Launch N ranks, build the device mesh, run every collective (all_reduce sum/avg/max/min, all_gather, "
       "reduce_scatter sum/avg, broadcast, all_to_all, send/recv, barrier) on every mesh axis with float32, "
       "float64, bfloat16 and int64 tensors, check each value against an independent computation, and print "
       "a table (axis x op: ok, time). Under torchrun/srun instead: "
-      "`torchrun --nproc-per-node=4 mih worker selftest --run-dir DIR -- --mesh cp=2,tp=2`.");
-  flags.add_to(*selftest);
-  selftest->add_option("--mesh", mesh_text,
-                       "mesh degrees, e.g. dp_shard=2,tp=2 (axes dp_replicate, dp_shard, cp, tp; product = world "
-                       "size; default: the world size's prime factors spread over tp, cp, dp_shard, dp_replicate)");
-  selftest->add_option("--repeats", repeats, "calls per (axis, op, dtype); the median time is shown")
-      ->check(CLI::PositiveNumber)
+      "`torchrun --nproc-per-node=4 mih worker --run-dir DIR selftest --mesh cp=2,tp=2`.");
+  selftest_flags.add_to(*selftest_cmd);
+  selftest_cmd->add_option("--mesh", mesh_text,
+                           "mesh degrees, e.g. dp_shard=2,tp=2 (axes dp_replicate, dp_shard, cp, tp; product = world "
+                           "size; default: the world size's prime factors spread over tp, cp, dp_shard, "
+                           "dp_replicate)");
+  selftest_cmd->add_option("--repeats", selftest.repeats, "calls per (axis, op, dtype); the median time is shown")
+      ->check(cli::at_least(1))
+      ->capture_default_str();
+  selftest_cmd->add_option("--dtypes", selftest.dtypes, "dtypes to test (float32 float64 bfloat16 int64 float16 int32 ...)")
+      ->delimiter(',')
       ->capture_default_str();
 
   LaunchFlags launch_flags;
@@ -195,15 +247,12 @@ int cli_main(int argc, char** argv) {
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
                      "`mih worker --help` lists its options and tasks.")
       ->prefix_command();
+  cli::name_unknown_subcommands(app);
 
+  if (auto status = cli::parse_or_exit(app, argc, argv, "command")) return *status;
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    if (selftest->parsed()) return run_selftest(flags, mesh_text, repeats);
-    if (launch_cmd->parsed()) return run_launch(launch_flags, task, launch_cmd->remaining());
+    if (selftest_cmd->parsed()) return run_selftest(selftest_flags, mesh_text, selftest, argc, argv);
+    if (launch_cmd->parsed()) return run_launch(launch_flags, task, launch_cmd->remaining(), argc, argv);
   } catch (const Error& e) {
     std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
     return exit_status(e.code());

@@ -67,7 +67,11 @@ ParallelDims ParallelDims::parse(std::string_view text) {
     std::string_view name = trim(item.substr(0, eq));
     std::string_view value = trim(item.substr(eq + 1));
     auto it = std::find(kDimNames.begin(), kDimNames.end(), name);
-    MIH_CHECK(it != kDimNames.end(), "unknown mesh axis '", name, "'; valid: ", valid_dim_names());
+    MIH_CHECK(it != kDimNames.end(), "unknown mesh axis '", name, "'; valid: ", valid_dim_names(),
+              name == "dp" || name == "dp_cp" || name == "dp_shard_cp"
+                  ? internal::str("; '", name, "' is a combined axis: set its parts (dp_shard for FSDP, "
+                                  "dp_replicate for DDP, cp)")
+                  : std::string());
     MIH_CHECK(std::find(seen.begin(), seen.end(), name) == seen.end(), "mesh axis '", name,
               "' is given twice");
     seen.push_back(name);

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -78,6 +79,38 @@ int pick_free_port() {
   ::close(fd);
   return port;
 }
+
+// An exclusive lock on the run directory for the launch: two launches writing one directory
+// would share a FileStore and interleave their ledgers. Released when the fd closes.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::filesystem::path& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create the run directory '", dir.string(), "': ",
+                   ec.message(), "; choose a writable run/evidence directory");
+    auto path = dir / ".lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot create '", path.string(), "': ", std::strerror(errno),
+                   "; choose a writable run/evidence directory");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char owner[32] = {0};
+      ssize_t n = ::pread(fd_, owner, sizeof(owner) - 1, 0);
+      ::close(fd_);
+      MIH_THROW(Code::kFailedPrecondition, "run directory '", dir.string(), "' is in use by another launch (pid ",
+                n > 0 ? std::string(owner, static_cast<size_t>(n)) : std::string("?"),
+                "); give this run another --run-id or run directory");
+    }
+    std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+  ~RunDirLock() { ::close(fd_); }
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Removes what an earlier run left under the names this run will write (a stale FileStore
 // makes the rendezvous hang; stale error files and ledgers would be misreported).
@@ -382,18 +415,21 @@ std::string LaunchResult::report() const {
     if (cause && !cause->error_message.empty()) {
       out << "  error [" << cause->error_code << "]:\n" << indent(cause->error_message, "    ");
     }
-    if (cause) out << "  last activity: " << cause->last_activity << "\n";
+    if (cause && !cause->last_activity.empty()) out << "  last activity: " << cause->last_activity << "\n";
     if (!diagnosis.empty()) out << "  likely cause: " << diagnosis << "\n";
     if (cause && !failed_log_tail.empty()) out << "  log tail (" << cause->log.string() << "):\n" << indent(failed_log_tail, "    | ");
     if (!still_running.empty()) out << "ranks still running when the run was stopped: " << list(still_running) << "\n";
   } else {
     out << "run timed out after " << seconds_str(static_cast<double>(timeout.count()) / 1000.0)
         << "; ranks still running were stopped: " << list(still_running) << "\n";
+    bool none_started = std::all_of(ranks.begin(), ranks.end(),
+                                    [](const RankOutcome& r) { return r.last_activity == "no collective yet"; });
+    if (none_started) out << "  no rank reached a collective: if they were still starting, raise the run timeout\n";
   }
   out << "every rank:\n";
   for (const auto& r : ranks) {
-    out << "  " << name(r) << " (pid " << r.pid << "): " << r.how() << " after " << seconds_str(r.seconds) << "\n"
-        << "    " << r.last_activity << "\n";
+    out << "  " << name(r) << " (pid " << r.pid << "): " << r.how() << " after " << seconds_str(r.seconds) << "\n";
+    if (!r.last_activity.empty()) out << "    " << r.last_activity << "\n";
     if (&r != cause && !r.error_message.empty()) {
       out << "    error [" << r.error_code << "]:\n" << indent(r.error_message, "      ");
     }
@@ -408,6 +444,32 @@ std::string LaunchResult::report() const {
   return out.str();
 }
 
+void to_json(nlohmann::json& j, const LaunchResult& result) {
+  static const char* kStatus[] = {"ok", "rank_failed", "timed_out"};
+  static const char* kState[] = {"exited", "signaled", "stopped"};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : result.ranks) {
+    nlohmann::json o = {{"rank", r.rank},
+                        {"pid", r.pid},
+                        {"state", kState[static_cast<int>(r.state)]},
+                        {"how", r.how()},
+                        {"seconds", r.seconds},
+                        {"log", r.log.string()},
+                        {"last_activity", r.last_activity}};
+    if (r.state == RankOutcome::State::kExited) o["exit_code"] = r.exit_code;
+    if (r.signal != 0) o["signal"] = signal_name(r.signal);
+    if (!r.error_code.empty()) o["error"] = {{"code", r.error_code}, {"message", r.error_message}};
+    ranks.push_back(std::move(o));
+  }
+  j = {{"status", kStatus[static_cast<int>(result.status)]},
+       {"code", std::string(code_name(result.code()))},
+       {"seconds", result.seconds},
+       {"timeout_seconds", static_cast<double>(result.timeout.count()) / 1000.0},
+       {"ranks", ranks}};
+  if (result.status == LaunchResult::Status::kRankFailed) j["failed_rank"] = result.failed_rank;
+  if (!result.diagnosis.empty()) j["diagnosis"] = result.diagnosis;
+}
+
 LaunchResult launch(const LaunchOptions& options) {
   const bool templated = !options.command_template.empty();
   MIH_CHECK(options.world_size >= 1, "launch: world_size must be >= 1, got ", options.world_size);
@@ -416,13 +478,15 @@ LaunchResult launch(const LaunchOptions& options) {
             "launcher template '", options.command_template,
             "' has no '{cmd}' placeholder; e.g. \"srun -N2 --ntasks-per-node=8 {cmd}\"");
   MIH_CHECK(options.timeout.count() > 0, "launch: timeout must be > 0 ms");
+  RunDirLock lock(options.run_dir);
   prepare_run_dir(options.run_dir);
 
   Env base = process_env();
   // Outer launchers' rank variables would contradict ours in the children.
   for (const char* var : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
                           "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", kStoreFileVar, kStoreHostedVar}) {
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", kStoreFileVar, kStoreHostedVar,
+                          kLauncherStoreVar}) {
     if (!templated || std::string_view(var).rfind("SLURM", 0) != 0) base.erase(var);
   }
   const std::string threads = std::to_string(options.threads_per_rank);
@@ -453,12 +517,14 @@ LaunchResult launch(const LaunchOptions& options) {
     base["MASTER_ADDR"] = addr;
     base["MASTER_PORT"] = std::to_string(hosted_store->port());
     base[kStoreHostedVar] = "1";
+    if (templated) base[kLauncherStoreVar] = addr + ":" + std::to_string(hosted_store->port());
   } else {
     base["MASTER_ADDR"] = "127.0.0.1";
     base["MASTER_PORT"] = std::to_string(pick_free_port());
     base[kStoreFileVar] = (std::filesystem::absolute(options.run_dir) / "store").string();
   }
   base[kLauncherPidVar] = std::to_string(::getpid());
+  base[kExpectedWorldSizeVar] = std::to_string(options.world_size);
   for (const auto& [k, v] : options.extra_env) base[k] = v;
 
   LaunchResult result;
@@ -559,6 +625,23 @@ LaunchResult launch(const LaunchOptions& options) {
   if (result.status == LaunchResult::Status::kRankFailed) {
     for (const auto& c : children) {
       if (c.rank == result.failed_rank) result.failed_log_tail = tail_lines(c.log, static_cast<size_t>(options.log_tail_lines));
+    }
+  }
+  if (templated && result.ok()) {
+    // The command succeeded; did it run every rank? Each reports its exit through the store.
+    std::vector<int> silent;
+    for (int r = 0; r < options.world_size; ++r) {
+      if (!hosted_store->check({"mih/exit/rank" + std::to_string(r)})) silent.push_back(r);
+    }
+    if (!silent.empty()) {
+      std::string list;
+      for (size_t i = 0; i < silent.size(); ++i) list += (i ? ", " : "") + std::to_string(silent[i]);
+      result.status = LaunchResult::Status::kRankFailed;
+      result.failed_rank = -1;
+      result.diagnosis = mih::internal::str("the launcher command exited 0, but rank(s) [", list, "] of ",
+                                            options.world_size,
+                                            " never reported completion: the template must start world_size(",
+                                            options.world_size, ") ranks of '{cmd}' with their rank variables");
     }
   }
   if (templated) {

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "harness/base/error.h"
 #include "harness/runtime/world.h"
 
@@ -26,6 +28,15 @@ namespace mih {
 /// Set in every local rank's environment to the launcher's pid: the rank asks the kernel
 /// to kill it if the launcher dies (PR_SET_PDEATHSIG).
 inline constexpr const char* kLauncherPidVar = "MIH_LAUNCHER_PID";
+
+/// Set in every rank's environment to the number of ranks the launcher started (or expects
+/// a template to start); a rank that sees another world size fails at once, naming both.
+inline constexpr const char* kExpectedWorldSizeVar = "MIH_EXPECTED_WORLD_SIZE";
+
+/// Set in template mode to "<host>:<port>" of the TCPStore the launcher hosts. Every rank
+/// reports its exit status there (so a template that starts too few ranks is caught), and
+/// stops if the store goes away (a killed launcher cannot signal ranks srun started).
+inline constexpr const char* kLauncherStoreVar = "MIH_LAUNCHER_STORE";
 
 /// Where local ranks meet.
 enum class RendezvousKind {
@@ -115,11 +126,18 @@ struct LaunchResult {
 };
 
 /// Launches and supervises a run; returns when every process has ended and been reaped.
-/// A failure of the run is a LaunchResult, not an exception.
+/// A failure of the run is a LaunchResult, not an exception. In template mode a command
+/// that exits 0 fails the run unless every rank reported completion through the store.
+/// Holds an exclusive lock on the run directory while running.
 /// Throws: mih::Error{kInvalidSpec} for bad options (world_size < 1, empty command, a
 ///   template without "{cmd}"); kFailedPrecondition if the run directory cannot be
-///   prepared or a process cannot be started (nothing is left running).
+///   prepared, is in use by another launch, or a process cannot be started (nothing is
+///   left running).
 LaunchResult launch(const LaunchOptions& options);
+
+/// JSON of a launch result for evidence (run.json): status, code, failed rank, diagnosis,
+/// seconds, and every rank's outcome.
+void to_json(nlohmann::json& j, const LaunchResult& result);
 
 /// Quotes `arg` for /bin/sh ('...' with embedded quotes escaped) when it needs quoting.
 std::string shell_quote(const std::string& arg);

@@ -323,7 +323,7 @@ std::string format_selftest_table(const nlohmann::json& summary) {
   out << "mih selftest: world_size " << summary.at("world_size").get<int>() << ", mesh " << dims.str() << ", backend "
       << summary.at("backend").get<std::string>() << ", libtorch " << summary.at("torch_version").get<std::string>()
       << "; dtypes" << dtypes << "\n"
-      << "cell: ok or FAIL, then the slowest rank's median ms per call; '-' needs 2+ ranks\n\n";
+      << "cell: ok or FAIL, then the slowest rank's median ms per call; '-': not applicable (p2p needs 2+ ranks)\n\n";
   out << std::left << std::setw(13) << "axis" << std::setw(6) << "ranks";
   for (const auto& op : selftest_ops()) out << std::setw(10) << kShort.at(op);
   out << "\n";
@@ -371,6 +371,7 @@ int run_selftest_task(WorkerContext& ctx) {
   for (std::string d; std::getline(dtypes, d, ',');) {
     if (!d.empty()) options.dtypes.push_back(d);
   }
+  MIH_CHECK(!options.dtypes.empty(), "selftest: --dtypes is empty; give at least one dtype, e.g. float32");
   const std::string& mesh_text = ctx.option("mesh");
   const World& world = ctx.world();
   ParallelDims dims = mesh_text.empty() ? ParallelDims::spread(world.world_size) : ParallelDims::parse(mesh_text);

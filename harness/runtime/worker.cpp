@@ -8,6 +8,7 @@
 
 #include <charconv>
 #include <condition_variable>
+#include <optional>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -18,6 +19,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
 #include "harness/runtime/selftest.h"
@@ -70,24 +72,25 @@ std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank)
   } catch (const std::exception& write_error) {
     std::fprintf(stderr, "mih worker: could not record the error: %s\n", write_error.what());
   }
-  std::fprintf(stderr, "mih worker rank %d/%d: %s error: %s\n", rank, world_size, std::string(code_name(e.code())).c_str(),
-               e.what());
+  std::string who = rank >= 0 ? internal::str("rank ", rank, "/", world_size) : std::string("(rank unknown)");
+  std::fprintf(stderr, "mih worker %s: %s error: %s\n", who.c_str(), std::string(code_name(e.code())).c_str(), e.what());
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(exit_status(e.code()));
 }
 
-// Ends the rank if the task outlives options.case_timeout (runs without mih's launcher).
-class Watchdog {
+// Calls `fn` every `period` on a thread of its own until destroyed (the worker-side case
+// watchdog, and the watch on a launcher that hosts the store). Inactive for a period <= 0.
+class Ticker {
  public:
-  Watchdog(std::chrono::milliseconds timeout, std::function<void()> on_expiry) {
-    if (timeout.count() <= 0) return;
-    thread_ = std::thread([this, timeout, on_expiry = std::move(on_expiry)] {
+  Ticker(std::chrono::milliseconds period, std::function<void()> fn) {
+    if (period.count() <= 0) return;
+    thread_ = std::thread([this, period, fn = std::move(fn)] {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!cv_.wait_for(lock, timeout, [this] { return cancelled_; })) on_expiry();
+      while (!cv_.wait_for(lock, period, [this] { return cancelled_; })) fn();
     });
   }
-  ~Watchdog() {
+  ~Ticker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       cancelled_ = true;
@@ -102,6 +105,35 @@ class Watchdog {
   bool cancelled_ = false;
   std::thread thread_;
 };
+
+// A launcher that started N ranks tells each (MIH_EXPECTED_WORLD_SIZE); a template that runs
+// the command without rank variables would otherwise give N single-rank worlds.
+void check_expected_world(const World& world, const Env& env) {
+  const std::string* expected = find_env(env, kExpectedWorldSizeVar);
+  if (!expected || *expected == std::to_string(world.world_size)) return;
+  MIH_THROW(Code::kInvalidSpec, "the launcher started a run of ", *expected, " ranks, but this process sees ",
+            world.describe(),
+            world.source == LaunchSource::kSingleProcess
+                ? ": no rank variables are set; the launcher template must start the ranks through srun, mpirun or "
+                  "torchrun (or set RANK and WORLD_SIZE)"
+                : "; make the launcher template start exactly that many ranks");
+}
+
+// "<host>:<port>" of kLauncherStoreVar, as a TCPStore client.
+compat::Store connect_launcher_store(const std::string& address, std::chrono::milliseconds timeout) {
+  auto colon = address.rfind(':');
+  int port = 0;
+  if (colon != std::string::npos) {
+    auto [end, ec] = std::from_chars(address.data() + colon + 1, address.data() + address.size(), port);
+    if (ec != std::errc() || end != address.data() + address.size()) port = 0;
+  }
+  MIH_CHECK(port > 0 && port < 65536, kLauncherStoreVar, "='", address, "': expected <host>:<port>");
+  compat::TcpStoreOptions o;
+  o.host = address.substr(0, colon);
+  o.port = static_cast<uint16_t>(port);
+  o.timeout = timeout;
+  return compat::make_tcp_store(o);
+}
 
 // Dies with the launcher: without this a SIGKILLed launcher would leave its ranks running.
 void follow_launcher(const Env& env) {
@@ -226,20 +258,30 @@ int worker_main(int argc, char** argv) {
   bool no_deterministic = false;
 
   CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
-               "(the rank comes from their environment variables). Usage: worker [options] <task> [task options]",
-               "worker"};
-  app.require_subcommand(1);
-  app.add_option("--run-dir", options.run_dir, "run directory (ledgers, error reports, task output)");
-  app.add_option("--backend", backend, "process-group backend")->check(CLI::IsMember({"gloo", "nccl"}));
-  app.add_option("--collective-timeout-ms", collective_ms, "timeout of each collective, ms")->check(CLI::PositiveNumber);
+               "(the rank comes from their environment variables).\nUsage: worker [options] <task> [task options]",
+               self_executable().filename().string() + " worker"};
+  app.footer(exit_status_legend());
+  app.add_option("--run-dir", options.run_dir,
+                 "run directory: comm/ledger_rank<r>.jsonl, errors/rank<r>.json and the task's files; give it "
+                 "explicitly (shared by the ranks under torchrun/srun)")
+      ->capture_default_str();
+  app.add_option("--backend", backend, "process-group backend")
+      ->check(CLI::IsMember({"gloo", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--collective-timeout-ms", collective_ms, "timeout of each collective, ms")
+      ->check(cli::at_least(1))
+      ->capture_default_str();
   app.add_option("--rendezvous-timeout-ms", rendezvous_ms, "how long to wait for the other ranks, ms")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--case-timeout-ms", case_ms, "watchdog: exit after this long, ms (0 = off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::at_least(1))
+      ->capture_default_str();
+  app.add_option("--case-timeout-ms", case_ms, "watchdog: the rank ends itself after this long, ms (0 = off)")
+      ->check(cli::at_least(0))
+      ->capture_default_str();
   app.add_option("--gloo-host", options.gloo_hostname, "Gloo bind address (default: GLOO_SOCKET_IFNAME or hostname)");
   app.add_option("--threads", options.determinism.intra_op_threads, "intra-op threads (torch and BLAS)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", options.determinism.seed, "seed of every generator");
+      ->check(cli::at_least(1))
+      ->capture_default_str();
+  app.add_option("--seed", options.determinism.seed, "seed of every generator")->capture_default_str();
   app.add_flag("--no-deterministic", no_deterministic, "do not force deterministic algorithms");
 
   // One subcommand per task, with the options the task declared.
@@ -258,11 +300,8 @@ int worker_main(int argc, char** argv) {
       sub->add_option("--" + o.name, value, o.help)->capture_default_str();
     }
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  cli::name_unknown_subcommands(app);
+  if (auto status = cli::parse_or_exit(app, argc, argv, "worker task")) return *status;
   const std::string task_name = app.get_subcommands().front()->get_name();
   options.backend = compat::parse_backend(backend);
   options.collective_timeout = std::chrono::milliseconds(collective_ms);
@@ -273,16 +312,38 @@ int worker_main(int argc, char** argv) {
   World world;
   try {
     world = World::from_env(env);
+    check_expected_world(world, env);
   } catch (const Error& e) {
     fail_worker(options.run_dir, -1, 0, e);
   }
+  const bool hosted = find_env(env, kStoreHostedVar) && *find_env(env, kStoreHostedVar) == "1";
   const std::string where = internal::str("while running worker task '", task_name, "' on rank ", world.rank, "/",
                                           world.world_size);
   try {
     const WorkerTask& task = tasks.at(task_name).task;
     apply_determinism(options.determinism);
     WorkerContext ctx(world, options, values[task_name], env);
-    Watchdog watchdog(options.case_timeout, [&] {
+    // The launcher hosts the rendezvous store: meet the others now, so that a template that
+    // starts too few ranks fails at the rendezvous, naming the missing ones.
+    if (hosted) ctx.store();
+    // Template mode: report the exit to the launcher's store, and stop if it goes away.
+    std::optional<compat::Store> launcher_store;
+    std::optional<Ticker> launcher_watch;
+    if (const std::string* address = find_env(env, kLauncherStoreVar)) {
+      launcher_store = connect_launcher_store(*address, options.rendezvous_timeout);
+      launcher_watch.emplace(std::chrono::seconds(1), [watch = *launcher_store, &options, &world]() mutable {
+        try {
+          watch.check({"mih/launcher"});
+        } catch (const Error& e) {
+          fail_worker(options.run_dir, world.rank, world.world_size,
+                      Error(Code::kAborted, internal::str("the launcher that hosts the store ", watch.description(),
+                                                          " is gone; rank ", world.rank,
+                                                          " stops instead of running on without it (", e.message(),
+                                                          ")")));
+        }
+      });
+    }
+    Ticker watchdog(options.case_timeout, [&] {
       auto activity = ctx.ledger()->in_flight();
       std::string doing = activity ? describe_last_activity({*activity}, wall_clock_us()) : "outside any collective";
       fail_worker(options.run_dir, world.rank, world.world_size,
@@ -291,6 +352,8 @@ int worker_main(int argc, char** argv) {
                                       options.case_timeout.count(), " ms, ", doing)));
     });
     int status = task(ctx);
+    launcher_watch.reset();
+    if (launcher_store) launcher_store->set("mih/exit/rank" + std::to_string(world.rank), std::to_string(status));
     std::fflush(stdout);
     std::fflush(stderr);
     // Skip libtorch's static teardown: it takes long enough that peers of a rank that

@@ -8,6 +8,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "tests/support/temp_dir.h"
 
 namespace mih {
 namespace {
@@ -15,8 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::filesystem::path temp_dir() {
-  auto dir = std::filesystem::temp_directory_path() / ("mih_files_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  static const std::filesystem::path dir = testing::temp_dir("files");
   return dir;
 }
 

@@ -9,6 +9,7 @@
 
 #include "harness/base/error.h"
 #include "harness/runtime/comm_ledger.h"
+#include "tests/support/temp_dir.h"
 
 namespace mih {
 namespace {
@@ -16,11 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::filesystem::path temp_file(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("mih_ledger_test_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  return dir / "comm" / name;
-}
+std::filesystem::path temp_file(const std::string& name) { return testing::temp_dir("ledger/" + name) / "comm" / name; }
 
 TEST(CallSiteTest, NamesLabelFileAndLine) {
   CallSite site("grad_sync");

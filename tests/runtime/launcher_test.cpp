@@ -20,6 +20,7 @@
 #include "harness/base/files.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
+#include "tests/support/temp_dir.h"
 
 namespace mih {
 namespace {
@@ -84,14 +85,18 @@ MIH_WORKER_TASK(test_sleeper, "writes its pid to run_dir/pids/<rank> and sleeps"
   return 0;
 }
 
-MIH_WORKER_TASK(test_nested_launcher, "launches 2 test_sleeper ranks itself and waits for them") {
+MIH_WORKER_TASK(test_nested_launcher, "launches 2 test_sleeper ranks itself and waits for them",
+                {"template", "launcher template for the inner ranks ('' = local)", ""}) {
   write_file_atomic(ctx.run_dir() / "launcher_pid", std::to_string(::getpid()));
   WorkerOptions o;
   o.run_dir = ctx.run_dir() / "inner";
+  o.gloo_hostname = "127.0.0.1";
   LaunchOptions lo;
   lo.world_size = 2;
   lo.run_dir = o.run_dir;
   lo.command = worker_command("test_sleeper", o);
+  lo.command_template = ctx.option("template");
+  lo.extra_env = {{"MASTER_ADDR", "127.0.0.1"}};
   lo.timeout = std::chrono::minutes(5);
   launch(lo);
   return 0;
@@ -99,11 +104,7 @@ MIH_WORKER_TASK(test_nested_launcher, "launches 2 test_sleeper ranks itself and 
 
 // ---- Helpers -------------------------------------------------------------------------------
 
-std::filesystem::path fresh_run_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("mih_launcher_test_" + std::to_string(::getpid())) / name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+std::filesystem::path fresh_run_dir(const std::string& name) { return testing::temp_dir("launcher/" + name); }
 
 LaunchOptions options_for(const std::string& task, const std::string& name, int world_size,
                           std::chrono::milliseconds collective_timeout = std::chrono::seconds(30)) {
@@ -133,6 +134,8 @@ bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 }
 
 const RankOutcome& outcome(const LaunchResult& result, int rank) { return result.ranks.at(static_cast<size_t>(rank)); }
+
+std::filesystem::path script(const char* name) { return std::filesystem::path(MIH_TEST_SOURCE_DIR) / name; }
 
 // ---- Failures ------------------------------------------------------------------------------
 
@@ -217,9 +220,15 @@ TEST(LauncherTimeoutTest, RankThatNeverJoinsIsNamedByTheRendezvous) {
   EXPECT_TRUE(NoRankSurvives(r));
 }
 
-// SIGKILL the launcher itself: its ranks must die with it (PR_SET_PDEATHSIG), not linger.
-TEST(LauncherCrashTest, RanksDieWithAKilledLauncher) {
-  LaunchOptions o = options_for("test_nested_launcher", "nested", 1);
+// SIGKILL a launcher (run as a rank of this test's own launch): its ranks must die with it,
+// not linger. Local ranks die by PR_SET_PDEATHSIG; ranks a template started (here through
+// a fake srun) notice that the store the launcher hosted is gone, within about a second.
+void ExpectRanksDieWithAKilledLauncher(const std::string& name, const std::string& inner_template) {
+  WorkerOptions w;
+  w.run_dir = fresh_run_dir(name);
+  LaunchOptions o = options_for("test_nested_launcher", name, 1);
+  o.run_dir = w.run_dir;
+  o.command = worker_command("test_nested_launcher", w, {"--template", inner_template});
   const auto dir = o.run_dir;
   std::thread killer([dir] {
     for (int i = 0; i < 600; ++i) {
@@ -242,12 +251,17 @@ TEST(LauncherCrashTest, RanksDieWithAKilledLauncher) {
     ASSERT_TRUE(read_file(dir / "inner" / "pids" / std::to_string(rank), &pid));
     inner.push_back(std::stoi(pid));
   }
-  // The kernel delivers the parent-death signal at once; give the scheduler a moment.
-  for (int i = 0; i < 100 && (process_exists(inner[0]) || process_exists(inner[1])); ++i) {
+  for (int i = 0; i < 250 && (process_exists(inner[0]) || process_exists(inner[1])); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_FALSE(process_exists(inner[0]));
-  EXPECT_FALSE(process_exists(inner[1]));
+  EXPECT_FALSE(process_exists(inner[0])) << "pid " << inner[0];
+  EXPECT_FALSE(process_exists(inner[1])) << "pid " << inner[1];
+}
+
+TEST(LauncherCrashTest, RanksDieWithAKilledLauncher) { ExpectRanksDieWithAKilledLauncher("nested", ""); }
+
+TEST(LauncherCrashTest, TemplateRanksDieWithAKilledLauncher) {
+  ExpectRanksDieWithAKilledLauncher("nested_template", script("fake_launcher.sh").string() + " srun 2 {cmd}");
 }
 
 // Without mih's launcher (torchrun, srun) the worker's own watchdog ends a rank past its
@@ -296,10 +310,6 @@ TEST(LauncherTest, TcpRendezvousHostedByTheLauncher) {
   EXPECT_TRUE(r.ok()) << r.report();
 }
 
-std::filesystem::path script(const char* name) {
-  return std::filesystem::path(MIH_TEST_SOURCE_DIR) / name;
-}
-
 TEST(LauncherTest, CommandTemplateStartsRanksUnderAFakeSrun) {
   LaunchOptions o = options_for("ping", "template", 3);
   o.command_template = script("fake_launcher.sh").string() + " srun 3 {cmd}";
@@ -317,6 +327,41 @@ TEST(LauncherTest, CommandTemplateReportsARankThatFailed) {
   LaunchResult r = launch(o);
   ASSERT_EQ(r.status, LaunchResult::Status::kRankFailed) << r.report();
   EXPECT_THAT(r.report(), HasSubstr("launcher command exited with code"));
+}
+
+TEST(LauncherTest, TemplateThatStartsNoRankFails) {
+  LaunchOptions o = options_for("ping", "template_none", 2);
+  o.command_template = "echo {cmd}";
+  LaunchResult r = launch(o);
+  ASSERT_EQ(r.status, LaunchResult::Status::kRankFailed) << r.report();
+  EXPECT_THAT(r.diagnosis, HasSubstr("exited 0, but rank(s) [0, 1] of 2 never reported completion"));
+}
+
+TEST(LauncherTest, TemplateWithoutRankVariablesIsNamed) {
+  LaunchOptions o = options_for("ping", "template_no_vars", 2);
+  o.command_template = "{cmd}";  // one process, no rank variables
+  LaunchResult r = launch(o);
+  ASSERT_EQ(r.status, LaunchResult::Status::kRankFailed) << r.report();
+  std::string text;
+  ASSERT_TRUE(read_file(o.run_dir / "logs" / "launcher.log", &text));
+  EXPECT_THAT(text, HasSubstr("the launcher started a run of 2 ranks, but this process sees rank 0 of 1"));
+  EXPECT_THAT(text, HasSubstr("no rank variables are set"));
+}
+
+TEST(LauncherTest, RunDirectoryInUseIsRefused) {
+  LaunchOptions first = options_for("test_sleeper", "busy", 1);
+  first.timeout = std::chrono::seconds(20);
+  std::thread running([&] { launch(first); });
+  for (int i = 0; i < 400 && !std::filesystem::exists(first.run_dir / "pids" / "0"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  LaunchOptions second = first;
+  EXPECT_THAT([&] { launch(second); }, ::testing::ThrowsMessage<Error>(AllOf(
+                                           HasSubstr("is in use by another launch (pid "), HasSubstr("--run-id"))));
+  std::string pid;
+  ASSERT_TRUE(read_file(first.run_dir / "pids" / "0", &pid));
+  ::kill(std::stoi(pid), SIGKILL);  // end the first launch early
+  running.join();
 }
 
 TEST(LauncherTest, TorchrunStyleRanksHostTheirOwnStore) {

@@ -1,0 +1,74 @@
+// CLI11 conventions shared by `mih` and `<binary> worker`: validators whose messages read like
+// mih's, unknown commands named, and usage errors that exit 2 (not CLI11's 100+ codes).
+// Header-only; include it only from the two translation units that parse command lines.
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "harness/base/error.h"
+
+namespace mih::cli {
+
+/// A numeric option that must be >= `min`: "--timeout: must be >= 0.001, got '0'".
+inline CLI::Validator at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        double v = 0;
+        try {
+          size_t used = 0;
+          v = std::stod(value, &used);
+          if (used != value.size()) throw std::invalid_argument(value);
+        } catch (const std::exception&) {
+          return "expected a number, got '" + value + "'";
+        }
+        if (v < min) return internal::str("must be >= ", min, ", got '", value, "'");
+        return "";
+      },
+      internal::str(">=", min));
+}
+
+/// Parses `argv`. Returns nullopt when the program should go on; otherwise the exit status
+/// after printing: 0 for --help/--version, 2 for a usage error. When no subcommand of `app`
+/// was given but a word was, the error names it and lists the valid ones (`what` is
+/// "command" or "worker task").
+inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv, const std::string& what) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  if (!app.get_subcommands().empty()) return std::nullopt;
+  std::string valid;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    valid += (valid.empty() ? "" : ", ") + sub->get_name();
+  }
+  const auto& extra = app.remaining();
+  if (!extra.empty()) {
+    std::fprintf(stderr, "%s: unknown %s '%s'; valid: [%s]\n", app.get_name().c_str(), what.c_str(),
+                 extra.front().c_str(), valid.c_str());
+  } else {
+    std::fprintf(stderr, "%s: a %s is required; valid: [%s] (see --help)\n", app.get_name().c_str(), what.c_str(),
+                 valid.c_str());
+  }
+  return 2;
+}
+
+/// Lets `app` accept unknown words so parse_or_exit can name them; its subcommands stay
+/// strict. Call after adding every subcommand.
+inline void name_unknown_subcommands(CLI::App& app) {
+  app.require_subcommand(0, 1);
+  app.allow_extras(true);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (!sub->get_prefix_command()) sub->allow_extras(false);
+  }
+}
+
+}  // namespace mih::cli

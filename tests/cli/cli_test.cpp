@@ -1,0 +1,120 @@
+// Runs the `mih` binary as a user would and checks exit statuses, messages and evidence.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/files.h"
+#include "harness/compat/collectives.h"
+#include "harness/runtime/launcher.h"
+#include "harness/runtime/worker.h"
+#include "tests/support/temp_dir.h"
+
+namespace mih {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+struct CliRun {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `mih <args>` through the shell (args are shell words) and captures everything it prints.
+CliRun mih(const std::string& args) {
+  std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " " + args + " 2>&1";
+  CliRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
+  int raw = ::pclose(pipe);
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return run;
+}
+
+TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
+  CliRun none = mih("");
+  EXPECT_EQ(none.status, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("a command is required; valid: [selftest, launch, worker]"));
+  CliRun unknown = mih("selftset");
+  EXPECT_EQ(unknown.status, 2) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("unknown command 'selftset'; valid: [selftest, launch, worker]"));
+  CliRun zero = mih("selftest -n 0");
+  EXPECT_EQ(zero.status, 2) << zero.output;
+  EXPECT_THAT(zero.output, HasSubstr("must be >= 1, got '0'"));
+  CliRun tiny = mih("selftest --collective-timeout 0.0001");
+  EXPECT_EQ(tiny.status, 2) << tiny.output;
+  EXPECT_THAT(tiny.output, HasSubstr("must be >= 0.001"));
+  CliRun bogus = mih("selftest --bogus");
+  EXPECT_EQ(bogus.status, 2) << bogus.output;
+  CliRun task = mih("worker --run-dir /tmp nosuchtask");
+  EXPECT_EQ(task.status, 2) << task.output;
+  EXPECT_THAT(task.output, HasSubstr("unknown worker task 'nosuchtask'; valid: [ping, selftest]"));
+}
+
+TEST(CliUsageTest, HelpAndVersionExit0) {
+  for (const char* args : {"--help", "selftest --help", "launch --help", "worker --help", "worker selftest --help"}) {
+    CliRun run = mih(args);
+    EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
+    EXPECT_THAT(run.output, HasSubstr("Exit status: 0 ok")) << args;
+  }
+  CliRun version = mih("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_THAT(version.output, HasSubstr("mih 0.1.0 (libtorch "));
+}
+
+TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {
+  const std::string root = "--evidence-root " + testing::temp_dir("cli_bad").string();
+  CliRun mesh = mih("selftest -n 4 --mesh tp=3 " + root);
+  EXPECT_EQ(mesh.status, exit_status(Code::kInvalidSpec)) << mesh.output;
+  EXPECT_THAT(mesh.output, HasSubstr("dp_replicate(1) * dp_shard(1) * cp(1) * tp(3) = 3 != world_size(4)"));
+  CliRun axis = mih("selftest -n 2 --mesh dp=2 " + root);
+  EXPECT_THAT(axis.output, HasSubstr("'dp' is a combined axis"));
+  CliRun task = mih("launch -n 2 nosuchtask " + root);
+  EXPECT_EQ(task.status, exit_status(Code::kInvalidSpec)) << task.output;
+  EXPECT_THAT(task.output, HasSubstr("unknown worker task 'nosuchtask'"));
+  CliRun dir = mih("selftest -n 2 --evidence-root /proc/mih-no");
+  EXPECT_EQ(dir.status, exit_status(Code::kFailedPrecondition)) << dir.output;
+  EXPECT_THAT(dir.output, HasSubstr("choose a writable run/evidence directory"));
+  EXPECT_EQ(mih("selftest -n 2 --dtypes '' " + root).status, exit_status(Code::kInvalidSpec));
+  if (!compat::backend_available(compat::BackendKind::kNccl)) {
+    CliRun nccl = mih("selftest -n 1 --backend nccl " + root);
+    EXPECT_EQ(nccl.status, exit_status(Code::kUnimplemented)) << nccl.output;
+    EXPECT_THAT(nccl.output, HasSubstr("backend 'nccl' is not available in this build"));
+  }
+}
+
+TEST(CliSelftestTest, TwoRanksPassAndLeaveEvidence) {
+  auto root = testing::temp_dir("cli_selftest");
+  CliRun run = mih("selftest -n 2 --repeats 1 --run-id r1 --evidence-root " + root.string());
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_THAT(run.output, AllOf(HasSubstr("mesh tp=2"), HasSubstr("all checks passed")));
+  auto dir = root / "r1" / "selftest";
+  std::string text;
+  ASSERT_TRUE(read_file(dir / "run.json", &text));
+  auto record = nlohmann::json::parse(text);
+  EXPECT_EQ(record["launch"]["status"], "ok");
+  EXPECT_EQ(record["run_id"], "r1");
+  ASSERT_TRUE(read_file(dir / "selftest.json", &text));
+  EXPECT_TRUE(nlohmann::json::parse(text)["ok"].get<bool>());
+  EXPECT_TRUE(std::filesystem::exists(dir / "comm" / "ledger_rank1.jsonl"));
+}
+
+TEST(CliSelftestTest, LauncherTemplateThatStartsNoRankFails) {
+  auto root = testing::temp_dir("cli_template");
+  CliRun run = mih("selftest -n 2 --launcher 'echo {cmd}' --evidence-root " + root.string());
+  EXPECT_EQ(run.status, exit_status(Code::kAborted)) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("never reported completion"));
+  EXPECT_THAT(run.output, ::testing::Not(HasSubstr("selftest.json")));
+}
+
+}  // namespace
+}  // namespace mih
