@@ -41,23 +41,20 @@ CliRun mih(const std::string& args) {
 }
 
 TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
-  CliRun none = mih("");
-  EXPECT_EQ(none.status, 2) << none.output;
-  EXPECT_THAT(none.output, HasSubstr("a command is required; valid: [selftest, launch, worker]"));
-  CliRun unknown = mih("selftset");
-  EXPECT_EQ(unknown.status, 2) << unknown.output;
-  EXPECT_THAT(unknown.output, HasSubstr("unknown command 'selftset'; valid: [selftest, launch, worker]"));
-  CliRun zero = mih("selftest -n 0");
-  EXPECT_EQ(zero.status, 2) << zero.output;
-  EXPECT_THAT(zero.output, HasSubstr("must be >= 1, got '0'"));
-  CliRun tiny = mih("selftest --collective-timeout 0.0001");
-  EXPECT_EQ(tiny.status, 2) << tiny.output;
-  EXPECT_THAT(tiny.output, HasSubstr("must be >= 0.001"));
-  CliRun bogus = mih("selftest --bogus");
-  EXPECT_EQ(bogus.status, 2) << bogus.output;
-  CliRun task = mih("worker --run-dir /tmp nosuchtask");
-  EXPECT_EQ(task.status, 2) << task.output;
-  EXPECT_THAT(task.output, HasSubstr("unknown worker task 'nosuchtask'; valid: [ping, selftest]"));
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, worker]"},
+                        Case{"selftest -n 0", "must be >= 1, got '0'"},
+                        Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
+                        Case{"selftest --bogus", "--bogus"},
+                        Case{"worker --run-dir /tmp nosuchtask", "unknown worker task 'nosuchtask'; valid: [ping, selftest]"}}) {
+    CliRun run = mih(c.args);
+    EXPECT_EQ(run.status, 2) << "mih " << c.args << "\n" << run.output;
+    EXPECT_THAT(run.output, HasSubstr(c.says)) << "mih " << c.args;
+  }
 }
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
