@@ -14,7 +14,8 @@ Communicator::Communicator(std::string axis, compat::Group group, std::shared_pt
 template <class Fn>
 void Communicator::record(std::string_view op, const at::Tensor* payload, const CallSite& site, Fn&& fn) {
   int64_t seq = -1;
-  if (ledger_) {
+  const bool recorded = ledger_ && group_.size() > 1;  // a 1-rank axis moves nothing
+  if (recorded) {
     bool has = payload && payload->defined();
     std::string dtype = has ? dtype_name(payload->scalar_type()) : "";
     int64_t numel = has ? payload->numel() : 0;
@@ -24,16 +25,16 @@ void Communicator::record(std::string_view op, const at::Tensor* payload, const 
   try {
     fn();
   } catch (Error& e) {
-    if (ledger_) ledger_->fail(seq, e.message());
+    if (recorded) ledger_->fail(seq, e.message());
     e.add_context(internal::str("on mesh axis '", axis_, "', called from ", site.str()));
     throw;
   } catch (const std::exception& e) {
-    if (ledger_) ledger_->fail(seq, e.what());
+    if (recorded) ledger_->fail(seq, e.what());
     Error wrapped(Code::kInternal, internal::str(op, " on mesh axis '", axis_, "': ", e.what()));
     wrapped.add_context(internal::str("called from ", site.str()));
     throw wrapped;
   }
-  if (ledger_) ledger_->end(seq);
+  if (recorded) ledger_->end(seq);
 }
 
 void Communicator::all_reduce(at::Tensor& tensor, ReduceOp op, CallSite site) {

@@ -28,7 +28,8 @@ using compat::ReduceOp;
 /// and the call site.
 class Communicator {
  public:
-  /// `ledger` may be null (nothing recorded).
+  /// `ledger` may be null (nothing recorded). Calls on a 1-rank axis move nothing and are
+  /// not recorded.
   Communicator(std::string axis, compat::Group group, std::shared_ptr<CommLedger> ledger);
 
   const std::string& axis() const { return axis_; }

@@ -1,0 +1,25 @@
+// Optimizer-state access that differs between libtorch versions: the AdamW state map is keyed
+// by a string of the TensorImpl address in 1.13 and by the address itself in 2.x
+// (spike_fsdp.md section 6), so no code outside harness/compat indexes optimizer.state().
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace mih::compat {
+
+/// The AdamW state tensor `name` ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") of `param`, or
+/// an undefined tensor when the optimizer has no state for it yet (before its first step).
+/// Throws: mih::Error{kInvalidSpec} for another name; kInternal if the state is not AdamW's.
+at::Tensor adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& param, const std::string& name);
+
+/// The number of AdamW steps taken for `param` (0 before the first).
+int64_t adamw_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+
+}  // namespace mih::compat

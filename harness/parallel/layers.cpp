@@ -1,0 +1,201 @@
+// The tensor-parallel layers and the vocab-parallel cross entropy.
+#include "harness/parallel/layers.h"
+
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "harness/base/error.h"
+#include "harness/parallel/regions.h"
+
+namespace mih {
+namespace {
+
+// The sequence dim of [B, S, H] (and of [S, H]): the one before the features.
+constexpr int64_t kSeqDim = -2;
+
+ParamSpec weight_spec(int64_t out, int64_t in, Placement tp, double std, int64_t pad) {
+  ParamSpec s;
+  s.shape = {out, in};
+  s.tp = tp;
+  s.init = init::normal(std);
+  s.pad_dim0_to_multiple = pad;
+  return s;
+}
+
+ParamSpec vector_spec(int64_t n, Placement tp, double value, bool tp_partial_grad, int64_t pad = 1) {
+  ParamSpec s;
+  s.shape = {n};
+  s.tp = tp;
+  s.init = init::constant(value);
+  s.tp_partial_grad = tp_partial_grad;
+  s.pad_dim0_to_multiple = pad;
+  return s;
+}
+
+}  // namespace
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& o)
+    : ColumnParallelLinearImpl(ctx, o, at::Tensor()) {}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& o,
+                                                   const at::Tensor& tied_weight)
+    : options(o), ctx_(&ctx) {
+  MIH_CHECK(o.in_features() > 0 && o.out_features() > 0 && o.partitions() >= 1,
+            "ColumnParallelLinear: in_features, out_features and partitions must be positive, got ", o.in_features(),
+            ", ", o.out_features(), ", ", o.partitions());
+  MIH_CHECK_CODE(o.partitions() == 1 || !o.gather_output(), Code::kUnimplemented,
+                 "ColumnParallelLinear: gather_output with partitions > 1 is not supported");
+  const int64_t pad = o.pad_to_tp() ? ctx.tp_size() : 1;
+  const Placement tp = Placement::shard(0, o.partitions());
+  if (tied_weight.defined()) {
+    const ShardedParameter& tied = ctx.parameter(tied_weight);
+    MIH_CHECK(tied.global_shape == std::vector<int64_t>({o.out_features(), o.in_features()}) && tied.tp == tp,
+              "ColumnParallelLinear: the tied weight must be a [", o.out_features(), ", ", o.in_features(),
+              "] parameter laid out as ", tp.str(), " over tp");
+    weight = register_parameter("weight", tied_weight);
+  } else {
+    weight = register_parameter("weight", ctx.make_parameter(weight_spec(o.out_features(), o.in_features(), tp,
+                                                                         o.init_std(), pad)));
+  }
+  if (o.bias()) {
+    bias = register_parameter("bias", ctx.make_parameter(vector_spec(o.out_features(), tp, 0.0, false, pad)));
+  }
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  Communicator& tp = ctx_->tp();
+  at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
+  at::Tensor y = at::linear(input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
+  return options.gather_output() ? gather_from_region(y, tp, -1) : y;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowParallelLinearOptions& o)
+    : options(o), ctx_(&ctx) {
+  MIH_CHECK(o.in_features() > 0 && o.out_features() > 0, "RowParallelLinear: in_features and out_features must be "
+                                                          "positive, got ", o.in_features(), ", ", o.out_features());
+  weight = register_parameter(
+      "weight", ctx.make_parameter(weight_spec(o.out_features(), o.in_features(), Placement::shard(1), o.init_std(), 1)));
+  if (o.bias()) {
+    // Added after the reduction, so replicated; with sequence parallelism each rank adds it to
+    // its own tokens only, and its gradient is partial over tp.
+    bias = register_parameter("bias", ctx.make_parameter(vector_spec(o.out_features(), Placement::replicate(), 0.0,
+                                                                     ctx.sequence_parallel())));
+  }
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
+  Communicator& tp = ctx_->tp();
+  at::Tensor partial = at::linear(x, ctx_->use(weight));
+  at::Tensor y = ctx_->sequence_parallel() ? sequence_reduce_scatter(partial, tp, kSeqDim) : reduce_from_region(partial, tp);
+  return bias.defined() ? y + ctx_->use(bias) : y;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(ParallelContext& ctx, int64_t vocab, int64_t hidden,
+                                                       double init_std)
+    : vocab(vocab), hidden(hidden), ctx_(&ctx) {
+  MIH_CHECK(vocab > 0 && hidden > 0, "VocabParallelEmbedding: vocab and hidden must be positive, got ", vocab, ", ",
+            hidden);
+  weight = register_parameter(
+      "weight", ctx.make_parameter(weight_spec(vocab, hidden, Placement::shard(0), init_std, ctx.tp_size())));
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  Communicator& tp = ctx_->tp();
+  at::Tensor table = ctx_->use(weight);  // [V/TP (padded), H]
+  at::Tensor out;
+  if (tp.size() == 1) {
+    out = at::embedding(table, ids);
+  } else {
+    // Ids outside this rank's vocab slice look up row 0 and are zeroed; the sum over tp
+    // then holds exactly one real row per token.
+    const int64_t start = tp.rank() * table.size(0);
+    at::Tensor outside = ids.lt(start).logical_or(ids.ge(start + table.size(0)));
+    out = at::embedding(table, (ids - start).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
+  }
+  return ctx_->sequence_parallel() ? sequence_reduce_scatter(out, tp, kSeqDim) : reduce_from_region(out, tp);
+}
+
+RMSNormImpl::RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps) : eps(eps), ctx_(&ctx) {
+  MIH_CHECK(hidden > 0, "RMSNorm: hidden must be positive, got ", hidden);
+  weight = register_parameter(
+      "weight", ctx.make_parameter(vector_spec(hidden, Placement::replicate(), 1.0, ctx.sequence_parallel())));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * ctx_->use(weight);
+}
+
+LayerNormImpl::LayerNormImpl(ParallelContext& ctx, int64_t hidden, double eps) : eps(eps), ctx_(&ctx) {
+  MIH_CHECK(hidden > 0, "LayerNorm: hidden must be positive, got ", hidden);
+  weight = register_parameter(
+      "weight", ctx.make_parameter(vector_spec(hidden, Placement::replicate(), 1.0, ctx.sequence_parallel())));
+  bias = register_parameter(
+      "bias", ctx.make_parameter(vector_spec(hidden, Placement::replicate(), 0.0, ctx.sequence_parallel())));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, ctx_->use(weight), ctx_->use(bias), eps);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t comm_id,
+                            int64_t vocab, int64_t ignore_index) {
+    Communicator& tp = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(comm_id));
+    const int64_t local_vocab = logits.size(1), start = tp.rank() * local_vocab;
+    const int64_t real_cols = std::clamp<int64_t>(vocab - start, 0, local_vocab);
+    at::Tensor shifted = logits.detach().clone();
+    if (real_cols < local_vocab) {
+      shifted.narrow(1, real_cols, local_vocab - real_cols).fill_(-std::numeric_limits<double>::infinity());
+    }
+    at::Tensor max = std::get<0>(shifted.max(1));
+    tp.all_reduce(max, ReduceOp::kMax, "cross_entropy.max");
+    shifted.sub_(max.unsqueeze(1));
+    at::Tensor exp = shifted.exp();
+    at::Tensor sum = exp.sum(1);
+    tp.all_reduce(sum, ReduceOp::kSum, "cross_entropy.sum_exp");
+    at::Tensor ignored = targets.eq(ignore_index);
+    at::Tensor local_target = targets - start;
+    at::Tensor here = local_target.ge(0).logical_and(local_target.lt(real_cols)).logical_and(ignored.logical_not());
+    at::Tensor index = local_target.masked_fill(here.logical_not(), 0);
+    at::Tensor target_logit = shifted.gather(1, index.unsqueeze(1)).squeeze(1).masked_fill(here.logical_not(), 0);
+    tp.all_reduce(target_logit, ReduceOp::kSum, "cross_entropy.target_logit");
+    at::Tensor loss = (sum.log() - target_logit).masked_fill(ignored, 0);
+    ctx->save_for_backward({exp.div_(sum.unsqueeze(1)), index, here, ignored});
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& index = saved[1];
+    const at::Tensor& here = saved[2];
+    const at::Tensor& ignored = saved[3];
+    // d loss / d logits = softmax - onehot(target), on this rank's vocab slice.
+    at::Tensor g = softmax.clone();
+    g.scatter_add_(1, index.unsqueeze(1), here.to(g.scalar_type()).neg().unsqueeze(1));
+    g.mul_(grads[0].unsqueeze(1)).masked_fill_(ignored.unsqueeze(1), 0);
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, Communicator& tp,
+                                        int64_t vocab, int64_t ignore_index) {
+  MIH_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
+            "vocab_parallel_cross_entropy: expected logits [N, V/TP] and targets [N], got ", logits.sizes(), " and ",
+            targets.sizes());
+  MIH_CHECK(logits.size(1) * tp.size() >= vocab, "vocab_parallel_cross_entropy: ", tp.size(), " ranks x ",
+            logits.size(1), " columns cannot hold a vocabulary of ", vocab);
+  return VocabParallelCrossEntropy::apply(logits, targets, static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp)),
+                                          vocab, ignore_index);
+}
+
+}  // namespace mih

@@ -1,0 +1,152 @@
+// Tensor-parallel layers (Megatron-Core's names): each is plain single-device code at tp=1
+// and shards its parameters over tp otherwise; parameters are made by the ParallelContext, so
+// FSDP and the gradient synchronization know their layout. Activations are [B, S, H]; under
+// sequence parallelism the tensors between regions are [B, S/TP, H].
+//
+// How to write a model with them: hold a ParallelContext&, build every parameterized piece
+// from these layers (or make_parameter + ctx.use for your own), and call the layers from
+// forward as you would torch::nn ones. tests/parallel/tiny_block.h is a complete example.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "harness/parallel/parallel_context.h"
+
+namespace mih {
+
+/// Options of ColumnParallelLinear. Example: ColumnParallelLinearOptions(H, 3 * H).partitions(3)
+struct ColumnParallelLinearOptions {
+  ColumnParallelLinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  /// Input features H (not sharded).
+  TORCH_ARG(int64_t, in_features);
+  /// Output features (sharded over tp: each rank computes out/TP of them).
+  TORCH_ARG(int64_t, out_features);
+  /// Add a bias (sharded like the outputs). Default true.
+  TORCH_ARG(bool, bias) = true;
+  /// All-gather the output over tp, [.., out/TP] -> [.., out]. Default false.
+  TORCH_ARG(bool, gather_output) = false;
+  /// The outputs are this many equal partitions (fused [q; k; v] = 3, [gate; up] = 2), each
+  /// sharded separately so every rank gets matching pieces of each. Default 1.
+  TORCH_ARG(int64_t, partitions) = 1;
+  /// Standard deviation of the normal init of the weight. Default 0.02.
+  TORCH_ARG(double, init_std) = 0.02;
+  /// Pad out_features up to a multiple of tp (padding outputs are zero; a vocabulary head
+  /// sets it). Default false.
+  TORCH_ARG(bool, pad_to_tp) = false;
+};
+
+/// y = x W^T + b with W's output features split over tp (W: [out, in], Shard(0)).
+/// Input: [B, S, in] replicated over tp (sequence parallel: [B, S/TP, in], all-gathered).
+/// Output: [B, S, out/TP] (gather_output: [B, S, out]).
+class ColumnParallelLinearImpl : public torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& options);
+  /// Uses `tied_weight` (e.g. the embedding's [V, H] table, laid out identically) instead of
+  /// a weight of its own.
+  ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& options,
+                           const at::Tensor& tied_weight);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  ColumnParallelLinearOptions options;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+/// Options of RowParallelLinear.
+struct RowParallelLinearOptions {
+  RowParallelLinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  /// Input features (sharded over tp: each rank holds in/TP columns of W).
+  TORCH_ARG(int64_t, in_features);
+  /// Output features H (not sharded).
+  TORCH_ARG(int64_t, out_features);
+  /// Add a bias, once, after the reduction over tp. Default true.
+  TORCH_ARG(bool, bias) = true;
+  /// Standard deviation of the normal init of the weight. Default 0.02.
+  TORCH_ARG(double, init_std) = 0.02;
+};
+
+/// y = x W^T + b with W's input features split over tp (W: [out, in], Shard(1)); the partial
+/// products are summed over tp (sequence parallel: reduce-scattered on the sequence dim),
+/// then the bias is added once.
+/// Input: [B, S, in/TP]. Output: [B, S, out] (sequence parallel: [B, S/TP, out]).
+class RowParallelLinearImpl : public torch::nn::Module {
+ public:
+  RowParallelLinearImpl(ParallelContext& ctx, const RowParallelLinearOptions& options);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  RowParallelLinearOptions options;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+/// Token embedding with the vocabulary split over tp (table [V, H], Shard(0)); a vocabulary
+/// that does not divide by tp is padded with zero rows that no token id reaches.
+/// Input: ids [B, S] (int64, in [0, V)). Output: [B, S, H] (sequence parallel: [B, S/TP, H]).
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(ParallelContext& ctx, int64_t vocab, int64_t hidden, double init_std = 0.02);
+  at::Tensor forward(const at::Tensor& ids);
+
+  at::Tensor weight;
+  int64_t vocab, hidden;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+/// RMSNorm (Zhang & Sennrich 2019): x * rsqrt(mean(x^2) + eps) * weight, weight [H]
+/// replicated over tp. Under sequence parallelism each tp rank sees only its tokens, so the
+/// weight's gradient is partial over tp and is summed there after backward.
+/// Shape: [.., H] -> [.., H].
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps = 1e-6);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+  double eps;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(RMSNorm);
+
+/// LayerNorm with weight and bias [H], replicated over tp, gradients partial over tp under
+/// sequence parallelism (as RMSNorm). Shape: [.., H] -> [.., H].
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(ParallelContext& ctx, int64_t hidden, double eps = 1e-5);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  double eps;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(LayerNorm);
+
+/// Per-token cross entropy over logits whose vocabulary is split over tp, without gathering
+/// them (Megatron-LM's vocab_parallel_cross_entropy): max, sum of exponentials and the target
+/// logit are all-reduced over tp; the backward is softmax minus one-hot on the local vocab.
+/// Columns at or past `vocab` (padding) are ignored. Targets equal to `ignore_index` get loss 0.
+/// Shape: logits [N, V/TP] (this rank's vocab slice, padded vocab), targets [N] -> [N].
+/// Throws: mih::Error{kInvalidSpec} if the shapes disagree.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, Communicator& tp,
+                                        int64_t vocab, int64_t ignore_index = -100);
+
+}  // namespace mih

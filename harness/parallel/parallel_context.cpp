@@ -1,0 +1,303 @@
+// ParallelContext: parameter creation and layout, FSDP sharding, gradient synchronization,
+// global grad norm, full-tensor gathers.
+#include "harness/parallel/parallel_context.h"
+
+#include <cmath>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include "harness/base/error.h"
+#include "harness/parallel/regions.h"
+#include "harness/runtime/dtypes.h"
+
+namespace mih {
+namespace {
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// This rank's tensor-parallel piece of `full` (see Placement::shard for partitions).
+at::Tensor tp_piece(const at::Tensor& full, const Placement& tp, int64_t n, int64_t r, int64_t index) {
+  if (!tp.is_shard() || n == 1) return full;
+  const int64_t d = tp.dim();
+  MIH_CHECK(d >= 0 && d < full.dim(), "parameter #", index, " of shape ", shape_str(full.sizes()), ": Shard(", d,
+            ") names a dim it does not have");
+  MIH_CHECK(full.size(d) % (tp.partitions() * n) == 0, "parameter #", index, " of shape ", shape_str(full.sizes()),
+            ": dim ", d, " (size ", full.size(d), ") does not split into partitions(", tp.partitions(), ") x tp(", n,
+            ") equal pieces; choose sizes divisible by ", tp.partitions() * n, " or another tp");
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& part : full.chunk(tp.partitions(), d)) pieces.push_back(part.chunk(n, d)[r]);
+  return at::cat(pieces, d);
+}
+
+// Sums every tensor of `grads` over `comm` in place, one flat bucket per dtype.
+void all_reduce_bucketed(const std::vector<at::Tensor>& grads, Communicator& comm, const char* label) {
+  if (comm.size() == 1 || grads.empty()) return;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& g : grads) by_dtype[g.scalar_type()].push_back(g);
+  for (auto& [dtype, list] : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& g : list) flat.push_back(g.reshape(-1));
+    at::Tensor bucket = at::cat(flat);
+    comm.all_reduce(bucket, ReduceOp::kSum, label);
+    int64_t offset = 0;
+    for (auto& g : list) {
+      g.copy_(bucket.narrow(0, offset, g.numel()).view_as(g));
+      offset += g.numel();
+    }
+  }
+}
+
+}  // namespace
+
+namespace init {
+ParamInit normal(double std) {
+  return [std](at::IntArrayRef shape, at::Generator& gen) {
+    return at::empty(shape, at::kDouble).normal_(0.0, std, gen);
+  };
+}
+ParamInit uniform(double bound) {
+  return [bound](at::IntArrayRef shape, at::Generator& gen) {
+    return at::empty(shape, at::kDouble).uniform_(-bound, bound, gen);
+  };
+}
+ParamInit constant(double value) {
+  return [value](at::IntArrayRef shape, at::Generator&) { return at::full(shape, value, at::kDouble); };
+}
+}  // namespace init
+
+std::map<std::string, Placement> ShardedParameter::placements() const {
+  return {{"dp_replicate", Placement::replicate()},
+          {"dp_shard", fsdp ? Placement::shard(0) : Placement::replicate()},
+          {"cp", Placement::replicate()},
+          {"tp", dims.tp > 1 ? tp : Placement::replicate()}};
+}
+
+std::vector<std::string> ShardedParameter::grad_domain() const {
+  std::vector<std::string> out;
+  if (dims.dp_replicate > 1) out.push_back("dp_replicate");
+  if (dims.dp_shard > 1) out.push_back("dp_shard");
+  if (dims.cp > 1) out.push_back("cp");
+  if (tp_partial_grad && dims.tp > 1) out.push_back("tp");
+  return out;
+}
+
+int64_t ShardedParameter::replicas() const {
+  int64_t pieces = (tp.is_shard() ? dims.tp : 1) * (fsdp ? dims.dp_shard : 1);
+  return dims.product() / pieces;
+}
+
+void to_json(nlohmann::json& j, const ShardedParameter& p) {
+  j = {{"fqn", p.fqn},
+       {"aliases", p.aliases},
+       {"global_shape", p.global_shape},
+       {"padded_shape", p.padded_shape},
+       {"tp_local_shape", p.tp_local_shape},
+       {"local_shape", p.local_shape},
+       {"local_offset", p.local_offset},
+       {"placements", p.placements()},
+       {"grad_domain", p.grad_domain()},
+       {"fsdp_unit", p.unit},
+       {"dtype", dtype_name(p.local.scalar_type())}};
+  if (p.fsdp) j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
+}
+
+ParallelContext::ParallelContext(DeviceMesh& mesh, ParallelOptions options) : mesh_(&mesh), options_(options) {}
+
+at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
+  const int64_t index = next_index_++;
+  MIH_CHECK(static_cast<bool>(spec.init), "parameter #", index, " of shape ", shape_str(spec.shape),
+            ": ParamSpec::init is empty");
+  MIH_CHECK(spec.pad_dim0_to_multiple >= 1, "parameter #", index, ": pad_dim0_to_multiple must be >= 1");
+  // Seeded by (seed, index) alone: the same full values whatever the mesh.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options_.init_seed * 1000003ULL + static_cast<uint64_t>(index));
+  at::Tensor full = spec.init(spec.shape, gen);
+  MIH_INTERNAL_ASSERT(full.sizes() == at::IntArrayRef(spec.shape), "init returned ", shape_str(full.sizes()),
+                      " for a parameter of shape ", shape_str(spec.shape));
+  at::Tensor padded = full;
+  if (spec.pad_dim0_to_multiple > 1) {
+    MIH_CHECK(full.dim() >= 1, "parameter #", index, ": a 0-d parameter cannot be padded");
+    const int64_t m = spec.pad_dim0_to_multiple;
+    const int64_t rows = (full.size(0) + m - 1) / m * m;
+    auto sizes = full.sizes().vec();
+    sizes[0] = rows;
+    padded = at::zeros(sizes, full.options());
+    padded.narrow(0, 0, full.size(0)).copy_(full);
+  }
+  at::Tensor piece = tp_piece(padded, spec.tp, tp_size(), tp_rank(), index);
+  at::Tensor leaf = piece.to(options_.device, options_.param_dtype).contiguous().clone().detach().requires_grad_(true);
+
+  auto p = std::make_shared<ShardedParameter>();
+  p->local = leaf;
+  p->global_shape = spec.shape;
+  p->padded_shape = padded.sizes().vec();
+  p->tp = spec.tp;
+  p->tp_partial_grad = spec.tp_partial_grad;
+  p->tp_local_shape = piece.sizes().vec();
+  p->local_shape = p->tp_local_shape;
+  p->local_offset.assign(piece.dim(), 0);
+  if (spec.tp.is_shard() && tp_size() > 1) {
+    p->local_offset[spec.tp.dim()] = tp_rank() * piece.size(spec.tp.dim()) / spec.tp.partitions();
+  }
+  p->index = index;
+  p->dims = mesh_->dims();
+  by_impl_[leaf.unsafeGetTensorImpl()] = p;
+  return leaf;
+}
+
+ShardedParameter& ParallelContext::parameter(const at::Tensor& leaf) const {
+  auto it = by_impl_.find(leaf.unsafeGetTensorImpl());
+  MIH_CHECK(it != by_impl_.end(), "a tensor of shape ", shape_str(leaf.sizes()),
+            " is used as a parameter but was not created by ParallelContext::make_parameter; create every "
+            "parameter through it so its layout is known");
+  return *it->second;
+}
+
+at::Tensor ParallelContext::use(const at::Tensor& leaf) {
+  const ShardedParameter& p = parameter(leaf);
+  if (!p.fsdp) {
+    if (options_.compute_dtype && *options_.compute_dtype != leaf.scalar_type()) return leaf.to(*options_.compute_dtype);
+    return leaf;
+  }
+  return fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0], options_.compute_dtype,
+                         options_.reduce_dtype);
+}
+
+void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& unit) {
+  units_.push_back(unit);
+  Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    auto it = by_impl_.find(item.value().unsafeGetTensorImpl());
+    MIH_CHECK(it != by_impl_.end(), "FSDP unit '", unit, "': parameter '", item.key(),
+              "' was not created by ParallelContext::make_parameter");
+    ShardedParameter& p = *it->second;
+    if (!p.unit.empty()) continue;  // an earlier unit owns it (a tied parameter)
+    p.unit = unit;
+    if (dp_shard.size() == 1 || p.local.dim() == 0) continue;
+    p.fsdp_range = shard_range(p.tp_local_shape[0], dp_shard.size(), dp_shard.rank());
+    {
+      at::NoGradGuard no_grad;
+      p.local.set_data(p.local.narrow(0, p.fsdp_range.offset, p.fsdp_range.size).clone());
+    }
+    p.fsdp = true;
+    p.local_shape[0] = p.fsdp_range.size;
+    p.local_offset[0] += p.fsdp_range.offset;
+  }
+}
+
+void ParallelContext::finalize(torch::nn::Module& root) {
+  ordered_.clear();
+  std::set<const void*> seen;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    const void* impl = item.value().unsafeGetTensorImpl();
+    auto it = by_impl_.find(impl);
+    MIH_CHECK(it != by_impl_.end(), "parameter '", item.key(), "' of shape ", shape_str(item.value().sizes()),
+              " was not created by ParallelContext::make_parameter; create every parameter through it so its "
+              "layout over the mesh is known");
+    if (seen.insert(impl).second) {
+      it->second->fqn = item.key();
+      it->second->aliases.clear();
+      ordered_.push_back(it->second);
+    } else {
+      it->second->aliases.push_back(item.key());
+    }
+  }
+  for (const auto& [impl, p] : by_impl_) {
+    MIH_CHECK(seen.count(impl), "ParallelContext made parameter #", p->index, " of shape ",
+              shape_str(p->global_shape), " but the model does not register it");
+  }
+}
+
+at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Tensor& piece) const {
+  MIH_CHECK(piece.defined(), "gather_full('", p.fqn, "'): the tensor is undefined (no gradient yet?)");
+  MIH_CHECK(piece.sizes() == at::IntArrayRef(p.local_shape), "gather_full('", p.fqn, "'): expected a piece of shape ",
+            shape_str(p.local_shape), ", got ", shape_str(piece.sizes()));
+  at::Tensor t = piece.detach().contiguous();
+  if (p.fsdp) {
+    Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
+    auto sizes = t.sizes().vec();
+    sizes[0] = p.fsdp_range.chunk;
+    at::Tensor padded = at::zeros(sizes, t.options());
+    padded.narrow(0, 0, t.size(0)).copy_(t);
+    sizes[0] *= dp_shard.size();
+    at::Tensor all = at::empty(sizes, t.options());
+    dp_shard.all_gather_into_tensor(all, padded, "gather_full.dp_shard");
+    t = all.narrow(0, 0, p.tp_local_shape[0]);
+  }
+  Communicator& tp_comm = tp();
+  if (p.tp.is_shard() && tp_comm.size() > 1) {
+    const int64_t d = p.tp.dim(), n = tp_comm.size(), parts = p.tp.partitions();
+    at::Tensor g = all_gather_dim(t, tp_comm, d);  // [.., n * parts * q, ..]: rank-major
+    if (parts > 1) {
+      at::Tensor front = g.movedim(d, 0);
+      auto rest = front.sizes().slice(1).vec();
+      std::vector<int64_t> split = {n, parts, front.size(0) / (n * parts)};
+      split.insert(split.end(), rest.begin(), rest.end());
+      front = front.reshape(split).transpose(0, 1).reshape(front.sizes());  // partition-major
+      g = front.movedim(0, d);
+    }
+    t = g;
+  }
+  if (t.dim() >= 1 && t.size(0) != p.global_shape[0]) t = t.narrow(0, 0, p.global_shape[0]);
+  return t.contiguous().clone();
+}
+
+void ParallelContext::synchronize_gradients() {
+  // A parameter without a gradient on this rank joins with zeros, so every rank's buckets
+  // have the same layout (a different layout would make the collectives disagree).
+  for (const auto& p : ordered_) {
+    if (!p->local.grad().defined()) p->local.mutable_grad() = at::zeros_like(p->local);
+  }
+  std::vector<at::Tensor> partial_over_tp;
+  for (const auto& p : ordered_) {
+    if (p->tp_partial_grad) partial_over_tp.push_back(p->local.grad());
+  }
+  all_reduce_bucketed(partial_over_tp, tp(), "grad_sync.tp_partial");
+  for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard}) {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : ordered_) {
+      if (axis == MeshAxis::kDpShard && p->fsdp) continue;  // FSDP's backward reduce-scattered it
+      grads.push_back(p->local.grad());
+    }
+    all_reduce_bucketed(grads, mesh_->comm(axis), "grad_sync.data_parallel");
+  }
+}
+
+double ParallelContext::grad_norm() {
+  double local = 0;
+  for (const auto& p : ordered_) {
+    const at::Tensor& g = p->local.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    local += g.to(at::kDouble).pow(2).sum().item<double>() / static_cast<double>(p->replicas());
+  }
+  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  mesh_->comm(MeshAxis::kWorld).all_reduce(total, ReduceOp::kSum, "grad_norm");
+  return std::sqrt(total.item<double>());
+}
+
+double ParallelContext::clip_grad_norm(double max_norm) {
+  const double norm = grad_norm();
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    at::NoGradGuard no_grad;
+    for (const auto& p : ordered_) {
+      if (p->local.grad().defined()) p->local.mutable_grad().mul_(coef);
+    }
+  }
+  return norm;
+}
+
+nlohmann::json ParallelContext::to_json() const {
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& p : ordered_) params.push_back(*p);
+  return {{"parameters", params}, {"fsdp_units", units_}, {"sequence_parallel", sequence_parallel()}};
+}
+
+}  // namespace mih

@@ -1,0 +1,187 @@
+// ParallelContext: the parameter table of a model built on a DeviceMesh. Layers create their
+// parameters through it (deterministic full init, this rank's tensor-parallel piece), FSDP
+// units re-shard them on dim 0 over dp_shard, and after backward it synchronizes gradients
+// (DDP and tensor-parallel partial sums), computes the global grad norm and gathers any
+// sharded tensor back to its full value. One ShardedParameter per logical parameter: tied
+// registrations are one entry (libtorch lists them twice; spike_fsdp.md section 5).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Optional.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include "harness/parallel/placement.h"
+#include "harness/runtime/device_mesh.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace mih {
+
+/// Returns a parameter's full initial value for `shape`, drawing from `gen` (CPU, float64).
+using ParamInit = std::function<at::Tensor(at::IntArrayRef shape, at::Generator& gen)>;
+
+/// Initializers for ParamSpec::init.
+namespace init {
+ParamInit normal(double std);
+ParamInit uniform(double bound);
+ParamInit constant(double value);
+}  // namespace init
+
+/// What a layer asks ParallelContext::make_parameter for.
+struct ParamSpec {
+  /// Logical (unpadded, unsharded) shape, e.g. [V, H] with V = 37.
+  std::vector<int64_t> shape;
+  /// Layout along the tp axis: Replicate, or Shard(dim[, partitions]); dims must divide by tp
+  /// (after padding).
+  Placement tp = Placement::replicate();
+  ParamInit init;
+  /// Pad dim 0 up to a multiple of this (the padding rows are zero and never used), so a
+  /// vocabulary of 37 shards over tp=2 as 19 + 19. 1 = no padding.
+  int64_t pad_dim0_to_multiple = 1;
+  /// The gradient is a partial sum over tp (a parameter replicated over tp that sees only
+  /// this rank's tokens, e.g. a norm weight under sequence parallelism): it is all-reduced
+  /// over tp after backward.
+  bool tp_partial_grad = false;
+};
+
+/// One logical parameter: its layout over the mesh and this rank's piece.
+struct ShardedParameter {
+  /// Canonical FQN (the first registration in named_parameters order), and tied aliases.
+  std::string fqn;
+  std::vector<std::string> aliases;
+  /// The leaf registered in the module(s): this rank's piece, what the optimizer updates.
+  at::Tensor local;
+  /// Logical shape, and the shape with dim-0 padding for even tensor-parallel shards.
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> padded_shape;
+  Placement tp = Placement::replicate();
+  bool tp_partial_grad = false;
+  /// The shape compute sees on this rank: the TP piece (an FSDP parameter is gathered to it).
+  std::vector<int64_t> tp_local_shape;
+  /// This rank's piece and its offset in padded global coordinates (for a partitioned shard,
+  /// the offset within each partition).
+  std::vector<int64_t> local_shape;
+  std::vector<int64_t> local_offset;
+  /// Sharded on dim 0 of the TP piece over dp_shard (FSDP), in `unit`; rows `fsdp_range`.
+  bool fsdp = false;
+  ShardRange fsdp_range;
+  std::string unit;
+  /// Order of creation: parameters are initialized from seed + this index.
+  int64_t index = 0;
+  /// The mesh the parameter lives on.
+  ParallelDims dims;
+
+  /// Placement along each mesh axis: {"dp_replicate": Replicate(), "dp_shard": Shard(0), ...}.
+  std::map<std::string, Placement> placements() const;
+  /// Mesh axes whose gradient contributions are summed: every data-parallel axis (dp_replicate,
+  /// dp_shard, cp) and tp when the gradient is partial over tp.
+  std::vector<std::string> grad_domain() const;
+  /// How many ranks hold the same piece (the product of the axes it is replicated over).
+  int64_t replicas() const;
+};
+
+void to_json(nlohmann::json& j, const ShardedParameter& p);
+
+/// How a ParallelContext builds parameters.
+struct ParallelOptions {
+  /// Activations between tensor-parallel regions are sharded on the sequence dim over tp.
+  bool sequence_parallel = false;
+  /// Seed of parameter initialization (the same full values at every parallel degree).
+  uint64_t init_seed = 0;
+  /// dtype and device of the parameters (master weights).
+  c10::ScalarType param_dtype = c10::ScalarType::Float;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  /// FSDP mixed precision: gathered parameters are cast to compute_dtype, gradients are
+  /// reduce-scattered in reduce_dtype. nullopt = param_dtype.
+  c10::optional<c10::ScalarType> compute_dtype;
+  c10::optional<c10::ScalarType> reduce_dtype;
+};
+
+/// The parameters of one model on one mesh. Not thread-safe; one per rank.
+class ParallelContext {
+ public:
+  /// `mesh` must outlive the context.
+  ParallelContext(DeviceMesh& mesh, ParallelOptions options);
+
+  DeviceMesh& mesh() const { return *mesh_; }
+  const ParallelOptions& options() const { return options_; }
+  Communicator& tp() const { return mesh_->comm(MeshAxis::kTp); }
+  int64_t tp_size() const { return tp().size(); }
+  int64_t tp_rank() const { return tp().rank(); }
+  bool sequence_parallel() const { return options_.sequence_parallel && tp_size() > 1; }
+
+  /// Creates a parameter: the full value of spec.shape from spec.init (seeded by init_seed
+  /// and the creation index), padded, and this rank's tp piece of it, as a leaf that
+  /// requires grad, in param_dtype on the device. The caller registers it in its module.
+  /// Throws: mih::Error{kInvalidSpec} if the sharded dim does not divide by tp (naming the
+  ///   dim, its size and tp, and the fix).
+  at::Tensor make_parameter(const ParamSpec& spec);
+
+  /// The tensor a layer computes with: for an FSDP parameter the all-gathered TP piece (in
+  /// compute_dtype; its backward reduce-scatters the gradient), else the leaf itself.
+  /// Throws: mih::Error{kInternal} if `leaf` was not made by this context.
+  at::Tensor use(const at::Tensor& leaf);
+
+  /// Makes `module` an FSDP unit named `unit`: every parameter registered under it that no
+  /// earlier unit took is sharded on dim 0 over dp_shard (uneven: ceil-sized chunks, the last
+  /// ones smaller or empty). Call before the optimizer is built. No-op when dp_shard == 1
+  /// (the unit is still recorded).
+  void fully_shard(torch::nn::Module& module, const std::string& unit);
+
+  /// Names every parameter by its FQNs in `root` (ties become aliases).
+  /// Throws: mih::Error{kInvalidSpec} naming a parameter of `root` that was not made by
+  ///   this context, or one made here that `root` does not register.
+  void finalize(torch::nn::Module& root);
+
+  /// Every logical parameter once, in named_parameters order (after finalize).
+  const std::vector<std::shared_ptr<ShardedParameter>>& parameters() const { return ordered_; }
+  /// The entry of a leaf. Throws: mih::Error{kInternal} if it is not in the table.
+  ShardedParameter& parameter(const at::Tensor& leaf) const;
+
+  /// The full logical value of a tensor laid out like `p.local` (the parameter, its gradient
+  /// or an optimizer state), on every rank: all-gathered over dp_shard (FSDP) and tp, the
+  /// partitions of a strided shard put back in order, padding removed.
+  /// Shape: piece p.local_shape -> p.global_shape.
+  at::Tensor gather_full(const ShardedParameter& p, const at::Tensor& piece) const;
+
+  /// After the backward passes of a step: all-reduces (sum) the gradients that are partial
+  /// over tp, then every gradient over dp_replicate and cp, and over dp_shard for parameters
+  /// not sharded by FSDP (whose backward already reduce-scattered them). Flat buckets, one
+  /// all-reduce per axis and dtype.
+  void synchronize_gradients();
+
+  /// The global L2 norm of the gradients: every element of every logical parameter counted
+  /// exactly once whatever its placements (local sums of squares weighted by 1 / replicas,
+  /// one all-reduce over the world). Computed in float64.
+  double grad_norm();
+
+  /// Clips the gradients to `max_norm` by global L2 norm with PyTorch's rule
+  /// (clip_coef = max_norm / (norm + 1e-6), applied when < 1; torch.nn.utils.clip_grad_norm_)
+  /// and returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+
+  /// JSON for evidence: every parameter's layout, and the FSDP units.
+  nlohmann::json to_json() const;
+
+ private:
+  DeviceMesh* mesh_;
+  ParallelOptions options_;
+  int64_t next_index_ = 0;
+  std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
+  std::vector<std::shared_ptr<ShardedParameter>> ordered_;
+  std::vector<std::string> units_;
+};
+
+}  // namespace mih

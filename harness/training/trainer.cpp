@@ -1,0 +1,224 @@
+// Trainer: model/optimizer construction, the data split, and one training step.
+#include "harness/training/trainer.h"
+
+#include <fnmatch.h>
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
+
+#include "harness/base/error.h"
+#include "harness/compat/optim.h"
+#include "harness/runtime/dtypes.h"
+
+namespace mih {
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;
+
+bool matches_any(const std::vector<std::string>& patterns, const ShardedParameter& p) {
+  std::vector<std::string> names = {p.fqn};
+  names.insert(names.end(), p.aliases.begin(), p.aliases.end());
+  for (const auto& pattern : patterns) {
+    for (const auto& name : names) {
+      if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return true;
+    }
+  }
+  return false;
+}
+
+Batch rows(const Batch& b, int64_t start, int64_t count) {
+  return {b.input_ids.narrow(0, start, count), b.labels.narrow(0, start, count)};
+}
+
+}  // namespace
+
+std::string ParallelConfig::name() const {
+  std::string out;
+  auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
+  if (dp_replicate > 1) add("dp_replicate" + std::to_string(dp_replicate));
+  if (dp_shard > 1) add("dp_shard" + std::to_string(dp_shard));
+  if (cp > 1) add("cp" + std::to_string(cp));
+  if (tp > 1) add("tp" + std::to_string(tp));
+  if (sequence_parallel) add("sp");
+  if (activation_checkpointing) add("ac");
+  if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
+  return out.empty() ? "single" : out;
+}
+
+void ParallelConfig::validate(int world_size) const {
+  dims().validate(world_size);
+  MIH_CHECK(micro_batches >= 1, "parallel config '", name(), "': micro_batches must be >= 1, got ", micro_batches);
+  MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
+            "': sequence_parallel needs tp > 1 (it shards activations over tp)");
+}
+
+void to_json(nlohmann::json& j, const ParallelConfig& c) {
+  j = {{"dp_replicate", c.dp_replicate},
+       {"dp_shard", c.dp_shard},
+       {"cp", c.cp},
+       {"tp", c.tp},
+       {"sequence_parallel", c.sequence_parallel},
+       {"activation_checkpointing", c.activation_checkpointing},
+       {"micro_batches", c.micro_batches},
+       {"dtype", dtype_name(c.dtype)},
+       {"seed", c.seed},
+       {"name", c.name()}};
+}
+
+void from_json(const nlohmann::json& j, ParallelConfig& c) {
+  static const std::vector<std::string> kKeys = {"dp_replicate", "dp_shard", "cp", "tp", "sequence_parallel",
+                                                 "activation_checkpointing", "micro_batches", "dtype", "seed", "name"};
+  MIH_CHECK(j.is_object(), "parallel config: expected a JSON object, got ", j.dump());
+  for (const auto& [key, value] : j.items()) {
+    MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "parallel config: unknown field '", key,
+              "'; valid: dp_replicate, dp_shard, cp, tp, sequence_parallel, activation_checkpointing, "
+              "micro_batches, dtype, seed");
+  }
+  ParallelConfig d;
+  c.dp_replicate = j.value("dp_replicate", d.dp_replicate);
+  c.dp_shard = j.value("dp_shard", d.dp_shard);
+  c.cp = j.value("cp", d.cp);
+  c.tp = j.value("tp", d.tp);
+  c.sequence_parallel = j.value("sequence_parallel", d.sequence_parallel);
+  c.activation_checkpointing = j.value("activation_checkpointing", d.activation_checkpointing);
+  c.micro_batches = j.value("micro_batches", d.micro_batches);
+  c.dtype = j.contains("dtype") ? parse_dtype(j.at("dtype").get<std::string>()) : d.dtype;
+  c.seed = j.value("seed", d.seed);
+}
+
+void to_json(nlohmann::json& j, const StepMetrics& m) {
+  j = {{"step", m.step},
+       {"loss", m.loss},
+       {"grad_norm_pre_clip", m.grad_norm_pre_clip},
+       {"grad_norm_post_clip", m.grad_norm_post_clip},
+       {"lr", m.lr},
+       {"valid_tokens", m.valid_tokens},
+       {"step_ms", m.step_ms}};
+}
+
+Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
+                 const TrainerOptions& options, TrainingHooks* hooks)
+    : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), hooks_(hooks) {
+  config_.validate(mesh.world_size());
+  MIH_CHECK(config_.dims() == mesh.dims(), "parallel config '", config_.name(), "' (", config_.dims().str(),
+            ") does not match the mesh (", mesh.dims().str(), ")");
+  MIH_CHECK_CODE(!config_.activation_checkpointing, Code::kUnimplemented,
+                 "activation checkpointing is not implemented yet (parallel config '", config_.name(), "')");
+  MIH_CHECK_CODE(config_.cp == 1, Code::kUnimplemented, "context parallelism is not implemented yet (parallel config '",
+                 config_.name(), "')");
+  MIH_CHECK(static_cast<bool>(batches_), "Trainer: the batch source is empty");
+  ParallelOptions po;
+  po.sequence_parallel = config_.sequence_parallel;
+  po.init_seed = config_.seed;
+  po.param_dtype = config_.dtype;
+  context_ = std::make_unique<ParallelContext>(mesh, po);
+  model_ = factory(*context_);
+  MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
+  model_->apply_fsdp(*context_);
+  context_->finalize(*model_);
+
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : context_->parameters()) {
+    (matches_any(options_.no_weight_decay(), *p) ? no_decay : decay).push_back(p->local);
+  }
+  auto adamw = [&](double weight_decay) {
+    return torch::optim::AdamWOptions(options_.lr())
+        .betas(std::make_tuple(options_.beta1(), options_.beta2()))
+        .eps(options_.eps())
+        .weight_decay(weight_decay);
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw(options_.weight_decay())));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(adamw(0.0)));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(groups, adamw(options_.weight_decay()));
+  if (hooks_) hooks_->attach_optimizer(*optimizer_, *context_);
+}
+
+Trainer::~Trainer() = default;
+
+StepMetrics Trainer::step() {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t step = next_step_++;
+  if (hooks_) hooks_->begin_step(step);
+  Batch global = batches_(step);
+  MIH_CHECK(global.input_ids.dim() == 2 && global.labels.sizes() == global.input_ids.sizes(),
+            "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
+            " and ", global.labels.sizes());
+  const c10::Device device = context_->options().device;
+  global.input_ids = global.input_ids.to(device);
+  global.labels = global.labels.to(device);
+
+  // The global batch is split on the batch dim over the data-parallel ranks, then into
+  // micro-batches; tensor-parallel ranks see the same rows.
+  Communicator& dp = mesh_->comm(MeshAxis::kDp);
+  const int64_t batch = global.input_ids.size(0);
+  MIH_CHECK(batch % dp.size() == 0, "step ", step, ": the global batch of ", batch,
+            " sequences does not split over dp_replicate(", config_.dp_replicate, ") * dp_shard(", config_.dp_shard,
+            ") = ", dp.size(), " data-parallel ranks");
+  const int64_t local_rows = batch / dp.size();
+  MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
+            " sequences does not split into ", config_.micro_batches, " micro-batches");
+  Batch local = rows(global, dp.rank() * local_rows, local_rows);
+
+  // The loss is normalized by the global count of valid targets, so every split of the
+  // global batch over ranks and micro-batches gives the same gradients.
+  at::Tensor valid = local.labels.ne(kIgnoreIndex).sum().to(at::kLong).reshape({1});
+  mesh_->comm(MeshAxis::kDpCp).all_reduce(valid, ReduceOp::kSum, "trainer.valid_tokens");
+  const int64_t global_valid = valid.item<int64_t>();
+  MIH_CHECK(global_valid > 0, "step ", step, ": the global batch has no valid target (every label is -100)");
+
+  const int64_t mb_rows = local_rows / config_.micro_batches;
+  double loss_sum = 0;
+  for (int mb = 0; mb < config_.micro_batches; ++mb) {
+    Batch micro = rows(local, mb * mb_rows, mb_rows);
+    if (hooks_) hooks_->record_batch(step, mb, micro);
+    at::Tensor loss = model_->token_losses(micro).sum() / static_cast<double>(global_valid);
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+
+  context_->synchronize_gradients();
+  if (hooks_) hooks_->after_backward_before_clip(step, *context_);
+  StepMetrics m;
+  m.step = step;
+  m.grad_norm_pre_clip = options_.max_grad_norm() > 0 ? context_->clip_grad_norm(options_.max_grad_norm())
+                                                       : context_->grad_norm();
+  m.grad_norm_post_clip = context_->grad_norm();
+  if (hooks_) hooks_->after_clip(step, m.grad_norm_pre_clip, *context_);
+  optimizer_->step();
+  for (const auto& p : context_->parameters()) p->local.mutable_grad() = at::Tensor();  // set to none
+  if (hooks_) hooks_->after_optimizer(step, *context_);
+
+  at::Tensor loss = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));
+  mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, "trainer.loss");
+  m.loss = loss.item<double>();
+  m.lr = options_.lr();
+  m.valid_tokens = global_valid;
+  m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (hooks_) hooks_->end_step(m);
+  return m;
+}
+
+std::vector<StepMetrics> Trainer::run(int64_t steps) {
+  std::vector<StepMetrics> out;
+  for (int64_t i = 0; i < steps; ++i) out.push_back(step());
+  return out;
+}
+
+at::Tensor Trainer::gather_full(const ShardedParameter& p, const std::string& what) {
+  at::Tensor piece;
+  if (what == "param") {
+    piece = p.local;
+  } else if (what == "grad") {
+    piece = p.local.grad();
+  } else {
+    piece = compat::adamw_state(*optimizer_, p.local, what);
+  }
+  MIH_CHECK(piece.defined(), "gather_full('", p.fqn, "', '", what, "'): not defined at this point of the step");
+  return context_->gather_full(p, piece);
+}
+
+}  // namespace mih

@@ -1,0 +1,176 @@
+// The Trainer: the short real training loop conformance cases run. From a model factory, a
+// ParallelConfig and a source of global batches it builds the model on the mesh, the AdamW
+// optimizer over the local shards and the data split, and runs steps: micro-batches with the
+// loss normalized by the global valid-token count, gradient synchronization, global-norm
+// clipping, the optimizer step. Every configuration of one global batch gives the numbers of
+// one rank (DESIGN.md section 4). Session hooks are called at each point of DESIGN.md
+// section 6.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json_fwd.hpp>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include "harness/parallel/parallel_context.h"
+#include "harness/runtime/device_mesh.h"
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace mih {
+
+/// One parallel configuration of a training case.
+struct ParallelConfig {
+  int dp_replicate = 1;
+  int dp_shard = 1;  ///< FSDP: parameters sharded on dim 0 over dp_shard
+  int cp = 1;
+  int tp = 1;
+  /// Shard the activations between tensor-parallel regions on the sequence dim (tp > 1).
+  bool sequence_parallel = false;
+  /// Recompute each decoder layer in backward (not implemented yet: see issue 4).
+  bool activation_checkpointing = false;
+  /// Micro-batches per step (gradient accumulation); divides the local batch.
+  int micro_batches = 1;
+  /// dtype of the parameters and of compute; float64 is the oracle lane.
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  /// Seed of parameter init and of the run.
+  uint64_t seed = 0;
+
+  ParallelDims dims() const { return ParallelDims{dp_replicate, dp_shard, cp, tp}; }
+  /// "dp_shard2_tp2_sp_mb2": the case name part for this config ("single" when all are 1).
+  std::string name() const;
+  /// Throws: mih::Error{kInvalidSpec} for a degree < 1, micro_batches < 1, sequence parallel
+  ///   without tp, or a world size that differs from the product of the degrees.
+  void validate(int world_size) const;
+};
+
+void to_json(nlohmann::json& j, const ParallelConfig& c);
+void from_json(const nlohmann::json& j, ParallelConfig& c);
+
+/// A batch of token sequences. `labels` are already shifted (labels[:, t] is the target of
+/// input_ids[:, t]) and equal -100 where no loss is taken.
+/// Shape: input_ids [B, S] int64, labels [B, S] int64.
+struct Batch {
+  at::Tensor input_ids;
+  at::Tensor labels;
+};
+
+/// Returns the global batch of step `step` (0-based); the same whatever the parallel config.
+using BatchSource = std::function<Batch(int64_t step)>;
+
+/// A model the Trainer drives: built from ParallelContext layers, it returns the per-token
+/// cross-entropy of a (local) batch; the Trainer sums and normalizes it.
+class ParallelModel : public torch::nn::Module {
+ public:
+  /// Shape: batch [b, s] -> per-token losses [b, s] (0 where labels == -100), replicated
+  /// over tp.
+  virtual at::Tensor token_losses(const Batch& batch) = 0;
+  /// Declares the FSDP units (after construction, before the optimizer). Default: the whole
+  /// model is one unit named "root". Override to make each decoder layer a unit and the root
+  /// the rest.
+  virtual void apply_fsdp(ParallelContext& ctx) { ctx.fully_shard(*this, "root"); }
+};
+
+/// Builds the model on a context; every parameter must come from ctx.make_parameter.
+using ModelFactory = std::function<std::shared_ptr<ParallelModel>(ParallelContext& ctx)>;
+
+/// Optimizer and clipping of a run.
+struct TrainerOptions {
+  /// AdamW learning rate. Default 1e-3.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// AdamW betas. Default (0.9, 0.95).
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.95;
+  /// AdamW eps. Default 1e-8.
+  TORCH_ARG(double, eps) = 1e-8;
+  /// Weight decay of the decay group. Default 0.1.
+  TORCH_ARG(double, weight_decay) = 0.1;
+  /// Clip gradients to this global L2 norm; <= 0 disables clipping. Default 1.0.
+  TORCH_ARG(double, max_grad_norm) = 1.0;
+  /// FQN glob patterns (fnmatch) of the parameters without weight decay. Default: biases and
+  /// norms.
+  TORCH_ARG(std::vector<std::string>, no_weight_decay) = {"*bias", "*norm*"};
+};
+
+/// What one step measured.
+struct StepMetrics {
+  int64_t step = 0;
+  /// Cross entropy averaged over the global valid targets of the step (all micro-batches).
+  double loss = 0;
+  /// Global L2 norm of the gradients before and after clipping (the latter measured).
+  double grad_norm_pre_clip = 0;
+  double grad_norm_post_clip = 0;
+  double lr = 0;
+  /// Targets with a label (!= -100) in the global batch.
+  int64_t valid_tokens = 0;
+  /// Wall time of the step on this rank, milliseconds.
+  double step_ms = 0;
+};
+
+void to_json(nlohmann::json& j, const StepMetrics& m);
+
+/// Points where a validation session observes training (DESIGN.md section 6). Every method
+/// is a no-op by default; the Trainer calls them in this order.
+class TrainingHooks {
+ public:
+  virtual ~TrainingHooks() = default;
+  virtual void attach_optimizer(torch::optim::AdamW&, ParallelContext&) {}
+  virtual void begin_step(int64_t /*step*/) {}
+  /// Per micro-batch, before its forward: the rank's local micro-batch.
+  virtual void record_batch(int64_t /*step*/, int /*micro_batch*/, const Batch&) {}
+  virtual void after_backward_before_clip(int64_t /*step*/, ParallelContext&) {}
+  virtual void after_clip(int64_t /*step*/, double /*grad_norm*/, ParallelContext&) {}
+  virtual void after_optimizer(int64_t /*step*/, ParallelContext&) {}
+  virtual void end_step(const StepMetrics&) {}
+};
+
+/// Runs training steps of one model on one rank of a mesh.
+class Trainer {
+ public:
+  /// Builds the model (factory, apply_fsdp, finalize) and the optimizer. `mesh` and `hooks`
+  /// (may be null) must outlive the Trainer.
+  /// Throws: mih::Error{kInvalidSpec} if config.dims() differs from the mesh's, or as
+  ///   ParallelConfig::validate; kUnimplemented for activation checkpointing (issue 4) or
+  ///   cp > 1 without a context-parallel model.
+  Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
+          const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr);
+  ~Trainer();
+
+  /// Runs the next step and returns what it measured (the same on every rank).
+  /// Throws: mih::Error{kInvalidSpec} if the global batch does not split over dp ranks and
+  ///   micro-batches, naming the sizes.
+  StepMetrics step();
+  /// Runs `steps` steps.
+  std::vector<StepMetrics> run(int64_t steps);
+
+  ParallelContext& context() { return *context_; }
+  ParallelModel& model() { return *model_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  const ParallelConfig& config() const { return config_; }
+
+  /// The full value of a parameter, of its gradient ("grad") or of an AdamW state
+  /// ("exp_avg", "exp_avg_sq"), on every rank. A collective: call it on every rank.
+  at::Tensor gather_full(const ShardedParameter& p, const std::string& what = "param");
+
+ private:
+  DeviceMesh* mesh_;
+  ParallelConfig config_;
+  TrainerOptions options_;
+  BatchSource batches_;
+  TrainingHooks* hooks_;
+  std::unique_ptr<ParallelContext> context_;
+  std::shared_ptr<ParallelModel> model_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  int64_t next_step_ = 0;
+};
+
+}  // namespace mih

@@ -1,0 +1,311 @@
+// The Trainer under every parallel configuration against world size 1, in float64: the loss,
+// every parameter's gathered gradient, the grad norm, and the parameters after each of 3
+// AdamW steps with clipping active agree to a relative error of 1e-10. Also: uneven FSDP
+// shards (one empty), gradient accumulation, uneven valid-token counts across data-parallel
+// ranks, tied embeddings.
+#include <map>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/compat/optim.h"
+#include "tests/parallel/tiny_block.h"
+#include "tests/support/thread_ranks.h"
+
+namespace mih {
+namespace {
+
+using ::testing::IsEmpty;
+
+constexpr double kTolerance = 1e-10;  // relative; float64 runs agree to ~1e-15
+constexpr int64_t kSteps = 3;
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+// What a run left on rank 0: per step the metrics, the gathered gradients (after
+// synchronization, before clipping) and the gathered parameters (after the optimizer).
+struct TrainingRun {
+  std::vector<StepMetrics> metrics;
+  std::vector<Tensors> grads, params;
+  Tensors exp_avg;  // after the last step
+  nlohmann::json layout;
+};
+
+class Capture : public TrainingHooks {
+ public:
+  Capture(TrainingRun* out, bool keep) : out_(out), keep_(keep) {}
+  void attach_optimizer(torch::optim::AdamW& optimizer, ParallelContext&) override { optimizer_ = &optimizer; }
+  void after_backward_before_clip(int64_t, ParallelContext& ctx) override {
+    Tensors grads;
+    for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
+    if (keep_) out_->grads.push_back(grads);
+  }
+  void after_optimizer(int64_t step, ParallelContext& ctx) override {
+    Tensors params, exp_avg;
+    for (const auto& p : ctx.parameters()) {
+      params[p->fqn] = ctx.gather_full(*p, p->local);
+      if (step == kSteps - 1) exp_avg[p->fqn] = ctx.gather_full(*p, compat::adamw_state(*optimizer_, p->local, "exp_avg"));
+    }
+    if (!keep_) return;
+    out_->params.push_back(params);
+    if (step == kSteps - 1) {
+      out_->exp_avg = exp_avg;
+      out_->layout = ctx.to_json();
+    }
+  }
+  void end_step(const StepMetrics& m) override {
+    if (keep_) out_->metrics.push_back(m);
+  }
+
+ private:
+  TrainingRun* out_;
+  bool keep_;
+  torch::optim::AdamW* optimizer_ = nullptr;
+};
+
+TrainerOptions options() {
+  // A small max norm keeps clipping active at every step (checked below).
+  return TrainerOptions().lr(1e-2).max_grad_norm(0.05);
+}
+
+TrainingRun train(ParallelConfig config, testing::TinyBlockOptions model = {},
+          BatchSource batches = testing::tiny_batches(8, 8, 37)) {
+  config.dtype = at::kDouble;
+  config.seed = 11;
+  TrainingRun run;
+  std::vector<std::string> errors = testing::run_mesh(config.dims(), [&](DeviceMesh& mesh) {
+    Capture capture(&run, mesh.rank() == 0);
+    Trainer trainer(mesh, config, testing::tiny_block_factory(model), batches, options(), &capture);
+    trainer.run(kSteps);
+  });
+  EXPECT_THAT(errors, IsEmpty()) << config.name();
+  return run;
+}
+
+const TrainingRun& reference(bool tied = false) {
+  static std::map<bool, TrainingRun> cache;
+  auto it = cache.find(tied);
+  if (it == cache.end()) {
+    testing::TinyBlockOptions model;
+    model.tie_embeddings = tied;
+    it = cache.emplace(tied, train(ParallelConfig{}, model)).first;
+  }
+  return it->second;
+}
+
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  double scale = std::max(b.abs().max().item<double>(), 1e-30);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+double relative_error(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// Names the first value (in step and forward order) that differs by more than the tolerance.
+::testing::AssertionResult MatchesReference(const TrainingRun& run, const TrainingRun& ref) {
+  if (run.metrics.size() != ref.metrics.size() || run.grads.size() != ref.grads.size()) {
+    return ::testing::AssertionFailure() << "ran " << run.metrics.size() << " steps, the reference " << ref.metrics.size();
+  }
+  double worst = 0;
+  for (size_t s = 0; s < ref.metrics.size(); ++s) {
+    const auto& m = run.metrics[s];
+    const auto& r = ref.metrics[s];
+    for (auto [name, a, b] : {std::tuple{"loss", m.loss, r.loss}, std::tuple{"grad norm", m.grad_norm_pre_clip, r.grad_norm_pre_clip},
+                              std::tuple{"post-clip grad norm", m.grad_norm_post_clip, r.grad_norm_post_clip}}) {
+      double e = relative_error(a, b);
+      worst = std::max(worst, e);
+      if (!(e <= kTolerance)) {
+        return ::testing::AssertionFailure() << "step " << s << " " << name << ": " << a << " vs reference " << b
+                                             << " (relative error " << e << " > " << kTolerance << ")";
+      }
+    }
+    if (m.valid_tokens != r.valid_tokens) {
+      return ::testing::AssertionFailure() << "step " << s << " valid tokens " << m.valid_tokens << " vs " << r.valid_tokens;
+    }
+    for (const auto& [stage, got, want] : {std::tuple{"gradient", &run.grads[s], &ref.grads[s]},
+                                           std::tuple{"parameter after the optimizer", &run.params[s], &ref.params[s]}}) {
+      for (const auto& [fqn, expected] : *want) {
+        auto it = got->find(fqn);
+        if (it == got->end()) return ::testing::AssertionFailure() << "no parameter '" << fqn << "' in the run";
+        if (it->second.sizes() != expected.sizes()) {
+          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': shape "
+                                               << it->second.sizes() << " vs reference " << expected.sizes();
+        }
+        double e = relative_error(it->second, expected);
+        worst = std::max(worst, e);
+        if (!(e <= kTolerance)) {
+          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': relative error "
+                                               << e << " > " << kTolerance;
+        }
+      }
+    }
+  }
+  for (const auto& [fqn, expected] : ref.exp_avg) {
+    double e = relative_error(run.exp_avg.at(fqn), expected);
+    if (!(e <= kTolerance)) return ::testing::AssertionFailure() << "exp_avg of '" << fqn << "': relative error " << e;
+  }
+  return ::testing::AssertionSuccess() << "worst relative error " << worst;
+}
+
+struct Case {
+  const char* name;
+  ParallelConfig config;
+};
+
+std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.config.name(); }
+
+ParallelConfig cfg(int dp_replicate, int dp_shard, int tp, bool sp = false, int micro_batches = 1) {
+  ParallelConfig c;
+  c.dp_replicate = dp_replicate;
+  c.dp_shard = dp_shard;
+  c.tp = tp;
+  c.sequence_parallel = sp;
+  c.micro_batches = micro_batches;
+  return c;
+}
+
+class TrainerParityTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TrainerParityTest, MatchesOneRank) {
+  const TrainingRun& ref = reference();
+  for (const auto& m : ref.metrics) ASSERT_GT(m.grad_norm_pre_clip, 0.05) << "clipping must be active";
+  TrainingRun run = train(GetParam().config);
+  ::testing::AssertionResult result = MatchesReference(run, ref);
+  EXPECT_TRUE(result) << GetParam().config.name();
+  if (result) std::printf("%s: %s\n", GetParam().config.name().c_str(), result.message());
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, TrainerParityTest,
+                         ::testing::Values(Case{"DpReplicate2", cfg(2, 1, 1)}, Case{"DpShard2", cfg(1, 2, 1)},
+                                           Case{"Tp2", cfg(1, 1, 2)}, Case{"Tp2Sp", cfg(1, 1, 2, true)},
+                                           Case{"DpShard2Tp2", cfg(1, 2, 2)}, Case{"DpReplicate2DpShard2", cfg(2, 2, 1)},
+                                           Case{"DpShard4Uneven", cfg(1, 4, 1)},
+                                           Case{"Tp2SpMicroBatches2", cfg(1, 1, 2, true, 2)},
+                                           Case{"DpShard2MicroBatches2", cfg(1, 2, 1, false, 2)}),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// FSDP over 4 ranks: the 37-row embedding shards as 10, 10, 10, 7 and the parameters agree.
+TEST(TrainerLayoutTest, UnevenFsdpShardsAreRecorded) {
+  TrainingRun run = train(cfg(1, 4, 1));
+  bool seen = false;
+  for (const auto& p : run.layout["parameters"]) {
+    if (p["fqn"] != "embed.weight") continue;
+    seen = true;
+    EXPECT_EQ(p["local_shape"], nlohmann::json({10, 16}));  // rank 0
+    EXPECT_EQ(p["fsdp_rows"]["chunk"], 10);
+    EXPECT_EQ(p["placements"]["dp_shard"], "Shard(0)");
+    EXPECT_EQ(p["fsdp_unit"], "root");
+  }
+  EXPECT_TRUE(seen);
+}
+
+// A 3-row parameter over dp_shard=4: rows 1, 1, 1 and an empty shard; AdamW, the
+// collectives and the norm all handle the empty one.
+class ThreeRows : public ParallelModel {
+ public:
+  explicit ThreeRows(ParallelContext& ctx) : ctx_(&ctx) {
+    ParamSpec s;
+    s.shape = {3, 5};
+    s.init = init::normal(0.5);
+    w = register_parameter("w", ctx.make_parameter(s));
+    embed = register_module("embed", VocabParallelEmbedding(ctx, 11, 5));
+  }
+  at::Tensor token_losses(const Batch& b) override {
+    at::Tensor logits = at::matmul(embed(b.input_ids), ctx_->use(w).t());  // [B, S, 3]
+    at::Tensor targets = at::where(b.labels.eq(-100), b.labels, b.labels.remainder(3));
+    return vocab_parallel_cross_entropy(logits.reshape({-1, 3}), targets.reshape(-1), ctx_->tp(), 3)
+        .view_as(b.labels);
+  }
+  at::Tensor w;
+  VocabParallelEmbedding embed{nullptr};
+
+ private:
+  ParallelContext* ctx_;
+};
+
+TEST(TrainerEquivalenceTest, EmptyFsdpShardTrainsLikeOneRank) {
+  auto run_three_rows = [](int dp_shard) {
+    ParallelConfig c = cfg(1, dp_shard, 1);
+    c.dtype = at::kDouble;
+    TrainingRun run;
+    auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+      Capture capture(&run, mesh.rank() == 0);
+      Trainer t(mesh, c, [](ParallelContext& ctx) { return std::make_shared<ThreeRows>(ctx); },
+                testing::tiny_batches(4, 4, 11), options(), &capture);
+      if (dp_shard == 4) {
+        EXPECT_EQ(t.context().parameter(dynamic_cast<ThreeRows&>(t.model()).w).local_shape[0], mesh.rank() < 3 ? 1 : 0);
+      }
+      t.run(kSteps);
+    });
+    EXPECT_THAT(errors, IsEmpty());
+    return run;
+  };
+  EXPECT_TRUE(MatchesReference(run_three_rows(4), run_three_rows(1)));
+}
+
+// Micro-batches only change how the batch is cut: 2 micro-batches give one batch's numbers.
+TEST(TrainerEquivalenceTest, GradientAccumulationEqualsOneLargerBatch) {
+  EXPECT_TRUE(MatchesReference(train(cfg(1, 1, 1, false, 2)), reference()));
+  EXPECT_TRUE(MatchesReference(train(cfg(1, 1, 1, false, 4)), reference()));
+}
+
+// Rows 0-3 keep one target each, rows 4-7 all of theirs: the two dp ranks hold 4 and 32
+// valid targets, and the gradients still equal one rank's (global normalization).
+TEST(TrainerEquivalenceTest, UnevenValidTokensAcrossDpRanks) {
+  BatchSource lopsided = [base = testing::tiny_batches(8, 8, 37)](int64_t step) {
+    Batch b = base(step);
+    b.labels = b.labels.clone();
+    b.labels = at::where(at::arange(8).unsqueeze(1).lt(4).logical_and(at::arange(8).unsqueeze(0).gt(0)),
+                         at::full_like(b.labels, -100), at::where(b.labels.eq(-100), at::full_like(b.labels, 3), b.labels));
+    return b;
+  };
+  TrainingRun ref = train(ParallelConfig{}, {}, lopsided);
+  EXPECT_EQ(ref.metrics[0].valid_tokens, 4 + 32);
+  EXPECT_TRUE(MatchesReference(train(cfg(2, 1, 1), {}, lopsided), ref));
+  EXPECT_TRUE(MatchesReference(train(cfg(1, 2, 2), {}, lopsided), ref));
+}
+
+// Tied embedding and head: one logical parameter (two FQNs) under every config, gradients
+// from both uses summed.
+TEST(TrainerEquivalenceTest, TiedWeightsStayTied) {
+  testing::TinyBlockOptions tied;
+  tied.tie_embeddings = true;
+  const TrainingRun& ref = reference(/*tied=*/true);
+  ASSERT_EQ(ref.grads[0].count("head.weight"), 0u) << "the head weight is the embedding's";
+  for (ParallelConfig c : {cfg(1, 2, 1), cfg(1, 1, 2, true), cfg(1, 2, 2)}) {
+    TrainingRun run = train(c, tied);
+    EXPECT_TRUE(MatchesReference(run, ref)) << c.name();
+    for (const auto& p : run.layout["parameters"]) {
+      if (p["fqn"] == "embed.weight") {
+        EXPECT_EQ(p["aliases"], nlohmann::json({"head.weight"})) << c.name();
+      }
+    }
+  }
+}
+
+TEST(TrainerConfigTest, RejectsConfigsThatCannotRun) {
+  EXPECT_THAT([] { cfg(1, 1, 1, true).validate(1); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("sequence_parallel needs tp > 1")));
+  EXPECT_THAT([] { cfg(1, 2, 2).validate(2); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("= 4 != world_size(2)")));
+  EXPECT_EQ(cfg(2, 2, 1, false, 2).name(), "dp_replicate2_dp_shard2_mb2");
+  nlohmann::json j = cfg(1, 2, 2, true);
+  EXPECT_EQ(j.get<ParallelConfig>().name(), "dp_shard2_tp2_sp");
+  nlohmann::json typo = {{"tp", 2}, {"seqence_parallel", true}};
+  EXPECT_THAT([&] { typo.get<ParallelConfig>(); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("unknown field 'seqence_parallel'")));
+}
+
+TEST(TrainerConfigTest, BatchThatDoesNotSplitIsNamed) {
+  auto errors = testing::run_mesh(cfg(1, 2, 1).dims(), [](DeviceMesh& mesh) {
+    ParallelConfig c = cfg(1, 2, 1);
+    Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(3, 8, 37), options());
+    EXPECT_THAT([&] { t.step(); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                                       "the global batch of 3 sequences does not split over dp_replicate(1) * dp_shard(2)")));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+}  // namespace
+}  // namespace mih
