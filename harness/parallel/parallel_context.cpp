@@ -166,8 +166,83 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
     if (options_.compute_dtype && *options_.compute_dtype != leaf.scalar_type()) return leaf.to(*options_.compute_dtype);
     return leaf;
   }
-  return fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0], options_.compute_dtype,
-                         options_.reduce_dtype);
+  const bool in_unit = !active_unit_.empty() && p.unit == active_unit_;
+  if (in_unit) {
+    for (const auto& [impl, full] : unit_gathers_) {
+      if (impl == leaf.unsafeGetTensorImpl()) return full;
+    }
+  }
+  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0], options_.compute_dtype,
+                                    options_.reduce_dtype);
+  if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
+  return full;
+}
+
+namespace {
+
+// Frees the memory of a gathered parameter but keeps its StorageImpl, which the tensors
+// autograd saved for backward share.
+void release_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr(at::DataPtr());
+  storage->set_nbytes(0);
+}
+
+// Moves the memory of `fresh` (same byte size) into the storage of `t`.
+void adopt_storage(const at::Tensor& t, const at::Tensor& fresh) {
+  c10::StorageImpl* source = fresh.storage().unsafeGetStorageImpl();
+  const size_t nbytes = source->nbytes();
+  c10::StorageImpl* target = t.storage().unsafeGetStorageImpl();
+  target->set_data_ptr(source->set_data_ptr(at::DataPtr()));
+  target->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::function<at::Tensor()>& forward) {
+  MIH_CHECK(active_unit_.empty(), "fsdp_forward('", unit, "') inside the forward of unit '", active_unit_,
+            "': FSDP units do not nest");
+  if (mesh_->comm(MeshAxis::kDpShard).size() == 1) return forward();
+  active_unit_ = unit;
+  at::Tensor out;
+  try {
+    out = forward();
+  } catch (...) {
+    active_unit_.clear();
+    unit_gathers_.clear();
+    throw;
+  }
+  active_unit_.clear();
+  // Reshard: free every parameter gathered in this forward; gather them again when the
+  // output's gradient arrives, which is before any node of the unit runs its backward.
+  struct Freed {
+    const ShardedParameter* param;
+    at::Tensor full;  // detached alias: shares the storage, holds no autograd node
+  };
+  std::vector<Freed> freed;
+  for (auto& [impl, full] : unit_gathers_) {
+    freed.push_back({by_impl_.at(impl).get(), full.detach()});
+    release_storage(full);
+  }
+  unit_gathers_.clear();
+  if (!freed.empty() && out.requires_grad()) {
+    Communicator* dp_shard = &mesh_->comm(MeshAxis::kDpShard);
+    out.register_hook([freed, dp_shard](const at::Tensor& grad) {
+      for (const Freed& f : freed) {
+        const ShardedParameter& p = *f.param;
+        auto sizes = p.local.sizes().vec();
+        sizes[0] = p.fsdp_range.chunk;
+        at::Tensor padded = at::zeros(sizes, p.local.options().dtype(f.full.scalar_type()));
+        padded.narrow(0, 0, p.local.size(0)).copy_(p.local.detach());
+        sizes[0] *= dp_shard->size();
+        at::Tensor fresh = at::empty(sizes, padded.options());
+        dp_shard->all_gather_into_tensor(fresh, padded, "fsdp.regather_for_backward");
+        adopt_storage(f.full, fresh);
+      }
+      return grad;
+    });
+  }
+  return out;
 }
 
 void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& unit) {

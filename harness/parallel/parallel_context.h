@@ -130,9 +130,19 @@ class ParallelContext {
   at::Tensor make_parameter(const ParamSpec& spec);
 
   /// The tensor a layer computes with: for an FSDP parameter the all-gathered TP piece (in
-  /// compute_dtype; its backward reduce-scatters the gradient), else the leaf itself.
-  /// Throws: mih::Error{kInternal} if `leaf` was not made by this context.
+  /// compute_dtype; its backward reduce-scatters the gradient), else the leaf itself. Inside
+  /// fsdp_forward of the parameter's unit, a second use (a tied parameter) reuses the gather.
+  /// Throws: mih::Error{kInvalidSpec} if `leaf` was not made by this context.
   at::Tensor use(const at::Tensor& leaf);
+
+  /// Runs the forward of FSDP unit `unit` (`forward` returns its output) and reshards after
+  /// it, as PyTorch FSDP does: the parameters gathered during it are freed when it returns,
+  /// and gathered again (into the same storage, so the saved tensors of backward see them)
+  /// when the gradient of the output arrives, before the unit's own backward runs. Their
+  /// gradients are reduce-scattered by the gathers' backward as usual. Use it for every unit
+  /// but the root (whose parameters backward needs at once). Identity when dp_shard == 1.
+  /// Throws: mih::Error{kInvalidSpec} when called inside another unit's forward.
+  at::Tensor fsdp_forward(const std::string& unit, const std::function<at::Tensor()>& forward);
 
   /// Makes `module` an FSDP unit named `unit`: every parameter registered under it that no
   /// earlier unit took is sharded on dim 0 over dp_shard (uneven: ceil-sized chunks, the last
@@ -182,6 +192,10 @@ class ParallelContext {
   std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;
   std::vector<std::string> units_;
+  // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the
+  // order of their first use, the same on every rank (the regathers are collectives).
+  std::string active_unit_;
+  std::vector<std::pair<const void*, at::Tensor>> unit_gathers_;
 };
 
 }  // namespace mih

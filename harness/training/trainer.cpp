@@ -134,7 +134,10 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   if (!decay.empty()) groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw(options_.weight_decay())));
   if (!no_decay.empty()) groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(adamw(0.0)));
   optimizer_ = std::make_unique<torch::optim::AdamW>(groups, adamw(options_.weight_decay()));
-  if (hooks_) hooks_->attach_optimizer(*optimizer_, *context_);
+  if (hooks_) {
+    hooks_->attach_optimizer(*optimizer_, *context_);
+    hooks_->attach_data_pipeline(batches_);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -198,7 +201,10 @@ StepMetrics Trainer::step() {
   m.lr = options_.lr();
   m.valid_tokens = global_valid;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (hooks_) hooks_->end_step(m);
+  if (hooks_) {
+    hooks_->end_step(m);
+    hooks_->record_fsdp_trace(step, *context_);
+  }
   return m;
 }
 

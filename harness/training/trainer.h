@@ -124,6 +124,7 @@ class TrainingHooks {
  public:
   virtual ~TrainingHooks() = default;
   virtual void attach_optimizer(torch::optim::AdamW&, ParallelContext&) {}
+  virtual void attach_data_pipeline(const BatchSource&) {}
   virtual void begin_step(int64_t /*step*/) {}
   /// Per micro-batch, before its forward: the rank's local micro-batch.
   virtual void record_batch(int64_t /*step*/, int /*micro_batch*/, const Batch&) {}
@@ -131,6 +132,8 @@ class TrainingHooks {
   virtual void after_clip(int64_t /*step*/, double /*grad_norm*/, ParallelContext&) {}
   virtual void after_optimizer(int64_t /*step*/, ParallelContext&) {}
   virtual void end_step(const StepMetrics&) {}
+  /// After end_step: the FSDP units and every parameter's layout (ParallelContext::to_json).
+  virtual void record_fsdp_trace(int64_t /*step*/, ParallelContext&) {}
 };
 
 /// Runs training steps of one model on one rank of a mesh.

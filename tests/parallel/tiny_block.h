@@ -89,7 +89,12 @@ class TinyBlockLM : public ParallelModel {
 
   at::Tensor token_losses(const Batch& batch) override {
     at::Tensor x = embed(batch.input_ids);
-    for (const auto& layer : *layers) x = layer->as<TinyDecoderLayer>()->forward(x);
+    for (size_t i = 0; i < layers->size(); ++i) {
+      // Each layer is an FSDP unit: its parameters are freed after its forward and gathered
+      // again for its backward.
+      auto* layer = layers[i]->as<TinyDecoderLayer>();
+      x = ctx_->fsdp_forward("layers." + std::to_string(i), [&] { return layer->forward(x); });
+    }
     at::Tensor logits = head(final_norm(x));  // [B, S, V/TP], the sequence gathered
     at::Tensor losses = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1),
                                                      ctx_->tp(), o_.vocab);

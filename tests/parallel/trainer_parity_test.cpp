@@ -13,6 +13,7 @@
 
 #include "harness/base/error.h"
 #include "harness/compat/optim.h"
+#include "harness/runtime/comm_ledger.h"
 #include "tests/parallel/tiny_block.h"
 #include "tests/support/thread_ranks.h"
 
@@ -200,6 +201,38 @@ TEST(TrainerLayoutTest, UnevenFsdpShardsAreRecorded) {
     EXPECT_EQ(p["fsdp_unit"], "root");
   }
   EXPECT_TRUE(seen);
+}
+
+// Decoder-layer units reshard after forward: their parameters are gathered in forward and
+// again in backward; the root's only in forward (TorchTitan's choice: backward needs them
+// at once). 2 layers x 8 parameters + 3 root parameters per rank and step.
+TEST(TrainerLayoutTest, FsdpUnitsGatherAgainForBackward) {
+  ParallelConfig c = cfg(1, 2, 1);
+  c.dtype = at::kDouble;
+  MeshOptions mesh_options;
+  mesh_options.group = testing::thread_group_options();
+  std::mutex mutex;
+  std::vector<std::vector<CommRecord>> ledgers;
+  compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
+  auto errors = testing::run_ranks(2, [&](int rank) {
+    MeshOptions o = mesh_options;
+    o.ledger = std::make_shared<CommLedger>();
+    DeviceMesh mesh(c.dims(), store, rank, 2, o);
+    Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(8, 8, 37), options());
+    t.step();
+    std::lock_guard<std::mutex> lock(mutex);
+    ledgers.push_back(o.ledger->completed());
+  });
+  ASSERT_THAT(errors, IsEmpty());
+  for (const auto& records : ledgers) {
+    std::map<std::string, int> by_site;
+    for (const auto& r : records) {
+      if (r.axis == "dp_shard") by_site[r.site.substr(0, r.site.find(' '))]++;
+    }
+    EXPECT_EQ(by_site["fsdp.all_gather"], 2 * 8 + 3);
+    EXPECT_EQ(by_site["fsdp.regather_for_backward"], 2 * 8);
+    EXPECT_EQ(by_site["fsdp.reduce_scatter"], 2 * 8 + 3);
+  }
 }
 
 // A 3-row parameter over dp_shard=4: rows 1, 1, 1 and an empty shard; AdamW, the
