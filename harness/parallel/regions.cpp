@@ -85,53 +85,26 @@ struct ReduceFromRegion : public torch::autograd::Function<ReduceFromRegion> {
   }
 };
 
-struct GatherFromRegion : public torch::autograd::Function<GatherFromRegion> {
+using DimOp = at::Tensor (*)(const at::Tensor&, Communicator&, int64_t);
+
+// A region along a tensor dim: `Forward` in forward, its conjugate `Backward` in backward.
+template <DimOp Forward, DimOp Backward>
+struct DimRegion : public torch::autograd::Function<DimRegion<Forward, Backward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm_id, int64_t dim) {
     save_comm(ctx, comm_id);
     ctx->saved_data["dim"] = dim;
-    return gather_along(x, comm_of(comm_id), dim);
+    return Forward(x, comm_of(comm_id), dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Communicator& comm = saved_comm(ctx);
-    return {chunk_along(grads[0], comm, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {Backward(grads[0], comm, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
-struct ScatterToRegion : public torch::autograd::Function<ScatterToRegion> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm_id, int64_t dim) {
-    save_comm(ctx, comm_id);
-    ctx->saved_data["dim"] = dim;
-    return chunk_along(x, comm_of(comm_id), dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Communicator& comm = saved_comm(ctx);
-    return {gather_along(grads[0], comm, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct SequenceAllGather : public torch::autograd::Function<SequenceAllGather> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm_id, int64_t dim) {
-    save_comm(ctx, comm_id);
-    ctx->saved_data["dim"] = dim;
-    return gather_along(x, comm_of(comm_id), dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Communicator& comm = saved_comm(ctx);
-    return {reduce_scatter_along(grads[0], comm, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct SequenceReduceScatter : public torch::autograd::Function<SequenceReduceScatter> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm_id, int64_t dim) {
-    save_comm(ctx, comm_id);
-    ctx->saved_data["dim"] = dim;
-    return reduce_scatter_along(x, comm_of(comm_id), dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Communicator& comm = saved_comm(ctx);
-    return {gather_along(grads[0], comm, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
+using GatherFromRegion = DimRegion<gather_along, chunk_along>;
+using ScatterToRegion = DimRegion<chunk_along, gather_along>;
+using SequenceAllGather = DimRegion<gather_along, reduce_scatter_along>;
+using SequenceReduceScatter = DimRegion<reduce_scatter_along, gather_along>;
 
 struct FsdpAllGather : public torch::autograd::Function<FsdpAllGather> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, int64_t comm_id, int64_t full_rows,
