@@ -7,8 +7,8 @@
 // local rows, N = B_l * S tokens, W = dp_shard, pieces per parameter from its shape):
 //   tp:       forward: embedding all-reduce N*H, per layer attention-out and mlp-down
 //             all-reduces 2*L*N*H, cross entropy max/sum/target all-reduces 3*N;
-//             backward: the input gradient of every column-parallel layer (qkv, gate_up per
-//             layer, the head) all-reduced (2L + 1)*N*H.                 => ((4L + 2)*N*H + 3N) * e
+//             backward: the input gradient of every column-parallel layer (q, kv, gate_up
+//             per layer, the head) all-reduced (3L + 1)*N*H.             => ((5L + 2)*N*H + 3N) * e
 //   dp_shard: every FSDP parameter p with chunk_p = ceil(rows_p / W) rows of c_p elements:
 //             all-gather in forward (again in backward for decoder-layer units) chunk_p*c_p,
 //             reduce-scatter in backward W*chunk_p*c_p.                   => sum over p, * e
@@ -46,7 +46,7 @@ nlohmann::json expected_bytes(const Sizes& s, int dp_shard, int tp) {
   const double e = 4;
   nlohmann::json out = nlohmann::json::object();
   const int64_t tokens = s.batch / dp_shard * s.seq;
-  if (tp > 1) out["tp"] = ((4 * s.layers + 2) * tokens * s.hidden + 3 * tokens) * e;
+  if (tp > 1) out["tp"] = ((5 * s.layers + 2) * tokens * s.hidden + 3 * tokens) * e;
   if (dp_shard > 1) {
     const int64_t w = dp_shard;
     auto fsdp = [&](int64_t rows, int64_t cols, int gathers) {
@@ -54,9 +54,11 @@ nlohmann::json expected_bytes(const Sizes& s, int dp_shard, int tp) {
       return (gathers * chunk * cols + w * chunk * cols) * e;
     };
     const int64_t h = s.hidden, f = s.ffn;
-    // One decoder layer's TP pieces: attn_norm, qkv (w, b), out (w, b), mlp_norm, gate_up, down.
-    double layer = fsdp(h, 1, 2) + fsdp(3 * h / tp, h, 2) + fsdp(3 * h / tp, 1, 2) + fsdp(h, h / tp, 2) + fsdp(h, 1, 2) +
-                   fsdp(h, 1, 2) + fsdp(2 * f / tp, h, 2) + fsdp(h, f / tp, 2);
+    // One decoder layer's TP pieces: attn_norm, q (w, b), kv (w, b; kv_heads = heads), out
+    // (w, b), mlp_norm, gate_up, down.
+    double layer = fsdp(h, 1, 2) + fsdp(h / tp, h, 2) + fsdp(h / tp, 1, 2) + fsdp(2 * h / tp, h, 2) +
+                   fsdp(2 * h / tp, 1, 2) + fsdp(h, h / tp, 2) + fsdp(h, 1, 2) + fsdp(h, 1, 2) + fsdp(2 * f / tp, h, 2) +
+                   fsdp(h, f / tp, 2);
     const int64_t vocab_rows = (s.vocab + tp - 1) / tp;
     double root = fsdp(vocab_rows, h, 1) + fsdp(h, 1, 1) + fsdp(vocab_rows, h, 1);  // embed, final norm, head
     out["dp_shard"] = s.layers * layer + root;
@@ -79,6 +81,7 @@ MIH_WORKER_TASK(bench_step, "trains the tiny block and reports step times and by
   mih::testing::TinyBlockOptions model;
   model.hidden = s.hidden;
   model.heads = s.heads;
+  model.kv_heads = s.heads;
   model.ffn = s.ffn;
   model.layers = s.layers;
   model.vocab = s.vocab;

@@ -198,4 +198,33 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
                                           vocab, ignore_index);
 }
 
+RotaryEmbeddingImpl::RotaryEmbeddingImpl(ParallelContext& ctx, int64_t head_dim_, double theta_)
+    : head_dim(head_dim_), theta(theta_) {
+  MIH_CHECK(head_dim > 0 && head_dim % 2 == 0, "RotaryEmbedding: head_dim must be even and positive, got ", head_dim);
+  inv_freq = register_buffer("inv_freq", at::empty({head_dim / 2}, at::TensorOptions()
+                                                                     .dtype(ctx.options().param_dtype)
+                                                                     .device(ctx.options().device)));
+  ctx.mark_non_persistent(inv_freq);
+  reset_buffers();
+}
+
+void RotaryEmbeddingImpl::reset_buffers() {
+  at::NoGradGuard no_grad;
+  at::Tensor exponent = at::arange(0, head_dim, 2, at::kDouble) / static_cast<double>(head_dim);
+  inv_freq.copy_(at::pow(theta, exponent).reciprocal());
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbeddingImpl::forward(const at::Tensor& positions) {
+  MIH_CHECK(positions.dim() == 2, "RotaryEmbedding: expected positions [B, S], got ", positions.sizes());
+  at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * inv_freq.to(at::kDouble);  // [B, S, D/2]
+  at::Tensor full = at::cat({angles, angles}, -1).unsqueeze(1);                            // [B, 1, S, D]
+  return {full.cos().to(inv_freq.scalar_type()), full.sin().to(inv_freq.scalar_type())};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto halves = x.chunk(2, -1);
+  at::Tensor rotated = at::cat({-halves[1], halves[0]}, -1);
+  return x * cos + rotated * sin;
+}
+
 }  // namespace mih

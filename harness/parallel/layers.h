@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -139,6 +140,30 @@ class LayerNormImpl : public torch::nn::Module {
   ParallelContext* ctx_;
 };
 TORCH_MODULE(LayerNorm);
+
+/// Rotary position embedding (RoFormer, Su et al. 2021), the rotate-half convention of Llama
+/// (HF transformers' LlamaRotaryEmbedding): inv_freq[i] = 1 / theta^(2i / D), angle = position *
+/// inv_freq. `inv_freq` [D/2] is a non-persistent buffer: rebuilt from the options, never
+/// saved or loaded (reset_buffers() recomputes it). Positions are global token positions (under
+/// context parallelism, the ids of this rank's tokens; never a local arange).
+class RotaryEmbeddingImpl : public torch::nn::Module {
+ public:
+  RotaryEmbeddingImpl(ParallelContext& ctx, int64_t head_dim, double theta = 10000.0);
+  /// The cos and sin tables for `positions`, computed in float64 and cast to the parameters'
+  /// dtype. Shape: positions [B, S] int64 -> cos, sin [B, 1, S, D] (broadcast over heads).
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& positions);
+  /// Recomputes inv_freq from head_dim and theta.
+  void reset_buffers();
+
+  at::Tensor inv_freq;
+  int64_t head_dim;
+  double theta;
+};
+TORCH_MODULE(RotaryEmbedding);
+
+/// Applies the rotation: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for
+/// x = [x1, x2] halves of the head dim. Shape: x [B, H, S, D], cos/sin [B, 1, S, D] -> [B, H, S, D].
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// Per-token cross entropy over logits whose vocabulary is split over tp, without gathering
 /// them (Megatron-LM's vocab_parallel_cross_entropy): max, sum of exponentials and the target

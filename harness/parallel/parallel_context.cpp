@@ -2,6 +2,7 @@
 // global grad norm, full-tensor gathers.
 #include "harness/parallel/parallel_context.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -109,7 +110,26 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
   if (p.fsdp) j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
 }
 
-ParallelContext::ParallelContext(DeviceMesh& mesh, ParallelOptions options) : mesh_(&mesh), options_(options) {}
+ParallelContext::ParallelContext(DeviceMesh& mesh, ParallelOptions options) : mesh_(&mesh), options_(options) {
+  // Dropout streams: one per (dp_replicate, dp_shard, cp) coordinate, shared by the tp ranks
+  // for replicated tensors; one per rank for tp-sharded ones.
+  // Rank-major order is dp_replicate, dp_shard, cp, tp (tp innermost), so rank / tp is the
+  // (dp_replicate, dp_shard, cp) coordinate.
+  const auto rank = static_cast<uint64_t>(mesh.rank());
+  const auto tp = static_cast<uint64_t>(mesh.dims().tp);
+  const uint64_t base = options_.init_seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL;
+  replicated_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * (rank / tp));
+  tp_sharded_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * rank + 1);
+}
+
+at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training, bool tp_sharded) {
+  MIH_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  if (!training || p == 0) return x;
+  at::Generator& gen = tp_sharded && tp_size() > 1 ? tp_sharded_gen_ : replicated_gen_;
+  // bernoulli_ takes the generator's mutex itself.
+  at::Tensor keep = at::empty(x.sizes(), x.options().device(at::kCPU).requires_grad(false)).bernoulli_(1 - p, gen);
+  return x * keep.to(x.device()) / (1 - p);
+}
 
 at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
   const int64_t index = next_index_++;
@@ -166,7 +186,9 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
     if (options_.compute_dtype && *options_.compute_dtype != leaf.scalar_type()) return leaf.to(*options_.compute_dtype);
     return leaf;
   }
-  const bool in_unit = !active_unit_.empty() && p.unit == active_unit_;
+  // Under no-grad (a checkpointed region's first forward) the gather has no graph: nothing
+  // saves it, it is freed with the region's temporaries, and the recompute gathers again.
+  const bool in_unit = !active_unit_.empty() && p.unit == active_unit_ && at::GradMode::is_enabled();
   if (in_unit) {
     for (const auto& [impl, full] : unit_gathers_) {
       if (impl == leaf.unsafeGetTensorImpl()) return full;
@@ -267,7 +289,23 @@ void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& 
   }
 }
 
+at::Tensor ParallelContext::checkpoint_region(const std::string& name, const RegionForward& forward,
+                                             const std::vector<at::Tensor>& inputs,
+                                             const std::vector<at::Tensor>& params) {
+  if (std::find(checkpoint_regions_.begin(), checkpoint_regions_.end(), name) == checkpoint_regions_.end()) {
+    checkpoint_regions_.push_back(name);
+  }
+  if (!options_.activation_checkpointing) return forward(inputs);
+  return checkpoint(name, forward, inputs, params, {replicated_gen_, tp_sharded_gen_});
+}
+
+void ParallelContext::mark_non_persistent(const at::Tensor& buffer) { non_persistent_.insert(buffer.unsafeGetTensorImpl()); }
+
 void ParallelContext::finalize(torch::nn::Module& root) {
+  buffers_.clear();
+  for (const auto& item : root.named_buffers(/*recurse=*/true)) {
+    buffers_.push_back({item.key(), item.value(), !non_persistent_.count(item.value().unsafeGetTensorImpl())});
+  }
   ordered_.clear();
   std::set<const void*> seen;
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
@@ -372,7 +410,17 @@ double ParallelContext::clip_grad_norm(double max_norm) {
 nlohmann::json ParallelContext::to_json() const {
   nlohmann::json params = nlohmann::json::array();
   for (const auto& p : ordered_) params.push_back(*p);
-  return {{"parameters", params}, {"fsdp_units", units_}, {"sequence_parallel", sequence_parallel()}};
+  nlohmann::json buffers = nlohmann::json::array();
+  for (const auto& b : buffers_) {
+    buffers.push_back({{"fqn", b.fqn}, {"shape", b.tensor.sizes().vec()}, {"persistent", b.persistent}});
+  }
+  return {{"parameters", params},
+          {"buffers", buffers},
+          {"fsdp_units", units_},
+          {"sequence_parallel", sequence_parallel()},
+          {"cp_layout", cp_layout_name(options_.cp_layout)},
+          {"activation_checkpointing", options_.activation_checkpointing},
+          {"checkpoint_regions", checkpoint_regions_}};
 }
 
 }  // namespace mih

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include <c10/util/Optional.h>
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/parallel/activation_checkpoint.h"
+#include "harness/parallel/context_parallel.h"
 #include "harness/parallel/placement.h"
 #include "harness/runtime/device_mesh.h"
 
@@ -107,6 +110,18 @@ struct ParallelOptions {
   /// reduce-scattered in reduce_dtype. nullopt = param_dtype.
   c10::optional<c10::ScalarType> compute_dtype;
   c10::optional<c10::ScalarType> reduce_dtype;
+  /// Which tokens each cp rank holds (context_parallel.h).
+  CpLayout cp_layout = CpLayout::kContiguous;
+  /// checkpoint_region() recomputes its region in backward instead of keeping activations.
+  bool activation_checkpointing = false;
+};
+
+/// A buffer of the model (not a parameter): replicated on every rank. A non-persistent one
+/// (a rotary inv_freq table) is rebuilt from the config, never saved or loaded.
+struct BufferEntry {
+  std::string fqn;
+  at::Tensor tensor;
+  bool persistent = true;
 };
 
 /// The parameters of one model on one mesh. Not thread-safe; one per rank.
@@ -121,6 +136,33 @@ class ParallelContext {
   int64_t tp_size() const { return tp().size(); }
   int64_t tp_rank() const { return tp().rank(); }
   bool sequence_parallel() const { return options_.sequence_parallel && tp_size() > 1; }
+  /// The cp axis and layout: what CP attention and rotary positions need.
+  CpShard cp_shard() const { return CpShard{&mesh_->comm(MeshAxis::kCp), options_.cp_layout}; }
+  int64_t cp_size() const { return mesh_->comm(MeshAxis::kCp).size(); }
+
+  /// Runs `forward(inputs)` as the activation-checkpoint region `name` (one decoder layer,
+  /// say) when activation checkpointing is on, else plainly; either way the region is listed
+  /// in checkpoint_regions(). `params` are the leaves the region reads (its module's
+  /// parameters, plus tied ones). See mih::checkpoint for what inputs must hold.
+  at::Tensor checkpoint_region(const std::string& name, const RegionForward& forward,
+                               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params);
+  /// Dropout with probability `p` (inverted: kept values scaled by 1 / (1 - p)) drawn from this
+  /// context's generators, seeded from init_seed and the rank's coordinates, so runs replay
+  /// exactly and thread ranks do not share a stream. `tp_sharded`: the tensor is split over tp
+  /// (attention heads, or sequence-parallel activations), so tp ranks draw different masks;
+  /// otherwise it is replicated over tp and every tp rank draws the same mask (Megatron-LM's
+  /// model-parallel RNG tracker). Identity when p == 0 or `training` is false.
+  /// Shape: any -> the same.
+  at::Tensor dropout(const at::Tensor& x, double p, bool training, bool tp_sharded);
+
+  /// The activation-checkpoint regions the model declared, in first-run order.
+  const std::vector<std::string>& checkpoint_regions() const { return checkpoint_regions_; }
+
+  /// Declares a buffer the model registered as non-persistent: rebuilt from the config, not
+  /// saved in or loaded from checkpoints (PyTorch's register_buffer(persistent=False)).
+  void mark_non_persistent(const at::Tensor& buffer);
+  /// Every buffer of the model with its FQN (after finalize), in named_buffers order.
+  const std::vector<BufferEntry>& buffers() const { return buffers_; }
 
   /// Creates a parameter: the full value of spec.shape from spec.init (seeded by init_seed
   /// and the creation index), padded, and this rank's tp piece of it, as a leaf that
@@ -192,6 +234,10 @@ class ParallelContext {
   std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;
   std::vector<std::string> units_;
+  std::vector<std::string> checkpoint_regions_;
+  std::set<const void*> non_persistent_;
+  std::vector<BufferEntry> buffers_;
+  at::Generator replicated_gen_, tp_sharded_gen_;  // dropout streams (see dropout())
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the
   // order of their first use, the same on every rank (the regathers are collectives).
   std::string active_unit_;

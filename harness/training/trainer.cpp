@@ -3,6 +3,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -30,7 +31,14 @@ bool matches_any(const std::vector<std::string>& patterns, const ShardedParamete
 }
 
 Batch rows(const Batch& b, int64_t start, int64_t count) {
-  return {b.input_ids.narrow(0, start, count), b.labels.narrow(0, start, count)};
+  Batch out{b.input_ids.narrow(0, start, count), b.labels.narrow(0, start, count),
+            b.position_ids.narrow(0, start, count), {}};
+  for (const auto& [name, t] : b.fields) out.fields[name] = t.narrow(0, start, count);
+  return out;
+}
+
+bool contains(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
 }
 
 }  // namespace
@@ -40,7 +48,7 @@ std::string ParallelConfig::name() const {
   auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
   if (dp_replicate > 1) add("dp_replicate" + std::to_string(dp_replicate));
   if (dp_shard > 1) add("dp_shard" + std::to_string(dp_shard));
-  if (cp > 1) add("cp" + std::to_string(cp));
+  if (cp > 1) add("cp" + std::to_string(cp) + (cp_layout == CpLayout::kZigzag ? "zz" : ""));
   if (tp > 1) add("tp" + std::to_string(tp));
   if (sequence_parallel) add("sp");
   if (activation_checkpointing) add("ac");
@@ -59,6 +67,7 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
   j = {{"dp_replicate", c.dp_replicate},
        {"dp_shard", c.dp_shard},
        {"cp", c.cp},
+       {"cp_layout", cp_layout_name(c.cp_layout)},
        {"tp", c.tp},
        {"sequence_parallel", c.sequence_parallel},
        {"activation_checkpointing", c.activation_checkpointing},
@@ -69,18 +78,19 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
 }
 
 void from_json(const nlohmann::json& j, ParallelConfig& c) {
-  static const std::vector<std::string> kKeys = {"dp_replicate", "dp_shard", "cp", "tp", "sequence_parallel",
+  static const std::vector<std::string> kKeys = {"dp_replicate", "dp_shard", "cp", "cp_layout", "tp", "sequence_parallel",
                                                  "activation_checkpointing", "micro_batches", "dtype", "seed", "name"};
   MIH_CHECK(j.is_object(), "parallel config: expected a JSON object, got ", j.dump());
   for (const auto& [key, value] : j.items()) {
     MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "parallel config: unknown field '", key,
-              "'; valid: dp_replicate, dp_shard, cp, tp, sequence_parallel, activation_checkpointing, "
+              "'; valid: dp_replicate, dp_shard, cp, cp_layout, tp, sequence_parallel, activation_checkpointing, "
               "micro_batches, dtype, seed");
   }
   ParallelConfig d;
   c.dp_replicate = j.value("dp_replicate", d.dp_replicate);
   c.dp_shard = j.value("dp_shard", d.dp_shard);
   c.cp = j.value("cp", d.cp);
+  c.cp_layout = j.contains("cp_layout") ? parse_cp_layout(j.at("cp_layout").get<std::string>()) : d.cp_layout;
   c.tp = j.value("tp", d.tp);
   c.sequence_parallel = j.value("sequence_parallel", d.sequence_parallel);
   c.activation_checkpointing = j.value("activation_checkpointing", d.activation_checkpointing);
@@ -105,15 +115,13 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   config_.validate(mesh.world_size());
   MIH_CHECK(config_.dims() == mesh.dims(), "parallel config '", config_.name(), "' (", config_.dims().str(),
             ") does not match the mesh (", mesh.dims().str(), ")");
-  MIH_CHECK_CODE(!config_.activation_checkpointing, Code::kUnimplemented,
-                 "activation checkpointing is not implemented yet (parallel config '", config_.name(), "')");
-  MIH_CHECK_CODE(config_.cp == 1, Code::kUnimplemented, "context parallelism is not implemented yet (parallel config '",
-                 config_.name(), "')");
   MIH_CHECK(static_cast<bool>(batches_), "Trainer: the batch source is empty");
   ParallelOptions po;
   po.sequence_parallel = config_.sequence_parallel;
   po.init_seed = config_.seed;
   po.param_dtype = config_.dtype;
+  po.cp_layout = config_.cp_layout;
+  po.activation_checkpointing = config_.activation_checkpointing;
   context_ = std::make_unique<ParallelContext>(mesh, po);
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
@@ -151,8 +159,20 @@ StepMetrics Trainer::step() {
             "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
             " and ", global.labels.sizes());
   const c10::Device device = context_->options().device;
+  const int64_t seq = global.input_ids.size(1);
+  if (!global.position_ids.defined()) {
+    global.position_ids = at::arange(seq, at::kLong).unsqueeze(0).expand({global.input_ids.size(0), seq});
+  }
+  MIH_CHECK(global.position_ids.sizes() == global.input_ids.sizes(), "step ", step, ": position_ids ",
+            global.position_ids.sizes(), " do not match input_ids ", global.input_ids.sizes());
   global.input_ids = global.input_ids.to(device);
   global.labels = global.labels.to(device);
+  global.position_ids = global.position_ids.to(device);
+  for (auto& [name, t] : global.fields) {
+    MIH_CHECK(t.dim() >= 1 && t.size(0) == global.input_ids.size(0), "step ", step, ": field '", name, "' of shape ",
+              t.sizes(), " does not have the batch's ", global.input_ids.size(0), " rows on dim 0");
+    t = t.to(device);
+  }
 
   // The global batch is split on the batch dim over the data-parallel ranks, then into
   // micro-batches; tensor-parallel ranks see the same rows.
@@ -165,6 +185,28 @@ StepMetrics Trainer::step() {
   MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
             " sequences does not split into ", config_.micro_batches, " micro-batches");
   Batch local = rows(global, dp.rank() * local_rows, local_rows);
+
+  // Context parallelism: this cp rank's tokens of every sequence-sharded field.
+  if (config_.cp > 1) {
+    Communicator& cp = mesh_->comm(MeshAxis::kCp);
+    auto shard = [&](const at::Tensor& t) { return cp_shard_sequence(t, 1, cp.size(), cp.rank(), config_.cp_layout); };
+    with_context(internal::str("step ", step, ": sharding the sequence of ", seq, " tokens over cp"), [&] {
+      local.input_ids = shard(local.input_ids);
+      local.labels = shard(local.labels);
+      local.position_ids = shard(local.position_ids);
+      for (auto& [name, t] : local.fields) {
+        if (contains(options_.sequence_fields(), name)) {
+          MIH_CHECK(t.dim() >= 2 && t.size(1) == seq, "field '", name, "' is declared sharded on the sequence dim but ",
+                    "has shape ", t.sizes(), " (dim 1 must be the sequence of ", seq, ")");
+          t = shard(t);
+        } else {
+          MIH_CHECK(contains(options_.cp_replicated_fields(), name), "field '", name,
+                    "' has no context-parallel sharding: add it to TrainerOptions::sequence_fields (sharded on "
+                    "dim 1) or cp_replicated_fields (whole on every cp rank)");
+        }
+      }
+    });
+  }
 
   // The loss is normalized by the global count of valid targets, so every split of the
   // global batch over ranks and micro-batches gives the same gradients.

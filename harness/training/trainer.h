@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,7 +37,11 @@ struct ParallelConfig {
   int tp = 1;
   /// Shard the activations between tensor-parallel regions on the sequence dim (tp > 1).
   bool sequence_parallel = false;
-  /// Recompute each decoder layer in backward (not implemented yet: see issue 4).
+  /// Which tokens each cp rank holds: contiguous, or zigzag (load-balanced for causal
+  /// attention). Only meaningful when cp > 1.
+  CpLayout cp_layout = CpLayout::kContiguous;
+  /// Recompute each activation-checkpoint region the model declares (a decoder layer) in
+  /// backward instead of keeping its activations.
   bool activation_checkpointing = false;
   /// Micro-batches per step (gradient accumulation); divides the local batch.
   int micro_batches = 1;
@@ -46,7 +51,7 @@ struct ParallelConfig {
   uint64_t seed = 0;
 
   ParallelDims dims() const { return ParallelDims{dp_replicate, dp_shard, cp, tp}; }
-  /// "dp_shard2_tp2_sp_mb2": the case name part for this config ("single" when all are 1).
+  /// "dp_shard2_cp2zz_tp2_sp_ac_mb2": the case name part (cp2zz = cp 2, zigzag layout) for this config ("single" when all are 1).
   std::string name() const;
   /// Throws: mih::Error{kInvalidSpec} for a degree < 1, micro_batches < 1, sequence parallel
   ///   without tp, or a world size that differs from the product of the degrees.
@@ -57,11 +62,18 @@ void to_json(nlohmann::json& j, const ParallelConfig& c);
 void from_json(const nlohmann::json& j, ParallelConfig& c);
 
 /// A batch of token sequences. `labels` are already shifted (labels[:, t] is the target of
-/// input_ids[:, t]) and equal -100 where no loss is taken.
-/// Shape: input_ids [B, S] int64, labels [B, S] int64.
+/// input_ids[:, t]) and equal -100 where no loss is taken. `position_ids` are the rotary
+/// positions (0..S-1 per row unless the pipeline packs documents); the Trainer fills them
+/// when the source leaves them undefined. Under context parallelism the Trainer shards
+/// input_ids, labels, position_ids and every field named in TrainerOptions::sequence_fields
+/// on dim 1, and hands the fields named in cp_replicated_fields whole to every cp rank.
+/// Shape: input_ids, labels, position_ids [B, S] int64 (a local batch: [b, S/CP]); every
+///   other field [B, ...].
 struct Batch {
   at::Tensor input_ids;
   at::Tensor labels;
+  at::Tensor position_ids;
+  std::map<std::string, at::Tensor> fields;
 };
 
 /// Returns the global batch of step `step` (0-based); the same whatever the parallel config.
@@ -99,6 +111,11 @@ struct TrainerOptions {
   /// FQN glob patterns (fnmatch) of the parameters without weight decay. Default: biases and
   /// norms.
   TORCH_ARG(std::vector<std::string>, no_weight_decay) = {"*bias", "*norm*"};
+  /// Batch::fields sharded on the sequence dim (dim 1) under context parallelism.
+  TORCH_ARG(std::vector<std::string>, sequence_fields) = {};
+  /// Batch::fields every cp rank receives whole (e.g. pixel_values). A field in neither list
+  /// is an error when cp > 1, so no field is silently left unsharded.
+  TORCH_ARG(std::vector<std::string>, cp_replicated_fields) = {};
 };
 
 /// What one step measured.
@@ -142,15 +159,15 @@ class Trainer {
   /// Builds the model (factory, apply_fsdp, finalize) and the optimizer. `mesh` and `hooks`
   /// (may be null) must outlive the Trainer.
   /// Throws: mih::Error{kInvalidSpec} if config.dims() differs from the mesh's, or as
-  ///   ParallelConfig::validate; kUnimplemented for activation checkpointing (issue 4) or
-  ///   cp > 1 without a context-parallel model.
+  ///   ParallelConfig::validate.
   Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
           const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr);
   ~Trainer();
 
   /// Runs the next step and returns what it measured (the same on every rank).
   /// Throws: mih::Error{kInvalidSpec} if the global batch does not split over dp ranks and
-  ///   micro-batches, naming the sizes.
+  ///   micro-batches or its sequence over cp, naming the sizes, or if a field's cp sharding
+  ///   is undeclared.
   StepMetrics step();
   /// Runs `steps` steps.
   std::vector<StepMetrics> run(int64_t steps);

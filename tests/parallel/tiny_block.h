@@ -1,7 +1,8 @@
 // A small transformer language model written against harness/parallel layers: vocab-parallel
-// embedding, pre-norm decoder layers (causal multi-head attention with a fused qkv
-// projection, SwiGLU MLP with a fused gate/up projection), final norm, vocab-parallel head
-// and cross entropy. Plain single-device code at degree 1; the parity tests train it under
+// embedding, rotary positions, pre-norm decoder layers (causal grouped-query attention over a
+// context-parallel sequence, SwiGLU MLP with a fused gate/up projection, optional dropout),
+// each an activation-checkpoint region and an FSDP unit, final norm, vocab-parallel head and
+// cross entropy. Plain single-device code at degree 1; the parity tests train it under
 // every parallel configuration. Also the smallest complete example of a ParallelModel.
 #pragma once
 
@@ -23,18 +24,24 @@ struct TinyBlockOptions {
   int64_t vocab = 37;  // not divisible by 2: exercises vocab padding under tp=2
   int64_t hidden = 16;
   int64_t heads = 4;
+  int64_t kv_heads = 4;  // < heads: grouped-query attention
   int64_t ffn = 24;
   int64_t layers = 2;
   bool tie_embeddings = false;
   bool layer_norm = false;  // LayerNorm instead of RMSNorm
+  double dropout = 0.0;     // on the attention context and on each residual branch
 };
 
 class TinyDecoderLayerImpl : public torch::nn::Module {
  public:
   TinyDecoderLayerImpl(ParallelContext& ctx, const TinyBlockOptions& o) : ctx_(&ctx), o_(o) {
-    MIH_CHECK(o.heads % ctx.tp_size() == 0, "heads(", o.heads, ") must divide by tp(", ctx.tp_size(), ")");
+    MIH_CHECK(o.kv_heads % ctx.tp_size() == 0, "kv_heads(", o.kv_heads, ") must divide by tp(", ctx.tp_size(), ")");
+    MIH_CHECK(o.heads % o.kv_heads == 0, "heads(", o.heads, ") must be a multiple of kv_heads(", o.kv_heads, ")");
+    const int64_t head_dim = o.hidden / o.heads;
     attn_norm = register_module("attn_norm", RMSNorm(ctx, o.hidden));
-    qkv = register_module("qkv", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden, 3 * o.hidden).partitions(3)));
+    q = register_module("q", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden, o.hidden)));
+    kv = register_module("kv", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden, 2 * o.kv_heads * head_dim)
+                                                             .partitions(2)));
     out = register_module("out", RowParallelLinear(ctx, RowParallelLinearOptions(o.hidden, o.hidden)));
     mlp_norm = register_module("mlp_norm", RMSNorm(ctx, o.hidden));
     gate_up = register_module("gate_up", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden, 2 * o.ffn)
@@ -43,31 +50,34 @@ class TinyDecoderLayerImpl : public torch::nn::Module {
     down = register_module("down", RowParallelLinear(ctx, RowParallelLinearOptions(o.ffn, o.hidden).bias(false)));
   }
 
-  /// Shape: [B, S, H] (sequence parallel: [B, S/TP, H]) -> the same.
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = x + attention(attn_norm(x));
+  /// Shape: x [B, S/CP, H] (sequence parallel: [B, S/(CP*TP), H]), cos/sin [B, 1, S/CP, D]
+  /// -> like x.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    // Residual branches are [B, S/CP, H], replicated over tp unless sequence parallel.
+    const bool sharded = ctx_->sequence_parallel();
+    at::Tensor h = x + ctx_->dropout(attention(attn_norm(x), cos, sin), o_.dropout, is_training(), sharded);
     at::Tensor gu = gate_up(mlp_norm(h));  // [B, S, 2F/TP] = [gate | up] of this rank
     auto parts = gu.chunk(2, -1);
-    return h + down(at::silu(parts[0]) * parts[1]);
+    return h + ctx_->dropout(down(at::silu(parts[0]) * parts[1]), o_.dropout, is_training(), sharded);
   }
 
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
-  ColumnParallelLinear qkv{nullptr}, gate_up{nullptr};
+  ColumnParallelLinear q{nullptr}, kv{nullptr}, gate_up{nullptr};
   RowParallelLinear out{nullptr}, down{nullptr};
 
  private:
-  at::Tensor attention(const at::Tensor& x) {
-    at::Tensor fused = qkv(x);  // [B, S, 3H/TP]
-    const int64_t b = fused.size(0), s = fused.size(1);
-    const int64_t local_heads = o_.heads / ctx_->tp_size(), head_dim = o_.hidden / o_.heads;
-    auto qkv_parts = fused.chunk(3, -1);
-    auto heads = [&](const at::Tensor& t) { return t.reshape({b, s, local_heads, head_dim}).transpose(1, 2); };
-    at::Tensor q = heads(qkv_parts[0]), k = heads(qkv_parts[1]), v = heads(qkv_parts[2]);
-    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-    at::Tensor future = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    at::Tensor context = at::matmul(at::softmax(scores, -1), v).transpose(1, 2).reshape({b, s, local_heads * head_dim});
-    return out(context);
+  at::Tensor attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    at::Tensor queries = q(x);  // [B, S/CP, Hq/TP * D]
+    at::Tensor keys_values = kv(x);  // [B, S/CP, 2 * Hkv/TP * D] = [k | v] of this rank
+    const int64_t b = queries.size(0), s = queries.size(1), head_dim = o_.hidden / o_.heads;
+    const int64_t local_heads = o_.heads / ctx_->tp_size(), local_kv = o_.kv_heads / ctx_->tp_size();
+    auto heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, head_dim}).transpose(1, 2); };
+    auto kv_parts = keys_values.chunk(2, -1);
+    at::Tensor qh = apply_rotary(heads(queries, local_heads), cos, sin);
+    at::Tensor kh = apply_rotary(heads(kv_parts[0], local_kv), cos, sin);
+    at::Tensor context = cp_causal_attention(qh, kh, heads(kv_parts[1], local_kv), ctx_->cp_shard());
+    context = context.transpose(1, 2).reshape({b, s, local_heads * head_dim});
+    return out(ctx_->dropout(context, o_.dropout, is_training(), /*tp_sharded=*/true));
   }
 
   ParallelContext* ctx_;
@@ -79,6 +89,7 @@ class TinyBlockLM : public ParallelModel {
  public:
   TinyBlockLM(ParallelContext& ctx, const TinyBlockOptions& o) : ctx_(&ctx), o_(o) {
     embed = register_module("embed", VocabParallelEmbedding(ctx, o.vocab, o.hidden));
+    rotary = register_module("rotary", RotaryEmbedding(ctx, o.hidden / o.heads));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < o.layers; ++i) layers->push_back(TinyDecoderLayer(ctx, o));
     final_norm = register_module("final_norm", RMSNorm(ctx, o.hidden));
@@ -89,11 +100,17 @@ class TinyBlockLM : public ParallelModel {
 
   at::Tensor token_losses(const Batch& batch) override {
     at::Tensor x = embed(batch.input_ids);
+    auto [cos, sin] = rotary(batch.position_ids);  // global positions of this rank's tokens
     for (size_t i = 0; i < layers->size(); ++i) {
-      // Each layer is an FSDP unit: its parameters are freed after its forward and gathered
-      // again for its backward.
-      auto* layer = layers[i]->as<TinyDecoderLayer>();
-      x = ctx_->fsdp_forward("layers." + std::to_string(i), [&] { return layer->forward(x); });
+      // Each layer is an FSDP unit (its parameters are freed after its forward and gathered
+      // again for its backward) and an activation-checkpoint region.
+      const std::string name = "layers." + std::to_string(i);
+      auto layer = std::dynamic_pointer_cast<TinyDecoderLayerImpl>(layers[i]);
+      x = ctx_->fsdp_forward(name, [&] {
+        return ctx_->checkpoint_region(
+            name, [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
+            {x, cos, sin}, layer->parameters());
+      });
     }
     at::Tensor logits = head(final_norm(x));  // [B, S, V/TP], the sequence gathered
     at::Tensor losses = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1),
@@ -108,6 +125,7 @@ class TinyBlockLM : public ParallelModel {
   }
 
   VocabParallelEmbedding embed{nullptr};
+  RotaryEmbedding rotary{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm final_norm{nullptr};
   ColumnParallelLinear head{nullptr};

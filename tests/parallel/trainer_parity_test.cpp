@@ -87,15 +87,19 @@ TrainingRun train(ParallelConfig config, testing::TinyBlockOptions model = {},
   return run;
 }
 
-const TrainingRun& reference(bool tied = false) {
-  static std::map<bool, TrainingRun> cache;
-  auto it = cache.find(tied);
-  if (it == cache.end()) {
-    testing::TinyBlockOptions model;
-    model.tie_embeddings = tied;
-    it = cache.emplace(tied, train(ParallelConfig{}, model)).first;
-  }
+// The world-size-1 run of a model, once per binary run.
+const TrainingRun& reference(const testing::TinyBlockOptions& model = {}) {
+  static std::map<std::tuple<bool, int64_t, double>, TrainingRun> cache;
+  const auto key = std::make_tuple(model.tie_embeddings, model.kv_heads, model.dropout);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, train(ParallelConfig{}, model)).first;
   return it->second;
+}
+
+testing::TinyBlockOptions gqa_model() {
+  testing::TinyBlockOptions m;
+  m.kv_heads = 2;  // 4 query heads share 2 K/V heads; under tp=2 one K/V head per rank
+  return m;
 }
 
 double relative_error(const at::Tensor& a, const at::Tensor& b) {
@@ -158,8 +162,12 @@ struct Case {
 
 std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.config.name(); }
 
-ParallelConfig cfg(int dp_replicate, int dp_shard, int tp, bool sp = false, int micro_batches = 1) {
+ParallelConfig cfg(int dp_replicate, int dp_shard, int tp, bool sp = false, int micro_batches = 1, int cp = 1,
+                   CpLayout layout = CpLayout::kContiguous, bool ac = false) {
   ParallelConfig c;
+  c.cp = cp;
+  c.cp_layout = layout;
+  c.activation_checkpointing = ac;
   c.dp_replicate = dp_replicate;
   c.dp_shard = dp_shard;
   c.tp = tp;
@@ -188,6 +196,55 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainerParityTest,
                                            Case{"DpShard2MicroBatches2", cfg(1, 2, 1, false, 2)}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
+// Context parallelism with grouped-query attention (4 query heads, 2 K/V heads), alone and
+// combined with tp and dp_shard, in both layouts; activation checkpointing under tp and
+// dp_shard. Sequences of 8 tokens: zigzag cp=2 cuts them into 4 chunks of 2.
+class ContextParallelParityTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ContextParallelParityTest, MatchesOneRank) {
+  const TrainingRun& ref = reference(gqa_model());
+  TrainingRun run = train(GetParam().config, gqa_model());
+  ::testing::AssertionResult result = MatchesReference(run, ref);
+  EXPECT_TRUE(result) << GetParam().config.name();
+  if (result) std::printf("%s: %s\n", GetParam().config.name().c_str(), result.message());
+}
+
+constexpr CpLayout kZigzag = CpLayout::kZigzag;
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ContextParallelParityTest,
+    ::testing::Values(Case{"Cp2", cfg(1, 1, 1, false, 1, 2)}, Case{"Cp2Zigzag", cfg(1, 1, 1, false, 1, 2, kZigzag)},
+                      Case{"Cp2ZigzagTp2", cfg(1, 1, 2, false, 1, 2, kZigzag)},
+                      Case{"Cp2Tp2Sp", cfg(1, 1, 2, true, 1, 2)}, Case{"DpShard2Cp2", cfg(1, 2, 1, false, 1, 2)},
+                      Case{"DpShard2Cp2Zigzag", cfg(1, 2, 1, false, 1, 2, kZigzag)},
+                      Case{"Tp2Checkpointed", cfg(1, 1, 2, false, 1, 1, CpLayout::kContiguous, true)},
+                      Case{"DpShard2Tp2Checkpointed", cfg(1, 2, 2, false, 1, 1, CpLayout::kContiguous, true)},
+                      Case{"Cp2ZigzagCheckpointed", cfg(1, 1, 1, false, 1, 2, kZigzag, true)}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Activation checkpointing with dropout 0.1 replays the dropout masks: the gradients and
+// parameters equal the run without checkpointing bit for bit at every step (a recompute
+// that drew fresh masks, or left the stream advanced for the next step, would differ).
+TEST(ActivationCheckpointTrainingTest, BitExactWithDropoutUnderTpAndDpShard) {
+  testing::TinyBlockOptions m = gqa_model();
+  m.dropout = 0.1;
+  for (ParallelConfig c : {cfg(1, 1, 2), cfg(1, 2, 1), cfg(1, 2, 2, true)}) {
+    TrainingRun plain = train(c, m);
+    c.activation_checkpointing = true;
+    TrainingRun checkpointed = train(c, m);
+    ASSERT_EQ(plain.grads.size(), checkpointed.grads.size());
+    for (size_t s = 0; s < plain.grads.size(); ++s) {
+      EXPECT_EQ(plain.metrics[s].loss, checkpointed.metrics[s].loss) << c.name() << " step " << s;
+      for (const auto& [fqn, g] : plain.grads[s]) {
+        EXPECT_TRUE(at::equal(g, checkpointed.grads[s].at(fqn))) << c.name() << " step " << s << " gradient of " << fqn;
+        EXPECT_TRUE(at::equal(plain.params[s].at(fqn), checkpointed.params[s].at(fqn))) << c.name() << " step " << s << " " << fqn;
+      }
+    }
+    // Dropout is really on: the loss differs from the model without it.
+    c.activation_checkpointing = false;
+    EXPECT_NE(plain.metrics[0].loss, train(c, gqa_model()).metrics[0].loss) << c.name();
+  }
+}
+
 // FSDP over 4 ranks: the 37-row embedding shards as 10, 10, 10, 7 and the parameters agree.
 TEST(TrainerLayoutTest, UnevenFsdpShardsAreRecorded) {
   TrainingRun run = train(cfg(1, 4, 1));
@@ -205,33 +262,37 @@ TEST(TrainerLayoutTest, UnevenFsdpShardsAreRecorded) {
 
 // Decoder-layer units reshard after forward: their parameters are gathered in forward and
 // again in backward; the root's only in forward (TorchTitan's choice: backward needs them
-// at once). 2 layers x 8 parameters + 3 root parameters per rank and step.
+// at once). 2 layers x 10 parameters + 3 root parameters per rank and step.
 TEST(TrainerLayoutTest, FsdpUnitsGatherAgainForBackward) {
-  ParallelConfig c = cfg(1, 2, 1);
-  c.dtype = at::kDouble;
-  MeshOptions mesh_options;
-  mesh_options.group = testing::thread_group_options();
-  std::mutex mutex;
-  std::vector<std::vector<CommRecord>> ledgers;
-  compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
-  auto errors = testing::run_ranks(2, [&](int rank) {
-    MeshOptions o = mesh_options;
-    o.ledger = std::make_shared<CommLedger>();
-    DeviceMesh mesh(c.dims(), store, rank, 2, o);
-    Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(8, 8, 37), options());
-    t.step();
-    std::lock_guard<std::mutex> lock(mutex);
-    ledgers.push_back(o.ledger->completed());
-  });
-  ASSERT_THAT(errors, IsEmpty());
-  for (const auto& records : ledgers) {
-    std::map<std::string, int> by_site;
-    for (const auto& r : records) {
-      if (r.axis == "dp_shard") by_site[r.site.substr(0, r.site.find(' '))]++;
+  // With activation checkpointing the layers' first forward runs without a graph, so nothing
+  // is regathered by the hook: the recompute gathers its own (2 x 10 more all-gathers).
+  for (bool ac : {false, true}) {
+    ParallelConfig c = cfg(1, 2, 1, false, 1, 1, CpLayout::kContiguous, ac);
+    c.dtype = at::kDouble;
+    MeshOptions mesh_options;
+    mesh_options.group = testing::thread_group_options();
+    std::mutex mutex;
+    std::vector<std::vector<CommRecord>> ledgers;
+    compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
+    auto errors = testing::run_ranks(2, [&](int rank) {
+      MeshOptions o = mesh_options;
+      o.ledger = std::make_shared<CommLedger>();
+      DeviceMesh mesh(c.dims(), store, rank, 2, o);
+      Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(8, 8, 37), options());
+      t.step();
+      std::lock_guard<std::mutex> lock(mutex);
+      ledgers.push_back(o.ledger->completed());
+    });
+    ASSERT_THAT(errors, IsEmpty());
+    for (const auto& records : ledgers) {
+      std::map<std::string, int> by_site;
+      for (const auto& r : records) {
+        if (r.axis == "dp_shard") by_site[r.site.substr(0, r.site.find(' '))]++;
+      }
+      EXPECT_EQ(by_site["fsdp.all_gather"], 2 * 10 + 3 + (ac ? 2 * 10 : 0)) << c.name();
+      EXPECT_EQ(by_site["fsdp.regather_for_backward"], ac ? 0 : 2 * 10) << c.name();
+      EXPECT_EQ(by_site["fsdp.reduce_scatter"], 2 * 10 + 3) << c.name();
     }
-    EXPECT_EQ(by_site["fsdp.all_gather"], 2 * 8 + 3);
-    EXPECT_EQ(by_site["fsdp.regather_for_backward"], 2 * 8);
-    EXPECT_EQ(by_site["fsdp.reduce_scatter"], 2 * 8 + 3);
   }
 }
 
@@ -306,7 +367,7 @@ TEST(TrainerEquivalenceTest, UnevenValidTokensAcrossDpRanks) {
 TEST(TrainerEquivalenceTest, TiedWeightsStayTied) {
   testing::TinyBlockOptions tied;
   tied.tie_embeddings = true;
-  const TrainingRun& ref = reference(/*tied=*/true);
+  const TrainingRun& ref = reference(tied);
   ASSERT_EQ(ref.grads[0].count("head.weight"), 0u) << "the head weight is the embedding's";
   for (ParallelConfig c : {cfg(1, 2, 1), cfg(1, 1, 2, true), cfg(1, 2, 2)}) {
     TrainingRun run = train(c, tied);
@@ -324,6 +385,10 @@ TEST(TrainerConfigTest, RejectsConfigsThatCannotRun) {
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("sequence_parallel needs tp > 1")));
   EXPECT_THAT([] { cfg(1, 2, 2).validate(2); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("= 4 != world_size(2)")));
   EXPECT_EQ(cfg(2, 2, 1, false, 2).name(), "dp_replicate2_dp_shard2_mb2");
+  EXPECT_EQ(cfg(1, 1, 2, true, 1, 2, CpLayout::kZigzag, true).name(), "cp2zz_tp2_sp_ac");
+  nlohmann::json cp = cfg(1, 2, 1, false, 1, 2, CpLayout::kZigzag);
+  EXPECT_EQ(cp["cp_layout"], "zigzag");
+  EXPECT_EQ(cp.get<ParallelConfig>().name(), "dp_shard2_cp2zz");
   nlohmann::json j = cfg(1, 2, 2, true);
   EXPECT_EQ(j.get<ParallelConfig>().name(), "dp_shard2_tp2_sp");
   nlohmann::json typo = {{"tp", 2}, {"seqence_parallel", true}};

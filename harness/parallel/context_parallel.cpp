@@ -1,0 +1,99 @@
+// Context-parallel layouts and attention (see context_parallel.h).
+#include "harness/parallel/context_parallel.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "harness/base/error.h"
+#include "harness/parallel/regions.h"
+
+namespace mih {
+namespace {
+
+void check_divides(int64_t seq, int64_t cp, CpLayout layout) {
+  MIH_CHECK(cp >= 1, "context parallelism: cp must be >= 1, got ", cp);
+  const int64_t pieces = layout == CpLayout::kZigzag ? 2 * cp : cp;
+  MIH_CHECK(seq % pieces == 0, "context parallelism: a sequence of ", seq, " tokens does not split into ", pieces,
+            layout == CpLayout::kZigzag ? " zigzag chunks (2 * cp(" : " pieces (cp(", cp,
+            ")); use a sequence length divisible by ", pieces, " or pad the sequences");
+}
+
+}  // namespace
+
+std::string cp_layout_name(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
+
+CpLayout parse_cp_layout(std::string_view name) {
+  if (name == "contiguous") return CpLayout::kContiguous;
+  if (name == "zigzag") return CpLayout::kZigzag;
+  MIH_THROW(Code::kInvalidSpec, "unknown context-parallel layout '", name, "'; valid: contiguous, zigzag");
+}
+
+at::Tensor cp_token_ids(int64_t seq, int64_t cp, int64_t rank, CpLayout layout) {
+  check_divides(seq, cp, layout);
+  MIH_CHECK(rank >= 0 && rank < cp, "context parallelism: rank ", rank, " is outside [0, cp=", cp, ")");
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  if (layout == CpLayout::kContiguous) {
+    const int64_t n = seq / cp;
+    return at::arange(rank * n, (rank + 1) * n, opts);
+  }
+  const int64_t chunk = seq / (2 * cp);
+  return at::cat({at::arange(rank * chunk, (rank + 1) * chunk, opts),
+                  at::arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, opts)});
+}
+
+at::Tensor cp_gathered_token_ids(int64_t seq, int64_t cp, CpLayout layout) {
+  std::vector<at::Tensor> ids;
+  for (int64_t r = 0; r < cp; ++r) ids.push_back(cp_token_ids(seq, cp, r, layout));
+  return at::cat(ids);
+}
+
+at::Tensor cp_shard_sequence(const at::Tensor& x, int64_t dim, int64_t cp, int64_t rank, CpLayout layout) {
+  if (cp == 1) return x;
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  MIH_CHECK(d >= 0 && d < x.dim(), "context parallelism: sequence dim ", dim, " is out of range for a ", x.dim(),
+            "-d tensor");
+  return x.index_select(d, cp_token_ids(x.size(d), cp, rank, layout).to(x.device()));
+}
+
+at::Tensor cp_unshard_sequence(const at::Tensor& gathered, int64_t dim, int64_t cp, CpLayout layout) {
+  if (cp == 1) return gathered;
+  const int64_t d = dim < 0 ? dim + gathered.dim() : dim;
+  // gathered[:, j] holds token ids[j]; the inverse permutation puts token t back at t.
+  at::Tensor ids = cp_gathered_token_ids(gathered.size(d), cp, layout);
+  return gathered.index_select(d, at::argsort(ids).to(gathered.device()));
+}
+
+at::Tensor CpShard::query_ids(int64_t local_seq) const {
+  return cp_token_ids(local_seq * size(), size(), rank(), layout);
+}
+
+at::Tensor CpShard::key_ids(int64_t local_seq) const { return cp_gathered_token_ids(local_seq * size(), size(), layout); }
+
+at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp) {
+  MIH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes(), "cp_causal_attention: expected q [B, Hq, S, D] and k, v ",
+            "[B, Hkv, S, D] of equal shape, got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  MIH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
+            "cp_causal_attention: q ", q.sizes(), " and k ", k.sizes(), " disagree on B, S or D");
+  const int64_t hq = q.size(1), hkv = k.size(1), local_seq = q.size(2), head_dim = q.size(3);
+  MIH_CHECK(hkv > 0 && hq % hkv == 0, "cp_causal_attention: ", hq, " query heads do not group over ", hkv,
+            " key/value heads (n_heads must be a multiple of n_kv_heads)");
+  // One collective for K and V: [2, B, Hkv, S/CP, D] -> [2, B, Hkv, S, D], rank-major.
+  at::Tensor kv = at::stack({k, v});
+  if (cp.size() > 1) kv = sequence_all_gather(kv, *cp.comm, 3);
+  at::Tensor keys = kv[0], values = kv[1];
+  if (hq != hkv) {
+    keys = keys.repeat_interleave(hq / hkv, 1);
+    values = values.repeat_interleave(hq / hkv, 1);
+  }
+  at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  const at::Tensor q_ids = cp.query_ids(local_seq).to(q.device());
+  const at::Tensor k_ids = cp.key_ids(local_seq).to(q.device());
+  at::Tensor future = k_ids.unsqueeze(0) > q_ids.unsqueeze(1);  // [S/CP, S]
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), values);
+}
+
+}  // namespace mih

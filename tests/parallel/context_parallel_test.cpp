@@ -1,0 +1,125 @@
+// Context-parallel layouts and attention: the token ids of each layout, the shard/unshard
+// round trip, and CP attention on thread ranks against full-sequence attention on one device
+// (output and the gradients of q, k and v: a gather whose backward only sliced would leave
+// the output right and dk, dv wrong; spike_ac_cp.md section 2.3).
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "harness/base/error.h"
+#include "harness/parallel/context_parallel.h"
+#include "harness/training/trainer.h"
+#include "tests/parallel/tiny_block.h"
+#include "tests/support/thread_ranks.h"
+
+namespace mih {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::ThrowsMessage;
+
+std::vector<int64_t> ids(const at::Tensor& t) { return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()); }
+
+TEST(CpLayoutTest, ContiguousAndZigzagTokenIds) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(ids(cp_token_ids(8, 2, 0, CpLayout::kContiguous)), (V{0, 1, 2, 3}));
+  EXPECT_EQ(ids(cp_token_ids(8, 2, 1, CpLayout::kContiguous)), (V{4, 5, 6, 7}));
+  EXPECT_EQ(ids(cp_token_ids(8, 2, 0, CpLayout::kZigzag)), (V{0, 1, 6, 7}));
+  EXPECT_EQ(ids(cp_token_ids(8, 2, 1, CpLayout::kZigzag)), (V{2, 3, 4, 5}));
+  EXPECT_EQ(ids(cp_token_ids(8, 4, 1, CpLayout::kZigzag)), (V{1, 6}));
+  EXPECT_EQ(ids(cp_gathered_token_ids(8, 2, CpLayout::kZigzag)), (V{0, 1, 6, 7, 2, 3, 4, 5}));
+  EXPECT_EQ(ids(cp_token_ids(8, 1, 0, CpLayout::kZigzag)), (V{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(CpLayoutTest, ShardThenGatherThenUnshardIsTheIdentity) {
+  at::Tensor x = at::arange(3 * 12 * 2, at::kDouble).reshape({3, 12, 2});
+  for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
+    for (int64_t cp : {2, 3}) {
+      std::vector<at::Tensor> pieces;
+      for (int64_t r = 0; r < cp; ++r) pieces.push_back(cp_shard_sequence(x, 1, cp, r, layout));
+      EXPECT_TRUE(at::equal(cp_unshard_sequence(at::cat(pieces, 1), 1, cp, layout), x))
+          << cp_layout_name(layout) << " cp=" << cp;
+    }
+  }
+}
+
+TEST(CpLayoutTest, SequenceThatDoesNotSplitIsNamed) {
+  EXPECT_THAT([] { cp_token_ids(6, 2, 0, CpLayout::kZigzag); },
+              ThrowsMessage<Error>(HasSubstr("a sequence of 6 tokens does not split into 4 zigzag chunks")));
+  EXPECT_THAT([] { cp_token_ids(7, 2, 0, CpLayout::kContiguous); },
+              ThrowsMessage<Error>(HasSubstr("use a sequence length divisible by 2")));
+  EXPECT_THAT([] { parse_cp_layout("ring"); }, ThrowsMessage<Error>(HasSubstr("valid: contiguous, zigzag")));
+}
+
+// Plain causal attention on the whole sequence, GQA by repeating K/V heads.
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t s = q.size(2), group = q.size(1) / k.size(1);
+  at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  scores = scores.masked_fill(at::ones({s, s}, at::kBool).triu(1), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
+}
+
+TEST(CpAttentionTest, MatchesFullSequenceAttentionWithGqa) {
+  for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
+    for (int cp : {2, 4}) {
+      const int64_t b = 2, hq = 4, hkv = 2, s = 16, d = 8;
+      at::Tensor q = at::randn({b, hq, s, d}, at::kDouble), k = at::randn({b, hkv, s, d}, at::kDouble);
+      at::Tensor v = at::randn({b, hkv, s, d}, at::kDouble), g = at::randn({b, hq, s, d}, at::kDouble);
+      at::Tensor qf = q.clone().requires_grad_(true), kf = k.clone().requires_grad_(true), vf = v.clone().requires_grad_(true);
+      at::Tensor out = full_attention(qf, kf, vf);
+      (out * g).sum().backward();
+      ParallelDims dims;
+      dims.cp = cp;
+      auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+        CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
+        auto local = [&](const at::Tensor& t) { return cp_shard_sequence(t, 2, cp, shard.rank(), layout); };
+        at::Tensor ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
+        at::Tensor o = cp_causal_attention(ql, kl, vl, shard);
+        (o * local(g)).sum().backward();
+        const std::string where = cp_layout_name(layout) + " cp=" + std::to_string(cp) + " rank " + std::to_string(shard.rank());
+        EXPECT_TRUE(at::allclose(o, local(out.detach()), 0, 1e-12)) << where << " output";
+        EXPECT_TRUE(at::allclose(ql.grad(), local(qf.grad()), 0, 1e-12)) << where << " dq";
+        EXPECT_TRUE(at::allclose(kl.grad(), local(kf.grad()), 0, 1e-12)) << where << " dk";
+        EXPECT_TRUE(at::allclose(vl.grad(), local(vf.grad()), 0, 1e-12)) << where << " dv";
+      });
+      EXPECT_THAT(errors, IsEmpty());
+    }
+  }
+}
+
+TEST(CpAttentionTest, HeadsThatDoNotGroupAreRejected) {
+  at::Tensor q = at::zeros({1, 3, 4, 2}), k = at::zeros({1, 2, 4, 2});
+  EXPECT_THAT([&] { cp_causal_attention(q, k, k, CpShard{}); },
+              ThrowsMessage<Error>(HasSubstr("3 query heads do not group over 2 key/value heads")));
+}
+
+// A field the pipeline adds must declare its CP sharding; a declared one is sharded.
+TEST(CpTrainerTest, FieldsNeedADeclaredCpSharding) {
+  ParallelConfig c;
+  c.cp = 2;
+  BatchSource with_field = [base = testing::tiny_batches(4, 8, 37)](int64_t step) {
+    Batch b = base(step);
+    b.fields["loss_weight"] = at::ones({4, 8}, at::kDouble);
+    return b;
+  };
+  auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+    Trainer undeclared(mesh, c, testing::tiny_block_factory(), with_field);
+    EXPECT_THAT([&] { undeclared.step(); },
+                ThrowsMessage<Error>(HasSubstr("field 'loss_weight' has no context-parallel sharding")));
+    struct SeeField : TrainingHooks {
+      void record_batch(int64_t, int, const Batch& b) override { shape = b.fields.at("loss_weight").sizes().vec(); }
+      std::vector<int64_t> shape;
+    } hook;
+    Trainer declared(mesh, c, testing::tiny_block_factory(), with_field,
+                     TrainerOptions().sequence_fields({"loss_weight"}), &hook);
+    declared.step();
+    EXPECT_EQ(hook.shape, (std::vector<int64_t>{4, 4}));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+}  // namespace
+}  // namespace mih
