@@ -9,12 +9,16 @@
 namespace mih::compat {
 namespace {
 
-torch::optim::AdamWParamState* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+auto state_key(const at::Tensor& param) {
 #if TORCH_VERSION_MAJOR >= 2
-  auto key = param.unsafeGetTensorImpl();
+  return static_cast<void*>(param.unsafeGetTensorImpl());
 #else
-  auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
 #endif
+}
+
+torch::optim::AdamWParamState* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto key = state_key(param);
   auto& state = optimizer.state();
   auto it = state.find(key);
   if (it == state.end()) return nullptr;
@@ -38,6 +42,17 @@ at::Tensor adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& par
 int64_t adamw_step(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   auto* s = find_state(optimizer, param);
   return s ? static_cast<int64_t>(s->step()) : 0;
+}
+
+void set_adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step, const at::Tensor& exp_avg,
+                     const at::Tensor& exp_avg_sq) {
+  MIH_CHECK(exp_avg.sizes() == param.sizes() && exp_avg_sq.sizes() == param.sizes(), "AdamW state of a parameter of shape ",
+            param.sizes(), ": exp_avg ", exp_avg.sizes(), " and exp_avg_sq ", exp_avg_sq.sizes(), " must have its shape");
+  auto s = std::make_unique<torch::optim::AdamWParamState>();
+  s->step(step);
+  s->exp_avg(exp_avg);
+  s->exp_avg_sq(exp_avg_sq);
+  optimizer.state()[state_key(param)] = std::move(s);
 }
 
 }  // namespace mih::compat

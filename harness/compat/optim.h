@@ -22,4 +22,11 @@ at::Tensor adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& par
 /// The number of AdamW steps taken for `param` (0 before the first).
 int64_t adamw_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 
+/// Sets the AdamW state of `param` (creating it when the optimizer has none yet, as after
+/// loading a checkpoint into a fresh optimizer): the step count and the moment estimates, which
+/// must have `param`'s shape. The tensors are used as they are (not copied).
+/// Throws: mih::Error{kInvalidSpec} if a moment's shape differs from the parameter's.
+void set_adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step, const at::Tensor& exp_avg,
+                     const at::Tensor& exp_avg_sq);
+
 }  // namespace mih::compat

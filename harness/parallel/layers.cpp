@@ -204,15 +204,18 @@ RotaryEmbeddingImpl::RotaryEmbeddingImpl(ParallelContext& ctx, int64_t head_dim_
   inv_freq = register_buffer("inv_freq", at::empty({head_dim / 2}, at::TensorOptions()
                                                                      .dtype(ctx.options().param_dtype)
                                                                      .device(ctx.options().device)));
-  ctx.mark_non_persistent(inv_freq);
+  ctx.mark_non_persistent(inv_freq, [t = inv_freq, d = head_dim, base = theta] { fill_inv_freq(t, d, base); });
   reset_buffers();
 }
 
-void RotaryEmbeddingImpl::reset_buffers() {
+void RotaryEmbeddingImpl::fill_inv_freq(const at::Tensor& inv_freq, int64_t head_dim, double theta) {
   at::NoGradGuard no_grad;
   at::Tensor exponent = at::arange(0, head_dim, 2, at::kDouble) / static_cast<double>(head_dim);
-  inv_freq.copy_(at::pow(theta, exponent).reciprocal());
+  // inv_freq is a buffer (never requires grad): an in-place write through a const handle.
+  at::Tensor(inv_freq).copy_(at::pow(theta, exponent).reciprocal());
 }
+
+void RotaryEmbeddingImpl::reset_buffers() { fill_inv_freq(inv_freq, head_dim, theta); }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbeddingImpl::forward(const at::Tensor& positions) {
   MIH_CHECK(positions.dim() == 2, "RotaryEmbedding: expected positions [B, S], got ", positions.sizes());

@@ -154,6 +154,8 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& positions);
   /// Recomputes inv_freq from head_dim and theta.
   void reset_buffers();
+  /// inv_freq[i] = 1 / theta^(2i / head_dim), computed in float64, written into `inv_freq`.
+  static void fill_inv_freq(const at::Tensor& inv_freq, int64_t head_dim, double theta);
 
   at::Tensor inv_freq;
   int64_t head_dim;

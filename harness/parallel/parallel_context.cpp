@@ -299,12 +299,24 @@ at::Tensor ParallelContext::checkpoint_region(const std::string& name, const Reg
   return checkpoint(name, forward, inputs, params, {replicated_gen_, tp_sharded_gen_});
 }
 
-void ParallelContext::mark_non_persistent(const at::Tensor& buffer) { non_persistent_.insert(buffer.unsafeGetTensorImpl()); }
+void ParallelContext::mark_non_persistent(const at::Tensor& buffer, std::function<void()> rebuild) {
+  MIH_CHECK(static_cast<bool>(rebuild), "mark_non_persistent: a non-persistent buffer of shape ", buffer.sizes(),
+            " needs a rebuild function (it is not loaded from checkpoints)");
+  non_persistent_[buffer.unsafeGetTensorImpl()] = std::move(rebuild);
+}
+
+void ParallelContext::rebuild_non_persistent_buffers() {
+  for (const auto& b : buffers_) {
+    if (!b.persistent) b.rebuild();
+  }
+}
 
 void ParallelContext::finalize(torch::nn::Module& root) {
   buffers_.clear();
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {
-    buffers_.push_back({item.key(), item.value(), !non_persistent_.count(item.value().unsafeGetTensorImpl())});
+    auto it = non_persistent_.find(item.value().unsafeGetTensorImpl());
+    buffers_.push_back({item.key(), item.value(), it == non_persistent_.end(),
+                        it == non_persistent_.end() ? std::function<void()>() : it->second});
   }
   ordered_.clear();
   std::set<const void*> seen;
@@ -360,6 +372,63 @@ at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Ten
   }
   if (t.dim() >= 1 && t.size(0) != p.global_shape[0]) t = t.narrow(0, 0, p.global_shape[0]);
   return t.contiguous().clone();
+}
+
+std::vector<Box> ParallelContext::local_boxes(const ShardedParameter& p) const {
+  // Per dim: segments (local start, padded global start, length) of the tp piece.
+  struct Segment {
+    int64_t local, global, length;
+  };
+  const size_t rank = p.global_shape.size();
+  std::vector<std::vector<Segment>> dims(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    if (p.tp.is_shard() && static_cast<size_t>(p.tp.dim()) == d && tp_size() > 1) {
+      const int64_t part = p.padded_shape[d] / p.tp.partitions(), chunk = part / tp_size();
+      for (int64_t j = 0; j < p.tp.partitions(); ++j) dims[d].push_back({j * chunk, j * part + tp_rank() * chunk, chunk});
+    } else {
+      dims[d].push_back({0, 0, p.tp_local_shape[d]});
+    }
+  }
+  // FSDP keeps rows [offset, offset + size) of the tp piece, renumbered from 0.
+  if (p.fsdp && rank > 0) {
+    std::vector<Segment> rows;
+    const int64_t lo = p.fsdp_range.offset, hi = p.fsdp_range.offset + p.fsdp_range.size;
+    for (const Segment& s : dims[0]) {
+      const int64_t a = std::max(s.local, lo), b = std::min(s.local + s.length, hi);
+      if (a < b) rows.push_back({a - lo, s.global + (a - s.local), b - a});
+    }
+    dims[0] = rows;
+  }
+  // Padding (rows at or past the logical size) belongs to no box.
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<Segment> kept;
+    for (const Segment& s : dims[d]) {
+      const int64_t length = std::min(s.global + s.length, p.global_shape[d]) - s.global;
+      if (length > 0) kept.push_back({s.local, s.global, length});
+    }
+    dims[d] = kept;
+  }
+  std::vector<Box> boxes = {Box{}};
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<Box> next;
+    for (const Box& b : boxes) {
+      for (const Segment& s : dims[d]) {
+        Box e = b;
+        e.local_offset.push_back(s.local);
+        e.global_offset.push_back(s.global);
+        e.lengths.push_back(s.length);
+        next.push_back(e);
+      }
+    }
+    boxes = next;
+  }
+  return boxes;
+}
+
+bool ParallelContext::writes_piece(const ShardedParameter& p) const {
+  const DeviceMesh& m = *mesh_;
+  return m.axis_rank(MeshAxis::kDpReplicate) == 0 && m.axis_rank(MeshAxis::kCp) == 0 &&
+         (p.fsdp || m.axis_rank(MeshAxis::kDpShard) == 0) && ((p.tp.is_shard() && tp_size() > 1) || m.axis_rank(MeshAxis::kTp) == 0);
 }
 
 void ParallelContext::synchronize_gradients() {

@@ -122,6 +122,8 @@ struct BufferEntry {
   std::string fqn;
   at::Tensor tensor;
   bool persistent = true;
+  /// Non-persistent only: recomputes the buffer's value in place (after a checkpoint load).
+  std::function<void()> rebuild;
 };
 
 /// The parameters of one model on one mesh. Not thread-safe; one per rank.
@@ -160,7 +162,11 @@ class ParallelContext {
 
   /// Declares a buffer the model registered as non-persistent: rebuilt from the config, not
   /// saved in or loaded from checkpoints (PyTorch's register_buffer(persistent=False)).
-  void mark_non_persistent(const at::Tensor& buffer);
+  /// `rebuild` recomputes it in place; a checkpoint load calls it. Capture tensors and
+  /// values, not the module.
+  void mark_non_persistent(const at::Tensor& buffer, std::function<void()> rebuild);
+  /// Recomputes every non-persistent buffer (see mark_non_persistent).
+  void rebuild_non_persistent_buffers();
   /// Every buffer of the model with its FQN (after finalize), in named_buffers order.
   const std::vector<BufferEntry>& buffers() const { return buffers_; }
 
@@ -208,6 +214,16 @@ class ParallelContext {
   /// Shape: piece p.local_shape -> p.global_shape.
   at::Tensor gather_full(const ShardedParameter& p, const at::Tensor& piece) const;
 
+  /// Where this rank's piece of `p` (and of any tensor laid out like p.local: its gradient,
+  /// its optimizer state) sits in the logical tensor, as boxes: the tp shard's partitions, cut
+  /// to the FSDP rows, with padding removed. The boxes of all ranks cover the logical tensor;
+  /// replicas cover the same boxes.
+  std::vector<Box> local_boxes(const ShardedParameter& p) const;
+
+  /// True if this rank is the one copy of `p`'s piece that a checkpoint writes: coordinate 0
+  /// on every mesh axis the piece is replicated over.
+  bool writes_piece(const ShardedParameter& p) const;
+
   /// After the backward passes of a step: all-reduces (sum) the gradients that are partial
   /// over tp, then every gradient over dp_replicate and cp, and over dp_shard for parameters
   /// not sharded by FSDP (whose backward already reduce-scattered them). Flat buckets, one
@@ -235,7 +251,7 @@ class ParallelContext {
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;
   std::vector<std::string> units_;
   std::vector<std::string> checkpoint_regions_;
-  std::set<const void*> non_persistent_;
+  std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;
   at::Generator replicated_gen_, tp_sharded_gen_;  // dropout streams (see dropout())
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the

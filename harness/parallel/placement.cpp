@@ -32,4 +32,10 @@ ShardRange shard_range(int64_t n, int64_t degree, int64_t index) {
   return r;
 }
 
+int64_t Box::numel() const {
+  int64_t n = 1;
+  for (int64_t l : lengths) n *= l;
+  return n;
+}
+
 }  // namespace mih

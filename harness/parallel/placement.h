@@ -57,6 +57,18 @@ struct ShardRange {
   int64_t chunk = 0;
 };
 
+/// One rectangular piece of a logical tensor that a rank holds: `lengths` elements per dim,
+/// starting at `local_offset` in the rank's local tensor and at `global_offset` in the logical
+/// (unpadded, unsharded) tensor. A rank's local tensor is one or more boxes (several for a
+/// partitioned shard such as a fused [gate; up]); padding rows belong to no box. The unit of
+/// a resharding checkpoint (PyTorch DCP's ChunkStorageMetadata).
+struct Box {
+  std::vector<int64_t> local_offset;
+  std::vector<int64_t> global_offset;
+  std::vector<int64_t> lengths;
+  int64_t numel() const;
+};
+
 /// Returns the range of `n` elements that shard `index` of `degree` holds.
 /// Throws: mih::Error{kInvalidSpec} if degree < 1 or index is outside [0, degree).
 ShardRange shard_range(int64_t n, int64_t degree, int64_t index);

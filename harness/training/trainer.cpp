@@ -11,6 +11,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/compat/optim.h"
 #include "harness/runtime/dtypes.h"
 
@@ -248,6 +249,19 @@ StepMetrics Trainer::step() {
     hooks_->record_fsdp_trace(step, *context_);
   }
   return m;
+}
+
+void Trainer::save(const std::filesystem::path& dir) {
+  nlohmann::json state = {{"next_step", next_step_}, {"parallel_config", config_}, {"world_size", mesh_->world_size()}};
+  save_checkpoint(dir, *context_, optimizer_.get(), state);
+  if (hooks_) hooks_->capture_checkpoint_payload("save", dir, read_checkpoint_index(dir));
+}
+
+void Trainer::load(const std::filesystem::path& dir) {
+  nlohmann::json state = load_checkpoint(dir, *context_, optimizer_.get());
+  MIH_CHECK(state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
+  next_step_ = state.at("next_step").get<int64_t>();
+  if (hooks_) hooks_->capture_checkpoint_payload("load", dir, read_checkpoint_index(dir));
 }
 
 std::vector<StepMetrics> Trainer::run(int64_t steps) {

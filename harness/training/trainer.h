@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -151,6 +152,10 @@ class TrainingHooks {
   virtual void end_step(const StepMetrics&) {}
   /// After end_step: the FSDP units and every parameter's layout (ParallelContext::to_json).
   virtual void record_fsdp_trace(int64_t /*step*/, ParallelContext&) {}
+  /// After a checkpoint save ("save") or load ("load") completed on every rank: its
+  /// directory and index (read_checkpoint_index).
+  virtual void capture_checkpoint_payload(const std::string& /*event*/, const std::filesystem::path& /*dir*/,
+                                          const nlohmann::json& /*index*/) {}
 };
 
 /// Runs training steps of one model on one rank of a mesh.
@@ -171,6 +176,16 @@ class Trainer {
   StepMetrics step();
   /// Runs `steps` steps.
   std::vector<StepMetrics> run(int64_t steps);
+
+  /// Saves a resharding checkpoint of the model, the AdamW state and the step count to `dir`
+  /// (distributed_checkpoint.h). A collective. Throws: as save_checkpoint.
+  void save(const std::filesystem::path& dir);
+  /// Loads a checkpoint saved under any ParallelConfig of the same model (and dtype); the
+  /// next step() continues from the saved step. A collective; nothing is loaded on error.
+  /// Throws: as load_checkpoint.
+  void load(const std::filesystem::path& dir);
+  /// The index of the next step to run.
+  int64_t next_step() const { return next_step_; }
 
   ParallelContext& context() { return *context_; }
   ParallelModel& model() { return *model_; }

@@ -1,0 +1,427 @@
+// write_file and Reader: the safetensors header as nlohmann JSON, data through write/pread.
+#include "harness/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+
+namespace mih::safetensors {
+namespace {
+
+struct DtypeEntry {
+  std::string_view name;
+  size_t size;
+};
+
+constexpr std::array<DtypeEntry, 15> kDtypes = {{
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+    {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+}};
+
+// 0 when unknown.
+size_t find_dtype_size(std::string_view dtype) {
+  for (const auto& d : kDtypes) {
+    if (d.name == dtype) return d.size;
+  }
+  return 0;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// prod(shape) * element_size, or false on overflow of uint64 (or a negative dim).
+bool checked_nbytes(const std::vector<int64_t>& shape, size_t element_size, uint64_t* nbytes) {
+  uint64_t n = element_size;
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(dim), &n)) return false;
+  }
+  *nbytes = n;
+  return true;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // Returns close()'s result; a failed close of a written file can mean lost data.
+  int reset() {
+    int rc = fd_ >= 0 ? ::close(fd_) : 0;
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// Returns 0 or the errno of the failed write.
+int write_all(int fd, const void* data, size_t nbytes) {
+  const char* p = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    // Linux writes at most ~2 GiB per call; ask for 1 GiB at a time.
+    ssize_t n = ::write(fd, p, std::min<size_t>(nbytes, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    p += n;
+    nbytes -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// Rejects a repeated key in any object of the header: nlohmann keeps the last one silently,
+// which would hide a second entry for the same tensor.
+class DuplicateKeyCheck {
+ public:
+  explicit DuplicateKeyCheck(std::string where) : where_(std::move(where)) {}
+  bool operator()(int /*depth*/, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    using Event = nlohmann::ordered_json::parse_event_t;
+    if (event == Event::object_start) {
+      keys_.emplace_back();
+    } else if (event == Event::object_end) {
+      keys_.pop_back();
+    } else if (event == Event::key && !keys_.empty()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      MIH_CHECK(keys_.back().insert(key).second, where_, "header repeats the key '", key,
+                "'; each tensor (and \"__metadata__\") must appear once");
+    }
+    return true;
+  }
+
+ private:
+  std::string where_;
+  std::vector<std::set<std::string>> keys_;
+};
+
+}  // namespace
+
+std::string valid_dtypes() {
+  std::string out;
+  for (const auto& d : kDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+size_t dtype_size(std::string_view dtype) {
+  size_t size = find_dtype_size(dtype);
+  MIH_CHECK(size != 0, "safetensors dtype: expected one of ", valid_dtypes(), ", got '", dtype, "'");
+  return size;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t dim : shape) n *= dim;
+  return n;
+}
+
+void write_file(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+                const std::map<std::string, std::string>& metadata) {
+  const std::string where = "cannot write safetensors file '" + path.string() + "': ";
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    auto& m = header["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) m[key] = value;
+  }
+  std::set<std::string_view> seen;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
+    MIH_CHECK(!t.name.empty(), where, "tensor #", i, ": expected a non-empty name, got ''");
+    MIH_CHECK(t.name != "__metadata__", where, "tensor #", i,
+              ": the name '__metadata__' is reserved for the header's metadata; rename the tensor");
+    MIH_CHECK(seen.insert(t.name).second, where, "duplicate tensor name '", t.name, "' (tensor #", i,
+              "); each name must appear once");
+    size_t element_size = find_dtype_size(t.dtype);
+    MIH_CHECK(element_size != 0, where, "tensor '", t.name, "': dtype expected one of ", valid_dtypes(), ", got '",
+              t.dtype, "'");
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      MIH_CHECK(t.shape[d] >= 0, where, "tensor '", t.name, "': shape ", shape_str(t.shape),
+                ": expected dims >= 0, got ", t.shape[d], " at dim ", d);
+    }
+    uint64_t expected = 0;
+    MIH_CHECK(checked_nbytes(t.shape, element_size, &expected), where, "tensor '", t.name, "': shape ",
+              shape_str(t.shape), " overflows 64-bit byte counts");
+    MIH_CHECK(t.nbytes == expected, where, "tensor '", t.name, "': nbytes expected prod(shape ", shape_str(t.shape),
+              ") * ", element_size, " (", t.dtype, ") = ", expected, ", got ", t.nbytes);
+    MIH_CHECK(t.data != nullptr || t.nbytes == 0, where, "tensor '", t.name, "': data is null but nbytes is ",
+              t.nbytes);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+  }
+
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    MIH_THROW(Code::kInvalidSpec, where, "tensor names and metadata must be valid UTF-8: ", e.what());
+  }
+  // Pad with spaces so the data section starts 8-aligned (the format allows trailing spaces).
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t header_len = text.size();
+
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, where, "cannot create directory '", path.parent_path().string(),
+                 "': ", ec.message());
+  // pid + counter: several threads (ranks in unit tests) may write next to each other.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  MIH_CHECK_CODE(fd.get() >= 0, Code::kFailedPrecondition, where, std::strerror(errno));
+  auto fail = [&](int err, const char* step) {
+    fd.reset();
+    ::unlink(tmp.c_str());
+    MIH_THROW(Code::kFailedPrecondition, where, step, ": ", std::strerror(err));
+  };
+  if (int err = write_all(fd.get(), &header_len, sizeof(header_len))) fail(err, "write");
+  if (int err = write_all(fd.get(), text.data(), text.size())) fail(err, "write");
+  for (const TensorView& t : tensors) {
+    if (int err = write_all(fd.get(), t.data, t.nbytes)) fail(err, "write");
+  }
+  if (::fsync(fd.get()) != 0) fail(errno, "fsync");
+  if (fd.reset() != 0) fail(errno, "close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, "rename");
+  // Persist the rename itself; best effort (some filesystems refuse fsync on a directory).
+  Fd dir(::open(path.has_parent_path() ? path.parent_path().c_str() : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() >= 0) ::fsync(dir.get());
+}
+
+Reader::Reader(std::filesystem::path path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open safetensors file '", path_.string(),
+                 "': ", std::strerror(errno));
+  const std::string where = "invalid safetensors file '" + path_.string() + "': ";
+  try {
+    struct stat st {};
+    MIH_CHECK_CODE(::fstat(fd_, &st) == 0, Code::kFailedPrecondition, "cannot stat safetensors file '",
+                   path_.string(), "': ", std::strerror(errno));
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    MIH_CHECK(file_size >= 8, where, "expected at least 8 bytes (the header length), got ", file_size, " bytes");
+    uint64_t header_len = 0;
+    pread_exact("", 0, sizeof(header_len), &header_len);
+    MIH_CHECK(header_len <= kMaxHeaderBytes, where, "header length expected at most ", kMaxHeaderBytes,
+              " bytes, got ", header_len, "; the length field is corrupt");
+    MIH_CHECK(header_len <= file_size - 8, where, "header length expected at most the file size ", file_size,
+              " - 8 = ", file_size - 8, " bytes, got ", header_len, "; the file is truncated or the length corrupt");
+    std::string text(header_len, '\0');
+    pread_exact("", 8, text.size(), text.data());
+    data_start_ = 8 + header_len;
+    const uint64_t data_size = file_size - data_start_;
+
+    nlohmann::ordered_json header;
+    try {
+      header = nlohmann::ordered_json::parse(text, DuplicateKeyCheck(where));
+    } catch (const nlohmann::json::exception& e) {
+      MIH_THROW(Code::kInvalidSpec, where, "header is not valid JSON: ", e.what());
+    }
+    MIH_CHECK(header.is_object(), where, "header expected a JSON object, got ", header.type_name());
+
+    struct Entry {
+      std::string name;
+      TensorInfo info;
+      size_t order;
+    };
+    std::vector<Entry> entries;
+    for (const auto& [key, value] : header.items()) {
+      if (key == "__metadata__") {
+        MIH_CHECK(value.is_object(), where, "\"__metadata__\" expected an object of strings, got ", value.type_name());
+        for (const auto& [mkey, mvalue] : value.items()) {
+          MIH_CHECK(mvalue.is_string(), where, "\"__metadata__\" value of '", mkey, "' expected a string, got ",
+                    mvalue.type_name(), " ", mvalue.dump());
+          metadata_[mkey] = mvalue.get<std::string>();
+        }
+        continue;
+      }
+      const std::string at = where + "tensor '" + key + "': ";
+      MIH_CHECK(value.is_object(), at, "expected an object with \"dtype\", \"shape\", \"data_offsets\", got ",
+                value.type_name());
+      for (const auto& [field, unused] : value.items()) {
+        MIH_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", at, "unexpected field '", field,
+                  "'; expected only \"dtype\", \"shape\", \"data_offsets\"");
+      }
+      for (const char* field : {"dtype", "shape", "data_offsets"}) {
+        MIH_CHECK(value.contains(field), at, "missing field '", field, "'");
+      }
+      Entry e{key, {}, entries.size()};
+      const auto& dtype = value["dtype"];
+      MIH_CHECK(dtype.is_string(), at, "dtype expected a string, got ", dtype.dump());
+      e.info.dtype = dtype.get<std::string>();
+      const size_t element_size = find_dtype_size(e.info.dtype);
+      MIH_CHECK(element_size != 0, at, "dtype expected one of ", valid_dtypes(), ", got '", e.info.dtype, "'");
+
+      const auto& shape = value["shape"];
+      MIH_CHECK(shape.is_array(), at, "shape expected an array of integers, got ", shape.dump());
+      for (size_t d = 0; d < shape.size(); ++d) {
+        const auto& dim = shape[d];
+        MIH_CHECK(dim.is_number_integer(), at, "shape expected an array of integers, got ", shape.dump());
+        MIH_CHECK(!dim.is_number_unsigned() || dim.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), at,
+                  "shape ", shape.dump(), ": dim ", d, " does not fit in int64");
+        MIH_CHECK(dim.get<int64_t>() >= 0, at, "shape ", shape.dump(), ": expected dims >= 0, got ",
+                  dim.get<int64_t>(), " at dim ", d);
+        e.info.shape.push_back(dim.get<int64_t>());
+      }
+
+      const auto& offsets = value["data_offsets"];
+      MIH_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                    offsets[1].is_number_unsigned(),
+                at, "data_offsets expected [begin, end] of non-negative integers, got ", offsets.dump());
+      e.info.begin = offsets[0].get<uint64_t>();
+      e.info.end = offsets[1].get<uint64_t>();
+      MIH_CHECK(e.info.begin <= e.info.end, at, "data_offsets expected begin <= end, got [", e.info.begin, ", ",
+                e.info.end, "]");
+      uint64_t expected = 0;
+      MIH_CHECK(checked_nbytes(e.info.shape, element_size, &expected), at, "shape ", shape_str(e.info.shape),
+                " overflows 64-bit byte counts");
+      MIH_CHECK(e.info.nbytes() == expected, at, "data_offsets [", e.info.begin, ", ", e.info.end, ") span ",
+                e.info.nbytes(), " bytes, expected prod(shape ", shape_str(e.info.shape), ") * ", element_size,
+                " (", e.info.dtype, ") = ", expected);
+      entries.push_back(std::move(e));
+    }
+
+    // Header keys may come in any order; coverage is checked in data order.
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return std::tie(a.info.begin, a.info.end, a.order) < std::tie(b.info.begin, b.info.end, b.order);
+    });
+    uint64_t covered = 0;
+    const Entry* prev = nullptr;
+    for (const Entry& e : entries) {
+      MIH_CHECK(e.info.begin >= covered, where, "tensor '", e.name, "' data_offsets [", e.info.begin, ", ",
+                e.info.end, ") overlap tensor '", prev ? prev->name : "", "' [", prev ? prev->info.begin : 0, ", ",
+                covered, ")");
+      MIH_CHECK(e.info.begin == covered, where, "data bytes [", covered, ", ", e.info.begin,
+                ") belong to no tensor (a gap before tensor '", e.name, "'); entries must cover the data section");
+      covered = e.info.end;
+      prev = &e;
+    }
+    if (covered > data_size) {
+      const Entry& first_missing =
+          *std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.info.end > data_size; });
+      MIH_THROW(Code::kInvalidSpec, where, "file is truncated: tensor '", first_missing.name, "' needs data bytes [",
+                first_missing.info.begin, ", ", first_missing.info.end, ") but the data section has ", data_size,
+                " bytes; the file lacks ", covered - data_size, " bytes (expected size ", data_start_ + covered,
+                ", got ", file_size, ")");
+    }
+    MIH_CHECK(covered == data_size, where, "data section has ", data_size, " bytes but the tensors cover ", covered,
+              "; the last ", data_size - covered, " bytes belong to no tensor");
+    for (Entry& e : entries) {
+      names_.push_back(e.name);
+      infos_.emplace(std::move(e.name), std::move(e.info));
+    }
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+Reader::~Reader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Reader::Reader(Reader&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      data_start_(other.data_start_),
+      names_(std::move(other.names_)),
+      infos_(std::move(other.infos_)),
+      metadata_(std::move(other.metadata_)) {}
+
+Reader& Reader::operator=(Reader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    data_start_ = other.data_start_;
+    names_ = std::move(other.names_);
+    infos_ = std::move(other.infos_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+const TensorInfo& Reader::info(const std::string& name) const {
+  auto it = infos_.find(name);
+  MIH_CHECK(it != infos_.end(), "safetensors file '", path_.string(), "' has no tensor '", name, "' (it has ",
+            names_.size(), " tensors)");
+  return it->second;
+}
+
+void Reader::pread_exact(const std::string& name, uint64_t file_offset, size_t nbytes, void* dst) const {
+  char* p = static_cast<char*>(dst);
+  while (nbytes > 0) {
+    ssize_t n = ::pread(fd_, p, std::min<size_t>(nbytes, size_t{1} << 30), static_cast<off_t>(file_offset));
+    if (n < 0 && errno == EINTR) continue;
+    const std::string what = name.empty() ? std::string("the header") : "tensor '" + name + "'";
+    MIH_CHECK_CODE(n >= 0, Code::kFailedPrecondition, "cannot read ", what, " of safetensors file '", path_.string(),
+                   "' at byte ", file_offset, ": ", std::strerror(errno));
+    MIH_CHECK_CODE(n > 0, Code::kFailedPrecondition, "short read of ", what, " of safetensors file '",
+                   path_.string(), "': end of file at byte ", file_offset, " with ", nbytes,
+                   " bytes still to read (did the file shrink?)");
+    p += n;
+    nbytes -= static_cast<size_t>(n);
+    file_offset += static_cast<uint64_t>(n);
+  }
+}
+
+void Reader::read(const std::string& name, void* dst) const {
+  const TensorInfo& t = info(name);
+  pread_exact(name, data_start_ + t.begin, t.nbytes(), dst);
+}
+
+void Reader::read_box(const std::string& name, const std::vector<int64_t>& offset,
+                      const std::vector<int64_t>& lengths, void* dst) const {
+  const TensorInfo& t = info(name);
+  const size_t rank = t.shape.size();
+  const std::string at = "safetensors file '" + path_.string() + "' tensor '" + name + "' of shape " +
+                         shape_str(t.shape) + ": ";
+  MIH_CHECK(offset.size() == rank && lengths.size() == rank, at, "box rank expected ", rank, ", got offset ",
+            shape_str(offset), " and lengths ", shape_str(lengths));
+  for (size_t d = 0; d < rank; ++d) {
+    MIH_CHECK(offset[d] >= 0 && lengths[d] >= 0 && offset[d] <= t.shape[d] && lengths[d] <= t.shape[d] - offset[d],
+              at, "box dim ", d, " [", offset[d], ", ", offset[d], " + ", lengths[d], ") is outside [0, ", t.shape[d],
+              ")");
+    if (lengths[d] == 0) return;
+  }
+  const uint64_t element_size = find_dtype_size(t.dtype);
+  const uint64_t base = data_start_ + t.begin;
+  if (rank == 0) {
+    pread_exact(name, base, element_size, dst);
+    return;
+  }
+  std::vector<uint64_t> stride(rank, 1);  // in elements
+  for (size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
+  // Dims inside k are covered fully, so dim k's span of the box is one contiguous run.
+  size_t k = rank - 1;
+  while (k > 0 && offset[k] == 0 && lengths[k] == t.shape[k]) --k;
+  const uint64_t run_bytes = static_cast<uint64_t>(lengths[k]) * stride[k] * element_size;
+  std::vector<int64_t> index(k, 0);  // position in the box along the outer dims [0, k)
+  char* out = static_cast<char*>(dst);
+  while (true) {
+    uint64_t element = static_cast<uint64_t>(offset[k]) * stride[k];
+    for (size_t d = 0; d < k; ++d) element += static_cast<uint64_t>(offset[d] + index[d]) * stride[d];
+    pread_exact(name, base + element * element_size, run_bytes, out);
+    out += run_bytes;
+    size_t d = k;
+    while (d > 0 && ++index[d - 1] == lengths[d - 1]) index[--d] = 0;
+    if (d == 0) return;
+  }
+}
+
+}  // namespace mih::safetensors
