@@ -8,6 +8,7 @@
 #include <set>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
