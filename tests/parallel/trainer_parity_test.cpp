@@ -15,6 +15,7 @@
 #include "harness/compat/optim.h"
 #include "harness/runtime/comm_ledger.h"
 #include "tests/parallel/tiny_block.h"
+#include "tests/support/parity.h"
 #include "tests/support/thread_ranks.h"
 
 namespace mih {
@@ -22,51 +23,11 @@ namespace {
 
 using ::testing::IsEmpty;
 
-constexpr double kTolerance = 1e-10;  // relative; float64 runs agree to ~1e-15
+
 constexpr int64_t kSteps = 3;
-
-using Tensors = std::map<std::string, at::Tensor>;
-
-// What a run left on rank 0: per step the metrics, the gathered gradients (after
-// synchronization, before clipping) and the gathered parameters (after the optimizer).
-struct TrainingRun {
-  std::vector<StepMetrics> metrics;
-  std::vector<Tensors> grads, params;
-  Tensors exp_avg;  // after the last step
-  nlohmann::json layout;
-};
-
-class Capture : public TrainingHooks {
- public:
-  Capture(TrainingRun* out, bool keep) : out_(out), keep_(keep) {}
-  void attach_optimizer(torch::optim::AdamW& optimizer, ParallelContext&) override { optimizer_ = &optimizer; }
-  void after_backward_before_clip(int64_t, ParallelContext& ctx) override {
-    Tensors grads;
-    for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
-    if (keep_) out_->grads.push_back(grads);
-  }
-  void after_optimizer(int64_t step, ParallelContext& ctx) override {
-    Tensors params, exp_avg;
-    for (const auto& p : ctx.parameters()) {
-      params[p->fqn] = ctx.gather_full(*p, p->local);
-      if (step == kSteps - 1) exp_avg[p->fqn] = ctx.gather_full(*p, compat::adamw_state(*optimizer_, p->local, "exp_avg"));
-    }
-    if (!keep_) return;
-    out_->params.push_back(params);
-    if (step == kSteps - 1) {
-      out_->exp_avg = exp_avg;
-      out_->layout = ctx.to_json();
-    }
-  }
-  void end_step(const StepMetrics& m) override {
-    if (keep_) out_->metrics.push_back(m);
-  }
-
- private:
-  TrainingRun* out_;
-  bool keep_;
-  torch::optim::AdamW* optimizer_ = nullptr;
-};
+using testing::MatchesReference;
+using testing::TrainingRun;
+using Tensors = testing::Tensors;
 
 TrainerOptions options() {
   // A small max norm keeps clipping active at every step (checked below).
@@ -77,14 +38,7 @@ TrainingRun train(ParallelConfig config, testing::TinyBlockOptions model = {},
           BatchSource batches = testing::tiny_batches(8, 8, 37)) {
   config.dtype = at::kDouble;
   config.seed = 11;
-  TrainingRun run;
-  std::vector<std::string> errors = testing::run_mesh(config.dims(), [&](DeviceMesh& mesh) {
-    Capture capture(&run, mesh.rank() == 0);
-    Trainer trainer(mesh, config, testing::tiny_block_factory(model), batches, options(), &capture);
-    trainer.run(kSteps);
-  });
-  EXPECT_THAT(errors, IsEmpty()) << config.name();
-  return run;
+  return testing::train_on_threads(config, testing::tiny_block_factory(model), batches, options(), kSteps);
 }
 
 // The world-size-1 run of a model, once per binary run.
@@ -100,59 +54,6 @@ testing::TinyBlockOptions gqa_model() {
   testing::TinyBlockOptions m;
   m.kv_heads = 2;  // 4 query heads share 2 K/V heads; under tp=2 one K/V head per rank
   return m;
-}
-
-double relative_error(const at::Tensor& a, const at::Tensor& b) {
-  double scale = std::max(b.abs().max().item<double>(), 1e-30);
-  return (a - b).abs().max().item<double>() / scale;
-}
-
-double relative_error(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
-
-// Names the first value (in step and forward order) that differs by more than the tolerance.
-::testing::AssertionResult MatchesReference(const TrainingRun& run, const TrainingRun& ref) {
-  if (run.metrics.size() != ref.metrics.size() || run.grads.size() != ref.grads.size()) {
-    return ::testing::AssertionFailure() << "ran " << run.metrics.size() << " steps, the reference " << ref.metrics.size();
-  }
-  double worst = 0;
-  for (size_t s = 0; s < ref.metrics.size(); ++s) {
-    const auto& m = run.metrics[s];
-    const auto& r = ref.metrics[s];
-    for (auto [name, a, b] : {std::tuple{"loss", m.loss, r.loss}, std::tuple{"grad norm", m.grad_norm_pre_clip, r.grad_norm_pre_clip},
-                              std::tuple{"post-clip grad norm", m.grad_norm_post_clip, r.grad_norm_post_clip}}) {
-      double e = relative_error(a, b);
-      worst = std::max(worst, e);
-      if (!(e <= kTolerance)) {
-        return ::testing::AssertionFailure() << "step " << s << " " << name << ": " << a << " vs reference " << b
-                                             << " (relative error " << e << " > " << kTolerance << ")";
-      }
-    }
-    if (m.valid_tokens != r.valid_tokens) {
-      return ::testing::AssertionFailure() << "step " << s << " valid tokens " << m.valid_tokens << " vs " << r.valid_tokens;
-    }
-    for (const auto& [stage, got, want] : {std::tuple{"gradient", &run.grads[s], &ref.grads[s]},
-                                           std::tuple{"parameter after the optimizer", &run.params[s], &ref.params[s]}}) {
-      for (const auto& [fqn, expected] : *want) {
-        auto it = got->find(fqn);
-        if (it == got->end()) return ::testing::AssertionFailure() << "no parameter '" << fqn << "' in the run";
-        if (it->second.sizes() != expected.sizes()) {
-          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': shape "
-                                               << it->second.sizes() << " vs reference " << expected.sizes();
-        }
-        double e = relative_error(it->second, expected);
-        worst = std::max(worst, e);
-        if (!(e <= kTolerance)) {
-          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': relative error "
-                                               << e << " > " << kTolerance;
-        }
-      }
-    }
-  }
-  for (const auto& [fqn, expected] : ref.exp_avg) {
-    double e = relative_error(run.exp_avg.at(fqn), expected);
-    if (!(e <= kTolerance)) return ::testing::AssertionFailure() << "exp_avg of '" << fqn << "': relative error " << e;
-  }
-  return ::testing::AssertionSuccess() << "worst relative error " << worst;
 }
 
 struct Case {
@@ -326,7 +227,7 @@ TEST(TrainerEquivalenceTest, EmptyFsdpShardTrainsLikeOneRank) {
     c.dtype = at::kDouble;
     TrainingRun run;
     auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
-      Capture capture(&run, mesh.rank() == 0);
+      testing::Capture capture(&run, mesh.rank() == 0, kSteps);
       Trainer t(mesh, c, [](ParallelContext& ctx) { return std::make_shared<ThreeRows>(ctx); },
                 testing::tiny_batches(4, 4, 11), options(), &capture);
       if (dp_shard == 4) {

@@ -1,0 +1,367 @@
+// ByteTokenizer, list_data_files and TextPipeline: loading a text corpus and cutting it into
+// packed or padded global batches.
+#include "harness/data/text_pipeline.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+
+namespace mih::data {
+
+namespace fs = std::filesystem;
+
+namespace internal {
+
+struct TextFile {
+  fs::path path;
+  int64_t bytes = 0;
+  int64_t documents = 0;
+};
+
+// Documents are stored back to back in `bytes`; document d is
+// bytes[doc_begin[d], doc_begin[d] + doc_bytes[d]) and BOS + those bytes + EOS as tokens.
+struct TextCorpus {
+  fs::path root;
+  std::vector<TextFile> files;
+  std::string bytes;
+  std::vector<int64_t> doc_begin;
+  std::vector<int64_t> doc_bytes;
+  int64_t tokens = 0;
+
+  int64_t num_documents() const { return static_cast<int64_t>(doc_begin.size()); }
+  int64_t doc_tokens(int64_t d) const { return doc_bytes[d] + 2; }
+  // Token j (0 <= j < doc_tokens(d)) of document d.
+  int64_t token(int64_t d, int64_t j) const {
+    if (j == 0) return ByteTokenizer::kBos;
+    if (j == doc_bytes[d] + 1) return ByteTokenizer::kEos;
+    return static_cast<unsigned char>(bytes[static_cast<size_t>(doc_begin[d] + j - 1)]);
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
+using internal::TextCorpus;
+
+constexpr std::string_view kCorpusFix = "pass --corpus DIR with text files";
+
+// splitmix64 (Steele, Lea, Flood 2014; the reference constants of Vigna's splitmix64.c):
+// fully specified, unlike std::shuffle and the std distributions, so the document order is
+// the same with every standard library.
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, n) without modulo bias (rejection of the low remainder).
+uint64_t uniform_below(uint64_t& state, uint64_t n) {
+  const uint64_t threshold = (0 - n) % n;
+  for (;;) {
+    uint64_t r = splitmix64(state);
+    if (r >= threshold) return r % n;
+  }
+}
+
+// The document order of one pass and where each document starts in the pass's token stream.
+struct Pass {
+  int64_t index = -1;
+  std::vector<int64_t> order;
+  std::vector<int64_t> start;  // size D + 1; start[i] = tokens of order[0..i)
+};
+
+// Computes passes on demand, keeping the last one: a batch touches one or two passes.
+class PassCache {
+ public:
+  PassCache(const TextCorpus& corpus, const TextPipelineOptions& options) : corpus_(corpus), options_(options) {}
+
+  const Pass& get(int64_t index) {
+    if (pass_.index == index) return pass_;
+    const int64_t d = corpus_.num_documents();
+    pass_.index = index;
+    pass_.order.resize(static_cast<size_t>(d));
+    for (int64_t i = 0; i < d; ++i) pass_.order[i] = i;
+    if (options_.shuffle()) {
+      uint64_t state = options_.seed();
+      state = splitmix64(state) ^ static_cast<uint64_t>(index);
+      for (int64_t i = d - 1; i > 0; --i) {
+        auto j = static_cast<int64_t>(uniform_below(state, static_cast<uint64_t>(i + 1)));
+        std::swap(pass_.order[i], pass_.order[j]);
+      }
+    }
+    pass_.start.assign(static_cast<size_t>(d + 1), 0);
+    for (int64_t i = 0; i < d; ++i) pass_.start[i + 1] = pass_.start[i] + corpus_.doc_tokens(pass_.order[i]);
+    return pass_;
+  }
+
+ private:
+  const TextCorpus& corpus_;
+  const TextPipelineOptions& options_;
+  Pass pass_;
+};
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  MIH_CHECK_CODE(f != nullptr, Code::kFailedPrecondition, "cannot read corpus file '", path.string(),
+                 "': ", std::strerror(errno), "; make it readable or ", kCorpusFix);
+  std::string contents;
+  char buffer[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) contents.append(buffer, n);
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  MIH_CHECK_CODE(!failed, Code::kFailedPrecondition, "cannot read corpus file '", path.string(),
+                 "': ", std::strerror(err), "; make it readable or ", kCorpusFix);
+  return contents;
+}
+
+// Appends the documents of `text` (split at blank lines) to the corpus; returns how many.
+int64_t add_documents(std::string_view text, int64_t min_bytes, TextCorpus& corpus) {
+  int64_t added = 0;
+  size_t doc_start = std::string_view::npos;
+  size_t doc_end = 0;
+  auto flush = [&] {
+    if (doc_start == std::string_view::npos) return;
+    const auto len = static_cast<int64_t>(doc_end - doc_start);
+    if (len >= min_bytes) {
+      corpus.doc_begin.push_back(static_cast<int64_t>(corpus.bytes.size()));
+      corpus.doc_bytes.push_back(len);
+      corpus.bytes.append(text.substr(doc_start, doc_end - doc_start));
+      corpus.tokens += len + 2;
+      ++added;
+    }
+    doc_start = std::string_view::npos;
+  };
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    if (is_blank(text.substr(pos, eol - pos))) {
+      flush();
+    } else {
+      if (doc_start == std::string_view::npos) doc_start = pos;
+      doc_end = eol;
+    }
+    pos = eol + 1;
+  }
+  flush();
+  return added;
+}
+
+std::shared_ptr<const TextCorpus> load_corpus(const TextPipelineOptions& options) {
+  auto corpus = std::make_shared<TextCorpus>();
+  corpus->root = options.corpus();
+  for (const auto& path : list_data_files(options.corpus(), kCorpusFix)) {
+    std::string text = read_text_file(path);
+    internal::TextFile file{path, static_cast<int64_t>(text.size()), 0};
+    file.documents = add_documents(text, options.min_document_bytes(), *corpus);
+    corpus->files.push_back(std::move(file));
+  }
+  MIH_CHECK_CODE(!corpus->files.empty(), Code::kFailedPrecondition, "corpus '", options.corpus().string(),
+                 "' has no regular file; ", kCorpusFix);
+  MIH_CHECK_CODE(corpus->num_documents() > 0, Code::kFailedPrecondition, "corpus '", options.corpus().string(),
+                 "' holds no document: its ", corpus->files.size(),
+                 " file(s) are empty or hold only documents shorter than min_document_bytes (",
+                 options.min_document_bytes(), "); ", kCorpusFix);
+  return corpus;
+}
+
+}  // namespace
+
+std::vector<int64_t> ByteTokenizer::encode(std::string_view text) {
+  std::vector<int64_t> tokens(text.size());
+  for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
+  return tokens;
+}
+
+std::string ByteTokenizer::decode(std::span<const int64_t> tokens) {
+  std::string text;
+  text.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t t = tokens[i];
+    MIH_CHECK(t >= 0 && t < kVocab, "ByteTokenizer::decode: token ", i, " must be in [0, ", kVocab, "), got ", t);
+    if (t < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(t)));
+  }
+  return text;
+}
+
+std::vector<fs::path> list_data_files(const fs::path& dir, std::string_view fix) {
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  MIH_CHECK_CODE(fs::exists(status), Code::kFailedPrecondition, "'", dir.string(), "' does not exist; ", fix);
+  MIH_CHECK_CODE(fs::is_directory(status), Code::kFailedPrecondition, "'", dir.string(),
+                 "' is not a directory; ", fix);
+  std::vector<fs::path> files;
+  std::set<fs::path> visited;  // canonical paths: a symlink back up the tree is walked once
+  auto walk = [&](auto& self, const fs::path& d) -> void {
+    std::error_code walk_ec;
+    auto canonical = fs::canonical(d, walk_ec);
+    if (!walk_ec && !visited.insert(canonical).second) return;
+    fs::directory_iterator it(d, walk_ec);
+    MIH_CHECK_CODE(!walk_ec, Code::kFailedPrecondition, "cannot list directory '", d.string(), "': ",
+                   walk_ec.message(), "; make it readable or ", fix);
+    for (; it != fs::directory_iterator(); it.increment(walk_ec)) {
+      const fs::path& p = it->path();
+      std::error_code entry_ec;
+      const auto s = fs::status(p, entry_ec);  // follows symlinks; a dangling one is not_found
+      if (fs::is_directory(s)) {
+        self(self, p);
+      } else if (fs::is_regular_file(s)) {
+        files.push_back(p);
+      }
+    }
+    MIH_CHECK_CODE(!walk_ec, Code::kFailedPrecondition, "cannot list directory '", d.string(), "': ",
+                   walk_ec.message(), "; make it readable or ", fix);
+  };
+  walk(walk, dir);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void to_json(nlohmann::json& j, const TextPipelineOptions& o) {
+  j = {{"corpus", o.corpus().string()},
+       {"seq_len", o.seq_len()},
+       {"global_batch", o.global_batch()},
+       {"packing", o.packing()},
+       {"shuffle", o.shuffle()},
+       {"seed", o.seed()},
+       {"min_document_bytes", o.min_document_bytes()}};
+}
+
+void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
+  static const std::vector<std::string> kKeys = {"corpus",  "seq_len", "global_batch",      "packing",
+                                                 "shuffle", "seed",    "min_document_bytes"};
+  MIH_CHECK(j.is_object(), "text pipeline options: expected a JSON object, got ", j.dump());
+  for (const auto& [key, value] : j.items()) {
+    MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "text pipeline options: unknown field '",
+              key, "'; valid: corpus, seq_len, global_batch, packing, shuffle, seed, min_document_bytes");
+  }
+  TextPipelineOptions d;
+  o.corpus(j.contains("corpus") ? fs::path(j.at("corpus").get<std::string>()) : d.corpus());
+  o.seq_len(j.value("seq_len", d.seq_len()));
+  o.global_batch(j.value("global_batch", d.global_batch()));
+  o.packing(j.value("packing", d.packing()));
+  o.shuffle(j.value("shuffle", d.shuffle()));
+  o.seed(j.value("seed", d.seed()));
+  o.min_document_bytes(j.value("min_document_bytes", d.min_document_bytes()));
+}
+
+void PrintTo(const TextPipelineOptions& o, std::ostream* os) { *os << nlohmann::json(o).dump(); }
+
+TextPipeline::TextPipeline(TextPipelineOptions options) : options_(std::move(options)) {
+  MIH_CHECK(options_.seq_len() >= 1, "text pipeline: 'seq_len' must be >= 1, got ", options_.seq_len());
+  MIH_CHECK(options_.global_batch() >= 1, "text pipeline: 'global_batch' must be >= 1, got ",
+            options_.global_batch());
+  MIH_CHECK(options_.min_document_bytes() >= 1, "text pipeline: 'min_document_bytes' must be >= 1, got ",
+            options_.min_document_bytes());
+  corpus_ = load_corpus(options_);
+}
+
+Batch TextPipeline::batch(int64_t step) const {
+  const int64_t b = options_.global_batch();
+  const int64_t s = options_.seq_len();
+  MIH_CHECK(step >= 0, "text pipeline: step must be >= 0, got ", step);
+  MIH_CHECK(step < std::numeric_limits<int64_t>::max() / (b * (s + 1)) - 1, "text pipeline: step ", step,
+            " overflows the token offset (global_batch ", b, " * seq_len ", s, ")");
+  const TextCorpus& corpus = *corpus_;
+  PassCache passes(corpus, options_);
+
+  auto input_ids = at::empty({b, s}, at::kLong);
+  auto labels = at::empty({b, s}, at::kLong);
+  auto position_ids = at::empty({b, s}, at::kLong);
+  auto loss_mask = at::empty({b, s}, at::kLong);
+  auto attention_mask = at::empty({b, s}, at::kLong);
+  int64_t* in = input_ids.data_ptr<int64_t>();
+  int64_t* lab = labels.data_ptr<int64_t>();
+  int64_t* pos = position_ids.data_ptr<int64_t>();
+  int64_t* loss = loss_mask.data_ptr<int64_t>();
+  int64_t* attn = attention_mask.data_ptr<int64_t>();
+
+  std::vector<int64_t> window(static_cast<size_t>(s + 1));
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t row = r * s;
+    if (options_.packing()) {
+      int64_t offset = (step * b + r) * s;  // in the endless stream of passes
+      int64_t filled = 0;
+      while (filled < s + 1) {
+        const Pass& pass = passes.get(offset / corpus.tokens);
+        const int64_t in_pass = offset % corpus.tokens;
+        const auto k = std::upper_bound(pass.start.begin(), pass.start.end(), in_pass) - pass.start.begin() - 1;
+        const int64_t doc = pass.order[k];
+        const int64_t j = in_pass - pass.start[k];
+        const int64_t n = std::min(corpus.doc_tokens(doc) - j, s + 1 - filled);
+        for (int64_t t = 0; t < n; ++t) window[filled + t] = corpus.token(doc, j + t);
+        filled += n;
+        offset += n;
+      }
+      for (int64_t t = 0; t < s; ++t) {
+        const bool target_is_bos = window[t + 1] == ByteTokenizer::kBos;
+        in[row + t] = window[t];
+        lab[row + t] = target_is_bos ? kIgnoreIndex : window[t + 1];
+        loss[row + t] = target_is_bos ? 0 : 1;
+        pos[row + t] = (t == 0 || window[t] == ByteTokenizer::kBos) ? 0 : pos[row + t - 1] + 1;
+        attn[row + t] = 1;
+      }
+    } else {
+      const int64_t index = step * b + r;  // in the endless sequence of passes' documents
+      const int64_t doc = passes.get(index / corpus.num_documents()).order[index % corpus.num_documents()];
+      const int64_t n = std::min(corpus.doc_tokens(doc), s + 1);
+      for (int64_t t = 0; t < n; ++t) window[t] = corpus.token(doc, t);
+      std::fill(window.begin() + n, window.end(), ByteTokenizer::kPad);
+      for (int64_t t = 0; t < s; ++t) {
+        const bool target_is_pad = window[t + 1] == ByteTokenizer::kPad;
+        in[row + t] = window[t];
+        lab[row + t] = target_is_pad ? kIgnoreIndex : window[t + 1];
+        loss[row + t] = target_is_pad ? 0 : 1;
+        pos[row + t] = t;
+        attn[row + t] = window[t] == ByteTokenizer::kPad ? 0 : 1;
+      }
+    }
+  }
+  Batch batch;
+  batch.input_ids = std::move(input_ids);
+  batch.labels = std::move(labels);
+  batch.position_ids = std::move(position_ids);
+  batch.fields["loss_mask"] = std::move(loss_mask);
+  batch.fields["attention_mask"] = std::move(attention_mask);
+  return batch;
+}
+
+BatchSource TextPipeline::source() const {
+  return [pipeline = *this](int64_t step) { return pipeline.batch(step); };
+}
+
+int64_t TextPipeline::num_documents() const { return corpus_->num_documents(); }
+
+int64_t TextPipeline::num_tokens() const { return corpus_->tokens; }
+
+nlohmann::json TextPipeline::describe() const {
+  auto files = nlohmann::json::array();
+  for (const auto& f : corpus_->files) {
+    files.push_back({{"path", f.path.string()}, {"bytes", f.bytes}, {"documents", f.documents}});
+  }
+  return {{"corpus", corpus_->root.string()},
+          {"files", std::move(files)},
+          {"documents", num_documents()},
+          {"tokens", num_tokens()},
+          {"vocab", ByteTokenizer::kVocab},
+          {"options", options_}};
+}
+
+}  // namespace mih::data

@@ -1,0 +1,249 @@
+// llama and moe (see llama.h).
+#include "reference_models/llama.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "harness/base/error.h"
+#include "harness/parallel/activation_checkpoint.h"
+#include "harness/parallel/context_parallel.h"
+
+namespace mih::models {
+namespace {
+
+// Forward: identity on `out`. Backward: the output's gradient, and 1 for `aux` (a scalar loss
+// term), so `aux` adds its gradient without being added to the reported loss
+// (Megatron-LM's MoEAuxLossAutoScaler).
+struct AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out, const at::Tensor& aux) {
+    ctx->saved_data["aux_dtype"] = static_cast<int64_t>(aux.scalar_type());
+    return out.view_as(out);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["aux_dtype"].toInt());
+    return {grads[0], at::ones({}, grads[0].options().dtype(dtype))};
+  }
+};
+
+ParamSpec replicated(std::vector<int64_t> shape, double std, bool partial_over_tp) {
+  ParamSpec s;
+  s.shape = std::move(shape);
+  s.init = init::normal(std);
+  s.tp_partial_grad = partial_over_tp;
+  return s;
+}
+
+}  // namespace
+
+void LlamaOptions::validate(const ParallelContext& ctx) const {
+  const int64_t tp = ctx.tp_size();
+  MIH_CHECK(hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(), ") must divide by num_heads(",
+            num_heads(), ")");
+  MIH_CHECK((hidden_size() / num_heads()) % 2 == 0, "llama: head_dim = hidden_size / num_heads = ",
+            hidden_size() / num_heads(), " must be even for rotary embeddings");
+  MIH_CHECK(num_heads() % num_kv_heads() == 0, "llama: num_heads(", num_heads(), ") must be a multiple of num_kv_heads(",
+            num_kv_heads(), ")");
+  MIH_CHECK(num_kv_heads() % tp == 0, "llama: num_kv_heads(", num_kv_heads(), ") must divide by tp(", tp,
+            "): each tp rank holds whole key/value heads; use tp in the divisors of ", num_kv_heads());
+  MIH_CHECK(intermediate_size() % tp == 0, "llama: intermediate_size(", intermediate_size(), ") must divide by tp(", tp, ")");
+  MIH_CHECK(top_k() >= 1 && top_k() <= num_experts(), "moe: top_k(", top_k(), ") must be in [1, num_experts(",
+            num_experts(), ")]");
+  for (int64_t l : moe_layers()) {
+    MIH_CHECK(l >= 0 && l < num_layers(), "moe: moe_layers names layer ", l, ", the model has layers 0..",
+              num_layers() - 1);
+  }
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
+  const int64_t h = o.hidden_size(), d = h / o.num_heads();
+  auto column = [&](int64_t out) { return ColumnParallelLinearOptions(h, out).bias(false).init_std(o.init_std()); };
+  q_proj = register_module("q_proj", ColumnParallelLinear(ctx, column(o.num_heads() * d)));
+  k_proj = register_module("k_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
+  v_proj = register_module("v_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
+  o_proj = register_module("o_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.num_heads() * d, h)
+                                                                 .bias(false)
+                                                                 .init_std(o.init_std())));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t d = o_.hidden_size() / o_.num_heads();
+  const int64_t heads = o_.num_heads() / ctx_->tp_size(), kv_heads = o_.num_kv_heads() / ctx_->tp_size();
+  at::Tensor q = q_proj(x);  // [B, S, Hq/TP * D], the sequence gathered under sequence parallelism
+  const int64_t b = q.size(0), s = q.size(1);
+  auto split_heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, d}).transpose(1, 2); };
+  at::Tensor qh = apply_rotary(split_heads(q, heads), cos, sin);
+  at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
+  at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
+  context = context.transpose(1, 2).reshape({b, s, heads * d});
+  return o_proj(ctx_->dropout(context, o_.dropout(), is_training(), /*tp_sharded=*/true));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(ParallelContext& ctx, const LlamaOptions& o) {
+  gate_up_proj = register_module(
+      "gate_up_proj", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden_size(), 2 * o.intermediate_size())
+                                                    .partitions(2)
+                                                    .bias(false)
+                                                    .init_std(o.init_std())));
+  down_proj = register_module("down_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.intermediate_size(), o.hidden_size())
+                                                                         .bias(false)
+                                                                         .init_std(o.init_std())));
+}
+
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
+  auto gate_up = gate_up_proj(x).chunk(2, -1);  // this rank's [gate | up] halves
+  return down_proj(at::silu(gate_up[0]) * gate_up[1]);
+}
+
+MoeExpertImpl::MoeExpertImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx) {
+  const int64_t h = o.hidden_size(), f = o.expert_intermediate_size();
+  const bool partial = ctx.sequence_parallel();
+  gate_up_proj = register_parameter("gate_up_proj", ctx.make_parameter(replicated({2 * f, h}, o.init_std(), partial)));
+  down_proj = register_parameter("down_proj", ctx.make_parameter(replicated({h, f}, o.init_std(), partial)));
+}
+
+at::Tensor MoeExpertImpl::forward(const at::Tensor& x) {
+  auto gate_up = at::matmul(x, ctx_->use(gate_up_proj).t()).chunk(2, -1);
+  return at::matmul(at::silu(gate_up[0]) * gate_up[1], ctx_->use(down_proj).t());
+}
+
+MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
+  router = register_parameter(
+      "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), ctx.sequence_parallel())));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < o.num_experts(); ++e) experts->push_back(MoeExpert(ctx, o));
+}
+
+at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
+  const int64_t h = o_.hidden_size(), k = o_.top_k(), n_experts = o_.num_experts();
+  at::Tensor tokens = x.reshape({-1, h});  // [N, H]: this rank's tokens
+  const int64_t n = tokens.size(0);
+  at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
+  auto [top_p, top_i] = probs.topk(k, -1);                                        // [N, k]
+  at::Tensor weights = top_p / top_p.sum(-1, /*keepdim=*/true);
+  at::Tensor out = at::zeros_like(tokens);
+  at::Tensor counts = at::zeros({n_experts}, at::TensorOptions().dtype(at::kLong));
+  for (int64_t e = 0; e < n_experts; ++e) {
+    at::Tensor hit = top_i.eq(e);  // [N, k]
+    at::Tensor rows = hit.any(-1).nonzero().squeeze(-1);
+    counts[e] = hit.sum().item<int64_t>();
+    // Every expert runs on every rank, even on no token: its FSDP gather is a collective.
+    at::Tensor gate = (weights * hit).sum(-1).index_select(0, rows).unsqueeze(-1);
+    at::Tensor y = experts[e]->as<MoeExpert>()->forward(tokens.index_select(0, rows)) * gate;
+    out = out.index_add(0, rows, y);
+  }
+  // Load balancing over the global batch: token counts from every rank holding other tokens.
+  at::Tensor global_counts = counts.to(x.device());
+  int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
+  ctx_->mesh().comm(MeshAxis::kDpCp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+  if (ctx_->sequence_parallel()) {
+    ctx_->tp().all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+    replicas_of_tokens *= ctx_->tp_size();
+  }
+  const double global_tokens = static_cast<double>(n * replicas_of_tokens);
+  at::Tensor fraction = global_counts.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
+  at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / global_tokens;
+  if (!in_recompute()) {
+    last_expert_counts = global_counts.cpu();
+    last_aux_loss = aux.item<double>();
+  }
+  return AttachAuxLoss::apply(out.view_as(x), aux);
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOptions& o, int64_t index)
+    : ctx_(&ctx), o_(o) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
+  self_attn = register_module("self_attn", LlamaAttention(ctx, o));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
+  const auto& moe = o.moe_layers();
+  if (std::find(moe.begin(), moe.end(), index) != moe.end()) {
+    mlp = register_module("mlp", MoeMlp(ctx, o).ptr());
+  } else {
+    mlp = register_module("mlp", LlamaMlp(ctx, o).ptr());
+  }
+}
+
+at::Tensor LlamaDecoderLayerImpl::mlp_forward(const at::Tensor& x) {
+  if (auto* dense = dynamic_cast<LlamaMlpImpl*>(mlp.get())) return dense->forward(x);
+  return static_cast<MoeMlpImpl*>(mlp.get())->forward(x);
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // The residual stream is replicated over tp, or sharded on the sequence under sequence
+  // parallelism: the dropout masks follow.
+  const bool sharded = ctx_->sequence_parallel();
+  at::Tensor h = x + ctx_->dropout(self_attn(input_layernorm(x), cos, sin), o_.dropout(), is_training(), sharded);
+  return h + ctx_->dropout(mlp_forward(post_attention_layernorm(h)), o_.dropout(), is_training(), sharded);
+}
+
+LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
+  o.validate(ctx);
+  embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std()));
+  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), o.rope_theta()));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.num_layers(); ++i) layers->push_back(LlamaDecoderLayer(ctx, o, i));
+  norm = register_module("norm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
+  auto head = ColumnParallelLinearOptions(o.hidden_size(), o.vocab_size()).bias(false).pad_to_tp(true).init_std(o.init_std());
+  lm_head = o.tie_word_embeddings() ? ColumnParallelLinear(ctx, head, embed_tokens->weight) : ColumnParallelLinear(ctx, head);
+  register_module("lm_head", lm_head);
+}
+
+at::Tensor LlamaForCausalLM::embed(const Batch& batch) { return embed_tokens(batch.input_ids); }
+
+at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
+  at::Tensor x = embeddings;
+  // The rotary table, once per forward, for the global positions of this rank's tokens.
+  auto [cos, sin] = rotary_emb(batch.position_ids);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const std::string name = "layers." + std::to_string(i);
+    auto layer = std::dynamic_pointer_cast<LlamaDecoderLayerImpl>(layers[i]);
+    x = ctx_->fsdp_forward(name, [&] {
+      return ctx_->checkpoint_region(
+          name, [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
+          {x, cos, sin}, layer->parameters());
+    });
+  }
+  return lm_head(norm(x));
+}
+
+at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(batch), batch); }
+
+at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch) {
+  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1), ctx_->tp(),
+                                      o_.vocab_size())
+      .view_as(batch.labels);
+}
+
+at::Tensor LlamaForCausalLM::token_losses(const Batch& batch) { return losses(logits(batch), batch); }
+
+void LlamaForCausalLM::apply_fsdp(ParallelContext& ctx) {
+  for (size_t i = 0; i < layers->size(); ++i) ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
+  ctx.fully_shard(*this, "root");
+}
+
+std::vector<MoeMlpImpl*> LlamaForCausalLM::moe_mlps() const {
+  std::vector<MoeMlpImpl*> out;
+  for (const auto& layer : *layers) {
+    if (auto* moe = dynamic_cast<MoeMlpImpl*>(layer->as<LlamaDecoderLayerImpl>()->mlp.get())) out.push_back(moe);
+  }
+  return out;
+}
+
+ModelFactory make_llama(LlamaOptions o) {
+  return [o](ParallelContext& ctx) { return std::make_shared<LlamaForCausalLM>(ctx, o); };
+}
+
+ModelFactory make_moe(LlamaOptions o) {
+  if (o.moe_layers().empty()) {
+    std::vector<int64_t> every_second;
+    for (int64_t l = 1; l < o.num_layers(); l += 2) every_second.push_back(l);
+    o.moe_layers(every_second);
+  }
+  MIH_CHECK(!o.moe_layers().empty(), "moe: no layer has a mixture-of-experts MLP (num_layers = ", o.num_layers(),
+            "); set moe_layers or use at least 2 layers");
+  return make_llama(o);
+}
+
+}  // namespace mih::models

@@ -1,0 +1,196 @@
+// Reference model ports written against harness/parallel layers the way a careful author
+// writes a port: `llama` (Touvron et al. 2023; Hugging Face transformers' LlamaForCausalLM
+// layout and names) and `moe`, llama with a mixture-of-experts MLP in some layers
+// (Mixtral-style top-k router, Switch-Transformer load-balancing loss). Plain single-device
+// code at degree 1; under dp_replicate, dp_shard (each decoder layer an FSDP unit), tp (with
+// or without sequence parallelism), cp (contiguous or zigzag) and activation checkpointing
+// (each decoder layer a region) they train to the numbers of one rank.
+//
+// Shapes: B = local batch, S = local sequence (S_global / CP; under sequence parallelism the
+// residual stream is [B, S/TP, H] between tensor-parallel regions), H = hidden_size,
+// D = head_dim = H / num_heads, V = vocab_size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "harness/parallel/layers.h"
+#include "harness/training/trainer.h"
+
+namespace mih::models {
+
+/// Options of llama and moe (Hugging Face LlamaConfig / MixtralConfig names where they exist).
+struct LlamaOptions {
+  /// Vocabulary V; default: the byte tokenizer's 256 bytes + BOS, EOS, PAD.
+  TORCH_ARG(int64_t, vocab_size) = 259;
+  TORCH_ARG(int64_t, hidden_size) = 64;
+  /// SwiGLU inner size F of the dense MLP.
+  TORCH_ARG(int64_t, intermediate_size) = 128;
+  TORCH_ARG(int64_t, num_layers) = 2;
+  TORCH_ARG(int64_t, num_heads) = 4;
+  /// Key/value heads (grouped-query attention when < num_heads); tp must divide it.
+  TORCH_ARG(int64_t, num_kv_heads) = 2;
+  TORCH_ARG(double, rope_theta) = 10000.0;
+  TORCH_ARG(double, rms_norm_eps) = 1e-6;
+  /// The output head reuses the token embedding's table.
+  TORCH_ARG(bool, tie_word_embeddings) = false;
+  /// Dropout on the attention context and on each residual branch (training only).
+  TORCH_ARG(double, dropout) = 0.0;
+  /// Standard deviation of the normal init of every projection and the embedding.
+  TORCH_ARG(double, init_std) = 0.02;
+  /// Layers whose MLP is a mixture of experts (the moe model); empty: dense llama.
+  TORCH_ARG(std::vector<int64_t>, moe_layers) = {};
+  /// Experts E per MoE layer, and how many each token is routed to.
+  TORCH_ARG(int64_t, num_experts) = 4;
+  TORCH_ARG(int64_t, top_k) = 2;
+  /// SwiGLU inner size of each expert.
+  TORCH_ARG(int64_t, expert_intermediate_size) = 64;
+  /// Weight alpha of the load-balancing loss (Switch Transformer, Fedus et al. 2021, eq. 4).
+  TORCH_ARG(double, router_aux_loss_coef) = 0.01;
+
+ public:
+  /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do
+  ///   not fit each other or the mesh (hidden_size % num_heads, num_heads % num_kv_heads,
+  ///   num_kv_heads % tp, intermediate_size % tp, top_k > num_experts, a MoE layer index out
+  ///   of range).
+  void validate(const ParallelContext& ctx) const;
+};
+
+/// Grouped-query self-attention with rotary positions over a context-parallel sequence.
+/// Input [B, S, H] (sequence parallel: [B, S/TP, H]), cos/sin [B, 1, S, D] -> like the input.
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions& o);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
+  RowParallelLinear o_proj{nullptr};
+
+ private:
+  ParallelContext* ctx_;
+  LlamaOptions o_;
+};
+TORCH_MODULE(LlamaAttention);
+
+/// SwiGLU MLP: down(silu(gate(x)) * up(x)) with gate and up fused in one column-parallel
+/// projection [gate; up] (2 partitions, so each tp rank holds matching halves).
+/// Shape: [B, S, H] (sequence parallel: [B, S/TP, H]) -> the same.
+class LlamaMlpImpl : public torch::nn::Module {
+ public:
+  LlamaMlpImpl(ParallelContext& ctx, const LlamaOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+
+  ColumnParallelLinear gate_up_proj{nullptr};
+  RowParallelLinear down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+/// One SwiGLU expert, replicated over tp (its gradient is partial over tp under sequence
+/// parallelism, where each tp rank routes only its own tokens).
+/// Shape: tokens [N, H] -> [N, H].
+class MoeExpertImpl : public torch::nn::Module {
+ public:
+  MoeExpertImpl(ParallelContext& ctx, const LlamaOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor gate_up_proj, down_proj;  // [2F, H], [H, F]
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(MoeExpert);
+
+/// Mixture-of-experts MLP: a top-k softmax router (weight [E, H], replicated) sends each token
+/// to top_k of E SwiGLU experts, weighting their outputs by the renormalized router
+/// probabilities (Mixtral). The load-balancing loss alpha * E * sum_e f_e * P_e (f_e: fraction
+/// of routed token slots that went to expert e, P_e: mean router probability of e, both over
+/// the tokens of the whole global batch: counts all-reduced over dp and cp, and over tp under
+/// sequence parallelism) is this rank's share, normalized by the global token count, and
+/// reaches the gradients through the output (Megatron-LM's MoEAuxLossAutoScaler), so it works
+/// inside a checkpointed region. Shape: [B, S, H] -> the same.
+class MoeMlpImpl : public torch::nn::Module {
+ public:
+  MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor router;  // [E, H]
+  torch::nn::ModuleList experts{nullptr};
+  /// Of the last forward that was not a recompute: token slots per expert over the global
+  /// batch [E] (int64; sums to global tokens x top_k), and this rank's aux loss share.
+  at::Tensor last_expert_counts;
+  double last_aux_loss = 0;
+
+ private:
+  ParallelContext* ctx_;
+  LlamaOptions o_;
+};
+TORCH_MODULE(MoeMlp);
+
+/// Pre-norm decoder layer: x + attn(norm(x)), then h + mlp(norm(h)); the MLP is MoeMlp in the
+/// layers listed in moe_layers.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOptions& o, int64_t index);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  std::shared_ptr<torch::nn::Module> mlp;  // LlamaMlpImpl or MoeMlpImpl
+
+ private:
+  ParallelContext* ctx_;
+  LlamaOptions o_;
+  at::Tensor mlp_forward(const at::Tensor& x);
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+/// The causal language model: embed_tokens, rotary_emb (its inv_freq a non-persistent buffer),
+/// layers, norm, lm_head (optionally tied to embed_tokens), vocab-parallel cross entropy.
+/// FQNs are Hugging Face's without the "model." prefix (embed_tokens.weight,
+/// layers.0.self_attn.q_proj.weight, ..., lm_head.weight).
+class LlamaForCausalLM : public ParallelModel {
+ public:
+  LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o);
+
+  /// Shape: batch [B, S] (position_ids: global positions) -> per-token losses [B, S].
+  at::Tensor token_losses(const Batch& batch) override;
+  /// Logits of this rank's vocabulary slice. Shape: [B, S] -> [B, S, V/TP] (padded vocab).
+  at::Tensor logits(const Batch& batch);
+  /// The token embeddings: [B, S] -> [B, S, H] (sequence parallel: [B, S/TP, H]).
+  at::Tensor embed(const Batch& batch);
+  /// The decoder over embeddings `x` (from embed(), possibly with other modalities merged in)
+  /// at batch.position_ids, then the final norm and the head: -> logits [B, S, V/TP].
+  at::Tensor decode(const at::Tensor& x, const Batch& batch);
+  /// Per-token cross entropy of logits from decode(): -> [B, S].
+  at::Tensor losses(const at::Tensor& logits, const Batch& batch);
+  /// Each decoder layer an FSDP unit, the rest the root.
+  void apply_fsdp(ParallelContext& ctx) override;
+
+  const LlamaOptions& options() const { return o_; }
+  /// The MoE MLPs of the layers in moe_layers, in layer order.
+  std::vector<MoeMlpImpl*> moe_mlps() const;
+
+  VocabParallelEmbedding embed_tokens{nullptr};
+  RotaryEmbedding rotary_emb{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  ColumnParallelLinear lm_head{nullptr};
+
+ private:
+  ParallelContext* ctx_;
+  LlamaOptions o_;
+};
+
+/// Factories for the Trainer. make_moe requires at least one moe layer (default: every
+/// second layer, starting with layer 1, when moe_layers is empty).
+ModelFactory make_llama(LlamaOptions o = {});
+ModelFactory make_moe(LlamaOptions o = {});
+
+}  // namespace mih::models

@@ -1,0 +1,136 @@
+// Parity runs of the Trainer on thread ranks, in float64, and their comparison with a
+// reference run: what the parallel and model tests share. A run keeps, on rank 0, per step the
+// metrics, the gathered gradients (after synchronization, before clipping) and the gathered
+// parameters (after the optimizer), and the AdamW exp_avg after the last step.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/compat/optim.h"
+#include "harness/training/trainer.h"
+#include "tests/support/thread_ranks.h"
+
+namespace mih::testing {
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+// What a run left on rank 0: per step the metrics, the gathered gradients (after
+// synchronization, before clipping) and the gathered parameters (after the optimizer).
+struct TrainingRun {
+  std::vector<StepMetrics> metrics;
+  std::vector<Tensors> grads, params;
+  Tensors exp_avg;  // after the last step
+  nlohmann::json layout;
+};
+
+class Capture : public TrainingHooks {
+ public:
+  Capture(TrainingRun* out, bool keep, int64_t steps) : out_(out), keep_(keep), steps_(steps) {}
+  void attach_optimizer(torch::optim::AdamW& optimizer, ParallelContext&) override { optimizer_ = &optimizer; }
+  void after_backward_before_clip(int64_t, ParallelContext& ctx) override {
+    Tensors grads;
+    for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
+    if (keep_) out_->grads.push_back(grads);
+  }
+  void after_optimizer(int64_t step, ParallelContext& ctx) override {
+    Tensors params, exp_avg;
+    for (const auto& p : ctx.parameters()) {
+      params[p->fqn] = ctx.gather_full(*p, p->local);
+      if (step == steps_ - 1) exp_avg[p->fqn] = ctx.gather_full(*p, compat::adamw_state(*optimizer_, p->local, "exp_avg"));
+    }
+    if (!keep_) return;
+    out_->params.push_back(params);
+    if (step == steps_ - 1) {
+      out_->exp_avg = exp_avg;
+      out_->layout = ctx.to_json();
+    }
+  }
+  void end_step(const StepMetrics& m) override {
+    if (keep_) out_->metrics.push_back(m);
+  }
+
+ private:
+  TrainingRun* out_;
+  bool keep_;
+  int64_t steps_;
+  torch::optim::AdamW* optimizer_ = nullptr;
+};
+
+/// Trains `steps` steps of `factory`'s model under `config` on thread ranks and returns what
+/// rank 0 captured; rank errors are reported as test failures.
+inline TrainingRun train_on_threads(const ParallelConfig& config, const ModelFactory& factory, const BatchSource& batches,
+                                    const TrainerOptions& options, int64_t steps) {
+  TrainingRun run;
+  std::vector<std::string> errors = run_mesh(config.dims(), [&](DeviceMesh& mesh) {
+    Capture capture(&run, mesh.rank() == 0, steps);
+    Trainer trainer(mesh, config, factory, batches, options, &capture);
+    trainer.run(steps);
+  });
+  EXPECT_TRUE(errors.empty()) << config.name() << ": " << (errors.empty() ? "" : errors.front());
+  return run;
+}
+
+inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  double scale = std::max(b.abs().max().item<double>(), 1e-30);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+inline double relative_error(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+// Names the first value (in step and forward order) that differs by more than the tolerance.
+inline ::testing::AssertionResult MatchesReference(const TrainingRun& run, const TrainingRun& ref,
+                                                   double tolerance = 1e-10) {
+  if (run.metrics.size() != ref.metrics.size() || run.grads.size() != ref.grads.size()) {
+    return ::testing::AssertionFailure() << "ran " << run.metrics.size() << " steps, the reference " << ref.metrics.size();
+  }
+  double worst = 0;
+  for (size_t s = 0; s < ref.metrics.size(); ++s) {
+    const auto& m = run.metrics[s];
+    const auto& r = ref.metrics[s];
+    for (auto [name, a, b] : {std::tuple{"loss", m.loss, r.loss}, std::tuple{"grad norm", m.grad_norm_pre_clip, r.grad_norm_pre_clip},
+                              std::tuple{"post-clip grad norm", m.grad_norm_post_clip, r.grad_norm_post_clip}}) {
+      double e = relative_error(a, b);
+      worst = std::max(worst, e);
+      if (!(e <= tolerance)) {
+        return ::testing::AssertionFailure() << "step " << s << " " << name << ": " << a << " vs reference " << b
+                                             << " (relative error " << e << " > " << tolerance << ")";
+      }
+    }
+    if (m.valid_tokens != r.valid_tokens) {
+      return ::testing::AssertionFailure() << "step " << s << " valid tokens " << m.valid_tokens << " vs " << r.valid_tokens;
+    }
+    for (const auto& [stage, got, want] : {std::tuple{"gradient", &run.grads[s], &ref.grads[s]},
+                                           std::tuple{"parameter after the optimizer", &run.params[s], &ref.params[s]}}) {
+      for (const auto& [fqn, expected] : *want) {
+        auto it = got->find(fqn);
+        if (it == got->end()) return ::testing::AssertionFailure() << "no parameter '" << fqn << "' in the run";
+        if (it->second.sizes() != expected.sizes()) {
+          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': shape "
+                                               << it->second.sizes() << " vs reference " << expected.sizes();
+        }
+        double e = relative_error(it->second, expected);
+        worst = std::max(worst, e);
+        if (!(e <= tolerance)) {
+          return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': relative error "
+                                               << e << " > " << tolerance;
+        }
+      }
+    }
+  }
+  for (const auto& [fqn, expected] : ref.exp_avg) {
+    double e = relative_error(run.exp_avg.at(fqn), expected);
+    if (!(e <= tolerance)) return ::testing::AssertionFailure() << "exp_avg of '" << fqn << "': relative error " << e;
+  }
+  return ::testing::AssertionSuccess() << "worst relative error " << worst;
+}
+
+}  // namespace mih::testing
