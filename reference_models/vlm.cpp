@@ -84,6 +84,10 @@ VlmForConditionalGeneration::VlmForConditionalGeneration(ParallelContext& ctx, c
 }
 
 at::Tensor VlmForConditionalGeneration::token_losses(const Batch& batch) {
+  return language_model->losses(logits(batch), batch);
+}
+
+at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   auto field = [&](const char* name) {
     auto it = batch.fields.find(name);
     MIH_CHECK(it != batch.fields.end(), "vlm: the batch has no field '", name,
@@ -108,7 +112,7 @@ at::Tensor VlmForConditionalGeneration::token_losses(const Batch& batch) {
   at::Tensor is_image = local_index.ge(0).unsqueeze(-1);  // [B, S, 1]
   at::Tensor gathered = features.gather(1, local_index.clamp_min(0).unsqueeze(-1).expand({-1, -1, x.size(-1)}));
   x = at::where(is_image, gathered, x);
-  return language_model->losses(language_model->decode(x, batch), batch);
+  return language_model->decode(x, batch);
 }
 
 void VlmForConditionalGeneration::apply_fsdp(ParallelContext& ctx) {

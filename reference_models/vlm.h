@@ -86,6 +86,8 @@ class VlmForConditionalGeneration : public ParallelModel {
   /// Shape: batch [B, S] with pixel_values and image_token_index -> per-token losses [B, S].
   /// Throws: mih::Error{kInvalidSpec} if a field is missing or its shape does not fit.
   at::Tensor token_losses(const Batch& batch) override;
+  /// The language model's logits with the image features merged in: -> [B, S, V/TP].
+  at::Tensor logits(const Batch& batch);
   /// The vision tower one FSDP unit, each language-model layer one, the rest the root.
   void apply_fsdp(ParallelContext& ctx) override;
 

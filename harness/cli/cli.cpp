@@ -21,6 +21,7 @@
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
+#include "reference_models/export_command.h"
 
 namespace mih {
 namespace {
@@ -243,6 +244,23 @@ int cli_main(int argc, char** argv) {
   launch_cmd->add_option("task", task, "worker task to run on every rank")->required();
   launch_cmd->prefix_command();
 
+  std::string export_model = "llama", export_dtype = "float32";
+  std::filesystem::path export_out, export_corpus = "/usr/share/common-licenses";
+  int64_t export_seq = 64, export_batch = 2;
+  uint64_t export_seed = 0;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export",
+      "Write a reference model's initial weights under Hugging Face key names (model.safetensors), its first "
+      "global batch (batch.safetensors), the reference logits and loss (reference.safetensors) and config.json, "
+      "so an outside tool can load the port's weights and check its numbers.");
+  export_cmd->add_option("--spec", export_model, "reference model: llama, moe or vlm")->capture_default_str();
+  export_cmd->add_option("--out", export_out, "output directory (created)")->required();
+  export_cmd->add_option("--corpus", export_corpus, "text corpus directory")->capture_default_str();
+  export_cmd->add_option("--seq", export_seq, "sequence length")->check(cli::at_least(1))->capture_default_str();
+  export_cmd->add_option("--batch", export_batch, "global batch")->check(cli::at_least(1))->capture_default_str();
+  export_cmd->add_option("--dtype", export_dtype, "float32 or float64")->capture_default_str();
+  export_cmd->add_option("--seed", export_seed, "parameter init and data seed")->capture_default_str();
+
   app.add_subcommand("worker",
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
                      "`mih worker --help` lists its options and tasks.")
@@ -253,6 +271,10 @@ int cli_main(int argc, char** argv) {
   try {
     if (selftest_cmd->parsed()) return run_selftest(selftest_flags, mesh_text, selftest, argc, argv);
     if (launch_cmd->parsed()) return run_launch(launch_flags, task, launch_cmd->remaining(), argc, argv);
+    if (export_cmd->parsed()) {
+      return models::export_command(export_model, export_out, export_corpus, export_seq, export_batch, export_dtype,
+                                    export_seed);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
     return exit_status(e.code());

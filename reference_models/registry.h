@@ -1,0 +1,59 @@
+// The catalog of reference models by name (llama, moe, vlm): how to build each, its data,
+// the Trainer options its fields need, and its checkpoint key map to the Hugging Face names of
+// the same architecture. What `mih export` and (later) the specs in specs/ start from.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint/key_map.h"
+#include "harness/data/text_pipeline.h"
+#include "harness/training/trainer.h"
+
+namespace mih::models {
+
+struct ReferenceModel {
+  std::string name;
+  std::string description;
+  ModelFactory factory;
+  /// The global batches for a text pipeline configuration (the vlm adds its images).
+  std::function<BatchSource(const data::TextPipelineOptions&)> batches;
+  /// Field sharding under context parallelism (loss_mask, attention_mask, image_token_index on
+  /// the sequence; pixel_values whole on every cp rank).
+  TrainerOptions trainer_options;
+  /// Internal FQN -> Hugging Face key(s): LlamaForCausalLM, MixtralForCausalLM and
+  /// LlavaForConditionalGeneration names; the fused gate/up projection splits into gate_proj
+  /// and up_proj (w1 and w3 for Mixtral experts).
+  KeyMap key_map;
+};
+
+/// "llama", "moe", "vlm".
+std::vector<std::string> reference_model_names();
+
+/// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the known ones.
+ReferenceModel reference_model(const std::string& name);
+
+/// What `mih export` writes.
+struct ExportOptions {
+  std::string model = "llama";
+  std::filesystem::path out;
+  data::TextPipelineOptions text = data::TextPipelineOptions().seq_len(64).global_batch(2);
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+};
+
+/// Builds the model at world size 1 with its initial weights and writes to `out`:
+///   model.safetensors      the weights under their Hugging Face keys (through the key map)
+///   batch.safetensors      the first global batch: input_ids, labels, position_ids, fields
+///   reference.safetensors  the logits [B, S, V] of that batch and the loss (mean cross
+///                          entropy over the labels != -100)
+///   config.json            model name, dtype, seed, data options, key map, tensor list
+/// so any outside tool can load the port's weights and check its numbers. Returns the loss.
+/// Throws: mih::Error as reference_model and the pipelines; kFailedPrecondition if `out`
+///   cannot be written.
+double export_reference_model(const ExportOptions& options);
+
+}  // namespace mih::models
