@@ -109,7 +109,8 @@ at::Tensor MoeExpertImpl::forward(const at::Tensor& x) {
   return at::matmul(at::silu(gate_up[0]) * gate_up[1], ctx_->use(down_proj).t());
 }
 
-MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
+MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string name)
+    : ctx_(&ctx), o_(o), name_(std::move(name)) {
   router = register_parameter(
       "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), ctx.sequence_parallel())));
   experts = register_module("experts", torch::nn::ModuleList());
@@ -142,8 +143,13 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
     ctx_->tp().all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
     replicas_of_tokens *= ctx_->tp_size();
   }
+  // Routing statistics are shared state: published here, consumed by the balancing loss
+  // (and read by the session and the state invariants).
+  const std::string counts_key = name_ + ".expert_counts";
+  ctx_->shared_state().publish(counts_key, global_counts, name_);
+  const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_ + ".aux_loss");
   const double global_tokens = static_cast<double>(n * replicas_of_tokens);
-  at::Tensor fraction = global_counts.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
+  at::Tensor fraction = routed.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
   at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / global_tokens;
   if (!in_recompute()) {
     last_expert_counts = global_counts.cpu();
@@ -159,7 +165,7 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOp
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
   const auto& moe = o.moe_layers();
   if (std::find(moe.begin(), moe.end(), index) != moe.end()) {
-    mlp = register_module("mlp", MoeMlp(ctx, o).ptr());
+    mlp = register_module("mlp", MoeMlp(ctx, o, "layers." + std::to_string(index) + ".mlp").ptr());
   } else {
     mlp = register_module("mlp", LlamaMlp(ctx, o).ptr());
   }
@@ -194,10 +200,18 @@ at::Tensor LlamaForCausalLM::embed(const Batch& batch) { return embed_tokens(bat
 
 at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
   at::Tensor x = embeddings;
-  // The rotary table, once per forward, for the global positions of this rank's tokens.
-  auto [cos, sin] = rotary_emb(batch.position_ids);
+  // The rotary table, once per forward, for the global positions of this rank's tokens:
+  // shared state every layer consumes (outside its checkpoint region, which gets it as an
+  // input: a recompute must see this forward's table, not a later one).
+  SharedState& shared = ctx_->shared_state();
+  {
+    auto [cos, sin] = rotary_emb(batch.position_ids);
+    shared.publish("rotary.cos", cos, "rotary_emb");
+    shared.publish("rotary.sin", sin, "rotary_emb");
+  }
   for (size_t i = 0; i < layers->size(); ++i) {
     const std::string name = "layers." + std::to_string(i);
+    const at::Tensor cos = shared.consume("rotary.cos", name), sin = shared.consume("rotary.sin", name);
     auto layer = std::dynamic_pointer_cast<LlamaDecoderLayerImpl>(layers[i]);
     x = ctx_->fsdp_forward(name, [&] {
       return ctx_->checkpoint_region(

@@ -114,10 +114,12 @@ TORCH_MODULE(MoeExpert);
 /// the tokens of the whole global batch: counts all-reduced over dp and cp, and over tp under
 /// sequence parallelism) is this rank's share, normalized by the global token count, and
 /// reaches the gradients through the output (Megatron-LM's MoEAuxLossAutoScaler), so it works
-/// inside a checkpointed region. Shape: [B, S, H] -> the same.
+/// inside a checkpointed region. The global counts are shared state "<FQN>.expert_counts",
+/// published by the router and consumed by the balancing loss. Shape: [B, S, H] -> the same.
 class MoeMlpImpl : public torch::nn::Module {
  public:
-  MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o);
+  /// `name`: the module's FQN, the producer of its routing statistics.
+  MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string name);
   at::Tensor forward(const at::Tensor& x);
 
   at::Tensor router;  // [E, H]
@@ -130,6 +132,7 @@ class MoeMlpImpl : public torch::nn::Module {
  private:
   ParallelContext* ctx_;
   LlamaOptions o_;
+  std::string name_;
 };
 TORCH_MODULE(MoeMlp);
 

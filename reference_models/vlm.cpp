@@ -102,7 +102,9 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   MIH_CHECK(index.sizes() == batch.input_ids.sizes(), "vlm: image_token_index ", index.sizes(), " must match input_ids ",
             batch.input_ids.sizes());
   // Vision features: [B, P, Hv] -> projected [B, P, H].
-  at::Tensor features = ctx_->fsdp_forward("vision_tower", [&] { return vision_tower(pixels); });
+  ctx_->shared_state().publish("vision.features",
+                                ctx_->fsdp_forward("vision_tower", [&] { return vision_tower(pixels); }), "vision_tower");
+  at::Tensor features = ctx_->shared_state().consume("vision.features", "multi_modal_projector");
   features = linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2);
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
   // Each placeholder token takes its patch's feature; under sequence parallelism this tp rank

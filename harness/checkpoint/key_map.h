@@ -38,6 +38,7 @@ class KeyMap {
   /// Throws: as external_keys; kInvalidSpec naming a missing external key.
   at::Tensor from_external(const std::string& fqn, const std::map<std::string, at::Tensor>& external) const;
 
+  const std::vector<KeyRule>& rules() const { return rules_; }
   /// The rules as JSON, for evidence and export metadata.
   nlohmann::json to_json() const;
 

@@ -24,6 +24,7 @@
 #include "harness/parallel/activation_checkpoint.h"
 #include "harness/parallel/context_parallel.h"
 #include "harness/parallel/placement.h"
+#include "harness/parallel/shared_state.h"
 #include "harness/runtime/device_mesh.h"
 
 namespace torch::nn {
@@ -157,6 +158,9 @@ class ParallelContext {
   /// Shape: any -> the same.
   at::Tensor dropout(const at::Tensor& x, double p, bool training, bool tp_sharded);
 
+  /// The model's shared state between layers (see shared_state.h).
+  SharedState& shared_state() { return shared_state_; }
+
   /// The activation-checkpoint regions the model declared, in first-run order.
   const std::vector<std::string>& checkpoint_regions() const { return checkpoint_regions_; }
 
@@ -253,6 +257,7 @@ class ParallelContext {
   std::vector<std::string> checkpoint_regions_;
   std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;
+  SharedState shared_state_;
   at::Generator replicated_gen_, tp_sharded_gen_;  // dropout streams (see dropout())
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the
   // order of their first use, the same on every rank (the regathers are collectives).

@@ -221,6 +221,7 @@ StepMetrics Trainer::step() {
   for (int mb = 0; mb < config_.micro_batches; ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
     if (hooks_) hooks_->record_batch(step, mb, micro);
+    context_->shared_state().begin_forward();
     at::Tensor loss = model_->token_losses(micro).sum() / static_cast<double>(global_valid);
     loss.backward();
     loss_sum += loss.item<double>();

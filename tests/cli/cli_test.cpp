@@ -45,11 +45,12 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
+                        Case{"export --spec llama", "--out is required"},
                         Case{"worker --run-dir /tmp nosuchtask", "unknown worker task 'nosuchtask'; valid: [ping, selftest]"}}) {
     CliRun run = mih(c.args);
     EXPECT_EQ(run.status, 2) << "mih " << c.args << "\n" << run.output;
@@ -58,7 +59,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
 }
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
-  for (const char* args : {"--help", "selftest --help", "launch --help", "worker --help", "worker selftest --help"}) {
+  for (const char* args :
+       {"--help", "selftest --help", "launch --help", "export --help", "worker --help", "worker selftest --help"}) {
     CliRun run = mih(args);
     EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
     EXPECT_THAT(run.output, HasSubstr("Exit status: 0 ok")) << args;
@@ -66,6 +68,16 @@ TEST(CliUsageTest, HelpAndVersionExit0) {
   CliRun version = mih("--version");
   EXPECT_EQ(version.status, 0);
   EXPECT_THAT(version.output, HasSubstr("mih 0.1.0 (libtorch "));
+}
+
+TEST(CliInputTest, ExportNamesAnUnknownModelOrCorpus) {
+  const std::string out = " --out " + testing::temp_dir("cli_export").string();
+  CliRun model = mih("export --spec gpt2" + out);
+  EXPECT_EQ(model.status, exit_status(Code::kInvalidSpec)) << model.output;
+  EXPECT_THAT(model.output, HasSubstr("unknown reference model 'gpt2'; known: llama, moe, vlm"));
+  CliRun corpus = mih("export --spec llama --corpus /nonexistent" + out);
+  EXPECT_EQ(corpus.status, exit_status(Code::kFailedPrecondition)) << corpus.output;
+  EXPECT_THAT(corpus.output, HasSubstr("pass --corpus DIR with text files"));
 }
 
 TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {

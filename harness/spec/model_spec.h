@@ -1,0 +1,154 @@
+// What a model author declares about a port (DESIGN.md section 5): the data contract, the
+// checkpoint mapping, shared state between layers, which parameters each modality must train,
+// state invariants by phase, module parity cases, and tolerances. A spec is plain data plus
+// callables; validate() rejects a malformed one before any rank starts, naming the spec and
+// the field, and to_json() is its evidence form.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/checkpoint/key_map.h"
+#include "harness/training/trainer.h"
+
+namespace mih::spec {
+
+/// How a batch field is split under context parallelism (every field is split on the batch
+/// dim over data-parallel ranks).
+enum class CpSharding { kSequence, kReplicated };
+
+struct FieldSpec {
+  std::string name;
+  /// The model reads it in forward (so it must be present at the first micro-batch).
+  bool forward = true;
+  /// The loss reads it (labels, loss_mask).
+  bool loss = false;
+  CpSharding cp = CpSharding::kSequence;
+};
+
+/// The data contract.
+struct DataSpec {
+  /// Description of the pipeline (for evidence).
+  std::string pipeline;
+  /// Global batches; the same for step k whatever the parallel config.
+  std::function<BatchSource()> make_batches;
+  /// labels[:, t] is the target of input_ids[:, t] (shifted once, by the pipeline).
+  bool labels_are_shifted = true;
+  /// input_ids, labels and position_ids are implicit; list every other field.
+  std::vector<FieldSpec> fields;
+  /// The Trainer's sequence_fields / cp_replicated_fields for these fields.
+  TrainerOptions apply_sharding(TrainerOptions options) const;
+};
+
+struct CheckpointSpec {
+  /// Internal FQN -> external keys (with the fused-projection split transform).
+  std::vector<KeyRule> key_map;
+  /// Internal parameters with no external counterpart (glob patterns, fnmatch).
+  std::vector<std::string> training_only;
+  /// External keys the model does not load (e.g. rotary inv_freq in some exports).
+  std::vector<std::string> inference_only;
+  /// Pairs of internal FQNs that must be one parameter when tied.
+  std::vector<std::pair<std::string, std::string>> tied;
+};
+
+/// State one layer publishes in forward and others consume (a rotary table, vision features,
+/// routing statistics): `key`, the FQN glob of its producer and of its consumers.
+struct SharedStateSpec {
+  std::string key;
+  std::string producer;
+  std::vector<std::string> consumers;
+};
+
+/// A modality field and the parameters that must receive finite, non-zero gradients when it
+/// reaches the model.
+struct ModalitySpec {
+  std::string field;
+  std::vector<std::string> parameter_patterns;
+};
+
+enum class Phase { kStructure, kMaterialization, kCheckpoint, kRuntime };
+std::string phase_name(Phase phase);
+/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
+Phase parse_phase(const std::string& name);
+
+/// The outcome of an invariant or a parity case: pass, and the facts that show it.
+struct CheckResult {
+  bool passed = false;
+  nlohmann::json facts;
+};
+
+/// A named predicate over the built model (and the state at its phase).
+struct StateInvariant {
+  std::string name;
+  Phase phase = Phase::kStructure;
+  std::function<CheckResult(Trainer&)> check;
+};
+
+/// A candidate module against an independent reference implementation on the same inputs.
+struct ModuleParityCase {
+  std::string name;
+  /// Builds inputs, runs candidate and reference, returns {passed, facts (max abs / rel
+  /// error, tolerance)}.
+  std::function<CheckResult()> run;
+};
+
+/// Relative tolerances of parity against the reference run, by dtype name and profile.
+struct Tolerances {
+  std::map<std::string, double> same_topology = {{"float64", 1e-10}, {"float32", 1e-4}, {"bfloat16", 2e-2}};
+  std::map<std::string, double> cross_topology = {{"float64", 1e-10}, {"float32", 1e-3}, {"bfloat16", 5e-2}};
+};
+
+struct ModelSpec {
+  std::string name;
+  std::string description;
+  ModelFactory factory;
+  /// Degrees the model supports: tp must divide each of these (e.g. num_kv_heads).
+  std::vector<int64_t> tp_divides;
+  /// cp must divide the sequence into 2 * cp chunks (zigzag) of this sequence length.
+  int64_t seq_len = 0;
+  DataSpec data;
+  CheckpointSpec checkpoint;
+  std::vector<SharedStateSpec> shared_state;
+  std::vector<ModalitySpec> modalities;
+  std::vector<StateInvariant> invariants;
+  std::vector<ModuleParityCase> parity_cases;
+  Tolerances tolerances;
+
+  /// Throws: mih::Error{kInvalidSpec} naming the spec and the field: an empty name or
+  ///   factory, no batches, a duplicate or implicit field name, a modality field not among the
+  ///   fields, a modality or training-only pattern that is empty, a shared-state key declared
+  ///   twice or without producer or consumer, duplicate invariant or parity case names, an
+  ///   invariant without a check.
+  void validate() const;
+  /// Throws: as validate, plus every FQN glob (modality, training-only, shared-state
+  ///   producer/consumer, tied) that matches none of `fqns` (a module's parameter and module
+  ///   names), naming the pattern.
+  void validate_against(const std::vector<std::string>& fqns) const;
+  nlohmann::json to_json() const;
+};
+
+/// Specs register themselves by name (specs/*.cpp, an OBJECT library).
+class SpecRegistry {
+ public:
+  static SpecRegistry& instance();
+  /// Throws: mih::Error{kInvalidSpec} for a duplicate name.
+  void add(std::function<ModelSpec()> make);
+  /// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the registered ones.
+  ModelSpec get(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, std::function<ModelSpec()>> makers_;
+};
+
+/// Registers a spec from a static initializer: MIH_REGISTER_SPEC(llama_spec) with
+/// `ModelSpec llama_spec();`.
+#define MIH_REGISTER_SPEC(fn) \
+  static const bool mih_spec_registered_##fn = (::mih::spec::SpecRegistry::instance().add(fn), true)
+
+}  // namespace mih::spec

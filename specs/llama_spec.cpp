@@ -1,0 +1,95 @@
+// The validation spec of the llama reference port (reference_models/llama.h).
+#include <cmath>
+#include <limits>
+
+#include "reference_models/llama.h"
+#include "specs/spec_support.h"
+
+namespace mih::specs {
+namespace {
+
+// inv_freq[i] = 1 / theta^(2i / D), recomputed here independently.
+spec::StateInvariant inv_freq_invariant(const std::string& fqn, double theta) {
+  return {"inv_freq_matches_formula", spec::Phase::kStructure, [fqn, theta](Trainer& t) -> spec::CheckResult {
+            for (const auto& b : t.context().buffers()) {
+              if (b.fqn != fqn) continue;
+              const int64_t half = b.tensor.numel(), d = 2 * half;
+              at::Tensor expected = at::empty({half}, at::kDouble);
+              for (int64_t i = 0; i < half; ++i) expected[i] = 1.0 / std::pow(theta, 2.0 * static_cast<double>(i) / d);
+              const double err = (b.tensor.to(at::kDouble).cpu() - expected).abs().max().item<double>();
+              return {err <= 1e-6 * expected.abs().max().item<double>() && !b.persistent,
+                      {{"buffer", fqn}, {"max_abs_error", err}, {"persistent", b.persistent}}};
+            }
+            return {false, {{"missing_buffer", fqn}}};
+          }};
+}
+
+// The head is one parameter with the embedding exactly when the config ties them.
+spec::StateInvariant tie_invariant(const std::string& embed, const std::string& head, bool tied) {
+  return {"embedding_and_head_tied_as_configured", spec::Phase::kStructure,
+          [embed, head, tied](Trainer& t) -> spec::CheckResult {
+            bool aliased = false;
+            for (const auto& p : t.context().parameters()) {
+              if (p->fqn != embed) continue;
+              aliased = std::find(p->aliases.begin(), p->aliases.end(), head) != p->aliases.end();
+            }
+            return {aliased == tied, {{"embedding", embed}, {"head", head}, {"tied", tied}, {"aliased", aliased}}};
+          }};
+}
+
+// LlamaMlp (fused [gate; up], column-parallel) against SwiGLU written from the split weights.
+spec::ModuleParityCase fused_swiglu_case() {
+  return {"fused_swiglu_vs_unfused", [] {
+            return on_one_rank([](ParallelContext& ctx) {
+              models::LlamaOptions o = models::LlamaOptions().hidden_size(16).intermediate_size(24);
+              models::LlamaMlp mlp(ctx, o);
+              at::Tensor x = at::randn({2, 5, 16}, at::TensorOptions().dtype(at::kDouble));
+              at::Tensor w = mlp->gate_up_proj->weight.detach(), down = mlp->down_proj->weight.detach();
+              at::Tensor gate = at::linear(x, w.narrow(0, 0, 24)), up = at::linear(x, w.narrow(0, 24, 24));
+              at::Tensor expected = at::linear(gate * at::sigmoid(gate) * up, down);
+              return compare(mlp->forward(x).detach(), expected, 1e-12);
+            });
+          }};
+}
+
+// cp_causal_attention with GQA at cp = 1 against attention written independently: an explicit
+// per-head loop with the causal mask from a lower-triangular matrix.
+spec::ModuleParityCase attention_case() {
+  return {"cp_attention_vs_plain_attention", [] {
+            auto opts = at::TensorOptions().dtype(at::kDouble);
+            at::Tensor q = at::randn({2, 4, 6, 8}, opts), k = at::randn({2, 2, 6, 8}, opts), v = at::randn({2, 2, 6, 8}, opts);
+            at::Tensor expected = at::empty_like(q);
+            at::Tensor keep = at::ones({6, 6}, at::kBool).tril();
+            for (int64_t h = 0; h < 4; ++h) {
+              at::Tensor kh = k.select(1, h / 2), vh = v.select(1, h / 2);
+              at::Tensor s = at::matmul(q.select(1, h), kh.transpose(-1, -2)) / std::sqrt(8.0);
+              s = at::where(keep, s, at::full_like(s, -std::numeric_limits<double>::infinity()));
+              expected.select(1, h).copy_(at::matmul(at::softmax(s, -1), vh));
+            }
+            return compare(cp_causal_attention(q, k, v, CpShard{}), expected, 1e-12);
+          }};
+}
+
+spec::ModelSpec llama_spec() {
+  models::ReferenceModel m = models::reference_model("llama");
+  const models::LlamaOptions o;
+  spec::ModelSpec s;
+  s.name = "llama";
+  s.description = m.description;
+  s.tp_divides = {o.num_kv_heads(), o.intermediate_size()};
+  add_language_model_parts(s, m, "");
+  s.invariants = {inv_freq_invariant("rotary_emb.inv_freq", o.rope_theta()),
+                  tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings())};
+  s.parity_cases = {fused_swiglu_case(), attention_case()};
+  return s;
+}
+
+MIH_REGISTER_SPEC(llama_spec);
+
+}  // namespace
+
+// Shared with the moe and vlm specs.
+spec::StateInvariant llama_inv_freq_invariant(const std::string& fqn, double theta) { return inv_freq_invariant(fqn, theta); }
+spec::ModuleParityCase llama_attention_case() { return attention_case(); }
+
+}  // namespace mih::specs

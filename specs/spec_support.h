@@ -1,0 +1,60 @@
+// What the reference specs share: a one-rank mesh to build modules on for module parity
+// cases, the comparison of two tensors, and the parts of a spec every reference model has.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include <ATen/ATen.h>
+
+#include "harness/compat/store.h"
+#include "harness/runtime/device_mesh.h"
+#include "harness/spec/model_spec.h"
+#include "reference_models/registry.h"
+
+namespace mih::specs {
+
+/// Runs `fn` with a ParallelContext of one rank (float64 parameters, seed 7).
+inline spec::CheckResult on_one_rank(const std::function<spec::CheckResult(ParallelContext&)>& fn) {
+  compat::Store store = compat::make_hash_store(std::chrono::seconds(30));
+  MeshOptions options;
+  options.group.gloo_hostname = "127.0.0.1";
+  DeviceMesh mesh(ParallelDims{}, store, 0, 1, options);
+  ParallelOptions po;
+  po.param_dtype = at::kDouble;
+  po.init_seed = 7;
+  ParallelContext ctx(mesh, po);
+  return fn(ctx);
+}
+
+/// {passed: max relative error <= tolerance, facts: the errors and the tolerance}.
+inline spec::CheckResult compare(const at::Tensor& candidate, const at::Tensor& reference, double tolerance) {
+  const double max_abs = (candidate - reference).abs().max().item<double>();
+  const double rel = max_abs / std::max(reference.abs().max().item<double>(), 1e-30);
+  return {rel <= tolerance, {{"max_abs_error", max_abs}, {"max_relative_error", rel}, {"tolerance", tolerance}}};
+}
+
+/// The data, checkpoint and shared-state parts every reference language model declares.
+inline void add_language_model_parts(spec::ModelSpec& s, const models::ReferenceModel& m, const std::string& prefix) {
+  s.factory = m.factory;
+  s.seq_len = 64;
+  s.data.pipeline = "byte-level text over /usr/share/common-licenses, packed, labels shifted in the pipeline";
+  s.data.make_batches = [batches = m.batches] {
+    return batches(data::TextPipelineOptions().seq_len(64).global_batch(8));
+  };
+  s.data.labels_are_shifted = true;
+  s.data.fields = {{"loss_mask", /*forward=*/false, /*loss=*/true, spec::CpSharding::kSequence},
+                   {"attention_mask", false, false, spec::CpSharding::kSequence}};
+  s.checkpoint.key_map = m.key_map.rules();
+  // Older Hugging Face exports carry the rotary table; it is rebuilt here, never loaded.
+  s.checkpoint.inference_only = {"*rotary_emb.inv_freq"};
+  s.shared_state = {{"rotary.cos", prefix + "*rotary_emb", {prefix + "*layers.*"}},
+                    {"rotary.sin", prefix + "*rotary_emb", {prefix + "*layers.*"}}};
+}
+
+/// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer), and
+/// CP attention against an independent per-head loop.
+spec::StateInvariant llama_inv_freq_invariant(const std::string& fqn, double theta);
+spec::ModuleParityCase llama_attention_case();
+
+}  // namespace mih::specs

@@ -1,0 +1,48 @@
+// The validation spec of the vlm reference port (reference_models/vlm.h).
+#include "reference_models/vlm.h"
+#include "specs/spec_support.h"
+
+namespace mih::specs {
+namespace {
+
+// The tower's patch embedding (unfold + linear) against a strided convolution with the same
+// weights: the ViT paper's patch embedding written the other standard way.
+spec::ModuleParityCase patch_embedding_case() {
+  return {"patch_embedding_vs_conv2d", [] {
+            return on_one_rank([](ParallelContext& ctx) {
+              models::VlmOptions o = models::VlmOptions().image_size(16).vision_layers(0);
+              models::VisionTower tower(ctx, o);
+              at::Tensor pixels = at::rand({2, 3, 16, 16}, at::TensorOptions().dtype(at::kDouble));
+              at::Tensor w = tower->patch_embedding.detach().reshape({o.vision_hidden_size(), 3, 8, 8});
+              at::Tensor conv = at::conv2d(pixels, w, {}, 8).flatten(2).transpose(1, 2);  // [N, P, Hv]
+              at::Tensor embedded = conv + tower->position_embedding.detach();
+              // With no blocks the tower is the embedding then the final LayerNorm.
+              at::Tensor expected = at::layer_norm(embedded, {o.vision_hidden_size()}, tower->post_layernorm->weight.detach(),
+                                                   tower->post_layernorm->bias.detach(), 1e-5);
+              return compare(tower->forward(pixels).detach(), expected, 1e-12);
+            });
+          }};
+}
+
+spec::ModelSpec vlm_spec() {
+  models::ReferenceModel m = models::reference_model("vlm");
+  const models::VlmOptions o = models::VlmOptions().image_size(16);
+  spec::ModelSpec s;
+  s.name = "vlm";
+  s.description = m.description;
+  s.tp_divides = {o.text().num_kv_heads(), o.text().intermediate_size()};
+  add_language_model_parts(s, m, "");
+  s.data.pipeline += "; one procedural image per row, its patches replacing the first placeholder tokens";
+  s.data.fields.push_back({"image_token_index", true, false, spec::CpSharding::kSequence});
+  s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});
+  s.modalities = {{"pixel_values", {"vision_tower.*", "multi_modal_projector.*"}}};
+  s.shared_state.push_back({"vision.features", "vision_tower", {"multi_modal_projector"}});
+  s.invariants = {llama_inv_freq_invariant("language_model.rotary_emb.inv_freq", o.text().rope_theta())};
+  s.parity_cases = {patch_embedding_case(), llama_attention_case()};
+  return s;
+}
+
+MIH_REGISTER_SPEC(vlm_spec);
+
+}  // namespace
+}  // namespace mih::specs
