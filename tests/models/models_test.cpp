@@ -93,8 +93,9 @@ TEST_P(ModelParityTest, MatchesOneRank) {
   if (result) std::printf("%s_%s: %s\n", c.model.name, c.config.name().c_str(), result.message());
 }
 
-ParallelConfig cfg(int dp_shard, int cp, int tp, bool sp = false, bool ac = false) {
+ParallelConfig cfg(int dp_shard, int cp, int tp, bool sp = false, bool ac = false, int dp_replicate = 1) {
   ParallelConfig c;
+  c.dp_replicate = dp_replicate;
   c.dp_shard = dp_shard;
   c.cp = cp;
   c.tp = tp;
@@ -107,7 +108,8 @@ ParallelConfig cfg(int dp_shard, int cp, int tp, bool sp = false, bool ac = fals
 std::vector<ParityCase> parity_cases() {
   std::vector<ParityCase> out;
   for (const Model& m : all_models()) {
-    for (const ParallelConfig& c : {cfg(2, 1, 1), cfg(1, 1, 2, true), cfg(1, 2, 1), cfg(2, 1, 2, true, true), cfg(1, 2, 2)}) {
+    for (const ParallelConfig& c : {cfg(2, 1, 1), cfg(1, 1, 2, true), cfg(1, 2, 1), cfg(1, 1, 1, false, false, 2),
+                                    cfg(2, 1, 2, true, true), cfg(1, 2, 2)}) {
       out.push_back({m, c});
     }
   }
