@@ -71,13 +71,8 @@ spec::ModuleParityCase attention_case() {
 }
 
 spec::ModelSpec llama_spec() {
-  models::ReferenceModel m = models::reference_model("llama");
   const models::LlamaOptions o;
-  spec::ModelSpec s;
-  s.name = "llama";
-  s.description = m.description;
-  s.tp_divides = {o.num_kv_heads(), o.intermediate_size()};
-  add_language_model_parts(s, m, "");
+  spec::ModelSpec s = language_model_spec("llama", o);
   s.invariants = {inv_freq_invariant("rotary_emb.inv_freq", o.rope_theta()),
                   tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings())};
   s.parity_cases = {fused_swiglu_case(), attention_case()};

@@ -51,13 +51,8 @@ spec::ModuleParityCase moe_loop_case() {
 }
 
 spec::ModelSpec moe_spec() {
-  models::ReferenceModel m = models::reference_model("moe");
   const models::LlamaOptions o;
-  spec::ModelSpec s;
-  s.name = "moe";
-  s.description = m.description;
-  s.tp_divides = {o.num_kv_heads(), o.intermediate_size()};
-  add_language_model_parts(s, m, "");
+  spec::ModelSpec s = language_model_spec("moe", o);
   s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
   s.invariants = {llama_inv_freq_invariant("rotary_emb.inv_freq", o.rope_theta()),
                   expert_counts_invariant(8 * 64, o.top_k())};

@@ -10,6 +10,7 @@
 #include "harness/compat/store.h"
 #include "harness/runtime/device_mesh.h"
 #include "harness/spec/model_spec.h"
+#include "reference_models/llama.h"
 #include "reference_models/registry.h"
 
 namespace mih::specs {
@@ -34,8 +35,14 @@ inline spec::CheckResult compare(const at::Tensor& candidate, const at::Tensor& 
   return {rel <= tolerance, {{"max_abs_error", max_abs}, {"max_relative_error", rel}, {"tolerance", tolerance}}};
 }
 
-/// The data, checkpoint and shared-state parts every reference language model declares.
-inline void add_language_model_parts(spec::ModelSpec& s, const models::ReferenceModel& m, const std::string& prefix) {
+/// A reference model's spec with the parts every language model declares: its factory, the
+/// text data contract, the checkpoint map, and the rotary table as shared state.
+inline spec::ModelSpec language_model_spec(const std::string& name, const models::LlamaOptions& o) {
+  const models::ReferenceModel m = models::reference_model(name);
+  spec::ModelSpec s;
+  s.name = name;
+  s.description = m.description;
+  s.tp_divides = {o.num_kv_heads(), o.intermediate_size()};
   s.factory = m.factory;
   s.seq_len = 64;
   s.data.pipeline = "byte-level text over /usr/share/common-licenses, packed, labels shifted in the pipeline";
@@ -48,8 +55,8 @@ inline void add_language_model_parts(spec::ModelSpec& s, const models::Reference
   s.checkpoint.key_map = m.key_map.rules();
   // Older Hugging Face exports carry the rotary table; it is rebuilt here, never loaded.
   s.checkpoint.inference_only = {"*rotary_emb.inv_freq"};
-  s.shared_state = {{"rotary.cos", prefix + "*rotary_emb", {prefix + "*layers.*"}},
-                    {"rotary.sin", prefix + "*rotary_emb", {prefix + "*layers.*"}}};
+  s.shared_state = {{"rotary.cos", "*rotary_emb", {"*layers.*"}}, {"rotary.sin", "*rotary_emb", {"*layers.*"}}};
+  return s;
 }
 
 /// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer), and

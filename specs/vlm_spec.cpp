@@ -25,13 +25,8 @@ spec::ModuleParityCase patch_embedding_case() {
 }
 
 spec::ModelSpec vlm_spec() {
-  models::ReferenceModel m = models::reference_model("vlm");
   const models::VlmOptions o = models::VlmOptions().image_size(16);
-  spec::ModelSpec s;
-  s.name = "vlm";
-  s.description = m.description;
-  s.tp_divides = {o.text().num_kv_heads(), o.text().intermediate_size()};
-  add_language_model_parts(s, m, "");
+  spec::ModelSpec s = language_model_spec("vlm", o.text());
   s.data.pipeline += "; one procedural image per row, its patches replacing the first placeholder tokens";
   s.data.fields.push_back({"image_token_index", true, false, spec::CpSharding::kSequence});
   s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});

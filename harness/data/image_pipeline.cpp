@@ -16,6 +16,7 @@
 #include <stb/stb_image.h>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/files.h"
 #include "harness/data/text_pipeline.h"
 
@@ -250,12 +251,7 @@ void to_json(nlohmann::json& j, const ImagePipelineOptions& o) {
 }
 
 void from_json(const nlohmann::json& j, ImagePipelineOptions& o) {
-  static const std::vector<std::string> kKeys = {"directory", "image_size", "channels", "global_batch", "seed"};
-  MIH_CHECK(j.is_object(), "image pipeline options: expected a JSON object, got ", j.dump());
-  for (const auto& [key, value] : j.items()) {
-    MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "image pipeline options: unknown field '",
-              key, "'; valid: directory, image_size, channels, global_batch, seed");
-  }
+  check_known_fields(j, "image pipeline options", {"directory", "image_size", "channels", "global_batch", "seed"});
   ImagePipelineOptions d;
   o.directory(j.contains("directory") ? fs::path(j.at("directory").get<std::string>()) : d.directory());
   o.image_size(j.value("image_size", d.image_size()));

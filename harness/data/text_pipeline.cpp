@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 
 namespace mih::data {
 
@@ -245,13 +246,8 @@ void to_json(nlohmann::json& j, const TextPipelineOptions& o) {
 }
 
 void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
-  static const std::vector<std::string> kKeys = {"corpus",  "seq_len", "global_batch",      "packing",
-                                                 "shuffle", "seed",    "min_document_bytes"};
-  MIH_CHECK(j.is_object(), "text pipeline options: expected a JSON object, got ", j.dump());
-  for (const auto& [key, value] : j.items()) {
-    MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "text pipeline options: unknown field '",
-              key, "'; valid: corpus, seq_len, global_batch, packing, shuffle, seed, min_document_bytes");
-  }
+  check_known_fields(j, "text pipeline options",
+                     {"corpus", "seq_len", "global_batch", "packing", "shuffle", "seed", "min_document_bytes"});
   TextPipelineOptions d;
   o.corpus(j.contains("corpus") ? fs::path(j.at("corpus").get<std::string>()) : d.corpus());
   o.seq_len(j.value("seq_len", d.seq_len()));

@@ -11,6 +11,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/compat/optim.h"
 #include "harness/runtime/dtypes.h"
@@ -79,14 +80,9 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
 }
 
 void from_json(const nlohmann::json& j, ParallelConfig& c) {
-  static const std::vector<std::string> kKeys = {"dp_replicate", "dp_shard", "cp", "cp_layout", "tp", "sequence_parallel",
-                                                 "activation_checkpointing", "micro_batches", "dtype", "seed", "name"};
-  MIH_CHECK(j.is_object(), "parallel config: expected a JSON object, got ", j.dump());
-  for (const auto& [key, value] : j.items()) {
-    MIH_CHECK(std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(), "parallel config: unknown field '", key,
-              "'; valid: dp_replicate, dp_shard, cp, cp_layout, tp, sequence_parallel, activation_checkpointing, "
-              "micro_batches, dtype, seed");
-  }
+  check_known_fields(j, "parallel config",
+                     {"dp_replicate", "dp_shard", "cp", "cp_layout", "tp", "sequence_parallel", "activation_checkpointing",
+                      "micro_batches", "dtype", "seed", "name"});
   ParallelConfig d;
   c.dp_replicate = j.value("dp_replicate", d.dp_replicate);
   c.dp_shard = j.value("dp_shard", d.dp_shard);
