@@ -1,0 +1,247 @@
+// EvidenceDir, the integration state machine and environment capture (see evidence_store.h).
+#include "harness/evidence/evidence_store.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+
+extern char** environ;
+
+namespace mih {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+// "<name>.tmp.<pid>" of write_file_atomic, with a dead pid.
+bool stale_temp(const fs::path& p) {
+  const std::string name = p.filename().string();
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at + 5 >= name.size()) return false;
+  const std::string pid = name.substr(at + 5);
+  if (!std::all_of(pid.begin(), pid.end(), ::isdigit)) return false;
+  return !process_alive(std::stol(pid));
+}
+
+std::string run_command(const std::string& command) {
+  std::string out;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buffer[256];
+    while (std::fgets(buffer, sizeof(buffer), pipe)) out += buffer;
+    ::pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+constexpr int kStateSchema = 1;
+const std::vector<IntegrationState> kGates = {IntegrationState::kDiscovered, IntegrationState::kStructureValidated,
+                                              IntegrationState::kModuleParityPassed, IntegrationState::kMatrixPassed};
+
+bool terminal(IntegrationState s) { return s == IntegrationState::kFailed || s == IntegrationState::kBlocked; }
+
+int gate_index(IntegrationState s) {
+  auto it = std::find(kGates.begin(), kGates.end(), s);
+  return it == kGates.end() ? -1 : static_cast<int>(it - kGates.begin());
+}
+
+}  // namespace
+
+EvidenceDir::EvidenceDir(fs::path root) : root_(std::move(root)) {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "evidence directory ", root_.string(), " cannot be created: ",
+                 ec.message(), "; pass a writable --evidence-root");
+  const fs::path probe = root_ / (".writable." + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "evidence directory ", root_.string(), " is not writable: ",
+                 std::strerror(errno), "; pass a writable --evidence-root");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  root_ = fs::canonical(root_);
+  for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file() && stale_temp(it->path())) fs::remove(it->path(), ec);
+  }
+}
+
+fs::path EvidenceDir::resolve(std::string_view relative) const {
+  const fs::path rel(relative);
+  MIH_CHECK(!rel.empty() && rel.is_relative(), "evidence path '", relative,
+            "' must be relative to the evidence directory ", root_.string());
+  for (const auto& part : rel) {
+    MIH_CHECK(part != "..", "evidence path '", relative, "' escapes the evidence directory (a '..' component)");
+  }
+  const fs::path full = root_ / rel;
+  // A symlink on the way must not lead outside either.
+  const fs::path real = fs::weakly_canonical(full);
+  const std::string root = root_.string() + "/";
+  MIH_CHECK(real.string().rfind(root, 0) == 0, "evidence path '", relative, "' leaves the evidence directory ",
+            root_.string(), " through a symlink (to ", real.string(), ")");
+  return full;
+}
+
+void EvidenceDir::write_json(std::string_view relative, const nlohmann::json& j) const {
+  write_file_atomic(resolve(relative), j.dump(2) + "\n");
+}
+
+void EvidenceDir::write_text(std::string_view relative, std::string_view text) const {
+  write_file_atomic(resolve(relative), text);
+}
+
+void EvidenceDir::append_jsonl(std::string_view relative, const nlohmann::json& j) const {
+  const fs::path path = resolve(relative);
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const std::string line = j.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", std::strerror(errno));
+  const ssize_t n = ::write(fd, line.data(), line.size());  // one write: the line lands whole
+  const int err = errno;
+  ::close(fd);
+  MIH_CHECK_CODE(n == static_cast<ssize_t>(line.size()), Code::kFailedPrecondition, "cannot append to ", path.string(),
+                 ": ", n < 0 ? std::strerror(err) : "short write");
+}
+
+std::vector<nlohmann::json> EvidenceDir::read_jsonl(std::string_view relative) const {
+  const fs::path path = resolve(relative);
+  std::string text;
+  MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "cannot read ", path.string());
+  std::vector<nlohmann::json> out;
+  size_t start = 0, line = 1;
+  for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1, ++line) {
+    try {
+      out.push_back(nlohmann::json::parse(text.substr(start, end - start)));
+    } catch (const nlohmann::json::exception& e) {
+      MIH_THROW(Code::kInvalidSpec, path.string(), " line ", line, " is not JSON: ", e.what());
+    }
+  }
+  return out;  // a last line without "\n" was torn by a crash: dropped
+}
+
+nlohmann::json EvidenceDir::read_json(std::string_view relative) const {
+  const fs::path path = resolve(relative);
+  std::string text;
+  MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    MIH_THROW(Code::kInvalidSpec, path.string(), " is not JSON: ", e.what());
+  }
+}
+
+std::string state_name(IntegrationState s) {
+  switch (s) {
+    case IntegrationState::kDiscovered: return "DISCOVERED";
+    case IntegrationState::kStructureValidated: return "STRUCTURE_VALIDATED";
+    case IntegrationState::kModuleParityPassed: return "MODULE_PARITY_PASSED";
+    case IntegrationState::kMatrixPassed: return "MATRIX_PASSED";
+    case IntegrationState::kFailed: return "FAILED";
+    case IntegrationState::kBlocked: return "BLOCKED";
+  }
+  return "?";
+}
+
+IntegrationState parse_state(const std::string& name) {
+  for (auto s : {IntegrationState::kDiscovered, IntegrationState::kStructureValidated, IntegrationState::kModuleParityPassed,
+                 IntegrationState::kMatrixPassed, IntegrationState::kFailed, IntegrationState::kBlocked}) {
+    if (state_name(s) == name) return s;
+  }
+  MIH_THROW(Code::kInvalidSpec, "unknown integration state '", name,
+            "'; valid: DISCOVERED, STRUCTURE_VALIDATED, MODULE_PARITY_PASSED, MATRIX_PASSED, FAILED, BLOCKED");
+}
+
+bool IntegrationStateMachine::current(IntegrationState* state) const {
+  if (!fs::exists(dir_->resolve("integration_state.json"))) return false;
+  *state = parse_state(dir_->read_json("integration_state.json").at("state").get<std::string>());
+  return true;
+}
+
+void IntegrationStateMachine::update(IntegrationState next, const std::vector<std::string>& evidence,
+                                     const std::string& reason) {
+  IntegrationState now = IntegrationState::kDiscovered;
+  const bool exists = current(&now);
+  nlohmann::json old = exists ? dir_->read_json("integration_state.json") : nlohmann::json::object();
+  const std::string from = exists ? state_name(now) : "(none)";
+  MIH_CHECK_CODE(!exists || !terminal(now), Code::kFailedPrecondition, "integration state of ", dir_->root().string(),
+                 " is terminal (", from, "); it cannot become ", state_name(next), ": use a new evidence directory");
+  if (!terminal(next)) {
+    const int want = gate_index(next), have = exists ? gate_index(now) : -1;
+    MIH_CHECK_CODE(want == have + 1, Code::kFailedPrecondition, "integration state of ", dir_->root().string(), ": ",
+                   from, " -> ", state_name(next), " is not allowed: gates advance one at a time (",
+                   want <= have ? "never back" : "no skipping", ")");
+  }
+  std::set<std::string> paths;
+  for (const auto& p : old.value("evidence", std::vector<std::string>{})) paths.insert(p);
+  paths.insert(evidence.begin(), evidence.end());
+  dir_->write_json("integration_state.json", {{"schema_version", kStateSchema},
+                                              {"state", state_name(next)},
+                                              {"previous_state", exists ? nlohmann::json(from) : nlohmann::json(nullptr)},
+                                              {"evidence", std::vector<std::string>(paths.begin(), paths.end())},
+                                              {"reason", reason}});
+}
+
+void IntegrationStateMachine::advance_if_before(IntegrationState target, const std::vector<std::string>& evidence) {
+  MIH_CHECK(!terminal(target), "advance_if_before: the target must be a gate, got ", state_name(target));
+  IntegrationState now = IntegrationState::kDiscovered;
+  int have = current(&now) ? gate_index(now) : -1;
+  MIH_CHECK_CODE(have >= 0 || !fs::exists(dir_->resolve("integration_state.json")), Code::kFailedPrecondition,
+                 "integration state of ", dir_->root().string(), " is terminal (", state_name(now),
+                 "); use a new evidence directory");
+  for (int g = have + 1; g <= gate_index(target); ++g) update(kGates[static_cast<size_t>(g)], evidence);
+}
+
+void IntegrationStateMachine::fail(const std::string& reason, const std::vector<std::string>& evidence, bool blocked) {
+  update(blocked ? IntegrationState::kBlocked : IntegrationState::kFailed, evidence, reason);
+}
+
+nlohmann::json capture_environment(const fs::path& source_dir, const nlohmann::json& extra) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string cpu;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  nlohmann::json variables = nlohmann::json::object();
+  static const std::vector<std::string> kPrefixes = {"MIH_", "SLURM_", "OMPI_COMM_WORLD_"};
+  static const std::set<std::string> kNames = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                               "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"};
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    bool keep = kNames.count(name) > 0;
+    for (const auto& p : kPrefixes) keep = keep || name.rfind(p, 0) == 0;
+    if (keep) variables[name] = entry.substr(name.size() + 1);
+  }
+  nlohmann::json git = nullptr;
+  const std::string q = "'" + source_dir.string() + "'";
+  const std::string revision = run_command("git -C " + q + " rev-parse HEAD 2>/dev/null");
+  if (!revision.empty()) {
+    git = {{"revision", revision}, {"dirty", !run_command("git -C " + q + " status --porcelain 2>/dev/null").empty()}};
+  }
+  nlohmann::json env = {{"host", host},
+                        {"cpu", {{"model", cpu}, {"cores", static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN))}}},
+                        {"compiler", __VERSION__},
+                        {"cplusplus", static_cast<int64_t>(__cplusplus)},
+                        {"git", git},
+                        {"variables", variables}};
+  for (const auto& [k, v] : extra.items()) env[k] = v;
+  return env;
+}
+
+}  // namespace mih
