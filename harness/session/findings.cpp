@@ -1,0 +1,63 @@
+// Finding and FindingReport (see findings.h).
+#include "harness/session/findings.h"
+
+#include <regex>
+
+#include "harness/base/error.h"
+
+namespace mih {
+
+std::string severity_name(Severity s) {
+  switch (s) {
+    case Severity::kInfo: return "info";
+    case Severity::kWarning: return "warning";
+    case Severity::kError: return "error";
+  }
+  return "?";
+}
+
+void Finding::validate() const {
+  static const std::regex kCode("MIH-[A-Z]+-[0-9]{3}");
+  MIH_INTERNAL_ASSERT(std::regex_match(code, kCode), "finding code '", code, "' is not of the form MIH-<AREA>-NNN");
+  MIH_INTERNAL_ASSERT(phase == "structure" || phase == "materialization" || phase == "checkpoint" || phase == "runtime",
+                      "finding ", code, ": unknown phase '", phase, "'");
+  MIH_INTERNAL_ASSERT(severity != Severity::kError || (!why_unsafe.empty() && !remediation.empty()), "finding ", code,
+                      " is an error without why_unsafe and remediation");
+}
+
+void to_json(nlohmann::json& j, const Finding& f) {
+  j = {{"code", f.code},       {"phase", f.phase},     {"owner", f.owner},           {"severity", severity_name(f.severity)},
+       {"message", f.message}, {"facts", f.facts},     {"why_unsafe", f.why_unsafe}, {"remediation", f.remediation}};
+}
+
+void FindingReport::add(Finding f) {
+  f.validate();
+  findings_.push_back(std::move(f));
+}
+
+bool FindingReport::failed() const {
+  for (const auto& f : findings_) {
+    if (f.severity == Severity::kError) return true;
+  }
+  return false;
+}
+
+nlohmann::json FindingReport::to_json() const {
+  int errors = 0, warnings = 0;
+  for (const auto& f : findings_) {
+    errors += f.severity == Severity::kError;
+    warnings += f.severity == Severity::kWarning;
+  }
+  return {{"status", failed() ? "FAIL" : "PASS"}, {"errors", errors}, {"warnings", warnings}, {"findings", findings_}};
+}
+
+std::string FindingReport::summary() const {
+  std::string out;
+  for (const auto& f : findings_) {
+    if (f.severity != Severity::kError) continue;
+    out += f.code + " " + f.owner + ": " + f.message + " (fix: " + f.remediation + ")\n";
+  }
+  return out;
+}
+
+}  // namespace mih
