@@ -125,11 +125,11 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   auto [top_p, top_i] = probs.topk(k, -1);                                        // [N, k]
   at::Tensor weights = top_p / top_p.sum(-1, /*keepdim=*/true);
   at::Tensor out = at::zeros_like(tokens);
-  at::Tensor counts = at::zeros({n_experts}, at::TensorOptions().dtype(at::kLong));
+  // Token slots per expert [E].
+  at::Tensor counts = at::bincount(top_i.reshape(-1), /*weights=*/{}, n_experts).to(at::kLong);
   for (int64_t e = 0; e < n_experts; ++e) {
     at::Tensor hit = top_i.eq(e);  // [N, k]
     at::Tensor rows = hit.any(-1).nonzero().squeeze(-1);
-    counts[e] = hit.sum().item<int64_t>();
     // Every expert runs on every rank, even on no token: its FSDP gather is a collective.
     at::Tensor gate = (weights * hit).sum(-1).index_select(0, rows).unsqueeze(-1);
     at::Tensor y = experts[e]->as<MoeExpert>()->forward(tokens.index_select(0, rows)) * gate;

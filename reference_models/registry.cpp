@@ -8,6 +8,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/compat/store.h"
 #include "harness/data/image_pipeline.h"
@@ -55,14 +56,11 @@ std::vector<std::pair<std::string, at::Tensor>> sorted(const std::map<std::strin
 
 void write_tensors(const std::filesystem::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                    std::vector<at::Tensor>* keep) {
-  static const std::map<at::ScalarType, std::string> kDtype = {
-      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kLong, "I64"}, {at::kInt, "I32"}, {at::kBool, "BOOL"}};
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, t] : tensors) {
     at::Tensor c = t.detach().cpu().contiguous();
     keep->push_back(c);
-    MIH_INTERNAL_ASSERT(kDtype.count(c.scalar_type()), "export: no safetensors dtype for ", c.scalar_type());
-    views.push_back({name, kDtype.at(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
+    views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
   }
   safetensors::write_file(path, views, {{"format", "pt"}});
 }

@@ -32,7 +32,9 @@ std::string rank_file(int rank) {
   return name;
 }
 
-std::string st_dtype(at::ScalarType t) {
+}  // namespace
+
+std::string safetensors_dtype(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return "F64";
     case at::kFloat: return "F32";
@@ -47,6 +49,8 @@ std::string st_dtype(at::ScalarType t) {
     default: MIH_THROW(Code::kUnimplemented, "checkpoint: no safetensors dtype for ", t);
   }
 }
+
+namespace {
 
 at::ScalarType torch_dtype(const std::string& st) {
   static const std::map<std::string, at::ScalarType> kMap = {
@@ -143,10 +147,10 @@ void write_rank_file(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
       at::Tensor data = narrow_box(piece.local, box.local_offset, box.lengths).to(at::kCPU).contiguous();
       keep.push_back(data);
       const std::string name = piece.key + "@" + join(box.global_offset);
-      views.push_back({name, st_dtype(data.scalar_type()), box.lengths, data.data_ptr(), data.nbytes()});
+      views.push_back({name, safetensors_dtype(data.scalar_type()), box.lengths, data.data_ptr(), data.nbytes()});
       chunks.push_back({{"key", piece.key},
                         {"name", name},
-                        {"dtype", st_dtype(data.scalar_type())},
+                        {"dtype", safetensors_dtype(data.scalar_type())},
                         {"shape", piece.global_shape},
                         {"offsets", box.global_offset},
                         {"lengths", box.lengths}});
@@ -235,7 +239,7 @@ int64_t fill_box(const fs::path& dir, const std::string& key, const json& entry,
     const safetensors::TensorInfo& info = it->second.info(name);
     MIH_CHECK(info.shape == lengths && torch_dtype(info.dtype) == dst.scalar_type(), "checkpoint ", dir.string(), ": file ",
               file, " tensor '", name, "' has dtype ", info.dtype, " and shape ", shape_str(info.shape),
-              ", the index says ", st_dtype(dst.scalar_type()), " ", shape_str(lengths));
+              ", the index says ", safetensors_dtype(dst.scalar_type()), " ", shape_str(lengths));
     std::vector<int64_t> in_chunk(rank), in_local(rank);
     for (size_t d = 0; d < rank; ++d) {
       in_chunk[d] = from[d] - offsets[d];
@@ -259,8 +263,8 @@ at::Tensor read_piece(const fs::path& dir, const json& index, const std::string&
   const json& entry = tensors.at(key);
   MIH_CHECK(entry.at("shape").get<std::vector<int64_t>>() == global_shape, "checkpoint ", dir.string(), ": '", key,
             "' has shape ", shape_str(entry.at("shape").get<std::vector<int64_t>>()), ", the model's is ", shape_str(global_shape));
-  MIH_CHECK(entry.at("dtype").get<std::string>() == st_dtype(dtype), "checkpoint ", dir.string(), ": '", key, "' is ",
-            entry.at("dtype").get<std::string>(), ", the model's is ", st_dtype(dtype),
+  MIH_CHECK(entry.at("dtype").get<std::string>() == safetensors_dtype(dtype), "checkpoint ", dir.string(), ": '", key, "' is ",
+            entry.at("dtype").get<std::string>(), ", the model's is ", safetensors_dtype(dtype),
             " (load into a model of the saved dtype)");
   at::Tensor dst = at::zeros(local_shape, at::TensorOptions().dtype(dtype));
   for (const Box& box : boxes) {

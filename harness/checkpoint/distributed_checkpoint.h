@@ -15,6 +15,9 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+
+#include <c10/core/ScalarType.h>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +56,10 @@ void save_checkpoint(const std::filesystem::path& dir, ParallelContext& ctx, tor
 ///   a piece this rank needs.
 nlohmann::json load_checkpoint(const std::filesystem::path& dir, ParallelContext& ctx,
                                torch::optim::Optimizer* optimizer);
+
+/// The safetensors dtype name of a torch dtype ("F64", "F32", "BF16", "I64", ...).
+/// Throws: mih::Error{kUnimplemented} for a dtype safetensors has no name for here.
+std::string safetensors_dtype(c10::ScalarType dtype);
 
 /// Reads and checks `dir`/index.json (format, version, fields).
 /// Throws: as load_checkpoint for the index.

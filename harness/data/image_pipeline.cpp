@@ -16,9 +16,9 @@
 #include <stb/stb_image.h>
 
 #include "harness/base/error.h"
-#include "harness/base/json_fields.h"
 #include "harness/base/files.h"
-#include "harness/data/text_pipeline.h"
+#include "harness/base/json_fields.h"
+#include "harness/data/data_files.h"
 
 namespace mih::data {
 

@@ -1,4 +1,4 @@
-// ByteTokenizer, list_data_files and TextPipeline: loading a text corpus and cutting it into
+// ByteTokenizer and TextPipeline: loading a text corpus and cutting it into
 // packed or padded global batches.
 #include "harness/data/text_pipeline.h"
 
@@ -15,6 +15,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/json_fields.h"
+#include "harness/data/data_files.h"
 
 namespace mih::data {
 
@@ -200,39 +201,6 @@ std::string ByteTokenizer::decode(std::span<const int64_t> tokens) {
     if (t < 256) text.push_back(static_cast<char>(static_cast<unsigned char>(t)));
   }
   return text;
-}
-
-std::vector<fs::path> list_data_files(const fs::path& dir, std::string_view fix) {
-  std::error_code ec;
-  const auto status = fs::status(dir, ec);
-  MIH_CHECK_CODE(fs::exists(status), Code::kFailedPrecondition, "'", dir.string(), "' does not exist; ", fix);
-  MIH_CHECK_CODE(fs::is_directory(status), Code::kFailedPrecondition, "'", dir.string(),
-                 "' is not a directory; ", fix);
-  std::vector<fs::path> files;
-  std::set<fs::path> visited;  // canonical paths: a symlink back up the tree is walked once
-  auto walk = [&](auto& self, const fs::path& d) -> void {
-    std::error_code walk_ec;
-    auto canonical = fs::canonical(d, walk_ec);
-    if (!walk_ec && !visited.insert(canonical).second) return;
-    fs::directory_iterator it(d, walk_ec);
-    MIH_CHECK_CODE(!walk_ec, Code::kFailedPrecondition, "cannot list directory '", d.string(), "': ",
-                   walk_ec.message(), "; make it readable or ", fix);
-    for (; it != fs::directory_iterator(); it.increment(walk_ec)) {
-      const fs::path& p = it->path();
-      std::error_code entry_ec;
-      const auto s = fs::status(p, entry_ec);  // follows symlinks; a dangling one is not_found
-      if (fs::is_directory(s)) {
-        self(self, p);
-      } else if (fs::is_regular_file(s)) {
-        files.push_back(p);
-      }
-    }
-    MIH_CHECK_CODE(!walk_ec, Code::kFailedPrecondition, "cannot list directory '", d.string(), "': ",
-                   walk_ec.message(), "; make it readable or ", fix);
-  };
-  walk(walk, dir);
-  std::sort(files.begin(), files.end());
-  return files;
 }
 
 void to_json(nlohmann::json& j, const TextPipelineOptions& o) {

@@ -211,8 +211,7 @@ RotaryEmbeddingImpl::RotaryEmbeddingImpl(ParallelContext& ctx, int64_t head_dim_
 void RotaryEmbeddingImpl::fill_inv_freq(const at::Tensor& inv_freq, int64_t head_dim, double theta) {
   at::NoGradGuard no_grad;
   at::Tensor exponent = at::arange(0, head_dim, 2, at::kDouble) / static_cast<double>(head_dim);
-  // inv_freq is a buffer (never requires grad): an in-place write through a const handle.
-  at::Tensor(inv_freq).copy_(at::pow(theta, exponent).reciprocal());
+  inv_freq.copy_(at::pow(theta, exponent).reciprocal());
 }
 
 void RotaryEmbeddingImpl::reset_buffers() { fill_inv_freq(inv_freq, head_dim, theta); }
