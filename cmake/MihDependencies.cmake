@@ -31,9 +31,10 @@ endfunction()
 mih_find_header_only(nlohmann_json nlohmann_json::nlohmann_json nlohmann/json.hpp)
 mih_find_header_only(CLI11 CLI11::CLI11 CLI/CLI.hpp)
 
+# OpenSSL: SHA-256 of inputs and evidence (harness/base/sha256.h).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 if(MIH_BUILD_TESTS)
   find_package(GTest REQUIRED)
-  find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 endif()
 
 # Gloo: Debian ships its headers (libgloo-dev); pip wheels do not (GLOO_INSTALL OFF), so the
@@ -54,7 +55,9 @@ endif()
 # NCCL: only a CUDA build of libtorch has it; torch_cuda exports USE_C10D_NCCL itself.
 if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
   set(MIH_WITH_NCCL ON)
+  set(MIH_WITH_CUDA ON)  # harness/probes reads the CUDA allocator's peak
 else()
   set(MIH_WITH_NCCL OFF)
+  set(MIH_WITH_CUDA OFF)
 endif()
 message(STATUS "mih: gloo=${MIH_WITH_GLOO} nccl=${MIH_WITH_NCCL}")

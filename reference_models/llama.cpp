@@ -145,9 +145,11 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   }
   // Routing statistics are shared state: published here, consumed by the balancing loss
   // (and read by the session and the state invariants).
+  // Published once per forward: the activation-checkpoint recompute reads the forward's
+  // value instead of publishing again (a second publication is finding MIH-SHARED-004).
   const std::string counts_key = name_ + ".expert_counts";
-  ctx_->shared_state().publish(counts_key, global_counts, name_);
-  const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_ + ".aux_loss");
+  if (!in_recompute()) ctx_->shared_state().publish(counts_key, global_counts, name_);
+  const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_);  // by its balancing loss
   const double global_tokens = static_cast<double>(n * replicas_of_tokens);
   at::Tensor fraction = routed.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
   at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / global_tokens;

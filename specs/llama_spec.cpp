@@ -10,8 +10,8 @@ namespace {
 
 // inv_freq[i] = 1 / theta^(2i / D), recomputed here independently.
 spec::StateInvariant inv_freq_invariant(const std::string& fqn, double theta) {
-  return {"inv_freq_matches_formula", spec::Phase::kStructure, [fqn, theta](Trainer& t) -> spec::CheckResult {
-            for (const auto& b : t.context().buffers()) {
+  return {"inv_freq_matches_formula", spec::Phase::kStructure, [fqn, theta](const TrainingState& t) -> spec::CheckResult {
+            for (const auto& b : t.context->buffers()) {
               if (b.fqn != fqn) continue;
               const int64_t half = b.tensor.numel(), d = 2 * half;
               at::Tensor expected = at::empty({half}, at::kDouble);
@@ -27,9 +27,9 @@ spec::StateInvariant inv_freq_invariant(const std::string& fqn, double theta) {
 // The head is one parameter with the embedding exactly when the config ties them.
 spec::StateInvariant tie_invariant(const std::string& embed, const std::string& head, bool tied) {
   return {"embedding_and_head_tied_as_configured", spec::Phase::kStructure,
-          [embed, head, tied](Trainer& t) -> spec::CheckResult {
+          [embed, head, tied](const TrainingState& t) -> spec::CheckResult {
             bool aliased = false;
-            for (const auto& p : t.context().parameters()) {
+            for (const auto& p : t.context->parameters()) {
               if (p->fqn != embed) continue;
               aliased = std::find(p->aliases.begin(), p->aliases.end(), head) != p->aliases.end();
             }

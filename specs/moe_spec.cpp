@@ -10,10 +10,10 @@ namespace {
 // After a step, each MoE layer routed every token of the global batch to top_k experts.
 spec::StateInvariant expert_counts_invariant(int64_t global_tokens, int64_t top_k) {
   return {"expert_counts_sum_to_tokens_times_top_k", spec::Phase::kRuntime,
-          [global_tokens, top_k](Trainer& t) -> spec::CheckResult {
+          [global_tokens, top_k](const TrainingState& t) -> spec::CheckResult {
             nlohmann::json facts = nlohmann::json::array();
             bool ok = true;
-            for (auto* moe : dynamic_cast<models::LlamaForCausalLM&>(t.model()).moe_mlps()) {
+            for (auto* moe : dynamic_cast<models::LlamaForCausalLM&>(*t.model).moe_mlps()) {
               const int64_t sum = moe->last_expert_counts.defined() ? moe->last_expert_counts.sum().item<int64_t>() : -1;
               ok = ok && sum == global_tokens * top_k;
               facts.push_back({{"counted", sum}, {"expected", global_tokens * top_k}});

@@ -244,6 +244,9 @@ class ParallelContext {
   /// and returns the norm before clipping.
   double clip_grad_norm(double max_norm);
 
+  /// The FSDP units, in declaration order.
+  const std::vector<std::string>& fsdp_units() const { return units_; }
+
   /// JSON for evidence: every parameter's layout, and the FSDP units.
   nlohmann::json to_json() const;
 

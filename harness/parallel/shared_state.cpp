@@ -9,7 +9,8 @@
 namespace mih {
 
 void to_json(nlohmann::json& j, const SharedStateEvent& e) {
-  j = {{"key", e.key}, {"action", e.action}, {"layer", e.layer}, {"forward", e.forward}, {"recompute", e.recompute}};
+  j = {{"key", e.key},          {"action", e.action},   {"layer", e.layer},        {"source", e.source},
+       {"state_id", e.state_id}, {"forward", e.forward}, {"recompute", e.recompute}};
 }
 
 void SharedState::begin_forward() {
@@ -18,16 +19,21 @@ void SharedState::begin_forward() {
 }
 
 void SharedState::publish(const std::string& key, const at::Tensor& value, const std::string& producer) {
-  if (recording_) events_.push_back({key, "publish", producer, forward_, in_recompute()});
-  values_[key] = value;
+  const int64_t id = next_id_++;
+  if (recording_) events_.push_back({key, "publish", producer, producer, id, forward_, in_recompute()});
+  values_[key] = Value{value, producer, id};
 }
 
 at::Tensor SharedState::consume(const std::string& key, const std::string& consumer) {
-  if (recording_) events_.push_back({key, "consume", consumer, forward_, in_recompute()});
   auto it = values_.find(key);
+  if (recording_) {
+    const bool found = it != values_.end();
+    events_.push_back({key, "consume", consumer, found ? it->second.producer : "", found ? it->second.id : -1, forward_,
+                       in_recompute()});
+  }
   MIH_CHECK(it != values_.end(), "shared state '", key, "' is consumed by '", consumer,
             "' before any layer published it in this forward; publish it first (or fix the key)");
-  return it->second;
+  return it->second.tensor;
 }
 
 }  // namespace mih

@@ -18,7 +18,12 @@ namespace mih {
 struct SharedStateEvent {
   std::string key;
   std::string action;  // "publish" or "consume"
-  std::string layer;   // producer or consumer FQN
+  std::string layer;   // producer (publish) or consumer (consume) FQN
+  /// consume: the producer of the value it received ("" if none was published).
+  std::string source;
+  /// Which publication: a counter over the run, the same for a publish and the consumes
+  /// that read its value (-1: a consume that found nothing).
+  int64_t state_id = -1;
   int64_t forward = 0;
   bool recompute = false;
 };
@@ -42,7 +47,13 @@ class SharedState {
   void clear_events() { events_.clear(); }
 
  private:
-  std::map<std::string, at::Tensor> values_;
+  struct Value {
+    at::Tensor tensor;
+    std::string producer;
+    int64_t id = 0;
+  };
+  std::map<std::string, Value> values_;
+  int64_t next_id_ = 0;
   std::vector<SharedStateEvent> events_;
   int64_t forward_ = -1;
   bool recording_ = false;

@@ -1,7 +1,10 @@
 // Communicator: ledger records and error context around the compat collectives.
 #include "harness/runtime/communicator.h"
 
+#include <cstring>
+
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
 #include "harness/runtime/dtypes.h"
@@ -97,6 +100,24 @@ void Communicator::send_recv(const at::Tensor& to_send, int dst, at::Tensor& to_
     sent.wait();
     received.wait();
   });
+}
+
+std::vector<nlohmann::json> all_gather_json(Communicator& comm, const nlohmann::json& value, c10::Device device,
+                                            CallSite site) {
+  const std::string bytes = value.dump();
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), at::TensorOptions().dtype(at::kLong).device(device));
+  at::Tensor lengths = comm.all_gather(length, 0, site).cpu();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor mine = at::zeros({longest}, at::kByte);
+  std::memcpy(mine.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  at::Tensor all = comm.all_gather(mine.to(device), 0, site).cpu().contiguous();
+  std::vector<nlohmann::json> out;
+  const auto* data = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t n = lengths[r].item<int64_t>();
+    out.push_back(nlohmann::json::parse(std::string_view(data + r * longest, static_cast<size_t>(n))));
+  }
+  return out;
 }
 
 }  // namespace mih

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include "harness/compat/collectives.h"
 #include "harness/runtime/comm_ledger.h"
@@ -82,5 +84,14 @@ class Communicator {
   compat::Group group_;
   std::shared_ptr<CommLedger> ledger_;
 };
+
+/// Every member's `value`, in axis-rank order, on every member: two all-gathers over `comm`
+/// (the lengths, then the serialized values padded to the longest). For small, irregular
+/// payloads (findings, digests) whose shapes differ between ranks; tensors go on `device`
+/// (the group's: CUDA for NCCL).
+/// Throws: as the collectives.
+std::vector<nlohmann::json> all_gather_json(Communicator& comm, const nlohmann::json& value,
+                                            c10::Device device = c10::Device(c10::DeviceType::CPU),
+                                            CallSite site = {});
 
 }  // namespace mih

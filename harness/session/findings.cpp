@@ -30,6 +30,19 @@ void to_json(nlohmann::json& j, const Finding& f) {
        {"message", f.message}, {"facts", f.facts},     {"why_unsafe", f.why_unsafe}, {"remediation", f.remediation}};
 }
 
+void from_json(const nlohmann::json& j, Finding& f) {
+  const std::string severity = j.at("severity").get<std::string>();
+  f.code = j.at("code").get<std::string>();
+  f.phase = j.at("phase").get<std::string>();
+  f.owner = j.at("owner").get<std::string>();
+  f.severity = severity == "error" ? Severity::kError : severity == "warning" ? Severity::kWarning : Severity::kInfo;
+  f.message = j.at("message").get<std::string>();
+  f.facts = j.value("facts", nlohmann::json::object());
+  f.why_unsafe = j.value("why_unsafe", "");
+  f.remediation = j.value("remediation", "");
+  f.validate();
+}
+
 void FindingReport::add(Finding f) {
   f.validate();
   findings_.push_back(std::move(f));

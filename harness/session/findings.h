@@ -31,6 +31,8 @@ struct Finding {
 };
 
 void to_json(nlohmann::json& j, const Finding& f);
+/// Throws: nlohmann::json::exception for a missing field; as Finding::validate.
+void from_json(const nlohmann::json& j, Finding& f);
 
 /// The findings of one check (or a whole session): status FAIL if any error, else PASS.
 class FindingReport {

@@ -39,6 +39,12 @@ struct DataSpec {
   std::function<BatchSource()> make_batches;
   /// labels[:, t] is the target of input_ids[:, t] (shifted once, by the pipeline).
   bool labels_are_shifted = true;
+  /// Causal language-model data: the data contract checks that labels are the next input
+  /// token (labels_are_shifted) or the same token (not shifted) on every valid position.
+  bool causal_lm = true;
+  /// Fields the runtime fills rather than the pipeline (e.g. position_ids when the
+  /// Trainer computes them); a pipeline that also produces one gives it two owners.
+  std::vector<std::string> runtime_fields;
   /// input_ids, labels and position_ids are implicit; list every other field.
   std::vector<FieldSpec> fields;
   /// The Trainer's sequence_fields / cp_replicated_fields for these fields.
@@ -82,11 +88,14 @@ struct CheckResult {
   nlohmann::json facts;
 };
 
-/// A named predicate over the built model (and the state at its phase).
+/// A named predicate over the built model (and the state at its phase). The session runs
+/// structure and materialization invariants once the model and optimizer are built,
+/// checkpoint invariants after every checkpoint load, runtime invariants after every step.
+/// It runs on every rank; a collective inside it must be called on every rank.
 struct StateInvariant {
   std::string name;
   Phase phase = Phase::kStructure;
-  std::function<CheckResult(Trainer&)> check;
+  std::function<CheckResult(const TrainingState&)> check;
 };
 
 /// A candidate module against an independent reference implementation on the same inputs.

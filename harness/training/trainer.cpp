@@ -106,9 +106,14 @@ void to_json(nlohmann::json& j, const StepMetrics& m) {
        {"step_ms", m.step_ms}};
 }
 
+TrainingHooks& no_training_hooks() {
+  static TrainingHooks none;
+  return none;
+}
+
 Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
                  const TrainerOptions& options, TrainingHooks* hooks)
-    : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), hooks_(hooks) {
+    : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), hooks_(hooks ? hooks : &no_training_hooks()) {
   config_.validate(mesh.world_size());
   MIH_CHECK(config_.dims() == mesh.dims(), "parallel config '", config_.name(), "' (", config_.dims().str(),
             ") does not match the mesh (", mesh.dims().str(), ")");
@@ -139,10 +144,8 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   if (!decay.empty()) groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw(options_.weight_decay())));
   if (!no_decay.empty()) groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(adamw(0.0)));
   optimizer_ = std::make_unique<torch::optim::AdamW>(groups, adamw(options_.weight_decay()));
-  if (hooks_) {
-    hooks_->attach_optimizer(*optimizer_, *context_);
-    hooks_->attach_data_pipeline(batches_);
-  }
+  hooks_->attach_optimizer(state());
+  hooks_->attach_data_pipeline(batches_);
 }
 
 Trainer::~Trainer() = default;
@@ -150,7 +153,7 @@ Trainer::~Trainer() = default;
 StepMetrics Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = next_step_++;
-  if (hooks_) hooks_->begin_step(step);
+  hooks_->begin_step(step);
   Batch global = batches_(step);
   MIH_CHECK(global.input_ids.dim() == 2 && global.labels.sizes() == global.input_ids.sizes(),
             "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
@@ -181,7 +184,8 @@ StepMetrics Trainer::step() {
   const int64_t local_rows = batch / dp.size();
   MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
             " sequences does not split into ", config_.micro_batches, " micro-batches");
-  Batch local = rows(global, dp.rank() * local_rows, local_rows);
+  const int64_t first_local_row = dp.rank() * local_rows;
+  Batch local = rows(global, first_local_row, local_rows);
 
   // Context parallelism: this cp rank's tokens of every sequence-sharded field.
   if (config_.cp > 1) {
@@ -216,7 +220,7 @@ StepMetrics Trainer::step() {
   double loss_sum = 0;
   for (int mb = 0; mb < config_.micro_batches; ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
-    if (hooks_) hooks_->record_batch(step, mb, micro);
+    hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
     context_->shared_state().begin_forward();
     at::Tensor loss = model_->token_losses(micro).sum() / static_cast<double>(global_valid);
     loss.backward();
@@ -224,16 +228,16 @@ StepMetrics Trainer::step() {
   }
 
   context_->synchronize_gradients();
-  if (hooks_) hooks_->after_backward_before_clip(step, *context_);
+  hooks_->after_backward_before_clip(step);
   StepMetrics m;
   m.step = step;
   m.grad_norm_pre_clip = options_.max_grad_norm() > 0 ? context_->clip_grad_norm(options_.max_grad_norm())
                                                        : context_->grad_norm();
   m.grad_norm_post_clip = context_->grad_norm();
-  if (hooks_) hooks_->after_clip(step, m.grad_norm_pre_clip, *context_);
+  hooks_->after_clip(step, m.grad_norm_pre_clip);
   optimizer_->step();
   for (const auto& p : context_->parameters()) p->local.mutable_grad() = at::Tensor();  // set to none
-  if (hooks_) hooks_->after_optimizer(step, *context_);
+  hooks_->after_optimizer(step);
 
   at::Tensor loss = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));
   mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, "trainer.loss");
@@ -241,24 +245,22 @@ StepMetrics Trainer::step() {
   m.lr = options_.lr();
   m.valid_tokens = global_valid;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (hooks_) {
-    hooks_->end_step(m);
-    hooks_->record_fsdp_trace(step, *context_);
-  }
+  hooks_->end_step(m);
+  hooks_->record_fsdp_trace(step);
   return m;
 }
 
 void Trainer::save(const std::filesystem::path& dir) {
   nlohmann::json state = {{"next_step", next_step_}, {"parallel_config", config_}, {"world_size", mesh_->world_size()}};
   save_checkpoint(dir, *context_, optimizer_.get(), state);
-  if (hooks_) hooks_->capture_checkpoint_payload("save", dir, read_checkpoint_index(dir));
+  hooks_->capture_checkpoint_payload("save", dir, read_checkpoint_index(dir));
 }
 
 void Trainer::load(const std::filesystem::path& dir) {
   nlohmann::json state = load_checkpoint(dir, *context_, optimizer_.get());
   MIH_CHECK(state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
   next_step_ = state.at("next_step").get<int64_t>();
-  if (hooks_) hooks_->capture_checkpoint_payload("load", dir, read_checkpoint_index(dir));
+  hooks_->capture_checkpoint_payload("load", dir, read_checkpoint_index(dir));
 }
 
 std::vector<StepMetrics> Trainer::run(int64_t steps) {

@@ -119,33 +119,52 @@ struct StepMetrics {
 
 void to_json(nlohmann::json& j, const StepMetrics& m);
 
+/// What a session (and a state invariant) sees of a training run: the parameter table, the
+/// model and its optimizer. The pointers outlive every hook call.
+struct TrainingState {
+  ParallelContext* context = nullptr;
+  ParallelModel* model = nullptr;
+  torch::optim::AdamW* optimizer = nullptr;
+};
+
 /// Points where a validation session observes training (DESIGN.md section 6). Every method
-/// is a no-op by default; the Trainer calls them in this order.
+/// is a no-op by default; a backend calls them in this order, on every rank (a session may
+/// run collectives in them). The Trainer always calls them: without a session it calls the
+/// no-op object no_training_hooks(), so the training code has no branch on "is a session
+/// attached".
 class TrainingHooks {
  public:
   virtual ~TrainingHooks() = default;
-  virtual void attach_optimizer(torch::optim::AdamW&, ParallelContext&) {}
+  /// After the model is built and sharded and its optimizer made, before any step.
+  virtual void attach_optimizer(const TrainingState&) {}
   virtual void attach_data_pipeline(const BatchSource&) {}
   virtual void begin_step(int64_t /*step*/) {}
-  /// Per micro-batch, before its forward: the rank's local micro-batch.
-  virtual void record_batch(int64_t /*step*/, int /*micro_batch*/, const Batch&) {}
-  virtual void after_backward_before_clip(int64_t /*step*/, ParallelContext&) {}
-  virtual void after_clip(int64_t /*step*/, double /*grad_norm*/, ParallelContext&) {}
-  virtual void after_optimizer(int64_t /*step*/, ParallelContext&) {}
+  /// Per micro-batch, before its forward: the rank's local micro-batch exactly as the model
+  /// receives it, whose first row is row `first_row` of the global batch.
+  /// Shape: batch [b, S/CP] (fields as TrainerOptions shards them).
+  virtual void record_batch(int64_t /*step*/, int /*micro_batch*/, int64_t /*first_row*/, const Batch&) {}
+  /// After the gradients are synchronized, before clipping.
+  virtual void after_backward_before_clip(int64_t /*step*/) {}
+  /// After clipping; `grad_norm` is the global norm before clipping.
+  virtual void after_clip(int64_t /*step*/, double /*grad_norm*/) {}
+  virtual void after_optimizer(int64_t /*step*/) {}
   virtual void end_step(const StepMetrics&) {}
   /// After end_step: the FSDP units and every parameter's layout (ParallelContext::to_json).
-  virtual void record_fsdp_trace(int64_t /*step*/, ParallelContext&) {}
+  virtual void record_fsdp_trace(int64_t /*step*/) {}
   /// After a checkpoint save ("save") or load ("load") completed on every rank: its
   /// directory and index (read_checkpoint_index).
   virtual void capture_checkpoint_payload(const std::string& /*event*/, const std::filesystem::path& /*dir*/,
                                           const nlohmann::json& /*index*/) {}
 };
 
+/// The hooks that do nothing (a session in mode off).
+TrainingHooks& no_training_hooks();
+
 /// Runs training steps of one model on one rank of a mesh.
 class Trainer {
  public:
   /// Builds the model (factory, apply_fsdp, finalize) and the optimizer. `mesh` and `hooks`
-  /// (may be null) must outlive the Trainer.
+  /// (null: no_training_hooks()) must outlive the Trainer.
   /// Throws: mih::Error{kInvalidSpec} if config.dims() differs from the mesh's, or as
   ///   ParallelConfig::validate.
   Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
@@ -171,6 +190,7 @@ class Trainer {
   int64_t next_step() const { return next_step_; }
 
   ParallelContext& context() { return *context_; }
+  TrainingState state() { return {context_.get(), model_.get(), optimizer_.get()}; }
   ParallelModel& model() { return *model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const ParallelConfig& config() const { return config_; }

@@ -110,7 +110,7 @@ TEST(CpTrainerTest, FieldsNeedADeclaredCpSharding) {
     EXPECT_THAT([&] { undeclared.step(); },
                 ThrowsMessage<Error>(HasSubstr("field 'loss_weight' has no context-parallel sharding")));
     struct SeeField : TrainingHooks {
-      void record_batch(int64_t, int, const Batch& b) override { shape = b.fields.at("loss_weight").sizes().vec(); }
+      void record_batch(int64_t, int, int64_t, const Batch& b) override { shape = b.fields.at("loss_weight").sizes().vec(); }
       std::vector<int64_t> shape;
     } hook;
     Trainer declared(mesh, c, testing::tiny_block_factory(), with_field,

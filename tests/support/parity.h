@@ -35,13 +35,18 @@ struct TrainingRun {
 class Capture : public TrainingHooks {
  public:
   Capture(TrainingRun* out, bool keep, int64_t steps) : out_(out), keep_(keep), steps_(steps) {}
-  void attach_optimizer(torch::optim::AdamW& optimizer, ParallelContext&) override { optimizer_ = &optimizer; }
-  void after_backward_before_clip(int64_t, ParallelContext& ctx) override {
+  void attach_optimizer(const TrainingState& s) override {
+    optimizer_ = s.optimizer;
+    ctx_ = s.context;
+  }
+  void after_backward_before_clip(int64_t) override {
+    ParallelContext& ctx = *ctx_;
     Tensors grads;
     for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
     if (keep_) out_->grads.push_back(grads);
   }
-  void after_optimizer(int64_t step, ParallelContext& ctx) override {
+  void after_optimizer(int64_t step) override {
+    ParallelContext& ctx = *ctx_;
     Tensors params, exp_avg;
     for (const auto& p : ctx.parameters()) {
       params[p->fqn] = ctx.gather_full(*p, p->local);
@@ -63,6 +68,7 @@ class Capture : public TrainingHooks {
   bool keep_;
   int64_t steps_;
   torch::optim::AdamW* optimizer_ = nullptr;
+  ParallelContext* ctx_ = nullptr;
 };
 
 /// Trains `steps` steps of `factory`'s model under `config` on thread ranks and returns what

@@ -1,0 +1,175 @@
+// What a validation session costs a training step, side by side in one run, on the largest
+// reference model (by parameter count; --spec to choose):
+//   plain:   a training loop with no session at all, written against the model and its
+//            ParallelContext (forward, backward, gradient sync, clipping, AdamW), world size 1;
+//   off:     the Trainer with make_session(off): the no-op hooks;
+//   runtime: the Trainer with a runtime ValidationSession writing its evidence to a temp dir
+//            (and, world size 1, keeping it in memory: the checks and probes without the I/O).
+// off and runtime also run on 2 thread ranks with dp_shard=2. Variants are interleaved round by
+// round so drift in machine load hits them alike; each reports the median wall time of a step
+// (the first step of each run is a warm-up and not counted).
+// Usage: build/bin/mih_bench_session [--steps N] [--rounds R] [--spec NAME] [--json FILE]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
+
+#include "harness/base/files.h"
+#include "harness/session/session.h"
+#include "tests/support/thread_ranks.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// The last runtime run's per-hook wall time of its last step (rank 0).
+nlohmann::json last_session_ms;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int64_t parameter_count(const mih::spec::ModelSpec& s) {
+  int64_t n = 0;
+  mih::testing::run_mesh(mih::ParallelDims{}, [&](mih::DeviceMesh& mesh) {
+    mih::ParallelContext ctx(mesh, {});
+    auto model = s.factory(ctx);
+    model->apply_fsdp(ctx);
+    ctx.finalize(*model);
+    for (const auto& p : ctx.parameters()) n += p->local.numel();
+  });
+  return n;
+}
+
+// The loop with no session: what Trainer::step does at world size 1, without its hooks.
+std::vector<double> plain_steps(const mih::spec::ModelSpec& s, const mih::TrainerOptions& o, int steps) {
+  std::vector<double> times;
+  mih::testing::run_mesh(mih::ParallelDims{}, [&](mih::DeviceMesh& mesh) {
+    mih::ParallelOptions po;
+    mih::ParallelContext ctx(mesh, po);
+    auto model = s.factory(ctx);
+    model->apply_fsdp(ctx);
+    ctx.finalize(*model);
+    std::vector<at::Tensor> params;
+    for (const auto& p : ctx.parameters()) params.push_back(p->local);
+    torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(o.lr()).weight_decay(o.weight_decay()));
+    mih::BatchSource batches = s.data.make_batches();
+    for (int step = 0; step < steps; ++step) {
+      const auto start = Clock::now();
+      mih::Batch b = batches(step);
+      const int64_t seq = b.input_ids.size(1);
+      if (!b.position_ids.defined()) b.position_ids = at::arange(seq, at::kLong).unsqueeze(0).expand(b.input_ids.sizes());
+      const double valid = b.labels.ne(-100).sum().item<double>();
+      ctx.shared_state().begin_forward();
+      at::Tensor loss = model->token_losses(b).sum() / valid;
+      loss.backward();
+      ctx.synchronize_gradients();
+      ctx.clip_grad_norm(o.max_grad_norm());
+      ctx.grad_norm();
+      optimizer.step();
+      for (const auto& p : params) p.mutable_grad() = at::Tensor();
+      (void)loss.item<double>();
+      if (step > 0) times.push_back(ms_since(start));
+    }
+  });
+  return times;
+}
+
+std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::TrainerOptions& o, mih::SessionMode mode,
+                                  int dp_shard, int steps, const fs::path& evidence) {
+  std::vector<double> times;
+  mih::ParallelConfig c;
+  c.dp_shard = dp_shard;
+  auto errors = mih::testing::run_mesh(c.dims(), [&](mih::DeviceMesh& mesh) {
+    mih::SessionOptions so;
+    so.mode = mode;
+    so.config = c;
+    so.trainer = o;
+    so.evidence_dir = evidence;
+    auto hooks = mih::make_session(s, so, mesh);
+    mih::Trainer t(mesh, c, s.factory, s.data.make_batches(), o, hooks.get());
+    for (int step = 0; step < steps; ++step) {
+      const auto start = Clock::now();
+      t.step();
+      if (step > 0 && mesh.rank() == 0) times.push_back(ms_since(start));
+    }
+    auto* session = dynamic_cast<mih::ValidationSession*>(hooks.get());
+    if (session && mesh.rank() == 0) last_session_ms = session->performance().back()["session_ms"];
+  });
+  for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
+  return times;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 6, rounds = 3;
+  std::string spec_name, json_out;
+  CLI::App app{"Step time of the Trainer without a session, with a session off, and with a runtime session",
+               "mih_bench_session"};
+  app.add_option("--steps", steps, "steps per run (the first is a warm-up)")->capture_default_str();
+  app.add_option("--rounds", rounds, "interleaved rounds of every variant")->capture_default_str();
+  app.add_option("--spec", spec_name, "reference spec (default: the one with the most parameters)");
+  app.add_option("--json", json_out, "also write the figures to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  auto& registry = mih::spec::SpecRegistry::instance();
+  std::map<std::string, int64_t> counts;
+  for (const auto& name : registry.names()) counts[name] = parameter_count(registry.get(name));
+  if (spec_name.empty()) {
+    spec_name = std::max_element(counts.begin(), counts.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  }
+  const mih::spec::ModelSpec s = registry.get(spec_name);
+  const mih::TrainerOptions o = s.data.apply_sharding(mih::TrainerOptions());
+  const fs::path evidence = fs::temp_directory_path() / ("mih_bench_session_" + std::to_string(::getpid()));
+
+  std::map<std::string, std::vector<double>> times;
+  nlohmann::json j_hooks;
+  for (int r = 0; r < rounds; ++r) {
+    auto add = [&](const std::string& name, const std::vector<double>& t) {
+      times[name].insert(times[name].end(), t.begin(), t.end());
+    };
+    add("plain_world1", plain_steps(s, o, steps));
+    add("off_world1", trainer_steps(s, o, mih::SessionMode::kOff, 1, steps, fs::path()));
+    add("runtime_world1", trainer_steps(s, o, mih::SessionMode::kRuntime, 1, steps, evidence / ("rt1_" + std::to_string(r))));
+    add("runtime_in_memory_world1", trainer_steps(s, o, mih::SessionMode::kRuntime, 1, steps, fs::path()));
+    j_hooks["world1"] = last_session_ms;
+    add("off_dp_shard2", trainer_steps(s, o, mih::SessionMode::kOff, 2, steps, fs::path()));
+    add("runtime_dp_shard2",
+        trainer_steps(s, o, mih::SessionMode::kRuntime, 2, steps, evidence / ("rt2_" + std::to_string(r))));
+    j_hooks["dp_shard2"] = last_session_ms;
+  }
+  std::error_code ec;
+  fs::remove_all(evidence, ec);
+
+  nlohmann::json j = {{"spec", spec_name}, {"parameters", counts[spec_name]}, {"steps_per_run", steps}, {"rounds", rounds}};
+  std::printf("spec %s (%lld parameters), float32, %d rounds x %d timed steps per variant; median ms/step\n",
+              spec_name.c_str(), static_cast<long long>(counts[spec_name]), rounds, steps - 1);
+  for (const auto& [name, t] : times) {
+    j["median_ms"][name] = median(t);
+    std::printf("  %-18s %9.2f ms\n", name.c_str(), median(t));
+  }
+  std::printf("  session ms per hook, last step of the last round: %s\n", j_hooks.dump().c_str());
+  j["session_ms_per_hook"] = j_hooks;
+  auto ratio = [&](const char* a, const char* b) { return median(times[a]) / median(times[b]); };
+  j["ratio_off_to_plain_world1"] = ratio("off_world1", "plain_world1");
+  j["ratio_runtime_to_off_world1"] = ratio("runtime_world1", "off_world1");
+  j["ratio_runtime_to_off_dp_shard2"] = ratio("runtime_dp_shard2", "off_dp_shard2");
+  std::printf("  off / plain (world 1):         %.3f\n", j["ratio_off_to_plain_world1"].get<double>());
+  std::printf("  runtime / off (world 1):       %.3f\n", j["ratio_runtime_to_off_world1"].get<double>());
+  std::printf("  runtime / off (dp_shard=2):    %.3f\n", j["ratio_runtime_to_off_dp_shard2"].get<double>());
+  if (!json_out.empty()) mih::write_file_atomic(json_out, j.dump(2));
+  return 0;
+}

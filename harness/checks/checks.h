@@ -1,0 +1,136 @@
+// The checks of a validation session (DESIGN.md section 6; the seed tool's check catalogue,
+// seed_model_integration.md section 2). Each returns its findings and the evidence it
+// writes; the session decides where the files go. A check that reads only this rank's state
+// is rank-local (its findings are merged across ranks by the session); one marked
+// "collective" must be called on every rank of the mesh in the same order.
+//
+// Finding codes, by area:
+//   STRUCT-001 local shape inconsistent with placements   STRUCT-002 wrong dtype or device
+//   STRUCT-003 non-finite parameter or buffer             STRUCT-004 declared tie not one param
+//   STRUCT-005 FSDP parameter outside a declared unit     STRUCT-006 unit mixes dtypes/meshes
+//   OPTIM-001 tensor that is not a live parameter         OPTIM-002 parameter in two groups
+//   OPTIM-003 frozen parameter in the optimizer           OPTIM-004 trainable parameter missing
+//   OPTIM-005 weight decay not as declared                OPTIM-006 state shape != local shape
+//   DATA-001 field without an owner                       DATA-002 declared field not produced
+//   DATA-003 field with two owners                        DATA-004 labels shift != declaration
+//   DATA-005 required forward field missing at the first micro-batch
+//   INPUT-001 cp-replicated field differs across cp ranks INPUT-002 tp ranks saw other inputs
+//   CKPT-001 target key neither loaded nor training-only  CKPT-002 transform does not round-trip
+//   CKPT-003 unexpected source key                        CKPT-004 mapped key absent in source
+//   SHARED-001 no producer   SHARED-002 no consumer   SHARED-003 consume before publish
+//   SHARED-004 published twice in one forward   SHARED-005 wrong producer   SHARED-006 undeclared
+//   MODAL-001 modality parameter without a finite, non-zero gradient
+//   INVAR-001 invariant failed                            INVAR-002 invariant threw
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/data/batch.h"
+#include "harness/parallel/shared_state.h"
+#include "harness/session/findings.h"
+#include "harness/spec/model_spec.h"
+#include "harness/training/trainer.h"
+
+namespace mih::checks {
+
+/// What a check found and the evidence that shows it.
+struct CheckOutput {
+  FindingReport findings;
+  nlohmann::json evidence = nlohmann::json::object();
+};
+
+/// Structure (rank-local): per parameter its owner module, gradient domain, mesh axes,
+/// placements, global and local shape (checked against the placements), dtype and device;
+/// no non-finite parameter or buffer; the spec's tied pairs are one parameter; FSDP units
+/// cover every sharded parameter once and hold one dtype and mesh. Evidence: {"parameters",
+/// "buffers", "fsdp_units"}.
+CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec);
+
+/// check/parameter_ownership.csv: fqn,owner,aliases,grad_domain,placements,global_shape,
+/// local_shape,dtype,device,fsdp_unit (one row per logical parameter, this rank's view).
+std::string parameter_ownership_csv(const ParallelContext& ctx);
+
+/// Optimizer layout (rank-local): every trainable parameter in exactly one group, no frozen
+/// parameter, no tensor that is not the live sharded parameter (an optimizer built before
+/// sharding holds the full tensors), each group's weight decay as declared (0 for the
+/// parameters matching options.no_weight_decay(), options.weight_decay() otherwise), and
+/// every optimizer state of the parameter's local shape. Evidence: {"groups": [...]}.
+CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase);
+
+/// Data contract (rank-local), on the global batch of step 0: each field has one owner (the
+/// pipeline, or the runtime for data.runtime_fields), every declared field is produced, and
+/// for causal LM data the labels are the next input token on every valid position when
+/// declared shifted (the same token when not). Evidence: data/field_ownership.json.
+CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& global_batch);
+
+/// The first micro-batch as the model receives it holds every forward field the spec
+/// declares. Evidence: data/observed_forward_fields.json.
+CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro_batch);
+
+/// The SHA-256 of one step's global batch, independent of how its rows are split over dp
+/// ranks and micro-batches and of the cp layout: every row of every field is hashed whole
+/// (values widened to int64 or float64, so the storage dtype does not count) with its global
+/// row index; a field's hash is over its rows in global order, the global hash over the
+/// fields by name. Feed it each micro-batch as the model receives it, then finish().
+class InputIdentity {
+ public:
+  /// `sequence_fields`: the fields (besides input_ids, labels, position_ids) sharded on
+  /// dim 1 under cp; `cp_replicated`: the fields every cp rank holds whole.
+  InputIdentity(std::vector<std::string> sequence_fields, std::vector<std::string> cp_replicated);
+  /// Records a micro-batch whose first row is row `first_row` of the global batch. Under
+  /// cp the sequence-sharded fields are gathered over `cp` (a collective over the cp axis)
+  /// and put back in token order with `layout`. cp may be null when cp == 1.
+  /// Shape: batch [b, S/CP] -> rows [b, S] hashed.
+  void add(int64_t first_row, const Batch& micro_batch, Communicator* cp, CpLayout layout);
+  /// Collective over the mesh: gathers the row digests over dp, compares cp-replicated
+  /// fields over cp and the result over tp. Returns {"global": hex, "fields": {name: hex},
+  /// "rows": n} and adds INPUT-* findings to `findings`; clears the recorded rows.
+  nlohmann::json finish(DeviceMesh& mesh, int64_t step, FindingReport* findings, c10::Device device);
+
+ private:
+  std::vector<std::string> sequence_fields_, cp_replicated_;
+  // field -> global row -> digest; cp-replicated field -> global row -> local digest.
+  std::map<std::string, std::map<int64_t, std::string>> rows_;
+  std::map<std::string, std::map<int64_t, std::string>> replicated_;
+};
+
+/// The input identity of a whole global batch on one process (the reference's view).
+nlohmann::json input_identity_of(const Batch& global_batch);
+
+/// Checkpoint coverage (rank-local): every parameter and persistent buffer is loaded
+/// (one external key), transformed (several), or declared training-only; each reversible
+/// transform round-trips a test tensor of the parameter's shape bit for bit; with
+/// `source_keys` (the keys of an external checkpoint), each is expected or declared
+/// inference-only, and each expected key is present. Evidence: checkpoint/coverage.json.
+CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::CheckpointSpec& checkpoint,
+                                      const std::vector<std::string>* source_keys);
+
+/// Shared state of one step's forwards (rank-local) against the spec: every declared key
+/// published by its producer and consumed by each declared consumer, no consume before its
+/// publish, no key published twice in one forward (an activation-checkpoint recompute
+/// included), no undeclared key. Evidence: {"events": [...]}.
+CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
+                               const std::vector<spec::SharedStateSpec>& declared, int64_t step);
+
+/// Modality gradients (collective over the world), after backward: for each modality whose
+/// field reached the model this step, every parameter of its group has a defined, finite,
+/// non-zero gradient on every rank that holds a non-empty piece of it. Evidence: per
+/// modality and parameter the ranks without a gradient, with a non-finite or an all-zero one.
+CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vector<spec::ModalitySpec>& modalities,
+                                     const std::set<std::string>& fields_seen, int64_t step);
+
+/// Runs the spec's invariants of `phase` (rank-local; an invariant that throws is a failed
+/// invariant with the exception's message). Evidence: {name: {passed, facts}}.
+CheckOutput run_invariants(const std::vector<spec::StateInvariant>& invariants, spec::Phase phase,
+                           const TrainingState& state);
+
+/// True if `name` matches the fnmatch glob `pattern`.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+}  // namespace mih::checks

@@ -1,0 +1,377 @@
+// The checks of the built model: structure, optimizer layout, checkpoint coverage, state
+// invariants (see checks.h).
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include "harness/base/error.h"
+#include "harness/checks/checks.h"
+#include "harness/compat/optim.h"
+#include "harness/runtime/dtypes.h"
+
+namespace mih::checks {
+namespace {
+
+using nlohmann::json;
+
+Finding error(std::string code, std::string phase, std::string owner, std::string message, json facts,
+              std::string why_unsafe, std::string remediation) {
+  return Finding{std::move(code),  std::move(phase),      std::move(owner),      Severity::kError,
+                 std::move(message), std::move(facts), std::move(why_unsafe), std::move(remediation)};
+}
+
+std::string owner_module(const std::string& fqn) {
+  const auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? "" : fqn.substr(0, dot);
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? "x" : "") << shape[i];
+  return os.str() + ']';
+}
+
+std::string placements_str(const ShardedParameter& p) {
+  std::vector<std::string> parts;
+  for (const auto& [axis, placement] : p.placements()) parts.push_back(axis + "=" + placement.str());
+  return join(parts, " ");
+}
+
+// What the placements say the local shape must be, or "" when it is.
+std::string shape_inconsistency(const ShardedParameter& p, int64_t tp) {
+  const size_t rank = p.global_shape.size();
+  if (p.local.sizes().vec() != p.local_shape) {
+    return "the registered tensor is " + shape_str(p.local.sizes().vec()) + " but the table says " + shape_str(p.local_shape);
+  }
+  if (p.padded_shape.size() != rank || p.tp_local_shape.size() != rank || p.local_shape.size() != rank) {
+    return "global, padded, tp-local and local shapes have different ranks";
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (p.padded_shape[d] < p.global_shape[d] || (d > 0 && p.padded_shape[d] != p.global_shape[d])) {
+      return "padded shape " + shape_str(p.padded_shape) + " does not extend global " + shape_str(p.global_shape) +
+             " on dim 0 only";
+    }
+    const bool sharded = p.tp.is_shard() && static_cast<size_t>(p.tp.dim()) == d;
+    const int64_t expected = sharded ? p.padded_shape[d] / tp : p.padded_shape[d];
+    if (p.tp_local_shape[d] != expected || (sharded && p.padded_shape[d] % tp != 0)) {
+      return "tp piece " + shape_str(p.tp_local_shape) + " is not " + p.tp.str() + " of " + shape_str(p.padded_shape) +
+             " over tp=" + std::to_string(tp);
+    }
+    const int64_t local = (p.fsdp && d == 0) ? p.fsdp_range.size : p.tp_local_shape[d];
+    if (p.local_shape[d] != local) {
+      return "local shape " + shape_str(p.local_shape) + " is not " + (p.fsdp ? "the FSDP rows of " : "") +
+             "the tp piece " + shape_str(p.tp_local_shape);
+    }
+  }
+  return "";
+}
+
+bool all_finite(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !at::isFloatingType(t.scalar_type())) return true;
+  return at::isfinite(t.detach()).all().item<bool>();
+}
+
+const ShardedParameter* find_parameter(const ParallelContext& ctx, const std::string& fqn) {
+  for (const auto& p : ctx.parameters()) {
+    if (p->fqn == fqn || std::find(p->aliases.begin(), p->aliases.end(), fqn) != p->aliases.end()) return p.get();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec) {
+  const ParallelContext& ctx = *state.context;
+  const int64_t tp = ctx.tp_size();
+  CheckOutput out;
+  json params = json::array();
+  for (const auto& p : ctx.parameters()) {
+    json row = *p;
+    row["owner"] = owner_module(p->fqn);
+    row["device"] = p->local.device().str();
+    row["requires_grad"] = p->local.requires_grad();
+    params.push_back(row);
+    if (const std::string why = shape_inconsistency(*p, tp); !why.empty()) {
+      out.findings.add(error("MIH-STRUCT-001", "structure", p->fqn, "local shape inconsistent with placements: " + why,
+                             row, "each rank would compute with, save and load a different piece than its placements say",
+                             "make the layer's ParamSpec (shape, tp placement, padding) match how it shards the tensor"));
+    }
+    if (p->local.scalar_type() != ctx.options().param_dtype || p->local.device() != ctx.options().device) {
+      out.findings.add(error("MIH-STRUCT-002", "structure", p->fqn,
+                             "parameter is " + dtype_name(p->local.scalar_type()) + " on " + p->local.device().str() +
+                                 ", the run's parameters are " + dtype_name(ctx.options().param_dtype) + " on " +
+                                 ctx.options().device.str(),
+                             row, "mixed master-weight dtypes or devices change numerics and break collectives",
+                             "create the parameter through ParallelContext::make_parameter and do not cast it afterwards"));
+    }
+    if (!all_finite(p->local)) {
+      out.findings.add(error("MIH-STRUCT-003", "materialization", p->fqn, "parameter holds NaN or Inf after initialization",
+                             row, "an uninitialized or corrupted parameter poisons every later step",
+                             "initialize every parameter (ParamSpec::init) and check any custom materialization"));
+    }
+  }
+  json buffers = json::array();
+  for (const auto& b : ctx.buffers()) {
+    buffers.push_back({{"fqn", b.fqn},
+                       {"shape", b.tensor.sizes().vec()},
+                       {"dtype", dtype_name(b.tensor.scalar_type())},
+                       {"persistent", b.persistent}});
+    if (!all_finite(b.tensor)) {
+      out.findings.add(error("MIH-STRUCT-003", "materialization", b.fqn, "buffer holds NaN or Inf", buffers.back(),
+                             "an uninitialized buffer (a rotary table left empty) silently corrupts the forward",
+                             "compute the buffer at construction and mark it non-persistent if it is derived"));
+    }
+  }
+  for (const auto& [a, b] : spec.checkpoint.tied) {
+    const ShardedParameter* pa = find_parameter(ctx, a);
+    const ShardedParameter* pb = find_parameter(ctx, b);
+    if (pa == nullptr || pb == nullptr || pa != pb) {
+      out.findings.add(error("MIH-STRUCT-004", "structure", a,
+                             "'" + a + "' and '" + b + "' are declared tied but are " +
+                                 (pa && pb ? "two parameters" : "not both parameters of the model"),
+                             {{"tied", {a, b}}, {"found", {pa != nullptr, pb != nullptr}}},
+                             "untied copies train apart: the head and the embedding diverge and the checkpoint "
+                             "holds two tensors where the model expects one",
+                             "register the same tensor in both modules after sharding (tie after fully_shard)"));
+    }
+  }
+  // FSDP units: every sharded parameter in exactly one declared unit; one dtype and mesh each.
+  const std::vector<std::string>& units = ctx.fsdp_units();
+  json unit_json = json::object();
+  for (const auto& u : units) unit_json[u] = {{"parameters", json::array()}, {"dtypes", json::array()}};
+  for (const auto& p : ctx.parameters()) {
+    if (!p->fsdp) continue;
+    if (p->unit.empty() || !unit_json.contains(p->unit)) {
+      out.findings.add(error("MIH-STRUCT-005", "structure", p->fqn,
+                             "parameter is sharded by FSDP but belongs to no declared unit ('" + p->unit + "')",
+                             {{"units", units}},
+                             "its gradient is reduce-scattered outside any unit's schedule",
+                             "call fully_shard on a module that registers it"));
+      continue;
+    }
+    json& u = unit_json[p->unit];
+    u["parameters"].push_back(p->fqn);
+    const std::string dt = dtype_name(p->local.scalar_type()) + "@" + p->dims.str();
+    if (std::find(u["dtypes"].begin(), u["dtypes"].end(), dt) == u["dtypes"].end()) u["dtypes"].push_back(dt);
+  }
+  for (auto& [name, u] : unit_json.items()) {
+    if (u["dtypes"].size() > 1) {
+      out.findings.add(error("MIH-STRUCT-006", "structure", name, "FSDP unit mixes dtypes or meshes: " + u["dtypes"].dump(),
+                             u, "one flat reduce-scatter per unit cannot carry two dtypes or two gradient domains",
+                             "split the unit so each holds one dtype and one mesh"));
+    }
+  }
+  out.evidence = {{"parameters", params}, {"buffers", buffers}, {"fsdp_units", unit_json}};
+  return out;
+}
+
+std::string parameter_ownership_csv(const ParallelContext& ctx) {
+  std::string csv = "fqn,owner,aliases,grad_domain,placements,global_shape,local_shape,dtype,device,fsdp_unit\n";
+  for (const auto& p : ctx.parameters()) {
+    csv += p->fqn + "," + owner_module(p->fqn) + "," + join(p->aliases, ";") + "," + join(p->grad_domain(), ";") + "," +
+           placements_str(*p) + "," + shape_str(p->global_shape) + "," + shape_str(p->local_shape) + "," +
+           dtype_name(p->local.scalar_type()) + "," + p->local.device().str() + "," + p->unit + "\n";
+  }
+  return csv;
+}
+
+CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase_id) {
+  const std::string phase = spec::phase_name(phase_id);
+  const ParallelContext& ctx = *state.context;
+  torch::optim::AdamW& optimizer = *state.optimizer;
+  CheckOutput out;
+  std::map<const void*, const ShardedParameter*> live;
+  for (const auto& p : ctx.parameters()) live[p->local.unsafeGetTensorImpl()] = p.get();
+  std::map<const void*, int> seen;
+  json groups = json::array();
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    auto& group = optimizer.param_groups()[g];
+    const double wd = static_cast<torch::optim::AdamWOptions&>(group.options()).weight_decay();
+    json names = json::array();
+    for (const at::Tensor& t : group.params()) {
+      const auto it = live.find(t.unsafeGetTensorImpl());
+      const json facts = {{"group", g}, {"shape", t.sizes().vec()}, {"requires_grad", t.requires_grad()}};
+      if (it == live.end()) {
+        names.push_back("<not a live parameter " + shape_str(t.sizes().vec()) + ">");
+        out.findings.add(error("MIH-OPTIM-001", phase, "optimizer group " + std::to_string(g),
+                               "holds a tensor of shape " + shape_str(t.sizes().vec()) +
+                                   " that is not a live sharded parameter of the model",
+                               facts, "the optimizer updates a tensor the model never reads: training silently stops",
+                               "build the optimizer after sharding (fully_shard), over ParallelContext::parameters()"));
+        continue;
+      }
+      const ShardedParameter& p = *it->second;
+      names.push_back(p.fqn);
+      if (++seen[t.unsafeGetTensorImpl()] == 2) {
+        out.findings.add(error("MIH-OPTIM-002", phase, p.fqn, "parameter appears in more than one optimizer group or twice",
+                               facts, "it is updated twice per step", "list every parameter once (tied aliases once)"));
+      }
+      if (!t.requires_grad()) {
+        out.findings.add(error("MIH-OPTIM-003", phase, p.fqn, "frozen parameter (requires_grad false) in the optimizer",
+                               facts, "weight decay still moves a parameter declared frozen",
+                               "leave frozen parameters out of the optimizer groups"));
+      }
+      const bool no_decay = std::any_of(options.no_weight_decay().begin(), options.no_weight_decay().end(),
+                                        [&](const std::string& pat) {
+                                          if (glob_match(pat, p.fqn)) return true;
+                                          return std::any_of(p.aliases.begin(), p.aliases.end(),
+                                                             [&](const std::string& a) { return glob_match(pat, a); });
+                                        });
+      const double expected = no_decay ? 0.0 : options.weight_decay();
+      if (wd != expected) {
+        out.findings.add(error("MIH-OPTIM-005", phase, p.fqn,
+                               "weight decay " + std::to_string(wd) + ", declared " + std::to_string(expected) +
+                                   (no_decay ? " (matches no_weight_decay)" : ""),
+                               facts, "decaying norms and biases (or not decaying weights) changes the trained model",
+                               "group the parameters by TrainerOptions::no_weight_decay"));
+      }
+      for (const char* m : {"exp_avg", "exp_avg_sq"}) {
+        const at::Tensor s = compat::adamw_state(optimizer, t, m);
+        if (s.defined() && s.sizes() != t.sizes()) {
+          out.findings.add(error("MIH-OPTIM-006", phase, p.fqn,
+                                 std::string(m) + " has shape " + shape_str(s.sizes().vec()) + ", the local parameter " +
+                                     shape_str(t.sizes().vec()),
+                                 facts, "the update mixes elements of different positions (state not resharded)",
+                                 "reshard optimizer state with the parameters when loading under another topology"));
+        }
+      }
+    }
+    groups.push_back({{"index", g}, {"lr", group.options().get_lr()}, {"weight_decay", wd}, {"parameters", names}});
+  }
+  for (const auto& p : ctx.parameters()) {
+    if (p->local.requires_grad() && !seen.count(p->local.unsafeGetTensorImpl())) {
+      out.findings.add(error("MIH-OPTIM-004", phase, p->fqn, "trainable parameter is in no optimizer group",
+                             {{"shape", p->local_shape}}, "it gets gradients but never changes",
+                             "build the optimizer over every trainable ParallelContext parameter"));
+    }
+  }
+  out.evidence = {{"phase", phase}, {"groups", groups}};
+  return out;
+}
+
+CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::CheckpointSpec& checkpoint,
+                                      const std::vector<std::string>* source_keys) {
+  CheckOutput out;
+  const KeyMap map(checkpoint.key_map);
+  json targets = json::object();
+  std::set<std::string> expected;
+  auto training_only = [&](const std::string& fqn) {
+    return std::any_of(checkpoint.training_only.begin(), checkpoint.training_only.end(),
+                       [&](const std::string& pat) { return glob_match(pat, fqn); });
+  };
+  auto cover = [&](const std::string& fqn, const std::vector<int64_t>& shape) {
+    if (training_only(fqn)) {
+      targets[fqn] = {{"status", "training_only"}};
+      return;
+    }
+    std::vector<std::string> keys;
+    try {
+      keys = map.external_keys(fqn);
+    } catch (const Error&) {
+      targets[fqn] = {{"status", "missing"}};
+      out.findings.add(error("MIH-CKPT-001", "checkpoint", fqn,
+                             "no key-map rule maps it and it is not declared training-only", {{"shape", shape}},
+                             "loading an external checkpoint leaves it at its initial value without any error",
+                             "add a KeyRule for it to CheckpointSpec::key_map, or list it in training_only"));
+      return;
+    }
+    expected.insert(keys.begin(), keys.end());
+    // Round trip a test tensor of the parameter's shape through the transform.
+    const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    at::Tensor probe = at::arange(n, at::kDouble).mul(0.5).sub(n / 3.0).reshape(shape);
+    bool round_trips = false;
+    std::string why;
+    try {
+      std::map<std::string, at::Tensor> external;
+      for (auto& [k, t] : map.to_external(fqn, probe)) external[k] = t;
+      round_trips = at::equal(map.from_external(fqn, external), probe);
+      why = round_trips ? "" : "values differ after to_external then from_external";
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    targets[fqn] = {{"status", keys.size() > 1 ? "transformed" : "loaded"}, {"external", keys}, {"round_trip", round_trips}};
+    if (!round_trips) {
+      out.findings.add(error("MIH-CKPT-002", "checkpoint", fqn, "key-map transform does not round-trip: " + why,
+                             {{"external", keys}, {"shape", shape}},
+                             "export then import changes the weights (a split along the wrong dim or order)",
+                             "fix the KeyRule so to_external and from_external are inverse"));
+    }
+  };
+  for (const auto& p : ctx.parameters()) cover(p->fqn, p->global_shape);
+  for (const auto& b : ctx.buffers()) {
+    if (b.persistent) cover(b.fqn, b.tensor.sizes().vec());
+  }
+  json sources = json::object();
+  if (source_keys) {
+    std::set<std::string> present(source_keys->begin(), source_keys->end());
+    for (const auto& key : *source_keys) {
+      if (expected.count(key)) {
+        sources[key] = "expected";
+      } else if (std::any_of(checkpoint.inference_only.begin(), checkpoint.inference_only.end(),
+                             [&](const std::string& pat) { return glob_match(pat, key); })) {
+        sources[key] = "inference_only";
+      } else {
+        sources[key] = "unexpected";
+        out.findings.add(error("MIH-CKPT-003", "checkpoint", key, "source key is neither mapped nor declared inference-only",
+                               json::object(), "a tensor the model should load is dropped silently",
+                               "map it in CheckpointSpec::key_map or list it in inference_only"));
+      }
+    }
+    for (const auto& key : expected) {
+      if (!present.count(key)) {
+        sources[key] = "absent";
+        out.findings.add(error("MIH-CKPT-004", "checkpoint", key, "mapped key is absent from the source checkpoint",
+                               json::object(), "its parameter would stay at initialization",
+                               "check the key map's external names against the checkpoint"));
+      }
+    }
+  }
+  out.evidence = {{"targets", targets}, {"sources", sources}, {"key_map", map.to_json()}};
+  return out;
+}
+
+CheckOutput run_invariants(const std::vector<spec::StateInvariant>& invariants, spec::Phase phase,
+                           const TrainingState& state) {
+  CheckOutput out;
+  const std::string phase_str = spec::phase_name(phase);
+  for (const auto& inv : invariants) {
+    if (inv.phase != phase) continue;
+    spec::CheckResult r;
+    std::string thrown;
+    try {
+      r = inv.check(state);
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+    out.evidence[inv.name] = {{"passed", thrown.empty() && r.passed}, {"facts", r.facts}};
+    if (!thrown.empty()) {
+      out.findings.add(error("MIH-INVAR-002", phase_str, inv.name, "state invariant threw: " + thrown,
+                             {{"exception", thrown}}, "the state it guards could not be verified",
+                             "fix the invariant or the state it reads"));
+    } else if (!r.passed) {
+      out.findings.add(error("MIH-INVAR-001", phase_str, inv.name, "state invariant '" + inv.name + "' failed: " + r.facts.dump(),
+                             r.facts, "the model's state breaks a property its author declared",
+                             "see the facts; fix the model port (or the invariant)"));
+    }
+  }
+  return out;
+}
+
+}  // namespace mih::checks

@@ -1,0 +1,294 @@
+// Tensor probes (see probes.h).
+#include "harness/probes/probes.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <regex>
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#ifdef MIH_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "harness/base/error.h"
+#include "harness/base/sha256.h"
+#include "harness/checks/checks.h"
+#include "harness/compat/optim.h"
+#include "harness/runtime/communicator.h"
+
+namespace mih::probes {
+namespace {
+
+using nlohmann::json;
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Row-major global indices of the elements of `box` in a tensor of `shape`.
+at::Tensor global_indices(const Box& box, const std::vector<int64_t>& shape) {
+  at::Tensor idx = at::zeros({}, at::kLong);
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    std::vector<int64_t> view(shape.size(), 1);
+    view[static_cast<size_t>(d)] = box.lengths[static_cast<size_t>(d)];
+    const int64_t off = box.global_offset[static_cast<size_t>(d)];
+    idx = idx + at::arange(off, off + box.lengths[static_cast<size_t>(d)], at::kLong).mul(stride).view(view);
+    stride *= shape[static_cast<size_t>(d)];
+  }
+  return idx.expand(box.lengths).reshape({-1});
+}
+
+// global_indices, memoized per thread (a rank's boxes do not change during a run): the
+// index tensors are the bulk of a probe's small ops. Keyed by the box and shape themselves.
+at::Tensor cached_global_indices(const Box& box, const std::vector<int64_t>& shape) {
+  thread_local std::map<std::vector<int64_t>, at::Tensor> cache;
+  std::vector<int64_t> key = shape;
+  key.push_back(-1);
+  key.insert(key.end(), box.global_offset.begin(), box.global_offset.end());
+  key.insert(key.end(), box.lengths.begin(), box.lengths.end());
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() > 100000) cache.clear();
+  return cache[key] = global_indices(box, shape);
+}
+
+at::Tensor narrow_box(at::Tensor t, const Box& box) {
+  for (size_t d = 0; d < box.lengths.size(); ++d) {
+    t = t.narrow(static_cast<int64_t>(d), box.local_offset[d], box.lengths[d]);
+  }
+  return t;
+}
+
+// "layers.3.mlp.weight" -> "layers.*.mlp.weight".
+std::string group_of(const ShardedParameter& p) {
+  static const std::regex kIndex("\\.[0-9]+\\.");
+  std::string name = std::regex_replace(p.fqn, kIndex, ".*.");
+  for (const auto& [axis, placement] : p.placements()) name += " " + axis + "=" + placement.str();
+  return name;
+}
+
+}  // namespace
+
+std::vector<WatchEntry> build_watchlist(const ParallelContext& ctx, const WatchlistOptions& options) {
+  int64_t total = 0;
+  for (const auto& p : ctx.parameters()) total += numel_of(p->global_shape);
+  std::vector<WatchEntry> out;
+  std::set<std::string> groups;
+  for (const auto& p : ctx.parameters()) {
+    std::string reason;
+    const std::string group = group_of(*p);
+    if (total <= options.watch_all_up_to) {
+      reason = "whole model (" + std::to_string(total) + " elements)";
+    } else if (numel_of(p->global_shape) <= options.small_numel) {
+      reason = "small";
+    } else if (!groups.count(group)) {
+      reason = "representative of " + group;
+    }
+    for (const auto& pattern : options.patterns) {
+      if (reason.empty() && checks::glob_match(pattern, p->fqn)) reason = "pattern " + pattern;
+    }
+    groups.insert(group);
+    if (!reason.empty()) out.push_back({p.get(), reason});
+  }
+  return out;
+}
+
+json to_json(const std::vector<WatchEntry>& watchlist) {
+  json out = json::array();
+  for (const auto& w : watchlist) {
+    out.push_back({{"fqn", w.param->fqn}, {"reason", w.reason}, {"global_shape", w.param->global_shape}});
+  }
+  return out;
+}
+
+std::string stage_name(Stage stage) {
+  switch (stage) {
+    case Stage::kModelBefore: return "model_before";
+    case Stage::kGradBeforeClip: return "grad_before_clip";
+    case Stage::kGradAfterClip: return "grad_after_clip";
+    case Stage::kAfterOptimizer: return "after_optimizer";
+    case Stage::kOptimizerState: return "optimizer_state";
+  }
+  return "?";
+}
+
+at::Tensor projection_signs(const at::Tensor& index, int64_t j) {
+  constexpr int64_t kMask = (int64_t{1} << 31) - 1;
+  at::Tensor h = index.bitwise_and(kMask).mul(1540483477).add(j * 668265263 + 374761393).bitwise_and(kMask);
+  h = h.bitwise_xor(h.__rshift__(15));
+  h = h.mul(739982445).bitwise_and(kMask);
+  h = h.bitwise_xor(h.__rshift__(13));
+  return h.bitwise_and(1).mul(2).sub(1).to(at::kDouble);
+}
+
+json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
+                 torch::optim::AdamW* optimizer, const WatchlistOptions& options) {
+  struct Item {
+    std::string name;
+    const ShardedParameter* param;
+    at::Tensor piece;  // laid out like param->local; undefined if this rank has none
+  };
+  std::vector<Item> items;
+  for (const auto& w : watchlist) {
+    const ShardedParameter& p = *w.param;
+    switch (stage) {
+      case Stage::kModelBefore:
+      case Stage::kAfterOptimizer: items.push_back({p.fqn, &p, p.local.detach()}); break;
+      case Stage::kGradBeforeClip:
+      case Stage::kGradAfterClip: items.push_back({p.fqn, &p, p.local.grad()}); break;
+      case Stage::kOptimizerState:
+        MIH_INTERNAL_ASSERT(optimizer != nullptr, "probe_stage(optimizer_state) without an optimizer");
+        for (const char* m : {"exp_avg", "exp_avg_sq"}) {
+          items.push_back({p.fqn + "/" + m, &p, compat::adamw_state(*optimizer, p.local, m)});
+        }
+        break;
+    }
+  }
+  // This rank's contribution, vectorized over the whole watchlist: every box of every item
+  // it writes, flattened and concatenated, with each element's item (segment) and global
+  // index. Per item: sum, sum_sq, nonfinite, defined, k projections (SUM), then the values of
+  // small tensors (SUM; each element written by one rank), and max, -min (MAX).
+  const int64_t k = options.projections, n_items = static_cast<int64_t>(items.size());
+  std::vector<at::Tensor> xs, idxs;
+  std::vector<int64_t> seg_ids, seg_counts;
+  std::vector<double> defined(items.size(), 0.0);
+  std::vector<int64_t> value_base(items.size(), -1);
+  int64_t values_len = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const int64_t n = numel_of(it.param->global_shape);
+    if (n <= options.values_up_to) {
+      value_base[i] = values_len;
+      values_len += n;
+    }
+    if (!it.piece.defined()) continue;
+    defined[i] = 1;
+    if (!ctx.writes_piece(*it.param)) continue;
+    for (const Box& box : ctx.local_boxes(*it.param)) {
+      if (box.numel() == 0) continue;
+      xs.push_back(narrow_box(it.piece.detach(), box).reshape({-1}));
+      idxs.push_back(cached_global_indices(box, it.param->global_shape));
+      seg_ids.push_back(static_cast<int64_t>(i));
+      seg_counts.push_back(box.numel());
+    }
+  }
+  at::Tensor stats = at::zeros({n_items, 4 + k}, at::kDouble);
+  at::Tensor values = at::zeros({values_len}, at::kDouble);
+  at::Tensor extremes = at::full({n_items, 2}, -std::numeric_limits<double>::infinity(), at::kDouble);
+  stats.select(1, 3).copy_(at::tensor(defined, at::kDouble));
+  if (!xs.empty()) {
+    const at::Tensor x = at::cat(xs).to(at::kCPU).to(at::kDouble), idx = at::cat(idxs);
+    const at::Tensor seg = at::repeat_interleave(at::tensor(seg_ids, at::kLong), at::tensor(seg_counts, at::kLong));
+    const at::Tensor finite = at::isfinite(x);
+    const at::Tensor xf = at::where(finite, x, at::zeros_like(x));
+    stats.select(1, 0).index_add_(0, seg, xf);
+    stats.select(1, 1).index_add_(0, seg, xf * xf);
+    stats.select(1, 2).index_add_(0, seg, finite.logical_not().to(at::kDouble));
+    for (int64_t j = 0; j < k; ++j) stats.select(1, 4 + j).index_add_(0, seg, xf * projection_signs(idx, j));
+    extremes.select(1, 0).scatter_reduce_(0, seg, xf, "amax");
+    extremes.select(1, 1).scatter_reduce_(0, seg, xf.neg(), "amax");
+    if (values_len > 0) {
+      const at::Tensor base = at::tensor(value_base, at::kLong).index_select(0, seg);
+      const at::Tensor small = base.ge(0);
+      values.index_put_({base.add(idx).masked_select(small)}, x.masked_select(small));
+    }
+  }
+  Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
+  at::Tensor s = at::cat({stats.reshape({-1}), values}).to(ctx.options().device);
+  at::Tensor m = extremes.reshape({-1}).to(ctx.options().device);
+  world.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
+  world.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
+  const at::Tensor st = s.cpu().narrow(0, 0, n_items * (4 + k)).reshape({n_items, 4 + k}).contiguous();
+  const at::Tensor vals = s.cpu().narrow(0, n_items * (4 + k), values_len).contiguous();
+  const at::Tensor ex = m.cpu().reshape({n_items, 2}).contiguous();
+  const auto sa = st.accessor<double, 2>();
+  const auto ea = ex.accessor<double, 2>();
+  json tensors = json::object();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto r = static_cast<int64_t>(i);
+    const int64_t n = numel_of(items[i].param->global_shape);
+    json t = {{"sum", sa[r][0]},
+              {"sum_sq", sa[r][1]},
+              {"nonfinite", static_cast<int64_t>(sa[r][2])},
+              {"defined_ranks", static_cast<int64_t>(sa[r][3])},
+              {"max", ea[r][0]},
+              {"min", -ea[r][1]},
+              {"numel", n}};
+    std::vector<double> sketch(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) sketch[static_cast<size_t>(j)] = sa[r][4 + j];
+    t["sketch"] = sketch;
+    if (value_base[i] >= 0) {
+      const double* v = vals.data_ptr<double>() + value_base[i];
+      t["values"] = std::vector<double>(v, v + n);
+    }
+    tensors[items[i].name] = t;
+  }
+  return {{"stage", stage_name(stage)}, {"tensors", tensors}};
+}
+
+FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json* evidence) {
+  json mine = json::object();
+  for (const auto& p : ctx.parameters()) {
+    json boxes = json::array();
+    for (const Box& b : ctx.local_boxes(*p)) boxes.push_back({b.global_offset, b.lengths});
+    const at::Tensor bytes = p->local.detach().to(at::kCPU).contiguous();
+    const std::string digest =
+        Sha256().update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size()).hex_digest();
+    mine[p->fqn] = {sha256_hex(boxes.dump()), digest};
+  }
+  const std::vector<json> all =
+      all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.options().device, "mih.session.replicas");
+  FindingReport report;
+  json checked = json::object();
+  for (const auto& p : ctx.parameters()) {
+    // piece id -> digest -> ranks
+    std::map<std::string, std::map<std::string, std::vector<int>>> pieces;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const json& e = all[r].at(p->fqn);
+      pieces[e[0].get<std::string>()][e[1].get<std::string>()].push_back(static_cast<int>(r));
+    }
+    int replicas_compared = 0;
+    for (const auto& [piece, by_digest] : pieces) {
+      replicas_compared += static_cast<int>(by_digest.size() > 0);
+      if (by_digest.size() < 2) continue;
+      json groups = json::array();
+      for (const auto& [digest, ranks] : by_digest) groups.push_back({{"ranks", ranks}, {"sha256", digest}});
+      report.add({"MIH-PROBE-001", "runtime", p->fqn, Severity::kError,
+                  "replicas of '" + p->fqn + "' differ after the optimizer at step " + std::to_string(step) + ": " +
+                      std::to_string(by_digest.size()) + " different values among ranks holding the same piece",
+                  {{"step", step}, {"groups", groups}},
+                  "ranks that must hold one value train apart: a gradient that is partial over some axis was never "
+                  "reduced",
+                  "all-reduce the gradient over every axis the parameter is replicated on (e.g. tp for a norm weight "
+                  "under sequence parallelism)"});
+    }
+    checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}};
+  }
+  if (evidence) *evidence = {{"step", step}, {"parameters", checked}};
+  return report;
+}
+
+int64_t peak_memory_bytes(c10::Device device) {
+#ifdef MIH_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+  }
+#else
+  (void)device;
+#endif
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports kilobytes
+}
+
+}  // namespace mih::probes

@@ -1,0 +1,375 @@
+// ValidationSession (see session.h).
+#include "harness/session/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include "harness/base/error.h"
+#include "harness/runtime/communicator.h"
+
+namespace mih {
+namespace {
+
+using nlohmann::json;
+
+// Keys of the merged findings: the same finding from several ranks is kept once, with the
+// ranks that reported it.
+std::string finding_key(const json& f) {
+  return f.at("code").get<std::string>() + "\n" + f.at("owner").get<std::string>() + "\n" + f.at("message").get<std::string>();
+}
+
+}  // namespace
+
+std::string session_mode_name(SessionMode mode) {
+  switch (mode) {
+    case SessionMode::kOff: return "off";
+    case SessionMode::kBuild: return "build";
+    case SessionMode::kRuntime: return "runtime";
+  }
+  return "?";
+}
+
+SessionMode parse_session_mode(const std::string& name) {
+  if (name == "off") return SessionMode::kOff;
+  if (name == "build") return SessionMode::kBuild;
+  if (name == "runtime") return SessionMode::kRuntime;
+  MIH_THROW(Code::kInvalidSpec, "unknown session mode '", name, "'; use off, build or runtime");
+}
+
+ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh)
+    : spec_(&spec), options_(std::move(options)), mesh_(&mesh) {
+  MIH_CHECK(options_.mode != SessionMode::kOff, "ValidationSession in mode off: use make_session, which returns no-op hooks");
+  spec.validate();
+  if (!options_.evidence_dir.empty()) {
+    evidence_ = std::make_unique<EvidenceDir>(options_.evidence_dir);
+    machine_ = std::make_unique<IntegrationStateMachine>(*evidence_);
+    if (mesh.rank() == 0) {
+      json env = options_.environment;
+      env["world_size"] = mesh.world_size();
+      env["session_mode"] = session_mode_name(options_.mode);
+      evidence_->write_json("environment.json", capture_environment(options_.source_dir, env));
+      evidence_->write_json("spec.resolved.json", spec.to_json());
+      json config = options_.config;
+      config["lr"] = options_.trainer.lr();
+      config["weight_decay"] = options_.trainer.weight_decay();
+      config["max_grad_norm"] = options_.trainer.max_grad_norm();
+      config["no_weight_decay"] = options_.trainer.no_weight_decay();
+      config["world_size"] = mesh.world_size();
+      evidence_->write_json("config.resolved.json", config);
+      machine_->advance_if_before(IntegrationState::kDiscovered, {"environment.json", "spec.resolved.json"});
+    }
+  }
+}
+
+ValidationSession::~ValidationSession() = default;
+
+template <class Fn>
+void ValidationSession::guarded(const char* hook, Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    fn();
+    // end_step measures itself (it writes the per-step figures).
+    if (std::string_view(hook) != "end_step") {
+      hook_ms_[hook] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    }
+  } catch (const std::exception& e) {
+    fail_case(std::string("the session's ") + hook + " raised: " + e.what());
+    throw;
+  }
+}
+
+void ValidationSession::write(std::string_view relative, const json& j) const {
+  if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j);
+}
+
+void ValidationSession::write_rank_file(std::string_view relative, const json& j) const {
+  if (evidence_) evidence_->write_json(relative, j);
+}
+
+void ValidationSession::merge(FindingReport local, const json& perf) {
+  for (const auto& f : local.findings()) pending_.add(f);
+  json mine = {{"findings", pending_.to_json()["findings"]}, {"perf", perf}};
+  pending_ = FindingReport();
+  const std::vector<json> all =
+      all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, state_.context ? state_.context->options().device
+                                                                          : c10::Device(c10::DeviceType::CPU),
+                      "mih.session.findings");
+  std::map<std::string, std::pair<json, std::vector<int>>> merged;
+  std::vector<std::string> order;
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const auto& f : all[r]["findings"]) {
+      const std::string key = finding_key(f);
+      if (!merged.count(key)) {
+        merged[key] = {f, {}};
+        order.push_back(key);
+      }
+      merged[key].second.push_back(static_cast<int>(r));
+    }
+  }
+  for (const auto& key : order) {
+    Finding f = merged[key].first.get<Finding>();
+    f.facts["ranks"] = merged[key].second;
+    findings_.add(std::move(f));
+  }
+  if (!perf.is_null()) {
+    double step_ms = 0;
+    int64_t peak = 0;
+    for (const auto& a : all) {
+      step_ms = std::max(step_ms, a["perf"]["step_ms"].get<double>());
+      peak = std::max(peak, a["perf"]["peak_memory_bytes"].get<int64_t>());
+    }
+    metrics_.back()["step_ms_max_over_ranks"] = step_ms;
+    metrics_.back()["peak_memory_bytes"] = peak;
+  }
+  if (!order.empty()) write("check/findings.json", findings_.to_json());
+}
+
+void ValidationSession::attach_optimizer(const TrainingState& state) {
+  guarded("attach_optimizer", [&] {
+    state_ = state;
+    ParallelContext& ctx = *state.context;
+    ctx.shared_state().set_recording(runtime());
+    std::vector<std::string> names;
+    for (const auto& p : ctx.parameters()) {
+      names.push_back(p->fqn);
+      names.insert(names.end(), p->aliases.begin(), p->aliases.end());
+    }
+    for (const auto& b : ctx.buffers()) names.push_back(b.fqn);
+    for (const auto& item : state.model->named_modules()) names.push_back(item.key());
+    spec_->validate_against(names);
+
+    FindingReport local;
+    checks::CheckOutput structure = checks::check_structure(state, *spec_);
+    for (const auto& f : structure.findings.findings()) local.add(f);
+    write("check/structure.json", structure.evidence);
+    write("check/fsdp_units.json", structure.evidence["fsdp_units"]);
+    if (evidence_ && mesh_->rank() == 0) evidence_->write_text("check/parameter_ownership.csv", checks::parameter_ownership_csv(ctx));
+
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure);
+    for (const auto& f : optimizer.findings.findings()) local.add(f);
+    write("check/optimizer_layout_initial.json", optimizer.evidence);
+
+    checks::CheckOutput coverage = checks::check_checkpoint_coverage(
+        ctx, spec_->checkpoint, options_.source_checkpoint_keys ? &*options_.source_checkpoint_keys : nullptr);
+    for (const auto& f : coverage.findings.findings()) local.add(f);
+    write("checkpoint/coverage.json", coverage.evidence);
+
+    for (spec::Phase phase : {spec::Phase::kStructure, spec::Phase::kMaterialization}) {
+      checks::CheckOutput inv = checks::run_invariants(spec_->invariants, phase, state);
+      for (const auto& f : inv.findings.findings()) local.add(f);
+      write("check/invariants_" + spec::phase_name(phase) + ".json", inv.evidence);
+    }
+
+    watchlist_ = probes::build_watchlist(ctx, options_.watch);
+    write("check/parameter_watchlist.json", probes::to_json(watchlist_));
+    for (const auto& f : local.findings()) pending_.add(f);
+  });
+}
+
+void ValidationSession::attach_data_pipeline(const BatchSource& batches) {
+  guarded("attach_data_pipeline", [&] {
+    checks::CheckOutput data = checks::check_data_contract(spec_->data, batches(0));
+    write("data/field_ownership.json", data.evidence);
+    identity_ = std::make_unique<checks::InputIdentity>(options_.trainer.sequence_fields(),
+                                                        options_.trainer.cp_replicated_fields());
+    merge(std::move(data.findings));
+    if (machine_ && mesh_->rank() == 0 && !findings_.failed()) {
+      machine_->advance_if_before(IntegrationState::kStructureValidated,
+                                  {"check/findings.json", "check/structure.json", "check/optimizer_layout_initial.json",
+                                   "data/field_ownership.json", "checkpoint/coverage.json"});
+    }
+  });
+}
+
+void ValidationSession::begin_step(int64_t step) {
+  guarded("begin_step", [&] {
+    fields_seen_.clear();
+    tokens_seen_ = rows_seen_ = 0;
+    if (!runtime()) return;
+    state_.context->shared_state().clear_events();
+    probe(probes::Stage::kModelBefore, step);
+  });
+}
+
+void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t first_row, const Batch& batch) {
+  guarded("record_batch", [&] {
+    for (const auto& [name, t] : batch.fields) fields_seen_.insert(name);
+    tokens_seen_ += batch.input_ids.numel();
+    rows_seen_ += batch.input_ids.size(0);
+    if (step == 0 && micro_batch == 0) {
+      checks::CheckOutput fields = checks::check_forward_fields(spec_->data, batch);
+      for (const auto& f : fields.findings.findings()) pending_.add(f);
+      write("data/observed_forward_fields.json", fields.evidence);
+    }
+    if (!runtime()) return;
+    ParallelContext& ctx = *state_.context;
+    identity_->add(first_row, batch, &mesh_->comm(MeshAxis::kCp), ctx.options().cp_layout);
+  });
+}
+
+void ValidationSession::after_backward_before_clip(int64_t step) {
+  guarded("after_backward_before_clip", [&] {
+    if (!runtime()) return;
+    checks::CheckOutput modal = checks::check_modality_gradients(*state_.context, spec_->modalities, fields_seen_, step);
+    for (const auto& f : modal.findings.findings()) pending_.add(f);
+    if (!spec_->modalities.empty()) write("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
+    probe(probes::Stage::kGradBeforeClip, step);
+  });
+}
+
+void ValidationSession::after_clip(int64_t step, double /*grad_norm*/) {
+  guarded("after_clip", [&] {
+    if (!runtime()) return;
+    probe(probes::Stage::kGradAfterClip, step);
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime);
+    for (const auto& f : optimizer.findings.findings()) pending_.add(f);
+    write("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
+  });
+}
+
+void ValidationSession::after_optimizer(int64_t step) {
+  guarded("after_optimizer", [&] {
+    if (!runtime()) return;
+    probe(probes::Stage::kAfterOptimizer, step);
+    probe(probes::Stage::kOptimizerState, step);
+    json replicas;
+    FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
+    for (const auto& f : r.findings()) pending_.add(f);
+    write("cases/runtime/replicas_step" + std::to_string(step) + ".json", replicas);
+  });
+}
+
+void ValidationSession::probe(probes::Stage stage, int64_t step) {
+  json j = probes::probe_stage(*state_.context, watchlist_, stage, state_.optimizer, options_.watch);
+  j["step"] = step;
+  if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("probes/rank0.jsonl", j);
+}
+
+void ValidationSession::end_step(const StepMetrics& m) {
+  guarded("end_step", [&] {
+    const auto start = std::chrono::steady_clock::now();
+    if (!runtime()) {
+      if (m.step == 0) merge(FindingReport());
+      return;
+    }
+    const int64_t step = m.step;
+    ParallelContext& ctx = *state_.context;
+    FindingReport local;
+    json identity = identity_->finish(*mesh_, step, &local, ctx.options().device);
+    input_identity_.push_back(identity);
+    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("data/input_identity.jsonl", identity);
+
+    checks::CheckOutput shared = checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step);
+    for (const auto& f : shared.findings.findings()) local.add(f);
+    write("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
+
+    checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kRuntime, state_);
+    for (const auto& f : inv.findings.findings()) local.add(f);
+    if (!inv.evidence.empty()) write("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
+
+    // Communication of training (not of the session) since the last step, per axis.
+    json comm = json::object();
+    if (const auto& ledger = mesh_->ledger()) {
+      const std::vector<CommRecord> records = ledger->completed();
+      for (size_t i = ledger_seen_; i < records.size(); ++i) {
+        if (records[i].site.rfind("mih.session", 0) == 0) continue;
+        comm[records[i].axis] = comm.value(records[i].axis, int64_t{0}) + records[i].bytes;
+      }
+      ledger_seen_ = records.size();
+    }
+    const int64_t dp = mesh_->comm(MeshAxis::kDp).size(), cp = mesh_->comm(MeshAxis::kCp).size();
+    const double seconds = std::max(m.step_ms, 1e-9) / 1e3;
+    json row = m;
+    row["input_hash"] = identity["global"];
+    row["tokens_per_s"] = static_cast<double>(tokens_seen_ * dp * cp) / seconds;
+    row["samples_per_s"] = static_cast<double>(rows_seen_ * dp) / seconds;
+    row["comm_bytes"] = comm;
+    metrics_.push_back(row);
+    json perf = {{"step", step},
+                 {"step_ms", m.step_ms},
+                 {"peak_memory_bytes", probes::peak_memory_bytes(ctx.options().device)},
+                 {"comm_bytes", comm}};
+    merge(std::move(local), perf);
+    hook_ms_["end_step"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    perf["session_ms"] = hook_ms_;
+    double total = 0;
+    for (const auto& [hook, ms] : hook_ms_) total += ms;
+    metrics_.back()["session_ms"] = total;
+    hook_ms_.clear();
+    performance_.push_back(perf);
+    if (evidence_) evidence_->append_jsonl("cases/runtime/performance_rank" + std::to_string(mesh_->rank()) + ".jsonl", perf);
+    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("cases/runtime/metrics.jsonl", metrics_.back());
+  });
+}
+
+void ValidationSession::record_fsdp_trace(int64_t step) {
+  guarded("record_fsdp_trace", [&] {
+    if (step != 0) return;
+    ParallelContext& ctx = *state_.context;
+    write("check/activation_checkpoint.json", {{"enabled", ctx.options().activation_checkpointing},
+                                               {"regions", ctx.checkpoint_regions()}});
+    write("check/fsdp_trace.json", ctx.to_json());
+  });
+}
+
+void ValidationSession::capture_checkpoint_payload(const std::string& event, const std::filesystem::path& dir,
+                                                   const json& index) {
+  guarded("capture_checkpoint_payload", [&] {
+    json summary = {{"event", event}, {"dir", dir.string()}, {"rank", mesh_->rank()}};
+    for (const char* k : {"checkpoint_id", "world_size"}) {
+      if (index.contains(k)) summary[k] = index[k];
+    }
+    if (index.contains("tensors")) summary["tensors"] = index["tensors"].size();
+    write_rank_file("checkpoint/" + event + "_rank" + std::to_string(mesh_->rank()) + ".json", summary);
+    if (event != "load") return;
+    FindingReport local;
+    checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kCheckpoint, state_);
+    for (const auto& f : inv.findings.findings()) local.add(f);
+    write("checkpoint/invariants_after_load.json", inv.evidence);
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kCheckpoint);
+    for (const auto& f : optimizer.findings.findings()) local.add(f);
+    write("checkpoint/optimizer_layout_after_load.json", optimizer.evidence);
+    merge(std::move(local));
+  });
+}
+
+void ValidationSession::fail_case(const std::string& reason) {
+  if (failed_) return;
+  failed_ = true;
+  if (!evidence_ || mesh_->rank() != 0) return;
+  try {
+    evidence_->write_json("check/findings.json", findings_.to_json());
+    IntegrationState s;
+    if (!machine_->current(&s) || (s != IntegrationState::kFailed && s != IntegrationState::kBlocked)) {
+      machine_->fail(reason, {"check/findings.json"});
+    }
+  } catch (const std::exception&) {
+    // The original failure is what the caller reports; a second one here must not mask it.
+  }
+}
+
+bool ValidationSession::finish() {
+  for (const auto& f : pending_.findings()) findings_.add(f);  // rank-local leftovers
+  pending_ = FindingReport();
+  if (failed_) return false;
+  if (findings_.failed()) {
+    fail_case("findings with errors:\n" + findings_.summary());
+    return false;
+  }
+  if (evidence_ && mesh_->rank() == 0) {
+    evidence_->write_json("check/findings.json", findings_.to_json());
+    machine_->advance_if_before(IntegrationState::kStructureValidated, {"check/findings.json"});
+  }
+  return !failed_;
+}
+
+std::unique_ptr<TrainingHooks> make_session(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh) {
+  if (options.mode == SessionMode::kOff) return std::make_unique<TrainingHooks>();
+  return std::make_unique<ValidationSession>(spec, std::move(options), mesh);
+}
+
+}  // namespace mih

@@ -1,0 +1,143 @@
+// The validation session (DESIGN.md section 6; the seed tool's trainer session): TrainingHooks
+// that run the checks of harness/checks and the probes of harness/probes at each point of a
+// training run, merge their findings over the ranks and write the evidence of one case.
+//
+// Modes: off (make_session returns hooks that do nothing: the training code has no branch),
+// build (structure, optimizer layout, data contract, checkpoint coverage and structure
+// invariants when the model is attached; forward fields at the first micro-batch), runtime
+// (build, plus per step: input identity, shared state, modality gradients, optimizer layout
+// before the optimizer, probes at every stage, replica consistency, runtime invariants, the
+// metrics row).
+//
+// Evidence under SessionOptions::evidence_dir (rank 0 writes the shared files, every rank its
+// own rank<r> files):
+//   environment.json, integration_state.json, spec.resolved.json, config.resolved.json,
+//   check/{findings.json, structure.json, parameter_ownership.csv, fsdp_units.json,
+//          optimizer_layout_initial.json, activation_checkpoint.json, parameter_watchlist.json,
+//          invariants_<phase>.json},
+//   data/{field_ownership.json, observed_forward_fields.json, input_identity.jsonl},
+//   checkpoint/{coverage.json, <event>_rank<r>.json},
+//   cases/runtime/{metrics.jsonl, performance_rank<r>.jsonl, shared_state_step<k>.json,
+//                  modality_gradients_step<k>.json, optimizer_layout_step<k>.json,
+//                  replicas_step<k>.json},
+//   probes/rank0.jsonl (one line per stage and step; values are global, so rank 0 writes).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/checks/checks.h"
+#include "harness/evidence/evidence_store.h"
+#include "harness/probes/probes.h"
+#include "harness/session/findings.h"
+#include "harness/spec/model_spec.h"
+#include "harness/training/trainer.h"
+
+namespace mih {
+
+enum class SessionMode { kOff, kBuild, kRuntime };
+std::string session_mode_name(SessionMode mode);
+/// Throws: mih::Error{kInvalidSpec} for a name other than off, build, runtime.
+SessionMode parse_session_mode(const std::string& name);
+
+struct SessionOptions {
+  SessionMode mode = SessionMode::kRuntime;
+  /// The case's evidence directory; empty keeps findings and metrics in memory only.
+  std::filesystem::path evidence_dir;
+  /// The case's config and trainer options (recorded; the optimizer layout and data checks
+  /// compare against their weight-decay grouping and cp sharding).
+  ParallelConfig config;
+  TrainerOptions trainer;
+  probes::WatchlistOptions watch;
+  /// Keys of an external checkpoint to check against the spec's key map.
+  std::optional<std::vector<std::string>> source_checkpoint_keys;
+  /// Added to environment.json (torch version, backend, CUDA...).
+  nlohmann::json environment = nlohmann::json::object();
+  /// The source tree whose git revision environment.json records.
+  std::filesystem::path source_dir = ".";
+};
+
+class ValidationSession : public TrainingHooks {
+ public:
+  /// `spec` and `mesh` must outlive the session. Rank 0 writes environment.json,
+  /// spec.resolved.json, config.resolved.json and sets the state DISCOVERED.
+  /// Throws: mih::Error{kInvalidSpec} if options.mode is off (use make_session), as
+  ///   ModelSpec::validate, or kFailedPrecondition if the evidence directory is unwritable.
+  ValidationSession(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh);
+  ~ValidationSession() override;
+
+  void attach_optimizer(const TrainingState& state) override;
+  void attach_data_pipeline(const BatchSource& batches) override;
+  void begin_step(int64_t step) override;
+  void record_batch(int64_t step, int micro_batch, int64_t first_row, const Batch& batch) override;
+  void after_backward_before_clip(int64_t step) override;
+  void after_clip(int64_t step, double grad_norm) override;
+  void after_optimizer(int64_t step) override;
+  void end_step(const StepMetrics& metrics) override;
+  void record_fsdp_trace(int64_t step) override;
+  void capture_checkpoint_payload(const std::string& event, const std::filesystem::path& dir,
+                                  const nlohmann::json& index) override;
+
+  /// The findings merged over every rank so far (the same on every rank).
+  const FindingReport& findings() const { return findings_; }
+  /// The metrics rows of the steps so far (runtime mode).
+  const std::vector<nlohmann::json>& metrics() const { return metrics_; }
+  /// This rank's performance rows so far: step_ms, peak_memory_bytes, comm_bytes per axis,
+  /// session_ms (wall time spent in each hook during the step).
+  const std::vector<nlohmann::json>& performance() const { return performance_; }
+  /// The input identity of each step so far ({"global", "fields", "rows", "step"}).
+  const std::vector<nlohmann::json>& input_identity() const { return input_identity_; }
+  /// The evidence directory, or null when in memory only.
+  const EvidenceDir* evidence() const { return evidence_.get(); }
+
+  /// Records a failure that escaped the checks or training (an exception from a hook or the
+  /// model): the case becomes FAILED with `reason`, the findings so far are written. No
+  /// collective: safe on a subset of ranks. Idempotent.
+  void fail_case(const std::string& reason);
+  /// Ends the case: writes check/findings.json and sets the state: FAILED with the error
+  /// summary if any finding is an error, else STRUCTURE_VALIDATED. No collective. Returns
+  /// true when no error was found.
+  bool finish();
+
+ private:
+  template <class Fn>
+  void guarded(const char* hook, Fn&& fn);
+  // Merges this rank's new findings over the world (a collective) and writes them.
+  void merge(FindingReport local, const nlohmann::json& perf = nullptr);
+  void write(std::string_view relative, const nlohmann::json& j) const;
+  void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
+  bool runtime() const { return options_.mode == SessionMode::kRuntime; }
+  void probe(probes::Stage stage, int64_t step);
+
+  const spec::ModelSpec* spec_;
+  SessionOptions options_;
+  DeviceMesh* mesh_;
+  TrainingState state_;
+  std::unique_ptr<EvidenceDir> evidence_;
+  std::unique_ptr<IntegrationStateMachine> machine_;
+  FindingReport findings_;
+  FindingReport pending_;  // this rank's findings since the last merge
+  std::vector<probes::WatchEntry> watchlist_;
+  std::unique_ptr<checks::InputIdentity> identity_;
+  std::set<std::string> fields_seen_;
+  std::vector<nlohmann::json> metrics_, input_identity_, performance_;
+  int64_t tokens_seen_ = 0, rows_seen_ = 0;
+  size_t ledger_seen_ = 0;
+  // Wall time spent in each hook since the last end_step, milliseconds (the session's own
+  // cost, written to performance_rank<r>.jsonl).
+  std::map<std::string, double> hook_ms_;
+  bool failed_ = false;
+};
+
+/// The session for `options.mode`: hooks that do nothing when off, else a
+/// ValidationSession. Throws: as ValidationSession.
+std::unique_ptr<TrainingHooks> make_session(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh);
+
+}  // namespace mih

@@ -1,0 +1,520 @@
+// The validation session and its checks and probes on the reference specs: each check passes
+// on the correct model and fails on an input that breaks its rule, on real modules and real
+// 2-rank Gloo groups (threads as ranks); the input-identity hash is the same for every split
+// of one global batch; probe statistics do not depend on the sharding; the evidence layout is
+// written; a check that raises sets the case FAILED with the reason.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
+
+#include "harness/base/error.h"
+#include "harness/checks/checks.h"
+#include "harness/probes/probes.h"
+#include "harness/session/session.h"
+#include "reference_models/llama.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/thread_ranks.h"
+
+// CaseOptions are given with designated initializers, the rest defaulted; GCC 12 warns about
+// the defaulted members anyway.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+namespace mih {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::vector<std::string> codes(const FindingReport& r) {
+  std::vector<std::string> out;
+  for (const auto& f : r.findings()) out.push_back(f.code + " " + f.owner);
+  return out;
+}
+
+bool has_code(const FindingReport& r, const std::string& code) {
+  for (const auto& f : r.findings()) {
+    if (f.code == code) return true;
+  }
+  return false;
+}
+
+spec::ModelSpec get(const std::string& name) { return spec::SpecRegistry::instance().get(name); }
+
+// Hooks that run `before` on a hook point and then forward to the session.
+struct Tamper : TrainingHooks {
+  TrainingHooks* inner;
+  TrainingState state;
+  std::function<void(int64_t, const TrainingState&)> before_grad_checks, before_optimizer_checks;
+  explicit Tamper(TrainingHooks* s) : inner(s) {}
+  void attach_optimizer(const TrainingState& s) override {
+    state = s;
+    inner->attach_optimizer(s);
+  }
+  void attach_data_pipeline(const BatchSource& b) override { inner->attach_data_pipeline(b); }
+  void begin_step(int64_t step) override { inner->begin_step(step); }
+  void record_batch(int64_t step, int mb, int64_t row, const Batch& b) override { inner->record_batch(step, mb, row, b); }
+  void after_backward_before_clip(int64_t step) override {
+    if (before_grad_checks) before_grad_checks(step, state);
+    inner->after_backward_before_clip(step);
+  }
+  void after_clip(int64_t step, double norm) override { inner->after_clip(step, norm); }
+  void after_optimizer(int64_t step) override {
+    if (before_optimizer_checks) before_optimizer_checks(step, state);
+    inner->after_optimizer(step);
+  }
+  void end_step(const StepMetrics& m) override { inner->end_step(m); }
+  void record_fsdp_trace(int64_t step) override { inner->record_fsdp_trace(step); }
+};
+
+struct CaseRun {
+  FindingReport findings;
+  std::vector<json> identity, metrics;
+  std::vector<std::string> errors;
+};
+
+struct CaseOptions {
+  int64_t steps = 1;
+  SessionMode mode = SessionMode::kRuntime;
+  fs::path evidence;
+  std::function<void(Tamper&)> tamper;
+  std::function<BatchSource(BatchSource)> batches;
+};
+
+// Runs `steps` steps of `s` under `c` on thread ranks with a session; rank 0's view.
+CaseRun run_case(const spec::ModelSpec& s, ParallelConfig c, const CaseOptions& o = {}) {
+  CaseRun out;
+  const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
+  out.errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+    SessionOptions so;
+    so.mode = o.mode;
+    so.evidence_dir = o.evidence;
+    so.config = c;
+    so.trainer = options;
+    ValidationSession session(s, so, mesh);
+    Tamper tamper(&session);
+    if (o.tamper) o.tamper(tamper);
+    BatchSource batches = o.batches ? o.batches(s.data.make_batches()) : s.data.make_batches();
+    try {
+      Trainer t(mesh, c, s.factory, batches, options, &tamper);
+      t.run(o.steps);
+    } catch (const std::exception& e) {
+      session.fail_case(e.what());
+      throw;
+    }
+    session.finish();
+    if (mesh.rank() == 0) {
+      out.findings = session.findings();
+      out.identity = session.input_identity();
+      out.metrics = session.metrics();
+    }
+  });
+  return out;
+}
+
+ParallelConfig config(int dp_shard = 1, int tp = 1, int cp = 1) {
+  ParallelConfig c;
+  c.dp_shard = dp_shard;
+  c.tp = tp;
+  c.cp = cp;
+  c.dtype = at::kDouble;
+  return c;
+}
+
+// ---- the correct models pass every check ----
+
+class SessionOnReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SessionOnReferenceSpecTest, RuntimeSessionFindsNothingUnderDpShard2) {
+  CaseRun r = run_case(get(GetParam()), config(2), {.steps = 2});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), IsEmpty()) << r.findings.summary();
+  ASSERT_EQ(r.metrics.size(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, SessionOnReferenceSpecTest, ::testing::Values("llama", "moe", "vlm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST(SessionTest, TensorParallelSpAndActivationCheckpointingFindNothing) {
+  ParallelConfig c = config(1, 2);
+  c.sequence_parallel = true;
+  c.activation_checkpointing = true;
+  CaseRun r = run_case(get("moe"), c);
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), IsEmpty()) << r.findings.summary();
+}
+
+// ---- evidence and the case state ----
+
+TEST(SessionTest, WritesTheEvidenceLayoutAndValidatesTheCase) {
+  const fs::path dir = testing::temp_dir("layout");
+  CaseRun r = run_case(get("llama"), config(2), {.steps = 2, .evidence = dir});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EvidenceDir ev(dir);
+  for (const char* f :
+       {"environment.json", "integration_state.json", "spec.resolved.json", "config.resolved.json", "check/findings.json",
+        "check/structure.json", "check/parameter_ownership.csv", "check/fsdp_units.json",
+        "check/optimizer_layout_initial.json", "check/activation_checkpoint.json", "check/parameter_watchlist.json",
+        "data/field_ownership.json", "data/observed_forward_fields.json", "data/input_identity.jsonl",
+        "checkpoint/coverage.json", "cases/runtime/metrics.jsonl", "cases/runtime/performance_rank0.jsonl",
+        "cases/runtime/performance_rank1.jsonl", "cases/runtime/shared_state_step1.json",
+        "cases/runtime/optimizer_layout_step1.json", "cases/runtime/replicas_step1.json", "probes/rank0.jsonl"}) {
+    EXPECT_TRUE(fs::exists(ev.root() / f)) << f;
+  }
+  EXPECT_EQ(ev.read_json("integration_state.json")["state"], "STRUCTURE_VALIDATED");
+  EXPECT_EQ(ev.read_json("check/findings.json")["status"], "PASS");
+  const std::vector<json> metrics = ev.read_jsonl("cases/runtime/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  for (const char* k : {"loss", "grad_norm_pre_clip", "grad_norm_post_clip", "lr", "input_hash", "step_ms",
+                        "tokens_per_s", "samples_per_s", "peak_memory_bytes", "comm_bytes"}) {
+    EXPECT_TRUE(metrics[1].contains(k)) << k;
+  }
+  EXPECT_GT(metrics[1]["peak_memory_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(metrics[0]["input_hash"].get<std::string>().size(), 64u);
+  // 5 stages per step, 2 steps.
+  EXPECT_EQ(ev.read_jsonl("probes/rank0.jsonl").size(), 10u);
+  EXPECT_THAT(ev.read_json("check/activation_checkpoint.json")["regions"].dump(), HasSubstr("layers.0"));
+}
+
+TEST(SessionTest, ACheckThatRaisesSetsTheCaseFailedWithTheReason) {
+  const fs::path dir = testing::temp_dir("raises");
+  spec::ModelSpec s = get("vlm");
+  s.modalities[0].parameter_patterns = {"vison_tower.*"};  // a typo: matches nothing
+  CaseRun r = run_case(s, config(2), {.evidence = dir});
+  ASSERT_EQ(r.errors.size(), 2u);
+  EXPECT_THAT(r.errors[0], HasSubstr("pattern 'vison_tower.*' matches no parameter or module"));
+  const json state = EvidenceDir(dir).read_json("integration_state.json");
+  EXPECT_EQ(state["state"], "FAILED");
+  EXPECT_THAT(state["reason"].get<std::string>(), HasSubstr("attach_optimizer raised"));
+  EXPECT_THAT(state["reason"].get<std::string>(), HasSubstr("vison_tower.*"));
+}
+
+TEST(SessionTest, FindingsWithErrorsSetTheCaseFailed) {
+  const fs::path dir = testing::temp_dir("findings");
+  spec::ModelSpec s = get("llama");
+  s.data.labels_are_shifted = false;  // the pipeline does shift them
+  CaseRun r = run_case(s, config(), {.mode = SessionMode::kBuild, .evidence = dir});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), Contains("MIH-DATA-004 labels"));
+  EvidenceDir ev(dir);
+  EXPECT_EQ(ev.read_json("integration_state.json")["state"], "FAILED");
+  EXPECT_EQ(ev.read_json("check/findings.json")["status"], "FAIL");
+  EXPECT_FALSE(fs::exists(ev.root() / "probes/rank0.jsonl"));  // build mode: no probes
+}
+
+TEST(SessionTest, OffModeIsNoOpHooksAndTrainsIdentically) {
+  spec::ModelSpec s = get("llama");
+  std::vector<double> losses[2];
+  for (int i = 0; i < 2; ++i) {
+    auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+      SessionOptions so;
+      so.mode = i == 0 ? SessionMode::kOff : SessionMode::kRuntime;
+      std::unique_ptr<TrainingHooks> hooks = make_session(s, so, mesh);
+      EXPECT_EQ(dynamic_cast<ValidationSession*>(hooks.get()) == nullptr, i == 0);
+      Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()), hooks.get());
+      for (const auto& m : t.run(2)) losses[i].push_back(m.loss);
+    });
+    ASSERT_THAT(errors, IsEmpty());
+  }
+  EXPECT_EQ(losses[0], losses[1]);  // the session observes, it never changes training
+  EXPECT_THROW(parse_session_mode("verbose"), Error);
+}
+
+// ---- structure ----
+
+TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentShape) {
+  spec::ModelSpec s = get("llama");
+  s.checkpoint.tied = {{"embed_tokens.weight", "lm_head.weight"}};  // the model does not tie them
+  auto errors = testing::run_mesh(ParallelDims{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(2), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
+    EXPECT_THAT(codes(checks::check_structure(t.state(), get("llama")).findings), IsEmpty());
+    const auto& params = t.context().parameters();
+    params[1]->local.detach().view({-1})[0] = std::nan("");
+    params[2]->local_shape[0] += 1;
+    const FindingReport r = checks::check_structure(t.state(), s).findings;
+    EXPECT_THAT(codes(r), Contains("MIH-STRUCT-004 embed_tokens.weight"));
+    EXPECT_THAT(codes(r), Contains("MIH-STRUCT-003 " + params[1]->fqn));
+    EXPECT_THAT(codes(r), Contains("MIH-STRUCT-001 " + params[2]->fqn));
+    EXPECT_THAT(checks::parameter_ownership_csv(t.context()), HasSubstr("dp_shard=Shard(0)"));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// ---- optimizer layout ----
+
+TEST(OptimizerLayoutCheckTest, NamesTensorsThatAreNotLiveShardsFrozenAndMisgroupedParameters) {
+  spec::ModelSpec s = get("llama");
+  auto errors = testing::run_mesh(ParallelDims{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+    const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
+    Trainer t(mesh, config(2), s.factory, s.data.make_batches(), options);
+    EXPECT_THAT(codes(checks::check_optimizer_layout(t.state(), options, spec::Phase::kStructure).findings), IsEmpty());
+    // An optimizer built over the full (unsharded) tensors: none is a live shard.
+    std::vector<at::Tensor> full;
+    for (const auto& p : t.context().parameters()) full.push_back(t.gather_full(*p).requires_grad_());
+    torch::optim::AdamW before_sharding(full, torch::optim::AdamWOptions(1e-3));
+    TrainingState wrong = t.state();
+    wrong.optimizer = &before_sharding;
+    const FindingReport r = checks::check_optimizer_layout(wrong, options, spec::Phase::kStructure).findings;
+    EXPECT_TRUE(has_code(r, "MIH-OPTIM-001"));
+    EXPECT_THAT(codes(r), Contains("MIH-OPTIM-004 embed_tokens.weight"));
+    // Declared: no decay for nothing; the optimizer exempts norms and biases.
+    const FindingReport wd = checks::check_optimizer_layout(t.state(), TrainerOptions().no_weight_decay({}), spec::Phase::kStructure).findings;
+    EXPECT_THAT(codes(wd), Contains("MIH-OPTIM-005 norm.weight"));
+    // A frozen parameter left in the optimizer.
+    t.context().parameters()[0]->local.requires_grad_(false);
+    EXPECT_THAT(codes(checks::check_optimizer_layout(t.state(), options, spec::Phase::kStructure).findings),
+                Contains("MIH-OPTIM-003 embed_tokens.weight"));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// ---- data contract ----
+
+TEST(DataContractCheckTest, NamesADoubleShiftAnUndeclaredFieldAndAMissingOne) {
+  spec::ModelSpec s = get("llama");
+  Batch b = s.data.make_batches()(0);
+  EXPECT_THAT(codes(checks::check_data_contract(s.data, b).findings), IsEmpty());
+  Batch shifted_twice = b;
+  shifted_twice.labels = at::roll(b.labels, -1, 1);
+  const FindingReport r = checks::check_data_contract(s.data, shifted_twice).findings;
+  ASSERT_THAT(codes(r), Contains("MIH-DATA-004 labels"));
+  EXPECT_THAT(r.findings()[0].message, HasSubstr("labels are declared shifted, but on"));
+  Batch extra = b;
+  extra.fields["token_type_ids"] = at::zeros_like(b.input_ids);
+  extra.fields.erase("loss_mask");
+  const FindingReport e = checks::check_data_contract(s.data, extra).findings;
+  EXPECT_THAT(codes(e), Contains("MIH-DATA-001 token_type_ids"));
+  EXPECT_THAT(codes(e), Contains("MIH-DATA-002 loss_mask"));
+  spec::DataSpec runtime = s.data;
+  runtime.runtime_fields = {"attention_mask"};
+  EXPECT_THAT(codes(checks::check_data_contract(runtime, b).findings), Contains("MIH-DATA-003 attention_mask"));
+}
+
+TEST(DataContractCheckTest, AVlmBatchWithoutPixelValuesAtTheFirstMicroBatchIsNamed) {
+  spec::ModelSpec s = get("vlm");
+  Batch b = s.data.make_batches()(0);
+  EXPECT_THAT(codes(checks::check_forward_fields(s.data, b).findings), IsEmpty());
+  b.fields.erase("pixel_values");
+  EXPECT_THAT(codes(checks::check_forward_fields(s.data, b).findings), Contains("MIH-DATA-005 pixel_values"));
+}
+
+// ---- input identity ----
+
+TEST(InputIdentityTest, OneHashForEverySplitOfTheGlobalBatchAndAnotherWhenARowChanges) {
+  spec::ModelSpec s = get("vlm");
+  const json reference = checks::input_identity_of(s.data.make_batches()(0));
+  ParallelConfig replicate2 = config(), mb2 = config(), cp2zz = config(1, 1, 2);
+  replicate2.dp_replicate = 2;
+  mb2.micro_batches = 2;
+  cp2zz.cp_layout = CpLayout::kZigzag;
+  const std::vector<ParallelConfig> splits = {config(), config(2), replicate2, mb2, config(1, 1, 2), cp2zz};
+  for (const ParallelConfig& c : splits) {
+    CaseRun r = run_case(s, c);
+    ASSERT_THAT(r.errors, IsEmpty()) << c.name();
+    ASSERT_EQ(r.identity.size(), 1u);
+    EXPECT_EQ(r.identity[0]["global"], reference["global"]) << c.name() << ": " << r.identity[0].dump();
+  }
+  // One changed token in one row; the per-field hashes name the field.
+  Batch changed = s.data.make_batches()(0);
+  changed.input_ids[5][3] = (changed.input_ids[5][3].item<int64_t>() + 1) % 200;
+  const json other = checks::input_identity_of(changed);
+  EXPECT_NE(other["global"], reference["global"]);
+  EXPECT_NE(other["fields"]["input_ids"], reference["fields"]["input_ids"]);
+  EXPECT_EQ(other["fields"]["labels"], reference["fields"]["labels"]);
+  // Rows swapped between two dp ranks' halves: same multiset of rows, another hash.
+  Batch swapped = s.data.make_batches()(0);
+  swapped.input_ids = at::cat({swapped.input_ids.narrow(0, 4, 4), swapped.input_ids.narrow(0, 0, 4)});
+  EXPECT_NE(checks::input_identity_of(swapped)["fields"]["input_ids"], reference["fields"]["input_ids"]);
+  // The storage dtype does not count: int32 ids hash like int64 ones.
+  Batch narrow = s.data.make_batches()(0);
+  narrow.input_ids = narrow.input_ids.to(at::kInt);
+  EXPECT_EQ(checks::input_identity_of(narrow)["global"], reference["global"]);
+}
+
+TEST(InputIdentityTest, EveryDpRankReadingTheSameRowsChangesTheGlobalHash) {
+  spec::ModelSpec s = get("llama");
+  const json reference = checks::input_identity_of(s.data.make_batches()(0));
+  // A pipeline whose global batch repeats its first half (what every dp rank reading the
+  // same micro-batch amounts to).
+  CaseRun r = run_case(s, config(2), {.batches = [](BatchSource inner) -> BatchSource {
+                                        return [inner](int64_t step) {
+                                          Batch b = inner(step);
+                                          auto dup = [](const at::Tensor& t) { return at::cat({t.narrow(0, 0, 4), t.narrow(0, 0, 4)}); };
+                                          b.input_ids = dup(b.input_ids);
+                                          b.labels = dup(b.labels);
+                                          for (auto& [n, t] : b.fields) t = dup(t);
+                                          return b;
+                                        };
+                                      }});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_NE(r.identity[0]["global"], reference["global"]);
+}
+
+// ---- checkpoint coverage ----
+
+TEST(CheckpointCoverageCheckTest, NamesAnUnmappedParameterABrokenTransformAndUnexpectedSourceKeys) {
+  spec::ModelSpec s = get("llama");
+  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
+    checks::CheckOutput ok = checks::check_checkpoint_coverage(t.context(), s.checkpoint, nullptr);
+    EXPECT_THAT(codes(ok.findings), IsEmpty());
+    EXPECT_EQ(ok.evidence["targets"]["layers.0.mlp.gate_up_proj.weight"]["status"], "transformed");
+    std::vector<std::string> source;
+    for (const auto& [fqn, target] : ok.evidence["targets"].items()) {
+      for (const auto& k : target["external"]) source.push_back(k.get<std::string>());
+    }
+    source.push_back("model.layers.0.self_attn.rotary_emb.inv_freq");  // declared inference-only
+    EXPECT_THAT(codes(checks::check_checkpoint_coverage(t.context(), s.checkpoint, &source).findings), IsEmpty());
+    source.push_back("model.layers.0.self_attn.q_norm.weight");
+    source.erase(source.begin());
+    const FindingReport src = checks::check_checkpoint_coverage(t.context(), s.checkpoint, &source).findings;
+    EXPECT_THAT(codes(src), Contains("MIH-CKPT-003 model.layers.0.self_attn.q_norm.weight"));
+    EXPECT_TRUE(has_code(src, "MIH-CKPT-004"));
+    // The key map loses the final norm, and a copy-pasted template sends gate and up to one
+    // key (so import rebuilds [gate; gate]... from the last one written).
+    spec::CheckpointSpec broken = s.checkpoint;
+    for (auto& rule : broken.key_map) {
+      if (rule.internal == "norm\\.weight") rule.internal = "final_norm\\.weight";
+      if (rule.external.size() == 2) rule.external[1] = rule.external[0];
+    }
+    const FindingReport r = checks::check_checkpoint_coverage(t.context(), broken, nullptr).findings;
+    EXPECT_THAT(codes(r), Contains("MIH-CKPT-001 norm.weight"));
+    EXPECT_THAT(codes(r), Contains("MIH-CKPT-002 layers.0.mlp.gate_up_proj.weight"));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// ---- shared state ----
+
+TEST(SharedStateCheckTest, NamesMissingProducersAndConsumersEarlyConsumesAndRepublication) {
+  const std::vector<spec::SharedStateSpec> declared = {{"rotary.cos", "rotary_emb", {"layers.*"}},
+                                                       {"vision.features", "vision_tower", {"multi_modal_projector"}}};
+  const std::vector<SharedStateEvent> good = {
+      {"rotary.cos", "publish", "rotary_emb", "rotary_emb", 0, 0, false},
+      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, false},
+      {"vision.features", "publish", "vision_tower", "vision_tower", 1, 0, false},
+      {"vision.features", "consume", "multi_modal_projector", "vision_tower", 1, 0, false},
+      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, true}};
+  EXPECT_THAT(codes(checks::check_shared_state(good, declared, 0).findings), IsEmpty());
+  const std::vector<SharedStateEvent> bad = {
+      {"rotary.cos", "consume", "layers.0", "", -1, 0, false},
+      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 2, 0, false},
+      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 3, 0, true},
+      {"routing.counts", "publish", "layers.1.mlp", "layers.1.mlp", 4, 0, false}};
+  const FindingReport r = checks::check_shared_state(bad, declared, 3).findings;
+  EXPECT_THAT(codes(r), Contains("MIH-SHARED-003 rotary.cos"));
+  EXPECT_THAT(codes(r), Contains("MIH-SHARED-004 rotary.cos"));
+  EXPECT_THAT(codes(r), Contains("MIH-SHARED-005 rotary.cos"));
+  EXPECT_THAT(codes(r), Contains("MIH-SHARED-001 vision.features"));
+  EXPECT_THAT(codes(r), Contains("MIH-SHARED-006 routing.counts"));
+  for (const auto& f : r.findings()) {
+    if (f.code == "MIH-SHARED-004") {
+      EXPECT_THAT(f.message, HasSubstr("published 2 times in forward 0 (again in the activation-checkpoint recompute)"));
+    }
+  }
+  const std::vector<SharedStateEvent> unconsumed = {{"vision.features", "publish", "vision_tower", "vision_tower", 0, 0, false}};
+  EXPECT_THAT(codes(checks::check_shared_state(unconsumed, {declared[1]}, 0).findings),
+              Contains("MIH-SHARED-002 vision.features"));
+}
+
+// ---- modality gradients ----
+
+TEST(ModalityGradientsCheckTest, NamesTheVisionParametersWhenTheirGradientsAreCut) {
+  CaseRun r = run_case(get("vlm"), config(2), {.tamper = [](Tamper& t) {
+                                                 t.before_grad_checks = [](int64_t, const TrainingState& s) {
+                                                   for (const auto& p : s.context->parameters()) {
+                                                     if (p->fqn.rfind("vision_tower.", 0) == 0) p->local.mutable_grad() = at::Tensor();
+                                                   }
+                                                 };
+                                               }});
+  ASSERT_THAT(r.errors, IsEmpty());
+  ASSERT_TRUE(has_code(r.findings, "MIH-MODAL-001"));
+  for (const auto& f : r.findings.findings()) {
+    EXPECT_EQ(f.code, "MIH-MODAL-001") << f.message;
+    EXPECT_THAT(f.owner, HasSubstr("vision_tower."));
+    EXPECT_THAT(f.message, HasSubstr("has no gradient on 2 rank(s) at step 0 although 'pixel_values' reached the model"));
+  }
+}
+
+// ---- state invariants ----
+
+TEST(InvariantsCheckTest, AFailingAndAThrowingInvariantAreFindings) {
+  spec::ModelSpec s = get("llama");
+  s.invariants.push_back({"throws", spec::Phase::kStructure, [](const TrainingState&) -> spec::CheckResult {
+                            MIH_THROW(Code::kInternal, "cannot read the state");
+                          }});
+  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
+    for (const auto& b : t.context().buffers()) b.tensor.zero_();  // rotary table never computed
+    const checks::CheckOutput r = checks::run_invariants(s.invariants, spec::Phase::kStructure, t.state());
+    EXPECT_THAT(codes(r.findings), Contains("MIH-INVAR-001 inv_freq_matches_formula"));
+    EXPECT_THAT(codes(r.findings), Contains("MIH-INVAR-002 throws"));
+    EXPECT_FALSE(r.evidence["inv_freq_matches_formula"]["passed"]);
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// ---- probes ----
+
+TEST(ProbesTest, StatisticsAndSketchesDoNotDependOnTheSharding) {
+  spec::ModelSpec s = get("llama");
+  std::map<std::string, json> by_config;
+  for (ParallelConfig c : {config(), config(2), config(1, 2)}) {
+    auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+      Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
+      t.step();
+      const auto watch = probes::build_watchlist(t.context(), {});
+      json j = probes::probe_stage(t.context(), watch, probes::Stage::kAfterOptimizer, &t.optimizer(), {});
+      json o = probes::probe_stage(t.context(), watch, probes::Stage::kOptimizerState, &t.optimizer(), {});
+      if (mesh.rank() == 0) by_config[c.name()] = {{"param", j["tensors"]}, {"state", o["tensors"]}};
+    });
+    ASSERT_THAT(errors, IsEmpty());
+  }
+  const json& ref = by_config.at("single");
+  ASSERT_TRUE(ref["param"].contains("norm.weight"));
+  EXPECT_TRUE(ref["param"]["norm.weight"].contains("values"));
+  for (const auto& [name, got] : by_config) {
+    for (const char* part : {"param", "state"}) {
+      for (const auto& [tensor, stats] : ref[part].items()) {
+        const json& g = got[part][tensor];
+        auto near = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max({1.0, std::abs(a), std::abs(b)}); };
+        EXPECT_TRUE(near(g["sum"], stats["sum"])) << name << " " << tensor;
+        EXPECT_TRUE(near(g["sum_sq"], stats["sum_sq"])) << name << " " << tensor;
+        EXPECT_TRUE(near(g["max"], stats["max"])) << name << " " << tensor;
+        EXPECT_TRUE(near(g["min"], stats["min"])) << name << " " << tensor;
+        for (size_t j = 0; j < stats["sketch"].size(); ++j) {
+          EXPECT_TRUE(near(g["sketch"][j], stats["sketch"][j])) << name << " " << tensor << " sketch " << j;
+        }
+      }
+    }
+  }
+  // The signs are a fixed function of the global index, about half positive.
+  const at::Tensor signs = probes::projection_signs(at::arange(10000, at::kLong), 0);
+  EXPECT_NEAR(signs.mean().item<double>(), 0.0, 0.05);
+  EXPECT_FALSE(at::equal(signs, probes::projection_signs(at::arange(10000, at::kLong), 1)));
+}
+
+TEST(ReplicaConsistencyTest, NamesAReplicatedParameterThatDivergedAcrossTpRanks) {
+  ParallelConfig c = config(1, 2);
+  c.sequence_parallel = true;
+  CaseRun ok = run_case(get("llama"), c);
+  ASSERT_THAT(ok.errors, IsEmpty());
+  EXPECT_THAT(codes(ok.findings), IsEmpty());
+  CaseRun r = run_case(get("llama"), c, {.tamper = [](Tamper& t) {
+                                           t.before_optimizer_checks = [](int64_t, const TrainingState& s) {
+                                             if (s.context->tp_rank() != 1) return;
+                                             for (const auto& p : s.context->parameters()) {
+                                               if (p->fqn == "norm.weight") p->local.detach().add_(1e-3);
+                                             }
+                                           };
+                                         }});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), Contains("MIH-PROBE-001 norm.weight"));
+}
+
+}  // namespace
+}  // namespace mih
