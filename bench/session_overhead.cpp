@@ -112,6 +112,22 @@ std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::Trai
   return times;
 }
 
+// Median wall time of one all-reduce of 64 doubles over the world on `world` thread ranks.
+double world_all_reduce_ms(int world) {
+  std::vector<double> times;
+  mih::ParallelConfig c;
+  c.dp_shard = world;
+  mih::testing::run_mesh(c.dims(), [&](mih::DeviceMesh& mesh) {
+    at::Tensor t = at::ones({64}, at::kDouble);
+    for (int i = 0; i < 30; ++i) {
+      const auto start = Clock::now();
+      mesh.comm(mih::MeshAxis::kWorld).all_reduce(t);
+      if (mesh.rank() == 0) times.push_back(ms_since(start));
+    }
+  });
+  return median(times);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,6 +177,8 @@ int main(int argc, char** argv) {
     j["median_ms"][name] = median(t);
     std::printf("  %-18s %9.2f ms\n", name.c_str(), median(t));
   }
+  j["world_all_reduce_ms"] = {{"world1", world_all_reduce_ms(1)}, {"dp_shard2", world_all_reduce_ms(2)}};
+  std::printf("  one world all-reduce (64 doubles): %s ms\n", j["world_all_reduce_ms"].dump().c_str());
   std::printf("  session ms per hook, last step of the last round: %s\n", j_hooks.dump().c_str());
   j["session_ms_per_hook"] = j_hooks;
   auto ratio = [&](const char* a, const char* b) { return median(times[a]) / median(times[b]); };

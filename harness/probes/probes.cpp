@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -47,19 +48,15 @@ at::Tensor global_indices(const Box& box, const std::vector<int64_t>& shape) {
   return idx.expand(box.lengths).reshape({-1});
 }
 
-// global_indices, memoized per thread (a rank's boxes do not change during a run): the
-// index tensors are the bulk of a probe's small ops. Keyed by the box and shape themselves.
-at::Tensor cached_global_indices(const Box& box, const std::vector<int64_t>& shape) {
-  thread_local std::map<std::vector<int64_t>, at::Tensor> cache;
-  std::vector<int64_t> key = shape;
-  key.push_back(-1);
-  key.insert(key.end(), box.global_offset.begin(), box.global_offset.end());
-  key.insert(key.end(), box.lengths.begin(), box.lengths.end());
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() > 100000) cache.clear();
-  return cache[key] = global_indices(box, shape);
-}
+// The global indices of a box and the ±1 signs of its k projections, [numel, k], memoized per
+// thread: a rank's boxes do not change during a run, and the hash is the costly part of a
+// probe. Keyed by the shape, the box and k.
+struct BoxIndex {
+  at::Tensor index;  // [numel] int64
+  at::Tensor signs;  // [numel, k] float64
+};
+
+const BoxIndex& box_index(const Box& box, const std::vector<int64_t>& shape, int64_t k);
 
 at::Tensor narrow_box(at::Tensor t, const Box& box) {
   for (size_t d = 0; d < box.lengths.size(); ++d) {
@@ -130,6 +127,27 @@ at::Tensor projection_signs(const at::Tensor& index, int64_t j) {
   return h.bitwise_and(1).mul(2).sub(1).to(at::kDouble);
 }
 
+namespace {
+
+const BoxIndex& box_index(const Box& box, const std::vector<int64_t>& shape, int64_t k) {
+  thread_local std::map<std::vector<int64_t>, BoxIndex> cache;
+  std::vector<int64_t> key = shape;
+  key.push_back(-k - 1);
+  key.insert(key.end(), box.global_offset.begin(), box.global_offset.end());
+  key.insert(key.end(), box.lengths.begin(), box.lengths.end());
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() > 100000) cache.clear();
+  BoxIndex b;
+  b.index = global_indices(box, shape);
+  std::vector<at::Tensor> signs;
+  for (int64_t j = 0; j < k; ++j) signs.push_back(projection_signs(b.index, j));
+  b.signs = k > 0 ? at::stack(signs, 1).contiguous() : at::zeros({b.index.numel(), 0}, at::kDouble);
+  return cache[key] = b;
+}
+
+}  // namespace
+
 json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
                  torch::optim::AdamW* optimizer, const WatchlistOptions& options) {
   struct Item {
@@ -153,62 +171,68 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
         break;
     }
   }
-  // This rank's contribution, vectorized over the whole watchlist: every box of every item
-  // it writes, flattened and concatenated, with each element's item (segment) and global
-  // index. Per item: sum, sum_sq, nonfinite, defined, k projections (SUM), then the values of
-  // small tensors (SUM; each element written by one rank), and max, -min (MAX).
+  // This rank's contribution: per item sum, sum_sq, nonfinite, defined, k projections (SUM),
+  // then the values of small tensors (SUM; each element is written by one rank), and max,
+  // -min (MAX). Per box a handful of reductions over a view of the piece, and the cached
+  // projection signs: no temporary the size of the model (large fresh allocations cost more
+  // in page faults here than the arithmetic).
   const int64_t k = options.projections, n_items = static_cast<int64_t>(items.size());
-  std::vector<at::Tensor> xs, idxs;
-  std::vector<int64_t> seg_ids, seg_counts;
-  std::vector<double> defined(items.size(), 0.0);
   std::vector<int64_t> value_base(items.size(), -1);
   int64_t values_len = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
-    const int64_t n = numel_of(it.param->global_shape);
+    const int64_t n = numel_of(items[i].param->global_shape);
     if (n <= options.values_up_to) {
       value_base[i] = values_len;
       values_len += n;
     }
+  }
+  const int64_t width = 4 + k;
+  std::vector<double> sums(static_cast<size_t>(n_items * width + values_len), 0.0);
+  std::vector<double> extremes(2 * items.size(), -std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    double* row = sums.data() + static_cast<int64_t>(i) * width;
     if (!it.piece.defined()) continue;
-    defined[i] = 1;
+    row[3] = 1;
     if (!ctx.writes_piece(*it.param)) continue;
     for (const Box& box : ctx.local_boxes(*it.param)) {
       if (box.numel() == 0) continue;
-      xs.push_back(narrow_box(it.piece.detach(), box).reshape({-1}));
-      idxs.push_back(cached_global_indices(box, it.param->global_shape));
-      seg_ids.push_back(static_cast<int64_t>(i));
-      seg_counts.push_back(box.numel());
-    }
-  }
-  at::Tensor stats = at::zeros({n_items, 4 + k}, at::kDouble);
-  at::Tensor values = at::zeros({values_len}, at::kDouble);
-  at::Tensor extremes = at::full({n_items, 2}, -std::numeric_limits<double>::infinity(), at::kDouble);
-  stats.select(1, 3).copy_(at::tensor(defined, at::kDouble));
-  if (!xs.empty()) {
-    const at::Tensor x = at::cat(xs).to(at::kCPU).to(at::kDouble), idx = at::cat(idxs);
-    const at::Tensor seg = at::repeat_interleave(at::tensor(seg_ids, at::kLong), at::tensor(seg_counts, at::kLong));
-    const at::Tensor finite = at::isfinite(x);
-    const at::Tensor xf = at::where(finite, x, at::zeros_like(x));
-    stats.select(1, 0).index_add_(0, seg, xf);
-    stats.select(1, 1).index_add_(0, seg, xf * xf);
-    stats.select(1, 2).index_add_(0, seg, finite.logical_not().to(at::kDouble));
-    for (int64_t j = 0; j < k; ++j) stats.select(1, 4 + j).index_add_(0, seg, xf * projection_signs(idx, j));
-    extremes.select(1, 0).scatter_reduce_(0, seg, xf, "amax");
-    extremes.select(1, 1).scatter_reduce_(0, seg, xf.neg(), "amax");
-    if (values_len > 0) {
-      const at::Tensor base = at::tensor(value_base, at::kLong).index_select(0, seg);
-      const at::Tensor small = base.ge(0);
-      values.index_put_({base.add(idx).masked_select(small)}, x.masked_select(small));
+      const BoxIndex& bi = box_index(box, it.param->global_shape, k);
+      at::Tensor x = narrow_box(it.piece.detach(), box).reshape({-1}).to(at::kCPU).to(at::kDouble);
+      double sum = x.sum().item<double>();
+      if (!std::isfinite(sum)) {  // rare: count and zero the non-finite elements
+        const at::Tensor finite = at::isfinite(x);
+        row[2] += static_cast<double>(x.numel() - finite.sum().item<int64_t>());
+        x = at::where(finite, x, at::zeros_like(x));
+        sum = x.sum().item<double>();
+      }
+      row[0] += sum;
+      row[1] += at::dot(x, x).item<double>();
+      if (k > 0) {
+        const at::Tensor projected = at::mv(bi.signs.t(), x);  // [k]
+        const auto pa = projected.accessor<double, 1>();
+        for (int64_t j = 0; j < k; ++j) row[4 + j] += pa[j];
+      }
+      extremes[2 * i] = std::max(extremes[2 * i], x.max().item<double>());
+      extremes[2 * i + 1] = std::max(extremes[2 * i + 1], -x.min().item<double>());
+      if (value_base[i] >= 0) {
+        const at::Tensor raw = narrow_box(it.piece.detach(), box).reshape({-1}).to(at::kCPU).to(at::kDouble).contiguous();
+        const auto xa = raw.accessor<double, 1>();
+        const auto ia = bi.index.accessor<int64_t, 1>();
+        double* values = sums.data() + n_items * width + value_base[i];
+        for (int64_t e = 0; e < raw.numel(); ++e) values[ia[e]] = xa[e];
+      }
     }
   }
   Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
-  at::Tensor s = at::cat({stats.reshape({-1}), values}).to(ctx.options().device);
-  at::Tensor m = extremes.reshape({-1}).to(ctx.options().device);
+  at::Tensor s = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
+                     .to(ctx.options().device, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor m = at::from_blob(extremes.data(), {static_cast<int64_t>(extremes.size())}, at::kDouble)
+                     .to(ctx.options().device, /*non_blocking=*/false, /*copy=*/true);
   world.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
   world.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
-  const at::Tensor st = s.cpu().narrow(0, 0, n_items * (4 + k)).reshape({n_items, 4 + k}).contiguous();
-  const at::Tensor vals = s.cpu().narrow(0, n_items * (4 + k), values_len).contiguous();
+  const at::Tensor st = s.cpu().narrow(0, 0, n_items * width).reshape({n_items, width}).contiguous();
+  const at::Tensor vals = s.cpu().narrow(0, n_items * width, values_len).contiguous();
   const at::Tensor ex = m.cpu().reshape({n_items, 2}).contiguous();
   const auto sa = st.accessor<double, 2>();
   const auto ea = ex.accessor<double, 2>();
