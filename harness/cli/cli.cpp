@@ -21,6 +21,7 @@
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
+#include "harness/spec/case_matrix.h"
 #include "reference_models/export_command.h"
 
 namespace mih {
@@ -261,6 +262,18 @@ int cli_main(int argc, char** argv) {
   export_cmd->add_option("--dtype", export_dtype, "float32 or float64")->capture_default_str();
   export_cmd->add_option("--seed", export_seed, "parameter init and data seed")->capture_default_str();
 
+  std::string matrix_spec = "llama", matrix_source = "cpu-smoke";
+  bool matrix_as_json = false;
+  CLI::App* matrix_cmd = app.add_subcommand(
+      "matrix",
+      "Print the cases a conformance run would train a spec under, resolved from a preset or a JSON matrix file, "
+      "without running them; cases the spec's topology cannot take are listed with the arithmetic.");
+  matrix_cmd->add_option("--spec", matrix_spec, "registered spec (see `mih list`)")->capture_default_str();
+  matrix_cmd->add_option("--preset,--matrix", matrix_source, "preset (cpu-smoke, cpu-full) or JSON matrix file")
+      ->capture_default_str();
+  matrix_cmd->add_flag("--json", matrix_as_json, "print the resolved matrix as JSON");
+  CLI::App* list_cmd = app.add_subcommand("list", "List the registered specs and the case-matrix presets.");
+
   app.add_subcommand("worker",
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
                      "`mih worker --help` lists its options and tasks.")
@@ -271,6 +284,20 @@ int cli_main(int argc, char** argv) {
   try {
     if (selftest_cmd->parsed()) return run_selftest(selftest_flags, mesh_text, selftest, argc, argv);
     if (launch_cmd->parsed()) return run_launch(launch_flags, task, launch_cmd->remaining(), argc, argv);
+    if (matrix_cmd->parsed()) {
+      const spec::CaseMatrix m = spec::resolve_matrix_source(spec::SpecRegistry::instance().get(matrix_spec), matrix_source);
+      std::printf("%s", matrix_as_json ? (m.to_json().dump(2) + "\n").c_str() : m.table().c_str());
+      return 0;
+    }
+    if (list_cmd->parsed()) {
+      std::printf("specs:\n");
+      for (const auto& name : spec::SpecRegistry::instance().names()) {
+        std::printf("  %-10s %s\n", name.c_str(), spec::SpecRegistry::instance().get(name).description.c_str());
+      }
+      std::printf("presets:\n");
+      for (const auto& name : spec::preset_names()) std::printf("  %s\n", name.c_str());
+      return 0;
+    }
     if (export_cmd->parsed()) {
       return models::export_command(export_model, export_out, export_corpus, export_seq, export_batch, export_dtype,
                                     export_seed);

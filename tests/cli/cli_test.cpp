@@ -45,8 +45,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -60,7 +60,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
   for (const char* args :
-       {"--help", "selftest --help", "launch --help", "export --help", "worker --help", "worker selftest --help"}) {
+       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "worker --help",
+        "worker selftest --help"}) {
     CliRun run = mih(args);
     EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
     EXPECT_THAT(run.output, HasSubstr("Exit status: 0 ok")) << args;
@@ -78,6 +79,38 @@ TEST(CliInputTest, ExportNamesAnUnknownModelOrCorpus) {
   CliRun corpus = mih("export --spec llama --corpus /nonexistent" + out);
   EXPECT_EQ(corpus.status, exit_status(Code::kFailedPrecondition)) << corpus.output;
   EXPECT_THAT(corpus.output, HasSubstr("pass --corpus DIR with text files"));
+}
+
+TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
+  CliRun list = mih("list");
+  EXPECT_EQ(list.status, 0) << list.output;
+  EXPECT_THAT(list.output, AllOf(HasSubstr("llama"), HasSubstr("moe"), HasSubstr("vlm"), HasSubstr("cpu-smoke"),
+                                 HasSubstr("cpu-full")));
+  CliRun smoke = mih("matrix --spec moe --preset cpu-smoke");
+  EXPECT_EQ(smoke.status, 0) << smoke.output;
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 10 cases, 0 rejected"),
+                                  HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
+                                  HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)")));
+  CliRun full = mih("matrix --spec llama --preset cpu-full --json");
+  EXPECT_EQ(full.status, 0) << full.output;
+  const nlohmann::json j = nlohmann::json::parse(full.output);
+  EXPECT_EQ(j["spec"], "llama");
+  EXPECT_FALSE(j["cases"].empty());
+  const std::string dir = testing::temp_dir("cli_matrix").string();
+  write_file_atomic(dir + "/bad.json", "{\"cases\": [{\"tp\": 2, \"bogus\": 1}]}");
+  CliRun bad = mih("matrix --spec llama --matrix " + dir + "/bad.json");
+  EXPECT_EQ(bad.status, exit_status(Code::kInvalidSpec)) << bad.output;
+  EXPECT_THAT(bad.output, AllOf(HasSubstr("case 0"), HasSubstr("'bogus'")));
+  write_file_atomic(dir + "/broken.json", "{\"cases\": [");
+  CliRun broken = mih("matrix --spec llama --matrix " + dir + "/broken.json");
+  EXPECT_EQ(broken.status, exit_status(Code::kInvalidSpec)) << broken.output;
+  EXPECT_THAT(broken.output, HasSubstr("is not valid JSON"));
+  CliRun preset = mih("matrix --spec llama --preset gpu-smoke");
+  EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
+  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-full"));
+  CliRun spec = mih("matrix --spec gpt2");
+  EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, moe, vlm"));
 }
 
 TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {

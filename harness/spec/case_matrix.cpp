@@ -1,0 +1,302 @@
+// The case matrix (see case_matrix.h).
+#include "harness/spec/case_matrix.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <sstream>
+
+#include <ATen/core/Tensor.h>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/base/json_fields.h"
+#include "harness/runtime/dtypes.h"
+
+namespace mih::spec {
+namespace {
+
+using nlohmann::json;
+
+// The presets. Every lane is float64 on CPU: the oracle lane, where parity holds to 1e-10.
+const char* kCpuSmoke = R"({
+  "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "backend": "gloo", "steps": 3, "max_world_size": 4,
+  "cases": [
+    {"dp_shard": 2},
+    {"tp": 2, "sequence_parallel": true},
+    {"cp": 2, "cp_layout": "zigzag"},
+    {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
+    {"dp_shard": 2, "activation_checkpointing": true},
+    {"dp_shard": 2, "micro_batches": 2},
+    {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2}
+  ]})";
+
+const char* kCpuFull = R"({
+  "name": "cpu-full", "dtype": "float64", "device": "cpu", "backend": "gloo", "steps": 3, "max_world_size": 4,
+  "cases": [
+    {"dp_replicate": 2}, {"dp_shard": 2}, {"dp_shard": 4}, {"tp": 2}, {"tp": 2, "sequence_parallel": true},
+    {"cp": 2}, {"cp": 2, "cp_layout": "zigzag"}, {"cp": 4, "cp_layout": "zigzag"},
+    {"dp_replicate": 2, "dp_shard": 2}, {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
+    {"dp_shard": 2, "cp": 2, "cp_layout": "zigzag"}, {"cp": 2, "cp_layout": "zigzag", "tp": 2},
+    {"tp": 2, "sequence_parallel": true, "activation_checkpointing": true},
+    {"dp_shard": 2, "activation_checkpointing": true}, {"cp": 2, "cp_layout": "zigzag", "activation_checkpointing": true},
+    {"dp_shard": 2, "micro_batches": 2}, {"tp": 2, "micro_batches": 4},
+    {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
+    {"kind": "resume", "config": {"tp": 2, "sequence_parallel": true}, "resume_at": 1},
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {"tp": 2}, "load": {"cp": 2, "cp_layout": "zigzag"}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {}, "load": {"dp_shard": 4}, "resume_at": 2}
+  ]})";
+
+// "dp_shard2_cp2zz_tp2_sp" -> "DpShard2Cp2ZzTp2Sp".
+std::string camel(const std::string& snake) {
+  std::string out;
+  bool up = true;
+  for (char ch : snake) {
+    if (ch == '_') {
+      up = true;
+      continue;
+    }
+    const bool letter_after_digit = !out.empty() && std::isdigit(static_cast<unsigned char>(out.back())) &&
+                                    std::isalpha(static_cast<unsigned char>(ch));
+    out += (up || letter_after_digit) ? static_cast<char>(std::toupper(static_cast<unsigned char>(ch))) : ch;
+    up = false;
+  }
+  return out;
+}
+
+std::string group_of(const ParallelConfig& c) {
+  if (c.micro_batches > 1) return "grad_accumulation";
+  if (c.activation_checkpointing) return "activation_checkpoint";
+  const ParallelDims d = c.dims();
+  const int axes = (d.dp_replicate > 1) + (d.dp_shard > 1) + (d.cp > 1) + (d.tp > 1);
+  return axes > 1 ? "combined" : "axis";
+}
+
+ParallelConfig config_from(const json& j, const json& defaults, const std::string& where) {
+  json merged = defaults;
+  for (const auto& [k, v] : j.items()) merged[k] = v;
+  ParallelConfig c;
+  try {
+    from_json(merged, c);
+  } catch (const nlohmann::json::exception& e) {
+    MIH_THROW(Code::kInvalidSpec, where, ": ", e.what());
+  } catch (Error& e) {
+    e.add_context(where);
+    throw;
+  }
+  with_context(where, [&] { c.validate(c.dims().product()); });
+  return c;
+}
+
+}  // namespace
+
+std::string case_kind_name(CaseKind kind) {
+  switch (kind) {
+    case CaseKind::kReference: return "reference";
+    case CaseKind::kTrain: return "train";
+    case CaseKind::kResume: return "resume";
+    case CaseKind::kCrossResume: return "cross_resume";
+  }
+  return "?";
+}
+
+CaseKind parse_case_kind(const std::string& name) {
+  for (CaseKind k : {CaseKind::kReference, CaseKind::kTrain, CaseKind::kResume, CaseKind::kCrossResume}) {
+    if (case_kind_name(k) == name) return k;
+  }
+  MIH_THROW(Code::kInvalidSpec, "unknown case kind '", name, "'; valid: reference, train, resume, cross_resume");
+}
+
+void to_json(json& j, const Case& c) {
+  j = {{"name", c.name},       {"kind", case_kind_name(c.kind)}, {"group", c.group},   {"config", c.config},
+       {"steps", c.steps},     {"compare_to", c.compare_to},     {"device", c.device}, {"backend", c.backend},
+       {"world_size", c.world_size()}};
+  if (c.save_config) {
+    j["save_config"] = *c.save_config;
+    j["resume_at"] = c.resume_at;
+  }
+}
+
+const Case& CaseMatrix::at(const std::string& name) const {
+  std::string names;
+  for (const auto& c : cases) {
+    if (c.name == name) return c;
+    names += (names.empty() ? "" : ", ") + c.name;
+  }
+  MIH_THROW(Code::kInvalidSpec, "matrix '", this->name, "' has no case '", name, "'; cases: ", names);
+}
+
+json CaseMatrix::to_json() const {
+  json rej = json::array();
+  for (const auto& r : rejected) rej.push_back({{"name", r.name}, {"reason", r.reason}});
+  return {{"name", name}, {"spec", spec}, {"cases", cases}, {"rejected", rej}};
+}
+
+std::string CaseMatrix::table() const {
+  std::ostringstream os;
+  os << "matrix " << name << " for spec " << spec << ": " << cases.size() << " cases, " << rejected.size()
+     << " rejected\n";
+  for (const auto& c : cases) {
+    char line[256];
+    std::string what = c.config.name() + " " + dtype_name(c.config.dtype);
+    if (c.save_config) what = c.save_config->name() + " -> " + what + ", save at step " + std::to_string(c.resume_at);
+    std::snprintf(line, sizeof line, "  %-24s %-12s %-22s %d rank%s  %s (vs %s)\n", c.name.c_str(),
+                  case_kind_name(c.kind).c_str(), c.group.c_str(), c.world_size(), c.world_size() == 1 ? " " : "s",
+                  what.c_str(), c.compare_to.empty() ? "-" : c.compare_to.c_str());
+    os << line;
+  }
+  for (const auto& r : rejected) os << "  rejected " << r.name << ": " << r.reason << "\n";
+  return os.str();
+}
+
+std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-full"}; }
+
+json preset_json(const std::string& name) {
+  if (name == "cpu-smoke") return json::parse(kCpuSmoke);
+  if (name == "cpu-full") return json::parse(kCpuFull);
+  MIH_THROW(Code::kInvalidSpec, "unknown preset '", name, "'; presets: cpu-smoke, cpu-full (or a JSON matrix file)");
+}
+
+std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {
+  const ParallelDims d = c.dims();
+  if (d.product() > max_world_size) {
+    return "needs " + std::to_string(d.product()) + " ranks (" + d.str() + "), the matrix allows at most " +
+           std::to_string(max_world_size);
+  }
+  for (int64_t n : spec.tp_divides) {
+    if (n % c.tp != 0) {
+      return "tp=" + std::to_string(c.tp) + " does not divide " + std::to_string(n) + " (spec '" + spec.name +
+             "' tp_divides: " + std::to_string(n) + " % " + std::to_string(c.tp) + " = " + std::to_string(n % c.tp) + ")";
+    }
+  }
+  if (c.cp > 1 && spec.seq_len > 0) {
+    const int64_t chunks = c.cp_layout == CpLayout::kZigzag ? 2 * c.cp : c.cp;
+    if (spec.seq_len % chunks != 0) {
+      return "cp=" + std::to_string(c.cp) + " (" + cp_layout_name(c.cp_layout) + ") splits the sequence into " +
+             std::to_string(chunks) + " chunks; seq_len " + std::to_string(spec.seq_len) + " % " +
+             std::to_string(chunks) + " = " + std::to_string(spec.seq_len % chunks);
+    }
+  }
+  const int64_t split = static_cast<int64_t>(c.dp_replicate) * c.dp_shard * c.micro_batches;
+  if (global_batch % split != 0) {
+    return "the global batch of " + std::to_string(global_batch) + " rows does not split over dp_replicate(" +
+           std::to_string(c.dp_replicate) + ") x dp_shard(" + std::to_string(c.dp_shard) + ") x micro_batches(" +
+           std::to_string(c.micro_batches) + ") = " + std::to_string(split) + " (remainder " +
+           std::to_string(global_batch % split) + ")";
+  }
+  return "";
+}
+
+CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
+  MIH_CHECK(m.is_object(), "case matrix: expected a JSON object, got ", m.type_name());
+  check_known_fields(m, "case matrix", {"name", "dtype", "device", "backend", "steps", "max_world_size", "reference", "cases"});
+  CaseMatrix out;
+  out.name = m.value("name", "matrix");
+  out.spec = spec.name;
+  const std::string where = "case matrix '" + out.name + "'";
+  const std::string device = m.value("device", "cpu"), backend = m.value("backend", "gloo");
+  MIH_CHECK(device == "cpu" || device == "cuda", where, ": device must be cpu or cuda, got '", device, "'");
+  MIH_CHECK(backend == "gloo" || backend == "nccl", where, ": backend must be gloo or nccl, got '", backend, "'");
+  const int64_t steps = m.value("steps", int64_t{3});
+  const int max_world = m.value("max_world_size", 4);
+  MIH_CHECK(steps >= 1, where, ": steps must be >= 1, got ", steps);
+  MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
+  const json defaults = {{"dtype", m.value("dtype", "float32")}};
+  const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
+
+  auto add = [&](Case c) {
+    c.steps = c.steps > 0 ? c.steps : steps;
+    for (const auto& existing : out.cases) {
+      if (existing.name == c.name) return;  // the same case listed twice runs once
+    }
+    std::string problem = topology_problem(spec, c.config, global_batch, max_world);
+    if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
+    if (!problem.empty()) {
+      out.rejected.push_back({c.name, problem});
+      return;
+    }
+    out.cases.push_back(std::move(c));
+  };
+
+  if (m.value("reference", true)) {
+    Case ref;
+    ref.name = "Reference";
+    ref.kind = CaseKind::kReference;
+    ref.group = "reference";
+    ref.config.dtype = c10::ScalarType::Double;  // the oracle lane, always on CPU
+    add(ref);
+  }
+  for (size_t i = 0; i < m["cases"].size(); ++i) {
+    const json& j = m["cases"][i];
+    const std::string at = where + " case " + std::to_string(i);
+    MIH_CHECK(j.is_object(), at, ": expected an object, got ", j.dump());
+    const CaseKind kind = parse_case_kind(j.value("kind", "train"));
+    Case c;
+    c.kind = kind;
+    c.device = device;
+    c.backend = backend;
+    c.compare_to = "Reference";
+    if (kind == CaseKind::kTrain) {
+      json cfg = j;
+      cfg.erase("kind");
+      c.config = config_from(cfg, defaults, at);
+      c.name = camel(c.config.name());
+      c.group = group_of(c.config);
+    } else if (kind == CaseKind::kResume || kind == CaseKind::kCrossResume) {
+      const bool cross = kind == CaseKind::kCrossResume;
+      check_known_fields(j, at, cross ? std::vector<std::string>{"kind", "save", "load", "resume_at"}
+                                      : std::vector<std::string>{"kind", "config", "resume_at"});
+      MIH_CHECK(j.contains(cross ? "save" : "config"), at, ": a ", case_kind_name(kind), " case needs '",
+                cross ? "save" : "config", "'");
+      c.resume_at = j.value("resume_at", int64_t{0});
+      MIH_CHECK(c.resume_at > 0 && c.resume_at < steps, at, ": resume_at must be in [1, ", steps - 1, "] (steps ",
+                steps, "), got ", c.resume_at);
+      c.save_config = config_from(cross ? j["save"] : j["config"], defaults, at);
+      c.config = cross ? config_from(j.value("load", json::object()), defaults, at) : *c.save_config;
+      c.name = "Resume" + camel(c.save_config->name()) + (cross ? "To" + camel(c.config.name()) : "");
+      c.group = cross ? "cross_resume" : "resume";
+      // Compared with the uninterrupted run of the config it continues under.
+      c.compare_to = camel(c.config.name());
+    } else {
+      MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
+    }
+    add(std::move(c));
+  }
+  // A resume is compared with its uninterrupted twin: add the twin when the matrix lacks it.
+  std::vector<Case> twins;
+  for (const auto& c : out.cases) {
+    if (c.kind != CaseKind::kResume && c.kind != CaseKind::kCrossResume) continue;
+    const bool present = std::any_of(out.cases.begin(), out.cases.end(), [&](const Case& o) { return o.name == c.compare_to; });
+    if (present) continue;
+    Case twin;
+    twin.name = c.compare_to;
+    twin.kind = CaseKind::kTrain;
+    twin.group = group_of(c.config);
+    twin.config = c.config;
+    twin.device = c.device;
+    twin.backend = c.backend;
+    twin.compare_to = "Reference";
+    twins.push_back(twin);
+  }
+  for (auto& t : twins) add(std::move(t));
+  return out;
+}
+
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& preset_or_path) {
+  if (std::filesystem::is_regular_file(preset_or_path)) {
+    std::string text;
+    MIH_CHECK(read_file(preset_or_path, &text), "case matrix file ", preset_or_path, " cannot be read");
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      MIH_THROW(Code::kInvalidSpec, "case matrix file ", preset_or_path, " is not valid JSON: ", e.what());
+    }
+    return with_context("case matrix file " + preset_or_path, [&] { return resolve_matrix(spec, j); });
+  }
+  return resolve_matrix(spec, preset_json(preset_or_path));
+}
+
+}  // namespace mih::spec

@@ -1,0 +1,103 @@
+// The case matrix (DESIGN.md section 8): which parallel configurations a conformance run
+// trains a spec under, resolved from a preset ("cpu-smoke", "cpu-full") or a JSON matrix file
+// (suites/matrices/gpu-nightly.json is the GPU example). Every case is compared with the
+// reference (world size 1, float64 on CPU); a resume case is compared with its uninterrupted
+// twin. A case the spec's topology cannot take (tp not dividing the KV heads, a sequence cp
+// cannot split, a global batch dp x micro-batches cannot split, more ranks than the preset
+// allows) is rejected with the arithmetic, never silently dropped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/spec/model_spec.h"
+
+namespace mih::spec {
+
+/// What a case does. kTrain covers one-axis, combined, activation-checkpoint and
+/// gradient-accumulation cases (the config says which).
+enum class CaseKind { kReference, kTrain, kResume, kCrossResume };
+std::string case_kind_name(CaseKind kind);
+/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
+CaseKind parse_case_kind(const std::string& name);
+
+struct Case {
+  /// GoogleTest parameter name: "Reference", "DpShard2", "Tp2Sp", "Cp2ZzTp2",
+  /// "ResumeDpShard2", "ResumeDpShard2ToTp2".
+  std::string name;
+  CaseKind kind = CaseKind::kTrain;
+  /// "reference", "axis", "combined", "activation_checkpoint", "grad_accumulation",
+  /// "resume", "cross_resume".
+  std::string group;
+  /// The config it trains under (for a resume: after the load).
+  ParallelConfig config;
+  /// Resume cases: the config of the first run, which trains resume_at steps and saves.
+  std::optional<ParallelConfig> save_config;
+  int64_t resume_at = 0;
+  /// Steps in all (a resume: resume_at before the save, the rest after the load).
+  int64_t steps = 3;
+  /// The name of the case its numbers are compared with ("Reference", or a resume's
+  /// uninterrupted twin, named like a train case of `config`).
+  std::string compare_to;
+  /// "cpu" or "cuda"; "gloo" or "nccl".
+  std::string device = "cpu";
+  std::string backend = "gloo";
+
+  int world_size() const { return config.dims().product(); }
+};
+
+void to_json(nlohmann::json& j, const Case& c);
+
+/// A case the matrix asked for and the spec cannot take, and why (with the arithmetic).
+struct RejectedCase {
+  std::string name;
+  std::string reason;
+};
+
+struct CaseMatrix {
+  std::string name;  ///< the preset or the file's "name"
+  std::string spec;
+  std::vector<Case> cases;  ///< the reference first
+  std::vector<RejectedCase> rejected;
+
+  /// The case named `name`. Throws: mih::Error{kInvalidSpec} listing the names.
+  const Case& at(const std::string& name) const;
+  nlohmann::json to_json() const;
+  /// The table `mih matrix` prints: one line per case (name, kind, world size, config,
+  /// compared with), then the rejected cases with their reasons.
+  std::string table() const;
+};
+
+/// The names of the built-in presets: cpu-smoke (CI, <= 4 ranks), cpu-full.
+std::vector<std::string> preset_names();
+/// The JSON of a built-in preset. Throws: mih::Error{kInvalidSpec} for an unknown name,
+/// listing the presets.
+nlohmann::json preset_json(const std::string& name);
+
+/// Resolves a matrix (a preset's JSON or a file's) for `spec`:
+///   {"name", "dtype": "float32", "device": "cpu", "backend": "gloo", "steps": 3,
+///    "max_world_size": 4, "reference": true,
+///    "cases": [{"dp_shard": 2, ...ParallelConfig fields},
+///              {"kind": "resume", "config": {...}, "resume_at": 2},
+///              {"kind": "cross_resume", "save": {...}, "load": {...}, "resume_at": 2}]}
+/// The reference is always world size 1, float64, on CPU. Cases the spec's topology cannot
+/// take go to `rejected` with the arithmetic.
+/// Throws: mih::Error{kInvalidSpec} naming the case index and field for malformed JSON (an
+///   unknown field or kind, a degree < 1, a resume without resume_at in (0, steps)).
+CaseMatrix resolve_matrix(const ModelSpec& spec, const nlohmann::json& matrix);
+/// resolve_matrix of a preset name or, when `preset_or_path` names a readable file, of its
+/// JSON. Throws: as resolve_matrix; kInvalidSpec naming the file for unparsable JSON.
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& preset_or_path);
+
+/// Why `config` cannot run `spec` on at most `max_world_size` ranks with a global batch of
+/// `global_batch` rows, or "" when it can: tp must divide every spec.tp_divides, cp must
+/// split spec.seq_len into cp (contiguous) or 2 * cp (zigzag) chunks, the global batch must
+/// split over dp_replicate * dp_shard * micro_batches.
+std::string topology_problem(const ModelSpec& spec, const ParallelConfig& config, int64_t global_batch,
+                             int max_world_size);
+
+}  // namespace mih::spec

@@ -1,0 +1,121 @@
+// The case matrix: the presets resolve for every reference spec within their rank limit, a
+// case the spec's topology cannot take is rejected with the arithmetic, a resume gets its
+// uninterrupted twin, and malformed matrices are rejected naming the case and field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/spec/case_matrix.h"
+#include "tests/support/temp_dir.h"
+
+namespace mih::spec {
+namespace {
+
+using nlohmann::json;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+std::vector<std::string> names(const CaseMatrix& m) {
+  std::vector<std::string> out;
+  for (const auto& c : m.cases) out.push_back(c.name);
+  return out;
+}
+
+class PresetTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PresetTest, ResolvesForEveryReferenceSpecWithinItsRankLimit) {
+  for (const std::string& spec : SpecRegistry::instance().names()) {
+    const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get(spec), GetParam());
+    ASSERT_FALSE(m.cases.empty());
+    EXPECT_EQ(m.cases[0].name, "Reference");
+    EXPECT_EQ(m.cases[0].config.dtype, c10::ScalarType::Double);
+    EXPECT_EQ(m.cases[0].world_size(), 1);
+    for (const auto& c : m.cases) {
+      EXPECT_LE(c.world_size(), 4) << c.name;
+      EXPECT_NO_THROW(c.config.validate(c.world_size())) << c.name;
+      if (c.kind != CaseKind::kReference) {
+        EXPECT_THAT(names(m), Contains(c.compare_to)) << c.name;
+      }
+    }
+    EXPECT_TRUE(m.rejected.empty() || GetParam() == "cpu-full") << m.table();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("cpu-smoke", "cpu-full"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "cpu-smoke" ? std::string("CpuSmoke") : std::string("CpuFull");
+                         });
+
+TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
+  const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
+  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "DpShard2Ac",
+                                               "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"));
+  EXPECT_EQ(m.at("DpShard2Tp2Sp").group, "combined");
+  EXPECT_EQ(m.at("DpShard2Ac").group, "activation_checkpoint");
+  EXPECT_EQ(m.at("DpShard2Mb2").group, "grad_accumulation");
+  const Case& cross = m.at("ResumeDpShard2ToTp2");
+  EXPECT_EQ(cross.kind, CaseKind::kCrossResume);
+  ASSERT_TRUE(cross.save_config.has_value());
+  EXPECT_EQ(cross.save_config->dp_shard, 2);
+  EXPECT_EQ(cross.config.tp, 2);
+  EXPECT_EQ(cross.resume_at, 2);
+  EXPECT_EQ(cross.compare_to, "Tp2");
+  EXPECT_EQ(m.at("ResumeDpShard2").compare_to, "DpShard2");
+  EXPECT_THAT([&] { m.at("Tp8"); }, ThrowsMessage<Error>(HasSubstr("has no case 'Tp8'; cases: Reference, DpShard2")));
+  EXPECT_THAT(m.table(), HasSubstr("ResumeDpShard2ToTp2"));
+}
+
+TEST(CaseMatrixTest, RejectsWhatTheTopologyCannotTakeWithTheArithmetic) {
+  const ModelSpec llama = SpecRegistry::instance().get("llama");
+  const json matrix = {{"name", "t"},
+                       {"max_world_size", 8},
+                       {"cases",
+                        {{{"tp", 3}},
+                         {{"cp", 3}, {"cp_layout", "zigzag"}},
+                         {{"dp_shard", 3}},
+                         {{"dp_shard", 4}, {"tp", 4}},
+                         {{"dp_shard", 2}, {"micro_batches", 8}}}}};
+  const CaseMatrix m = resolve_matrix(llama, matrix);
+  ASSERT_EQ(m.rejected.size(), 5u) << m.table();
+  EXPECT_THAT(m.rejected[0].reason, HasSubstr("tp=3 does not divide"));
+  EXPECT_THAT(m.rejected[1].reason, HasSubstr("splits the sequence into 6 chunks; seq_len 64 % 6 = 4"));
+  EXPECT_THAT(m.rejected[2].reason, HasSubstr("the global batch of 8 rows does not split over dp_replicate(1) x dp_shard(3)"));
+  EXPECT_THAT(m.rejected[3].reason, HasSubstr("needs 16 ranks (dp_shard=4,tp=4), the matrix allows at most 8"));
+  EXPECT_THAT(m.rejected[4].reason, HasSubstr("micro_batches(8) = 16 (remainder 8)"));
+  EXPECT_EQ(names(m), std::vector<std::string>{"Reference"});
+}
+
+TEST(CaseMatrixTest, MalformedMatricesNameTheCaseAndField) {
+  const ModelSpec llama = SpecRegistry::instance().get("llama");
+  auto rejected = [&](const json& cases, const std::string& says) {
+    EXPECT_THAT([&] { resolve_matrix(llama, json{{"name", "bad"}, {"cases", cases}}); },
+                ThrowsMessage<Error>(HasSubstr(says)))
+        << cases.dump();
+  };
+  rejected({{{"tp", 2}, {"bogus", 1}}}, "'bogus'");
+  rejected({{{"dp_shard", 0}}}, "case matrix 'bad' case 0");
+  rejected({{{"tp", "two"}}}, "case matrix 'bad' case 0");
+  rejected({{{"kind", "warmup"}}}, "unknown case kind 'warmup'; valid: reference, train, resume, cross_resume");
+  rejected({{{"kind", "resume"}, {"config", {{"dp_shard", 2}}}}}, "resume_at must be in [1, 2] (steps 3), got 0");
+  rejected({{{"kind", "cross_resume"}, {"load", {{"tp", 2}}}, {"resume_at", 1}}}, "a cross_resume case needs 'save'");
+  rejected({{{"kind", "reference"}}}, "the reference case is implicit");
+  EXPECT_THAT([&] { resolve_matrix(llama, json{{"cases", json::array()}, {"device", "tpu"}}); },
+              ThrowsMessage<Error>(HasSubstr("device must be cpu or cuda, got 'tpu'")));
+}
+
+TEST(CaseMatrixTest, TheGpuNightlyExampleFileResolves) {
+  const std::string path = std::string(MIH_TEST_SOURCE_DIR) + "/../../suites/matrices/gpu-nightly.json";
+  const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), path);
+  EXPECT_EQ(m.name, "gpu-nightly");
+  ASSERT_GT(m.cases.size(), 5u) << m.table();
+  EXPECT_EQ(m.cases[1].backend, "nccl");
+  EXPECT_EQ(m.cases[1].device, "cuda");
+  EXPECT_EQ(m.cases[1].config.dtype, c10::ScalarType::BFloat16);
+  EXPECT_EQ(m.cases[0].device, "cpu");  // the reference stays the CPU float64 oracle
+}
+
+}  // namespace
+}  // namespace mih::spec
