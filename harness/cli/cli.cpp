@@ -21,6 +21,7 @@
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
+#include "harness/cli/case_runner.h"
 #include "harness/spec/case_matrix.h"
 #include "reference_models/export_command.h"
 
@@ -274,6 +275,22 @@ int cli_main(int argc, char** argv) {
   matrix_cmd->add_flag("--json", matrix_as_json, "print the resolved matrix as JSON");
   CLI::App* list_cmd = app.add_subcommand("list", "List the registered specs and the case-matrix presets.");
 
+  CaseRunOptions run_options;
+  run_options.evidence_root = "build/mih-evidence/manual";
+  double run_timeout_s = 300;
+  CLI::App* run_cmd = app.add_subcommand(
+      "run",
+      "Run one case of a matrix (its ranks as processes, a runtime validation session writing the evidence) and "
+      "print where its evidence is and its state. Exit 1 when the case FAILED a check.");
+  run_cmd->add_option("--spec", run_options.spec, "registered spec (see `mih list`)")->required();
+  run_cmd->add_option("--case", run_options.case_name, "case name (see `mih matrix`)")->required();
+  run_cmd->add_option("--preset,--matrix", run_options.matrix, "preset or JSON matrix file")->capture_default_str();
+  run_cmd->add_option("--evidence-root", run_options.evidence_root, "evidence goes to <root>/<spec>/<case>")
+      ->capture_default_str();
+  run_cmd->add_option("--timeout", run_timeout_s, "seconds the whole case may take")
+      ->check(cli::at_least(1.0))
+      ->capture_default_str();
+
   app.add_subcommand("worker",
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
                      "`mih worker --help` lists its options and tasks.")
@@ -288,6 +305,13 @@ int cli_main(int argc, char** argv) {
       const spec::CaseMatrix m = spec::resolve_matrix_source(spec::SpecRegistry::instance().get(matrix_spec), matrix_source);
       std::printf("%s", matrix_as_json ? (m.to_json().dump(2) + "\n").c_str() : m.table().c_str());
       return 0;
+    }
+    if (run_cmd->parsed()) {
+      run_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(run_timeout_s * 1000));
+      const CaseRunResult r = run_case(run_options);
+      std::printf("%s/%s: %s in %.1f s\nevidence: %s\n", run_options.spec.c_str(), run_options.case_name.c_str(),
+                  r.state.c_str(), r.seconds, r.evidence.c_str());
+      return r.state == "FAILED" ? 1 : 0;
     }
     if (list_cmd->parsed()) {
       std::printf("specs:\n");

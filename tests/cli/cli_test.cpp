@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -45,13 +46,13 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, run, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, run, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
                         Case{"export --spec llama", "--out is required"},
-                        Case{"worker --run-dir /tmp nosuchtask", "unknown worker task 'nosuchtask'; valid: [ping, selftest]"}}) {
+                        Case{"worker --run-dir /tmp nosuchtask", "unknown worker task 'nosuchtask'; valid: [case, ping, selftest]"}}) {
     CliRun run = mih(c.args);
     EXPECT_EQ(run.status, 2) << "mih " << c.args << "\n" << run.output;
     EXPECT_THAT(run.output, HasSubstr(c.says)) << "mih " << c.args;
@@ -60,7 +61,7 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
   for (const char* args :
-       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "worker --help",
+       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "run --help", "worker --help",
         "worker selftest --help"}) {
     CliRun run = mih(args);
     EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
@@ -111,6 +112,44 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
   EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, moe, vlm"));
+}
+
+// Reads a JSONL file's lines.
+std::vector<nlohmann::json> jsonl(const std::filesystem::path& path) {
+  std::string text;
+  EXPECT_TRUE(read_file(path, &text)) << path;
+  std::vector<nlohmann::json> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(CliRunTest, RunsACaseAndACrossTopologyResumeLeavingTheirEvidence) {
+  const std::filesystem::path root = testing::temp_dir("cli_run");
+  CliRun train = mih("run --spec llama --case DpShard2 --evidence-root " + root.string());
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_THAT(train.output, AllOf(HasSubstr("llama/DpShard2: STRUCTURE_VALIDATED"), HasSubstr("evidence: ")));
+  const auto metrics = jsonl(root / "llama/DpShard2/cases/runtime/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);
+  EXPECT_EQ(metrics[2]["step"], 2);
+  for (const char* f : {"check/findings.json", "probes/rank0.jsonl", "cases/runtime/performance_rank1.jsonl",
+                        "run/train/comm/ledger_rank1.jsonl", "run/train/logs/rank0.log"}) {
+    EXPECT_TRUE(std::filesystem::exists(root / "llama/DpShard2" / f)) << f;
+  }
+  CliRun resume = mih("run --spec llama --case ResumeDpShard2ToTp2 --evidence-root " + root.string());
+  ASSERT_EQ(resume.status, 0) << resume.output;
+  const std::filesystem::path dir = root / "llama/ResumeDpShard2ToTp2";
+  EXPECT_EQ(jsonl(dir / "before_save/cases/runtime/metrics.jsonl").size(), 2u);
+  const auto after = jsonl(dir / "cases/runtime/metrics.jsonl");
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0]["step"], 2);  // continues from the saved step
+  EXPECT_TRUE(std::filesystem::exists(dir / "checkpoint/index.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "checkpoint/load_rank1.json"));
+  CliRun unknown = mih("run --spec llama --case Tp8 --evidence-root " + root.string());
+  EXPECT_EQ(unknown.status, exit_status(Code::kInvalidSpec)) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("matrix 'cpu-smoke' has no case 'Tp8'; cases: Reference, DpShard2"));
+  CliRun unwritable = mih("run --spec llama --case DpShard2 --evidence-root /proc/mih-no");
+  EXPECT_EQ(unwritable.status, exit_status(Code::kFailedPrecondition)) << unwritable.output;
 }
 
 TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {
