@@ -13,12 +13,14 @@ spec::StateInvariant expert_counts_invariant(int64_t global_tokens, int64_t top_
           [global_tokens, top_k](const TrainingState& t) -> spec::CheckResult {
             nlohmann::json facts = nlohmann::json::array();
             bool ok = true;
+            // The counts are of the last forward: one micro-batch's share of the global batch.
+            const int64_t forward_tokens = global_tokens / (t.config ? t.config->micro_batches : 1);
             for (auto* moe : dynamic_cast<models::LlamaForCausalLM&>(*t.model).moe_mlps()) {
               const int64_t sum = moe->last_expert_counts.defined() ? moe->last_expert_counts.sum().item<int64_t>() : -1;
-              ok = ok && sum == global_tokens * top_k;
-              facts.push_back({{"counted", sum}, {"expected", global_tokens * top_k}});
+              ok = ok && sum == forward_tokens * top_k;
+              facts.push_back({{"counted", sum}, {"expected", forward_tokens * top_k}});
             }
-            return {ok && !facts.empty(), facts};
+            return {ok && !facts.empty(), {{"layers", facts}}};
           }};
 }
 

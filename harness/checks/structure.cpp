@@ -360,6 +360,7 @@ CheckOutput run_invariants(const std::vector<spec::StateInvariant>& invariants, 
     } catch (const std::exception& e) {
       thrown = e.what();
     }
+    if (!r.facts.is_object()) r.facts = {{"value", r.facts}};  // findings carry facts as an object
     out.evidence[inv.name] = {{"passed", thrown.empty() && r.passed}, {"facts", r.facts}};
     if (!thrown.empty()) {
       out.findings.add(error("MIH-INVAR-002", phase_str, inv.name, "state invariant threw: " + thrown,

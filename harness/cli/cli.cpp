@@ -22,6 +22,7 @@
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
 #include "harness/cli/case_runner.h"
+#include "harness/compare/compare.h"
 #include "harness/spec/case_matrix.h"
 #include "reference_models/export_command.h"
 
@@ -275,6 +276,19 @@ int cli_main(int argc, char** argv) {
   matrix_cmd->add_flag("--json", matrix_as_json, "print the resolved matrix as JSON");
   CLI::App* list_cmd = app.add_subcommand("list", "List the registered specs and the case-matrix presets.");
 
+  std::filesystem::path compare_reference, compare_candidate;
+  CompareOptions compare_options;
+  CLI::App* compare_cmd = app.add_subcommand(
+      "compare",
+      "Compare a case's evidence with a reference's (or last night's with tonight's): the inputs of every step, "
+      "loss, grad norms, lr, and every watched tensor at every stage. Prints the first divergence (parameter, step, "
+      "stage, errors, tolerance, file to open); exit 1 when any quantity diverges.");
+  compare_cmd->add_option("reference", compare_reference, "reference evidence directory")->required();
+  compare_cmd->add_option("candidate", compare_candidate, "evidence directory to check")->required();
+  compare_cmd->add_option("--tolerance", compare_options.tolerance, "relative tolerance")->capture_default_str();
+  compare_cmd->add_option("--from-step", compare_options.first_step, "compare steps from this one (a resume)")
+      ->capture_default_str();
+
   CaseRunOptions run_options;
   run_options.evidence_root = "build/mih-evidence/manual";
   double run_timeout_s = 300;
@@ -305,6 +319,11 @@ int cli_main(int argc, char** argv) {
       const spec::CaseMatrix m = spec::resolve_matrix_source(spec::SpecRegistry::instance().get(matrix_spec), matrix_source);
       std::printf("%s", matrix_as_json ? (m.to_json().dump(2) + "\n").c_str() : m.table().c_str());
       return 0;
+    }
+    if (compare_cmd->parsed()) {
+      const Comparison c = compare_evidence(compare_reference, compare_candidate, compare_options);
+      std::printf("%s\n", c.summary().c_str());
+      return c.passed() ? 0 : 1;
     }
     if (run_cmd->parsed()) {
       run_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(run_timeout_s * 1000));

@@ -112,6 +112,7 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
   }
   for (const auto& key : order) {
     Finding f = merged[key].first.get<Finding>();
+    if (!f.facts.is_object()) f.facts = {{"value", f.facts}};
     f.facts["ranks"] = merged[key].second;
     findings_.add(std::move(f));
   }

@@ -125,6 +125,8 @@ struct TrainingState {
   ParallelContext* context = nullptr;
   ParallelModel* model = nullptr;
   torch::optim::AdamW* optimizer = nullptr;
+  /// The run's config (micro-batches, dtype...); null when the backend has none.
+  const ParallelConfig* config = nullptr;
 };
 
 /// Points where a validation session observes training (DESIGN.md section 6). Every method
@@ -190,7 +192,7 @@ class Trainer {
   int64_t next_step() const { return next_step_; }
 
   ParallelContext& context() { return *context_; }
-  TrainingState state() { return {context_.get(), model_.get(), optimizer_.get()}; }
+  TrainingState state() { return {context_.get(), model_.get(), optimizer_.get(), &config_}; }
   ParallelModel& model() { return *model_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const ParallelConfig& config() const { return config_; }

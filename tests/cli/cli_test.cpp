@@ -46,8 +46,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, run, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, run, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -61,7 +61,7 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
   for (const char* args :
-       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "run --help", "worker --help",
+       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "compare --help", "run --help", "worker --help",
         "worker selftest --help"}) {
     CliRun run = mih(args);
     EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
@@ -150,6 +150,40 @@ TEST(CliRunTest, RunsACaseAndACrossTopologyResumeLeavingTheirEvidence) {
   EXPECT_THAT(unknown.output, HasSubstr("matrix 'cpu-smoke' has no case 'Tp8'; cases: Reference, DpShard2"));
   CliRun unwritable = mih("run --spec llama --case DpShard2 --evidence-root /proc/mih-no");
   EXPECT_EQ(unwritable.status, exit_status(Code::kFailedPrecondition)) << unwritable.output;
+}
+
+TEST(CliCompareTest, ACaseMatchesTheReferenceAndATamperedParameterIsNamed) {
+  const std::filesystem::path root = testing::temp_dir("cli_compare");
+  for (const char* c : {"Reference", "Tp2Sp"}) {
+    CliRun run = mih(std::string("run --spec llama --case ") + c + " --evidence-root " + root.string());
+    ASSERT_EQ(run.status, 0) << run.output;
+  }
+  const std::string ref = (root / "llama/Reference").string(), tp = (root / "llama/Tp2Sp").string();
+  CliRun match = mih("compare " + ref + " " + tp);
+  EXPECT_EQ(match.status, 0) << match.output;
+  EXPECT_THAT(match.output, HasSubstr("match: "));
+  // The same run with norm.weight's gradient changed in one element at step 1.
+  const std::filesystem::path bad = root / "tampered";
+  std::filesystem::copy(root / "llama/Tp2Sp", bad, std::filesystem::copy_options::recursive);
+  std::string text, out;
+  ASSERT_TRUE(read_file(bad / "probes/rank0.jsonl", &text));
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["step"] == 1 && j["stage"] == "grad_before_clip") {
+      auto& v = j["tensors"]["norm.weight"]["values"];
+      v[3] = v[3].get<double>() + 1e-6;
+    }
+    out += j.dump() + "\n";
+  }
+  write_file_atomic(bad / "probes/rank0.jsonl", out);
+  CliRun diverged = mih("compare " + ref + " " + bad.string());
+  EXPECT_EQ(diverged.status, 1) << diverged.output;
+  EXPECT_THAT(diverged.output, AllOf(HasSubstr("first divergence: parameter 'norm.weight' at step 1, stage grad_before_clip"),
+                                     HasSubstr("> tolerance 1e-10"), HasSubstr("probes/rank0.jsonl")));
+  CliRun missing = mih("compare " + ref + " " + root.string());
+  EXPECT_EQ(missing.status, exit_status(Code::kFailedPrecondition)) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("has no cases/runtime/metrics.jsonl"));
 }
 
 TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {

@@ -148,6 +148,14 @@ TEST(SessionTest, TensorParallelSpAndActivationCheckpointingFindNothing) {
   EXPECT_THAT(codes(r.findings), IsEmpty()) << r.findings.summary();
 }
 
+TEST(SessionTest, GradientAccumulationFindsNothing) {
+  ParallelConfig c = config(2);
+  c.micro_batches = 2;
+  CaseRun r = run_case(get("moe"), c);  // its runtime invariant counts one micro-batch's tokens
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), IsEmpty()) << r.findings.summary();
+}
+
 // ---- evidence and the case state ----
 
 TEST(SessionTest, WritesTheEvidenceLayoutAndValidatesTheCase) {

@@ -1,0 +1,158 @@
+// compare_evidence (see compare.h).
+#include "harness/compare/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "harness/base/error.h"
+#include "harness/evidence/evidence_store.h"
+
+namespace mih {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kStages = {"model_before", "grad_before_clip", "grad_after_clip", "after_optimizer",
+                                          "optimizer_state"};
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// step -> row (or stage -> line) of a JSONL evidence file.
+std::map<int64_t, json> by_step(const std::vector<json>& rows) {
+  std::map<int64_t, json> out;
+  for (const auto& r : rows) out[r.at("step").get<int64_t>()] = r;
+  return out;
+}
+
+std::vector<json> read_required(const EvidenceDir& dir, const std::string& file) {
+  MIH_CHECK_CODE(fs::exists(dir.root() / file), Code::kFailedPrecondition, "evidence directory ", dir.root().string(),
+                 " has no ", file, "; was it written by a runtime session (mih run) that finished?");
+  return dir.read_jsonl(file);
+}
+
+}  // namespace
+
+json Comparison::to_json() const {
+  json d = json::array();
+  for (const auto& x : divergences) {
+    d.push_back({{"kind", x.kind},
+                 {"name", x.name},
+                 {"step", x.step},
+                 {"stage", x.stage},
+                 {"max_abs_error", x.max_abs_error},
+                 {"relative_error", x.relative_error},
+                 {"tolerance", x.tolerance},
+                 {"evidence", x.evidence},
+                 {"message", x.message}});
+  }
+  return {{"passed", passed()}, {"compared", compared}, {"divergences", d}};
+}
+
+std::string Comparison::summary() const {
+  if (passed()) return "match: " + std::to_string(compared) + " quantities within tolerance";
+  return "first divergence: " + divergences[0].message + " (" + std::to_string(divergences.size()) + " of " +
+         std::to_string(compared) + " quantities diverge)";
+}
+
+Comparison compare_evidence(const fs::path& reference, const fs::path& candidate, const CompareOptions& o) {
+  const EvidenceDir ref(reference), cand(candidate);
+  Comparison out;
+  const std::string metrics_file = "cases/runtime/metrics.jsonl", probes_file = "probes/rank0.jsonl";
+  const auto ref_metrics = by_step(read_required(ref, metrics_file));
+  const auto cand_metrics = by_step(read_required(cand, metrics_file));
+  std::vector<int64_t> steps;
+  for (const auto& [step, row] : cand_metrics) {
+    if (step >= o.first_step && ref_metrics.count(step)) steps.push_back(step);
+  }
+  MIH_CHECK(!steps.empty(), "evidence ", candidate.string(), " and reference ", reference.string(),
+            " have no step in common at or after step ", o.first_step);
+
+  auto add = [&](Divergence d) {
+    d.tolerance = o.tolerance;
+    d.message = (d.kind == "input" ? "input field '" : d.kind == "metric" ? "metric '" : "parameter '") + d.name +
+                "' at step " + std::to_string(d.step) + (d.stage == "metrics" ? "" : ", stage " + d.stage) + ": " +
+                (d.kind == "input" ? "hash differs from the reference"
+                                   : "max abs error " + fmt(d.max_abs_error) + ", relative error " + fmt(d.relative_error) +
+                                         " > tolerance " + fmt(o.tolerance)) +
+                " (open " + d.evidence + ")";
+    out.divergences.push_back(std::move(d));
+  };
+
+  // The watchlist gives forward order; optimizer states follow their parameter.
+  std::vector<std::string> order;
+  for (const auto& w : cand.read_json("check/parameter_watchlist.json")) {
+    const std::string fqn = w.at("fqn").get<std::string>();
+    order.push_back(fqn);
+    order.push_back(fqn + "/exp_avg");
+    order.push_back(fqn + "/exp_avg_sq");
+  }
+  std::map<std::pair<int64_t, std::string>, json> ref_probes, cand_probes;
+  for (const auto& l : read_required(ref, probes_file)) ref_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
+  for (const auto& l : read_required(cand, probes_file)) cand_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
+  const std::string metrics_path = (candidate / metrics_file).string(), probes_path = (candidate / probes_file).string();
+
+  for (int64_t step : steps) {
+    const json& a = cand_metrics.at(step);
+    const json& b = ref_metrics.at(step);
+    ++out.compared;
+    if (a.value("input_hash", "") != b.value("input_hash", "")) {
+      add({"input", "global batch", step, "metrics", 0, 0, 0, (candidate / "data/input_identity.jsonl").string(), ""});
+    }
+    for (const char* m : {"loss", "grad_norm_pre_clip", "grad_norm_post_clip", "lr"}) {
+      ++out.compared;
+      const double x = a.at(m).get<double>(), y = b.at(m).get<double>();
+      const double abs = std::abs(x - y), rel = abs / std::max(std::abs(y), 1e-300);
+      if (!(rel <= o.tolerance)) add({"metric", m, step, "metrics", abs, rel, 0, metrics_path, ""});
+    }
+    for (const auto& stage : kStages) {
+      auto ia = cand_probes.find({step, stage});
+      auto ib = ref_probes.find({step, stage});
+      if (ia == cand_probes.end() || ib == ref_probes.end()) continue;
+      const json& ta = ia->second["tensors"];
+      const json& tb = ib->second["tensors"];
+      for (const auto& name : order) {
+        if (!ta.contains(name) || !tb.contains(name)) continue;
+        ++out.compared;
+        const json& x = ta[name];
+        const json& y = tb[name];
+        double max_abs = 0, rel = 0;
+        if (x.contains("values") && y.contains("values") && x["values"].size() == y["values"].size()) {
+          double diff2 = 0, norm2 = 0;
+          for (size_t i = 0; i < x["values"].size(); ++i) {
+            const double u = x["values"][i].is_number() ? x["values"][i].get<double>() : NAN;
+            const double v = y["values"][i].is_number() ? y["values"][i].get<double>() : NAN;
+            max_abs = std::max(max_abs, std::abs(u - v));
+            diff2 += (u - v) * (u - v);
+            norm2 += v * v;
+          }
+          rel = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-300);
+        } else {
+          // Statistics: each relative to the tensor's L2 norm (sum of squares relative to itself).
+          const double norm = std::sqrt(std::max(y["sum_sq"].get<double>(), 0.0));
+          auto cmp = [&](double u, double v, double scale) {
+            max_abs = std::max(max_abs, std::abs(u - v));
+            rel = std::max(rel, std::abs(u - v) / std::max(scale, 1e-300));
+          };
+          cmp(x["sum"].get<double>(), y["sum"].get<double>(), std::max(std::abs(y["sum"].get<double>()), norm));
+          cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
+          for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
+            cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
+          }
+        }
+        if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
+        if (!(rel <= o.tolerance)) add({"tensor", name, step, stage, max_abs, rel, 0, probes_path, ""});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace mih

@@ -1,0 +1,55 @@
+// Comparison of a case's evidence with its reference (DESIGN.md section 7): the input identity
+// of every step, the loss, the grad norm before and after clipping and the lr, then every
+// watched tensor at every probe stage, in step, stage and forward order. Small tensors are
+// compared elementwise (their values are in the probes); larger ones by their sharding-
+// invariant statistics (sum, sum of squares, the random-projection sketch). The first
+// divergence names the parameter (or field, or scalar), the step and stage, the max abs
+// error, the relative error and the tolerance, and the evidence file to open. No torch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mih {
+
+struct CompareOptions {
+  /// Relative tolerance (float64 oracle lane: 1e-10; see spec::Tolerances).
+  double tolerance = 1e-10;
+  /// Compare only steps >= first_step (a resume against its uninterrupted twin).
+  int64_t first_step = 0;
+};
+
+struct Divergence {
+  std::string kind;  // "input", "metric", "tensor"
+  std::string name;  // field, metric or tensor ("norm.weight", "layers.0.mlp.router/exp_avg")
+  int64_t step = 0;
+  std::string stage;  // probe stage, or "metrics"
+  double max_abs_error = 0;
+  double relative_error = 0;  // relative L2 for values; max relative over statistics otherwise
+  double tolerance = 0;
+  std::string evidence;  // the candidate's file to open
+  std::string message;
+};
+
+struct Comparison {
+  std::vector<Divergence> divergences;  ///< the first divergence first
+  int64_t compared = 0;                 ///< quantities compared
+  bool passed() const { return divergences.empty(); }
+  nlohmann::json to_json() const;
+  /// "match: N quantities within tolerance T" or the first divergence's message and a count.
+  std::string summary() const;
+};
+
+/// Compares evidence directory `candidate` with `reference` (both written by a session).
+/// Throws: mih::Error{kFailedPrecondition} naming the file and directory when a required
+///   evidence file (cases/runtime/metrics.jsonl, probes/rank0.jsonl,
+///   check/parameter_watchlist.json) is missing; kInvalidSpec when the two have no step in
+///   common.
+Comparison compare_evidence(const std::filesystem::path& reference, const std::filesystem::path& candidate,
+                            const CompareOptions& options = {});
+
+}  // namespace mih
