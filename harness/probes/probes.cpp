@@ -198,7 +198,8 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
     for (const Box& box : ctx.local_boxes(*it.param)) {
       if (box.numel() == 0) continue;
       const BoxIndex& bi = box_index(box, it.param->global_shape, k);
-      at::Tensor x = narrow_box(it.piece.detach(), box).reshape({-1}).to(at::kCPU).to(at::kDouble);
+      const at::Tensor raw = narrow_box(it.piece.detach(), box).reshape({-1}).to(at::kCPU).to(at::kDouble).contiguous();
+      at::Tensor x = raw;
       double sum = x.sum().item<double>();
       if (!std::isfinite(sum)) {  // rare: count and zero the non-finite elements
         const at::Tensor finite = at::isfinite(x);
@@ -215,8 +216,7 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
       }
       extremes[2 * i] = std::max(extremes[2 * i], x.max().item<double>());
       extremes[2 * i + 1] = std::max(extremes[2 * i + 1], -x.min().item<double>());
-      if (value_base[i] >= 0) {
-        const at::Tensor raw = narrow_box(it.piece.detach(), box).reshape({-1}).to(at::kCPU).to(at::kDouble).contiguous();
+      if (value_base[i] >= 0) {  // the values as they are, non-finite ones included
         const auto xa = raw.accessor<double, 1>();
         const auto ia = bi.index.accessor<int64_t, 1>();
         double* values = sums.data() + n_items * width + value_base[i];
