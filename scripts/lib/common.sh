@@ -7,9 +7,10 @@ MIH_JOBS=${MIH_JOBS:-$(nproc)}
 
 # Debian 12 packages of the build. libopenblas0-pthread matters: with Debian's reference BLAS,
 # libtorch matmuls run about 30x slower (7 vs 216 GFLOP/s for 512x512 fp32 measured here).
+# libxml2-utils: xmllint, which the evidence tests validate the JUnit report with.
 MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libssl-dev libopenblas0-pthread
-              libstb-dev)
+              libstb-dev libxml2-utils)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 

@@ -1,0 +1,116 @@
+// The report of a conformance run (`mih report <run root> --format md|junit|html`): reads the
+// run root the conformance runner writes (results.jsonl, one line per GoogleTest test, and the
+// case directories next to it) and renders it as Markdown, JUnit XML for CI, or one
+// self-contained HTML page with the loss and grad-norm curves of every case. No torch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace mih {
+
+enum class ReportFormat { kMarkdown, kJunit, kHtml };
+
+/// "md", "junit" or "html".
+/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
+ReportFormat parse_report_format(const std::string& name);
+
+/// One GoogleTest test of the run: the last line of results.jsonl with its `name`.
+struct TestResult {
+  std::string spec;       ///< "llama"; "" for a test that belongs to no spec
+  std::string case_name;  ///< "DpShard2"; "" for a test that is not parameterized by a case
+  std::string suite;      ///< "NumericParity"
+  std::string test;       ///< "LossMatchesReference"
+  std::string name;       ///< the full GoogleTest name, "Llama/NumericParity.LossMatchesReference/DpShard2"
+  std::string status;     ///< "passed", "failed" or "skipped"
+  std::string message;    ///< failure or skip text, possibly several lines; "" when passed
+  std::string evidence;   ///< the case directory relative to the run root, "llama/DpShard2"; may be ""
+  std::string time;       ///< when the line was written, ISO 8601 UTC ("2026-11-30T11:00:00Z"); may be ""
+  double seconds = 0;     ///< the test's wall time
+};
+
+/// One training step of a case (a line of cases/runtime/metrics.jsonl). NaN marks a value
+/// the line lacks or that was not finite (JSON writes NaN and inf as null).
+struct StepPoint {
+  int64_t step = 0;
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double grad_norm_pre_clip = std::numeric_limits<double>::quiet_NaN();
+};
+
+/// One case of the run, from its evidence directory. Every field read from a file is empty
+/// (or 0) when that file is missing: a case that failed early has only some of them.
+struct CaseResult {
+  std::string spec;      ///< "llama"
+  std::string name;      ///< "DpShard2"
+  std::string evidence;  ///< the directory relative to the run root, from the tests' `evidence`
+  // case_run.json
+  std::string kind;        ///< "train", ...
+  std::string compare_to;  ///< the case of the same spec this one is compared with ("Reference"); "" for none
+  std::string outcome;     ///< "ran", "transport_failure" or "verify_only"
+  std::string error;       ///< why the case did not run to the end
+  int world_size = 0;
+  double seconds = 0;
+  // integration_state.json
+  std::string state;         ///< "STRUCTURE_VALIDATED", "FAILED", ...
+  std::string state_reason;  ///< the state's `reason`
+  /// cases/runtime/metrics.jsonl, ascending by step; the last line of a step wins (a resume
+  /// that repeats a step). Empty when the file is missing (the case failed before training).
+  std::vector<StepPoint> steps;
+  /// What could not be read, each "<path>: <why>": an evidence file that is not JSON (or a
+  /// metrics line), an evidence directory that does not exist or that no test names. The
+  /// report shows them instead of failing as a whole.
+  std::vector<std::string> problems;
+};
+
+/// Everything a report shows about one run root.
+struct RunResults {
+  std::filesystem::path root;
+  /// One per test name, sorted by name (so by spec instance, suite, test, case).
+  std::vector<TestResult> tests;
+  /// One per (spec, case_name) named by a test with a case, sorted by spec then name.
+  std::vector<CaseResult> cases;
+
+  int passed() const;
+  int failed() const;
+  int skipped() const;
+  /// The case `name` of `spec`, or nullptr when the run has none.
+  const CaseResult* find_case(const std::string& spec, const std::string& name) const;
+};
+
+/// Reads `root`/results.jsonl and the evidence directories of the cases its tests name.
+/// Blank lines are skipped; a last line without its newline that is not JSON (a writer that
+/// died mid-line) is dropped. Missing fields spec, case, suite and test are taken from `name`
+/// ("<Instance>/<Suite>.<Test>/<Case>"; spec stays "" then).
+/// Throws: mih::Error{kFailedPrecondition} naming the path when `root` or results.jsonl does
+///   not exist, with the fix (run the conformance binary or scripts/conformance with
+///   --evidence-root <root> first); kInvalidSpec naming the file and the 1-based line for a
+///   line that is not a JSON object, lacks `name` or `status`, has a status other than
+///   passed/failed/skipped, or a field of the wrong type (`seconds` a non-negative number, the
+///   others strings). A case file that cannot be read is recorded in CaseResult::problems.
+RunResults read_run_results(const std::filesystem::path& root);
+
+/// Renders `run`. Text is made safe for the format: invalid UTF-8 and the control characters
+/// XML 1.0 forbids (all below U+0020 but tab, newline and carriage return) become U+FFFD;
+/// markup characters are escaped.
+///  - kMarkdown: title with the root, totals, per spec a suites x cases table ("pass", "FAIL",
+///    "skip", "-" when the suite has no test for the case; a cell is FAIL if any of its tests
+///    failed, else pass if any passed), the cases to look at (an outcome other than "ran", state
+///    FAILED or BLOCKED, unreadable evidence), every failed test with its evidence directory
+///    and message in a fenced block, then the skipped tests with the first line of the reason.
+///  - kJunit: JUnit XML valid against tests/evidence/junit.xsd (the subset of the Jenkins
+///    xunit-plugin junit-10.xsd and Ant schema that mih emits): one <testsuite> per (spec,
+///    suite) named "llama.NumericParity", a <testcase> per test named "<test>/<case>". A
+///    failed test of a case whose outcome is "transport_failure" is an <error
+///    type="transport_failure"> (counted in `errors`), never a conformance <failure>.
+///    <testsuites> carries no `skipped`: junit-10.xsd rejects it there (it is on each
+///    <testsuite>). Timestamps are UTC without a zone suffix, as the Ant schema requires.
+///  - kHtml: one self-contained page (inline CSS and SVG, no script, no external resource):
+///    totals, the colored tables, per case its facts and two SVG line charts (loss and
+///    grad_norm_pre_clip per step, min/max on the axes), with the `compare_to` case's curve
+///    dashed when that case is in the run, then the failures and the skipped tests.
+std::string render_report(const RunResults& run, ReportFormat format);
+
+}  // namespace mih
