@@ -33,9 +33,9 @@ mih_find_header_only(CLI11 CLI11::CLI11 CLI/CLI.hpp)
 
 # OpenSSL: SHA-256 of inputs and evidence (harness/base/sha256.h).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
-if(MIH_BUILD_TESTS)
-  find_package(GTest REQUIRED)
-endif()
+# GoogleTest: the conformance suites are GoogleTest tests, so every conformance binary (the
+# mih command included) links it, not only the harness's own tests.
+find_package(GTest REQUIRED)
 
 # Gloo: Debian ships its headers (libgloo-dev); pip wheels do not (GLOO_INSTALL OFF), so the
 # Gloo factory compiles only where the headers are found. See libtorch_compat.md section 1.6.

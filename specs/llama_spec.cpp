@@ -4,6 +4,7 @@
 
 #include "reference_models/llama.h"
 #include "specs/spec_support.h"
+#include "suites/conformance.h"
 
 namespace mih::specs {
 namespace {
@@ -88,3 +89,6 @@ spec::StateInvariant llama_inv_freq_invariant(const std::string& fqn, double the
 spec::ModuleParityCase llama_attention_case() { return attention_case(); }
 
 }  // namespace mih::specs
+
+// Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
+MIH_CONFORMANCE_SUITES(Llama, "llama", "cpu-smoke");

@@ -1,6 +1,7 @@
 // The validation spec of the vlm reference port (reference_models/vlm.h).
 #include "reference_models/vlm.h"
 #include "specs/spec_support.h"
+#include "suites/conformance.h"
 
 namespace mih::specs {
 namespace {
@@ -41,3 +42,6 @@ MIH_REGISTER_SPEC(vlm_spec);
 
 }  // namespace
 }  // namespace mih::specs
+
+// Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
+MIH_CONFORMANCE_SUITES(Vlm, "vlm", "cpu-smoke");

@@ -6,9 +6,11 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/sha256.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
+#include "harness/session/backend.h"
 #include "harness/session/session.h"
 #include "harness/spec/case_matrix.h"
 
@@ -16,6 +18,40 @@ namespace mih {
 namespace {
 
 namespace fs = std::filesystem;
+
+// SHA-256 of the full value of every parameter and AdamW state (float64 bytes, row-major),
+// gathered through the backend: the same under every sharding, so a checkpoint that loads
+// bit-exact under another config gives the same hashes. A collective; rank 0 writes.
+nlohmann::json tensor_hashes(TrainingBackend& backend) {
+  nlohmann::json out = nlohmann::json::object();
+  TrainingState st = backend.state();
+  for (const auto& p : st.context->parameters()) {
+    for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
+      if (std::string(what) != "param" && !p->local.requires_grad()) continue;
+      const at::Tensor full = backend.gather_full(*p, what);
+      if (!full.defined()) continue;
+      const at::Tensor flat = full.detach().to(at::kCPU, at::kDouble).contiguous();
+      const std::string_view bytes(static_cast<const char*>(flat.data_ptr()), flat.numel() * sizeof(double));
+      out[std::string(what) == "param" ? p->fqn : p->fqn + "/" + what] = {{"sha256", sha256_hex(bytes)},
+                                                                           {"shape", full.sizes().vec()}};
+    }
+  }
+  return {{"tensors", out}, {"next_step", backend.next_step()}};
+}
+
+// The spec's module parity cases (on the reference case's rank): check/module_parity.json.
+nlohmann::json run_module_parity(const spec::ModelSpec& s) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& pc : s.parity_cases) {
+    try {
+      const spec::CheckResult r = pc.run();
+      out[pc.name] = {{"passed", r.passed}, {"facts", r.facts}};
+    } catch (const std::exception& e) {
+      out[pc.name] = {{"passed", false}, {"facts", {{"error", e.what()}}}};
+    }
+  }
+  return out;
+}
 
 // One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
 // resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
@@ -33,17 +69,32 @@ int run_phase(WorkerContext& ctx) {
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
   so.trainer = s.data.apply_sharding(TrainerOptions());
-  so.environment = {{"case", c}, {"phase", phase}, {"matrix", matrix.name}, {"backend", c.backend}};
+  so.environment = {{"case", c}, {"phase", phase}, {"matrix", matrix.name}, {"backend", c.backend},
+                    {"training_backend", ctx.option("backend")}};
   ValidationSession session(s, so, mesh);
+  const bool rank0 = mesh.rank() == 0;
   try {
-    Trainer trainer(mesh, config, s.factory, s.data.make_batches(), so.trainer, &session);
-    if (phase == "load") trainer.load(evidence / "checkpoint");
+    std::unique_ptr<TrainingBackend> backend = BackendRegistry::instance().make(ctx.option("backend"));
+    backend->build(s, mesh, config, so.trainer, session);
+    if (phase == "load") {
+      backend->load(evidence / "checkpoint");
+      nlohmann::json hashes = tensor_hashes(*backend);
+      hashes["comm_bytes"] = session.take_comm_bytes();  // the gathers are no step's traffic
+      if (rank0) EvidenceDir(evidence).write_json("checkpoint/roundtrip_load.json", hashes);
+    }
     const int64_t steps = phase == "save" ? c.resume_at : phase == "load" ? c.steps - c.resume_at : c.steps;
-    trainer.run(steps);
-    if (phase == "save") trainer.save(evidence / "checkpoint");
+    for (int64_t i = 0; i < steps; ++i) backend->step();
+    if (phase == "save") {
+      backend->save(evidence / "checkpoint");
+      const nlohmann::json hashes = tensor_hashes(*backend);
+      if (rank0) EvidenceDir(evidence).write_json("before_save/checkpoint/roundtrip_save.json", hashes);
+    }
   } catch (const std::exception& e) {
     session.fail_case(std::string("training raised: ") + e.what());
     throw;
+  }
+  if (c.kind == spec::CaseKind::kReference && rank0 && !s.parity_cases.empty()) {
+    EvidenceDir(evidence).write_json("check/module_parity.json", run_module_parity(s));
   }
   session.finish();
   return 0;
@@ -52,7 +103,8 @@ int run_phase(WorkerContext& ctx) {
 MIH_WORKER_TASK(case, "trains one conformance case (spec, matrix, case, phase) with a runtime validation session",
                 {"spec", "registered spec", ""}, {"matrix", "preset or JSON matrix file", "cpu-smoke"},
                 {"case", "case name (see mih matrix)", ""}, {"phase", "train, save or load", "train"},
-                {"evidence", "the case's evidence directory", ""}) {
+                {"evidence", "the case's evidence directory", ""},
+                {"backend", "training backend (MIH_REGISTER_BACKEND)", "trainer"}) {
   return run_phase(ctx);
 }
 
@@ -64,11 +116,21 @@ CaseRunResult run_case(const CaseRunOptions& o) {
   s.validate();
   const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, o.matrix);
   const spec::Case& c = matrix.at(o.case_name);
-  MIH_CHECK(c.device == "cpu", "case '", c.name, "' runs on ", c.device, "; this runner launches CPU cases only so far");
+  MIH_CHECK(c.device == "cpu", "case '", c.name, "' runs on ", c.device,
+            "; the local launcher starts CPU cases; run GPU cases under torchrun or srun (README: the nightly "
+            "matrix) and assert them with --verify-only");
+  const std::string unsupported =
+      BackendRegistry::instance().make(o.backend)->unsupported(c.config, c.save_config.has_value());
+  MIH_CHECK(unsupported.empty(), "training backend '", o.backend, "' cannot run case ", s.name, "/", c.name, ": ",
+            unsupported);
   CaseRunResult result;
   result.evidence = fs::absolute(o.evidence_root / s.name / c.name);
   fs::remove_all(result.evidence);
   EvidenceDir dir(result.evidence);  // fails early, naming the path, when it is unwritable
+  nlohmann::json record = {{"spec", s.name},       {"case", c.name},         {"kind", spec::case_kind_name(c.kind)},
+                           {"group", c.group},     {"world_size", c.world_size()}, {"config", c.config},
+                           {"compare_to", c.compare_to}, {"matrix", o.matrix},   {"backend", o.backend},
+                           {"fingerprint", o.fingerprint}};
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
@@ -79,19 +141,46 @@ CaseRunResult run_case(const CaseRunOptions& o) {
     lo.timeout = o.timeout;
     lo.command = worker_command("case", w,
                                 {"--spec", s.name, "--matrix", o.matrix, "--case", c.name, "--phase", phase, "--evidence",
-                                 result.evidence.string()});
+                                 result.evidence.string(), "--backend", o.backend});
     const LaunchResult r = launch(lo);
     result.seconds += r.seconds;
-    if (!r.ok()) MIH_THROW(r.code(), "case ", s.name, "/", c.name, " (", phase, "): ", r.report());
+    result.launch_seconds.push_back(r.seconds);
+    return r;
   };
+  LaunchResult r;
   if (c.save_config) {
-    launch_phase("save", c.save_config->dims().product());
-    launch_phase("load", c.world_size());
+    r = launch_phase("save", c.save_config->dims().product());
+    if (r.ok()) r = launch_phase("load", c.world_size());
   } else {
-    launch_phase("train", c.world_size());
+    r = launch_phase("train", c.world_size());
   }
-  IntegrationState state;
-  result.state = IntegrationStateMachine(dir).current(&state) ? state_name(state) : "NONE";
+  IntegrationState state = IntegrationState::kDiscovered;
+  std::string reason;
+  const IntegrationStateMachine machine(dir);
+  if (machine.current(&state)) {
+    result.state = state_name(state);
+    reason = dir.read_json("integration_state.json").value("reason", "");
+  } else {
+    result.state = "NONE";
+  }
+  if (r.ok()) {
+    result.outcome = "ran";
+  } else if (state == IntegrationState::kFailed && !reason.empty()) {
+    // A hook or the model raised on some rank and the session recorded it: a conformance
+    // failure with its reason, the launch report kept for the logs.
+    result.outcome = "failed";
+    result.error = reason;
+  } else {
+    result.outcome = "transport_failure";
+    result.error = r.report();
+    result.code = r.code();
+  }
+  record.update({{"seconds", result.seconds},
+                 {"launch_seconds", result.launch_seconds},
+                 {"state", result.state},
+                 {"outcome", result.outcome},
+                 {"error", result.error}});
+  dir.write_json("case_run.json", record);
   return result;
 }
 

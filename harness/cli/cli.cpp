@@ -23,6 +23,7 @@
 #include "harness/runtime/worker.h"
 #include "harness/cli/case_runner.h"
 #include "harness/compare/compare.h"
+#include "harness/evidence/report.h"
 #include "harness/spec/case_matrix.h"
 #include "reference_models/export_command.h"
 
@@ -202,7 +203,18 @@ int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std
   return result.ok() ? 0 : exit_status(result.code());
 }
 
+ConformanceRunner g_conformance_runner = nullptr;
+
+int run_conformance(const std::vector<std::string>& args) {
+  MIH_CHECK_CODE(g_conformance_runner != nullptr, Code::kUnimplemented,
+                 "this binary links no conformance suites (suites/ and a spec with MIH_CONFORMANCE_SUITES); use the "
+                 "mih command or a binary made by mih_add_conformance_suite");
+  return g_conformance_runner(args);
+}
+
 }  // namespace
+
+void set_conformance_runner(ConformanceRunner runner) { g_conformance_runner = runner; }
 
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "worker") return worker_main(argc - 1, argv + 1);
@@ -305,6 +317,32 @@ int cli_main(int argc, char** argv) {
       ->check(cli::at_least(1.0))
       ->capture_default_str();
 
+  run_cmd->add_option("--backend", run_options.backend, "training backend (MIH_REGISTER_BACKEND)")->capture_default_str();
+
+  CLI::App* test_cmd = app.add_subcommand(
+      "test",
+      "Run the conformance suites of the linked specs: each case launched once, every suite asserting on its "
+      "evidence. Options: --evidence-root DIR (default build/mih-evidence/<run id>), --matrix PRESET|FILE, "
+      "--verify-only (assert on evidence produced elsewhere, launch nothing), --case-timeout S, --no-progress, "
+      "and any --gtest_* flag (e.g. --gtest_filter='Llama/*.*/Tp2Sp').");
+  test_cmd->prefix_command();
+  std::string check_target;
+  CLI::App* check_cmd = app.add_subcommand(
+      "check",
+      "Assert the conformance suites on existing evidence without launching anything: a case directory "
+      "(<root>/<spec>/<case>) or a whole run root. Exit 1 when a suite fails.");
+  check_cmd->add_option("evidence", check_target, "case directory or run root")->required();
+  check_cmd->allow_extras();
+
+  std::string report_root, report_format = "md", report_out;
+  CLI::App* report_cmd = app.add_subcommand(
+      "report",
+      "Write the report of a conformance run: md (suites x cases tables and failures), junit (XML for CI) or "
+      "html (tables, loss and grad-norm curves per case as inline SVG).");
+  report_cmd->add_option("root", report_root, "run root (holds results.jsonl)")->required();
+  report_cmd->add_option("--format", report_format, "md, junit or html")->capture_default_str();
+  report_cmd->add_option("-o,--output", report_out, "file to write (default: standard output)");
+
   app.add_subcommand("worker",
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
                      "`mih worker --help` lists its options and tasks.")
@@ -328,9 +366,30 @@ int cli_main(int argc, char** argv) {
     if (run_cmd->parsed()) {
       run_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(run_timeout_s * 1000));
       const CaseRunResult r = run_case(run_options);
-      std::printf("%s/%s: %s in %.1f s\nevidence: %s\n", run_options.spec.c_str(), run_options.case_name.c_str(),
-                  r.state.c_str(), r.seconds, r.evidence.c_str());
+      std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", run_options.spec.c_str(), run_options.case_name.c_str(),
+                  r.outcome.c_str(), r.state.c_str(), r.seconds, r.evidence.c_str());
+      if (r.outcome == "transport_failure") {
+        std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
+        return exit_status(r.code == Code::kOk ? Code::kAborted : r.code);
+      }
+      if (!r.error.empty()) std::fprintf(stderr, "mih: the case FAILED: %s\n", r.error.c_str());
       return r.state == "FAILED" ? 1 : 0;
+    }
+    if (test_cmd->parsed()) return run_conformance(test_cmd->remaining());
+    if (check_cmd->parsed()) {
+      std::vector<std::string> args = {"--check", check_target};
+      for (const auto& a : check_cmd->remaining()) args.push_back(a);
+      return run_conformance(args);
+    }
+    if (report_cmd->parsed()) {
+      const std::string text = render_report(read_run_results(report_root), parse_report_format(report_format));
+      if (report_out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      } else {
+        write_file_atomic(report_out, text);
+        std::printf("report: %s\n", report_out.c_str());
+      }
+      return 0;
     }
     if (list_cmd->parsed()) {
       std::printf("specs:\n");

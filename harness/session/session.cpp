@@ -273,15 +273,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
     if (!inv.evidence.empty()) write("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
 
     // Communication of training (not of the session) since the last step, per axis.
-    json comm = json::object();
-    if (const auto& ledger = mesh_->ledger()) {
-      const std::vector<CommRecord> records = ledger->completed();
-      for (size_t i = ledger_seen_; i < records.size(); ++i) {
-        if (records[i].site.rfind("mih.session", 0) == 0) continue;
-        comm[records[i].axis] = comm.value(records[i].axis, int64_t{0}) + records[i].bytes;
-      }
-      ledger_seen_ = records.size();
-    }
+    const json comm = take_comm_bytes();
     const int64_t dp = mesh_->comm(MeshAxis::kDp).size(), cp = mesh_->comm(MeshAxis::kCp).size();
     const double seconds = std::max(m.step_ms, 1e-9) / 1e3;
     json row = m;
@@ -317,6 +309,19 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
   });
 }
 
+json ValidationSession::take_comm_bytes() {
+  json comm = json::object();
+  if (const auto& ledger = mesh_->ledger()) {
+    const std::vector<CommRecord> records = ledger->completed();
+    for (size_t i = ledger_seen_; i < records.size(); ++i) {
+      if (records[i].site.rfind("mih.session", 0) == 0) continue;
+      comm[records[i].axis] = comm.value(records[i].axis, int64_t{0}) + records[i].bytes;
+    }
+    ledger_seen_ = records.size();
+  }
+  return comm;
+}
+
 void ValidationSession::capture_checkpoint_payload(const std::string& event, const std::filesystem::path& dir,
                                                    const json& index) {
   guarded("capture_checkpoint_payload", [&] {
@@ -325,6 +330,8 @@ void ValidationSession::capture_checkpoint_payload(const std::string& event, con
       if (index.contains(k)) summary[k] = index[k];
     }
     if (index.contains("tensors")) summary["tensors"] = index["tensors"].size();
+    // The checkpoint's own traffic, so that it is not counted in the next step's.
+    summary["comm_bytes"] = take_comm_bytes();
     write_rank_file("checkpoint/" + event + "_rank" + std::to_string(mesh_->rank()) + ".json", summary);
     if (event != "load") return;
     FindingReport local;

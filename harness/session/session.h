@@ -97,6 +97,11 @@ class ValidationSession : public TrainingHooks {
   /// The evidence directory, or null when in memory only.
   const EvidenceDir* evidence() const { return evidence_.get(); }
 
+  /// Bytes per axis of training's collectives since the last step (the session's own
+  /// excluded), which the next step's metrics then do not count: call it after traffic that
+  /// belongs to no step (a checkpoint's, a gather for evidence).
+  nlohmann::json take_comm_bytes();
+
   /// Records a failure that escaped the checks or training (an exception from a hook or the
   /// model): the case becomes FAILED with `reason`, the findings so far are written. No
   /// collective: safe on a subset of ranks. Idempotent.
@@ -115,6 +120,7 @@ class ValidationSession : public TrainingHooks {
   void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
   bool runtime() const { return options_.mode == SessionMode::kRuntime; }
   void probe(probes::Stage stage, int64_t step);
+
 
   const spec::ModelSpec* spec_;
   SessionOptions options_;

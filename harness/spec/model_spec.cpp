@@ -111,6 +111,12 @@ nlohmann::json ModelSpec::to_json() const {
   for (const auto& i : invariants) inv.push_back({{"name", i.name}, {"phase", phase_name(i.phase)}});
   nlohmann::json parity = nlohmann::json::array();
   for (const auto& c : parity_cases) parity.push_back(c.name);
+  nlohmann::json tolerances_json = {{"same_topology", tolerances.same_topology},
+                                    {"cross_topology", tolerances.cross_topology}};
+  if (!tolerances.grad_accumulation.empty()) tolerances_json["grad_accumulation"] = tolerances.grad_accumulation;
+  if (!tolerances.grad_accumulation_reason.empty()) {
+    tolerances_json["grad_accumulation_reason"] = tolerances.grad_accumulation_reason;
+  }
   return {{"name", name},
           {"description", description},
           {"tp_divides", tp_divides},
@@ -128,7 +134,7 @@ nlohmann::json ModelSpec::to_json() const {
           {"modalities", modal},
           {"invariants", inv},
           {"module_parity_cases", parity},
-          {"tolerances", {{"same_topology", tolerances.same_topology}, {"cross_topology", tolerances.cross_topology}}}};
+          {"tolerances", tolerances_json}};
 }
 
 SpecRegistry& SpecRegistry::instance() {

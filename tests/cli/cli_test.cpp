@@ -46,8 +46,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -128,7 +128,7 @@ TEST(CliRunTest, RunsACaseAndACrossTopologyResumeLeavingTheirEvidence) {
   const std::filesystem::path root = testing::temp_dir("cli_run");
   CliRun train = mih("run --spec llama --case DpShard2 --evidence-root " + root.string());
   ASSERT_EQ(train.status, 0) << train.output;
-  EXPECT_THAT(train.output, AllOf(HasSubstr("llama/DpShard2: STRUCTURE_VALIDATED"), HasSubstr("evidence: ")));
+  EXPECT_THAT(train.output, AllOf(HasSubstr("llama/DpShard2: ran (STRUCTURE_VALIDATED)"), HasSubstr("evidence: ")));
   const auto metrics = jsonl(root / "llama/DpShard2/cases/runtime/metrics.jsonl");
   ASSERT_EQ(metrics.size(), 3u);
   EXPECT_EQ(metrics[2]["step"], 2);

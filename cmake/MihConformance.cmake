@@ -1,0 +1,73 @@
+# Conformance binaries for model authors (DESIGN.md section 5).
+#
+# mih_add_conformance_suite(<name> SPECS <spec.cpp...> [PRESET <preset-or-json>]
+#                           [DEPS <targets...>] [LABELS <labels...>] [TIMEOUT <seconds>]
+#                           [PREFIXES <Prefix...>])
+#   Builds `<name>`: the spec files (each with MIH_CONFORMANCE_SUITES), the conformance
+#   suites, the GoogleTest runner, the rank worker and the mih CLI in one binary, and
+#   registers one ctest test per (spec, case) named `<name>/<Prefix>/<Case>`, which runs every
+#   suite on that case (`--gtest_filter=<Prefix>/*.*/<Case>`). Labels: conformance, the spec,
+#   the case's group and axes (dp_shard, tp, sp, cp, ac, mb, resume), the suites that apply
+#   to it, and LABELS; so `ctest -L tp` runs the tensor-parallel cases and `ctest -L Resume`
+#   the cases the Resume suite asserts on. PRESET overrides every spec's matrix. The cases
+#   share one evidence root, <build>/mih-evidence/<name>: each is launched once per ctest run
+#   (the test `<name>/fresh` empties the root first) and a case's reference is launched by
+#   whichever test needs it first. PREFIXES restricts the binary's tests to these
+#   MIH_CONFORMANCE_SUITES registrations (when DEPS link spec files registering others).
+#
+# mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s])
+#   The ctest registration alone, for a binary made otherwise (the mih command).
+
+function(mih_register_conformance_tests target)
+  cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES" ${ARGN})
+  if(NOT ARG_NAME)
+    set(ARG_NAME ${target})
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 900)
+  endif()
+  set(root "${CMAKE_BINARY_DIR}/mih-evidence/${ARG_NAME}")
+  set(matrix_args "")
+  if(ARG_PRESET)
+    set(matrix_args "--matrix;${ARG_PRESET}")
+  endif()
+  if(ARG_PREFIXES)
+    string(REPLACE ";" "," prefixes "${ARG_PREFIXES}")
+    list(APPEND matrix_args "--prefixes" "${prefixes}")
+  endif()
+  add_test(NAME ${ARG_NAME}/fresh COMMAND ${CMAKE_COMMAND} -E rm -rf "${root}")
+  set_tests_properties(${ARG_NAME}/fresh PROPERTIES FIXTURES_SETUP ${ARG_NAME}_evidence LABELS "conformance;${ARG_LABELS}")
+  set(list_file "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_cases.cmake")
+  file(GENERATE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_conformance_include.cmake" CONTENT
+    "set(MIH_EXE [=[$<TARGET_FILE:${target}>]=])
+set(MIH_NAME [=[${ARG_NAME}]=])
+set(MIH_LIST_FILE [=[${list_file}]=])
+set(MIH_MATRIX_ARGS [=[${matrix_args}]=])
+set(MIH_ROOT [=[${root}]=])
+set(MIH_LABELS [=[${ARG_LABELS}]=])
+set(MIH_TIMEOUT ${ARG_TIMEOUT})
+set(MIH_WORKDIR [=[${CMAKE_CURRENT_BINARY_DIR}]=])
+include([=[${MIH_CMAKE_DIR}/MihDiscoverCases.cmake]=])
+")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_conformance_include.cmake")
+endfunction()
+
+function(mih_add_conformance_suite name)
+  cmake_parse_arguments(ARG "" "PRESET;TIMEOUT" "SPECS;DEPS;LABELS;PREFIXES" ${ARGN})
+  if(NOT ARG_SPECS)
+    message(FATAL_ERROR "mih_add_conformance_suite(${name}): SPECS is required (spec files with MIH_CONFORMANCE_SUITES)")
+  endif()
+  add_executable(${name} ${ARG_SPECS} "${MIH_CONFORMANCE_MAIN}")
+  target_compile_features(${name} PRIVATE cxx_std_20)
+  target_link_libraries(${name} PRIVATE ${MIH_SUITES_TARGET} ${ARG_DEPS})
+  set(extra "")
+  foreach(kw PRESET TIMEOUT)
+    if(ARG_${kw})
+      list(APPEND extra ${kw} ${ARG_${kw}})
+    endif()
+  endforeach()
+  if(ARG_PREFIXES)
+    list(APPEND extra PREFIXES ${ARG_PREFIXES})
+  endif()
+  mih_register_conformance_tests(${name} NAME ${name} LABELS ${ARG_LABELS} ${extra})
+endfunction()

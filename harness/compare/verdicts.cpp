@@ -1,0 +1,424 @@
+// The conformance suites' verdicts over evidence (see verdicts.h).
+#include "harness/compare/verdicts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "harness/base/error.h"
+
+namespace mih::verdicts {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string rel_path(const CaseEvidence& ev, const std::string& relative) { return (ev.dir() / relative).string(); }
+
+std::string short_json(const json& j, size_t max = 300) {
+  std::string s = j.dump();
+  if (s.size() > max) s = s.substr(0, max) + "...";
+  return s;
+}
+
+int64_t numel(const json& shape) {
+  int64_t n = 1;
+  for (const auto& d : shape) n *= d.get<int64_t>();
+  return n;
+}
+
+int64_t element_size(const std::string& dtype) {
+  if (dtype == "float64" || dtype == "int64") return 8;
+  if (dtype == "bfloat16" || dtype == "float16") return 2;
+  return 4;
+}
+
+}  // namespace
+
+CaseEvidence::CaseEvidence(fs::path dir) : dir_(std::move(dir)) {
+  if (!fs::is_directory(dir_)) {
+    MIH_THROW(Code::kFailedPrecondition, "evidence directory ", dir_.string(),
+              " does not exist: run the case first (mih run, or the conformance binary without --verify-only), or "
+              "point --evidence-root at the run that produced it");
+  }
+}
+
+bool CaseEvidence::has(const std::string& relative) const { return fs::exists(dir_ / relative); }
+
+const json& CaseEvidence::json(const std::string& relative) const {
+  auto it = json_.find(relative);
+  if (it != json_.end()) return it->second;
+  const fs::path file = dir_ / relative;
+  std::ifstream in(file);
+  if (!in) {
+    MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " is missing from ", dir_.string(),
+              ": the case did not finish (see its integration_state.json and run/*/logs), or this directory "
+              "belongs to another run or version of mih; rerun the case");
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MIH_THROW(Code::kInvalidSpec, "evidence file ", file.string(), " is not JSON (", e.what(),
+              "): it was truncated or edited; rerun the case");
+  }
+  return json_.emplace(relative, std::move(j)).first->second;
+}
+
+const std::vector<json>& CaseEvidence::jsonl(const std::string& relative) const {
+  auto it = jsonl_.find(relative);
+  if (it != jsonl_.end()) return it->second;
+  const fs::path file = dir_ / relative;
+  std::ifstream in(file);
+  if (!in) {
+    MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " is missing from ", dir_.string(),
+              ": the case did not finish, or this directory belongs to another run; rerun the case");
+  }
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    try {
+      rows.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      MIH_THROW(Code::kInvalidSpec, "evidence file ", file.string(), " line ", n, " is not JSON (", e.what(), ")");
+    }
+  }
+  return jsonl_.emplace(relative, std::move(rows)).first->second;
+}
+
+const json& CaseEvidence::config() const { return json("config.resolved.json"); }
+
+const json& CaseEvidence::case_info() const {
+  const auto& env = json("environment.json");
+  MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, "environment.json"),
+            " has no \"case\": it was not written by the conformance case runner (mih run)");
+  return env["case"];
+}
+
+int CaseEvidence::degree(const std::string& axis) const { return config().value(axis, 1); }
+
+Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes) {
+  std::ostringstream out;
+  int n = 0;
+  for (const auto& f : ev.findings()) {
+    if (f.value("severity", "error") != "error") continue;
+    if (std::find(codes.begin(), codes.end(), f.value("code", "")) == codes.end()) continue;
+    if (++n > 5) continue;
+    out << "\n  " << f.value("code", "") << " " << f.value("owner", "") << ": " << f.value("message", "");
+    if (f.contains("facts") && !f["facts"].empty()) out << "\n    facts: " << short_json(f["facts"]);
+    if (!f.value("remediation", "").empty()) out << "\n    fix: " << f.value("remediation", "");
+  }
+  if (n == 0) return Verdict::pass();
+  return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
+                       (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
+                       rel_path(ev, "check/findings.json") + ")");
+}
+
+double case_tolerance(const CaseEvidence& ev) {
+  const auto& tol = ev.json("spec.resolved.json").at("tolerances");
+  const std::string dtype = ev.config().value("dtype", "float64");
+  const std::string kind = ev.case_info().value("kind", "train");
+  std::string profile = kind == "resume" ? "same_topology" : "cross_topology";
+  if (ev.config().value("micro_batches", 1) > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
+  MIH_CHECK(tol.contains(profile) && tol[profile].contains(dtype), "spec.resolved.json of ", ev.dir().string(),
+            " declares no ", profile, " tolerance for dtype ", dtype, ": add it to the spec's Tolerances");
+  return tol[profile][dtype].get<double>();
+}
+
+std::string not_comparable_reason(const CaseEvidence& ev) {
+  const auto& tol = ev.json("spec.resolved.json").at("tolerances");
+  if (ev.config().value("micro_batches", 1) <= 1 || tol.contains("grad_accumulation")) return "";
+  return tol.value("grad_accumulation_reason", "");
+}
+
+Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
+               int64_t first_step) {
+  CompareOptions o;
+  o.tolerance = tolerance;
+  o.first_step = first_step;
+  const std::string reason = not_comparable_reason(candidate);
+  if (!reason.empty()) return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
+  const Comparison c = compare_evidence(reference.dir(), candidate.dir(), o);
+  auto wanted = [&](const Divergence& d) {
+    switch (quantity) {
+      case Quantity::kInput: return d.kind == "input";
+      case Quantity::kLoss: return d.kind == "metric" && d.name == "loss";
+      case Quantity::kGradNorms: return d.kind == "metric" && d.name.rfind("grad_norm", 0) == 0;
+      case Quantity::kLr: return d.kind == "metric" && d.name == "lr";
+      case Quantity::kTensors: return d.kind == "tensor";
+    }
+    return false;
+  };
+  std::vector<const Divergence*> hits;
+  for (const auto& d : c.divergences) {
+    if (wanted(d)) hits.push_back(&d);
+  }
+  if (hits.empty()) return Verdict::pass();
+  std::string msg = "first divergence from " + reference.dir().filename().string() + ": " + hits[0]->message;
+  if (hits.size() > 1) {
+    msg += "\n  (" + std::to_string(hits.size() - 1) + " more of this kind; the next: " + hits[1]->name + " at step " +
+           std::to_string(hits[1]->step) + (hits[1]->stage == "metrics" ? "" : ", " + hits[1]->stage) + ")";
+  }
+  return Verdict::fail(msg);
+}
+
+Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
+  if (ev.degree("dp_shard") <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
+  const auto& structure = ev.json("check/structure.json");
+  const auto& units = ev.json("check/fsdp_units.json");
+  std::map<std::string, std::string> unit_of;
+  std::vector<std::string> problems;
+  for (const auto& [unit, u] : units.items()) {
+    const auto& dtypes = u.value("dtypes", json::array());
+    if (dtypes.size() != 1) problems.push_back("unit '" + unit + "' holds " + short_json(dtypes) + " (one dtype and mesh expected)");
+    for (const auto& p : u.value("parameters", json::array())) {
+      const std::string fqn = p.get<std::string>();
+      if (unit_of.count(fqn)) problems.push_back("parameter '" + fqn + "' in units '" + unit_of[fqn] + "' and '" + unit + "'");
+      unit_of[fqn] = unit;
+    }
+  }
+  for (const auto& p : structure.at("parameters")) {
+    const std::string fqn = p.value("fqn", "");
+    const bool sharded = p.contains("placements") && p["placements"].value("dp_shard", "") != "Replicate()";
+    if (sharded && !unit_of.count(fqn)) problems.push_back("sharded parameter '" + fqn + "' is in no FSDP unit");
+    unit_of.erase(fqn);
+  }
+  for (const auto& [fqn, unit] : unit_of) problems.push_back("unit '" + unit + "' lists '" + fqn + "', which is no parameter");
+  if (problems.empty()) return Verdict::pass();
+  std::string msg = problems[0];
+  for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
+  return Verdict::fail(msg + "\n  (open " + rel_path(ev, "check/fsdp_units.json") + ")");
+}
+
+Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate) {
+  const auto& a = candidate.jsonl("data/input_identity.jsonl");
+  std::map<int64_t, const json*> ref;
+  for (const auto& row : reference.jsonl("data/input_identity.jsonl")) ref[row.value("step", int64_t{-1})] = &row;
+  int compared = 0;
+  for (const auto& row : a) {
+    const int64_t step = row.value("step", int64_t{-1});
+    auto it = ref.find(step);
+    if (it == ref.end()) continue;
+    ++compared;
+    if (row.value("global", "") == it->second->value("global", "")) continue;
+    std::string fields;
+    const json mine = row.value("fields", json::object()), theirs = it->second->value("fields", json::object());
+    for (const auto& [name, hash] : mine.items()) {
+      if (theirs.value(name, "") != hash.get<std::string>()) fields += (fields.empty() ? "" : ", ") + name;
+    }
+    for (const auto& [name, hash] : theirs.items()) {
+      if (!mine.contains(name)) fields += (fields.empty() ? "" : ", ") + name + " (not seen)";
+    }
+    return Verdict::fail("the global batch of step " + std::to_string(step) + " differs from the reference's in field(s) " +
+                         fields + ": rows were dropped, repeated or changed by the data split (rows " +
+                         std::to_string(row.value("rows", 0)) + " vs " + std::to_string(it->second->value("rows", 0)) +
+                         ") (open " + rel_path(candidate, "data/input_identity.jsonl") + ")");
+  }
+  if (compared == 0) {
+    return Verdict::fail("no step in common with the reference in data/input_identity.jsonl (open " +
+                         rel_path(candidate, "data/input_identity.jsonl") + ")");
+  }
+  return Verdict::pass();
+}
+
+Verdict checkpoint_round_trip(const CaseEvidence& ev) {
+  if (!ev.case_info().contains("save_config") || ev.case_info()["save_config"].is_null()) {
+    return Verdict::skip("the case does not save and load a checkpoint");
+  }
+  const std::string saved_file = "before_save/checkpoint/roundtrip_save.json", loaded_file = "checkpoint/roundtrip_load.json";
+  const auto& saved = ev.json(saved_file);
+  const auto& loaded = ev.json(loaded_file);
+  std::vector<std::string> problems;
+  if (saved.value("next_step", -1) != loaded.value("next_step", -2)) {
+    problems.push_back("the step counter is " + std::to_string(loaded.value("next_step", -1)) + " after the load, " +
+                       std::to_string(saved.value("next_step", -1)) + " at the save");
+  }
+  for (const auto& [name, hash] : saved.at("tensors").items()) {
+    if (!loaded["tensors"].contains(name)) {
+      problems.push_back("'" + name + "' was saved and is absent after the load");
+    } else if (loaded["tensors"][name] != hash) {
+      problems.push_back("'" + name + "' is not bit-exact after the load: sha256 " + hash.value("sha256", "").substr(0, 12) +
+                         " saved, " + loaded["tensors"][name].value("sha256", "").substr(0, 12) + " loaded (shape " +
+                         short_json(hash.value("shape", json::array())) + ")");
+    }
+  }
+  for (const auto& [name, hash] : loaded.at("tensors").items()) {
+    if (!saved["tensors"].contains(name)) problems.push_back("'" + name + "' exists after the load and was not saved");
+  }
+  if (problems.empty()) return Verdict::pass();
+  std::string msg = problems[0];
+  for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
+  if (problems.size() > 5) msg += "\n  ... and " + std::to_string(problems.size() - 5) + " more";
+  return Verdict::fail(msg + "\n  (open " + rel_path(ev, loaded_file) + " and " + rel_path(ev, saved_file) + ")");
+}
+
+Verdict resume_continues_step_count(const CaseEvidence& ev) {
+  const auto& info = ev.case_info();
+  if (!info.contains("save_config") || info["save_config"].is_null()) return Verdict::skip("not a resume case");
+  const int64_t at = info.value("resume_at", int64_t{0}), steps = info.value("steps", int64_t{0});
+  const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
+  std::vector<int64_t> seen;
+  for (const auto& r : rows) seen.push_back(r.value("step", int64_t{-1}));
+  std::vector<int64_t> expected(static_cast<size_t>(std::max<int64_t>(steps - at, 0)));
+  std::iota(expected.begin(), expected.end(), at);
+  if (seen == expected) return Verdict::pass();
+  return Verdict::fail("after loading the checkpoint saved at step " + std::to_string(at) + " the run trained steps " +
+                       json(seen).dump() + ", expected " + json(expected).dump() + " (open " +
+                       rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
+}
+
+Verdict modality_gradients(const CaseEvidence& ev) {
+  const auto& modalities = ev.json("spec.resolved.json").value("modalities", json::array());
+  if (modalities.empty()) return Verdict::skip("the spec declares no modality");
+  Verdict v = no_error_findings(ev, {"MIH-MODAL-001"});
+  if (!v.passed()) return v;
+  for (const auto& r : ev.jsonl("cases/runtime/metrics.jsonl")) {
+    const std::string file = "cases/runtime/modality_gradients_step" + std::to_string(r.value("step", 0)) + ".json";
+    if (!ev.has(file)) return Verdict::fail("no modality gradient evidence for step " + std::to_string(r.value("step", 0)) + ": " + rel_path(ev, file) + " is missing");
+  }
+  return Verdict::pass();
+}
+
+Verdict state_invariants(const CaseEvidence& ev) {
+  const auto& declared = ev.json("spec.resolved.json").value("invariants", json::array());
+  if (declared.empty()) return Verdict::skip("the spec declares no state invariant");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(ev.dir() / "check")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("invariants_", 0) == 0) files.push_back("check/" + n);
+  }
+  if (fs::is_directory(ev.dir() / "cases/runtime")) {
+    for (const auto& e : fs::directory_iterator(ev.dir() / "cases/runtime")) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("invariants_", 0) == 0) files.push_back("cases/runtime/" + n);
+    }
+  }
+  if (ev.has("checkpoint/invariants_after_load.json")) files.push_back("checkpoint/invariants_after_load.json");
+  std::sort(files.begin(), files.end());
+  if (files.empty()) return Verdict::fail("the spec declares invariants and the case recorded none (no check/invariants_*.json in " + ev.dir().string() + ")");
+  int checked = 0;
+  for (const auto& file : files) {
+    for (const auto& [name, result] : ev.json(file).items()) {
+      ++checked;
+      if (result.value("passed", false)) continue;
+      return Verdict::fail("invariant '" + name + "' failed: " + short_json(result.value("facts", json::object()), 500) +
+                           " (open " + rel_path(ev, file) + ")");
+    }
+  }
+  Verdict v = no_error_findings(ev, {"MIH-INVAR-001", "MIH-INVAR-002"});
+  if (!v.passed()) return v;
+  return Verdict::pass(std::to_string(checked) + " invariant results");
+}
+
+Verdict module_parity(const CaseEvidence& ev) {
+  const auto& declared = ev.json("spec.resolved.json").value("module_parity_cases", json::array());
+  if (declared.empty()) return Verdict::skip("the spec declares no module parity case");
+  if (ev.case_info().value("kind", "") != "reference") return Verdict::skip("module parity runs with the reference case");
+  const std::string file = "check/module_parity.json";
+  const auto& results = ev.json(file);
+  for (const auto& name : declared) {
+    const std::string n = name.is_string() ? name.get<std::string>() : name.value("name", "");
+    if (!results.contains(n)) return Verdict::fail("parity case '" + n + "' has no result (open " + rel_path(ev, file) + ")");
+    if (!results[n].value("passed", false)) {
+      return Verdict::fail("module parity case '" + n + "' failed: " + short_json(results[n].value("facts", json::object()), 500) +
+                           " (open " + rel_path(ev, file) + ")");
+    }
+  }
+  return Verdict::pass();
+}
+
+Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
+  if (!ev.config().value("activation_checkpointing", false)) return Verdict::skip("activation checkpointing is off");
+  const std::string file = "check/activation_checkpoint.json";
+  const auto& ac = ev.json(file);
+  if (!ac.value("enabled", false)) {
+    return Verdict::fail("the case asked for activation checkpointing and the model ran without it (enabled: false; open " +
+                         rel_path(ev, file) + ")");
+  }
+  if (ac.value("regions", json::array()).empty()) {
+    return Verdict::fail("activation checkpointing is on and the model declares no region to recompute (open " +
+                         rel_path(ev, file) + ")");
+  }
+  return Verdict::pass();
+}
+
+Verdict comm_volume(const CaseEvidence& ev) {
+  const auto& cfg = ev.config();
+  const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
+  if (rows.empty()) return Verdict::fail("no metrics rows (open " + rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
+  const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
+  const int dp_shard = ev.degree("dp_shard"), dp_rep = ev.degree("dp_replicate"), cp = ev.degree("cp"), tp = ev.degree("tp");
+  const int world = dp_shard * dp_rep * cp * tp;
+  const std::map<std::string, int> degree = {{"dp_replicate", dp_rep}, {"dp_shard", dp_shard}, {"cp", cp}, {"tp", tp},
+                                             {"dp_cp", dp_rep * dp_shard * cp}, {"world", world}};
+  std::map<std::string, double> expected;
+  if (dp_rep * dp_shard * cp > 1) expected["dp_cp"] = 16;
+  if (world > 1) expected["world"] = 16;
+  if (dp_shard > 1) {
+    // The FSDP count (verdicts.h), from this rank's parameter table (rank 0 writes it).
+    const int64_t e = element_size(cfg.value("dtype", "float32"));
+    const int mb = cfg.value("micro_batches", 1);
+    double bytes = 0;
+    for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+      if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;
+      const int64_t chunk = p["fsdp_rows"].value("chunk", int64_t{0});
+      const auto& shape = p.at("tp_local_shape");
+      const int64_t cols = shape.size() > 1 ? numel(shape) / shape[0].get<int64_t>() : 1;
+      const int gathers = p["fsdp_unit"] == "root" ? 1 : 2;
+      bytes += static_cast<double>((gathers * chunk * cols + dp_shard * chunk * cols) * e);
+    }
+    expected["dp_shard"] = bytes * mb;
+  }
+  std::optional<json> first;
+  for (const auto& r : rows) {
+    const json bytes = r.value("comm_bytes", json::object());
+    const int64_t step = r.value("step", int64_t{-1});
+    for (const auto& [axis, b] : bytes.items()) {
+      const double got = b.get<double>();
+      auto d = degree.find(axis);
+      if (got > 0 && d != degree.end() && d->second == 1) {
+        return Verdict::fail("axis " + axis + " has degree 1 and moved " + std::to_string(static_cast<int64_t>(got)) +
+                             " bytes at step " + std::to_string(step) + ": a collective runs on a trivial group (open " + file + ")");
+      }
+      auto x = expected.find(axis);
+      // dp_shard is exact; dp_cp and world carry the trainer's scalars and may carry the
+      // model's own (an MoE's global expert counts), so they are a floor.
+      const bool exact = axis == "dp_shard";
+      if (x != expected.end() && (exact ? std::abs(got - x->second) > 0.5 : got < x->second - 0.5)) {
+        return Verdict::fail("axis " + axis + " moved " + std::to_string(static_cast<int64_t>(got)) + " bytes at step " +
+                             std::to_string(step) + ", the config implies " + (exact ? "" : "at least ") +
+                             std::to_string(static_cast<int64_t>(x->second)) +
+                             " (" + (axis == "dp_shard" ? "FSDP all-gathers and reduce-scatters of the parameter table"
+                                                        : "two float64 scalars") +
+                             "); a collective is missing, repeated or moves the wrong size (open " + file +
+                             " and the comm ledgers under run/)");
+      }
+    }
+    for (const auto& [axis, want] : expected) {
+      if (!bytes.contains(axis)) {
+        return Verdict::fail("axis " + axis + " moved nothing at step " + std::to_string(step) + ", the config implies " +
+                             std::to_string(static_cast<int64_t>(want)) + " bytes (open " + file + ")");
+      }
+    }
+    for (const char* axis : {"tp", "cp", "dp_replicate"}) {
+      if (degree.at(axis) > 1 && bytes.value(axis, 0.0) <= 0) {
+        return Verdict::fail(std::string("axis ") + axis + " has degree " + std::to_string(degree.at(axis)) +
+                             " and moved nothing at step " + std::to_string(step) + ": its collectives never ran (open " + file + ")");
+      }
+    }
+    if (first && (*first) != bytes) {
+      return Verdict::fail("the bytes per axis change between steps: " + first->dump() + " then " + bytes.dump() +
+                           " at step " + std::to_string(step) + " (open " + file + ")");
+    }
+    if (!first) first = bytes;
+  }
+  return Verdict::pass();
+}
+
+}  // namespace mih::verdicts

@@ -1,0 +1,130 @@
+// The verdicts of the conformance suites (suites/, DESIGN.md sections 3 and 7): each reads a
+// case's evidence directory (and its reference's) and says pass, fail (with a message that
+// names the first offender, the step and stage, the errors, the tolerance and the file to
+// open) or skip (the invariant does not apply to the case). The suites' TEST_Ps are thin
+// wrappers over these, so the verdicts are tested directly on real evidence with one file
+// broken (tests/compare). No torch: a verify-only run reads evidence produced elsewhere.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/compare/compare.h"
+
+namespace mih::verdicts {
+
+/// Read-only view of one case's evidence directory (the layout of harness/session/session.h,
+/// plus case_run.json and checkpoint/roundtrip_<event>.json written by the case runner).
+/// Files are read once and cached.
+class CaseEvidence {
+ public:
+  /// Throws: mih::Error{kFailedPrecondition} naming the directory when it does not exist.
+  explicit CaseEvidence(std::filesystem::path dir);
+  const std::filesystem::path& dir() const { return dir_; }
+  bool has(const std::string& relative) const;
+  /// Throws: mih::Error{kFailedPrecondition} naming the file and the directory ("the case did
+  ///   not finish, or this directory belongs to another run") when missing; kInvalidSpec when
+  ///   it is not JSON.
+  const nlohmann::json& json(const std::string& relative) const;
+  /// Every line of a JSONL file. Throws: as json().
+  const std::vector<nlohmann::json>& jsonl(const std::string& relative) const;
+  /// The findings of check/findings.json (objects with code, severity, owner, message,
+  /// facts, remediation).
+  const nlohmann::json& findings() const { return json("check/findings.json")["findings"]; }
+  /// config.resolved.json's "config" (dp_shard, tp, ..., micro_batches, dtype).
+  const nlohmann::json& config() const;
+  /// environment.json's "case" (the spec::Case the runner launched: name, kind, group,
+  /// compare_to, resume_at, steps, save_config).
+  const nlohmann::json& case_info() const;
+  int degree(const std::string& axis) const;
+
+ private:
+  std::filesystem::path dir_;
+  mutable std::map<std::string, nlohmann::json> json_;
+  mutable std::map<std::string, std::vector<nlohmann::json>> jsonl_;
+};
+
+struct Verdict {
+  enum class Status { kPass, kFail, kSkip };
+  Status status = Status::kPass;
+  std::string message;
+
+  static Verdict pass(std::string message = "") { return {Status::kPass, std::move(message)}; }
+  static Verdict fail(std::string message) { return {Status::kFail, std::move(message)}; }
+  static Verdict skip(std::string why) { return {Status::kSkip, std::move(why)}; }
+  bool passed() const { return status == Status::kPass; }
+};
+
+/// Fails when findings.json holds an error finding whose code is one of `codes`, listing each
+/// (code, owner, message, remediation) and the file to open.
+Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes);
+
+/// The relative tolerance of a case against its comparison target: the spec's
+/// (spec.resolved.json "tolerances") for the case's dtype, "same_topology" for a resume
+/// against its twin and "cross_topology" otherwise; a grad-accumulation case uses
+/// "grad_accumulation" when the spec declares it (a model whose loss is not linear in the
+/// micro-batches, e.g. a per-micro-batch MoE load-balancing loss).
+double case_tolerance(const CaseEvidence& ev);
+
+/// Why the case's numbers are not comparable with its reference, or "": a grad-accumulation
+/// case of a spec that declares grad_accumulation_reason without a grad_accumulation
+/// tolerance.
+std::string not_comparable_reason(const CaseEvidence& ev);
+
+/// Which quantities of compare_evidence a NumericParity-style verdict asserts.
+enum class Quantity { kInput, kLoss, kGradNorms, kLr, kTensors };
+
+/// Compares the case with `reference` (compare_evidence, from step `first_step`) and fails
+/// on the first divergence of kind `quantity`, with its message and the number of others.
+Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
+               int64_t first_step = 0);
+
+/// FsdpUnits: skip unless dp_shard > 1; every sharded parameter (structure.json) belongs to
+/// a unit of fsdp_units.json, every unit's parameters exist and hold one dtype and mesh.
+Verdict fsdp_units_cover_parameters(const CaseEvidence& ev);
+
+/// InputIdentity: every step's global input hash (metrics input_hash, data/input_identity)
+/// equals the reference's, naming the first field whose hash differs.
+Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate);
+
+/// CheckpointRoundTrip: skip unless the case loads a checkpoint; every tensor's SHA-256
+/// after the load (checkpoint/roundtrip_load.json) equals its hash at the save
+/// (before_save/checkpoint/roundtrip_save.json), bit for bit, and the step counter continues.
+Verdict checkpoint_round_trip(const CaseEvidence& ev);
+
+/// Resume: the metrics after the load start at resume_at and are contiguous.
+Verdict resume_continues_step_count(const CaseEvidence& ev);
+
+/// ModalityGradients: skip when the spec declares no modality; else no MIH-MODAL error and a
+/// modality_gradients_step<k>.json for every step.
+Verdict modality_gradients(const CaseEvidence& ev);
+
+/// StateInvariants: every invariants_<phase>.json entry passed, naming the failed ones with
+/// their facts; skip when the spec declares none.
+Verdict state_invariants(const CaseEvidence& ev);
+
+/// ModuleParity: skip unless the case ran the spec's parity cases (the reference does);
+/// every case in check/module_parity.json passed.
+Verdict module_parity(const CaseEvidence& ev);
+
+/// ActivationCheckpointEquivalence: skip unless activation checkpointing is on; regions
+/// declared and enabled in check/activation_checkpoint.json.
+Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
+
+/// CommVolume: the bytes each mesh axis moved per step (metrics comm_bytes) against the
+/// config: nothing on an axis of degree 1; dp_shard exactly the FSDP count from the
+/// parameter table (per FSDP parameter with chunk c rows of k elements, W = dp_shard, e the
+/// element size: all-gather c*k in forward, again in backward for non-root units, and
+/// reduce-scatter W*c*k in backward; per micro-batch); dp_cp and world at least 16 bytes (the
+/// valid-token count and the loss; the grad norm before and after clipping; a model may add
+/// its own, e.g. an MoE's global expert counts); tp, cp and dp_replicate traffic when their
+/// degree is > 1; every step the same. A checkpoint load's traffic is recorded apart
+/// (checkpoint/load_rank<r>.json), not in a step's.
+Verdict comm_volume(const CaseEvidence& ev);
+
+}  // namespace mih::verdicts

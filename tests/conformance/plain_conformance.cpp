@@ -1,0 +1,6 @@
+// The llama spec's suites trained by the plain backend (plain_backend.cpp) over world-size-1
+// cases (plain_matrix.json): a reference, gradient accumulation and a resume. Proves a backend
+// other than mih's Trainer runs every suite that applies to it.
+#include "suites/conformance.h"
+
+MIH_CONFORMANCE_SUITES_WITH_BACKEND(PlainLlama, "llama", MIH_PLAIN_MATRIX, "plain");

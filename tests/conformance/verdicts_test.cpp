@@ -1,0 +1,287 @@
+// Every conformance verdict on real evidence (cases of the llama and vlm specs launched once
+// for the whole test binary), and on a copy with one file broken the way a real bug would
+// leave it: each verdict passes on the first and fails on the second, naming what broke. Also:
+// the plain backend's reference equals the Trainer's, and a rank that dies is a transport
+// failure, not a verdict.
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/cli/case_runner.h"
+#include "harness/compare/compare.h"
+#include "harness/compare/verdicts.h"
+#include "harness/session/backend.h"
+#include "tests/support/temp_dir.h"
+
+namespace mih {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using verdicts::CaseEvidence;
+using verdicts::Quantity;
+using verdicts::Verdict;
+
+// A backend whose rank 0 dies in the first step: the launcher must report it.
+class CrashingBackend : public TrainingBackend {
+ public:
+  void build(const spec::ModelSpec& spec, DeviceMesh& mesh, const ParallelConfig& config, const TrainerOptions& options,
+             TrainingHooks& hooks) override {
+    inner_->build(spec, mesh, config, options, hooks);
+    rank_ = mesh.rank();
+  }
+  StepMetrics step() override {
+    if (rank_ == 0) std::abort();
+    return inner_->step();
+  }
+  int64_t next_step() const override { return inner_->next_step(); }
+  TrainingState state() override { return inner_->state(); }
+  at::Tensor gather_full(const ShardedParameter& p, const std::string& what) override { return inner_->gather_full(p, what); }
+  void save(const fs::path& dir) override { inner_->save(dir); }
+  void load(const fs::path& dir) override { inner_->load(dir); }
+
+ private:
+  std::unique_ptr<TrainingBackend> inner_ = make_trainer_backend();
+  int rank_ = 0;
+};
+MIH_REGISTER_BACKEND(crashing, CrashingBackend);
+
+class VerdictsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(testing::temp_dir("verdicts"));
+    for (const auto& [spec, c] : std::vector<std::pair<std::string, std::string>>{
+             {"llama", "Reference"}, {"llama", "DpShard2"}, {"llama", "DpShard2Ac"}, {"llama", "Tp2"},
+             {"llama", "ResumeDpShard2ToTp2"}, {"vlm", "Reference"}}) {
+      CaseRunOptions o;
+      o.spec = spec;
+      o.case_name = c;
+      o.evidence_root = *root_;
+      const CaseRunResult r = run_case(o);
+      ASSERT_EQ(r.outcome, "ran") << spec << "/" << c << ": " << r.error;
+    }
+  }
+  static void TearDownTestSuite() { delete root_; }
+
+  static fs::path real(const std::string& spec, const std::string& c) { return *root_ / spec / c; }
+  // A copy of a real case directory to break.
+  fs::path copy(const std::string& spec, const std::string& c) {
+    const fs::path to = testing::temp_dir("broken_" + std::to_string(++copies_)) / c;
+    fs::copy(real(spec, c), to, fs::copy_options::recursive);
+    return to;
+  }
+  static json read(const fs::path& f) { return json::parse(std::ifstream(f)); }
+  static void write(const fs::path& f, const json& j) { std::ofstream(f) << j.dump(2); }
+  static std::vector<json> read_lines(const fs::path& f) {
+    std::vector<json> out;
+    std::ifstream in(f);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) out.push_back(json::parse(line));
+    }
+    return out;
+  }
+  static void write_lines(const fs::path& f, const std::vector<json>& rows) {
+    std::ofstream out(f);
+    for (const auto& r : rows) out << r.dump() << "\n";
+  }
+
+  static fs::path* root_;
+  int copies_ = 0;
+};
+fs::path* VerdictsTest::root_ = nullptr;
+
+void expect_fail(const Verdict& v, const std::string& needle) {
+  EXPECT_EQ(v.status, Verdict::Status::kFail) << v.message;
+  EXPECT_THAT(v.message, HasSubstr(needle));
+}
+
+TEST_F(VerdictsTest, FindingsVerdictFailsOnAnErrorFindingOfItsCodes) {
+  EXPECT_TRUE(verdicts::no_error_findings(CaseEvidence(real("llama", "DpShard2")), {"MIH-STRUCT-001"}).passed());
+  const fs::path dir = copy("llama", "DpShard2");
+  json f = read(dir / "check/findings.json");
+  f["findings"].push_back({{"code", "MIH-STRUCT-001"}, {"severity", "error"}, {"owner", "layers.0.mlp.down_proj.weight"},
+                           {"message", "local shape [64, 8] is not the Shard(1) piece"}, {"remediation", "fix it"}});
+  write(dir / "check/findings.json", f);
+  CaseEvidence ev(dir);
+  expect_fail(verdicts::no_error_findings(ev, {"MIH-STRUCT-001"}), "MIH-STRUCT-001 layers.0.mlp.down_proj.weight");
+  EXPECT_TRUE(verdicts::no_error_findings(ev, {"MIH-STRUCT-002"}).passed()) << "another code is not this verdict's";
+}
+
+TEST_F(VerdictsTest, ParityNamesTheFirstDivergentQuantity) {
+  CaseEvidence ref(real("llama", "Reference"));
+  for (Quantity q : {Quantity::kInput, Quantity::kLoss, Quantity::kGradNorms, Quantity::kLr, Quantity::kTensors}) {
+    EXPECT_TRUE(verdicts::parity(ref, CaseEvidence(real("llama", "DpShard2")), q, 1e-10).passed());
+  }
+  const fs::path dir = copy("llama", "DpShard2");
+  auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
+  rows[1]["loss"] = rows[1]["loss"].get<double>() * (1 + 1e-7);
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  auto probes = read_lines(dir / "probes/rank0.jsonl");
+  for (auto& p : probes) {
+    // A small tensor: compared elementwise, from its values.
+    if (p["step"] == 2 && p["stage"] == "after_optimizer") p["tensors"]["norm.weight"]["values"][5] = 1.5;
+    // A large one: compared by its statistics.
+    if (p["step"] == 1 && p["stage"] == "grad_before_clip") {
+      ASSERT_FALSE(p["tensors"]["lm_head.weight"].contains("values"));
+      p["tensors"]["lm_head.weight"]["sketch"][2] = p["tensors"]["lm_head.weight"]["sketch"][2].get<double>() + 1e-4;
+    }
+  }
+  write_lines(dir / "probes/rank0.jsonl", probes);
+  CaseEvidence ev(dir);
+  expect_fail(verdicts::parity(ref, ev, Quantity::kLoss, 1e-10), "metric 'loss' at step 1");
+  expect_fail(verdicts::parity(ref, ev, Quantity::kTensors, 1e-10), "parameter 'lm_head.weight' at step 1, stage grad_before_clip");
+  EXPECT_THAT(verdicts::parity(ref, ev, Quantity::kTensors, 1e-10).message, HasSubstr("the next: norm.weight at step 2, after_optimizer"));
+  EXPECT_TRUE(verdicts::parity(ref, ev, Quantity::kGradNorms, 1e-10).passed());
+  EXPECT_TRUE(verdicts::parity(ref, ev, Quantity::kLoss, 1e-6).passed()) << "within a looser tolerance";
+}
+
+TEST_F(VerdictsTest, InputIdentityNamesTheFieldThatDiffers) {
+  CaseEvidence ref(real("llama", "Reference"));
+  EXPECT_TRUE(verdicts::same_inputs_as_reference(ref, CaseEvidence(real("llama", "DpShard2"))).passed());
+  const fs::path dir = copy("llama", "DpShard2");
+  auto rows = read_lines(dir / "data/input_identity.jsonl");
+  rows[0]["global"] = "0000";
+  rows[0]["fields"]["labels"] = "0000";
+  write_lines(dir / "data/input_identity.jsonl", rows);
+  expect_fail(verdicts::same_inputs_as_reference(ref, CaseEvidence(dir)), "in field(s) labels");
+}
+
+TEST_F(VerdictsTest, FsdpUnitsMustCoverEveryShardedParameter) {
+  EXPECT_TRUE(verdicts::fsdp_units_cover_parameters(CaseEvidence(real("llama", "DpShard2"))).passed());
+  EXPECT_EQ(verdicts::fsdp_units_cover_parameters(CaseEvidence(real("llama", "Reference"))).status, Verdict::Status::kSkip);
+  const fs::path dir = copy("llama", "DpShard2");
+  json units = read(dir / "check/fsdp_units.json");
+  auto& params = units["layers.0"]["parameters"];
+  params.erase(params.begin());
+  write(dir / "check/fsdp_units.json", units);
+  expect_fail(verdicts::fsdp_units_cover_parameters(CaseEvidence(dir)), "is in no FSDP unit");
+}
+
+TEST_F(VerdictsTest, CheckpointRoundTripIsBitExact) {
+  EXPECT_TRUE(verdicts::checkpoint_round_trip(CaseEvidence(real("llama", "ResumeDpShard2ToTp2"))).passed());
+  EXPECT_TRUE(verdicts::resume_continues_step_count(CaseEvidence(real("llama", "ResumeDpShard2ToTp2"))).passed());
+  const fs::path dir = copy("llama", "ResumeDpShard2ToTp2");
+  json loaded = read(dir / "checkpoint/roundtrip_load.json");
+  loaded["tensors"]["norm.weight/exp_avg"]["sha256"] = "deadbeef0000";
+  write(dir / "checkpoint/roundtrip_load.json", loaded);
+  expect_fail(verdicts::checkpoint_round_trip(CaseEvidence(dir)), "'norm.weight/exp_avg' is not bit-exact after the load");
+  auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
+  rows.insert(rows.begin(), rows.front());
+  rows.front()["step"] = 0;
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::resume_continues_step_count(CaseEvidence(dir)), "trained steps [0,2], expected [2]");
+}
+
+TEST_F(VerdictsTest, StateInvariantsAndModuleParityNameTheFailedOne) {
+  CaseEvidence ref(real("llama", "Reference"));
+  EXPECT_TRUE(verdicts::state_invariants(ref).passed());
+  EXPECT_TRUE(verdicts::module_parity(ref).passed());
+  EXPECT_EQ(verdicts::module_parity(CaseEvidence(real("llama", "DpShard2"))).status, Verdict::Status::kSkip);
+  const fs::path dir = copy("llama", "Reference");
+  json inv = read(dir / "check/invariants_structure.json");
+  const std::string name = inv.begin().key();
+  inv[name]["passed"] = false;
+  write(dir / "check/invariants_structure.json", inv);
+  json parity = read(dir / "check/module_parity.json");
+  const std::string pc = parity.begin().key();
+  parity[pc] = {{"passed", false}, {"facts", {{"max_abs_error", 0.5}}}};
+  write(dir / "check/module_parity.json", parity);
+  CaseEvidence ev(dir);
+  expect_fail(verdicts::state_invariants(ev), "invariant '" + name + "' failed");
+  expect_fail(verdicts::module_parity(ev), "module parity case '" + pc + "' failed: {\"max_abs_error\":0.5}");
+}
+
+TEST_F(VerdictsTest, ModalityGradientsFailOnAModalityWithoutGradient) {
+  EXPECT_EQ(verdicts::modality_gradients(CaseEvidence(real("llama", "Reference"))).status, Verdict::Status::kSkip);
+  EXPECT_TRUE(verdicts::modality_gradients(CaseEvidence(real("vlm", "Reference"))).passed());
+  const fs::path dir = copy("vlm", "Reference");
+  json f = read(dir / "check/findings.json");
+  f["findings"].push_back({{"code", "MIH-MODAL-001"}, {"severity", "error"}, {"owner", "vision_tower.patch_embed.weight"},
+                           {"message", "no gradient"}, {"remediation", "r"}});
+  write(dir / "check/findings.json", f);
+  expect_fail(verdicts::modality_gradients(CaseEvidence(dir)), "vision_tower.patch_embed.weight");
+  fs::remove(dir / "cases/runtime/modality_gradients_step1.json");
+  f["findings"].erase(f["findings"].size() - 1);
+  write(dir / "check/findings.json", f);
+  expect_fail(verdicts::modality_gradients(CaseEvidence(dir)), "no modality gradient evidence for step 1");
+}
+
+TEST_F(VerdictsTest, ActivationCheckpointMustBeOnWhenAsked) {
+  EXPECT_TRUE(verdicts::activation_checkpoint_enabled(CaseEvidence(real("llama", "DpShard2Ac"))).passed());
+  EXPECT_EQ(verdicts::activation_checkpoint_enabled(CaseEvidence(real("llama", "DpShard2"))).status, Verdict::Status::kSkip);
+  const fs::path dir = copy("llama", "DpShard2Ac");
+  write(dir / "check/activation_checkpoint.json", {{"enabled", false}, {"regions", {"layers.0"}}});
+  expect_fail(verdicts::activation_checkpoint_enabled(CaseEvidence(dir)), "ran without it");
+}
+
+TEST_F(VerdictsTest, CommVolumeMatchesTheConfig) {
+  for (const char* c : {"Reference", "DpShard2", "DpShard2Ac", "Tp2", "ResumeDpShard2ToTp2"}) {
+    const Verdict v = verdicts::comm_volume(CaseEvidence(real("llama", c)));
+    EXPECT_TRUE(v.passed()) << c << ": " << v.message;
+  }
+  const fs::path dir = copy("llama", "DpShard2");
+  auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
+  const auto original = rows;
+  rows[1]["comm_bytes"]["dp_shard"] = rows[1]["comm_bytes"]["dp_shard"].get<int64_t>() / 2;  // a reduce-scatter skipped
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::comm_volume(CaseEvidence(dir)), "axis dp_shard moved");
+  rows = original;
+  rows[0]["comm_bytes"]["tp"] = 64;
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::comm_volume(CaseEvidence(dir)), "axis tp has degree 1 and moved 64 bytes");
+}
+
+TEST_F(VerdictsTest, MissingOrForeignEvidenceIsAClearError) {
+  const fs::path dir = copy("llama", "DpShard2");
+  fs::remove(dir / "check/findings.json");
+  try {
+    (void)verdicts::no_error_findings(CaseEvidence(dir), {"MIH-STRUCT-001"});
+    ADD_FAILURE() << "no error for a missing findings.json";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("check/findings.json is missing"));
+  }
+  EXPECT_THROW(CaseEvidence(dir / "nope"), Error);
+}
+
+TEST_F(VerdictsTest, PlainBackendReproducesTheTrainerReference) {
+  // The plain loop (its own optimizer groups, micro-batching and clip_grad_norm_) against the
+  // Trainer on the same spec: every quantity within the float64 oracle tolerance.
+  const fs::path plain_root = testing::temp_dir("plain");
+  CaseRunOptions o;
+  o.spec = "llama";
+  o.case_name = "Reference";
+  o.evidence_root = plain_root;
+  o.backend = "plain";
+  const CaseRunResult r = run_case(o);
+  ASSERT_EQ(r.outcome, "ran") << r.error;
+  CompareOptions co;
+  co.tolerance = 1e-10;
+  const Comparison c = compare_evidence(real("llama", "Reference"), r.evidence, co);
+  EXPECT_TRUE(c.passed()) << c.summary();
+  EXPECT_GT(c.compared, 100);
+  o.case_name = "DpShard2";
+  EXPECT_THROW(run_case(o), Error) << "the plain backend cannot run 2 ranks; rejected before any rank starts";
+}
+
+TEST_F(VerdictsTest, ADeadRankIsATransportFailureNotAVerdict) {
+  CaseRunOptions o;
+  o.spec = "llama";
+  o.case_name = "DpShard2";
+  o.evidence_root = testing::temp_dir("crash");
+  o.backend = "crashing";
+  const CaseRunResult r = run_case(o);
+  EXPECT_EQ(r.outcome, "transport_failure");
+  EXPECT_THAT(r.error, HasSubstr("rank 0"));
+  EXPECT_NE(r.code, Code::kOk);
+  EXPECT_EQ(read(r.evidence / "case_run.json")["outcome"], "transport_failure");
+}
+
+}  // namespace
+}  // namespace mih
