@@ -2,6 +2,13 @@
 // run_case, so that linking run_case links the registration too.
 #include "harness/cli/case_runner.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
@@ -53,6 +60,27 @@ nlohmann::json run_module_parity(const spec::ModelSpec& s) {
   return out;
 }
 
+// Seconds since this process was exec'd (/proc/self/stat starttime against the uptime):
+// the cost of starting a rank (loading libtorch) before run_phase runs. -1 if unreadable.
+double seconds_since_exec() {
+  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  double up = 0;
+  if (close == std::string::npos || !(uptime >> up)) return -1;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i < 22 && rest >> field; ++i) {
+  }
+  unsigned long long start_ticks = 0;
+  if (!(rest >> start_ticks)) return -1;
+  return up - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
 // resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
 int run_phase(WorkerContext& ctx) {
@@ -63,19 +91,34 @@ int run_phase(WorkerContext& ctx) {
   const fs::path evidence = ctx.option("evidence");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
   const ParallelConfig config = phase == "save" ? *c.save_config : c.config;
+  // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
+  // into case_run.json): process start, rendezvous, model build with the attach checks,
+  // steps, and the end (checkpoint hashes, parity cases, findings).
+  nlohmann::json timing = {{"process_start_s", seconds_since_exec()}};
+  auto t = std::chrono::steady_clock::now();
   DeviceMesh mesh = ctx.build_mesh(config.dims());
+  timing["rendezvous_s"] = since(t);
   SessionOptions so;
   so.mode = SessionMode::kRuntime;
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
   so.trainer = s.data.apply_sharding(TrainerOptions());
+  if (c.device == "cuda") {
+    // One GPU per rank (launch with `mih worker --backend nccl` under torchrun or srun).
+    const char* local = std::getenv("LOCAL_RANK");
+    const char* slurm = std::getenv("SLURM_LOCALID");
+    const int local_rank = std::atoi(local ? local : slurm ? slurm : "0");
+    so.trainer.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank)));
+  }
   so.environment = {{"case", c}, {"phase", phase}, {"matrix", matrix.name}, {"backend", c.backend},
                     {"training_backend", ctx.option("backend")}};
   ValidationSession session(s, so, mesh);
   const bool rank0 = mesh.rank() == 0;
   try {
     std::unique_ptr<TrainingBackend> backend = BackendRegistry::instance().make(ctx.option("backend"));
+    t = std::chrono::steady_clock::now();
     backend->build(s, mesh, config, so.trainer, session);
+    timing["build_s"] = since(t);
     if (phase == "load") {
       backend->load(evidence / "checkpoint");
       nlohmann::json hashes = tensor_hashes(*backend);
@@ -83,7 +126,10 @@ int run_phase(WorkerContext& ctx) {
       if (rank0) EvidenceDir(evidence).write_json("checkpoint/roundtrip_load.json", hashes);
     }
     const int64_t steps = phase == "save" ? c.resume_at : phase == "load" ? c.steps - c.resume_at : c.steps;
+    t = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) backend->step();
+    timing["steps_s"] = since(t);
+    t = std::chrono::steady_clock::now();
     if (phase == "save") {
       backend->save(evidence / "checkpoint");
       const nlohmann::json hashes = tensor_hashes(*backend);
@@ -97,6 +143,11 @@ int run_phase(WorkerContext& ctx) {
     EvidenceDir(evidence).write_json("check/module_parity.json", run_module_parity(s));
   }
   session.finish();
+  timing["end_s"] = since(t);
+  double session_s = 0;  // the checks and probes inside build and steps
+  for (const auto& row : session.metrics()) session_s += row.value("session_ms", 0.0) / 1e3;
+  timing["session_s"] = session_s;
+  EvidenceDir(evidence / "run" / phase).write_json("timing_rank" + std::to_string(mesh.rank()) + ".json", timing);
   return 0;
 }
 
@@ -175,7 +226,26 @@ CaseRunResult run_case(const CaseRunOptions& o) {
     result.error = r.report();
     result.code = r.code();
   }
+  // Rank 0's time by kind, over the phases: process start, rendezvous, training (build and
+  // steps less the session's checks), checks (the session's, and the end of the run), and
+  // the rest of the launch wall time (spawn, teardown, the launcher's waits).
+  nlohmann::json timing = {{"process_start_s", 0.0}, {"rendezvous_s", 0.0}, {"training_s", 0.0}, {"checks_s", 0.0}};
+  for (const char* phase : {"train", "save", "load"}) {
+    nlohmann::json rank0;
+    std::string text;
+    if (!read_file(result.evidence / "run" / phase / "timing_rank0.json", &text)) continue;
+    rank0 = nlohmann::json::parse(text, nullptr, false);
+    if (rank0.is_discarded()) continue;
+    timing["process_start_s"] = timing["process_start_s"].get<double>() + rank0.value("process_start_s", 0.0);
+    timing["rendezvous_s"] = timing["rendezvous_s"].get<double>() + rank0.value("rendezvous_s", 0.0);
+    timing["training_s"] = timing["training_s"].get<double>() + rank0.value("build_s", 0.0) +
+                           rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
+    timing["checks_s"] = timing["checks_s"].get<double>() + rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
+  }
+  timing["other_s"] = result.seconds - timing["process_start_s"].get<double>() - timing["rendezvous_s"].get<double>() -
+                      timing["training_s"].get<double>() - timing["checks_s"].get<double>();
   record.update({{"seconds", result.seconds},
+                 {"timing", timing},
                  {"launch_seconds", result.launch_seconds},
                  {"state", result.state},
                  {"outcome", result.outcome},

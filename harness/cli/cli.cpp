@@ -326,13 +326,12 @@ int cli_main(int argc, char** argv) {
       "--verify-only (assert on evidence produced elsewhere, launch nothing), --case-timeout S, --no-progress, "
       "and any --gtest_* flag (e.g. --gtest_filter='Llama/*.*/Tp2Sp').");
   test_cmd->prefix_command();
-  std::string check_target;
   CLI::App* check_cmd = app.add_subcommand(
       "check",
-      "Assert the conformance suites on existing evidence without launching anything: a case directory "
-      "(<root>/<spec>/<case>) or a whole run root. Exit 1 when a suite fails.");
-  check_cmd->add_option("evidence", check_target, "case directory or run root")->required();
-  check_cmd->allow_extras();
+      "mih check <evidence> [--gtest_* ...]: assert the conformance suites on existing evidence without "
+      "launching anything: a case directory (<root>/<spec>/<case>) or a whole run root. Exit 1 when a suite "
+      "fails, 12 when evidence is missing or of another run.");
+  check_cmd->prefix_command();
 
   std::string report_root, report_format = "md", report_out;
   CLI::App* report_cmd = app.add_subcommand(
@@ -377,8 +376,13 @@ int cli_main(int argc, char** argv) {
     }
     if (test_cmd->parsed()) return run_conformance(test_cmd->remaining());
     if (check_cmd->parsed()) {
-      std::vector<std::string> args = {"--check", check_target};
-      for (const auto& a : check_cmd->remaining()) args.push_back(a);
+      const std::vector<std::string> rest = check_cmd->remaining();
+      if (rest.empty() || rest[0].rfind("-", 0) == 0) {
+        std::fprintf(stderr, "mih check: give the evidence to check first: a case directory or a run root\n");
+        return 2;
+      }
+      std::vector<std::string> args = {"--check"};
+      args.insert(args.end(), rest.begin(), rest.end());
       return run_conformance(args);
     }
     if (report_cmd->parsed()) {

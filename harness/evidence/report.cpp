@@ -153,6 +153,11 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     take(j, "error", &c->error, case_run, &c->problems);
     take(j, "world_size", &c->world_size, case_run, &c->problems);
     take(j, "seconds", &c->seconds, case_run, &c->problems);
+    if (j.contains("timing") && j["timing"].is_object()) {
+      for (const auto& [k, v] : j["timing"].items()) {
+        if (v.is_number()) c->timing[k] = v.get<double>();
+      }
+    }
   }
   const fs::path state = dir / "integration_state.json";
   if (read_json_object(state, &j, &c->problems)) {
@@ -397,6 +402,31 @@ std::string md_cell(std::string_view raw) {
   return out;
 }
 
+// Where the launches' time went: rank 0's time by kind summed over the cases launched.
+std::string time_section(const RunResults& run) {
+  std::map<std::string, double> sum;
+  double launches = 0;
+  int n = 0;
+  for (const CaseResult& c : run.cases) {
+    if (c.timing.empty()) continue;
+    ++n;
+    launches += c.seconds;
+    for (const auto& [k, v] : c.timing) sum[k] += v;
+  }
+  if (n == 0 || launches <= 0) return "";
+  std::string out = "\n## Time\n\n" + std::to_string(n) + " case launches, " + fixed(launches, 1) +
+                    " s in all (rank 0's time by kind):\n\n| | s | share |\n|---|---|---|\n";
+  for (const auto& [key, title] : std::vector<std::pair<std::string, std::string>>{
+           {"process_start_s", "process start (exec to main: libtorch load)"},
+           {"rendezvous_s", "rendezvous and mesh"},
+           {"training_s", "training (build and steps, less the checks)"},
+           {"checks_s", "checks and probes (the validation session)"},
+           {"other_s", "spawn, teardown, launcher"}}) {
+    out += "| " + title + " | " + fixed(sum[key], 1) + " | " + fixed(100 * sum[key] / launches, 0) + "% |\n";
+  }
+  return out;
+}
+
 std::string render_markdown(const RunResults& run) {
   std::string out = "# Conformance report: " + md_code(run.root.string()) + "\n\n" + totals_line(run) + "\n";
   const auto tables = spec_tables(run);
@@ -421,6 +451,7 @@ std::string render_markdown(const RunResults& run) {
     }
   }
   if (run.tests.empty()) out += "\nNo test has finished in this run.\n";
+  out += time_section(run);
   if (run.failed() > 0) {
     out += "\n## Failures\n";
     for (const TestResult& t : run.tests) {

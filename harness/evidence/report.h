@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct CaseResult {
   std::string error;       ///< why the case did not run to the end
   int world_size = 0;
   double seconds = 0;
+  /// Rank 0's launch time by kind, seconds: process_start_s, rendezvous_s, training_s,
+  /// checks_s, other_s (case_run.json "timing").
+  std::map<std::string, double> timing;
   // integration_state.json
   std::string state;         ///< "STRUCTURE_VALIDATED", "FAILED", ...
   std::string state_reason;  ///< the state's `reason`

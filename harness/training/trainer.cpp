@@ -124,6 +124,7 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   po.param_dtype = config_.dtype;
   po.cp_layout = config_.cp_layout;
   po.activation_checkpointing = config_.activation_checkpointing;
+  po.device = options_.device();
   context_ = std::make_unique<ParallelContext>(mesh, po);
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");

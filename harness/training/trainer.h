@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json_fwd.hpp>
 #include <torch/arg.h>
@@ -100,6 +101,9 @@ struct TrainerOptions {
   /// Batch::fields every cp rank receives whole (e.g. pixel_values). A field in neither list
   /// is an error when cp > 1, so no field is silently left unsharded.
   TORCH_ARG(std::vector<std::string>, cp_replicated_fields) = {};
+  /// Device of the parameters and of compute (a CUDA case: cuda:<LOCAL_RANK>, with the NCCL
+  /// backend). Default: CPU.
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 };
 
 /// What one step measured.

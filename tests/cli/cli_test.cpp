@@ -21,6 +21,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct CliRun {
   int status = -1;
@@ -229,6 +230,69 @@ TEST(CliSelftestTest, LauncherTemplateThatStartsNoRankFails) {
   EXPECT_EQ(run.status, exit_status(Code::kAborted)) << run.output;
   EXPECT_THAT(run.output, HasSubstr("never reported completion"));
   EXPECT_THAT(run.output, ::testing::Not(HasSubstr("selftest.json")));
+}
+
+
+// The conformance runner end to end: one case's suites (its reference launched too), the
+// results, verify-only on the same root, the reports, and each kind of bad input with its
+// exit status.
+TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
+  const std::filesystem::path root = testing::temp_dir("cli_conformance");
+  const std::string r = " --evidence-root " + root.string();
+  CliRun run = mih("test" + r + " --gtest_filter='Llama/*.*/Tp2Sp' --gtest_brief=1");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("llama/Reference: launching 1 rank(s)"));
+  EXPECT_THAT(run.output, HasSubstr("llama/Tp2Sp: launching 2 rank(s)"));
+  const auto results = jsonl(root / "results.jsonl");
+  ASSERT_EQ(results.size(), 40u);  // every TEST_P of the 16 suites, on one case
+  int passed = 0;
+  for (const auto& line : results) passed += line["status"] == "passed";
+  EXPECT_GE(passed, 25);
+
+  // Verify-only: the same suites on the evidence, nothing launched.
+  CliRun check = mih("check " + (root / "llama/Tp2Sp").string());
+  EXPECT_EQ(check.status, 0) << check.output;
+  EXPECT_THAT(check.output, Not(HasSubstr("launching")));
+  EXPECT_THAT(check.output, HasSubstr("(verify-only)"));
+
+  for (const char* format : {"md", "junit", "html"}) {
+    const std::filesystem::path out = root / (std::string("report.") + format);
+    CliRun report = mih("report " + root.string() + " --format " + format + " -o " + out.string());
+    EXPECT_EQ(report.status, 0) << report.output;
+    EXPECT_TRUE(std::filesystem::exists(out)) << out;
+  }
+  const std::string schema = std::string(MIH_TEST_SOURCE_DIR) + "/../evidence/junit.xsd";
+  EXPECT_EQ(std::system(("xmllint --noout --schema " + schema + " " + (root / "report.junit").string() + " 2>/dev/null").c_str()), 0);
+
+  // A case directory that holds another case: evidence of another run.
+  std::filesystem::copy(root / "llama/Tp2Sp", root / "llama/Cp2Zz", std::filesystem::copy_options::recursive);
+  CliRun foreign = mih("test --verify-only" + r + " --gtest_filter='Llama/*.*/Cp2Zz' --gtest_brief=1");
+  EXPECT_EQ(foreign.status, exit_status(Code::kFailedPrecondition)) << foreign.output;
+  EXPECT_THAT(foreign.output, HasSubstr("holds case 'Tp2Sp', not 'Cp2Zz'"));
+  // A missing evidence file.
+  std::filesystem::remove(root / "llama/Tp2Sp/check/findings.json");
+  CliRun missing = mih("check " + (root / "llama/Tp2Sp").string() + " --gtest_brief=1");
+  EXPECT_EQ(missing.status, exit_status(Code::kFailedPrecondition)) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("check/findings.json is missing"));
+  // No evidence for a case in verify-only.
+  CliRun absent = mih("test --verify-only" + r + " --gtest_filter='Vlm/*.*/Tp2' --gtest_brief=1");
+  EXPECT_EQ(absent.status, exit_status(Code::kFailedPrecondition)) << absent.output;
+  EXPECT_THAT(absent.output, HasSubstr("verify-only: no evidence for case vlm/"));
+  // An unknown preset and a malformed matrix file: bad input before any test runs.
+  CliRun preset = mih("test --matrix gpu-smoke" + r);
+  EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
+  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'"));
+  const std::filesystem::path bad = root / "bad_matrix.json";
+  write_file_atomic(bad, "{\"name\": \"x\", \"cases\": [{\"dp_shard\": 2,}]}");
+  CliRun malformed = mih("test --matrix " + bad.string() + r);
+  EXPECT_EQ(malformed.status, exit_status(Code::kInvalidSpec)) << malformed.output;
+  EXPECT_THAT(malformed.output, HasSubstr(bad.string()));
+  CliRun unknown_case = mih("run --spec gpt2 --case Reference" + r);
+  EXPECT_EQ(unknown_case.status, exit_status(Code::kInvalidSpec)) << unknown_case.output;
+  EXPECT_THAT(unknown_case.output, HasSubstr("unknown spec 'gpt2'"));
+  CliRun no_results = mih("report " + (root / "llama").string());
+  EXPECT_EQ(no_results.status, exit_status(Code::kFailedPrecondition)) << no_results.output;
+  EXPECT_THAT(no_results.output, HasSubstr("results.jsonl"));
 }
 
 }  // namespace
