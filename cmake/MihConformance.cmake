@@ -14,6 +14,12 @@
 #   (the test `<name>/fresh` empties the root first) and a case's reference is launched by
 #   whichever test needs it first. PREFIXES restricts the binary's tests to these
 #   MIH_CONFORMANCE_SUITES registrations (when DEPS link spec files registering others).
+#   A relative PRESET that names a file of the calling folder is made absolute (the tests
+#   run in the build folder).
+#
+# In the build these come from cmake/ and the source tree; an outside project gets them from
+# find_package(mih), which sets MIH_CMAKE_DIR, MIH_CONFORMANCE_MAIN and MIH_SUITES_TARGET
+# (mih::suites) before including this file (cmake/mihConfig.cmake.in).
 #
 # mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s])
 #   The ctest registration alone, for a binary made otherwise (the mih command).
@@ -28,6 +34,9 @@ function(mih_register_conformance_tests target)
   endif()
   set(root "${CMAKE_BINARY_DIR}/mih-evidence/${ARG_NAME}")
   set(matrix_args "")
+  if(ARG_PRESET AND NOT IS_ABSOLUTE "${ARG_PRESET}" AND EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/${ARG_PRESET}")
+    set(ARG_PRESET "${CMAKE_CURRENT_SOURCE_DIR}/${ARG_PRESET}")
+  endif()
   if(ARG_PRESET)
     set(matrix_args "--matrix;${ARG_PRESET}")
   endif()

@@ -1,41 +1,18 @@
 # Finds every external dependency once and exposes it as an imported target, so that linking
 # a target is the only way to use one (their headers are then SYSTEM and our -Werror stays
-# quiet). Sets MIH_WITH_GLOO and MIH_WITH_NCCL for harness/compat.
+# quiet): cmake/MihFindDependencies.cmake, shared with the installed package. Sets
+# MIH_WITH_GLOO and MIH_WITH_NCCL for harness/compat.
 #
 # Debian 12: apt-get install libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
-#            libgtest-dev libssl-dev (scripts/lib/deps.sh does this).
+#            libgtest-dev libssl-dev libstb-dev (mih_ensure_packages of scripts/lib/common.sh
+#            does this).
 # libtorch 2.x (pip wheel): -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 # Header-only libraries missing on a machine can be pointed at with
 # -DMIH_EXTRA_INCLUDE_DIR=<dir holding nlohmann/ and CLI/>.
 
-set(MIH_EXTRA_INCLUDE_DIR "" CACHE PATH "Extra include dir searched for nlohmann/json.hpp and CLI/CLI.hpp")
-
-find_package(Threads REQUIRED)
-find_package(Torch REQUIRED)
+# The imported targets (also what the installed package's mihConfig.cmake recreates).
+include(MihFindDependencies)
 message(STATUS "mih: libtorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
-
-# Header-only dependency: the package's config target, else a header in MIH_EXTRA_INCLUDE_DIR.
-function(mih_find_header_only pkg target header)
-  find_package(${pkg} CONFIG QUIET)
-  if(TARGET ${target})
-    return()
-  endif()
-  find_path(_mih_${pkg}_dir "${header}" HINTS "${MIH_EXTRA_INCLUDE_DIR}")
-  if(NOT _mih_${pkg}_dir)
-    message(FATAL_ERROR "mih: ${pkg} not found (need ${header}); on Debian run "
-                        "scripts/lib/deps.sh, or pass -DMIH_EXTRA_INCLUDE_DIR=<dir>")
-  endif()
-  add_library(${target} INTERFACE IMPORTED GLOBAL)
-  set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_mih_${pkg}_dir}")
-endfunction()
-mih_find_header_only(nlohmann_json nlohmann_json::nlohmann_json nlohmann/json.hpp)
-mih_find_header_only(CLI11 CLI11::CLI11 CLI/CLI.hpp)
-
-# OpenSSL: SHA-256 of inputs and evidence (harness/base/sha256.h).
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
-# GoogleTest: the conformance suites are GoogleTest tests, so every conformance binary (the
-# mih command included) links it, not only the harness's own tests.
-find_package(GTest REQUIRED)
 
 # Gloo: Debian ships its headers (libgloo-dev); pip wheels do not (GLOO_INSTALL OFF), so the
 # Gloo factory compiles only where the headers are found. See libtorch_compat.md section 1.6.

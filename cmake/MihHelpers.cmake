@@ -9,8 +9,9 @@
 #
 # mih_add_library(<name> [OBJECT] [PCH] SRCS <files...> [LIGHT_SRCS <files...>] [DEPS <targets...>]
 #                 [PRIVATE_DEPS <targets...>] [DEFINES <defs...>])
-#   Creates target `mih_<name>` with alias `mih::<name>`. DEPS are PUBLIC (a dependent gets
-#   them), PRIVATE_DEPS are not. OBJECT makes an object library: use it for specs/ and
+#   Creates target `mih_<name>` with alias `mih::<name>`, installed and exported as
+#   `mih::<name>` too (cmake/MihInstall.cmake). DEPS are PUBLIC (a dependent gets them),
+#   PRIVATE_DEPS are not. OBJECT makes an object library: use it for specs/ and
 #   suites/, whose GoogleTest registrations a static archive would silently drop. PCH
 #   reuses the shared precompiled header (torch, json) for the target's sources except
 #   LIGHT_SRCS: sources that include no torch header compile faster without it.
@@ -63,8 +64,12 @@ function(mih_add_library name)
     set_source_files_properties(${ARG_LIGHT_SRCS} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   endif()
   add_library(mih::${name} ALIAS mih_${name})
+  set_target_properties(mih_${name} PROPERTIES EXPORT_NAME ${name})
+  set_property(GLOBAL APPEND PROPERTY MIH_PACKAGE_TARGETS mih_${name})
   mih_target_defaults(mih_${name})
-  target_include_directories(mih_${name} PUBLIC "${PROJECT_SOURCE_DIR}")
+  # `#include "harness/..."` from the source tree, and from <prefix>/include once installed.
+  target_include_directories(mih_${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                                $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(mih_${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   if(ARG_DEFINES)
     target_compile_definitions(mih_${name} PRIVATE ${ARG_DEFINES})

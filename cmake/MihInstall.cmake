@@ -1,0 +1,41 @@
+# The installed CMake package, so that an outside project can use mih: `cmake --install build
+# --prefix <p>` installs every mih_add_library target (static archives; the OBJECT libraries'
+# object files, whose GoogleTest and spec registrations an archive would drop), the headers,
+# the `mih` command, suites/conformance_main.cpp and <p>/lib/cmake/mih/mihConfig.cmake.
+#
+# How an outside project uses it (tests/external_project is one, run by the ctest test
+# `external_project`):
+#   find_package(mih REQUIRED)      # configured with -DCMAKE_PREFIX_PATH=<p>
+#   enable_testing()
+#   mih_add_conformance_suite(my_port_conformance SPECS my_spec.cpp PRESET matrix.json)
+# Targets are exported as mih::<name> (mih::suites, mih::spec, mih::parallel ...; the command
+# is mih::mih). The shared precompiled header stays in the build: PRIVATE precompiled headers
+# are not exported and mih_pch is not installed.
+include(CMakePackageConfigHelpers)
+
+set(MIH_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/mih")
+set(MIH_INSTALL_DATADIR "${CMAKE_INSTALL_DATADIR}/mih")
+
+get_property(_mih_package_targets GLOBAL PROPERTY MIH_PACKAGE_TARGETS)
+install(TARGETS ${_mih_package_targets} mih EXPORT mihTargets
+  ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}"
+  OBJECTS DESTINATION "${CMAKE_INSTALL_LIBDIR}/mih/objects"
+  RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(EXPORT mihTargets NAMESPACE mih:: DESTINATION "${MIH_INSTALL_CMAKEDIR}")
+
+# Headers keep the source layout: #include "harness/..." and "suites/conformance.h".
+install(DIRECTORY harness/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/harness" FILES_MATCHING PATTERN "*.h")
+install(DIRECTORY reference_models/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/reference_models" FILES_MATCHING PATTERN "*.h")
+install(FILES specs/spec_support.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/specs")
+install(FILES suites/conformance.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
+install(FILES suites/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
+install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
+
+configure_package_config_file(cmake/mihConfig.cmake.in "${PROJECT_BINARY_DIR}/mihConfig.cmake"
+  INSTALL_DESTINATION "${MIH_INSTALL_CMAKEDIR}"
+  PATH_VARS MIH_INSTALL_DATADIR)
+write_basic_package_version_file("${PROJECT_BINARY_DIR}/mihConfigVersion.cmake"
+  COMPATIBILITY SameMinorVersion)  # 0.x: a minor version may break the spec API
+install(FILES "${PROJECT_BINARY_DIR}/mihConfig.cmake" "${PROJECT_BINARY_DIR}/mihConfigVersion.cmake"
+              cmake/MihFindDependencies.cmake cmake/MihConformance.cmake cmake/MihDiscoverCases.cmake
+        DESTINATION "${MIH_INSTALL_CMAKEDIR}")
