@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/activation_checkpoint.h"
 #include "harness/parallel/context_parallel.h"
 
@@ -59,12 +60,14 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
 
 LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
   const int64_t h = o.hidden_size(), d = h / o.num_heads();
-  auto column = [&](int64_t out) { return ColumnParallelLinearOptions(h, out).bias(false).init_std(o.init_std()); };
+  auto column = [&](int64_t out) {
+    return ColumnParallelLinearOptions(h, out).bias(o.attention_bias()).init_std(o.init_std());
+  };
   q_proj = register_module("q_proj", ColumnParallelLinear(ctx, column(o.num_heads() * d)));
   k_proj = register_module("k_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
   v_proj = register_module("v_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
   o_proj = register_module("o_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.num_heads() * d, h)
-                                                                 .bias(false)
+                                                                 .bias(o.attention_bias())
                                                                  .init_std(o.init_std())));
 }
 
@@ -83,8 +86,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 
 LlamaMlpImpl::LlamaMlpImpl(ParallelContext& ctx, const LlamaOptions& o) {
   gate_up_proj = register_module(
+      // F09 (FAULTS.md): the fused [gate; up] split over tp as one block, so one rank holds all
+      // of gate and the other all of up.
       "gate_up_proj", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden_size(), 2 * o.intermediate_size())
-                                                    .partitions(2)
+                                                    .partitions(fault::active(fault::Fault::kF09) ? 1 : 2)
                                                     .bias(false)
                                                     .init_std(o.init_std())));
   down_proj = register_module("down_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.intermediate_size(), o.hidden_size())
@@ -111,8 +116,11 @@ at::Tensor MoeExpertImpl::forward(const at::Tensor& x) {
 
 MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string name)
     : ctx_(&ctx), o_(o), name_(std::move(name)) {
+  // F02 (FAULTS.md): the router's gradient, partial over tp under sequence parallelism (each tp
+  // rank routes its own tokens), not marked so: it is never all-reduced.
+  const bool router_partial = ctx.sequence_parallel() && !fault::active(fault::Fault::kF02);
   router = register_parameter(
-      "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), ctx.sequence_parallel())));
+      "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), router_partial)));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < o.num_experts(); ++e) experts->push_back(MoeExpert(ctx, o));
 }
@@ -148,11 +156,15 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   // Published once per forward: the activation-checkpoint recompute reads the forward's
   // value instead of publishing again (a second publication is finding MIH-SHARED-004).
   const std::string counts_key = name_ + ".expert_counts";
-  if (!in_recompute()) ctx_->shared_state().publish(counts_key, global_counts, name_);
+  // F13 (FAULTS.md): the guard missing, so the recompute publishes the statistics again.
+  if (!in_recompute() || fault::active(fault::Fault::kF13)) ctx_->shared_state().publish(counts_key, global_counts, name_);
   const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_);  // by its balancing loss
   const double global_tokens = static_cast<double>(n * replicas_of_tokens);
   at::Tensor fraction = routed.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
-  at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / global_tokens;
+  // F20 (FAULTS.md): this rank's share normalized by its own tokens, so the shares of the dp
+  // ranks add up to dp times the loss (summed instead of averaged over dp).
+  const double normalizer = fault::active(fault::Fault::kF20) ? static_cast<double>(n) : global_tokens;
+  at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / normalizer;
   if (!in_recompute()) {
     last_expert_counts = global_counts.cpu();
     last_aux_loss = aux.item<double>();
@@ -192,9 +204,21 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), o.rope_theta()));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_layers(); ++i) layers->push_back(LlamaDecoderLayer(ctx, o, i));
-  norm = register_module("norm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
+  // F01 (FAULTS.md): the final norm built without sequence parallelism in mind: its weight
+  // gradient, partial over tp under SP, is never all-reduced.
+  norm = register_module("norm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps(),
+                                         /*sequence_parallel_grad=*/!fault::active(fault::Fault::kF01)));
   auto head = ColumnParallelLinearOptions(o.hidden_size(), o.vocab_size()).bias(false).pad_to_tp(true).init_std(o.init_std());
-  lm_head = o.tie_word_embeddings() ? ColumnParallelLinear(ctx, head, embed_tokens->weight) : ColumnParallelLinear(ctx, head);
+  // F16 (FAULTS.md): the head tied by value (its own parameter, a copy of the embedding's
+  // values, as when tie_weights() runs before sharding replaces the parameters): the two drift
+  // apart from the first step.
+  const bool tie_by_value = o.tie_word_embeddings() && fault::active(fault::Fault::kF16);
+  lm_head = o.tie_word_embeddings() && !tie_by_value ? ColumnParallelLinear(ctx, head, embed_tokens->weight)
+                                                      : ColumnParallelLinear(ctx, head);
+  if (tie_by_value) {
+    at::NoGradGuard no_grad;
+    lm_head->weight.copy_(embed_tokens->weight);
+  }
   register_module("lm_head", lm_head);
 }
 
@@ -227,9 +251,14 @@ at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& b
 at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(batch), batch); }
 
 at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch) {
-  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1), ctx_->tp(),
+  at::Tensor labels = batch.labels;  // shifted by the pipeline (labels[t] = input_ids[t + 1])
+  if (fault::active(fault::Fault::kF06)) {
+    // F06 (FAULTS.md): shifted again, as Hugging Face's causal-LM loss does for unshifted labels.
+    labels = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
+  }
+  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape(-1), ctx_->tp(),
                                       o_.vocab_size())
-      .view_as(batch.labels);
+      .view_as(labels);
 }
 
 at::Tensor LlamaForCausalLM::token_losses(const Batch& batch) { return losses(logits(batch), batch); }

@@ -43,6 +43,9 @@ struct LlamaOptions {
   TORCH_ARG(bool, tie_word_embeddings) = false;
   /// Dropout on the attention context and on each residual branch (training only).
   TORCH_ARG(double, dropout) = 0.0;
+  /// Biases on the q, k, v (column-parallel) and o (row-parallel) projections (Hugging Face
+  /// LlamaConfig.attention_bias; Qwen2 has them on q, k, v).
+  TORCH_ARG(bool, attention_bias) = false;
   /// Standard deviation of the normal init of every projection and the embedding.
   TORCH_ARG(double, init_std) = 0.02;
   /// Layers whose MLP is a mixture of experts (the moe model); empty: dense llama.

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/safetensors.h"
@@ -24,7 +25,7 @@ namespace {
 std::vector<KeyRule> llama_rules(const std::string& internal, const std::string& prefix) {
   const std::string l = internal + R"(layers\.(\d+)\.)";
   const std::string hf = prefix + "model.layers.$1.";
-  return {
+  std::vector<KeyRule> rules = {
       {internal + R"(embed_tokens\.weight)", {prefix + "model.embed_tokens.weight"}},
       {l + R"(input_layernorm\.weight)", {hf + "input_layernorm.weight"}},
       {l + R"(post_attention_layernorm\.weight)", {hf + "post_attention_layernorm.weight"}},
@@ -35,9 +36,12 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
       {l + R"(mlp\.experts\.(\d+)\.gate_up_proj)",
        {hf + "block_sparse_moe.experts.$2.w1.weight", hf + "block_sparse_moe.experts.$2.w3.weight"}},
       {l + R"(mlp\.experts\.(\d+)\.down_proj)", {hf + "block_sparse_moe.experts.$2.w2.weight"}},
-      {internal + R"(norm\.weight)", {prefix + "model.norm.weight"}},
       {internal + R"(lm_head\.weight)", {prefix + "lm_head.weight"}},
   };
+  rules.push_back({l + R"(self_attn\.(q|k|v|o)_proj\.bias)", {hf + "self_attn.$2_proj.bias"}});
+  // F10 (FAULTS.md): the final norm left out of the key map.
+  if (!fault::active(fault::Fault::kF10)) rules.push_back({internal + R"(norm\.weight)", {prefix + "model.norm.weight"}});
+  return rules;
 }
 
 LlamaOptions llama_options() { return LlamaOptions(); }

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 
 namespace mih::models {
 namespace {
@@ -94,6 +95,10 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
               "' (the vlm needs pixel_values and image_token_index; see vlm_batches)");
     return it->second;
   };
+  // As Hugging Face's vision-language models do, a batch without pixel_values runs text-only:
+  // the placeholder tokens keep their token embeddings (which is why a dropped image field
+  // trains on silently, and the harness checks the forward fields).
+  if (!batch.fields.count("pixel_values")) return language_model->decode(language_model->embed(batch), batch);
   const at::Tensor pixels = field("pixel_values"), index = field("image_token_index");
   MIH_CHECK(pixels.dim() == 4 && pixels.size(0) == batch.input_ids.size(0) && pixels.size(1) == o_.channels() &&
                 pixels.size(2) == o_.image_size() && pixels.size(3) == o_.image_size(),
@@ -105,6 +110,8 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   ctx_->shared_state().publish("vision.features",
                                 ctx_->fsdp_forward("vision_tower", [&] { return vision_tower(pixels); }), "vision_tower");
   at::Tensor features = ctx_->shared_state().consume("vision.features", "multi_modal_projector");
+  // F19 (FAULTS.md): the features detached before the projector: the vision tower gets no gradient.
+  if (fault::active(fault::Fault::kF19)) features = features.detach();
   features = linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2);
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
   // Each placeholder token takes its patch's feature; under sequence parallelism this tp rank
@@ -148,7 +155,8 @@ BatchSource vlm_batches(const VlmOptions& o, data::TextPipeline text, data::Imag
     at::Tensor pixels = images.images(step);
     MIH_CHECK(pixels.size(0) == rows && pixels.size(2) == o.image_size() && pixels.size(3) == o.image_size(),
               "vlm_batches: images ", pixels.sizes(), " do not fit ", rows, " rows of ", o.image_size(), "-pixel images");
-    b.fields["pixel_values"] = pixels;
+    // F18 (FAULTS.md): the collate drops the images before the forward call.
+    if (!fault::active(fault::Fault::kF18)) b.fields["pixel_values"] = pixels;
     return b;
   };
 }

@@ -84,7 +84,10 @@ class VlmForConditionalGeneration : public ParallelModel {
  public:
   VlmForConditionalGeneration(ParallelContext& ctx, const VlmOptions& o);
   /// Shape: batch [B, S] with pixel_values and image_token_index -> per-token losses [B, S].
-  /// Throws: mih::Error{kInvalidSpec} if a field is missing or its shape does not fit.
+  /// Without pixel_values the forward is text-only (as in Hugging Face's LLaVA): the
+  /// placeholder tokens keep their token embeddings.
+  /// Throws: mih::Error{kInvalidSpec} if image_token_index is missing next to pixel_values, or
+  ///   a field's shape does not fit.
   at::Tensor token_losses(const Batch& batch) override;
   /// The language model's logits with the image features merged in: -> [B, S, V/TP].
   at::Tensor logits(const Batch& batch);

@@ -9,9 +9,12 @@
 namespace mih::specs {
 namespace {
 
-// inv_freq[i] = 1 / theta^(2i / D), recomputed here independently.
-spec::StateInvariant inv_freq_invariant(const std::string& fqn, double theta) {
-  return {"inv_freq_matches_formula", spec::Phase::kStructure, [fqn, theta](const TrainingState& t) -> spec::CheckResult {
+// inv_freq[i] = 1 / theta^(2i / D), recomputed here independently: after the model is built,
+// and again after a checkpoint load (a non-persistent buffer is not in the checkpoint, so the
+// load must rebuild it).
+spec::StateInvariant inv_freq_invariant(const std::string& fqn, double theta, spec::Phase phase) {
+  const std::string name = phase == spec::Phase::kCheckpoint ? "inv_freq_rebuilt_after_load" : "inv_freq_matches_formula";
+  return {name, phase, [fqn, theta](const TrainingState& t) -> spec::CheckResult {
             for (const auto& b : t.context->buffers()) {
               if (b.fqn != fqn) continue;
               const int64_t half = b.tensor.numel(), d = 2 * half;
@@ -71,24 +74,63 @@ spec::ModuleParityCase attention_case() {
           }};
 }
 
-spec::ModelSpec llama_spec() {
-  const models::LlamaOptions o;
+std::vector<spec::StateInvariant> inv_freq_invariants(const std::string& fqn, double theta) {
+  return {inv_freq_invariant(fqn, theta, spec::Phase::kStructure), inv_freq_invariant(fqn, theta, spec::Phase::kCheckpoint)};
+}
+
+// The llama port built with options `o`, registered as spec `name`.
+spec::ModelSpec llama_spec_with(const std::string& name, const models::LlamaOptions& o) {
   spec::ModelSpec s = language_model_spec("llama", o);
-  s.invariants = {inv_freq_invariant("rotary_emb.inv_freq", o.rope_theta()),
-                  tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings())};
+  s.name = name;
+  s.factory = models::make_llama(o);
+  s.invariants = inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
+  s.invariants.push_back(tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings()));
   s.parity_cases = {fused_swiglu_case(), attention_case()};
   return s;
 }
 
+spec::ModelSpec llama_spec() { return llama_spec_with("llama", models::LlamaOptions()); }
+
+// Variants of the port for the fault catalog (FAULTS.md; `mih faults`): the features some
+// faults need, each a spec of its own so the reference matrix stays as it is. Their suites
+// are instantiated on request only (MIH_CONFORMANCE_SUITES_ON_REQUEST below).
+spec::ModelSpec llama_tied_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_tied", models::LlamaOptions().tie_word_embeddings(true));
+  s.description = "llama with the output head tied to the token embedding (tie_word_embeddings)";
+  return s;
+}
+
+spec::ModelSpec llama_bias_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_bias", models::LlamaOptions().attention_bias(true));
+  s.description = "llama with biases on q, k, v and the row-parallel o projection (attention_bias)";
+  return s;
+}
+
+spec::ModelSpec llama_dropout_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_dropout", models::LlamaOptions().dropout(0.1));
+  s.description = "llama with dropout 0.1 on the attention context and the residual branches";
+  return s;
+}
+
 MIH_REGISTER_SPEC(llama_spec);
+MIH_REGISTER_SPEC(llama_tied_spec);
+MIH_REGISTER_SPEC(llama_bias_spec);
+MIH_REGISTER_SPEC(llama_dropout_spec);
 
 }  // namespace
 
 // Shared with the moe and vlm specs.
-spec::StateInvariant llama_inv_freq_invariant(const std::string& fqn, double theta) { return inv_freq_invariant(fqn, theta); }
+std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta) {
+  return inv_freq_invariants(fqn, theta);
+}
 spec::ModuleParityCase llama_attention_case() { return attention_case(); }
 
 }  // namespace mih::specs
 
 // Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
 MIH_CONFORMANCE_SUITES(Llama, "llama", "cpu-smoke");
+// The fault-catalog variants: instantiated only when named (`--prefixes LlamaTied`), as
+// `mih faults` does with its own matrix.
+MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaTied, "llama_tied", "cpu-smoke");
+MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaBias, "llama_bias", "cpu-smoke");
+MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaDropout, "llama_dropout", "cpu-smoke");

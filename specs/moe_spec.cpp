@@ -57,8 +57,8 @@ spec::ModelSpec moe_spec() {
   const models::LlamaOptions o;
   spec::ModelSpec s = language_model_spec("moe", o);
   s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
-  s.invariants = {llama_inv_freq_invariant("rotary_emb.inv_freq", o.rope_theta()),
-                  expert_counts_invariant(8 * 64, o.top_k())};
+  s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
+  s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));
   s.parity_cases = {moe_loop_case(), llama_attention_case()};
   // Measured on cpu-smoke DpShard2Mb2 (float64) against the single-batch reference: loss
   // 3.7e-5, grad norm 8.7e-4, the MoE layer's norm gradient 1.3e-1 relative error. No

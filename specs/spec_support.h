@@ -59,9 +59,10 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   return s;
 }
 
-/// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer), and
+/// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer) after the
+/// build and after a checkpoint load, and
 /// CP attention against an independent per-head loop.
-spec::StateInvariant llama_inv_freq_invariant(const std::string& fqn, double theta);
+std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta);
 spec::ModuleParityCase llama_attention_case();
 
 }  // namespace mih::specs

@@ -33,7 +33,7 @@ spec::ModelSpec vlm_spec() {
   s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});
   s.modalities = {{"pixel_values", {"vision_tower.*", "multi_modal_projector.*"}}};
   s.shared_state.push_back({"vision.features", "vision_tower", {"multi_modal_projector"}});
-  s.invariants = {llama_inv_freq_invariant("language_model.rotary_emb.inv_freq", o.text().rope_theta())};
+  s.invariants = llama_inv_freq_invariants("language_model.rotary_emb.inv_freq", o.text().rope_theta());
   s.parity_cases = {patch_embedding_case(), llama_attention_case()};
   return s;
 }

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
 #include "harness/cli/case_runner.h"
@@ -57,8 +58,14 @@ const Registration* registration(const std::string& prefix) {
 }
 
 bool selected(const Registration& r) {
+  const bool named = options().prefixes.count(r.prefix) > 0;
   return (options().only_spec.empty() || options().only_spec == r.spec) &&
-         (options().prefixes.empty() || options().prefixes.count(r.prefix) > 0);
+         (named || (options().prefixes.empty() && !r.on_request));
+}
+
+// The fault a case runs with ("" for none).
+std::string fault_of(const CaseParam& p) {
+  return options().fault_cases.count(p.case_name) ? options().fault : std::string();
 }
 
 std::string matrix_of(const Registration& r) { return options().matrix.empty() ? r.matrix : options().matrix; }
@@ -85,7 +92,7 @@ void progress(const std::string& line) {
 // What produced a case's evidence: this binary, the matrix (its content for a file), the
 // backend, the case. Evidence with another fingerprint is relaunched, never reused.
 std::string fingerprint(const CaseParam& p) {
-  std::string id = p.spec + "|" + p.case_name + "|" + p.backend + "|" + p.matrix;
+  std::string id = p.spec + "|" + p.case_name + "|" + p.backend + "|" + p.matrix + "|" + fault_of(p);
   struct stat st {};
   if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
   if (fs::is_regular_file(p.matrix)) {
@@ -234,8 +241,9 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     }
     if (!reused) {
       const spec::Case& c = matrix(p.spec, p.matrix).at(p.case_name);
+      const std::string fault = fault_of(p);
       progress(p.spec + "/" + p.case_name + ": launching " + std::to_string(c.world_size()) + " rank(s) (" + c.config.name() +
-               (c.save_config ? ", resume" : "") + ")");
+               (c.save_config ? ", resume" : "") + (fault.empty() ? "" : ", fault " + fault) + ")");
       CaseRunOptions o;
       o.spec = p.spec;
       o.matrix = p.matrix;
@@ -243,6 +251,7 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
       o.evidence_root = root;
       o.backend = p.backend;
       o.fingerprint = fp;
+      o.fault = fault;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(options().case_timeout_s * 1000));
       const CaseRunResult r = run_case(o);
       out.evidence = r.evidence;
@@ -376,6 +385,12 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     const fs::path root = fs::absolute(target).parent_path().parent_path();
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
     if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
+    // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
+    std::string prefixes;
+    for (const auto& r : registrations()) {
+      if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
+    }
+    if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
     *filter = "*/*.*/" + ev.case_info().value("name", "");
   } else {
     args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
@@ -384,12 +399,15 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       if (!run.value("matrix", "").empty()) args.insert(args.end(), {"--matrix", run.value("matrix", "")});
     }
     // Only the specs with evidence under this root.
-    std::string specs;
+    std::string specs, prefixes;
     for (const auto& r : registrations()) {
-      if (fs::is_directory(target / r.spec)) specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
+      if (!fs::is_directory(target / r.spec)) continue;
+      specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
+      prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
     }
     MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
                    " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
+    args.insert(args.end(), {"--prefixes", prefixes});
     *filter = specs;
   }
   return args;
@@ -459,6 +477,11 @@ int run_tests(int argc, char** argv) {
       options().only_spec = value("--only-spec");
     } else if (a == "--case-timeout") {
       options().case_timeout_s = std::stod(value("--case-timeout"));
+    } else if (a == "--fault") {
+      options().fault = fault::name(fault::parse(value("--fault")));
+    } else if (a == "--fault-cases") {
+      std::stringstream list(value("--fault-cases"));
+      for (std::string x; std::getline(list, x, ',');) options().fault_cases.insert(x);
     } else if (a == "--no-progress") {
       options().progress = false;
     } else if (a == "--mih-list-cases") {
@@ -471,6 +494,9 @@ int run_tests(int argc, char** argv) {
     print_cases();
     return 0;
   }
+  MIH_CHECK(options().fault.empty() == options().fault_cases.empty(),
+            "--fault and --fault-cases go together: the fault, and the cases that run with it (the others, the "
+            "reference first, run fault-free)");
   if (options().evidence_root.empty()) {
     const char* env = std::getenv("MIH_EVIDENCE_ROOT");
     options().evidence_root = env && *env ? fs::path(env) : fs::path("build/mih-evidence") / run_id();
@@ -543,8 +569,9 @@ int conformance_main(int argc, char** argv, bool tests_by_default) {
   bool tests = tests_by_default;
   if (argc > 1) {
     const std::string a = argv[1];
-    static const std::set<std::string> flags = {"--evidence-root", "--matrix",    "--verify-only",    "--case-timeout",
-                                                "--prefixes",      "--only-spec", "--no-progress", "--mih-list-cases"};
+    static const std::set<std::string> flags = {"--evidence-root", "--matrix",      "--verify-only", "--case-timeout",
+                                                "--prefixes",      "--only-spec",   "--no-progress", "--mih-list-cases",
+                                                "--fault",         "--fault-cases"};
     if (a[0] != '-' || a == "--help" || a == "-h" || a == "--version") {
       tests = false;
     } else {

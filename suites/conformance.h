@@ -46,8 +46,13 @@ struct Options {
   bool progress = true;
   /// Only this spec's cases (mih check of one case directory).
   std::string only_spec;
-  /// Only these registrations (a binary that links more specs than it tests).
+  /// Only these registrations (a binary that links more specs than it tests); an on-request
+  /// registration runs only when named here.
   std::set<std::string> prefixes;
+  /// Fault injection (the fault catalog, `mih faults`): the cases in fault_cases run with
+  /// MIH_FAULT=<fault> in their rank processes; every other case runs fault-free.
+  std::string fault;
+  std::set<std::string> fault_cases;
 };
 Options& options();
 
@@ -57,6 +62,8 @@ struct Registration {
   std::string spec;     ///< registered spec name
   std::string matrix;   ///< preset or JSON matrix file
   std::string backend;  ///< TrainingBackend name
+  /// Instantiated only when --prefixes names it (a spec variant of the fault catalog).
+  bool on_request = false;
 };
 bool add_registration(Registration r);
 const std::vector<Registration>& registrations();
@@ -136,9 +143,10 @@ int conformance_main(int argc, char** argv, bool tests_by_default);
 /// Instantiates every conformance suite for `spec` over `matrix` (a preset or a JSON file),
 /// trained by the TrainingBackend `backend`. One line per spec, at global namespace scope (it
 /// opens namespace mih::conformance, where the suites live).
-#define MIH_CONFORMANCE_SUITES_WITH_BACKEND(Prefix, spec, matrix, backend)                     \
+#define MIH_CONFORMANCE_SUITES_REGISTER_(Prefix, spec, matrix, backend, on_request)           \
   namespace mih::conformance {                                                                \
-  static const bool mih_conformance_registered_##Prefix = add_registration({#Prefix, spec, matrix, backend}); \
+  static const bool mih_conformance_registered_##Prefix =                                     \
+      add_registration({#Prefix, spec, matrix, backend, on_request});                        \
   MIH_CONFORMANCE_INSTANTIATE_(Prefix, Structure);                                            \
   MIH_CONFORMANCE_INSTANTIATE_(Prefix, FsdpUnits);                                            \
   MIH_CONFORMANCE_INSTANTIATE_(Prefix, OptimizerLayout);                                      \
@@ -158,7 +166,16 @@ int conformance_main(int argc, char** argv, bool tests_by_default);
   }  /* namespace mih::conformance */                                                         \
   static_assert(true, "")
 
+#define MIH_CONFORMANCE_SUITES_WITH_BACKEND(Prefix, spec, matrix, backend) \
+  MIH_CONFORMANCE_SUITES_REGISTER_(Prefix, spec, matrix, backend, false)
+
 #define MIH_CONFORMANCE_SUITES(Prefix, spec, matrix) MIH_CONFORMANCE_SUITES_WITH_BACKEND(Prefix, spec, matrix, "trainer")
+
+/// Like MIH_CONFORMANCE_SUITES, but the suites are instantiated only when the run names the
+/// prefix (`--prefixes Prefix`): a spec variant that is not part of the default matrix, like
+/// the fault catalog's (`mih faults`).
+#define MIH_CONFORMANCE_SUITES_ON_REQUEST(Prefix, spec, matrix) \
+  MIH_CONFORMANCE_SUITES_REGISTER_(Prefix, spec, matrix, "trainer", true)
 
 namespace mih::conformance {
 // The suites (defined in suites/suites.cpp), declared here for the macro.

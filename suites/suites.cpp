@@ -97,6 +97,11 @@ TEST_P(DataContract, ForwardFieldsReachTheModel) {
   MIH_ASSERT_VERDICT(findings(*ev, {"MIH-DATA-005"}));
 }
 
+TEST_P(DataContract, LossFollowsTheLabels) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(findings(*ev, {"MIH-DATA-006"}));
+}
+
 // InputIdentity: the same global batch as the reference, however it is split.
 TEST_P(InputIdentity, SameGlobalBatchAsReference) {
   MIH_CASE_EVIDENCE(ev);
@@ -229,8 +234,10 @@ TEST_P(ActivationCheckpointEquivalence, MatchesTheRunWithoutCheckpointing) {
   if (twin.empty()) twin = compare_to();
   const CaseEvidence* base = other(twin);
   if (!base) return;
-  MIH_ASSERT_VERDICT(verdicts::parity(*base, *ev, Quantity::kLoss, verdicts::case_tolerance(*ev)));
+  // The gradients first: a recompute that differs from the forward shows there, one step
+  // before the loss moves.
   MIH_ASSERT_VERDICT(verdicts::parity(*base, *ev, Quantity::kTensors, verdicts::case_tolerance(*ev)));
+  MIH_ASSERT_VERDICT(verdicts::parity(*base, *ev, Quantity::kLoss, verdicts::case_tolerance(*ev)));
 }
 TEST_P(ActivationCheckpointEquivalence, RecomputeDoesNotRepublishSharedState) {
   MIH_CASE_EVIDENCE(ev);

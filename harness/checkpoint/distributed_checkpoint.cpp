@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/compat/optim.h"
@@ -346,6 +348,20 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
         s.step = steps.at(p->fqn).get<int64_t>();
         for (const auto& m : kMoments) {
           const std::string key = "optim/" + p->fqn + "/" + m;
+          if (fault::active(fault::Fault::kF12)) {
+            // F12 (FAULTS.md): the moments restored as this rank's flat shard of the saved
+            // layout (FSDP1's flat optimizer state loaded by rank), not resharded to the
+            // parameter's box under the new topology.
+            const Box whole{std::vector<int64_t>(p->global_shape.size(), 0), std::vector<int64_t>(p->global_shape.size(), 0),
+                            p->global_shape};
+            at::Tensor flat = read_piece(dir, index, key, dtype, p->global_shape, p->global_shape, {whole}, readers).flatten();
+            const int64_t n = p->local.numel(), start = std::min<int64_t>(world.rank() * n, flat.numel() - n);
+            if (start >= 0) {
+              s.moments.push_back(flat.narrow(0, start, n).reshape(p->local_shape).clone());
+              used.insert(key);
+              continue;
+            }
+          }
           s.moments.push_back(read_piece(dir, index, key, dtype, p->global_shape, p->local_shape, boxes, readers));
           used.insert(key);
         }
@@ -379,7 +395,15 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
     }
   }
   for (auto& [buffer, value] : buffers) buffer.copy_(value);
-  ctx.rebuild_non_persistent_buffers();
+  // The model's state after a load is the checkpoint's alone: the buffers it does not hold
+  // (non-persistent: rotary tables, masks) are reset to NaN, as undefined as what to_empty()
+  // leaves, and rebuilt from their formulas. A missing rebuild then shows as NaN, not as a
+  // stale value that happens to be right on this topology.
+  for (const auto& b : ctx.buffers()) {
+    if (!b.persistent && b.tensor.is_floating_point()) b.tensor.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  // F11 (FAULTS.md): the rebuild after the load forgotten.
+  if (!fault::active(fault::Fault::kF11)) ctx.rebuild_non_persistent_buffers();
   return index.at("trainer_state");
 }
 

@@ -14,6 +14,7 @@
 //   DATA-001 field without an owner                       DATA-002 declared field not produced
 //   DATA-003 field with two owners                        DATA-004 labels shift != declaration
 //   DATA-005 required forward field missing at the first micro-batch
+//   DATA-006 per-token loss not where the labels are valid (labels shifted again?)
 //   INPUT-001 cp-replicated field differs across cp ranks INPUT-002 tp ranks saw other inputs
 //   CKPT-001 target key neither loaded nor training-only  CKPT-002 transform does not round-trip
 //   CKPT-003 unexpected source key                        CKPT-004 mapped key absent in source
@@ -72,6 +73,14 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& global_
 /// The first micro-batch as the model receives it holds every forward field the spec
 /// declares. Evidence: data/observed_forward_fields.json.
 CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro_batch);
+
+/// The model's per-token losses follow the labels it is given (rank-local): zero at every
+/// position whose label is the ignore index (-100), and, for float32/float64 losses, non-zero
+/// at every valid position (an exact 0 is a target the model never scored). A model that
+/// shifts already-shifted labels again scores position t against label t + 1, so both rules
+/// break wherever a row has an ignored label or ends. Independent of any reference run.
+/// Shape: token_losses [b, S/CP], like micro_batch.labels. Evidence: data/token_losses.json.
+CheckOutput check_token_losses(const Batch& micro_batch, const at::Tensor& token_losses);
 
 /// The SHA-256 of one step's global batch, independent of how its rows are split over dp
 /// ranks and micro-batches and of the cp layout: every row of every field is hashed whole

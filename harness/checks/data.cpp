@@ -152,6 +152,51 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
   return out;
 }
 
+CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losses) {
+  CheckOutput out;
+  if (!micro.labels.defined() || !token_losses.defined()) return out;
+  if (token_losses.sizes() != micro.labels.sizes()) {
+    out.findings.add({"MIH-DATA-006", "runtime", "labels", Severity::kError,
+                      "the model's per-token losses have shape " + json(token_losses.sizes().vec()).dump() +
+                          ", the labels " + json(micro.labels.sizes().vec()).dump(),
+                      {{"token_losses", token_losses.sizes().vec()}, {"labels", micro.labels.sizes().vec()}},
+                      "the loss is not computed one term per label as the data contract declares",
+                      "return one loss per position of the labels ([B, S]) from token_losses"});
+    return out;
+  }
+  const at::Tensor loss = token_losses.detach().to(at::kCPU), labels = micro.labels.to(at::kCPU);
+  const at::Tensor ignored = labels.eq(kIgnoreIndex), valid = ignored.logical_not();
+  const at::Tensor scored_ignored = ignored.logical_and(loss.ne(0));
+  const bool exact = loss.scalar_type() == at::kDouble || loss.scalar_type() == at::kFloat;
+  const at::Tensor unscored_valid = exact ? valid.logical_and(loss.eq(0)) : at::zeros_like(valid);
+  const int64_t n_ignored = ignored.sum().item<int64_t>(), n_valid = valid.sum().item<int64_t>();
+  const int64_t n_scored_ignored = scored_ignored.sum().item<int64_t>();
+  const int64_t n_unscored_valid = unscored_valid.sum().item<int64_t>();
+  const int64_t n_scored = loss.ne(0).sum().item<int64_t>();
+  json facts = {{"valid_labels", n_valid},
+                {"ignored_labels", n_ignored},
+                {"positions_with_loss", n_scored},
+                {"loss_at_ignored_positions", n_scored_ignored},
+                {"no_loss_at_valid_positions", n_unscored_valid}};
+  const at::Tensor wrong = scored_ignored.logical_or(unscored_valid);
+  if (wrong.any().item<bool>()) {
+    const at::Tensor first = wrong.nonzero()[0];
+    facts["first"] = {{"row", first[0].item<int64_t>()}, {"position", first[1].item<int64_t>()}};
+    out.findings.add({"MIH-DATA-006", "runtime", "labels", Severity::kError,
+                      "the model's per-token loss does not follow the labels it is given: " +
+                          std::to_string(n_scored_ignored) + " of " + std::to_string(n_ignored) +
+                          " positions whose label is -100 carry a loss and " + std::to_string(n_unscored_valid) +
+                          " of " + std::to_string(n_valid) + " valid labels none (" + std::to_string(n_scored) +
+                          " positions with a loss for " + std::to_string(n_valid) +
+                          " valid labels); are the labels shifted again inside the model?",
+                      facts,
+                      "the model learns to predict another token than the pipeline's label while the loss still falls",
+                      "shift labels exactly once: in the pipeline (labels_are_shifted) or in the model's loss"});
+  }
+  out.evidence = facts;
+  return out;
+}
+
 CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro) {
   CheckOutput out;
   json observed = json::array({"input_ids", "labels"});

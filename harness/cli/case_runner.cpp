@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
 #include "harness/evidence/evidence_store.h"
@@ -84,6 +85,7 @@ double since(std::chrono::steady_clock::time_point t) {
 // One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
 // resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
 int run_phase(WorkerContext& ctx) {
+  fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
   const spec::ModelSpec s = spec::SpecRegistry::instance().get(ctx.option("spec"));
   const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, ctx.option("matrix"));
   const spec::Case& c = matrix.at(ctx.option("case"));
@@ -163,6 +165,7 @@ MIH_WORKER_TASK(case, "trains one conformance case (spec, matrix, case, phase) w
 
 CaseRunResult run_case(const CaseRunOptions& o) {
   // Bad input is rejected here, before any rank starts.
+  if (!o.fault.empty()) (void)fault::parse(o.fault);
   const spec::ModelSpec s = spec::SpecRegistry::instance().get(o.spec);
   s.validate();
   const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, o.matrix);
@@ -181,7 +184,7 @@ CaseRunResult run_case(const CaseRunOptions& o) {
   nlohmann::json record = {{"spec", s.name},       {"case", c.name},         {"kind", spec::case_kind_name(c.kind)},
                            {"group", c.group},     {"world_size", c.world_size()}, {"config", c.config},
                            {"compare_to", c.compare_to}, {"matrix", o.matrix},   {"backend", o.backend},
-                           {"fingerprint", o.fingerprint}};
+                           {"fingerprint", o.fingerprint}, {"fault", o.fault}};
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
@@ -190,6 +193,7 @@ CaseRunResult run_case(const CaseRunOptions& o) {
     lo.world_size = world_size;
     lo.run_dir = w.run_dir;
     lo.timeout = o.timeout;
+    lo.extra_env["MIH_FAULT"] = o.fault;
     lo.command = worker_command("case", w,
                                 {"--spec", s.name, "--matrix", o.matrix, "--case", c.name, "--phase", phase, "--evidence",
                                  result.evidence.string(), "--backend", o.backend});

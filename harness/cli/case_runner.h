@@ -28,6 +28,9 @@ struct CaseRunOptions {
   /// Recorded in case_run.json: what produced the evidence (the conformance runner reuses a
   /// case's evidence only when its fingerprint matches).
   std::string fingerprint;
+  /// A fault of the catalog ("F03"; harness/base/fault.h) the rank processes inject: set as
+  /// their MIH_FAULT, which is otherwise cleared (an exported MIH_FAULT never leaks into a case).
+  std::string fault;
 };
 
 struct CaseRunResult {

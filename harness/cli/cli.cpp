@@ -204,6 +204,7 @@ int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std
 }
 
 ConformanceRunner g_conformance_runner = nullptr;
+ConformanceRunner g_faults_runner = nullptr;
 
 int run_conformance(const std::vector<std::string>& args) {
   MIH_CHECK_CODE(g_conformance_runner != nullptr, Code::kUnimplemented,
@@ -215,6 +216,7 @@ int run_conformance(const std::vector<std::string>& args) {
 }  // namespace
 
 void set_conformance_runner(ConformanceRunner runner) { g_conformance_runner = runner; }
+void set_faults_runner(ConformanceRunner runner) { g_faults_runner = runner; }
 
 int cli_main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "worker") return worker_main(argc - 1, argv + 1);
@@ -318,6 +320,8 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
 
   run_cmd->add_option("--backend", run_options.backend, "training backend (MIH_REGISTER_BACKEND)")->capture_default_str();
+  run_cmd->add_option("--fault", run_options.fault,
+                      "inject a fault of the catalog (F01-F22, FAULTS.md) in the case's ranks (MIH_FAULT)");
 
   CLI::App* test_cmd = app.add_subcommand(
       "test",
@@ -341,6 +345,14 @@ int cli_main(int argc, char** argv) {
   report_cmd->add_option("root", report_root, "run root (holds results.jsonl)")->required();
   report_cmd->add_option("--format", report_format, "md, junit or html")->capture_default_str();
   report_cmd->add_option("-o,--output", report_out, "file to write (default: standard output)");
+
+  CLI::App* faults_cmd = app.add_subcommand(
+      "faults",
+      "Run the fault catalog (FAULTS.md F01-F22): each fault on the case where it manifests and its fault-free "
+      "twin; report the suites that caught it, the finding codes, the first divergence. Options: --fault ID "
+      "(repeatable), --json FILE, --out DIR (default build/mih-faults), --case-timeout S, --list. Exit 0 when every "
+      "fault is detected by the suite FAULTS.md names and every twin passes.");
+  faults_cmd->prefix_command();
 
   app.add_subcommand("worker",
                      "Run one rank of a task; what launchers start (mih's own, or torchrun/srun/mpirun). "
@@ -375,6 +387,11 @@ int cli_main(int argc, char** argv) {
       return r.state == "FAILED" ? 1 : 0;
     }
     if (test_cmd->parsed()) return run_conformance(test_cmd->remaining());
+    if (faults_cmd->parsed()) {
+      MIH_CHECK_CODE(g_faults_runner != nullptr, Code::kUnimplemented,
+                     "mih faults: this binary does not link the conformance suites (suites/faults.cpp)");
+      return g_faults_runner(faults_cmd->remaining());
+    }
     if (check_cmd->parsed()) {
       const std::vector<std::string> rest = check_cmd->remaining();
       if (rest.empty() || rest[0].rfind("-", 0) == 0) {

@@ -13,6 +13,10 @@ namespace mih {
 using ConformanceRunner = int (*)(const std::vector<std::string>& args);
 void set_conformance_runner(ConformanceRunner runner);
 
+/// What `mih faults [args]` calls: the fault catalog's detection matrix (suites/faults.h).
+/// Set by suites/faults.cpp when the suites are linked.
+void set_faults_runner(ConformanceRunner runner);
+
 /// Runs `mih <subcommand> ...`; returns the process exit status (0 ok, 1 failed checks,
 /// 2 usage error, exit_status(code) for a mih::Error).
 int cli_main(int argc, char** argv);

@@ -161,6 +161,17 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   }
   if (hits.empty()) return Verdict::pass();
   std::string msg = "first divergence from " + reference.dir().filename().string() + ": " + hits[0]->message;
+  // The first offender in forward order is where to start; the largest error at that step and
+  // stage is often the cause (a gradient that flows back into every earlier layer).
+  const Divergence* largest = hits[0];
+  for (const Divergence* d : hits) {
+    if (d->step == hits[0]->step && d->stage == hits[0]->stage && d->relative_error > largest->relative_error) largest = d;
+  }
+  if (largest != hits[0]) {
+    std::ostringstream rel;
+    rel << largest->relative_error;
+    msg += "\n  largest at that step and stage: " + largest->name + " (relative error " + rel.str() + ")";
+  }
   if (hits.size() > 1) {
     msg += "\n  (" + std::to_string(hits.size() - 1) + " more of this kind; the next: " + hits[1]->name + " at step " +
            std::to_string(hits[1]->step) + (hits[1]->stage == "metrics" ? "" : ", " + hits[1]->stage) + ")";

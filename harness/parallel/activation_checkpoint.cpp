@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/compat/autocast.h"
 
 namespace mih {
@@ -150,15 +151,18 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
     const at::Tensor cpu_now = get_rng_state(cpu_gen);
     at::Tensor cuda_now;
-    set_rng_state(cpu_gen, region->cpu_rng);
+    // F14 (FAULTS.md): the recompute runs on the current streams, not the forward's, so
+    // dropout draws other masks than the forward did.
+    const bool replay = !fault::active(fault::Fault::kF14);
+    if (replay) set_rng_state(cpu_gen, region->cpu_rng);
     if (region->cuda_device) {
       cuda_now = get_rng_state(cuda_generator(*region->cuda_device));
-      set_rng_state(cuda_generator(*region->cuda_device), region->cuda_rng);
+      if (replay) set_rng_state(cuda_generator(*region->cuda_device), region->cuda_rng);
     }
     std::vector<at::Tensor> generators_now;
     for (size_t i = 0; i < region->generators.size(); ++i) {
       generators_now.push_back(get_rng_state(region->generators[i]));
-      set_rng_state(region->generators[i], region->generator_states[i]);
+      if (replay) set_rng_state(region->generators[i], region->generator_states[i]);
     }
     at::Tensor out;
     uint64_t seq_begin = 0, seq_end = 0;

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/regions.h"
 
 namespace mih {
@@ -89,7 +90,10 @@ at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const a
     values = values.repeat_interleave(hq / hkv, 1);
   }
   at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor q_ids = cp.query_ids(local_seq).to(q.device());
+  // F21 (FAULTS.md): the queries numbered in this rank's local coordinates (0..S/CP) while the
+  // gathered keys carry global ones, so the causal mask hides the wrong keys.
+  const at::Tensor q_ids = (fault::active(fault::Fault::kF21) ? at::arange(local_seq, at::kLong) : cp.query_ids(local_seq))
+                               .to(q.device());
   const at::Tensor k_ids = cp.key_ids(local_seq).to(q.device());
   at::Tensor future = k_ids.unsqueeze(0) > q_ids.unsqueeze(1);  // [S/CP, S]
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());

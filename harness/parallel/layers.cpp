@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/regions.h"
 
 namespace mih {
@@ -87,9 +88,12 @@ RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowPara
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   Communicator& tp = ctx_->tp();
-  at::Tensor partial = at::linear(x, ctx_->use(weight));
+  // F08 (FAULTS.md): the bias folded into the local matmul, so each of the tp partial sums
+  // carries it and the reduction adds it tp times.
+  const bool bias_before_reduce = bias.defined() && fault::active(fault::Fault::kF08);
+  at::Tensor partial = at::linear(x, ctx_->use(weight), bias_before_reduce ? ctx_->use(bias) : at::Tensor());
   at::Tensor y = ctx_->sequence_parallel() ? sequence_reduce_scatter(partial, tp, kSeqDim) : reduce_from_region(partial, tp);
-  return bias.defined() ? y + ctx_->use(bias) : y;
+  return bias.defined() && !bias_before_reduce ? y + ctx_->use(bias) : y;
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(ParallelContext& ctx, int64_t vocab, int64_t hidden,
@@ -117,10 +121,11 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   return ctx_->sequence_parallel() ? sequence_reduce_scatter(out, tp, kSeqDim) : reduce_from_region(out, tp);
 }
 
-RMSNormImpl::RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps) : eps(eps), ctx_(&ctx) {
+RMSNormImpl::RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps, bool sequence_parallel_grad)
+    : eps(eps), ctx_(&ctx) {
   MIH_CHECK(hidden > 0, "RMSNorm: hidden must be positive, got ", hidden);
-  weight = register_parameter(
-      "weight", ctx.make_parameter(vector_spec(hidden, Placement::replicate(), 1.0, ctx.sequence_parallel())));
+  weight = register_parameter("weight", ctx.make_parameter(vector_spec(hidden, Placement::replicate(), 1.0,
+                                                                       ctx.sequence_parallel() && sequence_parallel_grad)));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {

@@ -115,7 +115,10 @@ TORCH_MODULE(VocabParallelEmbedding);
 /// Shape: [.., H] -> [.., H].
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps = 1e-6);
+  /// `sequence_parallel_grad`: the weight's gradient is marked partial over tp under sequence
+  /// parallelism (each tp rank normalizes only its S/TP tokens), so it is all-reduced over tp
+  /// before the optimizer; false only to plant fault F01 (FAULTS.md).
+  RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps = 1e-6, bool sequence_parallel_grad = true);
   at::Tensor forward(const at::Tensor& x);
 
   at::Tensor weight;

@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/regions.h"
 #include "harness/runtime/dtypes.h"
 
@@ -194,9 +195,20 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
       if (impl == leaf.unsafeGetTensorImpl()) return full;
     }
   }
+  const int64_t forward = shared_state_.forward_index();
+  const bool in_root = active_unit_.empty() && at::GradMode::is_enabled() && forward >= 0;
+  if (in_root) {
+    for (const auto& g : root_gathers_) {
+      if (g.impl == leaf.unsafeGetTensorImpl() && g.forward == forward) return g.full;
+    }
+  }
   at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0], options_.compute_dtype,
                                     options_.reduce_dtype);
   if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
+  if (in_root) {
+    std::erase_if(root_gathers_, [&](const RootGather& g) { return g.forward != forward; });
+    root_gathers_.push_back({leaf.unsafeGetTensorImpl(), forward, full});
+  }
   return full;
 }
 
@@ -432,6 +444,7 @@ bool ParallelContext::writes_piece(const ShardedParameter& p) const {
 }
 
 void ParallelContext::synchronize_gradients() {
+  root_gathers_.clear();
   // A parameter without a gradient on this rank joins with zeros, so every rank's buckets
   // have the same layout (a different layout would make the collectives disagree).
   for (const auto& p : ordered_) {
@@ -457,10 +470,14 @@ double ParallelContext::grad_norm() {
   for (const auto& p : ordered_) {
     const at::Tensor& g = p->local.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    local += g.to(at::kDouble).pow(2).sum().item<double>() / static_cast<double>(p->replicas());
+    // Each piece is held by replicas() ranks: weight it so the sum over the world counts it once.
+    // F04 (FAULTS.md): the replicated (unsharded) pieces counted once per rank holding them.
+    const double replicas = fault::active(fault::Fault::kF04) ? 1.0 : static_cast<double>(p->replicas());
+    local += g.to(at::kDouble).pow(2).sum().item<double>() / replicas;
   }
   at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(options_.device));
-  mesh_->comm(MeshAxis::kWorld).all_reduce(total, ReduceOp::kSum, "grad_norm");
+  // F03 (FAULTS.md): the norm of this rank's shards only, never summed over the mesh.
+  if (!fault::active(fault::Fault::kF03)) mesh_->comm(MeshAxis::kWorld).all_reduce(total, ReduceOp::kSum, "grad_norm");
   return std::sqrt(total.item<double>());
 }
 

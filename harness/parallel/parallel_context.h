@@ -266,6 +266,16 @@ class ParallelContext {
   // order of their first use, the same on every rank (the regathers are collectives).
   std::string active_unit_;
   std::vector<std::pair<const void*, at::Tensor>> unit_gathers_;
+  // The root's gathered parameters of the current forward (shared_state_.forward_index()):
+  // a parameter the root uses twice (a tied embedding and head) is gathered, and its gradient
+  // reduce-scattered, once per forward, as FSDP does for the root, which it does not reshard
+  // after forward. Dropped after backward (synchronize_gradients).
+  struct RootGather {
+    const void* impl;
+    int64_t forward;
+    at::Tensor full;
+  };
+  std::vector<RootGather> root_gathers_;
 };
 
 }  // namespace mih

@@ -35,6 +35,8 @@ class SharedState {
   /// Starts a forward (the Trainer calls it before each micro-batch): values of the previous
   /// forward are dropped, so a consume can only see this forward's publish.
   void begin_forward();
+  /// How many forwards began (begin_forward calls) less one; -1 before the first.
+  int64_t forward_index() const { return forward_; }
   /// Publishes `value` under `key` from layer `producer`.
   void publish(const std::string& key, const at::Tensor& value, const std::string& producer);
   /// The value published under `key` in this forward.

@@ -212,6 +212,16 @@ void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t firs
   });
 }
 
+void ValidationSession::record_token_losses(int64_t step, int micro_batch, const at::Tensor& token_losses,
+                                            const Batch& batch) {
+  if (step != 0 || micro_batch != 0) return;
+  guarded("record_token_losses", [&] {
+    checks::CheckOutput losses = checks::check_token_losses(batch, token_losses);
+    for (const auto& f : losses.findings.findings()) pending_.add(f);
+    write("data/token_losses.json", losses.evidence);
+  });
+}
+
 void ValidationSession::after_backward_before_clip(int64_t step) {
   guarded("after_backward_before_clip", [&] {
     if (!runtime()) return;

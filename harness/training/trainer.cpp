@@ -11,6 +11,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/json_fields.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/compat/optim.h"
@@ -128,12 +129,24 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   context_ = std::make_unique<ParallelContext>(mesh, po);
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
+  // F15 (FAULTS.md): the optimizer's parameters taken from the model before fully_shard. FSDP1
+  // without use_orig_params swaps the modules' parameters for flat shards, so such an optimizer
+  // holds unsharded originals the model no longer reads (here: copies of them).
+  std::vector<at::Tensor> before_sharding;
+  if (fault::active(fault::Fault::kF15)) {
+    at::NoGradGuard no_grad;
+    for (const auto& t : model_->parameters()) before_sharding.push_back(t.detach().clone().requires_grad_(true));
+  }
   model_->apply_fsdp(*context_);
   context_->finalize(*model_);
 
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : context_->parameters()) {
     (matches_any(options_.no_weight_decay(), *p) ? no_decay : decay).push_back(p->local);
+  }
+  if (!before_sharding.empty()) {
+    decay = before_sharding;
+    no_decay.clear();
   }
   auto adamw = [&](double weight_decay) {
     return torch::optim::AdamWOptions(options_.lr())
@@ -185,7 +198,8 @@ StepMetrics Trainer::step() {
   const int64_t local_rows = batch / dp.size();
   MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
             " sequences does not split into ", config_.micro_batches, " micro-batches");
-  const int64_t first_local_row = dp.rank() * local_rows;
+  // F17 (FAULTS.md): every data-parallel rank takes the first rows (the sampler not sharded).
+  const int64_t first_local_row = fault::active(fault::Fault::kF17) ? 0 : dp.rank() * local_rows;
   Batch local = rows(global, first_local_row, local_rows);
 
   // Context parallelism: this cp rank's tokens of every sequence-sharded field.
@@ -196,6 +210,10 @@ StepMetrics Trainer::step() {
       local.input_ids = shard(local.input_ids);
       local.labels = shard(local.labels);
       local.position_ids = shard(local.position_ids);
+      // F07 (FAULTS.md): each cp rank numbers its own tokens from 0.
+      if (fault::active(fault::Fault::kF07)) {
+        local.position_ids = at::arange(local.input_ids.size(1), local.position_ids.options()).expand_as(local.input_ids);
+      }
       for (auto& [name, t] : local.fields) {
         if (contains(options_.sequence_fields(), name)) {
           MIH_CHECK(t.dim() >= 2 && t.size(1) == seq, "field '", name, "' is declared sharded on the sequence dim but ",
@@ -218,12 +236,34 @@ StepMetrics Trainer::step() {
   MIH_CHECK(global_valid > 0, "step ", step, ": the global batch has no valid target (every label is -100)");
 
   const int64_t mb_rows = local_rows / config_.micro_batches;
+  std::vector<double> normalizers(config_.micro_batches, static_cast<double>(global_valid));
+  if (fault::active(fault::Fault::kF05)) {
+    // F05 (FAULTS.md): the loss divided by this rank's own valid-token count, then averaged
+    // over the data-parallel ranks.
+    const double own = static_cast<double>(local.labels.ne(kIgnoreIndex).sum().item<int64_t>());
+    std::fill(normalizers.begin(), normalizers.end(), own * mesh_->comm(MeshAxis::kDpCp).size());
+  } else if (fault::active(fault::Fault::kF22)) {
+    // F22: each micro-batch's loss divided by its own (global) valid-token count, then averaged
+    // over the micro-batches (transformers' gradient-accumulation loss before 4.46).
+    at::Tensor counts = at::empty({config_.micro_batches}, at::kLong);
+    for (int mb = 0; mb < config_.micro_batches; ++mb) {
+      counts[mb] = rows(local, mb * mb_rows, mb_rows).labels.ne(kIgnoreIndex).sum();
+    }
+    counts = counts.to(device);
+    mesh_->comm(MeshAxis::kDpCp).all_reduce(counts, ReduceOp::kSum, "trainer.valid_tokens");
+    counts = counts.cpu();
+    for (int mb = 0; mb < config_.micro_batches; ++mb) {
+      normalizers[mb] = static_cast<double>(counts[mb].item<int64_t>()) * config_.micro_batches;
+    }
+  }
   double loss_sum = 0;
   for (int mb = 0; mb < config_.micro_batches; ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
     hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
     context_->shared_state().begin_forward();
-    at::Tensor loss = model_->token_losses(micro).sum() / static_cast<double>(global_valid);
+    const at::Tensor token_losses = model_->token_losses(micro);
+    hooks_->record_token_losses(step, mb, token_losses.detach(), micro);
+    at::Tensor loss = token_losses.sum() / normalizers[mb];
     loss.backward();
     loss_sum += loss.item<double>();
   }

@@ -149,6 +149,11 @@ class TrainingHooks {
   /// receives it, whose first row is row `first_row` of the global batch.
   /// Shape: batch [b, S/CP] (fields as TrainerOptions shards them).
   virtual void record_batch(int64_t /*step*/, int /*micro_batch*/, int64_t /*first_row*/, const Batch&) {}
+  /// Per micro-batch, after its forward: the model's per-token losses (detached) of the
+  /// micro-batch given to record_batch, before they are summed and normalized.
+  /// Shape: token_losses [b, S/CP], like micro_batch.labels.
+  virtual void record_token_losses(int64_t /*step*/, int /*micro_batch*/, const at::Tensor& /*token_losses*/,
+                                   const Batch& /*micro_batch*/) {}
   /// After the gradients are synchronized, before clipping.
   virtual void after_backward_before_clip(int64_t /*step*/) {}
   /// After clipping; `grad_norm` is the global norm before clipping.

@@ -47,8 +47,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, faults, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, faults, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -112,7 +112,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-full"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, moe, vlm"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm"));
 }
 
 // Reads a JSONL file's lines.
@@ -244,7 +244,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   EXPECT_THAT(run.output, HasSubstr("llama/Reference: launching 1 rank(s)"));
   EXPECT_THAT(run.output, HasSubstr("llama/Tp2Sp: launching 2 rank(s)"));
   const auto results = jsonl(root / "results.jsonl");
-  ASSERT_EQ(results.size(), 40u);  // every TEST_P of the 16 suites, on one case
+  ASSERT_EQ(results.size(), 41u);  // every TEST_P of the 16 suites, on one case
   int passed = 0;
   for (const auto& line : results) passed += line["status"] == "passed";
   EXPECT_GE(passed, 25);
@@ -293,6 +293,16 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   CliRun no_results = mih("report " + (root / "llama").string());
   EXPECT_EQ(no_results.status, exit_status(Code::kFailedPrecondition)) << no_results.output;
   EXPECT_THAT(no_results.output, HasSubstr("results.jsonl"));
+  // Fault injection: an unknown fault, and a fault without the cases it goes into.
+  CliRun typo = mih("test --fault F99 --fault-cases Tp2Sp" + r);
+  EXPECT_EQ(typo.status, exit_status(Code::kInvalidSpec)) << typo.output;
+  EXPECT_THAT(typo.output, HasSubstr("unknown fault 'F99'"));
+  CliRun no_cases = mih("test --fault F03" + r);
+  EXPECT_EQ(no_cases.status, exit_status(Code::kInvalidSpec)) << no_cases.output;
+  EXPECT_THAT(no_cases.output, HasSubstr("--fault and --fault-cases go together"));
+  CliRun faults_typo = mih("faults --fault F23 --out " + (root / "faults").string());
+  EXPECT_EQ(faults_typo.status, exit_status(Code::kInvalidSpec)) << faults_typo.output;
+  EXPECT_THAT(faults_typo.output, HasSubstr("unknown fault 'F23'"));
 }
 
 }  // namespace

@@ -310,6 +310,30 @@ TEST(DataContractCheckTest, AVlmBatchWithoutPixelValuesAtTheFirstMicroBatchIsNam
   EXPECT_THAT(codes(checks::check_forward_fields(s.data, b).findings), Contains("MIH-DATA-005 pixel_values"));
 }
 
+TEST(DataContractCheckTest, TokenLossesMustFollowTheLabelsTheModelIsGiven) {
+  // Per-token cross entropy of random logits: zero exactly where the label is ignored.
+  at::manual_seed(3);
+  Batch b;
+  b.input_ids = at::randint(0, 7, {2, 6}, at::kLong);
+  b.labels = at::randint(0, 7, {2, 6}, at::kLong);
+  b.labels[0][2] = -100;
+  b.labels[1][0] = -100;
+  const at::Tensor logits = at::randn({12, 7}, at::kDouble);
+  auto token_losses = [&](const at::Tensor& labels) {
+    return at::cross_entropy_loss(logits, labels.reshape(-1), {}, at::Reduction::None, -100).view({2, 6});
+  };
+  EXPECT_THAT(codes(checks::check_token_losses(b, token_losses(b.labels)).findings), IsEmpty());
+  // The model shifts the (already shifted) labels again: it scores position t against t + 1.
+  const at::Tensor again = at::cat({b.labels.narrow(1, 1, 5), at::full({2, 1}, -100, at::kLong)}, 1);
+  const checks::CheckOutput shifted = checks::check_token_losses(b, token_losses(again));
+  EXPECT_THAT(codes(shifted.findings), Contains("MIH-DATA-006 labels"));
+  EXPECT_THAT(shifted.findings.findings().at(0).message, HasSubstr("are the labels shifted again inside the model?"));
+  EXPECT_EQ(shifted.evidence["loss_at_ignored_positions"], 2);
+  // One loss per label, not one per row.
+  EXPECT_THAT(codes(checks::check_token_losses(b, token_losses(b.labels).sum(1)).findings),
+              Contains("MIH-DATA-006 labels"));
+}
+
 // ---- input identity ----
 
 TEST(InputIdentityTest, OneHashForEverySplitOfTheGlobalBatchAndAnotherWhenARowChanges) {

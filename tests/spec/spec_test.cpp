@@ -43,8 +43,10 @@ void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>&
   EXPECT_THAT(errors, IsEmpty());
 }
 
-TEST(ReferenceSpecsTest, AllThreeAreRegistered) {
-  EXPECT_THAT(spec::SpecRegistry::instance().names(), ElementsAre("llama", "moe", "vlm"));
+TEST(ReferenceSpecsTest, AllAreRegistered) {
+  // The three reference ports, and the llama variants the fault catalog needs.
+  EXPECT_THAT(spec::SpecRegistry::instance().names(),
+              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "moe", "vlm"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -79,7 +81,7 @@ TEST_P(ReferenceSpecTest, ModuleParityCasesPass) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm"),
+INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceSpecsTest, InvariantsCanFail) {
@@ -127,7 +129,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, moe, vlm")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};

@@ -1,0 +1,72 @@
+// Fault injection for the fault catalog (FAULTS.md F01-F22, `mih faults`): each catalogued
+// integration bug is written into the reference models, the data pipeline or the runtime at
+// the place where it happened in the public stacks, behind a fault point
+//
+//   if (fault::active(fault::Fault::kF03)) { ...the buggy code... } else { ...the correct code... }
+//
+// that is inert unless the process's MIH_FAULT environment variable names it (MIH_FAULT=F03).
+// The conformance runner sets MIH_FAULT only in the rank processes of the cases it is asked
+// to break (`mih test --fault F03 --fault-cases DpShard2`); the reference and every other
+// case run the correct code. When off, a fault point costs one relaxed atomic load and a
+// compare (bench/fault_switch.cpp measures it). No torch here.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mih::fault {
+
+/// The catalogued faults (FAULTS.md), by ID. kNone: no fault (MIH_FAULT unset or empty).
+enum class Fault : int {
+  kNone = 0,
+  kF01, kF02, kF03, kF04, kF05, kF06, kF07, kF08, kF09, kF10, kF11,
+  kF12, kF13, kF14, kF15, kF16, kF17, kF18, kF19, kF20, kF21, kF22,
+};
+inline constexpr int kFaultCount = 22;
+
+namespace detail {
+/// The fault of this process: -1 until MIH_FAULT is read, then a Fault, or kUnknown when
+/// MIH_FAULT names no fault (check_environment() throws on it).
+inline constexpr int kUnread = -1, kUnknown = 1000;
+extern std::atomic<int> g_active;
+int load_from_environment() noexcept;
+}  // namespace detail
+
+/// True when this process injects `f`. MIH_FAULT is read on the first call (thread-safe).
+inline bool active(Fault f) noexcept {
+  int a = detail::g_active.load(std::memory_order_relaxed);
+  if (a == detail::kUnread) [[unlikely]] a = detail::load_from_environment();
+  return a == static_cast<int>(f);
+}
+
+/// The fault of this process (kNone when MIH_FAULT is unset or empty).
+/// Throws: mih::Error{kInvalidSpec} when MIH_FAULT names no catalogued fault, listing them.
+Fault current();
+/// Throws as current(): called by every rank at start, so a typo in MIH_FAULT is an error,
+/// never a silent fault-free run.
+void check_environment();
+
+/// "F01" ... "F22"; "" for kNone.
+std::string name(Fault f);
+/// "F01" (case-insensitive, "f1" and "F1" too) -> kF01; "" and "none" -> kNone.
+/// Throws: mih::Error{kInvalidSpec} naming the text and the valid IDs.
+Fault parse(std::string_view text);
+/// Every fault, F01 first.
+std::vector<Fault> all();
+
+/// Sets this process's fault for its lifetime, then puts the previous one back (unit tests
+/// of a fault point in one process: threads as ranks).
+class ScopedFault {
+ public:
+  explicit ScopedFault(Fault f);
+  ~ScopedFault();
+  ScopedFault(const ScopedFault&) = delete;
+  ScopedFault& operator=(const ScopedFault&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace mih::fault

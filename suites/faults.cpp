@@ -1,0 +1,432 @@
+// The fault catalog and `mih faults` (see faults.h).
+#include "suites/faults.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/fault.h"
+#include "harness/base/files.h"
+#include "harness/cli/cli.h"
+#include "harness/compare/compare.h"
+#include "harness/compare/verdicts.h"
+#include "harness/spec/case_matrix.h"
+#include "harness/spec/model_spec.h"
+
+extern char** environ;
+
+namespace mih::conformance {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::vector<FaultEntry>& fault_catalog() {
+  const json dp_shard2 = {{"dp_shard", 2}}, tp2 = {{"tp", 2}}, tp2_sp = {{"tp", 2}, {"sequence_parallel", true}};
+  const json cp2zz = {{"cp", 2}, {"cp_layout", "zigzag"}};
+  const json resume = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}};
+  const json cross = {{"kind", "cross_resume"}, {"save", dp_shard2}, {"load", tp2}, {"resume_at", 2}};
+  // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
+  // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight.
+  static const std::vector<FaultEntry> catalog = {
+      {"F01", "replicated-param grad",
+       "under sequence parallelism the final norm's weight gradient is a partial sum per TP rank and is never all-reduced",
+       "reference_models/llama.cpp", "Llama", "llama", tp2_sp, {"NumericParity", "ReplicaConsistency"},
+       {R"((^|[^._\w])'?norm\.weight)"}, ""},
+      {"F02", "replicated-param grad",
+       "MoE router weight is replicated over TP but its input gradient is partial and never reduced",
+       "reference_models/llama.cpp", "Moe", "moe", tp2_sp, {"NumericParity"}, {R"(mlp\.router)"}, ""},
+      {"F03", "grad-norm scope", "global grad norm computed from local shards only",
+       "harness/parallel/parallel_context.cpp", "Llama", "llama", dp_shard2, {"NumericParity.GradNormsMatchReference"},
+       {"grad_norm"}, ""},
+      {"F04", "grad-norm scope", "replicated (unsharded) grads counted once per rank in the norm",
+       "harness/parallel/parallel_context.cpp", "Llama", "llama", tp2, {"NumericParity.GradNormsMatchReference"},
+       {"grad_norm"}, ""},
+      {"F05", "loss normalization",
+       "loss divided by the rank's own valid-token count, then averaged over DP (uneven valid tokens across ranks)",
+       "harness/training/trainer.cpp", "Llama", "llama", dp_shard2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F06", "data contract", "labels shifted by the pipeline and again by the model", "reference_models/llama.cpp",
+       "Llama", "llama", dp_shard2, {"DataContract.LossFollowsTheLabels"}, {"labels"}, ""},
+      {"F07", "sequence layout", "position ids restart at 0 on every CP rank", "harness/training/trainer.cpp", "Llama",
+       "llama", cp2zz, {"InputIdentity.SameGlobalBatchAsReference"}, {"position_ids"}, ""},
+      {"F08", "TP layout", "row-parallel bias added on every TP rank before the all-reduce", "harness/parallel/layers.cpp",
+       "LlamaBias", "llama_bias", tp2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F09", "TP layout", "fused gate/up projection split contiguously so one rank gets all of gate",
+       "reference_models/llama.cpp", "Llama", "llama", tp2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F10", "checkpoint", "one parameter missing from the checkpoint key map", "reference_models/registry.cpp",
+       "Llama", "llama", resume, {"CheckpointCoverage.EveryTargetKeyLoadedOrTrainingOnly"},
+       {R"((^|[^._\w])norm\.weight)"}, ""},
+      {"F11", "checkpoint", "rotary inv_freq buffer left uninitialized / not rebuilt after load",
+       "harness/checkpoint/distributed_checkpoint.cpp", "Llama", "llama", resume, {"StateInvariants.AllHold"},
+       {"inv_freq"}, ""},
+      {"F12", "checkpoint", "optimizer state not resharded when loading under another topology",
+       "harness/checkpoint/distributed_checkpoint.cpp", "Llama", "llama", cross,
+       {"CheckpointRoundTrip.LoadedTensorsBitExact", "Resume.StepsAfterLoadMatchUninterruptedRun"},
+       {"exp_avg"}, ""},
+      {"F13", "activation checkpointing",
+       "a shared-state producer (routing stats) republishes during recompute", "reference_models/llama.cpp", "Moe", "moe",
+       {{"dp_shard", 2}, {"activation_checkpointing", true}},
+       {"SharedState.PublishedOncePerForward", "ActivationCheckpointEquivalence.RecomputeDoesNotRepublishSharedState"},
+       {"expert_counts"}, ""},
+      {"F14", "activation checkpointing", "RNG state not restored for recompute, with dropout > 0",
+       "harness/parallel/activation_checkpoint.cpp", "LlamaDropout", "llama_dropout",
+       {{"activation_checkpointing", true}}, {"ActivationCheckpointEquivalence.MatchesTheRunWithoutCheckpointing"},
+       {"grad_before_clip"}, ""},
+      {"F15", "optimizer layout", "optimizer built over the unsharded parameters (before sharding)",
+       "harness/training/trainer.cpp", "Llama", "llama", dp_shard2, {"OptimizerLayout.HoldsTheLiveShards"},
+       {"not a live sharded parameter"}, ""},
+      {"F16", "tied weights", "embedding and output head tied on one device but untied after sharding",
+       "reference_models/llama.cpp", "LlamaTied", "llama_tied", dp_shard2,
+       {"StateInvariants.AllHold", "Structure.DeclaredTiesAreOneParameter"}, {"tied", "lm_head"}, ""},
+      {"F17", "data parallel", "every DP rank reads the same micro-batch", "harness/training/trainer.cpp", "Llama", "llama",
+       dp_shard2, {"InputIdentity.SameGlobalBatchAsReference"}, {"input_ids"}, ""},
+      {"F18", "multimodal", "pixel_values dropped before the forward call", "reference_models/vlm.cpp", "Vlm", "vlm",
+       dp_shard2, {"DataContract.ForwardFieldsReachTheModel"}, {"pixel_values"}, ""},
+      {"F19", "multimodal", "vision features detached before the projector, vision tower gets no gradient",
+       "reference_models/vlm.cpp", "Vlm", "vlm", dp_shard2, {"ModalityGradients"}, {"vision_tower\\."}, ""},
+      {"F20", "MoE", "load-balancing aux loss summed instead of averaged over DP ranks", "reference_models/llama.cpp",
+       "Moe", "moe", dp_shard2, {"NumericParity.WatchedTensorsMatchReferenceAtEveryStage"}, {R"(mlp\.router)"}, ""},
+      {"F21", "sequence layout", "causal mask built in local instead of global coordinates under CP",
+       "harness/parallel/context_parallel.cpp", "Llama", "llama", cp2zz, {"NumericParity.LossMatchesReference"},
+       {"loss"}, ""},
+      {"F22", "loss normalization (micro-batches)",
+       "each micro-batch's loss divided by its own valid-token count, then averaged over the micro-batches",
+       "harness/training/trainer.cpp", "Llama", "llama", {{"dp_shard", 2}, {"micro_batches", 2}},
+       {"NumericParity.LossMatchesReference"}, {"loss"},
+       "huggingface/blog#2414 (transformers' gradient accumulation fix, Oct 2024), meta-pytorch/torchtune#1875, "
+       "karpathy/nanochat#59"},
+  };
+  return catalog;
+}
+
+namespace {
+
+// Runs this binary with `args`, its output to `log`; returns its exit status (128 + signal
+// when killed).
+int run_self(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> argv = {"/proc/self/exe"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, c_argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  MIH_CHECK_CODE(rc == 0, Code::kUnavailable, "mih faults: cannot start ", argv[0], ": ", std::strerror(rc));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    MIH_CHECK_CODE(errno == EINTR, Code::kInternal, "mih faults: waitpid: ", std::strerror(errno));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<json> read_results(const fs::path& file) {
+  std::vector<json> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// The JSON of a matrix of `cases` (cpu-smoke's lane: float64 on CPU, 3 steps).
+json matrix_json(const std::string& name, const std::vector<json>& cases) {
+  return {{"name", name}, {"dtype", "float64"},        {"device", "cpu"}, {"backend", "gloo"},
+          {"steps", 3},   {"max_world_size", 4}, {"cases", cases}};
+}
+
+bool expected_test(const FaultEntry& f, const json& result) {
+  const std::string suite = result.value("suite", ""), test = suite + "." + result.value("test", "");
+  for (const auto& e : f.expected) {
+    if (e == suite || e == test) return true;
+  }
+  return false;
+}
+
+bool names_cause(const FaultEntry& f, const std::string& message) {
+  for (const auto& c : f.causes) {
+    if (std::regex_search(message, std::regex(c))) return true;
+  }
+  return false;
+}
+
+std::string first_lines(const std::string& text, int n) {
+  std::string out;
+  std::istringstream in(text);
+  int i = 0;
+  for (std::string line; i < n && std::getline(in, line); ++i) out += (out.empty() ? "" : "\n") + line;
+  return out;
+}
+
+struct Run {
+  int status = 0;
+  std::vector<json> results;  // the fault case's result lines
+};
+
+// One `mih test` over one case of a spec's fault matrix.
+struct Runner {
+  fs::path out;
+  double case_timeout_s = 300;
+  bool progress = true;
+
+  int test(const fs::path& root, const std::string& prefix, const fs::path& matrix, const std::string& filter,
+           const std::string& fault, const std::string& fault_case, const fs::path& log) const {
+    std::vector<std::string> args = {"test",       "--evidence-root", root.string(),   "--prefixes",
+                                     prefix,       "--matrix",        matrix.string(), "--case-timeout",
+                                     std::to_string(case_timeout_s), "--no-progress"};
+    if (!fault.empty()) args.insert(args.end(), {"--fault", fault, "--fault-cases", fault_case});
+    if (!filter.empty()) args.push_back("--gtest_filter=" + filter);
+    return run_self(args, log);
+  }
+};
+
+void say(bool progress, const std::string& line) {
+  if (progress) std::fprintf(stderr, "[mih faults] %s\n", line.c_str());
+}
+
+const bool g_faults_runner_set = (set_faults_runner(faults_main), true);
+
+}  // namespace
+
+int faults_main(const std::vector<std::string>& args) {
+  CLI::App app{
+      "Run the fault catalog (FAULTS.md): every fault on the case where it manifests, and its fault-free twin; "
+      "report which suites caught it, the finding codes and the first divergence. Exit 0 when every fault is "
+      "detected by the suite FAULTS.md names, with a message that names the cause, and every fault-free twin "
+      "passes; 1 otherwise.",
+      "mih faults"};
+  std::vector<std::string> only;
+  std::string json_out;
+  fs::path out = "build/mih-faults";
+  double case_timeout_s = 300;
+  bool list = false, quiet = false;
+  app.add_option("--fault", only, "only these faults (F01 ... F22; repeat or comma-separate)")->delimiter(',');
+  app.add_option("--json", json_out, "write the detection matrix as JSON here");
+  app.add_option("--out", out, "evidence folder: fault-free/ (the twins), <ID>/ per fault")->capture_default_str();
+  app.add_option("--case-timeout", case_timeout_s, "seconds one case may take")->capture_default_str();
+  app.add_flag("--list", list, "print the catalog and exit");
+  app.add_flag("--no-progress", quiet, "no progress lines on stderr");
+  std::vector<std::string> argv_s = {"mih faults"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  const bool progress = !quiet;
+
+  std::vector<const FaultEntry*> faults;
+  std::set<std::string> wanted;
+  for (const auto& id : only) wanted.insert(fault::name(fault::parse(id)));
+  for (const auto& f : fault_catalog()) {
+    if (wanted.empty() || wanted.count(f.id)) faults.push_back(&f);
+  }
+  if (list) {
+    for (const auto* f : faults) {
+      std::string expected;
+      for (const auto& e : f->expected) expected += (expected.empty() ? "" : ", ") + e;
+      std::printf("%s  %-34s %s/%s  (%s)\n      %s\n      expected: %s\n", f->id.c_str(), f->kind.c_str(),
+                  f->spec.c_str(), f->case_entry.dump().c_str(), f->where.c_str(), f->fault.c_str(), expected.c_str());
+    }
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  out = fs::absolute(out);
+  fs::create_directories(out / "matrices");
+  MIH_CHECK_CODE(fs::is_directory(out), Code::kFailedPrecondition, "mih faults: cannot create ", out.string());
+
+  // One matrix per spec, of the cases its faults manifest under; the case name of each fault.
+  std::map<std::string, std::vector<json>> entries;  // spec -> unique case entries
+  std::map<std::string, std::string> prefix_of;       // spec -> registration prefix
+  for (const auto* f : faults) {
+    auto& list_of = entries[f->spec];
+    if (std::find(list_of.begin(), list_of.end(), f->case_entry) == list_of.end()) list_of.push_back(f->case_entry);
+    prefix_of[f->spec] = f->prefix;
+  }
+  std::map<std::string, fs::path> matrix_file;
+  std::map<std::string, spec::CaseMatrix> matrices;
+  for (const auto& [spec_name, cases] : entries) {
+    const json m = matrix_json("faults-" + spec_name, cases);
+    matrix_file[spec_name] = out / "matrices" / (spec_name + ".json");
+    // Rewritten only when it changes: its content is part of every case's fingerprint.
+    std::string old;
+    if (!read_file(matrix_file[spec_name], &old) || old != m.dump(2)) write_file_atomic(matrix_file[spec_name], m.dump(2));
+    matrices.emplace(spec_name, spec::resolve_matrix(spec::SpecRegistry::instance().get(spec_name), m));
+  }
+  std::map<const FaultEntry*, std::string> case_of;
+  for (const auto* f : faults) {
+    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
+    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}));
+    MIH_CHECK(one.cases.size() >= 2, "fault ", f->id, ": its case ", f->case_entry.dump(), " does not fit spec ", f->spec,
+              (one.rejected.empty() ? std::string() : ": " + one.rejected.front().reason));
+    case_of[f] = one.cases[1].name;
+  }
+
+  // The fault-free twins: every case of each spec's matrix, with the reference, once.
+  const Runner runner{out, case_timeout_s, progress};
+  const fs::path clean = out / "fault-free";
+  fs::create_directories(clean);
+  fs::remove(clean / "results.jsonl");
+  int infrastructure = 0;
+  for (const auto& [spec_name, file] : matrix_file) {
+    say(progress, "fault-free twins of " + spec_name + " (" + std::to_string(matrices.at(spec_name).cases.size()) +
+                      " cases) ...");
+    const int rc = runner.test(clean, prefix_of[spec_name], file, "", "", "", clean / ("mih_test_" + spec_name + ".log"));
+    if (rc != 0 && rc != 1) {
+      infrastructure = infrastructure ? infrastructure : rc;
+      say(progress, "  exit " + std::to_string(rc) + ": see " + (clean / ("mih_test_" + spec_name + ".log")).string());
+    }
+  }
+  const std::vector<json> clean_results = read_results(clean / "results.jsonl");
+
+  json rows = json::array();
+  int detected = 0, twin_failures = 0;
+  for (const auto* f : faults) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string case_name = case_of[f];
+    const fs::path root = out / f->id;
+    fs::remove_all(root);
+    fs::create_directories(root / f->spec);
+    // The fault-free cases this one is compared with, shared with the twins' run.
+    for (const auto& c : matrices.at(f->spec).cases) {
+      if (c.name != case_name && fs::exists(clean / f->spec / c.name)) {
+        fs::create_directory_symlink(clean / f->spec / c.name, root / f->spec / c.name);
+      }
+    }
+    say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + case_name + " with MIH_FAULT=" + f->id + " ...");
+    const int rc = runner.test(root, f->prefix, matrix_file[f->spec], f->prefix + "/*.*/" + case_name, f->id, case_name,
+                               root / "mih_test.log");
+    json row = {{"id", f->id},
+                {"kind", f->kind},
+                {"fault", f->fault},
+                {"where", f->where},
+                {"spec", f->spec},
+                {"case", case_name},
+                {"config", matrices.at(f->spec).at(case_name).config.name()},
+                {"expected", f->expected},
+                {"exit_status", rc},
+                {"evidence", (root / f->spec / case_name).string()}};
+    if (!f->report.empty()) row["report"] = f->report;
+    std::set<std::string> suites_failed;
+    json failed_tests = json::array();
+    std::string caught_by, message;
+    for (const auto& r : read_results(root / "results.jsonl")) {
+      if (r.value("case", "") != case_name || r.value("status", "") != "failed") continue;
+      const std::string test = r.value("suite", "") + "." + r.value("test", "");
+      suites_failed.insert(r.value("suite", ""));
+      failed_tests.push_back(test);
+      if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.value("message", ""))) {
+        caught_by = test;
+        message = r.value("message", "");
+      }
+    }
+    row["suites_failed"] = suites_failed;
+    row["failed_tests"] = failed_tests;
+    // The error findings of the faulty case, and its first divergence from what it is compared with.
+    std::set<std::string> codes;
+    json first = nullptr;
+    try {
+      const verdicts::CaseEvidence ev(root / f->spec / case_name);
+      if (ev.has("check/findings.json")) {
+        for (const auto& finding : ev.findings()) {
+          if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
+        }
+      }
+      const std::string target = ev.case_info().value("compare_to", "");
+      if (!target.empty() && fs::exists(root / f->spec / target)) {
+        CompareOptions o;
+        o.tolerance = verdicts::case_tolerance(ev);
+        o.first_step = ev.case_info().value("resume_at", int64_t{0});
+        const Comparison c = compare_evidence(root / f->spec / target, ev.dir(), o);
+        if (!c.divergences.empty()) {
+          const Divergence& d = c.divergences.front();
+          first = {{"kind", d.kind}, {"name", d.name}, {"step", d.step}, {"stage", d.stage},
+                   {"relative_error", d.relative_error}, {"compared_with", target}};
+        }
+      }
+    } catch (const std::exception& e) {
+      row["evidence_error"] = e.what();
+    }
+    row["finding_codes"] = codes;
+    row["first_divergence"] = first;
+    // The twin: every test of the same case without the fault.
+    json twin_failed = json::array();
+    int twin_tests = 0;
+    for (const auto& r : clean_results) {
+      if (r.value("spec", "") != f->spec || r.value("case", "") != case_name) continue;
+      ++twin_tests;
+      if (r.value("status", "") == "failed") {
+        twin_failed.push_back({{"test", r.value("suite", "") + "." + r.value("test", "")},
+                               {"message", first_lines(r.value("message", ""), 3)}});
+      }
+    }
+    const bool twin_clean = twin_tests > 0 && twin_failed.empty();
+    const bool ok = !caught_by.empty();
+    row["detected"] = ok;
+    row["caught_by"] = caught_by;
+    row["message"] = first_lines(message, 4);
+    row["twin_tests"] = twin_tests;
+    row["twin_passed"] = twin_clean;
+    row["twin_failures"] = twin_failed;
+    row["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rc != 0 && rc != 1) {
+      infrastructure = infrastructure ? infrastructure : rc;
+      row["error"] = "mih test exited " + std::to_string(rc) + "; see " + (root / "mih_test.log").string();
+    }
+    detected += ok;
+    twin_failures += !twin_clean;
+    std::string suites;
+    for (const auto& s : suites_failed) suites += (suites.empty() ? "" : ", ") + s;
+    say(progress, std::string("  ") + (ok ? "DETECTED by " + caught_by : "NOT DETECTED") +
+                      (suites.empty() ? "" : "; failed: " + suites) + (twin_clean ? "" : "; FAULT-FREE TWIN FAILED") +
+                      " (" + std::to_string(row["seconds"].get<double>()).substr(0, 4) + " s)");
+    rows.push_back(std::move(row));
+  }
+
+  const json report = {{"faults", rows},
+                       {"total", rows.size()},
+                       {"detected", detected},
+                       {"fault_free_failures", twin_failures},
+                       {"seconds", elapsed()},
+                       {"evidence", out.string()}};
+  const fs::path json_path = json_out.empty() ? out / "faults.json" : fs::path(json_out);
+  write_file_atomic(json_path, report.dump(2) + "\n");
+  std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", "ID", "kind", "case", "detected", "caught by", "twin");
+  for (const auto& r : rows) {
+    std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", r["id"].get<std::string>().c_str(),
+                r["kind"].get<std::string>().c_str(),
+                (r["spec"].get<std::string>() + "/" + r["case"].get<std::string>()).c_str(),
+                r["detected"].get<bool>() ? "yes" : "NO", r["caught_by"].get<std::string>().c_str(),
+                r["twin_passed"].get<bool>() ? "passed" : "FAILED");
+  }
+  std::printf("%d of %zu faults detected; %d fault-free twin(s) failed; %.1f s; matrix: %s\n", detected, rows.size(),
+              twin_failures, elapsed(), json_path.c_str());
+  if (infrastructure) return infrastructure;
+  return detected == static_cast<int>(rows.size()) && twin_failures == 0 ? 0 : 1;
+}
+
+}  // namespace mih::conformance
