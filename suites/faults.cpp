@@ -202,6 +202,31 @@ void say(bool progress, const std::string& line) {
   if (progress) std::fprintf(stderr, "[mih faults] %s\n", line.c_str());
 }
 
+// The detection matrix as a Markdown table (next to the JSON, for a CI job's summary).
+std::string markdown_table(const json& report) {
+  auto cell = [](std::string text) {
+    std::string out;
+    for (char c : text) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string(" ") : std::string(1, c);
+    return out.size() > 240 ? out.substr(0, 237) + "..." : out;
+  };
+  std::string md = "# Fault catalog: " + std::to_string(report["detected"].get<int>()) + " of " +
+                   std::to_string(report["total"].get<size_t>()) + " faults detected, " +
+                   std::to_string(report["fault_free_failures"].get<int>()) + " fault-free twin(s) failed\n\n";
+  md += "| ID | kind | case | detected | caught by | suites failed | twin | message |\n";
+  md += "|----|------|------|----------|-----------|---------------|------|---------|\n";
+  for (const auto& r : report["faults"]) {
+    std::string suites;
+    for (const auto& x : r["suites_failed"]) suites += (suites.empty() ? "" : ", ") + x.get<std::string>();
+    std::string message = r["message"].get<std::string>();
+    if (message.rfind("Failed\n", 0) == 0) message = message.substr(7);
+    md += "| " + r["id"].get<std::string>() + " | " + cell(r["kind"].get<std::string>()) + " | " +
+          r["spec"].get<std::string>() + " " + r["case"].get<std::string>() + " | " +
+          (r["detected"].get<bool>() ? "yes" : "**no**") + " | " + r["caught_by"].get<std::string>() + " | " + suites +
+          " | " + (r["twin_passed"].get<bool>() ? "passed" : "**failed**") + " | " + cell(message) + " |\n";
+  }
+  return md;
+}
+
 const bool g_faults_runner_set = (set_faults_runner(faults_main), true);
 
 }  // namespace
@@ -415,6 +440,7 @@ int faults_main(const std::vector<std::string>& args) {
                        {"evidence", out.string()}};
   const fs::path json_path = json_out.empty() ? out / "faults.json" : fs::path(json_out);
   write_file_atomic(json_path, report.dump(2) + "\n");
+  write_file_atomic(fs::path(json_path).replace_extension(".md"), markdown_table(report));
   std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", "ID", "kind", "case", "detected", "caught by", "twin");
   for (const auto& r : rows) {
     std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", r["id"].get<std::string>().c_str(),
