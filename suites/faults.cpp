@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -24,6 +23,7 @@
 #include "harness/cli/cli.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/verdicts.h"
+#include "harness/evidence/report.h"
 #include "harness/spec/case_matrix.h"
 #include "harness/spec/model_spec.h"
 
@@ -136,15 +136,9 @@ int run_self(const std::vector<std::string>& args, const fs::path& log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::vector<json> read_results(const fs::path& file) {
-  std::vector<json> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(std::move(j));
-  }
-  return out;
+// The tests of a `mih test` run (none when it ended before writing any).
+std::vector<TestResult> run_tests_of(const fs::path& root) {
+  return fs::exists(root / "results.jsonl") ? read_run_results(root).tests : std::vector<TestResult>();
 }
 
 // The JSON of a matrix of `cases` (cpu-smoke's lane: float64 on CPU, 3 steps).
@@ -153,10 +147,9 @@ json matrix_json(const std::string& name, const std::vector<json>& cases) {
           {"steps", 3},   {"max_world_size", 4}, {"cases", cases}};
 }
 
-bool expected_test(const FaultEntry& f, const json& result) {
-  const std::string suite = result.value("suite", ""), test = suite + "." + result.value("test", "");
+bool expected_test(const FaultEntry& f, const TestResult& result) {
   for (const auto& e : f.expected) {
-    if (e == suite || e == test) return true;
+    if (e == result.suite || e == result.suite + "." + result.test) return true;
   }
   return false;
 }
@@ -176,27 +169,17 @@ std::string first_lines(const std::string& text, int n) {
   return out;
 }
 
-struct Run {
-  int status = 0;
-  std::vector<json> results;  // the fault case's result lines
-};
-
-// One `mih test` over one case of a spec's fault matrix.
-struct Runner {
-  fs::path out;
-  double case_timeout_s = 300;
-  bool progress = true;
-
-  int test(const fs::path& root, const std::string& prefix, const fs::path& matrix, const std::string& filter,
-           const std::string& fault, const std::string& fault_case, const fs::path& log) const {
-    std::vector<std::string> args = {"test",       "--evidence-root", root.string(),   "--prefixes",
-                                     prefix,       "--matrix",        matrix.string(), "--case-timeout",
-                                     std::to_string(case_timeout_s), "--no-progress"};
-    if (!fault.empty()) args.insert(args.end(), {"--fault", fault, "--fault-cases", fault_case});
-    if (!filter.empty()) args.push_back("--gtest_filter=" + filter);
-    return run_self(args, log);
-  }
-};
+// `mih test` over the cases of a spec's fault matrix that `filter` selects (all when empty),
+// with `fault` in `fault_case`'s ranks when given; its output to `log`. Returns its exit status.
+int mih_test(const fs::path& root, const std::string& prefix, const fs::path& matrix, double case_timeout_s,
+             const std::string& filter, const std::string& fault, const std::string& fault_case, const fs::path& log) {
+  std::vector<std::string> args = {"test",   "--evidence-root", root.string(),   "--prefixes",
+                                   prefix,   "--matrix",        matrix.string(), "--case-timeout",
+                                   std::to_string(case_timeout_s), "--no-progress"};
+  if (!fault.empty()) args.insert(args.end(), {"--fault", fault, "--fault-cases", fault_case});
+  if (!filter.empty()) args.push_back("--gtest_filter=" + filter);
+  return run_self(args, log);
+}
 
 void say(bool progress, const std::string& line) {
   if (progress) std::fprintf(stderr, "[mih faults] %s\n", line.c_str());
@@ -312,7 +295,6 @@ int faults_main(const std::vector<std::string>& args) {
   }
 
   // The fault-free twins: every case of each spec's matrix, with the reference, once.
-  const Runner runner{out, case_timeout_s, progress};
   const fs::path clean = out / "fault-free";
   fs::create_directories(clean);
   fs::remove(clean / "results.jsonl");
@@ -320,13 +302,14 @@ int faults_main(const std::vector<std::string>& args) {
   for (const auto& [spec_name, file] : matrix_file) {
     say(progress, "fault-free twins of " + spec_name + " (" + std::to_string(matrices.at(spec_name).cases.size()) +
                       " cases) ...");
-    const int rc = runner.test(clean, prefix_of[spec_name], file, "", "", "", clean / ("mih_test_" + spec_name + ".log"));
+    const int rc = mih_test(clean, prefix_of[spec_name], file, case_timeout_s, "", "", "",
+                            clean / ("mih_test_" + spec_name + ".log"));
     if (rc != 0 && rc != 1) {
       infrastructure = infrastructure ? infrastructure : rc;
       say(progress, "  exit " + std::to_string(rc) + ": see " + (clean / ("mih_test_" + spec_name + ".log")).string());
     }
   }
-  const std::vector<json> clean_results = read_results(clean / "results.jsonl");
+  const std::vector<TestResult> clean_results = run_tests_of(clean);
 
   json rows = json::array();
   int detected = 0, twin_failures = 0;
@@ -343,8 +326,8 @@ int faults_main(const std::vector<std::string>& args) {
       }
     }
     say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + case_name + " with MIH_FAULT=" + f->id + " ...");
-    const int rc = runner.test(root, f->prefix, matrix_file[f->spec], f->prefix + "/*.*/" + case_name, f->id, case_name,
-                               root / "mih_test.log");
+    const int rc = mih_test(root, f->prefix, matrix_file[f->spec], case_timeout_s, f->prefix + "/*.*/" + case_name, f->id,
+                            case_name, root / "mih_test.log");
     json row = {{"id", f->id},
                 {"kind", f->kind},
                 {"fault", f->fault},
@@ -359,14 +342,14 @@ int faults_main(const std::vector<std::string>& args) {
     std::set<std::string> suites_failed;
     json failed_tests = json::array();
     std::string caught_by, message;
-    for (const auto& r : read_results(root / "results.jsonl")) {
-      if (r.value("case", "") != case_name || r.value("status", "") != "failed") continue;
-      const std::string test = r.value("suite", "") + "." + r.value("test", "");
-      suites_failed.insert(r.value("suite", ""));
+    for (const auto& r : run_tests_of(root)) {
+      if (r.case_name != case_name || r.status != "failed") continue;
+      const std::string test = r.suite + "." + r.test;
+      suites_failed.insert(r.suite);
       failed_tests.push_back(test);
-      if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.value("message", ""))) {
+      if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.message)) {
         caught_by = test;
-        message = r.value("message", "");
+        message = r.message;
       }
     }
     row["suites_failed"] = suites_failed;
@@ -402,11 +385,10 @@ int faults_main(const std::vector<std::string>& args) {
     json twin_failed = json::array();
     int twin_tests = 0;
     for (const auto& r : clean_results) {
-      if (r.value("spec", "") != f->spec || r.value("case", "") != case_name) continue;
+      if (r.spec != f->spec || r.case_name != case_name) continue;
       ++twin_tests;
-      if (r.value("status", "") == "failed") {
-        twin_failed.push_back({{"test", r.value("suite", "") + "." + r.value("test", "")},
-                               {"message", first_lines(r.value("message", ""), 3)}});
+      if (r.status == "failed") {
+        twin_failed.push_back({{"test", r.suite + "." + r.test}, {"message", first_lines(r.message, 3)}});
       }
     }
     const bool twin_clean = twin_tests > 0 && twin_failed.empty();

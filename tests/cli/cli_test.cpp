@@ -294,15 +294,14 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   EXPECT_EQ(no_results.status, exit_status(Code::kFailedPrecondition)) << no_results.output;
   EXPECT_THAT(no_results.output, HasSubstr("results.jsonl"));
   // Fault injection: an unknown fault, and a fault without the cases it goes into.
-  CliRun typo = mih("test --fault F99 --fault-cases Tp2Sp" + r);
-  EXPECT_EQ(typo.status, exit_status(Code::kInvalidSpec)) << typo.output;
-  EXPECT_THAT(typo.output, HasSubstr("unknown fault 'F99'"));
-  CliRun no_cases = mih("test --fault F03" + r);
-  EXPECT_EQ(no_cases.status, exit_status(Code::kInvalidSpec)) << no_cases.output;
-  EXPECT_THAT(no_cases.output, HasSubstr("--fault and --fault-cases go together"));
-  CliRun faults_typo = mih("faults --fault F23 --out " + (root / "faults").string());
-  EXPECT_EQ(faults_typo.status, exit_status(Code::kInvalidSpec)) << faults_typo.output;
-  EXPECT_THAT(faults_typo.output, HasSubstr("unknown fault 'F23'"));
+  for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
+           {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
+           {"test --fault F03" + r, "--fault and --fault-cases go together"},
+           {"faults --fault F23 --out " + (root / "faults").string(), "unknown fault 'F23'"}}) {
+    CliRun bad_fault = mih(command);
+    EXPECT_EQ(bad_fault.status, exit_status(Code::kInvalidSpec)) << command << "\n" << bad_fault.output;
+    EXPECT_THAT(bad_fault.output, HasSubstr(says)) << command;
+  }
 }
 
 }  // namespace
