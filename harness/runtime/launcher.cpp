@@ -1,67 +1,53 @@
-// launch(): spawn, supervise, stop and reap the rank processes, then build the report from
-// exit statuses, the ranks' error files, comm ledgers and logs.
+// launch(): prepare and lock the run directory, set the ranks' environment (and host their
+// TCPStore), start the ranks, supervise them until they end, fail or time out, then collect
+// each rank's outcome. Processes are in launcher_process.cpp, the report in launcher_report.cpp.
 #include "harness/runtime/launcher.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/prctl.h>
 #include <sys/file.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
-#include <limits>
+#include <filesystem>
 #include <map>
 #include <optional>
-#include <sstream>
-#include <thread>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/compat/store.h"
 #include "harness/runtime/comm_ledger.h"
+#include "harness/runtime/launcher_internal.h"
 #include "harness/runtime/rendezvous.h"
+#include "harness/runtime/world.h"
 
 namespace mih {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct Child {
-  int rank = -1;
-  pid_t pid = 0;
-  int pidfd = -1;
-  bool running = true;
-  bool stopped = false;  // the launcher sent it SIGTERM/SIGKILL
-  int status = 0;
-  int reap_order = -1;
-  Clock::time_point start, end;
-  std::filesystem::path log;
-};
-
-std::string signal_name(int sig) {
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
-#endif
-  return "signal " + std::to_string(sig);
-}
-
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  return -1;
-#endif
-}
+using launcher_internal::Child;
+using launcher_internal::Clock;
+using launcher_internal::diagnose_stragglers;
+using launcher_internal::env_list;
+using launcher_internal::fork_shell;
+using launcher_internal::open_pidfd;
+using launcher_internal::rank_ledger;
+using launcher_internal::read_error_file;
+using launcher_internal::root_cause;
+using launcher_internal::spawn_rank;
+using launcher_internal::stop_all;
+using launcher_internal::wait_some;
 
 // A free TCP port for MASTER_PORT in file-rendezvous mode, where it is informational only.
 int pick_free_port() {
@@ -133,224 +119,6 @@ void prepare_run_dir(const std::filesystem::path& dir) {
   }
 }
 
-std::vector<std::string> env_list(const Env& env) {
-  std::vector<std::string> out;
-  out.reserve(env.size());
-  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
-  return out;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (auto& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-// Local ranks: posix_spawn (vfork-fast), own process group, stdout+stderr to the log.
-pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, const std::filesystem::path& log) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // e.g. a TCPStore listening socket
-#endif
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  auto args = c_strings(argv);
-  auto envp = c_strings(env);
-  pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, args[0], &actions, &attr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) return -rc;
-  return pid;
-}
-
-// Template mode: fork so the shell gets a parent-death signal (a killed launcher must not
-// leave an srun behind). Only async-signal-safe calls between fork and exec.
-pid_t fork_shell(const std::string& command, std::vector<std::string> env, const std::filesystem::path& log) {
-  std::vector<std::string> argv = {"/bin/sh", "-c", command};
-  auto args = c_strings(argv);
-  auto envp = c_strings(env);
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) return -errno;
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    int in = ::open("/dev/null", O_RDONLY);
-    int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (in >= 0) ::dup2(in, 0);
-    if (out >= 0) {
-      ::dup2(out, 1);
-      ::dup2(out, 2);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve("/bin/sh", args.data(), envp.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-bool reap(Child& c, bool block) {
-  if (!c.running) return true;
-  int status = 0;
-  pid_t r;
-  do {
-    r = ::waitpid(c.pid, &status, block ? 0 : WNOHANG);
-  } while (r < 0 && errno == EINTR);
-  if (r == 0) return false;
-  c.running = false;
-  c.status = r == c.pid ? status : 0;
-  c.end = Clock::now();
-  if (c.pidfd >= 0) {
-    ::close(c.pidfd);
-    c.pidfd = -1;
-  }
-  return true;
-}
-
-// Waits until a running child ends or `until`; returns the children reaped.
-std::vector<Child*> wait_some(std::vector<Child>& children, Clock::time_point until) {
-  std::vector<Child*> reaped;
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<Child*> polled;
-    bool any_running = false;
-    for (auto& c : children) {
-      if (!c.running) continue;
-      any_running = true;
-      if (reap(c, false)) {
-        reaped.push_back(&c);
-      } else if (c.pidfd >= 0) {
-        fds.push_back({c.pidfd, POLLIN, 0});
-        polled.push_back(&c);
-      }
-    }
-    if (!reaped.empty() || !any_running) return reaped;
-    auto now = Clock::now();
-    if (now >= until) return reaped;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
-    bool all_have_pidfd = polled.size() == fds.size() &&
-                          std::all_of(children.begin(), children.end(), [](const Child& c) { return !c.running || c.pidfd >= 0; });
-    if (all_have_pidfd && !fds.empty()) {
-      ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(left, 1000)));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min<long long>(left, 2)));
-    }
-  }
-}
-
-// SIGTERM to every running child's process group, SIGKILL after the grace period, reap all.
-void stop_all(std::vector<Child>& children, std::chrono::milliseconds grace) {
-  for (auto& c : children) {
-    if (!c.running) continue;
-    c.stopped = true;
-    ::kill(-c.pid, SIGTERM);
-  }
-  auto until = Clock::now() + grace;
-  while (Clock::now() < until &&
-         std::any_of(children.begin(), children.end(), [](const Child& c) { return c.running; })) {
-    wait_some(children, until);
-  }
-  for (auto& c : children) {
-    if (!c.running) continue;
-    ::kill(-c.pid, SIGKILL);
-    reap(c, true);
-  }
-}
-
-// The rank to blame when several failed: a crash or a plain non-zero exit comes before a
-// transport timeout or a dead peer (14, 15), which are usually what the others see of it;
-// among equals, the first one reaped. Ranks ended by the launcher's signal are not failures
-// (one that exited with its own status during the grace period is).
-int root_cause(const std::vector<Child>& children) {
-  const Child* best = nullptr;
-  auto consequence = [](const Child& c) {
-    if (!WIFEXITED(c.status)) return false;
-    Code code = code_from_exit_status(WEXITSTATUS(c.status));
-    return code == Code::kDeadlineExceeded || code == Code::kUnavailable;
-  };
-  auto order = [](const Child& c) { return c.reap_order < 0 ? std::numeric_limits<int>::max() : c.reap_order; };
-  for (const auto& c : children) {
-    if ((c.stopped && WIFSIGNALED(c.status)) || (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) continue;
-    if (!best || std::make_pair(consequence(c), order(c)) < std::make_pair(consequence(*best), order(*best))) best = &c;
-  }
-  return best ? best->rank : -1;
-}
-
-std::string seconds_str(double s) {
-  std::ostringstream out;
-  out.precision(2);
-  out << std::fixed << s << " s";
-  return out.str();
-}
-
-// Ranks of the failed rank's last collective group that never entered it: the cause of a
-// collective timeout is usually a member that is elsewhere (stuck, or on another code path).
-// Calls are matched by their number on the axis, as every member issues them in order.
-std::string diagnose_stragglers(const std::map<int, std::vector<CommRecord>>& ledgers, int failed_rank) {
-  auto it = ledgers.find(failed_rank);
-  if (it == ledgers.end() || it->second.empty()) return "";
-  const CommRecord& last = it->second.back();
-  bool timed_out = last.event == "begin" || (last.event == "error" && last.error.find("did not complete") != std::string::npos);
-  if (!timed_out) return "";
-  auto calls_on = [&](const std::vector<CommRecord>& records) {
-    return std::count_if(records.begin(), records.end(),
-                         [&](const CommRecord& r) { return r.event == "begin" && r.axis == last.axis && r.ranks == last.ranks; });
-  };
-  const auto call = calls_on(it->second);
-  std::vector<int> missing;
-  for (int member : last.ranks) {
-    auto m = ledgers.find(member);
-    if (member != failed_rank && (m == ledgers.end() || calls_on(m->second) < call)) missing.push_back(member);
-  }
-  if (missing.empty()) return "";
-  std::string list;
-  for (size_t i = 0; i < missing.size(); ++i) list += (i ? ", " : "") + std::to_string(missing[i]);
-  return mih::internal::str("rank(s) [", list, "] never entered call #", call, " on axis '", last.axis, "' (", last.op,
-                            " from ", last.site, ") that rank ", failed_rank, " timed out in");
-}
-
-void read_error_file(const std::filesystem::path& run_dir, RankOutcome& o) {
-  std::string text;
-  if (read_file(run_dir / "errors" / ("rank" + std::to_string(o.rank) + ".json"), &text)) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_object()) {
-      o.error_code = j.value("code", "");
-      o.error_message = j.value("message", "");
-      for (const auto& line : j.value("context", std::vector<std::string>{})) o.error_message += "\n" + line;
-    }
-  }
-}
-
-std::vector<CommRecord> rank_ledger(const std::filesystem::path& run_dir, int rank) {
-  auto path = run_dir / "comm" / ("ledger_rank" + std::to_string(rank) + ".jsonl");
-  return std::filesystem::exists(path) ? read_ledger(path) : std::vector<CommRecord>{};
-}
-
-std::string indent(const std::string& text, const std::string& prefix) {
-  std::string out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) out += prefix + line + "\n";
-  return out;
-}
-
 }  // namespace
 
 std::string shell_quote(const std::string& arg) {
@@ -360,114 +128,6 @@ std::string shell_quote(const std::string& arg) {
   std::string out = "'";
   for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-std::string RankOutcome::how() const {
-  if (state == State::kStopped) return "stopped by the launcher (" + signal_name(signal) + ")";
-  if (state == State::kSignaled) return "killed by " + signal_name(signal);
-  std::string out = "exited with code " + std::to_string(exit_code);
-  Code code = code_from_exit_status(exit_code);
-  if (exit_code != 0 && code != Code::kOk) out += " (" + std::string(code_name(code)) + ")";
-  return out;
-}
-
-Code LaunchResult::code() const {
-  switch (status) {
-    case Status::kOk: return Code::kOk;
-    case Status::kTimedOut: return Code::kDeadlineExceeded;
-    case Status::kRankFailed:
-      for (const auto& r : ranks) {
-        if (r.rank != failed_rank) continue;
-        Code own = r.state == RankOutcome::State::kExited ? code_from_exit_status(r.exit_code) : Code::kOk;
-        return own == Code::kOk ? Code::kAborted : own;
-      }
-      return Code::kAborted;
-  }
-  return Code::kInternal;
-}
-
-std::string LaunchResult::report() const {
-  std::ostringstream out;
-  const int n = static_cast<int>(ranks.size());
-  auto name = [&](const RankOutcome& r) {
-    return r.rank >= 0 ? "rank " + std::to_string(r.rank) + "/" + std::to_string(n) : std::string("launcher command");
-  };
-  std::vector<int> still_running;
-  for (const auto& r : ranks) {
-    if (r.state == RankOutcome::State::kStopped) still_running.push_back(r.rank);
-  }
-  auto list = [](const std::vector<int>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    return "[" + s + "]";
-  };
-  if (status == Status::kOk) {
-    out << "all " << n << " rank(s) exited 0 in " << seconds_str(seconds) << "\n";
-    return out.str();
-  }
-  const RankOutcome* cause = nullptr;
-  if (status == Status::kRankFailed) {
-    for (const auto& r : ranks) {
-      if (r.rank == failed_rank) cause = &r;
-    }
-    out << "run failed: " << (cause ? name(*cause) + " " + cause->how() : "a rank failed") << " after "
-        << seconds_str(cause ? cause->seconds : seconds) << "\n";
-    if (cause && !cause->error_message.empty()) {
-      out << "  error [" << cause->error_code << "]:\n" << indent(cause->error_message, "    ");
-    }
-    if (cause && !cause->last_activity.empty()) out << "  last activity: " << cause->last_activity << "\n";
-    if (!diagnosis.empty()) out << "  likely cause: " << diagnosis << "\n";
-    if (cause && !failed_log_tail.empty()) out << "  log tail (" << cause->log.string() << "):\n" << indent(failed_log_tail, "    | ");
-    if (!still_running.empty()) out << "ranks still running when the run was stopped: " << list(still_running) << "\n";
-  } else {
-    out << "run timed out after " << seconds_str(static_cast<double>(timeout.count()) / 1000.0)
-        << "; ranks still running were stopped: " << list(still_running) << "\n";
-    bool none_started = std::all_of(ranks.begin(), ranks.end(),
-                                    [](const RankOutcome& r) { return r.last_activity == "no collective yet"; });
-    if (none_started) out << "  no rank reached a collective: if they were still starting, raise the run timeout\n";
-  }
-  out << "every rank:\n";
-  for (const auto& r : ranks) {
-    out << "  " << name(r) << " (pid " << r.pid << "): " << r.how() << " after " << seconds_str(r.seconds) << "\n";
-    if (!r.last_activity.empty()) out << "    " << r.last_activity << "\n";
-    if (&r != cause && !r.error_message.empty()) {
-      out << "    error [" << r.error_code << "]:\n" << indent(r.error_message, "      ");
-    }
-  }
-  if (status == Status::kTimedOut) {
-    for (const auto& r : ranks) {
-      if (r.state != RankOutcome::State::kStopped) continue;
-      std::string tail = tail_lines(r.log, 3);
-      if (!tail.empty()) out << "  " << name(r) << " log tail (" << r.log.string() << "):\n" << indent(tail, "    | ");
-    }
-  }
-  return out.str();
-}
-
-void to_json(nlohmann::json& j, const LaunchResult& result) {
-  static const char* kStatus[] = {"ok", "rank_failed", "timed_out"};
-  static const char* kState[] = {"exited", "signaled", "stopped"};
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : result.ranks) {
-    nlohmann::json o = {{"rank", r.rank},
-                        {"pid", r.pid},
-                        {"state", kState[static_cast<int>(r.state)]},
-                        {"how", r.how()},
-                        {"seconds", r.seconds},
-                        {"log", r.log.string()},
-                        {"last_activity", r.last_activity}};
-    if (r.state == RankOutcome::State::kExited) o["exit_code"] = r.exit_code;
-    if (r.signal != 0) o["signal"] = signal_name(r.signal);
-    if (!r.error_code.empty()) o["error"] = {{"code", r.error_code}, {"message", r.error_message}};
-    ranks.push_back(std::move(o));
-  }
-  j = {{"status", kStatus[static_cast<int>(result.status)]},
-       {"code", std::string(code_name(result.code()))},
-       {"seconds", result.seconds},
-       {"timeout_seconds", static_cast<double>(result.timeout.count()) / 1000.0},
-       {"ranks", ranks}};
-  if (result.status == LaunchResult::Status::kRankFailed) j["failed_rank"] = result.failed_rank;
-  if (!result.diagnosis.empty()) j["diagnosis"] = result.diagnosis;
 }
 
 LaunchResult launch(const LaunchOptions& options) {

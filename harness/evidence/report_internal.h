@@ -1,0 +1,88 @@
+// Internal to the report (report.cpp, report_read.cpp, report_md.cpp, report_html.cpp): the
+// text-safety and number helpers, the suites x cases tables and the per-format renderers they
+// share. Not part of mih's API.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "harness/evidence/report.h"
+
+namespace mih::report_internal {
+
+// ---------------------------------------------------------------------------------------
+// Text safety (report.cpp)
+
+/// True iff `line` holds only spaces, tabs and carriage returns.
+bool blank(std::string_view line);
+
+/// Valid UTF-8 holding only characters XML 1.0 allows (#x9 | #xA | #xD | [#x20-#xD7FF] |
+/// [#xE000-#xFFFD] | [#x10000-#x10FFFF], XML 1.0 section 2.2); anything else becomes U+FFFD.
+std::string clean_text(std::string_view s);
+
+/// For XML and HTML text and attribute values (quoted with "). Line breaks and tabs in an
+/// attribute are character references, or attribute-value normalization turns them into spaces.
+std::string markup_escape(std::string_view raw, bool attribute = false);
+
+/// markup_escape for an attribute value.
+std::string attr(std::string_view raw);
+
+/// The first non-blank line, cut at `limit` bytes on a character boundary.
+std::string first_line(const std::string& message, size_t limit = 200);
+
+/// "%.*f" of `value` with `digits` decimals.
+std::string fixed(double value, int digits = 3);
+
+/// "%.4g" of `value`.
+std::string short_number(double value);
+
+// ---------------------------------------------------------------------------------------
+// The suites x cases tables (report.cpp)
+
+struct Cell {
+  int passed = 0, failed = 0, skipped = 0;
+  std::string label() const {
+    if (failed > 0) return "FAIL";
+    if (passed > 0) return "pass";
+    if (skipped > 0) return "skip";
+    return "-";
+  }
+};
+
+struct SpecTable {
+  std::vector<std::string> suites, cases;  // sorted
+  std::map<std::pair<std::string, std::string>, Cell> cells;  // (suite, case)
+  Cell cell(const std::string& suite, const std::string& case_name) const {
+    const auto it = cells.find({suite, case_name});
+    return it == cells.end() ? Cell{} : it->second;
+  }
+};
+
+/// Per spec, its suites x cases table.
+std::map<std::string, SpecTable> spec_tables(const RunResults& run);
+
+std::string spec_title(const std::string& spec);
+std::string case_title(const std::string& name);
+/// A failed test of a case whose outcome is "transport_failure".
+bool transport_failure(const RunResults& run, const TestResult& t);
+/// An outcome other than "ran", state FAILED or BLOCKED, or unreadable evidence.
+bool case_needs_attention(const CaseResult& c);
+/// The evidence directory under the run root, "-" for none.
+std::string evidence_path(const RunResults& run, const std::string& evidence);
+/// "<n> tests: <p> passed, <f> failed, <s> skipped; <c> cases".
+std::string totals_line(const RunResults& run);
+/// The case's facts joined by "; ": kind, world size, seconds, outcome, state, compare_to, error.
+std::string case_facts(const CaseResult& c);
+
+// ---------------------------------------------------------------------------------------
+// The formats (see render_report in report.h)
+
+std::string render_markdown(const RunResults& run);  // report_md.cpp
+std::string render_junit(const RunResults& run);     // report_md.cpp
+std::string render_html(const RunResults& run);      // report_html.cpp
+
+}  // namespace mih::report_internal

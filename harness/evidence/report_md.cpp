@@ -1,0 +1,204 @@
+// The report as Markdown (suites x cases tables, the cases to look at, the launches' time,
+// failures, skipped tests) and as JUnit XML for CI (render_report in report.h).
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "harness/evidence/report.h"
+#include "harness/evidence/report_internal.h"
+
+namespace mih::report_internal {
+
+// ---------------------------------------------------------------------------------------
+// Markdown
+
+namespace {
+
+size_t longest_backtick_run(std::string_view s) {
+  size_t longest = 0, run = 0;
+  for (const char c : s) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return longest;
+}
+
+std::string md_code(std::string_view raw) {
+  const std::string s = clean_text(raw);
+  const std::string ticks(longest_backtick_run(s) + 1, '`');
+  const bool pad = !s.empty() && (s.front() == '`' || s.back() == '`');
+  return ticks + (pad ? " " : "") + s + (pad ? " " : "") + ticks;
+}
+
+std::string md_cell(std::string_view raw) {
+  std::string out;
+  for (const char c : clean_text(raw)) {
+    if (c == '|') {
+      out += "\\|";
+    } else {
+      out += (c == '\n' || c == '\r') ? ' ' : c;
+    }
+  }
+  return out;
+}
+
+// Where the launches' time went: rank 0's time by kind summed over the cases launched.
+std::string time_section(const RunResults& run) {
+  std::map<std::string, double> sum;
+  double launches = 0;
+  int n = 0;
+  for (const CaseResult& c : run.cases) {
+    if (c.timing.empty()) continue;
+    ++n;
+    launches += c.seconds;
+    for (const auto& [k, v] : c.timing) sum[k] += v;
+  }
+  if (n == 0 || launches <= 0) return "";
+  std::string out = "\n## Time\n\n" + std::to_string(n) + " case launches, " + fixed(launches, 1) +
+                    " s in all (rank 0's time by kind):\n\n| | s | share |\n|---|---|---|\n";
+  for (const auto& [key, title] : std::vector<std::pair<std::string, std::string>>{
+           {"process_start_s", "process start (exec to main: libtorch load)"},
+           {"rendezvous_s", "rendezvous and mesh"},
+           {"training_s", "training (build and steps, less the checks)"},
+           {"checks_s", "checks and probes (the validation session)"},
+           {"other_s", "spawn, teardown, launcher"}}) {
+    out += "| " + title + " | " + fixed(sum[key], 1) + " | " + fixed(100 * sum[key] / launches, 0) + "% |\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_markdown(const RunResults& run) {
+  std::string out = "# Conformance report: " + md_code(run.root.string()) + "\n\n" + totals_line(run) + "\n";
+  const auto tables = spec_tables(run);
+  for (const auto& [spec, table] : tables) {
+    out += "\n## " + md_cell(spec_title(spec)) + "\n\n| suite |";
+    for (const auto& c : table.cases) out += " " + md_cell(case_title(c)) + " |";
+    out += "\n|---|";
+    for (size_t i = 0; i < table.cases.size(); ++i) out += "---|";
+    out += "\n";
+    for (const auto& suite : table.suites) {
+      out += "| " + md_cell(suite) + " |";
+      for (const auto& c : table.cases) out += " " + table.cell(suite, c).label() + " |";
+      out += "\n";
+    }
+    bool header = false;
+    for (const CaseResult& c : run.cases) {
+      if (c.spec != spec || !case_needs_attention(c)) continue;
+      if (!header) out += "\nCases to look at:\n\n";
+      header = true;
+      out += "- " + md_code(c.name) + ": " + md_cell(case_facts(c)) + "\n";
+      for (const auto& p : c.problems) out += "  - " + md_cell(p) + "\n";
+    }
+  }
+  if (run.tests.empty()) out += "\nNo test has finished in this run.\n";
+  out += time_section(run);
+  if (run.failed() > 0) {
+    out += "\n## Failures\n";
+    for (const TestResult& t : run.tests) {
+      if (t.status != "failed") continue;
+      const std::string message = clean_text(t.message.empty() ? "(no message)" : t.message);
+      const std::string fence(std::max<size_t>(3, longest_backtick_run(message) + 1), '`');
+      out += "\n### " + md_code(t.name) + (transport_failure(run, t) ? " (transport failure)" : "") + "\n\n";
+      out += "Evidence: " + md_code(evidence_path(run, t.evidence)) + "\n\n";
+      out += fence + "\n" + message + (message.back() == '\n' ? "" : "\n") + fence + "\n";
+    }
+  }
+  if (run.skipped() > 0) {
+    out += "\n## Skipped\n\n";
+    for (const TestResult& t : run.tests) {
+      if (t.status == "skipped") out += "- " + md_code(t.name) + ": " + md_cell(first_line(t.message)) + "\n";
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// JUnit XML
+
+namespace {
+
+// "2026-11-30T11:00:00.123Z" -> "2026-11-30T11:00:00": the Ant schema's timestamp has no zone.
+// "" for anything that is not UTC in that form.
+std::string junit_timestamp(const std::string& time) {
+  const std::string pattern = "dddd-dd-ddTdd:dd:dd";
+  if (time.size() < pattern.size()) return "";
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == 'd' ? !std::isdigit(static_cast<unsigned char>(time[i])) : time[i] != pattern[i]) return "";
+  }
+  size_t i = pattern.size();
+  if (i < time.size() && time[i] == '.') {
+    ++i;
+    while (i < time.size() && std::isdigit(static_cast<unsigned char>(time[i]))) ++i;
+  }
+  if (i < time.size() && time[i] == 'Z') ++i;
+  return i == time.size() ? time.substr(0, pattern.size()) : "";
+}
+
+}  // namespace
+
+std::string render_junit(const RunResults& run) {
+  struct Suite {
+    std::vector<const TestResult*> tests;
+    int failures = 0, errors = 0, skipped = 0;
+    double seconds = 0;
+    std::string timestamp;
+  };
+  std::map<std::string, Suite> suites;  // by classname
+  int failures = 0, errors = 0;
+  double seconds = 0;
+  for (const TestResult& t : run.tests) {
+    Suite& s = suites[t.spec.empty() ? t.suite : t.spec + "." + t.suite];
+    s.tests.push_back(&t);
+    s.seconds += t.seconds;
+    seconds += t.seconds;
+    if (t.status == "skipped") s.skipped += 1;
+    if (t.status == "failed") (transport_failure(run, t) ? s.errors : s.failures) += 1;
+    const std::string ts = junit_timestamp(t.time);
+    if (!ts.empty() && (s.timestamp.empty() || ts < s.timestamp)) s.timestamp = ts;
+  }
+  for (const auto& [name, s] : suites) failures += s.failures, errors += s.errors;
+
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out += "<testsuites name=\"" + attr("mih conformance " + run.root.string()) + "\" tests=\"" +
+         std::to_string(run.tests.size()) + "\" failures=\"" + std::to_string(failures) + "\" errors=\"" +
+         std::to_string(errors) + "\" time=\"" + fixed(seconds) + "\">\n";
+  for (const auto& [classname, s] : suites) {
+    out += "  <testsuite name=\"" + attr(classname) + "\" tests=\"" + std::to_string(s.tests.size()) +
+           "\" failures=\"" + std::to_string(s.failures) + "\" errors=\"" + std::to_string(s.errors) +
+           "\" skipped=\"" + std::to_string(s.skipped) + "\" time=\"" + fixed(s.seconds) + "\"" +
+           (s.timestamp.empty() ? "" : " timestamp=\"" + s.timestamp + "\"") + ">\n";
+    for (const TestResult* t : s.tests) {
+      std::string name = t->test.empty() ? t->name : t->test;
+      if (!t->test.empty() && !t->case_name.empty()) name += "/" + t->case_name;
+      out += "    <testcase classname=\"" + attr(classname) + "\" name=\"" + attr(name) + "\" time=\"" +
+             fixed(t->seconds) + "\"";
+      if (t->status == "passed") {
+        out += "/>\n";
+        continue;
+      }
+      out += ">\n";
+      if (t->status == "skipped") {
+        out += "      <skipped message=\"" + attr(t->message) + "\"/>\n";
+      } else {
+        const bool error = transport_failure(run, *t);
+        const std::string element = error ? "error" : "failure";
+        out += "      <" + element + " message=\"" + attr(first_line(t->message)) + "\" type=\"" +
+               (error ? "transport_failure" : "conformance") + "\">" + markup_escape(t->message) + "</" + element +
+               ">\n";
+        out += "      <system-out>evidence: " + markup_escape(evidence_path(run, t->evidence)) + "</system-out>\n";
+      }
+      out += "    </testcase>\n";
+    }
+    out += "  </testsuite>\n";
+  }
+  out += "</testsuites>\n";
+  return out;
+}
+
+}  // namespace mih::report_internal

@@ -1,0 +1,243 @@
+// Reading a conformance run root (read_run_results in report.h): results.jsonl, one line per
+// test, and the case directories its tests name (case_run.json, integration_state.json and the
+// training metrics).
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/evidence/report.h"
+#include "harness/evidence/report_internal.h"
+
+namespace mih {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using report_internal::blank;
+
+const std::vector<std::string> kStatuses = {"passed", "failed", "skipped"};
+
+// Calls fn(line_number, line) for every non-blank line of `text`; a last line without its
+// newline is passed with terminated = false (it may be torn).
+template <class Fn>
+void for_each_line(const std::string& text, Fn&& fn) {
+  size_t start = 0;
+  for (int line_number = 1; start < text.size(); ++line_number) {
+    size_t end = text.find('\n', start);
+    const bool terminated = end != std::string::npos;
+    if (!terminated) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    if (!blank(line)) fn(line_number, line, terminated);
+  }
+}
+
+std::string string_field(const json& j, const char* key, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return "";
+  MIH_CHECK(it->is_string(), where, ": '", key, "' must be a string, got ", it->dump());
+  return it->get<std::string>();
+}
+
+// "Llama/NumericParity.LossMatchesReference/DpShard2" -> suite, test, case: GoogleTest's
+// "<Instance>/<Suite>.<Test>/<Param>" for value-parameterized tests, "<Suite>.<Test>" otherwise.
+void split_test_name(const std::string& name, std::string* suite, std::string* test, std::string* case_name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos) return;
+  const std::string left = name.substr(0, dot), right = name.substr(dot + 1);
+  const size_t slash_left = left.rfind('/'), slash_right = right.find('/');
+  if (suite->empty()) *suite = slash_left == std::string::npos ? left : left.substr(slash_left + 1);
+  if (test->empty()) *test = right.substr(0, slash_right);
+  if (case_name->empty() && slash_right != std::string::npos) *case_name = right.substr(slash_right + 1);
+}
+
+TestResult parse_result_line(const json& j, const std::string& where) {
+  MIH_CHECK(j.is_object(), where, ": expected a JSON object, got ", j.dump());
+  TestResult t;
+  t.name = string_field(j, "name", where);
+  MIH_CHECK(!t.name.empty(), where, ": 'name' is missing or empty");
+  t.status = string_field(j, "status", where);
+  MIH_CHECK(std::find(kStatuses.begin(), kStatuses.end(), t.status) != kStatuses.end(), where,
+            ": 'status' must be one of passed, failed, skipped; got '", t.status, "'");
+  t.spec = string_field(j, "spec", where);
+  t.case_name = string_field(j, "case", where);
+  t.suite = string_field(j, "suite", where);
+  t.test = string_field(j, "test", where);
+  t.message = string_field(j, "message", where);
+  t.evidence = string_field(j, "evidence", where);
+  t.time = string_field(j, "time", where);
+  if (const auto it = j.find("seconds"); it != j.end() && !it->is_null()) {
+    MIH_CHECK(it->is_number() && it->get<double>() >= 0, where, ": 'seconds' must be a non-negative number, got ",
+              it->dump());
+    t.seconds = it->get<double>();
+  }
+  split_test_name(t.name, &t.suite, &t.test, &t.case_name);
+  return t;
+}
+
+// Case files never fail the report: what cannot be read is recorded in `problems`.
+void take(const json& j, const char* key, std::string* out, const fs::path& file, std::vector<std::string>* problems) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+  } else {
+    problems->push_back(file.string() + ": '" + key + "' must be a string, got " + it->dump());
+  }
+}
+
+template <class Number>
+void take(const json& j, const char* key, Number* out, const fs::path& file, std::vector<std::string>* problems) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (it->is_number()) {
+    *out = it->get<Number>();
+  } else {
+    problems->push_back(file.string() + ": '" + key + "' must be a number, got " + it->dump());
+  }
+}
+
+bool read_json_object(const fs::path& file, json* out, std::vector<std::string>* problems) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return false;
+  std::string text;
+  if (!read_file(file, &text)) {
+    problems->push_back(file.string() + ": cannot be read");
+    return false;
+  }
+  try {
+    *out = json::parse(text);
+  } catch (const json::exception& e) {
+    problems->push_back(file.string() + ": not JSON: " + e.what());
+    return false;
+  }
+  if (!out->is_object()) {
+    problems->push_back(file.string() + ": expected a JSON object, got " + out->dump());
+    return false;
+  }
+  return true;
+}
+
+double metric_value(const json& row, const char* key) {
+  const auto it = row.find(key);
+  return it != row.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
+void read_case_files(const fs::path& root, CaseResult* c) {
+  const fs::path dir = root / c->evidence;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    c->problems.push_back("evidence directory " + dir.string() + " does not exist");
+    return;
+  }
+  json j;
+  const fs::path case_run = dir / "case_run.json";
+  if (read_json_object(case_run, &j, &c->problems)) {
+    take(j, "kind", &c->kind, case_run, &c->problems);
+    take(j, "compare_to", &c->compare_to, case_run, &c->problems);
+    take(j, "outcome", &c->outcome, case_run, &c->problems);
+    take(j, "error", &c->error, case_run, &c->problems);
+    take(j, "world_size", &c->world_size, case_run, &c->problems);
+    take(j, "seconds", &c->seconds, case_run, &c->problems);
+    if (j.contains("timing") && j["timing"].is_object()) {
+      for (const auto& [k, v] : j["timing"].items()) {
+        if (v.is_number()) c->timing[k] = v.get<double>();
+      }
+    }
+  }
+  const fs::path state = dir / "integration_state.json";
+  if (read_json_object(state, &j, &c->problems)) {
+    take(j, "state", &c->state, state, &c->problems);
+    take(j, "reason", &c->state_reason, state, &c->problems);
+  }
+  const fs::path metrics = dir / "cases" / "runtime" / "metrics.jsonl";
+  if (!fs::exists(metrics, ec)) return;
+  std::string text;
+  if (!read_file(metrics, &text)) {
+    c->problems.push_back(metrics.string() + ": cannot be read");
+    return;
+  }
+  std::map<int64_t, StepPoint> by_step;  // a repeated step (a resume): the last line wins
+  for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
+    json row;
+    try {
+      row = json::parse(line.begin(), line.end());
+    } catch (const json::exception& e) {
+      if (terminated) c->problems.push_back(metrics.string() + " line " + std::to_string(line_number) + ": not JSON: " + e.what());
+      return;
+    }
+    if (!row.is_object() || !row.contains("step") || !row["step"].is_number_integer()) {
+      c->problems.push_back(metrics.string() + " line " + std::to_string(line_number) + ": no integer 'step'");
+      return;
+    }
+    StepPoint p;
+    p.step = row["step"].get<int64_t>();
+    p.loss = metric_value(row, "loss");
+    p.grad_norm_pre_clip = metric_value(row, "grad_norm_pre_clip");
+    by_step[p.step] = p;
+  });
+  for (const auto& [step, p] : by_step) c->steps.push_back(p);
+}
+
+}  // namespace
+
+RunResults read_run_results(const fs::path& root) {
+  const std::string fix = "; run the conformance binary or scripts/conformance with --evidence-root " + root.string() + " first";
+  std::error_code ec;
+  MIH_CHECK_CODE(fs::is_directory(root, ec), Code::kFailedPrecondition, "run root '", root.string(), "' does not exist",
+                 fix);
+  const fs::path file = root / "results.jsonl";
+  MIH_CHECK_CODE(fs::exists(file, ec), Code::kFailedPrecondition, "'", file.string(),
+                 "' does not exist: no test of the run has finished", fix);
+  std::string text;
+  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read '", file.string(), "'");
+
+  std::map<std::string, TestResult> by_name;  // a rerun test: its last line wins
+  for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
+    const std::string where = file.string() + " line " + std::to_string(line_number);
+    json j;
+    try {
+      j = json::parse(line.begin(), line.end());
+    } catch (const json::exception& e) {
+      if (!terminated) return;  // a writer died mid-line
+      MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", e.what());
+    }
+    TestResult t = parse_result_line(j, where);
+    by_name[t.name] = std::move(t);
+  });
+
+  RunResults run;
+  run.root = root;
+  std::map<std::pair<std::string, std::string>, CaseResult> cases;
+  for (auto& [name, t] : by_name) {
+    if (!t.case_name.empty()) {
+      CaseResult& c = cases[{t.spec, t.case_name}];
+      c.spec = t.spec;
+      c.name = t.case_name;
+      if (c.evidence.empty()) c.evidence = t.evidence;
+    }
+    run.tests.push_back(std::move(t));
+  }
+  for (auto& [key, c] : cases) {
+    if (c.evidence.empty()) {
+      c.problems.push_back("no test of the case names its evidence directory");
+    } else {
+      read_case_files(root, &c);
+    }
+    run.cases.push_back(std::move(c));
+  }
+  return run;
+}
+
+}  // namespace mih
