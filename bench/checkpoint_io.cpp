@@ -49,7 +49,7 @@ uintmax_t dir_bytes(const fs::path& dir) {
 
 MIH_WORKER_TASK(bench_checkpoint, "saves and loads checkpoints of the tiny block", {"repeats", "", "3"},
                 {"hidden", "", "256"}, {"layers", "", "4"}, {"dir", "checkpoint folder", ""}) {
-  mih::ParallelDims dims;
+  mih::ParallelConfig dims;
   dims.dp_shard = 2;
   mih::DeviceMesh mesh = ctx.build_mesh(dims);
   mih::ParallelConfig config;

@@ -29,7 +29,7 @@ double median_us(std::vector<double> v) {
 MIH_WORKER_TASK(bench_latency, "times back-to-back small collectives",
                 {"iterations", "timed calls per op", "200"}, {"numel", "elements per tensor", "256"}) {
   const int64_t iterations = ctx.int_option("iterations"), numel = ctx.int_option("numel");
-  mih::ParallelDims dims;
+  mih::ParallelConfig dims;
   dims.dp_shard = ctx.world().world_size;
   mih::DeviceMesh mesh = ctx.build_mesh(dims);
   mih::Communicator& world = mesh.comm(mih::MeshAxis::kWorld);

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   // A training step of the llama spec on one rank.
   std::vector<double> times;
   const mih::spec::ModelSpec s = mih::spec::SpecRegistry::instance().get("llama");
-  auto errors = mih::testing::run_mesh(mih::ParallelDims{}, [&](mih::DeviceMesh& mesh) {
+  auto errors = mih::testing::run_mesh(mih::ParallelConfig{}, [&](mih::DeviceMesh& mesh) {
     mih::ParallelConfig c;
     mih::Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(mih::TrainerOptions()));
     for (int step = 0; step < steps; ++step) {

@@ -43,7 +43,7 @@ double median(std::vector<double> v) {
 
 int64_t parameter_count(const mih::spec::ModelSpec& s) {
   int64_t n = 0;
-  mih::testing::run_mesh(mih::ParallelDims{}, [&](mih::DeviceMesh& mesh) {
+  mih::testing::run_mesh(mih::ParallelConfig{}, [&](mih::DeviceMesh& mesh) {
     mih::ParallelContext ctx(mesh, {});
     auto model = s.factory(ctx);
     model->apply_fsdp(ctx);
@@ -56,9 +56,8 @@ int64_t parameter_count(const mih::spec::ModelSpec& s) {
 // The loop with no session: what Trainer::step does at world size 1, without its hooks.
 std::vector<double> plain_steps(const mih::spec::ModelSpec& s, const mih::TrainerOptions& o, int steps) {
   std::vector<double> times;
-  mih::testing::run_mesh(mih::ParallelDims{}, [&](mih::DeviceMesh& mesh) {
-    mih::ParallelOptions po;
-    mih::ParallelContext ctx(mesh, po);
+  mih::testing::run_mesh(mih::ParallelConfig{}, [&](mih::DeviceMesh& mesh) {
+    mih::ParallelContext ctx(mesh, mesh.config());
     auto model = s.factory(ctx);
     model->apply_fsdp(ctx);
     ctx.finalize(*model);
@@ -92,7 +91,7 @@ std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::Trai
   std::vector<double> times;
   mih::ParallelConfig c;
   c.dp_shard = dp_shard;
-  auto errors = mih::testing::run_mesh(c.dims(), [&](mih::DeviceMesh& mesh) {
+  auto errors = mih::testing::run_mesh(c, [&](mih::DeviceMesh& mesh) {
     mih::SessionOptions so;
     so.mode = mode;
     so.config = c;
@@ -117,7 +116,7 @@ double world_all_reduce_ms(int world) {
   std::vector<double> times;
   mih::ParallelConfig c;
   c.dp_shard = world;
-  mih::testing::run_mesh(c.dims(), [&](mih::DeviceMesh& mesh) {
+  mih::testing::run_mesh(c, [&](mih::DeviceMesh& mesh) {
     at::Tensor t = at::ones({64}, at::kDouble);
     for (int i = 0; i < 30; ++i) {
       const auto start = Clock::now();

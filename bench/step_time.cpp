@@ -73,7 +73,7 @@ MIH_WORKER_TASK(bench_step, "trains the tiny block and reports step times and by
                 {"heads", "", "8"}, {"ffn", "", "512"}, {"layers", "", "4"}, {"vocab", "", "2048"}, {"seq", "", "128"},
                 {"batch", "", "8"}) {
   const Sizes s = sizes_of(ctx);
-  mih::ParallelDims dims = ctx.option("dims") == "1" ? mih::ParallelDims{} : mih::ParallelDims::parse(ctx.option("dims"));
+  mih::ParallelConfig dims = ctx.option("dims") == "1" ? mih::ParallelConfig{} : mih::ParallelConfig::parse_mesh(ctx.option("dims"));
   mih::DeviceMesh mesh = ctx.build_mesh(dims);
   mih::ParallelConfig config;
   config.dp_shard = dims.dp_shard;

@@ -1,7 +1,7 @@
 # The installed CMake package, so that an outside project can use mih: `cmake --install build
 # --prefix <p>` installs every mih_add_library target (static archives; the OBJECT libraries'
 # object files, whose GoogleTest and spec registrations an archive would drop), the headers,
-# the `mih` command, suites/conformance_main.cpp and <p>/lib/cmake/mih/mihConfig.cmake.
+# the `mih` command, harness/cli/conformance_main.cpp and <p>/lib/cmake/mih/mihConfig.cmake.
 #
 # How an outside project uses it (tests/external_project is one, run by the ctest test
 # `external_project`):
@@ -24,11 +24,12 @@ install(TARGETS ${_mih_package_targets} mih EXPORT mihTargets
 install(EXPORT mihTargets NAMESPACE mih:: DESTINATION "${MIH_INSTALL_CMAKEDIR}")
 
 # Headers keep the source layout: #include "harness/..." and "suites/conformance.h".
-install(DIRECTORY harness/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/harness" FILES_MATCHING PATTERN "*.h")
+install(DIRECTORY harness/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/harness" FILES_MATCHING PATTERN "*.h"
+        PATTERN "*_internal.h" EXCLUDE)
 install(DIRECTORY reference_models/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/reference_models" FILES_MATCHING PATTERN "*.h")
 install(FILES specs/spec_support.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/specs")
-install(FILES suites/conformance.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
-install(FILES suites/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
+install(FILES suites/conformance.h suites/suite_table.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
+install(FILES harness/cli/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
 install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
 
 configure_package_config_file(cmake/mihConfig.cmake.in "${PROJECT_BINARY_DIR}/mihConfig.cmake"

@@ -148,7 +148,7 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
   ctx_->mesh().comm(MeshAxis::kDpCp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
   if (ctx_->sequence_parallel()) {
-    ctx_->tp().all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+    ctx_->tp_group().all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
     replicas_of_tokens *= ctx_->tp_size();
   }
   // Routing statistics are shared state: published here, consumed by the balancing loss
@@ -256,7 +256,7 @@ at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch
     // F06 (FAULTS.md): shifted again, as Hugging Face's causal-LM loss does for unshifted labels.
     labels = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
   }
-  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape(-1), ctx_->tp(),
+  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape(-1), ctx_->tp_group(),
                                       o_.vocab_size())
       .view_as(labels);
 }

@@ -110,12 +110,12 @@ double export_reference_model(const ExportOptions& options) {
   ReferenceModel model = reference_model(options.model);
   MIH_CHECK(!options.out.empty(), "export: --out DIR is required");
   ParallelConfig config;
-  config.dtype = parse_dtype(options.dtype);
+  config.dtype = parse_dtype_name(options.dtype);
   config.seed = options.seed;
   compat::Store store = compat::make_hash_store(std::chrono::seconds(30));
   MeshOptions mesh_options;
   mesh_options.group.gloo_hostname = "127.0.0.1";
-  DeviceMesh mesh(config.dims(), store, 0, 1, mesh_options);
+  DeviceMesh mesh(config, store, 0, 1, mesh_options);
   BatchSource batches = model.batches(options.text);
   Trainer trainer(mesh, config, model.factory, batches, model.trainer_options);
   ParallelModel& net = trainer.model();

@@ -20,11 +20,11 @@ inline spec::CheckResult on_one_rank(const std::function<spec::CheckResult(Paral
   compat::Store store = compat::make_hash_store(std::chrono::seconds(30));
   MeshOptions options;
   options.group.gloo_hostname = "127.0.0.1";
-  DeviceMesh mesh(ParallelDims{}, store, 0, 1, options);
-  ParallelOptions po;
-  po.param_dtype = at::kDouble;
-  po.init_seed = 7;
-  ParallelContext ctx(mesh, po);
+  ParallelConfig config;
+  config.dtype = DType::kFloat64;
+  config.seed = 7;
+  DeviceMesh mesh(config, store, 0, 1, options);
+  ParallelContext ctx(mesh, config);
   return fn(ctx);
 }
 

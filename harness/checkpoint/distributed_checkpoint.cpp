@@ -387,7 +387,7 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   });
   // Every rank read everything: commit.
   at::NoGradGuard no_grad;
-  const c10::Device device = ctx.options().device;
+  const c10::Device device = ctx.device();
   for (Staged& s : staged) {
     s.param->local.copy_(s.value);
     if (!s.moments.empty()) {

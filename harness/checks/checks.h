@@ -4,24 +4,8 @@
 // is rank-local (its findings are merged across ranks by the session); one marked
 // "collective" must be called on every rank of the mesh in the same order.
 //
-// Finding codes, by area:
-//   STRUCT-001 local shape inconsistent with placements   STRUCT-002 wrong dtype or device
-//   STRUCT-003 non-finite parameter or buffer             STRUCT-004 declared tie not one param
-//   STRUCT-005 FSDP parameter outside a declared unit     STRUCT-006 unit mixes dtypes/meshes
-//   OPTIM-001 tensor that is not a live parameter         OPTIM-002 parameter in two groups
-//   OPTIM-003 frozen parameter in the optimizer           OPTIM-004 trainable parameter missing
-//   OPTIM-005 weight decay not as declared                OPTIM-006 state shape != local shape
-//   DATA-001 field without an owner                       DATA-002 declared field not produced
-//   DATA-003 field with two owners                        DATA-004 labels shift != declaration
-//   DATA-005 required forward field missing at the first micro-batch
-//   DATA-006 per-token loss not where the labels are valid (labels shifted again?)
-//   INPUT-001 cp-replicated field differs across cp ranks INPUT-002 tp ranks saw other inputs
-//   CKPT-001 target key neither loaded nor training-only  CKPT-002 transform does not round-trip
-//   CKPT-003 unexpected source key                        CKPT-004 mapped key absent in source
-//   SHARED-001 no producer   SHARED-002 no consumer   SHARED-003 consume before publish
-//   SHARED-004 published twice in one forward   SHARED-005 wrong producer   SHARED-006 undeclared
-//   MODAL-001 modality parameter without a finite, non-zero gradient
-//   INVAR-001 invariant failed                            INVAR-002 invariant threw
+// Finding codes: the named constants of harness/findings/codes.h (one per code, with its
+// meaning), used by the check that emits each and the suite that asserts on it.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +18,7 @@
 
 #include "harness/data/batch.h"
 #include "harness/parallel/shared_state.h"
-#include "harness/session/findings.h"
+#include "harness/findings/findings.h"
 #include "harness/spec/model_spec.h"
 #include "harness/training/trainer.h"
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/findings/codes.h"
 #include "harness/base/sha256.h"
 #include "harness/checks/checks.h"
 #include "harness/runtime/communicator.h"
@@ -91,7 +92,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
     const bool produced = batch.fields.count(name) || (name == "position_ids" && batch.position_ids.defined());
     owners[name] = produced ? json::array({"pipeline", "runtime"}) : json("runtime");
     if (produced) {
-      out.findings.add({"MIH-DATA-003", "structure", name, Severity::kError,
+      out.findings.add({codes::kDataTwoOwners, "structure", name, Severity::kError,
                         "field '" + name + "' is produced by the pipeline and declared runtime-owned", json::object(),
                         "two owners write one field; which value the model sees depends on the order",
                         "drop it from the pipeline or from DataSpec::runtime_fields"});
@@ -104,7 +105,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
     owners[name] = "pipeline";
     if (!contains(declared, name)) {
       owners[name] = "none (undeclared)";
-      out.findings.add({"MIH-DATA-001", "structure", name, Severity::kError,
+      out.findings.add({codes::kDataNoOwner, "structure", name, Severity::kError,
                         "the pipeline produces field '" + name + "' that the spec does not declare",
                         {{"shape", t.sizes().vec()}},
                         "an undeclared field has no declared sharding or role: it may be split wrongly under cp or "
@@ -114,7 +115,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
   }
   for (const auto& f : data.fields) {
     if (!batch.fields.count(f.name) && !contains(data.runtime_fields, f.name)) {
-      out.findings.add({"MIH-DATA-002", "structure", f.name, Severity::kError,
+      out.findings.add({codes::kDataNotProduced, "structure", f.name, Severity::kError,
                         "declared field '" + f.name + "' is not produced by the pipeline", json::object(),
                         "the model or loss reads a field that never arrives", "produce it, or remove the declaration"});
     }
@@ -136,7 +137,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
     if (wrong.any().item<bool>()) {
       const at::Tensor first = wrong.nonzero()[0];
       shift["first_mismatch"] = {{"row", first[0].item<int64_t>()}, {"position", first[1].item<int64_t>()}};
-      out.findings.add({"MIH-DATA-004", "structure", "labels", Severity::kError,
+      out.findings.add({codes::kDataLabelsShift, "structure", "labels", Severity::kError,
                         std::string("labels are declared ") + (data.labels_are_shifted ? "" : "not ") +
                             "shifted, but on " + std::to_string(wrong.sum().item<int64_t>()) + " of " +
                             std::to_string(n_valid) + " valid positions they are not the " +
@@ -156,7 +157,7 @@ CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losse
   CheckOutput out;
   if (!micro.labels.defined() || !token_losses.defined()) return out;
   if (token_losses.sizes() != micro.labels.sizes()) {
-    out.findings.add({"MIH-DATA-006", "runtime", "labels", Severity::kError,
+    out.findings.add({codes::kDataLossLabels, "runtime", "labels", Severity::kError,
                       "the model's per-token losses have shape " + json(token_losses.sizes().vec()).dump() +
                           ", the labels " + json(micro.labels.sizes().vec()).dump(),
                       {{"token_losses", token_losses.sizes().vec()}, {"labels", micro.labels.sizes().vec()}},
@@ -182,7 +183,7 @@ CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losse
   if (wrong.any().item<bool>()) {
     const at::Tensor first = wrong.nonzero()[0];
     facts["first"] = {{"row", first[0].item<int64_t>()}, {"position", first[1].item<int64_t>()}};
-    out.findings.add({"MIH-DATA-006", "runtime", "labels", Severity::kError,
+    out.findings.add({codes::kDataLossLabels, "runtime", "labels", Severity::kError,
                       "the model's per-token loss does not follow the labels it is given: " +
                           std::to_string(n_scored_ignored) + " of " + std::to_string(n_ignored) +
                           " positions whose label is -100 carry a loss and " + std::to_string(n_unscored_valid) +
@@ -208,7 +209,7 @@ CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro)
     required.push_back(f.name);
     if (!micro.fields.count(f.name)) {
       missing.push_back(f.name);
-      out.findings.add({"MIH-DATA-005", "runtime", f.name, Severity::kError,
+      out.findings.add({codes::kDataForwardField, "runtime", f.name, Severity::kError,
                         "required forward field '" + f.name + "' is missing from the first micro-batch the model receives",
                         {{"observed", observed}},
                         "the model runs without that input (a modality silently dropped) and still trains",
@@ -254,7 +255,7 @@ json InputIdentity::finish(DeviceMesh& mesh, int64_t step, FindingReport* findin
     for (const auto& [name, by_row] : parts[0].items()) {
       for (size_t r = 1; r < parts.size(); ++r) {
         if (parts[r].contains(name) && parts[r][name] == by_row) continue;
-        findings->add({"MIH-INPUT-001", "runtime", name, Severity::kError,
+        findings->add({codes::kInputCpReplicated, "runtime", name, Severity::kError,
                        "cp-replicated field '" + name + "' differs between cp rank 0 and cp rank " + std::to_string(r) +
                            " at step " + std::to_string(step),
                        {{"step", step}},
@@ -269,7 +270,7 @@ json InputIdentity::finish(DeviceMesh& mesh, int64_t step, FindingReport* findin
         all_gather_json(mesh.comm(MeshAxis::kTp), result["global"], device, "mih.session.input_identity");
     for (size_t r = 1; r < parts.size(); ++r) {
       if (parts[r] == parts[0]) continue;
-      findings->add({"MIH-INPUT-002", "runtime", "global_batch", Severity::kError,
+      findings->add({codes::kInputTpRanks, "runtime", "global_batch", Severity::kError,
                      "tp rank " + std::to_string(r) + " saw other inputs than tp rank 0 at step " + std::to_string(step),
                      {{"step", step}, {"tp0", parts[0]}, {"tp" + std::to_string(r), parts[r]}},
                      "tensor-parallel ranks compute one model from different data",

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/checks/checks.h"
+#include "harness/findings/codes.h"
 
 namespace mih::checks {
 namespace {
@@ -40,7 +41,7 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
     } else {
       consumers[e.key].insert(e.layer);
       if (e.state_id < 0) {
-        add("MIH-SHARED-003", e.key, "'" + e.layer + "' consumed shared state '" + e.key + "' before it was published in the forward",
+        add(codes::kSharedBeforePublish, e.key, "'" + e.layer + "' consumed shared state '" + e.key + "' before it was published in the forward",
             ej, "the consumer reads a value from another forward (or none)",
             "publish before consuming; check the producer runs before its consumers");
       }
@@ -51,7 +52,7 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
     if (list.size() < 2) continue;
     bool recompute = false;
     for (const auto& e : list) recompute = recompute || e["recompute"].get<bool>();
-    add("MIH-SHARED-004", fk.second,
+    add(codes::kSharedTwice, fk.second,
         "shared state '" + fk.second + "' was published " + std::to_string(list.size()) + " times in forward " +
             std::to_string(fk.first) + (recompute ? " (again in the activation-checkpoint recompute)" : ""),
         {{"publishes", list}},
@@ -60,20 +61,20 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
   }
   for (const auto& d : declared) {
     if (!producers.count(d.key)) {
-      add("MIH-SHARED-001", d.key, "declared shared state '" + d.key + "' was never published (producer '" + d.producer + "')",
+      add(codes::kSharedNoProducer, d.key, "declared shared state '" + d.key + "' was never published (producer '" + d.producer + "')",
           {{"declared", {{"producer", d.producer}, {"consumers", d.consumers}}}},
           "its consumers read nothing or stale values", "publish it from the producer layer each forward");
     } else {
       for (const auto& layer : producers[d.key]) {
         if (glob_match(d.producer, layer)) continue;
-        add("MIH-SHARED-005", d.key, "shared state '" + d.key + "' published by '" + layer + "', declared producer '" + d.producer + "'",
+        add(codes::kSharedWrongProducer, d.key, "shared state '" + d.key + "' published by '" + layer + "', declared producer '" + d.producer + "'",
             {{"producer", layer}}, "two layers own one state", "publish it from the declared producer only");
       }
     }
     for (const auto& pattern : d.consumers) {
       const auto& seen = consumers[d.key];
       if (std::none_of(seen.begin(), seen.end(), [&](const std::string& l) { return glob_match(pattern, l); })) {
-        add("MIH-SHARED-002", d.key, "declared consumer '" + pattern + "' never consumed shared state '" + d.key + "'",
+        add(codes::kSharedNoConsumer, d.key, "declared consumer '" + pattern + "' never consumed shared state '" + d.key + "'",
             {{"consumers_seen", std::vector<std::string>(seen.begin(), seen.end())}},
             "the consumer computes without the state (e.g. without rotary positions)",
             "consume it through the session's SharedState in the consumer's forward");
@@ -81,7 +82,7 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
     }
   }
   for (const auto& key : undeclared) {
-    out.findings.add({"MIH-SHARED-006", "runtime", key, Severity::kWarning,
+    out.findings.add({codes::kSharedUndeclared, "runtime", key, Severity::kWarning,
                       "shared state '" + key + "' is used but not declared in the spec" + where, json::object(), "", ""});
   }
   out.evidence = {{"step", step}, {"events", events}};
@@ -127,7 +128,7 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
     if (gd.abs().max().item<double>() == 0) stats[r][2] = 1;
     stats[r][3] = gd.pow(2).sum().item<double>() / static_cast<double>(rows[i].param->replicas());
   }
-  at::Tensor reduced = stats.to(ctx.options().device);
+  at::Tensor reduced = stats.to(ctx.device());
   ctx.mesh().comm(MeshAxis::kWorld).all_reduce(reduced, ReduceOp::kSum, "mih.session.modality_gradients");
   reduced = reduced.cpu();
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -142,7 +143,7 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
     evidence[rows[i].field]["parameters"][rows[i].param->fqn] = facts;
     if (undefined + nonfinite + zero == 0) continue;
     const std::string what = undefined ? "no gradient" : nonfinite ? "a non-finite gradient" : "an all-zero gradient";
-    out.findings.add({"MIH-MODAL-001", "runtime", rows[i].param->fqn, Severity::kError,
+    out.findings.add({codes::kModalNoGradient, "runtime", rows[i].param->fqn, Severity::kError,
                       "'" + rows[i].param->fqn + "' (modality '" + rows[i].field + "') has " + what + " on " +
                           std::to_string(undefined + nonfinite + zero) + " rank(s) at step " + std::to_string(step) +
                           " although '" + rows[i].field + "' reached the model",

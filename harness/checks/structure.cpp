@@ -11,6 +11,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/findings/codes.h"
 #include "harness/checks/checks.h"
 #include "harness/compat/optim.h"
 #include "harness/runtime/dtypes.h"
@@ -109,20 +110,20 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     row["requires_grad"] = p->local.requires_grad();
     params.push_back(row);
     if (const std::string why = shape_inconsistency(*p, tp); !why.empty()) {
-      out.findings.add(error("MIH-STRUCT-001", "structure", p->fqn, "local shape inconsistent with placements: " + why,
+      out.findings.add(error(codes::kStructLocalShape, "structure", p->fqn, "local shape inconsistent with placements: " + why,
                              row, "each rank would compute with, save and load a different piece than its placements say",
                              "make the layer's ParamSpec (shape, tp placement, padding) match how it shards the tensor"));
     }
-    if (p->local.scalar_type() != ctx.options().param_dtype || p->local.device() != ctx.options().device) {
-      out.findings.add(error("MIH-STRUCT-002", "structure", p->fqn,
+    if (p->local.scalar_type() != ctx.param_dtype() || p->local.device() != ctx.device()) {
+      out.findings.add(error(codes::kStructDtypeDevice, "structure", p->fqn,
                              "parameter is " + dtype_name(p->local.scalar_type()) + " on " + p->local.device().str() +
-                                 ", the run's parameters are " + dtype_name(ctx.options().param_dtype) + " on " +
-                                 ctx.options().device.str(),
+                                 ", the run's parameters are " + dtype_name(ctx.param_dtype()) + " on " +
+                                 ctx.device().str(),
                              row, "mixed master-weight dtypes or devices change numerics and break collectives",
                              "create the parameter through ParallelContext::make_parameter and do not cast it afterwards"));
     }
     if (!all_finite(p->local)) {
-      out.findings.add(error("MIH-STRUCT-003", "materialization", p->fqn, "parameter holds NaN or Inf after initialization",
+      out.findings.add(error(codes::kStructNonFinite, "materialization", p->fqn, "parameter holds NaN or Inf after initialization",
                              row, "an uninitialized or corrupted parameter poisons every later step",
                              "initialize every parameter (ParamSpec::init) and check any custom materialization"));
     }
@@ -134,7 +135,7 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
                        {"dtype", dtype_name(b.tensor.scalar_type())},
                        {"persistent", b.persistent}});
     if (!all_finite(b.tensor)) {
-      out.findings.add(error("MIH-STRUCT-003", "materialization", b.fqn, "buffer holds NaN or Inf", buffers.back(),
+      out.findings.add(error(codes::kStructNonFinite, "materialization", b.fqn, "buffer holds NaN or Inf", buffers.back(),
                              "an uninitialized buffer (a rotary table left empty) silently corrupts the forward",
                              "compute the buffer at construction and mark it non-persistent if it is derived"));
     }
@@ -143,7 +144,7 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     const ShardedParameter* pa = find_parameter(ctx, a);
     const ShardedParameter* pb = find_parameter(ctx, b);
     if (pa == nullptr || pb == nullptr || pa != pb) {
-      out.findings.add(error("MIH-STRUCT-004", "structure", a,
+      out.findings.add(error(codes::kStructTie, "structure", a,
                              "'" + a + "' and '" + b + "' are declared tied but are " +
                                  (pa && pb ? "two parameters" : "not both parameters of the model"),
                              {{"tied", {a, b}}, {"found", {pa != nullptr, pb != nullptr}}},
@@ -159,7 +160,7 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
   for (const auto& p : ctx.parameters()) {
     if (!p->fsdp) continue;
     if (p->unit.empty() || !unit_json.contains(p->unit)) {
-      out.findings.add(error("MIH-STRUCT-005", "structure", p->fqn,
+      out.findings.add(error(codes::kStructFsdpUnit, "structure", p->fqn,
                              "parameter is sharded by FSDP but belongs to no declared unit ('" + p->unit + "')",
                              {{"units", units}},
                              "its gradient is reduce-scattered outside any unit's schedule",
@@ -168,12 +169,12 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     }
     json& u = unit_json[p->unit];
     u["parameters"].push_back(p->fqn);
-    const std::string dt = dtype_name(p->local.scalar_type()) + "@" + p->dims.str();
+    const std::string dt = dtype_name(p->local.scalar_type()) + "@" + p->mesh.mesh_str();
     if (std::find(u["dtypes"].begin(), u["dtypes"].end(), dt) == u["dtypes"].end()) u["dtypes"].push_back(dt);
   }
   for (auto& [name, u] : unit_json.items()) {
     if (u["dtypes"].size() > 1) {
-      out.findings.add(error("MIH-STRUCT-006", "structure", name, "FSDP unit mixes dtypes or meshes: " + u["dtypes"].dump(),
+      out.findings.add(error(codes::kStructUnitMixed, "structure", name, "FSDP unit mixes dtypes or meshes: " + u["dtypes"].dump(),
                              u, "one flat reduce-scatter per unit cannot carry two dtypes or two gradient domains",
                              "split the unit so each holds one dtype and one mesh"));
     }
@@ -210,7 +211,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
       const json facts = {{"group", g}, {"shape", t.sizes().vec()}, {"requires_grad", t.requires_grad()}};
       if (it == live.end()) {
         names.push_back("<not a live parameter " + shape_str(t.sizes().vec()) + ">");
-        out.findings.add(error("MIH-OPTIM-001", phase, "optimizer group " + std::to_string(g),
+        out.findings.add(error(codes::kOptimNotLive, phase, "optimizer group " + std::to_string(g),
                                "holds a tensor of shape " + shape_str(t.sizes().vec()) +
                                    " that is not a live sharded parameter of the model",
                                facts, "the optimizer updates a tensor the model never reads: training silently stops",
@@ -220,11 +221,11 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
       const ShardedParameter& p = *it->second;
       names.push_back(p.fqn);
       if (++seen[t.unsafeGetTensorImpl()] == 2) {
-        out.findings.add(error("MIH-OPTIM-002", phase, p.fqn, "parameter appears in more than one optimizer group or twice",
+        out.findings.add(error(codes::kOptimTwoGroups, phase, p.fqn, "parameter appears in more than one optimizer group or twice",
                                facts, "it is updated twice per step", "list every parameter once (tied aliases once)"));
       }
       if (!t.requires_grad()) {
-        out.findings.add(error("MIH-OPTIM-003", phase, p.fqn, "frozen parameter (requires_grad false) in the optimizer",
+        out.findings.add(error(codes::kOptimFrozen, phase, p.fqn, "frozen parameter (requires_grad false) in the optimizer",
                                facts, "weight decay still moves a parameter declared frozen",
                                "leave frozen parameters out of the optimizer groups"));
       }
@@ -236,7 +237,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                         });
       const double expected = no_decay ? 0.0 : options.weight_decay();
       if (wd != expected) {
-        out.findings.add(error("MIH-OPTIM-005", phase, p.fqn,
+        out.findings.add(error(codes::kOptimWeightDecay, phase, p.fqn,
                                "weight decay " + std::to_string(wd) + ", declared " + std::to_string(expected) +
                                    (no_decay ? " (matches no_weight_decay)" : ""),
                                facts, "decaying norms and biases (or not decaying weights) changes the trained model",
@@ -245,7 +246,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
       for (const char* m : {"exp_avg", "exp_avg_sq"}) {
         const at::Tensor s = compat::adamw_state(optimizer, t, m);
         if (s.defined() && s.sizes() != t.sizes()) {
-          out.findings.add(error("MIH-OPTIM-006", phase, p.fqn,
+          out.findings.add(error(codes::kOptimStateShape, phase, p.fqn,
                                  std::string(m) + " has shape " + shape_str(s.sizes().vec()) + ", the local parameter " +
                                      shape_str(t.sizes().vec()),
                                  facts, "the update mixes elements of different positions (state not resharded)",
@@ -257,7 +258,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
   }
   for (const auto& p : ctx.parameters()) {
     if (p->local.requires_grad() && !seen.count(p->local.unsafeGetTensorImpl())) {
-      out.findings.add(error("MIH-OPTIM-004", phase, p->fqn, "trainable parameter is in no optimizer group",
+      out.findings.add(error(codes::kOptimMissing, phase, p->fqn, "trainable parameter is in no optimizer group",
                              {{"shape", p->local_shape}}, "it gets gradients but never changes",
                              "build the optimizer over every trainable ParallelContext parameter"));
     }
@@ -286,7 +287,7 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
       keys = map.external_keys(fqn);
     } catch (const Error&) {
       targets[fqn] = {{"status", "missing"}};
-      out.findings.add(error("MIH-CKPT-001", "checkpoint", fqn,
+      out.findings.add(error(codes::kCkptTargetKey, "checkpoint", fqn,
                              "no key-map rule maps it and it is not declared training-only", {{"shape", shape}},
                              "loading an external checkpoint leaves it at its initial value without any error",
                              "add a KeyRule for it to CheckpointSpec::key_map, or list it in training_only"));
@@ -308,7 +309,7 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
     }
     targets[fqn] = {{"status", keys.size() > 1 ? "transformed" : "loaded"}, {"external", keys}, {"round_trip", round_trips}};
     if (!round_trips) {
-      out.findings.add(error("MIH-CKPT-002", "checkpoint", fqn, "key-map transform does not round-trip: " + why,
+      out.findings.add(error(codes::kCkptRoundTrip, "checkpoint", fqn, "key-map transform does not round-trip: " + why,
                              {{"external", keys}, {"shape", shape}},
                              "export then import changes the weights (a split along the wrong dim or order)",
                              "fix the KeyRule so to_external and from_external are inverse"));
@@ -329,7 +330,7 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
         sources[key] = "inference_only";
       } else {
         sources[key] = "unexpected";
-        out.findings.add(error("MIH-CKPT-003", "checkpoint", key, "source key is neither mapped nor declared inference-only",
+        out.findings.add(error(codes::kCkptUnexpectedSource, "checkpoint", key, "source key is neither mapped nor declared inference-only",
                                json::object(), "a tensor the model should load is dropped silently",
                                "map it in CheckpointSpec::key_map or list it in inference_only"));
       }
@@ -337,7 +338,7 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
     for (const auto& key : expected) {
       if (!present.count(key)) {
         sources[key] = "absent";
-        out.findings.add(error("MIH-CKPT-004", "checkpoint", key, "mapped key is absent from the source checkpoint",
+        out.findings.add(error(codes::kCkptMissingSource, "checkpoint", key, "mapped key is absent from the source checkpoint",
                                json::object(), "its parameter would stay at initialization",
                                "check the key map's external names against the checkpoint"));
       }
@@ -363,11 +364,11 @@ CheckOutput run_invariants(const std::vector<spec::StateInvariant>& invariants, 
     if (!r.facts.is_object()) r.facts = {{"value", r.facts}};  // findings carry facts as an object
     out.evidence[inv.name] = {{"passed", thrown.empty() && r.passed}, {"facts", r.facts}};
     if (!thrown.empty()) {
-      out.findings.add(error("MIH-INVAR-002", phase_str, inv.name, "state invariant threw: " + thrown,
+      out.findings.add(error(codes::kInvarThrew, phase_str, inv.name, "state invariant threw: " + thrown,
                              {{"exception", thrown}}, "the state it guards could not be verified",
                              "fix the invariant or the state it reads"));
     } else if (!r.passed) {
-      out.findings.add(error("MIH-INVAR-001", phase_str, inv.name, "state invariant '" + inv.name + "' failed: " + r.facts.dump(),
+      out.findings.add(error(codes::kInvarFailed, phase_str, inv.name, "state invariant '" + inv.name + "' failed: " + r.facts.dump(),
                              r.facts, "the model's state breaks a property its author declared",
                              "see the facts; fix the model port (or the invariant)"));
     }

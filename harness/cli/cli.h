@@ -1,24 +1,18 @@
-// The `mih` command line: subcommands over the runtime (selftest now; the conformance matrix,
-// faults and verify-only runs later). `mih --help` lists them.
+// The `mih` command line (the command table is in commands.h) and the main() of a
+// conformance binary, which is the GoogleTest runner of its suites, the rank worker and the
+// CLI in one.
 #pragma once
 
-#include <string>
-#include <vector>
-
 namespace mih {
-
-/// What `mih test [args]` and `mih check <evidence> [args]` call (the latter as
-/// {"--check", <evidence>, args...}): runs the linked conformance suites and returns the exit
-/// status. Set by suites/conformance.cpp when the suites are linked.
-using ConformanceRunner = int (*)(const std::vector<std::string>& args);
-void set_conformance_runner(ConformanceRunner runner);
-
-/// What `mih faults [args]` calls: the fault catalog's detection matrix (suites/faults.h).
-/// Set by suites/faults.cpp when the suites are linked.
-void set_faults_runner(ConformanceRunner runner);
 
 /// Runs `mih <subcommand> ...`; returns the process exit status (0 ok, 1 failed checks,
 /// 2 usage error, exit_status(code) for a mih::Error).
 int cli_main(int argc, char** argv);
+
+/// The main() of a conformance binary: `worker ...` runs a rank; a subcommand, --help or
+/// --version is the CLI; conformance or --gtest_* flags run the linked suites, and so does no
+/// argument when `tests_by_default` (a binary of mih_add_conformance_suite; the `mih` command
+/// prints its help instead).
+int conformance_main(int argc, char** argv, bool tests_by_default);
 
 }  // namespace mih

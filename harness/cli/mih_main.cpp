@@ -1,5 +1,5 @@
 // Entry point of the `mih` command: the CLI, and the conformance binary of the reference
 // specs (`mih test`, `mih check`); `mih worker` runs a rank.
-#include "suites/conformance.h"
+#include "harness/cli/cli.h"
 
-int main(int argc, char** argv) { return mih::conformance::conformance_main(argc, argv, /*tests_by_default=*/false); }
+int main(int argc, char** argv) { return mih::conformance_main(argc, argv, /*tests_by_default=*/false); }

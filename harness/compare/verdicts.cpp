@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "harness/findings/codes.h"
 #include "harness/base/error.h"
 
 namespace mih::verdicts {
@@ -92,7 +93,18 @@ const std::vector<json>& CaseEvidence::jsonl(const std::string& relative) const 
   return jsonl_.emplace(relative, std::move(rows)).first->second;
 }
 
-const json& CaseEvidence::config() const { return json("config.resolved.json"); }
+const ParallelConfig& CaseEvidence::config() const {
+  if (!config_) {
+    // config.resolved.json is the ParallelConfig's fields plus the trainer's options.
+    nlohmann::json parallel = nlohmann::json::object();
+    const nlohmann::json empty = ParallelConfig{};
+    for (const auto& [key, value] : json("config.resolved.json").items()) {
+      if (empty.contains(key)) parallel[key] = value;
+    }
+    config_ = with_context("config.resolved.json of " + dir_.string(), [&] { return parallel.get<ParallelConfig>(); });
+  }
+  return *config_;
+}
 
 const json& CaseEvidence::case_info() const {
   const auto& env = json("environment.json");
@@ -101,7 +113,6 @@ const json& CaseEvidence::case_info() const {
   return env["case"];
 }
 
-int CaseEvidence::degree(const std::string& axis) const { return config().value(axis, 1); }
 
 Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes) {
   std::ostringstream out;
@@ -122,10 +133,10 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
 
 double case_tolerance(const CaseEvidence& ev) {
   const auto& tol = ev.json("spec.resolved.json").at("tolerances");
-  const std::string dtype = ev.config().value("dtype", "float64");
+  const std::string dtype = dtype_name(ev.config().dtype);
   const std::string kind = ev.case_info().value("kind", "train");
   std::string profile = kind == "resume" ? "same_topology" : "cross_topology";
-  if (ev.config().value("micro_batches", 1) > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
+  if (ev.config().micro_batches > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
   MIH_CHECK(tol.contains(profile) && tol[profile].contains(dtype), "spec.resolved.json of ", ev.dir().string(),
             " declares no ", profile, " tolerance for dtype ", dtype, ": add it to the spec's Tolerances");
   return tol[profile][dtype].get<double>();
@@ -133,7 +144,7 @@ double case_tolerance(const CaseEvidence& ev) {
 
 std::string not_comparable_reason(const CaseEvidence& ev) {
   const auto& tol = ev.json("spec.resolved.json").at("tolerances");
-  if (ev.config().value("micro_batches", 1) <= 1 || tol.contains("grad_accumulation")) return "";
+  if (ev.config().micro_batches <= 1 || tol.contains("grad_accumulation")) return "";
   return tol.value("grad_accumulation_reason", "");
 }
 
@@ -180,7 +191,7 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
 }
 
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
-  if (ev.degree("dp_shard") <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
+  if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
   const auto& structure = ev.json("check/structure.json");
   const auto& units = ev.json("check/fsdp_units.json");
   std::map<std::string, std::string> unit_of;
@@ -287,7 +298,7 @@ Verdict resume_continues_step_count(const CaseEvidence& ev) {
 Verdict modality_gradients(const CaseEvidence& ev) {
   const auto& modalities = ev.json("spec.resolved.json").value("modalities", json::array());
   if (modalities.empty()) return Verdict::skip("the spec declares no modality");
-  Verdict v = no_error_findings(ev, {"MIH-MODAL-001"});
+  Verdict v = no_error_findings(ev, {codes::kModalNoGradient});
   if (!v.passed()) return v;
   for (const auto& r : ev.jsonl("cases/runtime/metrics.jsonl")) {
     const std::string file = "cases/runtime/modality_gradients_step" + std::to_string(r.value("step", 0)) + ".json";
@@ -322,7 +333,7 @@ Verdict state_invariants(const CaseEvidence& ev) {
                            " (open " + rel_path(ev, file) + ")");
     }
   }
-  Verdict v = no_error_findings(ev, {"MIH-INVAR-001", "MIH-INVAR-002"});
+  Verdict v = no_error_findings(ev, {codes::kInvarFailed, codes::kInvarThrew});
   if (!v.passed()) return v;
   return Verdict::pass(std::to_string(checked) + " invariant results");
 }
@@ -345,7 +356,7 @@ Verdict module_parity(const CaseEvidence& ev) {
 }
 
 Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
-  if (!ev.config().value("activation_checkpointing", false)) return Verdict::skip("activation checkpointing is off");
+  if (!ev.config().activation_checkpointing) return Verdict::skip("activation checkpointing is off");
   const std::string file = "check/activation_checkpoint.json";
   const auto& ac = ev.json(file);
   if (!ac.value("enabled", false)) {
@@ -364,17 +375,16 @@ Verdict comm_volume(const CaseEvidence& ev) {
   const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
   if (rows.empty()) return Verdict::fail("no metrics rows (open " + rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
   const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
-  const int dp_shard = ev.degree("dp_shard"), dp_rep = ev.degree("dp_replicate"), cp = ev.degree("cp"), tp = ev.degree("tp");
-  const int world = dp_shard * dp_rep * cp * tp;
-  const std::map<std::string, int> degree = {{"dp_replicate", dp_rep}, {"dp_shard", dp_shard}, {"cp", cp}, {"tp", tp},
-                                             {"dp_cp", dp_rep * dp_shard * cp}, {"world", world}};
+  const int dp_shard = cfg.dp_shard, dp_cp = cfg.dp_replicate * cfg.dp_shard * cfg.cp, world = cfg.world_size();
+  std::map<std::string, int> degree = {{"dp_cp", dp_cp}, {"world", world}};
+  for (const auto& d : kMeshDims) degree[std::string(d.name)] = cfg.*d.degree;
   std::map<std::string, double> expected;
-  if (dp_rep * dp_shard * cp > 1) expected["dp_cp"] = 16;
+  if (dp_cp > 1) expected["dp_cp"] = 16;
   if (world > 1) expected["world"] = 16;
   if (dp_shard > 1) {
     // The FSDP count (verdicts.h), from this rank's parameter table (rank 0 writes it).
-    const int64_t e = element_size(cfg.value("dtype", "float32"));
-    const int mb = cfg.value("micro_batches", 1);
+    const int64_t e = element_size(dtype_name(cfg.dtype));
+    const int mb = cfg.micro_batches;
     double bytes = 0;
     for (const auto& p : ev.json("check/structure.json").at("parameters")) {
       if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;

@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/compare/compare.h"
+#include "harness/base/parallel_config.h"
 
 namespace mih::verdicts {
 
@@ -36,17 +38,19 @@ class CaseEvidence {
   /// The findings of check/findings.json (objects with code, severity, owner, message,
   /// facts, remediation).
   const nlohmann::json& findings() const { return json("check/findings.json")["findings"]; }
-  /// config.resolved.json's "config" (dp_shard, tp, ..., micro_batches, dtype).
-  const nlohmann::json& config() const;
+  /// The parallel config the case ran under (config.resolved.json, whose other fields are
+  /// the trainer's options and the world size).
+  /// Throws: as json(); kInvalidSpec naming the file when its config is malformed.
+  const ParallelConfig& config() const;
   /// environment.json's "case" (the spec::Case the runner launched: name, kind, group,
   /// compare_to, resume_at, steps, save_config).
   const nlohmann::json& case_info() const;
-  int degree(const std::string& axis) const;
 
  private:
   std::filesystem::path dir_;
   mutable std::map<std::string, nlohmann::json> json_;
   mutable std::map<std::string, std::vector<nlohmann::json>> jsonl_;
+  mutable std::optional<ParallelConfig> config_;
 };
 
 struct Verdict {

@@ -24,14 +24,6 @@ void check_divides(int64_t seq, int64_t cp, CpLayout layout) {
 
 }  // namespace
 
-std::string cp_layout_name(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
-
-CpLayout parse_cp_layout(std::string_view name) {
-  if (name == "contiguous") return CpLayout::kContiguous;
-  if (name == "zigzag") return CpLayout::kZigzag;
-  MIH_THROW(Code::kInvalidSpec, "unknown context-parallel layout '", name, "'; valid: contiguous, zigzag");
-}
-
 at::Tensor cp_token_ids(int64_t seq, int64_t cp, int64_t rank, CpLayout layout) {
   check_divides(seq, cp, layout);
   MIH_CHECK(rank >= 0 && rank < cp, "context parallelism: rank ", rank, " is outside [0, cp=", cp, ")");

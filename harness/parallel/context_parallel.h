@@ -16,15 +16,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "harness/runtime/communicator.h"
+#include "harness/base/parallel_config.h"  // CpLayout
 
 namespace mih {
-
-enum class CpLayout { kContiguous, kZigzag };
-
-/// "contiguous" or "zigzag".
-std::string cp_layout_name(CpLayout layout);
-/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
-CpLayout parse_cp_layout(std::string_view name);
 
 /// The global indices of the tokens cp rank `rank` holds, in local order.
 /// Shape: [S/CP] int64 (CPU).

@@ -66,7 +66,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  Communicator& tp = ctx_->tp();
+  Communicator& tp = ctx_->tp_group();
   at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
   at::Tensor y = at::linear(input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
   return options.gather_output() ? gather_from_region(y, tp, -1) : y;
@@ -87,7 +87,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowPara
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
-  Communicator& tp = ctx_->tp();
+  Communicator& tp = ctx_->tp_group();
   // F08 (FAULTS.md): the bias folded into the local matmul, so each of the tp partial sums
   // carries it and the reduction adds it tp times.
   const bool bias_before_reduce = bias.defined() && fault::active(fault::Fault::kF08);
@@ -106,7 +106,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(ParallelContext& ctx, int
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
-  Communicator& tp = ctx_->tp();
+  Communicator& tp = ctx_->tp_group();
   at::Tensor table = ctx_->use(weight);  // [V/TP (padded), H]
   at::Tensor out;
   if (tp.size() == 1) {
@@ -207,8 +207,8 @@ RotaryEmbeddingImpl::RotaryEmbeddingImpl(ParallelContext& ctx, int64_t head_dim_
     : head_dim(head_dim_), theta(theta_) {
   MIH_CHECK(head_dim > 0 && head_dim % 2 == 0, "RotaryEmbedding: head_dim must be even and positive, got ", head_dim);
   inv_freq = register_buffer("inv_freq", at::empty({head_dim / 2}, at::TensorOptions()
-                                                                     .dtype(ctx.options().param_dtype)
-                                                                     .device(ctx.options().device)));
+                                                                     .dtype(ctx.param_dtype())
+                                                                     .device(ctx.device())));
   ctx.mark_non_persistent(inv_freq, [t = inv_freq, d = head_dim, base = theta] { fill_inv_freq(t, d, base); });
   reset_buffers();
 }

@@ -76,24 +76,28 @@ ParamInit constant(double value) {
 }  // namespace init
 
 std::map<std::string, Placement> ShardedParameter::placements() const {
-  return {{"dp_replicate", Placement::replicate()},
-          {"dp_shard", fsdp ? Placement::shard(0) : Placement::replicate()},
-          {"cp", Placement::replicate()},
-          {"tp", dims.tp > 1 ? tp : Placement::replicate()}};
+  std::map<std::string, Placement> out;
+  for (const auto& d : kMeshDims) {
+    Placement placement = Placement::replicate();
+    if (d.degree == &ParallelConfig::dp_shard && fsdp) placement = Placement::shard(0);
+    if (d.degree == &ParallelConfig::tp && mesh.tp > 1) placement = tp;
+    out.emplace(std::string(d.name), placement);
+  }
+  return out;
 }
 
 std::vector<std::string> ShardedParameter::grad_domain() const {
   std::vector<std::string> out;
-  if (dims.dp_replicate > 1) out.push_back("dp_replicate");
-  if (dims.dp_shard > 1) out.push_back("dp_shard");
-  if (dims.cp > 1) out.push_back("cp");
-  if (tp_partial_grad && dims.tp > 1) out.push_back("tp");
+  for (const auto& d : kMeshDims) {
+    if (mesh.*d.degree <= 1) continue;
+    if (d.data_parallel || (d.degree == &ParallelConfig::tp && tp_partial_grad)) out.emplace_back(d.name);
+  }
   return out;
 }
 
 int64_t ShardedParameter::replicas() const {
-  int64_t pieces = (tp.is_shard() ? dims.tp : 1) * (fsdp ? dims.dp_shard : 1);
-  return dims.product() / pieces;
+  int64_t pieces = (tp.is_shard() ? mesh.tp : 1) * (fsdp ? mesh.dp_shard : 1);
+  return mesh.world_size() / pieces;
 }
 
 void to_json(nlohmann::json& j, const ShardedParameter& p) {
@@ -111,14 +115,17 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
   if (p.fsdp) j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
 }
 
-ParallelContext::ParallelContext(DeviceMesh& mesh, ParallelOptions options) : mesh_(&mesh), options_(options) {
+ParallelContext::ParallelContext(DeviceMesh& mesh, const ParallelConfig& config, c10::Device device)
+    : mesh_(&mesh), config_(config), param_dtype_(scalar_type(config.dtype)), device_(device) {
+  MIH_CHECK(config_.same_mesh(mesh.config()), "parallel context: config '", config_.name(), "' (", config_.mesh_str(),
+            ") does not match the mesh (", mesh.config().mesh_str(), ")");
   // Dropout streams: one per (dp_replicate, dp_shard, cp) coordinate, shared by the tp ranks
   // for replicated tensors; one per rank for tp-sharded ones.
   // Rank-major order is dp_replicate, dp_shard, cp, tp (tp innermost), so rank / tp is the
   // (dp_replicate, dp_shard, cp) coordinate.
   const auto rank = static_cast<uint64_t>(mesh.rank());
-  const auto tp = static_cast<uint64_t>(mesh.dims().tp);
-  const uint64_t base = options_.init_seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL;
+  const auto tp = static_cast<uint64_t>(config_.tp);
+  const uint64_t base = config_.seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL;
   replicated_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * (rank / tp));
   tp_sharded_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * rank + 1);
 }
@@ -138,7 +145,7 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
             ": ParamSpec::init is empty");
   MIH_CHECK(spec.pad_dim0_to_multiple >= 1, "parameter #", index, ": pad_dim0_to_multiple must be >= 1");
   // Seeded by (seed, index) alone: the same full values whatever the mesh.
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options_.init_seed * 1000003ULL + static_cast<uint64_t>(index));
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(config_.seed * 1000003ULL + static_cast<uint64_t>(index));
   at::Tensor full = spec.init(spec.shape, gen);
   MIH_INTERNAL_ASSERT(full.sizes() == at::IntArrayRef(spec.shape), "init returned ", shape_str(full.sizes()),
                       " for a parameter of shape ", shape_str(spec.shape));
@@ -153,7 +160,7 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
     padded.narrow(0, 0, full.size(0)).copy_(full);
   }
   at::Tensor piece = tp_piece(padded, spec.tp, tp_size(), tp_rank(), index);
-  at::Tensor leaf = piece.to(options_.device, options_.param_dtype).contiguous().clone().detach().requires_grad_(true);
+  at::Tensor leaf = piece.to(device_, param_dtype_).contiguous().clone().detach().requires_grad_(true);
 
   auto p = std::make_shared<ShardedParameter>();
   p->local = leaf;
@@ -168,7 +175,7 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
     p->local_offset[spec.tp.dim()] = tp_rank() * piece.size(spec.tp.dim()) / spec.tp.partitions();
   }
   p->index = index;
-  p->dims = mesh_->dims();
+  p->mesh = mesh_->config();
   by_impl_[leaf.unsafeGetTensorImpl()] = p;
   return leaf;
 }
@@ -183,10 +190,7 @@ ShardedParameter& ParallelContext::parameter(const at::Tensor& leaf) const {
 
 at::Tensor ParallelContext::use(const at::Tensor& leaf) {
   const ShardedParameter& p = parameter(leaf);
-  if (!p.fsdp) {
-    if (options_.compute_dtype && *options_.compute_dtype != leaf.scalar_type()) return leaf.to(*options_.compute_dtype);
-    return leaf;
-  }
+  if (!p.fsdp) return leaf;
   // Under no-grad (a checkpointed region's first forward) the gather has no graph: nothing
   // saves it, it is freed with the region's temporaries, and the recompute gathers again.
   const bool in_unit = !active_unit_.empty() && p.unit == active_unit_ && at::GradMode::is_enabled();
@@ -202,8 +206,7 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
       if (g.impl == leaf.unsafeGetTensorImpl() && g.forward == forward) return g.full;
     }
   }
-  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0], options_.compute_dtype,
-                                    options_.reduce_dtype);
+  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0]);
   if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
   if (in_root) {
     std::erase_if(root_gathers_, [&](const RootGather& g) { return g.forward != forward; });
@@ -307,7 +310,7 @@ at::Tensor ParallelContext::checkpoint_region(const std::string& name, const Reg
   if (std::find(checkpoint_regions_.begin(), checkpoint_regions_.end(), name) == checkpoint_regions_.end()) {
     checkpoint_regions_.push_back(name);
   }
-  if (!options_.activation_checkpointing) return forward(inputs);
+  if (!config_.activation_checkpointing) return forward(inputs);
   return checkpoint(name, forward, inputs, params, {replicated_gen_, tp_sharded_gen_});
 }
 
@@ -368,7 +371,7 @@ at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Ten
     dp_shard.all_gather_into_tensor(all, padded, "gather_full.dp_shard");
     t = all.narrow(0, 0, p.tp_local_shape[0]);
   }
-  Communicator& tp_comm = tp();
+  Communicator& tp_comm = tp_group();
   if (p.tp.is_shard() && tp_comm.size() > 1) {
     const int64_t d = p.tp.dim(), n = tp_comm.size(), parts = p.tp.partitions();
     at::Tensor g = all_gather_dim(t, tp_comm, d);  // [.., n * parts * q, ..]: rank-major
@@ -454,7 +457,7 @@ void ParallelContext::synchronize_gradients() {
   for (const auto& p : ordered_) {
     if (p->tp_partial_grad) partial_over_tp.push_back(p->local.grad());
   }
-  all_reduce_bucketed(partial_over_tp, tp(), "grad_sync.tp_partial");
+  all_reduce_bucketed(partial_over_tp, tp_group(), "grad_sync.tp_partial");
   for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard}) {
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered_) {
@@ -475,7 +478,7 @@ double ParallelContext::grad_norm() {
     const double replicas = fault::active(fault::Fault::kF04) ? 1.0 : static_cast<double>(p->replicas());
     local += g.to(at::kDouble).pow(2).sum().item<double>() / replicas;
   }
-  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(device_));
   // F03 (FAULTS.md): the norm of this rank's shards only, never summed over the mesh.
   if (!fault::active(fault::Fault::kF03)) mesh_->comm(MeshAxis::kWorld).all_reduce(total, ReduceOp::kSum, "grad_norm");
   return std::sqrt(total.item<double>());
@@ -504,8 +507,8 @@ nlohmann::json ParallelContext::to_json() const {
           {"buffers", buffers},
           {"fsdp_units", units_},
           {"sequence_parallel", sequence_parallel()},
-          {"cp_layout", cp_layout_name(options_.cp_layout)},
-          {"activation_checkpointing", options_.activation_checkpointing},
+          {"cp_layout", cp_layout_name(config_.cp_layout)},
+          {"activation_checkpointing", config_.activation_checkpointing},
           {"checkpoint_regions", checkpoint_regions_}};
 }
 

@@ -18,7 +18,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
-#include <c10/util/Optional.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/parallel/activation_checkpoint.h"
@@ -84,8 +83,8 @@ struct ShardedParameter {
   std::string unit;
   /// Order of creation: parameters are initialized from seed + this index.
   int64_t index = 0;
-  /// The mesh the parameter lives on.
-  ParallelDims dims;
+  /// The mesh the parameter lives on (its degrees; the knobs are the context's).
+  ParallelConfig mesh;
 
   /// Placement along each mesh axis: {"dp_replicate": Replicate(), "dp_shard": Shard(0), ...}.
   std::map<std::string, Placement> placements() const;
@@ -97,25 +96,6 @@ struct ShardedParameter {
 };
 
 void to_json(nlohmann::json& j, const ShardedParameter& p);
-
-/// How a ParallelContext builds parameters.
-struct ParallelOptions {
-  /// Activations between tensor-parallel regions are sharded on the sequence dim over tp.
-  bool sequence_parallel = false;
-  /// Seed of parameter initialization (the same full values at every parallel degree).
-  uint64_t init_seed = 0;
-  /// dtype and device of the parameters (master weights).
-  c10::ScalarType param_dtype = c10::ScalarType::Float;
-  c10::Device device = c10::Device(c10::DeviceType::CPU);
-  /// FSDP mixed precision: gathered parameters are cast to compute_dtype, gradients are
-  /// reduce-scattered in reduce_dtype. nullopt = param_dtype.
-  c10::optional<c10::ScalarType> compute_dtype;
-  c10::optional<c10::ScalarType> reduce_dtype;
-  /// Which tokens each cp rank holds (context_parallel.h).
-  CpLayout cp_layout = CpLayout::kContiguous;
-  /// checkpoint_region() recomputes its region in backward instead of keeping activations.
-  bool activation_checkpointing = false;
-};
 
 /// A buffer of the model (not a parameter): replicated on every rank. A non-persistent one
 /// (a rotary inv_freq table) is rebuilt from the config, never saved or loaded.
@@ -130,18 +110,26 @@ struct BufferEntry {
 /// The parameters of one model on one mesh. Not thread-safe; one per rank.
 class ParallelContext {
  public:
-  /// `mesh` must outlive the context.
-  ParallelContext(DeviceMesh& mesh, ParallelOptions options);
+  /// `mesh` must outlive the context. What the context reads of `config`: the knobs
+  /// sequence_parallel, cp_layout, activation_checkpointing, dtype (of the parameters, the
+  /// master weights) and seed (of parameter init and dropout); its mesh degrees must be the
+  /// mesh's. Parameters live on `device`.
+  /// Throws: mih::Error{kInvalidSpec} if the config's mesh degrees differ from the mesh's.
+  ParallelContext(DeviceMesh& mesh, const ParallelConfig& config,
+                  c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   DeviceMesh& mesh() const { return *mesh_; }
-  const ParallelOptions& options() const { return options_; }
-  Communicator& tp() const { return mesh_->comm(MeshAxis::kTp); }
-  int64_t tp_size() const { return tp().size(); }
-  int64_t tp_rank() const { return tp().rank(); }
-  bool sequence_parallel() const { return options_.sequence_parallel && tp_size() > 1; }
+  const ParallelConfig& config() const { return config_; }
+  /// dtype and device of the parameters.
+  c10::ScalarType param_dtype() const { return param_dtype_; }
+  c10::Device device() const { return device_; }
+  /// The tensor-parallel group (tp_size ranks; the ShardedParameter.tp placement is along it).
+  Communicator& tp_group() const { return mesh_->comm(MeshAxis::kTp); }
+  int64_t tp_size() const { return tp_group().size(); }
+  int64_t tp_rank() const { return tp_group().rank(); }
+  bool sequence_parallel() const { return config_.sequence_parallel && tp_size() > 1; }
   /// The cp axis and layout: what CP attention and rotary positions need.
-  CpShard cp_shard() const { return CpShard{&mesh_->comm(MeshAxis::kCp), options_.cp_layout}; }
-  int64_t cp_size() const { return mesh_->comm(MeshAxis::kCp).size(); }
+  CpShard cp_shard() const { return CpShard{&mesh_->comm(MeshAxis::kCp), config_.cp_layout}; }
 
   /// Runs `forward(inputs)` as the activation-checkpoint region `name` (one decoder layer,
   /// say) when activation checkpointing is on, else plainly; either way the region is listed
@@ -150,7 +138,7 @@ class ParallelContext {
   at::Tensor checkpoint_region(const std::string& name, const RegionForward& forward,
                                const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params);
   /// Dropout with probability `p` (inverted: kept values scaled by 1 / (1 - p)) drawn from this
-  /// context's generators, seeded from init_seed and the rank's coordinates, so runs replay
+  /// context's generators, seeded from the config's seed and the rank's coordinates, so runs replay
   /// exactly and thread ranks do not share a stream. `tp_sharded`: the tensor is split over tp
   /// (attention heads, or sequence-parallel activations), so tp ranks draw different masks;
   /// otherwise it is replicated over tp and every tp rank draws the same mask (Megatron-LM's
@@ -174,15 +162,15 @@ class ParallelContext {
   /// Every buffer of the model with its FQN (after finalize), in named_buffers order.
   const std::vector<BufferEntry>& buffers() const { return buffers_; }
 
-  /// Creates a parameter: the full value of spec.shape from spec.init (seeded by init_seed
-  /// and the creation index), padded, and this rank's tp piece of it, as a leaf that
-  /// requires grad, in param_dtype on the device. The caller registers it in its module.
+  /// Creates a parameter: the full value of spec.shape from spec.init (seeded by the config's
+  /// seed and the creation index), padded, and this rank's tp piece of it, as a leaf that
+  /// requires grad, in param_dtype() on device(). The caller registers it in its module.
   /// Throws: mih::Error{kInvalidSpec} if the sharded dim does not divide by tp (naming the
   ///   dim, its size and tp, and the fix).
   at::Tensor make_parameter(const ParamSpec& spec);
 
-  /// The tensor a layer computes with: for an FSDP parameter the all-gathered TP piece (in
-  /// compute_dtype; its backward reduce-scatters the gradient), else the leaf itself. Inside
+  /// The tensor a layer computes with: for an FSDP parameter the all-gathered TP piece (its
+  /// backward reduce-scatters the gradient), else the leaf itself. Inside
   /// fsdp_forward of the parameter's unit, a second use (a tied parameter) reuses the gather.
   /// Throws: mih::Error{kInvalidSpec} if `leaf` was not made by this context.
   at::Tensor use(const at::Tensor& leaf);
@@ -252,7 +240,9 @@ class ParallelContext {
 
  private:
   DeviceMesh* mesh_;
-  ParallelOptions options_;
+  ParallelConfig config_;
+  c10::ScalarType param_dtype_;
+  c10::Device device_;
   int64_t next_index_ = 0;
   std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;

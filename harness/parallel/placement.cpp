@@ -12,7 +12,6 @@ namespace mih {
 std::string Placement::str() const {
   switch (kind_) {
     case Kind::kReplicate: return "Replicate()";
-    case Kind::kPartial: return "Partial(sum)";
     case Kind::kShard:
       return partitions_ == 1 ? internal::str("Shard(", dim_, ")")
                               : internal::str("Shard(", dim_, ", partitions=", partitions_, ")");

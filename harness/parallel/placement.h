@@ -1,5 +1,6 @@
 // How a logical tensor is laid out over the mesh: a Placement per mesh axis (PyTorch
-// DTensor's Shard(dim) / Replicate / Partial(sum)), and the local piece a rank holds.
+// DTensor's Shard(dim) / Replicate), and the local piece a rank holds. A gradient that is a
+// partial sum over tp is ShardedParameter::tp_partial_grad, not a placement of the parameter.
 #pragma once
 
 #include <cstdint>
@@ -23,22 +24,19 @@ class Placement {
   /// each partition is sharded, so every rank holds matching pieces of each partition
   /// (DTensor's _StridedShard).
   static Placement shard(int64_t dim, int64_t partitions = 1) { return Placement(Kind::kShard, dim, partitions); }
-  /// Every rank holds a partial value; the logical tensor is their sum.
-  static Placement partial() { return Placement(Kind::kPartial, 0, 1); }
 
   bool is_replicate() const { return kind_ == Kind::kReplicate; }
   bool is_shard() const { return kind_ == Kind::kShard; }
-  bool is_partial() const { return kind_ == Kind::kPartial; }
   /// Shard only: the sharded tensor dim, and the number of partitions of it.
   int64_t dim() const { return dim_; }
   int64_t partitions() const { return partitions_; }
 
-  /// "Replicate()", "Shard(0)", "Shard(0, partitions=2)", "Partial(sum)".
+  /// "Replicate()", "Shard(0)", "Shard(0, partitions=2)".
   std::string str() const;
   bool operator==(const Placement&) const = default;
 
  private:
-  enum class Kind { kReplicate, kShard, kPartial };
+  enum class Kind { kReplicate, kShard };
   Placement(Kind kind, int64_t dim, int64_t partitions) : kind_(kind), dim_(dim), partitions_(partitions) {}
   Kind kind_;
   int64_t dim_;

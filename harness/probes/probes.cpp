@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "harness/findings/codes.h"
 #include "harness/base/error.h"
 #include "harness/base/sha256.h"
 #include "harness/checks/checks.h"
@@ -226,9 +227,9 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
   }
   Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
   at::Tensor s = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
-                     .to(ctx.options().device, /*non_blocking=*/false, /*copy=*/true);
+                     .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
   at::Tensor m = at::from_blob(extremes.data(), {static_cast<int64_t>(extremes.size())}, at::kDouble)
-                     .to(ctx.options().device, /*non_blocking=*/false, /*copy=*/true);
+                     .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
   world.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
   world.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
   const at::Tensor st = s.cpu().narrow(0, 0, n_items * width).reshape({n_items, width}).contiguous();
@@ -270,7 +271,7 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
     mine[p->fqn] = {sha256_hex(boxes.dump()), digest};
   }
   const std::vector<json> all =
-      all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.options().device, "mih.session.replicas");
+      all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.device(), "mih.session.replicas");
   FindingReport report;
   json checked = json::object();
   for (const auto& p : ctx.parameters()) {
@@ -286,7 +287,7 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
       if (by_digest.size() < 2) continue;
       json groups = json::array();
       for (const auto& [digest, ranks] : by_digest) groups.push_back({{"ranks", ranks}, {"sha256", digest}});
-      report.add({"MIH-PROBE-001", "runtime", p->fqn, Severity::kError,
+      report.add({codes::kProbeReplicas, "runtime", p->fqn, Severity::kError,
                   "replicas of '" + p->fqn + "' differ after the optimizer at step " + std::to_string(step) + ": " +
                       std::to_string(by_digest.size()) + " different values among ranks holding the same piece",
                   {{"step", step}, {"groups", groups}},

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/parallel/parallel_context.h"
-#include "harness/session/findings.h"
+#include "harness/findings/findings.h"
 
 namespace torch::optim {
 class AdamW;

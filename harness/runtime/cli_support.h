@@ -1,8 +1,11 @@
 // CLI11 conventions shared by `mih` and `<binary> worker`: validators whose messages read like
-// mih's, unknown commands named, and usage errors that exit 2 (not CLI11's 100+ codes).
-// Header-only; include it only from the two translation units that parse command lines.
+// mih's, durations in seconds (the one unit of every command line), unknown commands named,
+// and usage errors that exit 2 (not CLI11's 100+ codes). Header-only; include it only from
+// translation units that parse command lines.
 #pragma once
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -22,14 +25,31 @@ inline CLI::Validator at_least(double min) {
         try {
           size_t used = 0;
           v = std::stod(value, &used);
-          if (used != value.size()) throw std::invalid_argument(value);
+          if (used != value.size() || !std::isfinite(v)) throw std::invalid_argument(value);
         } catch (const std::exception&) {
-          return "expected a number, got '" + value + "'";
+          return "expected a finite number, got '" + value + "'";
         }
         if (v < min) return internal::str("must be >= ", min, ", got '", value, "'");
         return "";
       },
       internal::str(">=", min));
+}
+
+/// A duration option given in seconds ("--case-timeout 1.5"), kept as milliseconds in
+/// `target` (its value is the default shown). The value must be a finite number >= `min_s`.
+inline CLI::Option* add_seconds(CLI::App& app, const std::string& name, std::chrono::milliseconds& target,
+                                const std::string& help, double min_s = 0.001) {
+  auto* option = app.add_option_function<std::string>(
+      name,
+      [&target, name, min_s](const std::string& value) {
+        const std::string problem = at_least(min_s)(const_cast<std::string&>(value));
+        if (!problem.empty()) throw CLI::ValidationError(name, problem);
+        target = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(std::stod(value) * 1000.0)));
+      },
+      help + " (seconds)");
+  option->default_str(internal::str(static_cast<double>(target.count()) / 1000.0));
+  option->type_name("SECONDS");
+  return option;
 }
 
 /// Parses `argv`. Returns nullopt when the program should go on; otherwise the exit status

@@ -1,8 +1,7 @@
-// ParallelDims parsing/validation, mesh layout arithmetic and DeviceMesh group creation.
+// Mesh layout arithmetic over kMeshDims and DeviceMesh group creation over kMeshAxes.
 #include "harness/runtime/device_mesh.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <ostream>
 
@@ -13,187 +12,83 @@
 namespace mih {
 namespace {
 
-constexpr std::array<std::string_view, 4> kDimNames = {"dp_replicate", "dp_shard", "cp", "tp"};
+constexpr size_t kDims = kMeshDims.size();
 
-int& dim_ref(ParallelDims& d, size_t i) {
-  switch (i) {
-    case 0: return d.dp_replicate;
-    case 1: return d.dp_shard;
-    case 2: return d.cp;
-    default: return d.tp;
-  }
-}
+int degree(const ParallelConfig& c, size_t i) { return c.*kMeshDims[i].degree; }
 
-int dim_value(const ParallelDims& d, size_t i) { return dim_ref(const_cast<ParallelDims&>(d), i); }
-
-std::string valid_dim_names() {
-  return "[dp_replicate, dp_shard, cp, tp]";
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-// The mesh axes (indices into kDimNames) each MeshAxis varies.
+// The mesh dims (indices into kMeshDims) `axis` varies, outer to inner.
 std::vector<size_t> varying_dims(MeshAxis axis) {
-  switch (axis) {
-    case MeshAxis::kWorld: return {0, 1, 2, 3};
-    case MeshAxis::kDpReplicate: return {0};
-    case MeshAxis::kDpShard: return {1};
-    case MeshAxis::kCp: return {2};
-    case MeshAxis::kTp: return {3};
-    case MeshAxis::kDp: return {0, 1};
-    case MeshAxis::kDpShardCp: return {1, 2};
-    case MeshAxis::kDpCp: return {0, 1, 2};
+  std::vector<size_t> out;
+  const unsigned mask = kMeshAxes[static_cast<size_t>(axis)].dims;
+  for (size_t i = 0; i < kDims; ++i) {
+    if (mask & (1u << i)) out.push_back(i);
   }
-  return {};
+  return out;
 }
+
+static_assert([] {
+  for (size_t i = 0; i < kMeshAxes.size(); ++i) {
+    if (static_cast<size_t>(kMeshAxes[i].axis) != i) return false;
+  }
+  return true;
+}(), "kMeshAxes must list the MeshAxis enumerators in order (comms_ is indexed by them)");
+static_assert([] {
+  for (const auto& row : kMeshAxes) {
+    if (row.dims == 0 || (row.dims & ~kAllMeshDims) != 0) return false;
+  }
+  return true;
+}(), "every kMeshAxes row varies at least one mesh dim of kMeshDims (a misspelt dim name gives 0)");
 
 }  // namespace
 
-ParallelDims ParallelDims::parse(std::string_view text) {
-  ParallelDims dims;
-  std::vector<std::string_view> seen;
-  text = trim(text);
-  while (!text.empty()) {
-    auto comma = text.find(',');
-    std::string_view item = trim(text.substr(0, comma));
-    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
-    if (item.empty()) continue;
-    auto eq = item.find('=');
-    MIH_CHECK(eq != std::string_view::npos, "mesh '", item, "': expected <axis>=<degree> such as 'tp=2'");
-    std::string_view name = trim(item.substr(0, eq));
-    std::string_view value = trim(item.substr(eq + 1));
-    auto it = std::find(kDimNames.begin(), kDimNames.end(), name);
-    MIH_CHECK(it != kDimNames.end(), "unknown mesh axis '", name, "'; valid: ", valid_dim_names(),
-              name == "dp" || name == "dp_cp" || name == "dp_shard_cp"
-                  ? internal::str("; '", name, "' is a combined axis: set its parts (dp_shard for FSDP, "
-                                  "dp_replicate for DDP, cp)")
-                  : std::string());
-    MIH_CHECK(std::find(seen.begin(), seen.end(), name) == seen.end(), "mesh axis '", name,
-              "' is given twice");
-    seen.push_back(name);
-    int degree = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), degree);
-    MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && degree >= 1, "mesh axis '", name,
-              "': degree '", value, "' is not an integer >= 1");
-    dim_ref(dims, static_cast<size_t>(it - kDimNames.begin())) = degree;
-  }
-  return dims;
-}
-
-ParallelDims ParallelDims::spread(int world_size) {
-  MIH_CHECK(world_size >= 1, "world_size(", world_size, ") must be >= 1");
-  ParallelDims dims;
-  // Inner axes first: tp, cp, dp_shard, dp_replicate.
-  const size_t order[4] = {3, 2, 1, 0};
-  size_t next = 0;
-  int n = world_size;
-  for (int p = 2; n > 1; ++p) {
-    while (n % p == 0) {
-      dim_ref(dims, order[next % 4]) *= p;
-      ++next;
-      n /= p;
-    }
-  }
-  return dims;
-}
-
-void ParallelDims::validate(int world_size) const {
-  for (size_t i = 0; i < kDimNames.size(); ++i) {
-    MIH_CHECK(dim_value(*this, i) >= 1, "mesh axis '", kDimNames[i], "' has degree ", dim_value(*this, i),
-              "; degrees must be >= 1 (1 disables the axis)");
-  }
-  MIH_CHECK(product() == world_size, "dp_replicate(", dp_replicate, ") * dp_shard(", dp_shard, ") * cp(", cp,
-            ") * tp(", tp, ") = ", product(), " != world_size(", world_size,
-            "); choose degrees whose product is ", world_size);
-}
-
-std::string ParallelDims::str() const {
-  std::string out;
-  for (size_t i = 0; i < kDimNames.size(); ++i) {
-    if (dim_value(*this, i) == 1) continue;
-    out += internal::str(out.empty() ? "" : ",", kDimNames[i], "=", dim_value(*this, i));
-  }
-  return out.empty() ? "1" : out;
-}
-
-void to_json(nlohmann::json& j, const ParallelDims& d) {
-  j = nlohmann::json{{"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"cp", d.cp}, {"tp", d.tp}};
-}
-
-void from_json(const nlohmann::json& j, ParallelDims& d) {
-  MIH_CHECK(j.is_object(), "parallel dims: expected a JSON object like {\"tp\": 2}, got ", j.dump());
-  d = ParallelDims{};
-  for (const auto& [key, value] : j.items()) {
-    auto it = std::find(kDimNames.begin(), kDimNames.end(), key);
-    MIH_CHECK(it != kDimNames.end(), "parallel dims: unknown mesh axis '", key, "'; valid: ", valid_dim_names());
-    MIH_CHECK(value.is_number_integer() && value.get<int>() >= 1, "parallel dims: '", key,
-              "' must be an integer >= 1, got ", value.dump());
-    dim_ref(d, static_cast<size_t>(it - kDimNames.begin())) = value.get<int>();
-  }
-}
-
-std::ostream& operator<<(std::ostream& out, const ParallelDims& d) { return out << d.str(); }
-
 std::string_view mesh_axis_name(MeshAxis axis) {
-  switch (axis) {
-    case MeshAxis::kWorld: return "world";
-    case MeshAxis::kDpReplicate: return "dp_replicate";
-    case MeshAxis::kDpShard: return "dp_shard";
-    case MeshAxis::kCp: return "cp";
-    case MeshAxis::kTp: return "tp";
-    case MeshAxis::kDp: return "dp";
-    case MeshAxis::kDpShardCp: return "dp_shard_cp";
-    case MeshAxis::kDpCp: return "dp_cp";
-  }
-  return "unknown";
+  const size_t i = static_cast<size_t>(axis);
+  return i < kMeshAxes.size() ? kMeshAxes[i].name : "unknown";
 }
 
 MeshAxis parse_mesh_axis(std::string_view name) {
-  for (MeshAxis axis : kAllMeshAxes) {
-    if (mesh_axis_name(axis) == name) return axis;
+  std::string valid;
+  for (const auto& row : kMeshAxes) {
+    if (row.name == name) return row.axis;
+    valid += (valid.empty() ? "" : ", ") + std::string(row.name);
   }
-  MIH_THROW(Code::kInvalidSpec, "unknown mesh axis '", name,
-            "'; valid: [world, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp]");
+  MIH_THROW(Code::kInvalidSpec, "unknown mesh axis '", name, "'; valid: [", valid, "]");
 }
 
-MeshLayout::MeshLayout(const ParallelDims& dims, int world_size) : dims_(dims), world_size_(world_size) {
-  dims_.validate(world_size);
+MeshLayout::MeshLayout(const ParallelConfig& config, int world_size) : config_(config), world_size_(world_size) {
+  config_.validate_mesh(world_size);
 }
 
-std::array<int, 4> MeshLayout::coordinates(int rank) const {
+MeshCoordinates MeshLayout::coordinates(int rank) const {
   MIH_CHECK(rank >= 0 && rank < world_size_, "rank ", rank, " is outside the mesh of world_size ", world_size_);
-  std::array<int, 4> c{};
-  for (size_t i = 4; i-- > 0;) {
-    int degree = dim_value(dims_, i);
-    c[i] = rank % degree;
-    rank /= degree;
+  MeshCoordinates c{};
+  for (size_t i = kDims; i-- > 0;) {
+    const int d = degree(config_, i);
+    c[i] = rank % d;
+    rank /= d;
   }
   return c;
 }
 
 std::vector<int> MeshLayout::group_ranks(MeshAxis axis, int rank) const {
-  std::array<int, 4> base = coordinates(rank);
+  MeshCoordinates base = coordinates(rank);
   std::vector<size_t> vary = varying_dims(axis);
   for (size_t i : vary) base[i] = 0;
   int count = 1;
-  for (size_t i : vary) count *= dim_value(dims_, i);
+  for (size_t i : vary) count *= degree(config_, i);
   std::vector<int> ranks;
   ranks.reserve(static_cast<size_t>(count));
   for (int k = 0; k < count; ++k) {
     // Row-major over the varying dims, outer to inner.
-    std::array<int, 4> c = base;
+    MeshCoordinates c = base;
     int rest = k;
     for (size_t v = vary.size(); v-- > 0;) {
-      int degree = dim_value(dims_, vary[v]);
-      c[vary[v]] = rest % degree;
-      rest /= degree;
+      const int d = degree(config_, vary[v]);
+      c[vary[v]] = rest % d;
+      rest /= d;
     }
     int r = 0;
-    for (size_t i = 0; i < 4; ++i) r = r * dim_value(dims_, i) + c[i];
+    for (size_t i = 0; i < kDims; ++i) r = r * degree(config_, i) + c[i];
     ranks.push_back(r);
   }
   return ranks;
@@ -208,9 +103,9 @@ std::vector<std::vector<int>> MeshLayout::all_groups(MeshAxis axis) const {
   return groups;
 }
 
-DeviceMesh::DeviceMesh(const ParallelDims& dims, const compat::Store& store, int rank, int world_size,
+DeviceMesh::DeviceMesh(const ParallelConfig& config, const compat::Store& store, int rank, int world_size,
                        const MeshOptions& options)
-    : layout_(dims, world_size), rank_(rank), ledger_(options.ledger) {
+    : layout_(config, world_size), rank_(rank), ledger_(options.ledger) {
   MIH_CHECK(rank >= 0 && rank < world_size, "device mesh: rank ", rank, " is not in [0, world_size(",
             world_size, "))");
   // A per-rank count of meshes with this name keeps the group keys of a second mesh on the
@@ -235,7 +130,7 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims, const compat::Store& store, int
         mine = it->second.renamed(axis_name);
       } else {
         compat::Group g = with_context(
-            internal::str("while creating the '", axis_name, "' group of mesh ", dims.str(), " on rank ", rank,
+            internal::str("while creating the '", axis_name, "' group of mesh ", config.mesh_str(), " on rank ", rank,
                           "/", world_size),
             [&] {
               return compat::new_group(store, internal::str(prefix, "/", axis_name, "/", i), members, rank,
@@ -260,14 +155,18 @@ const Communicator& DeviceMesh::comm(MeshAxis axis) const { return comms_.at(sta
 nlohmann::json DeviceMesh::to_json() const {
   auto c = layout_.coordinates(rank_);
   nlohmann::json coords;
-  for (size_t i = 0; i < 4; ++i) coords[std::string(kDimNames[i])] = c[i];
+  nlohmann::json dims;
+  for (size_t i = 0; i < kDims; ++i) {
+    coords[std::string(kMeshDims[i].name)] = c[i];
+    dims[std::string(kMeshDims[i].name)] = degree(config(), i);
+  }
   nlohmann::json axes;
   for (MeshAxis axis : kAllMeshAxes) {
     const Communicator& cm = comm(axis);
     axes[std::string(mesh_axis_name(axis))] = {
-        {"ranks", cm.ranks()}, {"rank", cm.rank()}, {"backend", compat::backend_name(cm.group().backend())}};
+        {"ranks", cm.ranks()}, {"rank", cm.rank()}, {"pg_backend", compat::backend_name(cm.group().backend())}};
   }
-  return {{"dims", dims()}, {"rank", rank_}, {"world_size", world_size()}, {"coordinates", coords}, {"axes", axes}};
+  return {{"dims", dims}, {"rank", rank_}, {"world_size", world_size()}, {"coordinates", coords}, {"axes", axes}};
 }
 
 }  // namespace mih

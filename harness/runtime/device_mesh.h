@@ -1,6 +1,7 @@
-// DeviceMesh: the world laid out on the named axes dp_replicate, dp_shard, cp, tp (outer to
-// inner, TorchTitan's ParallelDims), with a Communicator per axis and for the combined axes
-// dp (dp_replicate x dp_shard), dp_shard_cp (FSDP) and dp_cp (loss normalization).
+// DeviceMesh: the world laid out on the mesh dims of ParallelConfig (kMeshDims: dp_replicate,
+// dp_shard, cp, tp, outer to inner, TorchTitan's ParallelDims), with a Communicator per axis
+// of kMeshAxes: one per dim and the combined axes dp (dp_replicate x dp_shard), dp_shard_cp
+// (FSDP) and dp_cp (loss normalization).
 #pragma once
 
 #include <array>
@@ -16,45 +17,12 @@
 #include "harness/compat/store.h"
 #include "harness/runtime/comm_ledger.h"
 #include "harness/runtime/communicator.h"
+#include "harness/base/parallel_config.h"
 
 namespace mih {
 
-/// Degrees of the mesh axes, outer to inner; 1 means the axis is disabled.
-/// rank = ((dp_replicate_rank * dp_shard + dp_shard_rank) * cp + cp_rank) * tp + tp_rank.
-struct ParallelDims {
-  int dp_replicate = 1;  ///< replicas (DDP / the replicate dim of HSDP)
-  int dp_shard = 1;      ///< FSDP shards
-  int cp = 1;            ///< context parallel: the sequence dim is sharded
-  int tp = 1;            ///< tensor parallel (and sequence parallel regions)
-
-  int product() const { return dp_replicate * dp_shard * cp * tp; }
-
-  /// Parses "dp_shard=2,tp=2"; axes not named stay 1. Whitespace is ignored.
-  /// Throws: mih::Error{kInvalidSpec} for an unknown axis (listing the valid ones), a
-  ///   repeated axis, or a degree that is not an integer >= 1.
-  static ParallelDims parse(std::string_view text);
-
-  /// Returns a mesh for `world_size` that exercises as many axes as it can: prime factors,
-  /// smallest first, are given to tp, cp, dp_shard, dp_replicate in turn (4 -> cp=2,tp=2;
-  /// 8 -> dp_shard=2,cp=2,tp=2). Used by the selftest when no mesh is given.
-  static ParallelDims spread(int world_size);
-
-  /// Throws: mih::Error{kInvalidSpec} with the arithmetic if a degree is < 1 or the product
-  ///   differs from `world_size`: "dp_replicate(1) * dp_shard(2) * cp(1) * tp(3) = 6 !=
-  ///   world_size(4)".
-  void validate(int world_size) const;
-
-  /// "dp_shard=2,tp=2" (axes of degree 1 omitted; "1" if all are).
-  std::string str() const;
-  bool operator==(const ParallelDims&) const = default;
-};
-
-void to_json(nlohmann::json& j, const ParallelDims& d);
-void from_json(const nlohmann::json& j, ParallelDims& d);
-std::ostream& operator<<(std::ostream& out, const ParallelDims& d);
-
-/// The axes of a mesh with their own process group. Combined axes vary several mesh axes
-/// at once (their ranks in outer-to-inner order).
+/// The axes of a mesh with their own process group: the world, one per mesh dim, and the
+/// combined axes that vary several mesh dims at once (their ranks in outer-to-inner order).
 enum class MeshAxis {
   kWorld,
   kDpReplicate,
@@ -66,10 +34,44 @@ enum class MeshAxis {
   kDpCp,       ///< dp_replicate x dp_shard x cp: gradient and loss reduction
 };
 
+/// The bit of mesh dim `name` in a MeshAxisRow::dims mask (its index in kMeshDims); 0 for a
+/// name that is no mesh dim, so a typo fails the static_assert in device_mesh.cpp.
+constexpr unsigned mesh_dim_bit(std::string_view name) {
+  for (size_t i = 0; i < kMeshDims.size(); ++i) {
+    if (kMeshDims[i].name == name) return 1u << i;
+  }
+  return 0;
+}
+/// Every mesh dim.
+inline constexpr unsigned kAllMeshDims = (1u << kMeshDims.size()) - 1;
+
+/// One row of kMeshAxes: the axis, its name (group names, ledger records, evidence) and the
+/// mesh dims it varies.
+struct MeshAxisRow {
+  MeshAxis axis;
+  std::string_view name;
+  unsigned dims;
+};
+
+/// Every MeshAxis, in enumerator order, which is the order groups are created in on every
+/// rank. How to add an axis: an enumerator above and a row here.
+inline constexpr std::array<MeshAxisRow, 8> kMeshAxes = {{
+    {MeshAxis::kWorld, "world", kAllMeshDims},
+    {MeshAxis::kDpReplicate, "dp_replicate", mesh_dim_bit("dp_replicate")},
+    {MeshAxis::kDpShard, "dp_shard", mesh_dim_bit("dp_shard")},
+    {MeshAxis::kCp, "cp", mesh_dim_bit("cp")},
+    {MeshAxis::kTp, "tp", mesh_dim_bit("tp")},
+    {MeshAxis::kDp, "dp", mesh_dim_bit("dp_replicate") | mesh_dim_bit("dp_shard")},
+    {MeshAxis::kDpShardCp, "dp_shard_cp", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp")},
+    {MeshAxis::kDpCp, "dp_cp", mesh_dim_bit("dp_replicate") | mesh_dim_bit("dp_shard") | mesh_dim_bit("cp")},
+}};
+
 /// Every MeshAxis, in the order groups are created.
-inline constexpr std::array<MeshAxis, 8> kAllMeshAxes = {
-    MeshAxis::kWorld, MeshAxis::kDpReplicate, MeshAxis::kDpShard,   MeshAxis::kCp,
-    MeshAxis::kTp,    MeshAxis::kDp,          MeshAxis::kDpShardCp, MeshAxis::kDpCp};
+inline constexpr std::array<MeshAxis, kMeshAxes.size()> kAllMeshAxes = [] {
+  std::array<MeshAxis, kMeshAxes.size()> out{};
+  for (size_t i = 0; i < kMeshAxes.size(); ++i) out[i] = kMeshAxes[i].axis;
+  return out;
+}();
 
 /// "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
 std::string_view mesh_axis_name(MeshAxis axis);
@@ -78,22 +80,27 @@ std::string_view mesh_axis_name(MeshAxis axis);
 /// Throws: mih::Error{kInvalidSpec} listing the valid names.
 MeshAxis parse_mesh_axis(std::string_view name);
 
+/// A rank's coordinates, one per mesh dim (kMeshDims order).
+using MeshCoordinates = std::array<int, kMeshDims.size()>;
+
 /// Pure layout arithmetic of a mesh, without groups (usable before any rank starts).
 class MeshLayout {
  public:
-  /// Throws: as ParallelDims::validate(world_size).
-  MeshLayout(const ParallelDims& dims, int world_size);
-  const ParallelDims& dims() const { return dims_; }
+  /// Only the mesh degrees of `config` matter.
+  /// Throws: as ParallelConfig::validate_mesh(world_size).
+  MeshLayout(const ParallelConfig& config, int world_size);
+  /// The config the layout was made from (its mesh degrees are the layout's).
+  const ParallelConfig& config() const { return config_; }
   int world_size() const { return world_size_; }
-  /// Coordinates of `rank`: {dp_replicate, dp_shard, cp, tp}.
-  std::array<int, 4> coordinates(int rank) const;
+  /// Coordinates of `rank`, one per mesh dim: {dp_replicate, dp_shard, cp, tp}.
+  MeshCoordinates coordinates(int rank) const;
   /// The global ranks of `rank`'s group along `axis`, in axis-rank order.
   std::vector<int> group_ranks(MeshAxis axis, int rank) const;
   /// Every distinct group of `axis`, ordered by their first rank.
   std::vector<std::vector<int>> all_groups(MeshAxis axis) const;
 
  private:
-  ParallelDims dims_;
+  ParallelConfig config_;
   int world_size_;
 };
 
@@ -117,23 +124,25 @@ class DeviceMesh {
  public:
   /// Builds the groups; returns when every rank has built all of its groups (a barrier on
   /// the world group ends construction).
-  /// Throws: mih::Error{kInvalidSpec} if dims do not multiply to world_size;
+  /// Only the mesh degrees of `config` matter (a ParallelConfig::parse_mesh("tp=2") will do).
+  /// Throws: mih::Error{kInvalidSpec} if the degrees do not multiply to world_size;
   ///   kDeadlineExceeded if a member does not join within options.group.timeout.
-  DeviceMesh(const ParallelDims& dims, const compat::Store& store, int rank, int world_size,
+  DeviceMesh(const ParallelConfig& config, const compat::Store& store, int rank, int world_size,
              const MeshOptions& options = {});
 
-  const ParallelDims& dims() const { return layout_.dims(); }
+  /// The config the mesh was built from (its degrees are the mesh's).
+  const ParallelConfig& config() const { return layout_.config(); }
   const MeshLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
   int world_size() const { return layout_.world_size(); }
   /// This rank's index along `axis` (combined axes: row-major over their mesh axes).
   int axis_rank(MeshAxis axis) const { return comm(axis).rank(); }
-  int axis_size(MeshAxis axis) const { return comm(axis).size(); }
   Communicator& comm(MeshAxis axis);
   const Communicator& comm(MeshAxis axis) const;
   const std::shared_ptr<CommLedger>& ledger() const { return ledger_; }
 
-  /// JSON for evidence: dims, rank, coordinates, and each axis's ranks and backend.
+  /// JSON for evidence: the mesh degrees, rank, coordinates, and each axis's ranks and
+  /// process-group backend.
   nlohmann::json to_json() const;
 
  private:

@@ -42,4 +42,16 @@ c10::ScalarType parse_dtype(std::string_view name) {
   MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [", valid, "]");
 }
 
+c10::ScalarType scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return c10::ScalarType::Float;
+    case DType::kFloat64: return c10::ScalarType::Double;
+    case DType::kBFloat16: return c10::ScalarType::BFloat16;
+    case DType::kFloat16: return c10::ScalarType::Half;
+  }
+  return c10::ScalarType::Float;
+}
+
+DType case_dtype(c10::ScalarType type) { return parse_dtype_name(dtype_name(type)); }
+
 }  // namespace mih

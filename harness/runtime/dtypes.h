@@ -7,6 +7,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "harness/base/parallel_config.h"
+
 namespace mih {
 
 /// Returns "float32", "float64", "bfloat16", "float16", "int64", "int32", "int16", "int8",
@@ -16,5 +18,11 @@ std::string dtype_name(c10::ScalarType dtype);
 /// Parses a name of dtype_name.
 /// Throws: mih::Error{kInvalidSpec} listing the valid names.
 c10::ScalarType parse_dtype(std::string_view name);
+
+/// The c10 type of a case dtype (ParallelConfig::dtype).
+c10::ScalarType scalar_type(DType dtype);
+/// The case dtype of `type`. Throws: mih::Error{kInvalidSpec} for a type that is not a
+///   floating case dtype (float32, float64, bfloat16, float16).
+DType case_dtype(c10::ScalarType type);
 
 }  // namespace mih

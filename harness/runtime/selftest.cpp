@@ -295,13 +295,13 @@ nlohmann::json summarize_selftest(const std::vector<std::vector<SelftestCheck>>&
     }
     axes.push_back({{"axis", comm.axis()},
                     {"group_size", comm.size()},
-                    {"backend", compat::backend_name(comm.group().backend())},
+                    {"pg_backend", compat::backend_name(comm.group().backend())},
                     {"ops", ops}});
   }
   return {{"ok", failures.empty()},
           {"world_size", mesh.world_size()},
-          {"dims", mesh.dims()},
-          {"backend", compat::backend_name(mesh.comm(MeshAxis::kWorld).group().backend())},
+          {"dims", mesh.config()},
+          {"pg_backend", compat::backend_name(mesh.comm(MeshAxis::kWorld).group().backend())},
           {"torch_version", compat::torch_version()},
           {"dtypes", options.dtypes},
           {"repeats", options.repeats},
@@ -319,9 +319,9 @@ std::string format_selftest_table(const nlohmann::json& summary) {
   std::ostringstream out;
   std::string dtypes;
   for (const auto& d : summary.at("dtypes")) dtypes += " " + d.get<std::string>();
-  ParallelDims dims = summary.at("dims").get<ParallelDims>();
-  out << "mih selftest: world_size " << summary.at("world_size").get<int>() << ", mesh " << dims.str() << ", backend "
-      << summary.at("backend").get<std::string>() << ", libtorch " << summary.at("torch_version").get<std::string>()
+  ParallelConfig dims = summary.at("dims").get<ParallelConfig>();
+  out << "mih selftest: world_size " << summary.at("world_size").get<int>() << ", mesh " << dims.mesh_str() << ", backend "
+      << summary.at("pg_backend").get<std::string>() << ", libtorch " << summary.at("torch_version").get<std::string>()
       << "; dtypes" << dtypes << "\n"
       << "cell: ok or FAIL, then the slowest rank's median ms per call; '-': not applicable (p2p needs 2+ ranks)\n\n";
   out << std::left << std::setw(13) << "axis" << std::setw(6) << "ranks";
@@ -374,7 +374,7 @@ int run_selftest_task(WorkerContext& ctx) {
   MIH_CHECK(!options.dtypes.empty(), "selftest: --dtypes is empty; give at least one dtype, e.g. float32");
   const std::string& mesh_text = ctx.option("mesh");
   const World& world = ctx.world();
-  ParallelDims dims = mesh_text.empty() ? ParallelDims::spread(world.world_size) : ParallelDims::parse(mesh_text);
+  ParallelConfig dims = mesh_text.empty() ? ParallelConfig::spread(world.world_size) : ParallelConfig::parse_mesh(mesh_text);
   dims.validate(world.world_size);
   DeviceMesh mesh = ctx.build_mesh(dims, "selftest");
   std::vector<SelftestCheck> mine = run_collective_selftest(mesh, options);
@@ -393,7 +393,7 @@ int run_selftest_task(WorkerContext& ctx) {
 }
 
 int run_ping_task(WorkerContext& ctx) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.dp_shard = ctx.world().world_size;  // one group: the world
   DeviceMesh mesh = ctx.build_mesh(dims, "ping");
   at::Tensor t = at::ones({1}, at::TensorOptions().device(ctx.device()));

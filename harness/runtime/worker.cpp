@@ -27,6 +27,18 @@
 namespace mih {
 namespace {
 
+// A duration as the command line gives it: seconds, exact to the millisecond ("1.5").
+std::string seconds(std::chrono::milliseconds d) {
+  const int64_t ms = d.count();
+  std::string out = std::to_string(ms / 1000);
+  if (ms % 1000 != 0) {
+    char frac[8];
+    std::snprintf(frac, sizeof frac, ".%03d", static_cast<int>(ms % 1000));
+    out += frac;
+  }
+  return out;
+}
+
 struct TaskEntry {
   std::string help;
   std::vector<TaskOption> options;
@@ -148,13 +160,13 @@ void follow_launcher(const Env& env) {
 std::vector<std::string> WorkerOptions::to_args() const {
   std::vector<std::string> args = {
       "--run-dir", run_dir.string(),
-      "--backend", std::string(compat::backend_name(backend)),
-      "--collective-timeout-ms", std::to_string(collective_timeout.count()),
-      "--rendezvous-timeout-ms", std::to_string(rendezvous_timeout.count()),
+      "--pg-backend", std::string(compat::backend_name(pg_backend)),
+      "--collective-timeout", seconds(collective_timeout),
+      "--rendezvous-timeout", seconds(rendezvous_timeout),
       "--threads", std::to_string(determinism.intra_op_threads),
       "--seed", std::to_string(determinism.seed)};
   if (case_timeout.count() > 0) {
-    args.insert(args.end(), {"--case-timeout-ms", std::to_string(case_timeout.count())});
+    args.insert(args.end(), {"--case-timeout", seconds(case_timeout)});
   }
   if (!gloo_hostname.empty()) args.insert(args.end(), {"--gloo-host", gloo_hostname});
   if (!determinism.deterministic_algorithms) args.push_back("--no-deterministic");
@@ -194,11 +206,11 @@ compat::Store& WorkerContext::store() {
   return *store_;
 }
 
-DeviceMesh WorkerContext::build_mesh(const ParallelDims& dims, const std::string& name) {
+DeviceMesh WorkerContext::build_mesh(const ParallelConfig& dims, const std::string& name) {
   MeshOptions o;
   o.name = name;
   o.ledger = ledger();
-  o.group.backend = options_.backend;
+  o.group.backend = options_.pg_backend;
   o.group.timeout = options_.collective_timeout;
   if (const std::string* ifname = find_env(env_, "GLOO_SOCKET_IFNAME")) o.group.gloo_interface = *ifname;
   o.group.gloo_hostname = options_.gloo_hostname;
@@ -207,7 +219,7 @@ DeviceMesh WorkerContext::build_mesh(const ParallelDims& dims, const std::string
 }
 
 c10::Device WorkerContext::device() const {
-  if (options_.backend == compat::BackendKind::kNccl) {
+  if (options_.pg_backend == compat::BackendKind::kNccl) {
     return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
   }
   return c10::Device(c10::DeviceType::CPU);
@@ -252,9 +264,7 @@ int worker_main(int argc, char** argv) {
   follow_launcher(env);
 
   WorkerOptions options;
-  std::string backend = "gloo";
-  int64_t collective_ms = options.collective_timeout.count(), rendezvous_ms = options.rendezvous_timeout.count();
-  int64_t case_ms = 0;
+  std::string pg_backend = "gloo";
   bool no_deterministic = false;
 
   CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
@@ -265,18 +275,13 @@ int worker_main(int argc, char** argv) {
                  "run directory: comm/ledger_rank<r>.jsonl, errors/rank<r>.json and the task's files; give it "
                  "explicitly (shared by the ranks under torchrun/srun)")
       ->capture_default_str();
-  app.add_option("--backend", backend, "process-group backend")
+  app.add_option("--pg-backend", pg_backend, "process-group backend")
       ->check(CLI::IsMember({"gloo", "nccl"}))
       ->capture_default_str();
-  app.add_option("--collective-timeout-ms", collective_ms, "timeout of each collective, ms")
-      ->check(cli::at_least(1))
-      ->capture_default_str();
-  app.add_option("--rendezvous-timeout-ms", rendezvous_ms, "how long to wait for the other ranks, ms")
-      ->check(cli::at_least(1))
-      ->capture_default_str();
-  app.add_option("--case-timeout-ms", case_ms, "watchdog: the rank ends itself after this long, ms (0 = off)")
-      ->check(cli::at_least(0))
-      ->capture_default_str();
+  cli::add_seconds(app, "--collective-timeout", options.collective_timeout, "timeout of each collective");
+  cli::add_seconds(app, "--rendezvous-timeout", options.rendezvous_timeout, "how long to wait for the other ranks");
+  cli::add_seconds(app, "--case-timeout", options.case_timeout, "watchdog: the rank ends itself after this long; 0 = off",
+                   0.0);
   app.add_option("--gloo-host", options.gloo_hostname, "Gloo bind address (default: GLOO_SOCKET_IFNAME or hostname)");
   app.add_option("--threads", options.determinism.intra_op_threads, "intra-op threads (torch and BLAS)")
       ->check(cli::at_least(1))
@@ -303,10 +308,7 @@ int worker_main(int argc, char** argv) {
   cli::name_unknown_subcommands(app);
   if (auto status = cli::parse_or_exit(app, argc, argv, "worker task")) return *status;
   const std::string task_name = app.get_subcommands().front()->get_name();
-  options.backend = compat::parse_backend(backend);
-  options.collective_timeout = std::chrono::milliseconds(collective_ms);
-  options.rendezvous_timeout = std::chrono::milliseconds(rendezvous_ms);
-  options.case_timeout = std::chrono::milliseconds(case_ms);
+  options.pg_backend = compat::parse_backend(pg_backend);
   options.determinism.deterministic_algorithms = !no_deterministic;
 
   World world;

@@ -6,7 +6,7 @@
 //
 // How to add a task: in a translation unit linked directly into the binary,
 //   MIH_WORKER_TASK(hello, "all-reduce one tensor over the world", {{"value", "what to sum", "1"}}) {
-//     DeviceMesh mesh = ctx.build_mesh(ParallelDims{});
+//     DeviceMesh mesh = ctx.build_mesh(ParallelConfig::parse_mesh("dp_shard=2"));
 //     auto t = at::full({1}, std::stod(ctx.option("value")));
 //     mesh.comm(MeshAxis::kWorld).all_reduce(t);
 //     return 0;
@@ -38,7 +38,8 @@ namespace mih {
 struct WorkerOptions {
   /// Run directory: comm/ledger_rank<r>.jsonl, errors/rank<r>.json and the task's files.
   std::filesystem::path run_dir = ".";
-  compat::BackendKind backend = compat::BackendKind::kGloo;
+  /// The process-group backend of every group (--pg-backend gloo|nccl).
+  compat::BackendKind pg_backend = compat::BackendKind::kGloo;
   /// Timeout of each collective and of group creation.
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(60)};
   /// How long a rank waits for the others to reach the store.
@@ -77,9 +78,9 @@ class WorkerContext {
   compat::Store& store();
   /// This rank's comm ledger (run_dir/comm/ledger_rank<r>.jsonl, opened at construction).
   const std::shared_ptr<CommLedger>& ledger() const { return ledger_; }
-  /// Builds a mesh of `dims` over the world with this worker's backend and timeouts.
+  /// Builds a mesh of `config`'s degrees over the world with this worker's backend and timeouts.
   /// Throws: as DeviceMesh.
-  DeviceMesh build_mesh(const ParallelDims& dims, const std::string& name = "mesh");
+  DeviceMesh build_mesh(const ParallelConfig& config, const std::string& name = "mesh");
   /// Where this rank's tensors live: cuda:<local rank> with NCCL, else the CPU.
   c10::Device device() const;
 

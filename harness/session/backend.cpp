@@ -31,21 +31,21 @@ class TrainerBackend : public TrainingBackend {
 
 }  // namespace
 
-BackendRegistry& BackendRegistry::instance() {
-  static BackendRegistry* registry = [] {
-    auto* r = new BackendRegistry;
+TrainingBackendRegistry& TrainingBackendRegistry::instance() {
+  static TrainingBackendRegistry* registry = [] {
+    auto* r = new TrainingBackendRegistry;
     r->add("trainer", make_trainer_backend);
     return r;
   }();
   return *registry;
 }
 
-void BackendRegistry::add(const std::string& name, BackendFactory factory) {
+void TrainingBackendRegistry::add(const std::string& name, BackendFactory factory) {
   MIH_CHECK(!name.empty() && factory, "a backend needs a name and a factory");
   MIH_CHECK(factories_.emplace(name, std::move(factory)).second, "backend '", name, "' is registered twice");
 }
 
-std::unique_ptr<TrainingBackend> BackendRegistry::make(const std::string& name) const {
+std::unique_ptr<TrainingBackend> TrainingBackendRegistry::make(const std::string& name) const {
   auto it = factories_.find(name);
   if (it == factories_.end()) {
     std::string known;
@@ -55,7 +55,7 @@ std::unique_ptr<TrainingBackend> BackendRegistry::make(const std::string& name) 
   return it->second();
 }
 
-std::vector<std::string> BackendRegistry::names() const {
+std::vector<std::string> TrainingBackendRegistry::names() const {
   std::vector<std::string> out;
   for (const auto& [n, f] : factories_) out.push_back(n);
   return out;

@@ -2,7 +2,7 @@
 // runner drives training. mih's Trainer is the default implementation ("trainer"); a team
 // with its own C++ trainer implements this interface (build the model on the mesh, run a step
 // calling the session hooks, gather a full tensor, save and load a checkpoint), registers it
-// with MIH_REGISTER_BACKEND, and every suite that applies runs on it. A team that cannot wrap
+// with MIH_REGISTER_TRAINING_BACKEND, and every suite that applies runs on it. A team that cannot wrap
 // its loop calls the TrainingHooks of a ValidationSession from the loop itself (the seed
 // tool's trainer-owned mode); tests/conformance/plain_backend.cpp does both.
 #pragma once
@@ -52,9 +52,9 @@ class TrainingBackend {
 using BackendFactory = std::function<std::unique_ptr<TrainingBackend>()>;
 
 /// Backends by name; "trainer" (mih's Trainer) is always registered.
-class BackendRegistry {
+class TrainingBackendRegistry {
  public:
-  static BackendRegistry& instance();
+  static TrainingBackendRegistry& instance();
   /// Throws: mih::Error{kInvalidSpec} for a duplicate name.
   void add(const std::string& name, BackendFactory factory);
   /// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the registered ones.
@@ -68,10 +68,10 @@ class BackendRegistry {
 /// mih's Trainer as a backend.
 std::unique_ptr<TrainingBackend> make_trainer_backend();
 
-/// Registers a backend from a static initializer: MIH_REGISTER_BACKEND(plain, PlainBackend)
+/// Registers a backend from a static initializer: MIH_REGISTER_TRAINING_BACKEND(plain, PlainBackend)
 /// registers "plain" made by std::make_unique<PlainBackend>().
-#define MIH_REGISTER_BACKEND(name, Class)                                                        \
-  static const bool mih_backend_registered_##name = (::mih::BackendRegistry::instance().add(    \
+#define MIH_REGISTER_TRAINING_BACKEND(name, Class)                                                        \
+  static const bool mih_training_backend_registered_##name = (::mih::TrainingBackendRegistry::instance().add(    \
                                                          #name, [] { return std::make_unique<Class>(); }), \
                                                      true)
 

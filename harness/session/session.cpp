@@ -95,7 +95,7 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
   json mine = {{"findings", pending_.to_json()["findings"]}, {"perf", perf}};
   pending_ = FindingReport();
   const std::vector<json> all =
-      all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, state_.context ? state_.context->options().device
+      all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, state_.context ? state_.context->device()
                                                                           : c10::Device(c10::DeviceType::CPU),
                       "mih.session.findings");
   std::map<std::string, std::pair<json, std::vector<int>>> merged;
@@ -208,7 +208,7 @@ void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t firs
     }
     if (!runtime()) return;
     ParallelContext& ctx = *state_.context;
-    identity_->add(first_row, batch, &mesh_->comm(MeshAxis::kCp), ctx.options().cp_layout);
+    identity_->add(first_row, batch, &mesh_->comm(MeshAxis::kCp), ctx.config().cp_layout);
   });
 }
 
@@ -270,7 +270,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
     const int64_t step = m.step;
     ParallelContext& ctx = *state_.context;
     FindingReport local;
-    json identity = identity_->finish(*mesh_, step, &local, ctx.options().device);
+    json identity = identity_->finish(*mesh_, step, &local, ctx.device());
     input_identity_.push_back(identity);
     if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("data/input_identity.jsonl", identity);
 
@@ -294,7 +294,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
     metrics_.push_back(row);
     json perf = {{"step", step},
                  {"step_ms", m.step_ms},
-                 {"peak_memory_bytes", probes::peak_memory_bytes(ctx.options().device)},
+                 {"peak_memory_bytes", probes::peak_memory_bytes(ctx.device())},
                  {"comm_bytes", comm}};
     merge(std::move(local), perf);
     hook_ms_["end_step"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -313,7 +313,7 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
   guarded("record_fsdp_trace", [&] {
     if (step != 0) return;
     ParallelContext& ctx = *state_.context;
-    write("check/activation_checkpoint.json", {{"enabled", ctx.options().activation_checkpointing},
+    write("check/activation_checkpoint.json", {{"enabled", ctx.config().activation_checkpointing},
                                                {"regions", ctx.checkpoint_regions()}});
     write("check/fsdp_trace.json", ctx.to_json());
   });

@@ -36,7 +36,7 @@
 #include "harness/checks/checks.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/probes/probes.h"
-#include "harness/session/findings.h"
+#include "harness/findings/findings.h"
 #include "harness/spec/model_spec.h"
 #include "harness/training/trainer.h"
 

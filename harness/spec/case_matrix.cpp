@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <ostream>
 #include <sstream>
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +21,7 @@ using nlohmann::json;
 
 // The presets. Every lane is float64 on CPU: the oracle lane, where parity holds to 1e-10.
 const char* kCpuSmoke = R"({
-  "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "backend": "gloo", "steps": 3, "max_world_size": 4,
+  "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
     {"dp_shard": 2},
     {"tp": 2, "sequence_parallel": true},
@@ -33,7 +34,7 @@ const char* kCpuSmoke = R"({
   ]})";
 
 const char* kCpuFull = R"({
-  "name": "cpu-full", "dtype": "float64", "device": "cpu", "backend": "gloo", "steps": 3, "max_world_size": 4,
+  "name": "cpu-full", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
     {"dp_replicate": 2}, {"dp_shard": 2}, {"dp_shard": 4}, {"tp": 2}, {"tp": 2, "sequence_parallel": true},
     {"cp": 2}, {"cp": 2, "cp_layout": "zigzag"}, {"cp": 4, "cp_layout": "zigzag"},
@@ -69,8 +70,8 @@ std::string camel(const std::string& snake) {
 std::string group_of(const ParallelConfig& c) {
   if (c.micro_batches > 1) return "grad_accumulation";
   if (c.activation_checkpointing) return "activation_checkpoint";
-  const ParallelDims d = c.dims();
-  const int axes = (d.dp_replicate > 1) + (d.dp_shard > 1) + (d.cp > 1) + (d.tp > 1);
+  int axes = 0;
+  for (const auto& d : kMeshDims) axes += c.*d.degree > 1;
   return axes > 1 ? "combined" : "axis";
 }
 
@@ -86,7 +87,7 @@ ParallelConfig config_from(const json& j, const json& defaults, const std::strin
     e.add_context(where);
     throw;
   }
-  with_context(where, [&] { c.validate(c.dims().product()); });
+  with_context(where, [&] { c.validate(c.world_size()); });
   return c;
 }
 
@@ -110,13 +111,40 @@ CaseKind parse_case_kind(const std::string& name) {
 }
 
 void to_json(json& j, const Case& c) {
-  j = {{"name", c.name},       {"kind", case_kind_name(c.kind)}, {"group", c.group},   {"config", c.config},
-       {"steps", c.steps},     {"compare_to", c.compare_to},     {"device", c.device}, {"backend", c.backend},
+  j = {{"name", c.name},   {"kind", case_kind_name(c.kind)}, {"group", c.group},   {"config", c.config},
+       {"steps", c.steps}, {"compare_to", c.compare_to},     {"device", c.device}, {"pg_backend", c.pg_backend},
        {"world_size", c.world_size()}};
   if (c.save_config) {
     j["save_config"] = *c.save_config;
     j["resume_at"] = c.resume_at;
   }
+}
+
+void from_json(const json& j, Case& c) {
+  check_known_fields(j, "case", {"name", "kind", "group", "config", "steps", "compare_to", "device", "pg_backend",
+                                 "world_size", "save_config", "resume_at"});
+  try {
+    Case out;
+    out.name = j.at("name").get<std::string>();
+    out.kind = parse_case_kind(j.at("kind").get<std::string>());
+    out.group = j.at("group").get<std::string>();
+    out.config = j.at("config").get<ParallelConfig>();
+    out.steps = j.at("steps").get<int64_t>();
+    out.compare_to = j.at("compare_to").get<std::string>();
+    out.device = j.at("device").get<std::string>();
+    out.pg_backend = j.at("pg_backend").get<std::string>();
+    if (j.contains("save_config")) {
+      out.save_config = j.at("save_config").get<ParallelConfig>();
+      out.resume_at = j.at("resume_at").get<int64_t>();
+    }
+    c = std::move(out);
+  } catch (const json::exception& e) {
+    MIH_THROW(Code::kInvalidSpec, "case: ", e.what());
+  }
+}
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name << " (" << c.config << ", " << c.world_size() << " rank" << (c.world_size() == 1 ? "" : "s") << ")";
 }
 
 const Case& CaseMatrix::at(const std::string& name) const {
@@ -160,9 +188,8 @@ json preset_json(const std::string& name) {
 }
 
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {
-  const ParallelDims d = c.dims();
-  if (d.product() > max_world_size) {
-    return "needs " + std::to_string(d.product()) + " ranks (" + d.str() + "), the matrix allows at most " +
+  if (c.world_size() > max_world_size) {
+    return "needs " + std::to_string(c.world_size()) + " ranks (" + c.mesh_str() + "), the matrix allows at most " +
            std::to_string(max_world_size);
   }
   for (int64_t n : spec.tp_divides) {
@@ -191,14 +218,14 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
 
 CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   MIH_CHECK(m.is_object(), "case matrix: expected a JSON object, got ", m.type_name());
-  check_known_fields(m, "case matrix", {"name", "dtype", "device", "backend", "steps", "max_world_size", "reference", "cases"});
+  check_known_fields(m, "case matrix", {"name", "dtype", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
   CaseMatrix out;
   out.name = m.value("name", "matrix");
   out.spec = spec.name;
   const std::string where = "case matrix '" + out.name + "'";
-  const std::string device = m.value("device", "cpu"), backend = m.value("backend", "gloo");
+  const std::string device = m.value("device", "cpu"), backend = m.value("pg_backend", "gloo");
   MIH_CHECK(device == "cpu" || device == "cuda", where, ": device must be cpu or cuda, got '", device, "'");
-  MIH_CHECK(backend == "gloo" || backend == "nccl", where, ": backend must be gloo or nccl, got '", backend, "'");
+  MIH_CHECK(backend == "gloo" || backend == "nccl", where, ": pg_backend must be gloo or nccl, got '", backend, "'");
   const int64_t steps = m.value("steps", int64_t{3});
   const int max_world = m.value("max_world_size", 4);
   MIH_CHECK(steps >= 1, where, ": steps must be >= 1, got ", steps);
@@ -225,7 +252,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     ref.name = "Reference";
     ref.kind = CaseKind::kReference;
     ref.group = "reference";
-    ref.config.dtype = c10::ScalarType::Double;  // the oracle lane, always on CPU
+    ref.config.dtype = DType::kFloat64;  // the oracle lane, always on CPU
     add(ref);
   }
   for (size_t i = 0; i < m["cases"].size(); ++i) {
@@ -236,7 +263,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     Case c;
     c.kind = kind;
     c.device = device;
-    c.backend = backend;
+    c.pg_backend = backend;
     c.compare_to = "Reference";
     if (kind == CaseKind::kTrain) {
       json cfg = j;
@@ -276,7 +303,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     twin.group = group_of(c.config);
     twin.config = c.config;
     twin.device = c.device;
-    twin.backend = c.backend;
+    twin.pg_backend = c.pg_backend;
     twin.compare_to = "Reference";
     twins.push_back(twin);
   }

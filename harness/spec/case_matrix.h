@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,14 +44,19 @@ struct Case {
   /// The name of the case its numbers are compared with ("Reference", or a resume's
   /// uninterrupted twin, named like a train case of `config`).
   std::string compare_to;
-  /// "cpu" or "cuda"; "gloo" or "nccl".
+  /// "cpu" or "cuda"; the process-group backend, "gloo" or "nccl".
   std::string device = "cpu";
-  std::string backend = "gloo";
+  std::string pg_backend = "gloo";
 
-  int world_size() const { return config.dims().product(); }
+  int world_size() const { return config.world_size(); }
 };
 
+/// Every field; from_json reads what to_json wrote (run/case.json) and rejects unknown
+/// fields. Throws: mih::Error{kInvalidSpec} naming the field.
 void to_json(nlohmann::json& j, const Case& c);
+void from_json(const nlohmann::json& j, Case& c);
+/// GoogleTest: "DpShard2 (dp_shard2 float64, 2 ranks)".
+void PrintTo(const Case& c, std::ostream* os);
 
 /// A case the matrix asked for and the spec cannot take, and why (with the arithmetic).
 struct RejectedCase {
@@ -79,7 +85,7 @@ std::vector<std::string> preset_names();
 nlohmann::json preset_json(const std::string& name);
 
 /// Resolves a matrix (a preset's JSON or a file's) for `spec`:
-///   {"name", "dtype": "float32", "device": "cpu", "backend": "gloo", "steps": 3,
+///   {"name", "dtype": "float32", "device": "cpu", "pg_backend": "gloo", "steps": 3,
 ///    "max_world_size": 4, "reference": true,
 ///    "cases": [{"dp_shard": 2, ...ParallelConfig fields},
 ///              {"kind": "resume", "config": {...}, "resume_at": 2},

@@ -3,6 +3,25 @@
 // state invariants by phase, module parity cases, and tolerances. A spec is plain data plus
 // callables; validate() rejects a malformed one before any rank starts, naming the spec and
 // the field, and to_json() is its evidence form.
+//
+// How to add one (the complete small example is tests/external_project/tiny_spec.cpp): a
+// function returning the spec, registered in its own namespace, and its suites at global
+// scope, in a file of an OBJECT library or of the conformance binary itself:
+//
+//   mih::spec::ModelSpec my_port_spec() {
+//     mih::spec::ModelSpec s;
+//     s.name = "my_port";
+//     s.factory = [](mih::ParallelContext& ctx) { return std::make_shared<MyModel>(ctx); };
+//     s.tp_divides = {kHeads, kFfn};      // what tp must divide (the matrix rejects the rest)
+//     s.seq_len = 16;                     // what cp must split
+//     s.data.make_batches = [] { return my_batches(); };  // global batch of step k
+//     s.data.labels_are_shifted = true;
+//     s.checkpoint.key_map = {{R"((.+))", {"model.$1"}}};  // internal FQN -> external key
+//     s.invariants = {my_invariant()};    // optional: shared state, modalities, parity cases
+//     return s;
+//   }
+//   MIH_REGISTER_SPEC(my_port_spec);
+//   MIH_CONFORMANCE_SUITES(MyPort, "my_port", "cpu-smoke");  // suites/conformance.h
 #pragma once
 
 #include <cstdint>

@@ -46,57 +46,6 @@ bool contains(const std::vector<std::string>& list, const std::string& name) {
 
 }  // namespace
 
-std::string ParallelConfig::name() const {
-  std::string out;
-  auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
-  if (dp_replicate > 1) add("dp_replicate" + std::to_string(dp_replicate));
-  if (dp_shard > 1) add("dp_shard" + std::to_string(dp_shard));
-  if (cp > 1) add("cp" + std::to_string(cp) + (cp_layout == CpLayout::kZigzag ? "zz" : ""));
-  if (tp > 1) add("tp" + std::to_string(tp));
-  if (sequence_parallel) add("sp");
-  if (activation_checkpointing) add("ac");
-  if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
-  return out.empty() ? "single" : out;
-}
-
-void ParallelConfig::validate(int world_size) const {
-  dims().validate(world_size);
-  MIH_CHECK(micro_batches >= 1, "parallel config '", name(), "': micro_batches must be >= 1, got ", micro_batches);
-  MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
-            "': sequence_parallel needs tp > 1 (it shards activations over tp)");
-}
-
-void to_json(nlohmann::json& j, const ParallelConfig& c) {
-  j = {{"dp_replicate", c.dp_replicate},
-       {"dp_shard", c.dp_shard},
-       {"cp", c.cp},
-       {"cp_layout", cp_layout_name(c.cp_layout)},
-       {"tp", c.tp},
-       {"sequence_parallel", c.sequence_parallel},
-       {"activation_checkpointing", c.activation_checkpointing},
-       {"micro_batches", c.micro_batches},
-       {"dtype", dtype_name(c.dtype)},
-       {"seed", c.seed},
-       {"name", c.name()}};
-}
-
-void from_json(const nlohmann::json& j, ParallelConfig& c) {
-  check_known_fields(j, "parallel config",
-                     {"dp_replicate", "dp_shard", "cp", "cp_layout", "tp", "sequence_parallel", "activation_checkpointing",
-                      "micro_batches", "dtype", "seed", "name"});
-  ParallelConfig d;
-  c.dp_replicate = j.value("dp_replicate", d.dp_replicate);
-  c.dp_shard = j.value("dp_shard", d.dp_shard);
-  c.cp = j.value("cp", d.cp);
-  c.cp_layout = j.contains("cp_layout") ? parse_cp_layout(j.at("cp_layout").get<std::string>()) : d.cp_layout;
-  c.tp = j.value("tp", d.tp);
-  c.sequence_parallel = j.value("sequence_parallel", d.sequence_parallel);
-  c.activation_checkpointing = j.value("activation_checkpointing", d.activation_checkpointing);
-  c.micro_batches = j.value("micro_batches", d.micro_batches);
-  c.dtype = j.contains("dtype") ? parse_dtype(j.at("dtype").get<std::string>()) : d.dtype;
-  c.seed = j.value("seed", d.seed);
-}
-
 void to_json(nlohmann::json& j, const StepMetrics& m) {
   j = {{"step", m.step},
        {"loss", m.loss},
@@ -116,17 +65,10 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
                  const TrainerOptions& options, TrainingHooks* hooks)
     : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), hooks_(hooks ? hooks : &no_training_hooks()) {
   config_.validate(mesh.world_size());
-  MIH_CHECK(config_.dims() == mesh.dims(), "parallel config '", config_.name(), "' (", config_.dims().str(),
-            ") does not match the mesh (", mesh.dims().str(), ")");
+  MIH_CHECK(config_.same_mesh(mesh.config()), "parallel config '", config_.name(), "' (", config_.mesh_str(),
+            ") does not match the mesh (", mesh.config().mesh_str(), ")");
   MIH_CHECK(static_cast<bool>(batches_), "Trainer: the batch source is empty");
-  ParallelOptions po;
-  po.sequence_parallel = config_.sequence_parallel;
-  po.init_seed = config_.seed;
-  po.param_dtype = config_.dtype;
-  po.cp_layout = config_.cp_layout;
-  po.activation_checkpointing = config_.activation_checkpointing;
-  po.device = options_.device();
-  context_ = std::make_unique<ParallelContext>(mesh, po);
+  context_ = std::make_unique<ParallelContext>(mesh, config_, options_.device());
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
   // F15 (FAULTS.md): the optimizer's parameters taken from the model before fully_shard. FSDP1
@@ -172,7 +114,7 @@ StepMetrics Trainer::step() {
   MIH_CHECK(global.input_ids.dim() == 2 && global.labels.sizes() == global.input_ids.sizes(),
             "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
             " and ", global.labels.sizes());
-  const c10::Device device = context_->options().device;
+  const c10::Device device = context_->device();
   const int64_t seq = global.input_ids.size(1);
   if (!global.position_ids.defined()) {
     global.position_ids = at::arange(seq, at::kLong).unsqueeze(0).expand({global.input_ids.size(0), seq});

@@ -25,44 +25,13 @@
 #include "harness/data/batch.h"
 #include "harness/parallel/parallel_context.h"
 #include "harness/runtime/device_mesh.h"
+#include "harness/base/parallel_config.h"
 
 namespace torch::optim {
 class AdamW;
 }
 
 namespace mih {
-
-/// One parallel configuration of a training case.
-struct ParallelConfig {
-  int dp_replicate = 1;
-  int dp_shard = 1;  ///< FSDP: parameters sharded on dim 0 over dp_shard
-  int cp = 1;
-  int tp = 1;
-  /// Shard the activations between tensor-parallel regions on the sequence dim (tp > 1).
-  bool sequence_parallel = false;
-  /// Which tokens each cp rank holds: contiguous, or zigzag (load-balanced for causal
-  /// attention). Only meaningful when cp > 1.
-  CpLayout cp_layout = CpLayout::kContiguous;
-  /// Recompute each activation-checkpoint region the model declares (a decoder layer) in
-  /// backward instead of keeping its activations.
-  bool activation_checkpointing = false;
-  /// Micro-batches per step (gradient accumulation); divides the local batch.
-  int micro_batches = 1;
-  /// dtype of the parameters and of compute; float64 is the oracle lane.
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  /// Seed of parameter init and of the run.
-  uint64_t seed = 0;
-
-  ParallelDims dims() const { return ParallelDims{dp_replicate, dp_shard, cp, tp}; }
-  /// "dp_shard2_cp2zz_tp2_sp_ac_mb2": the case name part (cp2zz = cp 2, zigzag layout) for this config ("single" when all are 1).
-  std::string name() const;
-  /// Throws: mih::Error{kInvalidSpec} for a degree < 1, micro_batches < 1, sequence parallel
-  ///   without tp, or a world size that differs from the product of the degrees.
-  void validate(int world_size) const;
-};
-
-void to_json(nlohmann::json& j, const ParallelConfig& c);
-void from_json(const nlohmann::json& j, ParallelConfig& c);
 
 /// A model the Trainer drives: built from ParallelContext layers, it returns the per-token
 /// cross-entropy of a (local) batch; the Trainer sums and normalizes it.
@@ -176,7 +145,7 @@ class Trainer {
  public:
   /// Builds the model (factory, apply_fsdp, finalize) and the optimizer. `mesh` and `hooks`
   /// (null: no_training_hooks()) must outlive the Trainer.
-  /// Throws: mih::Error{kInvalidSpec} if config.dims() differs from the mesh's, or as
+  /// Throws: mih::Error{kInvalidSpec} if config differs from the mesh's, or as
   ///   ParallelConfig::validate.
   Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
           const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr);

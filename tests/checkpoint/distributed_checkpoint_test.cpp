@@ -44,7 +44,7 @@ ParallelConfig config(int dp_shard, int cp, int tp) {
   c.dp_shard = dp_shard;
   c.cp = cp;
   c.tp = tp;
-  c.dtype = at::kDouble;
+  c.dtype = DType::kFloat64;
   c.seed = 5;
   return c;
 }
@@ -78,7 +78,7 @@ struct TrainedRun {
 TrainedRun run(const ParallelConfig& c, const std::filesystem::path& save_to, const std::filesystem::path& load_from) {
   TrainedRun out;
   std::mutex mutex;
-  auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     Trainer t(mesh, c, testing::tiny_block_factory(model()), testing::tiny_batches(8, 8, 37), options());
     if (!load_from.empty()) {
       t.load(load_from);
@@ -164,7 +164,7 @@ TEST_F(ReshardTest, IndexListsEveryTensorOnceAndNoNonPersistentBuffer) {
 // Loads `dir` into fresh dp_shard=2 trainers and expects every rank to throw matching
 // `message`, with the parameters unchanged.
 void ExpectLoadFails(const std::filesystem::path& dir, const ::testing::Matcher<std::string>& message) {
-  auto errors = testing::run_mesh(config(2, 1, 1).dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(config(2, 1, 1), [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(2, 1, 1), testing::tiny_block_factory(model()), testing::tiny_batches(8, 8, 37), options());
     Tensors before = full_params(t);
     try {
@@ -202,7 +202,7 @@ TEST_F(ReshardTest, FileOfAnotherSaveIsNamed) {
 TEST_F(ReshardTest, MissingIndexAndOtherModelAreNamed) {
   ExpectLoadFails(testing::temp_dir("empty"), HasSubstr("no index.json (not a checkpoint directory"));
   // A model with another hidden size: the shapes disagree.
-  auto errors = testing::run_mesh(config(1, 1, 1).dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(config(1, 1, 1), [&](DeviceMesh& mesh) {
     testing::TinyBlockOptions wide = model();
     wide.hidden = 24;
     wide.heads = 4;
@@ -216,7 +216,7 @@ TEST_F(ReshardTest, MissingIndexAndOtherModelAreNamed) {
 TEST(CheckpointSaveTest, UnwritableDirectoryFailsOnEveryRank) {
   auto blocker = testing::temp_dir("blocked") / "file";
   { std::FILE* f = std::fopen(blocker.c_str(), "w"); std::fclose(f); }
-  auto errors = testing::run_mesh(config(2, 1, 1).dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(config(2, 1, 1), [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(2, 1, 1), testing::tiny_block_factory(model()), testing::tiny_batches(8, 8, 37), options());
     EXPECT_THAT([&] { t.save(blocker / "ckpt"); }, ::testing::ThrowsMessage<Error>(HasSubstr("cannot create directory")));
   });

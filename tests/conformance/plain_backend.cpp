@@ -25,7 +25,7 @@ namespace {
 class PlainBackend : public TrainingBackend {
  public:
   std::string unsupported(const ParallelConfig& config, bool /*resume*/) const override {
-    return config.dims().product() == 1 && !config.activation_checkpointing
+    return config.world_size() == 1 && !config.activation_checkpointing
                ? ""
                : "the plain loop runs world size 1 without activation checkpointing";
   }
@@ -37,10 +37,7 @@ class PlainBackend : public TrainingBackend {
     options_ = options;
     hooks_ = &hooks;
     batches_ = spec.data.make_batches();
-    ParallelOptions po;
-    po.init_seed = config.seed;
-    po.param_dtype = config.dtype;
-    context_ = std::make_unique<ParallelContext>(mesh, po);
+    context_ = std::make_unique<ParallelContext>(mesh, config);
     model_ = spec.factory(*context_);
     context_->finalize(*model_);
     std::vector<at::Tensor> decay, no_decay;
@@ -136,4 +133,4 @@ class PlainBackend : public TrainingBackend {
 }  // namespace
 }  // namespace mih::testing
 
-MIH_REGISTER_BACKEND(plain, mih::testing::PlainBackend);
+MIH_REGISTER_TRAINING_BACKEND(plain, mih::testing::PlainBackend);

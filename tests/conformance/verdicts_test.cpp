@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/cli/case_runner.h"
+#include "harness/cases/case_runner.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/verdicts.h"
 #include "harness/session/backend.h"
@@ -50,7 +50,18 @@ class CrashingBackend : public TrainingBackend {
   std::unique_ptr<TrainingBackend> inner_ = make_trainer_backend();
   int rank_ = 0;
 };
-MIH_REGISTER_BACKEND(crashing, CrashingBackend);
+MIH_REGISTER_TRAINING_BACKEND(crashing, CrashingBackend);
+
+// Runs `case_name` of the spec's cpu-smoke matrix under `root`, as `mih run` does.
+cases::CaseRunResult run(const std::string& spec_name, const std::string& case_name, const fs::path& root,
+                         const std::string& training_backend = "trainer") {
+  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(spec_name);
+  const spec::CaseMatrix m = spec::resolve_matrix_source(s, "cpu-smoke");
+  cases::CaseRunOptions o;
+  o.evidence_root = root;
+  o.training_backend = training_backend;
+  return cases::run_case(s, m.at(case_name), o);
+}
 
 class VerdictsTest : public ::testing::Test {
  protected:
@@ -59,11 +70,7 @@ class VerdictsTest : public ::testing::Test {
     for (const auto& [spec, c] : std::vector<std::pair<std::string, std::string>>{
              {"llama", "Reference"}, {"llama", "DpShard2"}, {"llama", "DpShard2Ac"}, {"llama", "Tp2"},
              {"llama", "ResumeDpShard2ToTp2"}, {"vlm", "Reference"}}) {
-      CaseRunOptions o;
-      o.spec = spec;
-      o.case_name = c;
-      o.evidence_root = *root_;
-      const CaseRunResult r = run_case(o);
+      const cases::CaseRunResult r = run(spec, c, *root_);
       ASSERT_EQ(r.outcome, "ran") << spec << "/" << c << ": " << r.error;
     }
   }
@@ -254,29 +261,19 @@ TEST_F(VerdictsTest, PlainBackendReproducesTheTrainerReference) {
   // The plain loop (its own optimizer groups, micro-batching and clip_grad_norm_) against the
   // Trainer on the same spec: every quantity within the float64 oracle tolerance.
   const fs::path plain_root = testing::temp_dir("plain");
-  CaseRunOptions o;
-  o.spec = "llama";
-  o.case_name = "Reference";
-  o.evidence_root = plain_root;
-  o.backend = "plain";
-  const CaseRunResult r = run_case(o);
+  const cases::CaseRunResult r = run("llama", "Reference", plain_root, "plain");
   ASSERT_EQ(r.outcome, "ran") << r.error;
   CompareOptions co;
   co.tolerance = 1e-10;
   const Comparison c = compare_evidence(real("llama", "Reference"), r.evidence, co);
   EXPECT_TRUE(c.passed()) << c.summary();
   EXPECT_GT(c.compared, 100);
-  o.case_name = "DpShard2";
-  EXPECT_THROW(run_case(o), Error) << "the plain backend cannot run 2 ranks; rejected before any rank starts";
+  EXPECT_THROW(run("llama", "DpShard2", plain_root, "plain"), Error)
+      << "the plain backend cannot run 2 ranks; rejected before any rank starts";
 }
 
 TEST_F(VerdictsTest, ADeadRankIsATransportFailureNotAVerdict) {
-  CaseRunOptions o;
-  o.spec = "llama";
-  o.case_name = "DpShard2";
-  o.evidence_root = testing::temp_dir("crash");
-  o.backend = "crashing";
-  const CaseRunResult r = run_case(o);
+  const cases::CaseRunResult r = run("llama", "DpShard2", testing::temp_dir("crash"), "crashing");
   EXPECT_EQ(r.outcome, "transport_failure");
   EXPECT_THAT(r.error, HasSubstr("rank 0"));
   EXPECT_NE(r.code, Code::kOk);

@@ -38,7 +38,7 @@ class TinyMlpLM : public mih::ParallelModel {
     x = x + down(at::gelu(up(norm(x))));     // up: [B, S, F/TP]; down sums over tp
     at::Tensor logits = head(x);             // [B, S, V/TP], the sequence gathered
     at::Tensor losses = mih::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                          batch.labels.reshape(-1), ctx_->tp(), o_.vocab);
+                                                          batch.labels.reshape(-1), ctx_->tp_group(), o_.vocab);
     return losses.view_as(batch.labels);
   }
 

@@ -26,9 +26,9 @@ class ReferenceModelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
   models::ReferenceModel model = models::reference_model(GetParam());
-  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
     ParallelConfig c;
-    c.dtype = at::kDouble;
+    c.dtype = DType::kFloat64;
     Trainer t(mesh, c, model.factory, model.batches(data::TextPipelineOptions().seq_len(32).global_batch(2)),
               model.trainer_options);
     std::map<std::string, at::Tensor> external;

@@ -72,7 +72,7 @@ struct ParityCase {
 std::ostream& operator<<(std::ostream& out, const ParityCase& c) { return out << c.model.name << "_" << c.config.name(); }
 
 testing::TrainingRun train(const Model& m, ParallelConfig c) {
-  c.dtype = at::kDouble;
+  c.dtype = DType::kFloat64;
   c.seed = 21;
   return testing::train_on_threads(c, m.factory(), m.batches(8, 16), m.trainer_options().lr(1e-2).max_grad_norm(0.5), 2);
 }
@@ -131,9 +131,9 @@ class ModelLearningTest : public ::testing::TestWithParam<Model> {};
 TEST_P(ModelLearningTest, LossFallsOnTheLicenseCorpus) {
   const Model& m = GetParam();
   ParallelConfig c;
-  c.dtype = at::kFloat;
+  c.dtype = DType::kFloat32;
   std::vector<StepMetrics> metrics;
-  auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     Trainer t(mesh, c, m.factory(), m.batches(8, 64), m.trainer_options().lr(3e-3).max_grad_norm(1.0));
     metrics = t.run(30);
   });
@@ -152,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ModelLearningTest, ::testing::ValuesIn(all_mode
 TEST(MoeTest, ExpertCountsSumToTokensTimesTopK) {
   Model moe = all_models()[2];
   ParallelConfig c = cfg(2, 1, 1);
-  auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     Trainer t(mesh, c, moe.factory(), moe.batches(8, 16), moe.trainer_options());
     t.step();
     auto mlps = dynamic_cast<models::LlamaForCausalLM&>(t.model()).moe_mlps();
@@ -164,10 +164,10 @@ TEST(MoeTest, ExpertCountsSumToTokensTimesTopK) {
 }
 
 TEST(LlamaOptionsTest, SizesThatDoNotFitTheMeshAreNamed) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.tp = 2;
   auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
-    ParallelContext ctx(mesh, ParallelOptions{});
+    ParallelContext ctx(mesh, mesh.config());
     EXPECT_THAT([&] { models::LlamaOptions().num_kv_heads(1).validate(ctx); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("num_kv_heads(1) must divide by tp(2)")));
     EXPECT_THAT([&] { models::LlamaOptions().top_k(5).validate(ctx); },

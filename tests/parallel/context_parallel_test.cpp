@@ -71,7 +71,7 @@ TEST(CpAttentionTest, MatchesFullSequenceAttentionWithGqa) {
       at::Tensor qf = q.clone().requires_grad_(true), kf = k.clone().requires_grad_(true), vf = v.clone().requires_grad_(true);
       at::Tensor out = full_attention(qf, kf, vf);
       (out * g).sum().backward();
-      ParallelDims dims;
+      ParallelConfig dims;
       dims.cp = cp;
       auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
         CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
@@ -105,7 +105,7 @@ TEST(CpTrainerTest, FieldsNeedADeclaredCpSharding) {
     b.fields["loss_weight"] = at::ones({4, 8}, at::kDouble);
     return b;
   };
-  auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     Trainer undeclared(mesh, c, testing::tiny_block_factory(), with_field);
     EXPECT_THAT([&] { undeclared.step(); },
                 ThrowsMessage<Error>(HasSubstr("field 'loss_weight' has no context-parallel sharding")));

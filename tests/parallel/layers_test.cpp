@@ -23,11 +23,12 @@ using ::testing::IsEmpty;
   return ::testing::AssertionFailure() << "max abs error " << err << " > " << tol;
 }
 
-ParallelOptions f64(bool sequence_parallel = false) {
-  ParallelOptions o;
-  o.param_dtype = at::kDouble;
-  o.sequence_parallel = sequence_parallel;
-  o.init_seed = 5;
+// A float64 config on `mesh`'s degrees (seed 5).
+ParallelConfig f64(const DeviceMesh& mesh, bool sequence_parallel = false) {
+  ParallelConfig o = mesh.config();
+  o.dtype = DType::kFloat64;
+  o.sequence_parallel = sequence_parallel && mesh.config().tp > 1;
+  o.seed = 5;
   return o;
 }
 
@@ -37,10 +38,10 @@ at::Tensor input(int64_t b, int64_t s, int64_t h) {
 
 // Runs `body(ctx)` on tp=2 thread ranks with float64 parameters.
 std::vector<std::string> on_tp2(bool sequence_parallel, const std::function<void(ParallelContext&)>& body) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.tp = 2;
   return testing::run_mesh(dims, [&](DeviceMesh& mesh) {
-    ParallelContext ctx(mesh, f64(sequence_parallel));
+    ParallelContext ctx(mesh, f64(mesh, sequence_parallel));
     body(ctx);
   });
 }
@@ -101,9 +102,9 @@ TEST(TensorParallelLayerTest, ColumnThenRowEqualsTheDenseMlp) {
 TEST(TensorParallelLayerTest, FusedGateUpGivesEachRankMatchingHalves) {
   at::Tensor reference;
   {
-    ParallelDims one;
+    ParallelConfig one;
     auto errors = testing::run_mesh(one, [&](DeviceMesh& mesh) {
-      ParallelContext ctx(mesh, f64());
+      ParallelContext ctx(mesh, f64(mesh));
       ColumnParallelLinear gate_up(ctx, ColumnParallelLinearOptions(4, 2 * 6).partitions(2).bias(false));
       reference = gate_up->weight.detach().clone();
     });
@@ -154,13 +155,13 @@ TEST(TensorParallelLayerTest, VocabParallelCrossEntropyEqualsCrossEntropy) {
                 at::Tensor full = at::cos(at::arange(6 * padded, at::kDouble).reshape({6, padded}) * 0.3) * 3;
                 at::Tensor targets = at::tensor({0, 18, 19, 36, -100, 7}, at::kLong);
                 at::Tensor logits = full.chunk(2, 1)[ctx.tp_rank()].clone().requires_grad_(true);
-                at::Tensor losses = vocab_parallel_cross_entropy(logits, targets, ctx.tp(), vocab);
+                at::Tensor losses = vocab_parallel_cross_entropy(logits, targets, ctx.tp_group(), vocab);
                 at::Tensor ref_logits = full.narrow(1, 0, vocab).clone().requires_grad_(true);
                 at::Tensor ref = at::cross_entropy_loss(ref_logits, targets, {}, at::Reduction::None, -100);
                 EXPECT_TRUE(Close(losses, ref.detach()));
                 losses.sum().backward();
                 ref.sum().backward();
-                at::Tensor grad = ctx.tp().all_gather(logits.grad(), 1);
+                at::Tensor grad = ctx.tp_group().all_gather(logits.grad(), 1);
                 EXPECT_TRUE(Close(grad.narrow(1, 0, vocab), ref_logits.grad()));
                 EXPECT_EQ(grad.narrow(1, vocab, 1).abs().sum().item<double>(), 0.0) << "the padding column";
               }),

@@ -28,7 +28,7 @@ at::Tensor values(int64_t rows, int64_t cols, double tag) {
 }
 
 std::vector<std::string> on_tp(int tp, const std::function<void(Communicator&)>& body) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.tp = tp;
   return testing::run_mesh(dims, [&](DeviceMesh& mesh) { body(mesh.comm(MeshAxis::kTp)); });
 }
@@ -97,7 +97,7 @@ TEST(RegionsTest, SequenceAllGatherAndReduceScatterAreConjugates) {
 
 // 7 rows over 4 ranks: chunks of 2, 2, 2 and 1 rows.
 TEST(RegionsTest, FsdpAllGatherOfUnevenShardsReduceScattersTheGradient) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.dp_shard = 4;
   auto errors = testing::run_mesh(dims, [](DeviceMesh& mesh) {
     Communicator& dp = mesh.comm(MeshAxis::kDpShard);
@@ -116,7 +116,7 @@ TEST(RegionsTest, FsdpAllGatherOfUnevenShardsReduceScattersTheGradient) {
 }
 
 TEST(RegionsTest, FsdpAllGatherCastsForComputeAndReducesInReduceDtype) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.dp_shard = 2;
   auto errors = testing::run_mesh(dims, [](DeviceMesh& mesh) {
     Communicator& dp = mesh.comm(MeshAxis::kDpShard);

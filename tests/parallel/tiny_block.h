@@ -114,7 +114,7 @@ class TinyBlockLM : public ParallelModel {
     }
     at::Tensor logits = head(final_norm(x));  // [B, S, V/TP], the sequence gathered
     at::Tensor losses = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1),
-                                                     ctx_->tp(), o_.vocab);
+                                                     ctx_->tp_group(), o_.vocab);
     return losses.view_as(batch.labels);
   }
 

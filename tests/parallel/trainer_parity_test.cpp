@@ -36,7 +36,7 @@ TrainerOptions options() {
 
 TrainingRun train(ParallelConfig config, testing::TinyBlockOptions model = {},
           BatchSource batches = testing::tiny_batches(8, 8, 37)) {
-  config.dtype = at::kDouble;
+  config.dtype = DType::kFloat64;
   config.seed = 11;
   return testing::train_on_threads(config, testing::tiny_block_factory(model), batches, options(), kSteps);
 }
@@ -169,7 +169,7 @@ TEST(TrainerLayoutTest, FsdpUnitsGatherAgainForBackward) {
   // is regathered by the hook: the recompute gathers its own (2 x 10 more all-gathers).
   for (bool ac : {false, true}) {
     ParallelConfig c = cfg(1, 2, 1, false, 1, 1, CpLayout::kContiguous, ac);
-    c.dtype = at::kDouble;
+    c.dtype = DType::kFloat64;
     MeshOptions mesh_options;
     mesh_options.group = testing::thread_group_options();
     std::mutex mutex;
@@ -178,7 +178,7 @@ TEST(TrainerLayoutTest, FsdpUnitsGatherAgainForBackward) {
     auto errors = testing::run_ranks(2, [&](int rank) {
       MeshOptions o = mesh_options;
       o.ledger = std::make_shared<CommLedger>();
-      DeviceMesh mesh(c.dims(), store, rank, 2, o);
+      DeviceMesh mesh(c, store, rank, 2, o);
       Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(8, 8, 37), options());
       t.step();
       std::lock_guard<std::mutex> lock(mutex);
@@ -211,7 +211,7 @@ class ThreeRows : public ParallelModel {
   at::Tensor token_losses(const Batch& b) override {
     at::Tensor logits = at::matmul(embed(b.input_ids), ctx_->use(w).t());  // [B, S, 3]
     at::Tensor targets = at::where(b.labels.eq(-100), b.labels, b.labels.remainder(3));
-    return vocab_parallel_cross_entropy(logits.reshape({-1, 3}), targets.reshape(-1), ctx_->tp(), 3)
+    return vocab_parallel_cross_entropy(logits.reshape({-1, 3}), targets.reshape(-1), ctx_->tp_group(), 3)
         .view_as(b.labels);
   }
   at::Tensor w;
@@ -224,9 +224,9 @@ class ThreeRows : public ParallelModel {
 TEST(TrainerEquivalenceTest, EmptyFsdpShardTrainsLikeOneRank) {
   auto run_three_rows = [](int dp_shard) {
     ParallelConfig c = cfg(1, dp_shard, 1);
-    c.dtype = at::kDouble;
+    c.dtype = DType::kFloat64;
     TrainingRun run;
-    auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+    auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
       testing::Capture capture(&run, mesh.rank() == 0, kSteps);
       Trainer t(mesh, c, [](ParallelContext& ctx) { return std::make_shared<ThreeRows>(ctx); },
                 testing::tiny_batches(4, 4, 11), options(), &capture);
@@ -297,7 +297,7 @@ TEST(TrainerConfigTest, RejectsConfigsThatCannotRun) {
 }
 
 TEST(TrainerConfigTest, BatchThatDoesNotSplitIsNamed) {
-  auto errors = testing::run_mesh(cfg(1, 2, 1).dims(), [](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(cfg(1, 2, 1), [](DeviceMesh& mesh) {
     ParallelConfig c = cfg(1, 2, 1);
     Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(3, 8, 37), options());
     EXPECT_THAT([&] { t.step(); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(

@@ -74,7 +74,7 @@ class CollectiveTest : public ::testing::TestWithParam<AxisCase> {
  protected:
   // Runs `body(comm)` for each dtype on every rank of the case's mesh.
   void RunOnAxis(const std::function<void(Communicator&, at::ScalarType)>& body) {
-    auto errors = testing::run_mesh(ParallelDims::parse(GetParam().mesh), [&](DeviceMesh& mesh) {
+    auto errors = testing::run_mesh(ParallelConfig::parse_mesh(GetParam().mesh), [&](DeviceMesh& mesh) {
       for (at::ScalarType dtype : kDtypes) {
         SCOPED_TRACE(::testing::Message() << "rank " << mesh.rank() << ", dtype " << dtype);
         body(mesh.comm(GetParam().axis), dtype);
@@ -191,8 +191,8 @@ TEST_P(CollectiveTest, AllToAllSingleWithUnevenSplits) {
 }
 
 TEST_P(CollectiveTest, SendRecvAroundTheRing) {
-  const ParallelDims dims = ParallelDims::parse(GetParam().mesh);
-  if (MeshLayout(dims, dims.product()).group_ranks(GetParam().axis, 0).size() < 2) {
+  const ParallelConfig dims = ParallelConfig::parse_mesh(GetParam().mesh);
+  if (MeshLayout(dims, dims.world_size()).group_ranks(GetParam().axis, 0).size() < 2) {
     GTEST_SKIP() << "point-to-point needs 2 ranks on axis '" << mesh_axis_name(GetParam().axis) << "'";
   }
   RunOnAxis([](Communicator& comm, at::ScalarType dtype) {
@@ -218,13 +218,13 @@ TEST_P(CollectiveTest, SendRecvAroundTheRing) {
 TEST_P(CollectiveTest, EveryCallIsInTheLedger) {
   std::vector<std::shared_ptr<CommLedger>> ledgers;
   std::mutex mutex;
-  const ParallelDims dims = ParallelDims::parse(GetParam().mesh);
+  const ParallelConfig dims = ParallelConfig::parse_mesh(GetParam().mesh);
   compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
-  auto errors = testing::run_ranks(dims.product(), [&](int rank) {
+  auto errors = testing::run_ranks(dims.world_size(), [&](int rank) {
     MeshOptions o;
     o.group = testing::thread_group_options();
     o.ledger = std::make_shared<CommLedger>();
-    DeviceMesh mesh(dims, store, rank, dims.product(), o);
+    DeviceMesh mesh(dims, store, rank, dims.world_size(), o);
     at::Tensor t = at::ones({3, 5}, at::kDouble);
     mesh.comm(GetParam().axis).all_reduce(t, ReduceOp::kAvg, "ledger_test");
     mesh.comm(GetParam().axis).barrier();
@@ -232,8 +232,8 @@ TEST_P(CollectiveTest, EveryCallIsInTheLedger) {
     ledgers.push_back(o.ledger);
   });
   ASSERT_THAT(errors, ::testing::IsEmpty());
-  ASSERT_EQ(ledgers.size(), static_cast<size_t>(dims.product()));
-  const bool one_rank_axis = MeshLayout(dims, dims.product()).group_ranks(GetParam().axis, 0).size() == 1;
+  ASSERT_EQ(ledgers.size(), static_cast<size_t>(dims.world_size()));
+  const bool one_rank_axis = MeshLayout(dims, dims.world_size()).group_ranks(GetParam().axis, 0).size() == 1;
   for (const auto& ledger : ledgers) {
     auto records = ledger->completed();
     ASSERT_EQ(records.size(), one_rank_axis ? 1u : 3u) << "calls on a 1-rank axis move nothing and are not recorded";
@@ -270,7 +270,7 @@ TEST(DtypeNameTest, PythonNamesRoundTrip) {
 }
 
 TEST(CollectiveErrorTest, MismatchedShapesAreInvalidSpec) {
-  auto errors = testing::run_mesh(ParallelDims::parse("tp=2"), [](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig::parse_mesh("tp=2"), [](DeviceMesh& mesh) {
     Communicator& tp = mesh.comm(MeshAxis::kTp);
     at::Tensor in = at::ones({3});
     at::Tensor too_small = at::empty({5});
@@ -290,7 +290,7 @@ TEST(CollectiveErrorTest, MismatchedShapesAreInvalidSpec) {
 }
 
 TEST(CollectiveErrorTest, BoolReductionsAreAnyAndAll) {
-  auto errors = testing::run_mesh(ParallelDims::parse("tp=2"), [](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig::parse_mesh("tp=2"), [](DeviceMesh& mesh) {
     Communicator& tp = mesh.comm(MeshAxis::kTp);
     // rank 0: [1, 0, 0], rank 1: [1, 1, 0]
     at::Tensor mine = tp.rank() == 0 ? at::tensor({1, 0, 0}) : at::tensor({1, 1, 0});
@@ -313,7 +313,7 @@ TEST(CollectiveErrorTest, MissingPeerTimesOutNamingAxisOpAndRanks) {
   std::shared_future<void> done = rank0_done.get_future().share();
   auto start = std::chrono::steady_clock::now();
   auto errors = testing::run_mesh(
-      ParallelDims::parse("tp=2"),
+      ParallelConfig::parse_mesh("tp=2"),
       [&](DeviceMesh& mesh) {
         if (mesh.rank() == 1) {
           done.wait();  // alive, but never calls
@@ -339,7 +339,7 @@ TEST(CollectiveErrorTest, MissingPeerTimesOutNamingAxisOpAndRanks) {
 // Rank 1 destroys its groups (as a dead process would close its sockets): rank 0's next
 // collective is a transport failure, kUnavailable, not a timeout and not a wrong value.
 TEST(CollectiveErrorTest, DeadPeerIsUnavailable) {
-  const ParallelDims dims = ParallelDims::parse("tp=2");
+  const ParallelConfig dims = ParallelConfig::parse_mesh("tp=2");
   compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
   MeshOptions options;
   options.group = testing::thread_group_options(std::chrono::seconds(10));

@@ -1,4 +1,4 @@
-// ParallelDims parsing and validation (errors show the arithmetic), mesh layout arithmetic,
+// ParallelConfig parsing and validation (errors show the arithmetic), mesh layout arithmetic,
 // and the groups a real DeviceMesh builds on thread ranks.
 #include <map>
 #include <mutex>
@@ -18,54 +18,93 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-TEST(ParallelDimsTest, ParsesNamedDegrees) {
-  ParallelDims d = ParallelDims::parse(" dp_shard=2, tp=3 ");
+TEST(ParallelConfigTest, ParsesNamedDegrees) {
+  ParallelConfig d = ParallelConfig::parse_mesh(" dp_shard=2, tp=3 ");
   EXPECT_EQ(d.dp_replicate, 1);
   EXPECT_EQ(d.dp_shard, 2);
   EXPECT_EQ(d.cp, 1);
   EXPECT_EQ(d.tp, 3);
-  EXPECT_EQ(d.str(), "dp_shard=2,tp=3");
-  EXPECT_EQ(ParallelDims::parse("").str(), "1");
+  EXPECT_EQ(d.mesh_str(), "dp_shard=2,tp=3");
+  EXPECT_EQ(ParallelConfig::parse_mesh("").mesh_str(), "1");
 }
 
-TEST(ParallelDimsTest, RejectsUnknownRepeatedAndBadDegrees) {
-  EXPECT_THAT([] { ParallelDims::parse("pp=2"); },
+TEST(ParallelConfigTest, RejectsUnknownRepeatedAndBadDegrees) {
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("pp=2"); },
               ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [dp_replicate, dp_shard, cp, tp]")));
-  EXPECT_THAT([] { ParallelDims::parse("tp=2,tp=2"); }, ThrowsMessage<Error>(HasSubstr("'tp' is given twice")));
-  EXPECT_THAT([] { ParallelDims::parse("tp=0"); }, ThrowsMessage<Error>(HasSubstr("degree '0' is not an integer >= 1")));
-  EXPECT_THAT([] { ParallelDims::parse("tp=two"); }, ThrowsMessage<Error>(HasSubstr("degree 'two'")));
-  EXPECT_THAT([] { ParallelDims::parse("tp"); }, ThrowsMessage<Error>(HasSubstr("expected <axis>=<degree>")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=2,tp=2"); }, ThrowsMessage<Error>(HasSubstr("'tp' is given twice")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=0"); }, ThrowsMessage<Error>(HasSubstr("degree '0' is not an integer >= 1")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=two"); }, ThrowsMessage<Error>(HasSubstr("degree 'two'")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("tp"); }, ThrowsMessage<Error>(HasSubstr("expected <axis>=<degree>")));
 }
 
-TEST(ParallelDimsTest, RejectsWorldSizeMismatchShowingTheArithmetic) {
-  ParallelDims d = ParallelDims::parse("dp_shard=2,tp=3");
+TEST(ParallelConfigTest, RejectsWorldSizeMismatchShowingTheArithmetic) {
+  ParallelConfig d = ParallelConfig::parse_mesh("dp_shard=2,tp=3");
   EXPECT_THAT([&] { d.validate(4); },
               ThrowsMessage<Error>(HasSubstr("dp_replicate(1) * dp_shard(2) * cp(1) * tp(3) = 6 != world_size(4)")));
   EXPECT_NO_THROW(d.validate(6));
-  EXPECT_THAT([] { DeviceMesh(ParallelDims::parse("tp=2"), compat::make_hash_store(std::chrono::seconds(1)), 0, 4); },
+  EXPECT_THAT([] { DeviceMesh(ParallelConfig::parse_mesh("tp=2"), compat::make_hash_store(std::chrono::seconds(1)), 0, 4); },
               ThrowsMessage<Error>(HasSubstr("= 2 != world_size(4)")));
 }
 
-TEST(ParallelDimsTest, SpreadGivesInnerAxesFirst) {
-  EXPECT_EQ(ParallelDims::spread(1).str(), "1");
-  EXPECT_EQ(ParallelDims::spread(2).str(), "tp=2");
-  EXPECT_EQ(ParallelDims::spread(4).str(), "cp=2,tp=2");
-  EXPECT_EQ(ParallelDims::spread(8).str(), "dp_shard=2,cp=2,tp=2");
-  EXPECT_EQ(ParallelDims::spread(16).str(), "dp_replicate=2,dp_shard=2,cp=2,tp=2");
-  EXPECT_EQ(ParallelDims::spread(6).str(), "cp=3,tp=2");
+TEST(ParallelConfigTest, SpreadGivesInnerAxesFirst) {
+  EXPECT_EQ(ParallelConfig::spread(1).mesh_str(), "1");
+  EXPECT_EQ(ParallelConfig::spread(2).mesh_str(), "tp=2");
+  EXPECT_EQ(ParallelConfig::spread(4).mesh_str(), "cp=2,tp=2");
+  EXPECT_EQ(ParallelConfig::spread(8).mesh_str(), "dp_shard=2,cp=2,tp=2");
+  EXPECT_EQ(ParallelConfig::spread(16).mesh_str(), "dp_replicate=2,dp_shard=2,cp=2,tp=2");
+  EXPECT_EQ(ParallelConfig::spread(6).mesh_str(), "cp=3,tp=2");
 }
 
-TEST(ParallelDimsTest, JsonRoundTripAndUnknownKeys) {
-  ParallelDims d = ParallelDims::parse("dp_replicate=2,cp=2");
+TEST(ParallelConfigTest, JsonRoundTripAndUnknownKeys) {
+  ParallelConfig d = ParallelConfig::parse_mesh("dp_replicate=2,cp=2");
   nlohmann::json j = d;
-  EXPECT_EQ(j.get<ParallelDims>(), d);
+  EXPECT_EQ(j.get<ParallelConfig>(), d);
   nlohmann::json with_ep = {{"tp", 2}, {"ep", 2}};
-  EXPECT_THAT([&] { with_ep.get<ParallelDims>(); },
-              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'ep'")));
+  EXPECT_THAT([&] { with_ep.get<ParallelConfig>(); },
+              ThrowsMessage<Error>(HasSubstr("parallel config: unknown field 'ep'; valid: dp_replicate, dp_shard, cp, tp")));
+}
+
+// Strict types: a degree is a JSON integer in range, a knob a boolean, a dtype a known name.
+TEST(ParallelConfigTest, JsonRejectsWrongTypesAndOverflowNamingTheField) {
+  for (const auto& [j, says] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"dp_shard", 2.5}}, "'dp_shard' must be an integer, got 2.5"},
+           {{{"dp_shard", true}}, "'dp_shard' must be an integer, got true"},
+           {{{"tp", 2147483648LL}}, "'tp' must be an integer >= 1 that fits in 32 bits, got 2147483648"},
+           {{{"tp", 0}}, "'tp' must be an integer >= 1"},
+           {{{"micro_batches", "2"}}, "'micro_batches' must be an integer, got \"2\""},
+           {{{"sequence_parallel", 1}}, "'sequence_parallel' must be true or false, got 1"},
+           {{{"dtype", "fp8"}}, "unknown dtype 'fp8'; valid: [float32, float64, bfloat16, float16]"},
+           {{{"seed", -1}}, "'seed' must be a non-negative integer, got -1"}}) {
+    EXPECT_THAT([&] { j.get<ParallelConfig>(); }, ThrowsMessage<Error>(HasSubstr(says))) << j.dump();
+  }
+  ParallelConfig all = ParallelConfig::parse_mesh("dp_replicate=2,dp_shard=2,cp=2,tp=2");
+  all.sequence_parallel = true;
+  all.cp_layout = CpLayout::kZigzag;
+  all.activation_checkpointing = true;
+  all.micro_batches = 2;
+  all.dtype = DType::kBFloat16;
+  all.seed = 7;
+  EXPECT_EQ(nlohmann::json(all).get<ParallelConfig>(), all);
+  EXPECT_EQ(all.name(), "dp_replicate2_dp_shard2_cp2zz_tp2_sp_ac_mb2");
+  EXPECT_EQ(::testing::PrintToString(all), "dp_replicate2_dp_shard2_cp2zz_tp2_sp_ac_mb2 bfloat16");
+}
+
+// The mesh dims are data: every part of the config that names an axis follows kMeshDims.
+TEST(ParallelConfigTest, EveryMeshDimIsParsedNamedAndSerializedFromTheTable) {
+  for (size_t i = 0; i < kMeshDims.size(); ++i) {
+    const std::string name(kMeshDims[i].name);
+    ParallelConfig c = ParallelConfig::parse_mesh(name + "=3");
+    EXPECT_EQ(c.*kMeshDims[i].degree, 3) << name;
+    EXPECT_EQ(c.world_size(), 3) << name;
+    EXPECT_EQ(c.mesh_str(), name + "=3");
+    EXPECT_EQ(nlohmann::json(c)[name], 3);
+    EXPECT_THAT(c.name(), HasSubstr(std::string(kMeshDims[i].case_part) + "3"));
+    EXPECT_EQ(MeshLayout(c, 3).all_groups(parse_mesh_axis(name)).size(), 1u) << name;
+  }
 }
 
 TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
-  MeshLayout layout(ParallelDims::parse("dp_replicate=2,dp_shard=2,cp=2,tp=2"), 16);
+  MeshLayout layout(ParallelConfig::parse_mesh("dp_replicate=2,dp_shard=2,cp=2,tp=2"), 16);
   EXPECT_EQ(layout.coordinates(0), (std::array<int, 4>{0, 0, 0, 0}));
   EXPECT_EQ(layout.coordinates(1), (std::array<int, 4>{0, 0, 0, 1}));
   EXPECT_EQ(layout.coordinates(6), (std::array<int, 4>{0, 1, 1, 0}));
@@ -85,7 +124,7 @@ TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
 }
 
 TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
-  MeshLayout layout(ParallelDims::parse("dp_replicate=3,dp_shard=2,cp=2"), 12);
+  MeshLayout layout(ParallelConfig::parse_mesh("dp_replicate=3,dp_shard=2,cp=2"), 12);
   for (MeshAxis axis : kAllMeshAxes) {
     std::map<int, int> seen;
     for (const auto& g : layout.all_groups(axis)) {
@@ -104,7 +143,7 @@ TEST(MeshAxisTest, NamesRoundTrip) {
 // A real 2x2 (dp_shard x tp) mesh on thread ranks: each axis's communicator has the
 // layout's ranks, sums over exactly them, and axes with equal members share a backend.
 TEST(DeviceMeshTest, BuildsOneGroupPerAxisWithTheLayoutsRanks) {
-  const ParallelDims dims = ParallelDims::parse("dp_shard=2,tp=2");
+  const ParallelConfig dims = ParallelConfig::parse_mesh("dp_shard=2,tp=2");
   MeshLayout layout(dims, 4);
   std::mutex mutex;
   std::map<int, nlohmann::json> described;
@@ -130,11 +169,11 @@ TEST(DeviceMeshTest, BuildsOneGroupPerAxisWithTheLayoutsRanks) {
   EXPECT_EQ(described[3]["coordinates"]["dp_shard"], 1);
   EXPECT_EQ(described[3]["coordinates"]["tp"], 1);
   EXPECT_EQ(described[3]["axes"]["dp_shard_cp"]["ranks"], nlohmann::json({1, 3}));
-  EXPECT_EQ(described[3]["axes"]["cp"]["backend"], "self");
+  EXPECT_EQ(described[3]["axes"]["cp"]["pg_backend"], "self");
 }
 
 TEST(DeviceMeshTest, TwoMeshesOnOneStoreDoNotShareKeys) {
-  const ParallelDims dims = ParallelDims::parse("tp=2");
+  const ParallelConfig dims = ParallelConfig::parse_mesh("tp=2");
   compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
   MeshOptions options;
   options.group = testing::thread_group_options();

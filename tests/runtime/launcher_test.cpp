@@ -31,7 +31,7 @@ using ::testing::HasSubstr;
 // ---- Worker tasks run by the rank processes ------------------------------------------------
 
 DeviceMesh world_mesh(WorkerContext& ctx) {
-  ParallelDims dims;
+  ParallelConfig dims;
   dims.dp_shard = ctx.world().world_size;
   return ctx.build_mesh(dims);
 }

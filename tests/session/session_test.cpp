@@ -89,7 +89,7 @@ struct CaseOptions {
 CaseRun run_case(const spec::ModelSpec& s, ParallelConfig c, const CaseOptions& o = {}) {
   CaseRun out;
   const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
-  out.errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+  out.errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     SessionOptions so;
     so.mode = o.mode;
     so.evidence_dir = o.evidence;
@@ -121,7 +121,7 @@ ParallelConfig config(int dp_shard = 1, int tp = 1, int cp = 1) {
   c.dp_shard = dp_shard;
   c.tp = tp;
   c.cp = cp;
-  c.dtype = at::kDouble;
+  c.dtype = DType::kFloat64;
   return c;
 }
 
@@ -218,7 +218,7 @@ TEST(SessionTest, OffModeIsNoOpHooksAndTrainsIdentically) {
   spec::ModelSpec s = get("llama");
   std::vector<double> losses[2];
   for (int i = 0; i < 2; ++i) {
-    auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+    auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
       SessionOptions so;
       so.mode = i == 0 ? SessionMode::kOff : SessionMode::kRuntime;
       std::unique_ptr<TrainingHooks> hooks = make_session(s, so, mesh);
@@ -237,7 +237,7 @@ TEST(SessionTest, OffModeIsNoOpHooksAndTrainsIdentically) {
 TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentShape) {
   spec::ModelSpec s = get("llama");
   s.checkpoint.tied = {{"embed_tokens.weight", "lm_head.weight"}};  // the model does not tie them
-  auto errors = testing::run_mesh(ParallelDims{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(2), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     EXPECT_THAT(codes(checks::check_structure(t.state(), get("llama")).findings), IsEmpty());
     const auto& params = t.context().parameters();
@@ -256,7 +256,7 @@ TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentSha
 
 TEST(OptimizerLayoutCheckTest, NamesTensorsThatAreNotLiveShardsFrozenAndMisgroupedParameters) {
   spec::ModelSpec s = get("llama");
-  auto errors = testing::run_mesh(ParallelDims{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
     const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
     Trainer t(mesh, config(2), s.factory, s.data.make_batches(), options);
     EXPECT_THAT(codes(checks::check_optimizer_layout(t.state(), options, spec::Phase::kStructure).findings), IsEmpty());
@@ -390,7 +390,7 @@ TEST(InputIdentityTest, EveryDpRankReadingTheSameRowsChangesTheGlobalHash) {
 
 TEST(CheckpointCoverageCheckTest, NamesAnUnmappedParameterABrokenTransformAndUnexpectedSourceKeys) {
   spec::ModelSpec s = get("llama");
-  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     checks::CheckOutput ok = checks::check_checkpoint_coverage(t.context(), s.checkpoint, nullptr);
     EXPECT_THAT(codes(ok.findings), IsEmpty());
@@ -479,7 +479,7 @@ TEST(InvariantsCheckTest, AFailingAndAThrowingInvariantAreFindings) {
   s.invariants.push_back({"throws", spec::Phase::kStructure, [](const TrainingState&) -> spec::CheckResult {
                             MIH_THROW(Code::kInternal, "cannot read the state");
                           }});
-  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     for (const auto& b : t.context().buffers()) b.tensor.zero_();  // rotary table never computed
     const checks::CheckOutput r = checks::run_invariants(s.invariants, spec::Phase::kStructure, t.state());
@@ -496,7 +496,7 @@ TEST(ProbesTest, StatisticsAndSketchesDoNotDependOnTheSharding) {
   spec::ModelSpec s = get("llama");
   std::map<std::string, json> by_config;
   for (ParallelConfig c : {config(), config(2), config(1, 2)}) {
-    auto errors = testing::run_mesh(c.dims(), [&](DeviceMesh& mesh) {
+    auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
       Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
       t.step();
       const auto watch = probes::build_watchlist(t.context(), {});

@@ -31,7 +31,7 @@ TEST_P(PresetTest, ResolvesForEveryReferenceSpecWithinItsRankLimit) {
     const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get(spec), GetParam());
     ASSERT_FALSE(m.cases.empty());
     EXPECT_EQ(m.cases[0].name, "Reference");
-    EXPECT_EQ(m.cases[0].config.dtype, c10::ScalarType::Double);
+    EXPECT_EQ(m.cases[0].config.dtype, DType::kFloat64);
     EXPECT_EQ(m.cases[0].world_size(), 1);
     for (const auto& c : m.cases) {
       EXPECT_LE(c.world_size(), 4) << c.name;
@@ -111,9 +111,9 @@ TEST(CaseMatrixTest, TheGpuNightlyExampleFileResolves) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), path);
   EXPECT_EQ(m.name, "gpu-nightly");
   ASSERT_GT(m.cases.size(), 5u) << m.table();
-  EXPECT_EQ(m.cases[1].backend, "nccl");
+  EXPECT_EQ(m.cases[1].pg_backend, "nccl");
   EXPECT_EQ(m.cases[1].device, "cuda");
-  EXPECT_EQ(m.cases[1].config.dtype, c10::ScalarType::BFloat16);
+  EXPECT_EQ(m.cases[1].config.dtype, DType::kBFloat16);
   EXPECT_EQ(m.cases[0].device, "cpu");  // the reference stays the CPU float64 oracle
 }
 

@@ -34,9 +34,9 @@ std::vector<std::string> names_of(Trainer& t) {
 
 // Builds the spec's model at world size 1 in float64 and runs `body`.
 void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>& body) {
-  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
     ParallelConfig c;
-    c.dtype = at::kDouble;
+    c.dtype = DType::kFloat64;
     Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     body(t);
   });
@@ -144,9 +144,9 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
 // in the recompute of a checkpointed layer, marked as a recompute.
 TEST(SharedStateTest, RecordsPublishAndConsumeWithRecompute) {
   spec::ModelSpec s = spec::SpecRegistry::instance().get("moe");
-  auto errors = testing::run_mesh(ParallelDims{}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
     ParallelConfig c;
-    c.dtype = at::kDouble;
+    c.dtype = DType::kFloat64;
     c.activation_checkpointing = true;
     Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     t.context().shared_state().set_recording(true);

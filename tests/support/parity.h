@@ -76,7 +76,7 @@ class Capture : public TrainingHooks {
 inline TrainingRun train_on_threads(const ParallelConfig& config, const ModelFactory& factory, const BatchSource& batches,
                                     const TrainerOptions& options, int64_t steps) {
   TrainingRun run;
-  std::vector<std::string> errors = run_mesh(config.dims(), [&](DeviceMesh& mesh) {
+  std::vector<std::string> errors = run_mesh(config, [&](DeviceMesh& mesh) {
     Capture capture(&run, mesh.rank() == 0, steps);
     Trainer trainer(mesh, config, factory, batches, options, &capture);
     trainer.run(steps);

@@ -53,9 +53,9 @@ inline std::vector<std::string> run_ranks(int world_size, const std::function<vo
 }
 
 /// Runs `body(mesh)` on every rank of a `dims` mesh built over a fresh HashStore.
-inline std::vector<std::string> run_mesh(const ParallelDims& dims, const std::function<void(DeviceMesh&)>& body,
+inline std::vector<std::string> run_mesh(const ParallelConfig& dims, const std::function<void(DeviceMesh&)>& body,
                                          MeshOptions options = {}) {
-  const int world_size = dims.product();
+  const int world_size = dims.world_size();
   compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
   if (options.group.gloo_hostname.empty()) options.group = thread_group_options();
   return run_ranks(world_size, [&](int rank) {

@@ -1,6 +1,6 @@
 // The case runner and its worker task (see case_runner.h). The task is defined here, next to
 // run_case, so that linking run_case links the registration too.
-#include "harness/cli/case_runner.h"
+#include "harness/cases/case_runner.h"
 
 #include <unistd.h>
 
@@ -22,7 +22,7 @@
 #include "harness/session/session.h"
 #include "harness/spec/case_matrix.h"
 
-namespace mih {
+namespace mih::cases {
 namespace {
 
 namespace fs = std::filesystem;
@@ -86,11 +86,12 @@ double since(std::chrono::steady_clock::time_point t) {
 // resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
 int run_phase(WorkerContext& ctx) {
   fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
-  const spec::ModelSpec s = spec::SpecRegistry::instance().get(ctx.option("spec"));
-  const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, ctx.option("matrix"));
-  const spec::Case& c = matrix.at(ctx.option("case"));
-  const std::string phase = ctx.option("phase");
   const fs::path evidence = ctx.option("evidence");
+  // The case as the parent resolved it: the matrix is never read again here.
+  const CaseFile file = read_case_file(evidence / "run" / "case.json");
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get(file.spec);
+  const spec::Case& c = file.c;
+  const std::string phase = ctx.option("phase");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
   const ParallelConfig config = phase == "save" ? *c.save_config : c.config;
   // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
@@ -98,7 +99,7 @@ int run_phase(WorkerContext& ctx) {
   // steps, and the end (checkpoint hashes, parity cases, findings).
   nlohmann::json timing = {{"process_start_s", seconds_since_exec()}};
   auto t = std::chrono::steady_clock::now();
-  DeviceMesh mesh = ctx.build_mesh(config.dims());
+  DeviceMesh mesh = ctx.build_mesh(config);
   timing["rendezvous_s"] = since(t);
   SessionOptions so;
   so.mode = SessionMode::kRuntime;
@@ -112,12 +113,15 @@ int run_phase(WorkerContext& ctx) {
     const int local_rank = std::atoi(local ? local : slurm ? slurm : "0");
     so.trainer.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank)));
   }
-  so.environment = {{"case", c}, {"phase", phase}, {"matrix", matrix.name}, {"backend", c.backend},
-                    {"training_backend", ctx.option("backend")}};
+  so.environment = {{"case", c},
+                    {"phase", phase},
+                    {"matrix", file.matrix},
+                    {"pg_backend", c.pg_backend},
+                    {"training_backend", file.training_backend}};
   ValidationSession session(s, so, mesh);
   const bool rank0 = mesh.rank() == 0;
   try {
-    std::unique_ptr<TrainingBackend> backend = BackendRegistry::instance().make(ctx.option("backend"));
+    std::unique_ptr<TrainingBackend> backend = TrainingBackendRegistry::instance().make(file.training_backend);
     t = std::chrono::steady_clock::now();
     backend->build(s, mesh, config, so.trainer, session);
     timing["build_s"] = since(t);
@@ -153,38 +157,87 @@ int run_phase(WorkerContext& ctx) {
   return 0;
 }
 
-MIH_WORKER_TASK(case, "trains one conformance case (spec, matrix, case, phase) with a runtime validation session",
-                {"spec", "registered spec", ""}, {"matrix", "preset or JSON matrix file", "cpu-smoke"},
-                {"case", "case name (see mih matrix)", ""}, {"phase", "train, save or load", "train"},
-                {"evidence", "the case's evidence directory", ""},
-                {"backend", "training backend (MIH_REGISTER_BACKEND)", "trainer"}) {
+MIH_WORKER_TASK(case,
+                "trains one phase of a conformance case with a runtime validation session; the case is "
+                "<evidence>/run/case.json, written by the parent (mih run, mih test)",
+                {"evidence", "the case's evidence directory (holds run/case.json)", ""},
+                {"phase", "train, save or load", "train"}) {
   return run_phase(ctx);
+}
+
+nlohmann::json case_file_json(const CaseFile& f) {
+  nlohmann::json j;
+  to_json(j, f);
+  return j;
 }
 
 }  // namespace
 
-CaseRunResult run_case(const CaseRunOptions& o) {
+fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
+  const fs::path evidence = fs::absolute(o.evidence_root / s.name / c.name);
+  fs::remove_all(evidence);
+  EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
+  // The one resolved copy of the case every rank reads.
+  dir.write_json("run/case.json", case_file_json({s.name, c, o.matrix, o.training_backend, o.fault}));
+  return evidence;
+}
+
+void to_json(nlohmann::json& j, const CaseFile& f) {
+  j = {{"spec", f.spec},
+       {"case", f.c},
+       {"matrix", f.matrix},
+       {"training_backend", f.training_backend},
+       {"fault", f.fault}};
+}
+
+CaseFile read_case_file(const fs::path& path) {
+  std::string text;
+  MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "case file ", path.string(),
+                 " is missing: the parent (mih run, mih test) writes it before any rank starts; launch the case "
+                 "with `mih run`, or write it as case_runner.h describes");
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  MIH_CHECK_CODE(!j.is_discarded() && j.is_object(), Code::kFailedPrecondition, "case file ", path.string(),
+                 " is not a JSON object");
+  return with_context("case file " + path.string(), [&] {
+    try {
+      CaseFile f;
+      f.spec = j.at("spec").get<std::string>();
+      f.c = j.at("case").get<spec::Case>();
+      f.matrix = j.at("matrix").get<std::string>();
+      f.training_backend = j.at("training_backend").get<std::string>();
+      f.fault = j.at("fault").get<std::string>();
+      return f;
+    } catch (const nlohmann::json::exception& e) {
+      MIH_THROW(Code::kFailedPrecondition, e.what());
+    }
+  });
+}
+
+CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
   // Bad input is rejected here, before any rank starts.
   if (!o.fault.empty()) (void)fault::parse(o.fault);
-  const spec::ModelSpec s = spec::SpecRegistry::instance().get(o.spec);
   s.validate();
-  const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, o.matrix);
-  const spec::Case& c = matrix.at(o.case_name);
   MIH_CHECK(c.device == "cpu", "case '", c.name, "' runs on ", c.device,
-            "; the local launcher starts CPU cases; run GPU cases under torchrun or srun (README: the nightly "
-            "matrix) and assert them with --verify-only");
+            "; the local launcher starts CPU cases; run GPU cases under torchrun or srun (docs/gpu-nightly.md) "
+            "and assert them with --verify-only");
   const std::string unsupported =
-      BackendRegistry::instance().make(o.backend)->unsupported(c.config, c.save_config.has_value());
-  MIH_CHECK(unsupported.empty(), "training backend '", o.backend, "' cannot run case ", s.name, "/", c.name, ": ",
-            unsupported);
+      TrainingBackendRegistry::instance().make(o.training_backend)->unsupported(c.config, c.save_config.has_value());
+  MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
+            ": ", unsupported);
   CaseRunResult result;
-  result.evidence = fs::absolute(o.evidence_root / s.name / c.name);
-  fs::remove_all(result.evidence);
-  EvidenceDir dir(result.evidence);  // fails early, naming the path, when it is unwritable
-  nlohmann::json record = {{"spec", s.name},       {"case", c.name},         {"kind", spec::case_kind_name(c.kind)},
-                           {"group", c.group},     {"world_size", c.world_size()}, {"config", c.config},
-                           {"compare_to", c.compare_to}, {"matrix", o.matrix},   {"backend", o.backend},
-                           {"fingerprint", o.fingerprint}, {"fault", o.fault}};
+  result.evidence = prepare_case(s, c, o);
+  EvidenceDir dir(result.evidence);
+  nlohmann::json record = {{"spec", s.name},
+                           {"case", c.name},
+                           {"kind", spec::case_kind_name(c.kind)},
+                           {"group", c.group},
+                           {"world_size", c.world_size()},
+                           {"config", c.config},
+                           {"compare_to", c.compare_to},
+                           {"matrix", o.matrix},
+                           {"training_backend", o.training_backend},
+                           {"fingerprint", o.fingerprint},
+                           {"fault", o.fault}};
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
@@ -194,9 +247,7 @@ CaseRunResult run_case(const CaseRunOptions& o) {
     lo.run_dir = w.run_dir;
     lo.timeout = o.timeout;
     lo.extra_env["MIH_FAULT"] = o.fault;
-    lo.command = worker_command("case", w,
-                                {"--spec", s.name, "--matrix", o.matrix, "--case", c.name, "--phase", phase, "--evidence",
-                                 result.evidence.string(), "--backend", o.backend});
+    lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
     const LaunchResult r = launch(lo);
     result.seconds += r.seconds;
     result.launch_seconds.push_back(r.seconds);
@@ -204,7 +255,7 @@ CaseRunResult run_case(const CaseRunOptions& o) {
   };
   LaunchResult r;
   if (c.save_config) {
-    r = launch_phase("save", c.save_config->dims().product());
+    r = launch_phase("save", c.save_config->world_size());
     if (r.ok()) r = launch_phase("load", c.world_size());
   } else {
     r = launch_phase("train", c.world_size());
@@ -258,4 +309,4 @@ CaseRunResult run_case(const CaseRunOptions& o) {
   return result;
 }
 
-}  // namespace mih
+}  // namespace mih::cases

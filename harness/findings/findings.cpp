@@ -1,5 +1,5 @@
 // Finding and FindingReport (see findings.h).
-#include "harness/session/findings.h"
+#include "harness/findings/findings.h"
 
 #include <regex>
 

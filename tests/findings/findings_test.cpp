@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/base/error.h"
-#include "harness/session/findings.h"
+#include "harness/findings/findings.h"
 
 namespace mih {
 namespace {

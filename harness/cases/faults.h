@@ -1,4 +1,4 @@
-// The fault catalog and its detection matrix (FAULTS.md; `mih faults`). Each row is an
+// The fault catalog and its detection matrix (FAULTS.md, docs/fault-catalog.md; `mih faults`). Each row is an
 // integration bug that shipped in a public training stack, planted in the reference models,
 // the data pipeline or the runtime behind a fault point (harness/base/fault.h) at the place
 // where it happened. `mih faults` runs, per fault, the case where it manifests twice: with the
@@ -12,12 +12,14 @@
 // fault), and every test of the fault-free twin passes or is skipped.
 #pragma once
 
+#include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-namespace mih::conformance {
+namespace mih::cases {
 
 struct FaultEntry {
   std::string id;        ///< "F01"
@@ -38,9 +40,25 @@ struct FaultEntry {
 /// Every fault, F01 first.
 const std::vector<FaultEntry>& fault_catalog();
 
-/// `mih faults [--fault ID ...] [--json FILE] [--out DIR] [--case-timeout S] [--list]`.
-/// Exit status: 0 every fault detected and every fault-free twin clean; 1 otherwise; 2 usage
-/// error; 11 an unknown fault; 14-17 a case that could not run (infrastructure).
-int faults_main(const std::vector<std::string>& args);
+/// What `mih faults` runs (its flags, parsed by harness/cli).
+struct FaultsOptions {
+  /// Only these faults ("F03"); all when empty.
+  std::vector<std::string> only;
+  /// The detection matrix's JSON (a Markdown table next to it); default <out>/faults.json.
+  std::string json_out;
+  /// Evidence: fault-free/ (the twins), <ID>/ per fault, matrices/.
+  std::filesystem::path out = "build/mih-faults";
+  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// Print the catalog and return.
+  bool list = false;
+  bool progress = true;
+};
 
-}  // namespace mih::conformance
+/// Runs the detection matrix: each case through `<this binary> test` (a child process), so
+/// every case is the same black box a user runs.
+/// Returns: 0 every fault detected and every fault-free twin clean; 1 otherwise; 14-17 a case
+///   that could not run (infrastructure). Throws: mih::Error{kInvalidSpec} for an unknown
+///   fault.
+int run_faults(const FaultsOptions& options);
+
+}  // namespace mih::cases

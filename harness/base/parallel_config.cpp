@@ -1,0 +1,235 @@
+// ParallelConfig: names, parsing, validation and JSON, all driven by kMeshDims.
+#include "harness/base/parallel_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <ostream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/json_fields.h"
+
+namespace mih {
+namespace {
+
+std::string valid_dim_names() {
+  std::string out;
+  for (const auto& d : kMeshDims) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return "[" + out + "]";
+}
+
+const MeshDim* find_dim(std::string_view name) {
+  for (const auto& d : kMeshDims) {
+    if (d.name == name) return &d;
+  }
+  return nullptr;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+constexpr std::array<std::pair<std::string_view, DType>, 4> kDTypes = {{
+    {"float32", DType::kFloat32},
+    {"float64", DType::kFloat64},
+    {"bfloat16", DType::kBFloat16},
+    {"float16", DType::kFloat16},
+}};
+
+// Strict typed reads: an integer is a JSON integer in range (2.5, true and 2^31 are errors),
+// a boolean a JSON boolean, a string a JSON string.
+int read_int(const nlohmann::json& v, const std::string& field, int min) {
+  MIH_CHECK(v.is_number_integer(), "parallel config: '", field, "' must be an integer, got ", v.dump());
+  const auto wide = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX))
+                                           : v.get<int64_t>();
+  MIH_CHECK(wide >= min && wide <= std::numeric_limits<int>::max(), "parallel config: '", field, "' must be an integer >= ",
+            min, " that fits in 32 bits, got ", v.dump());
+  return static_cast<int>(wide);
+}
+
+bool read_bool(const nlohmann::json& v, const std::string& field) {
+  MIH_CHECK(v.is_boolean(), "parallel config: '", field, "' must be true or false, got ", v.dump());
+  return v.get<bool>();
+}
+
+std::string read_string(const nlohmann::json& v, const std::string& field) {
+  MIH_CHECK(v.is_string(), "parallel config: '", field, "' must be a string, got ", v.dump());
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+std::string cp_layout_name(CpLayout layout) { return layout == CpLayout::kZigzag ? "zigzag" : "contiguous"; }
+
+CpLayout parse_cp_layout(std::string_view name) {
+  if (name == "contiguous") return CpLayout::kContiguous;
+  if (name == "zigzag") return CpLayout::kZigzag;
+  MIH_THROW(Code::kInvalidSpec, "unknown context-parallel layout '", name, "'; valid: contiguous, zigzag");
+}
+
+std::string dtype_name(DType dtype) {
+  for (const auto& [name, d] : kDTypes) {
+    if (d == dtype) return std::string(name);
+  }
+  return "?";
+}
+
+DType parse_dtype_name(std::string_view name) {
+  std::string valid;
+  for (const auto& [n, d] : kDTypes) {
+    if (n == name) return d;
+    valid += (valid.empty() ? "" : ", ") + std::string(n);
+  }
+  MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [", valid, "]");
+}
+
+int ParallelConfig::world_size() const {
+  int n = 1;
+  for (const auto& d : kMeshDims) n *= this->*d.degree;
+  return n;
+}
+
+std::string ParallelConfig::name() const {
+  std::string out;
+  auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
+  for (const auto& d : kMeshDims) {
+    const int degree = this->*d.degree;
+    if (degree <= 1) continue;
+    std::string part = std::string(d.case_part) + std::to_string(degree);
+    if (d.degree == &ParallelConfig::cp && cp_layout == CpLayout::kZigzag) part += "zz";
+    add(part);
+  }
+  if (sequence_parallel) add("sp");
+  if (activation_checkpointing) add("ac");
+  if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
+  return out.empty() ? "single" : out;
+}
+
+std::string ParallelConfig::mesh_str() const {
+  std::string out;
+  for (const auto& d : kMeshDims) {
+    if (this->*d.degree == 1) continue;
+    out += internal::str(out.empty() ? "" : ",", d.name, "=", this->*d.degree);
+  }
+  return out.empty() ? "1" : out;
+}
+
+bool ParallelConfig::same_mesh(const ParallelConfig& other) const {
+  return std::all_of(kMeshDims.begin(), kMeshDims.end(),
+                     [&](const MeshDim& d) { return this->*d.degree == other.*d.degree; });
+}
+
+ParallelConfig ParallelConfig::parse_mesh(std::string_view text) {
+  ParallelConfig config;
+  std::vector<std::string_view> seen;
+  text = trim(text);
+  while (!text.empty()) {
+    auto comma = text.find(',');
+    std::string_view item = trim(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    MIH_CHECK(eq != std::string_view::npos, "mesh '", item, "': expected <axis>=<degree> such as 'tp=2'");
+    std::string_view name = trim(item.substr(0, eq));
+    std::string_view value = trim(item.substr(eq + 1));
+    const MeshDim* dim = find_dim(name);
+    MIH_CHECK(dim != nullptr, "unknown mesh axis '", name, "'; valid: ", valid_dim_names(),
+              name == "dp" || name == "dp_cp" || name == "dp_shard_cp"
+                  ? internal::str("; '", name, "' is a combined axis: set its parts (dp_shard for FSDP, "
+                                  "dp_replicate for DDP, cp)")
+                  : std::string());
+    MIH_CHECK(std::find(seen.begin(), seen.end(), name) == seen.end(), "mesh axis '", name, "' is given twice");
+    seen.push_back(name);
+    int degree = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), degree);
+    MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && degree >= 1, "mesh axis '", name,
+              "': degree '", value, "' is not an integer >= 1");
+    config.*dim->degree = degree;
+  }
+  return config;
+}
+
+ParallelConfig ParallelConfig::spread(int world_size) {
+  MIH_CHECK(world_size >= 1, "world_size(", world_size, ") must be >= 1");
+  ParallelConfig config;
+  // Inner axes first: tp, cp, dp_shard, dp_replicate.
+  size_t next = 0;
+  int n = world_size;
+  for (int p = 2; n > 1; ++p) {
+    while (n % p == 0) {
+      config.*kMeshDims[kMeshDims.size() - 1 - next % kMeshDims.size()].degree *= p;
+      ++next;
+      n /= p;
+    }
+  }
+  return config;
+}
+
+void ParallelConfig::validate_mesh(int world) const {
+  std::string arithmetic;
+  for (const auto& d : kMeshDims) {
+    MIH_CHECK(this->*d.degree >= 1, "mesh axis '", d.name, "' has degree ", this->*d.degree,
+              "; degrees must be >= 1 (1 disables the axis)");
+    arithmetic += internal::str(arithmetic.empty() ? "" : " * ", d.name, "(", this->*d.degree, ")");
+  }
+  MIH_CHECK(world_size() == world, arithmetic, " = ", world_size(), " != world_size(", world,
+            "); choose degrees whose product is ", world);
+}
+
+void ParallelConfig::validate(int world) const {
+  validate_mesh(world);
+  MIH_CHECK(micro_batches >= 1, "parallel config '", name(), "': micro_batches must be >= 1, got ", micro_batches);
+  MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
+            "': sequence_parallel needs tp > 1 (it shards activations over tp)");
+}
+
+void to_json(nlohmann::json& j, const ParallelConfig& c) {
+  j = nlohmann::json::object();
+  for (const auto& d : kMeshDims) j[std::string(d.name)] = c.*d.degree;
+  j["cp_layout"] = cp_layout_name(c.cp_layout);
+  j["sequence_parallel"] = c.sequence_parallel;
+  j["activation_checkpointing"] = c.activation_checkpointing;
+  j["micro_batches"] = c.micro_batches;
+  j["dtype"] = dtype_name(c.dtype);
+  j["seed"] = c.seed;
+  j["name"] = c.name();
+}
+
+void from_json(const nlohmann::json& j, ParallelConfig& c) {
+  std::vector<std::string> fields;
+  for (const auto& d : kMeshDims) fields.emplace_back(d.name);
+  for (const char* f : {"cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "dtype", "seed",
+                        "name"}) {
+    fields.emplace_back(f);
+  }
+  check_known_fields(j, "parallel config", fields);
+  ParallelConfig out;
+  for (const auto& d : kMeshDims) {
+    if (j.contains(d.name)) out.*d.degree = read_int(j.at(std::string(d.name)), std::string(d.name), 1);
+  }
+  if (j.contains("cp_layout")) out.cp_layout = parse_cp_layout(read_string(j.at("cp_layout"), "cp_layout"));
+  if (j.contains("sequence_parallel")) out.sequence_parallel = read_bool(j.at("sequence_parallel"), "sequence_parallel");
+  if (j.contains("activation_checkpointing")) {
+    out.activation_checkpointing = read_bool(j.at("activation_checkpointing"), "activation_checkpointing");
+  }
+  if (j.contains("micro_batches")) out.micro_batches = read_int(j.at("micro_batches"), "micro_batches", 1);
+  if (j.contains("dtype")) out.dtype = parse_dtype_name(read_string(j.at("dtype"), "dtype"));
+  if (j.contains("seed")) {
+    MIH_CHECK(j.at("seed").is_number_unsigned() || (j.at("seed").is_number_integer() && j.at("seed").get<int64_t>() >= 0),
+              "parallel config: 'seed' must be a non-negative integer, got ", j.at("seed").dump());
+    out.seed = j.at("seed").get<uint64_t>();
+  }
+  c = out;
+}
+
+void PrintTo(const ParallelConfig& c, std::ostream* os) { *os << c; }
+
+std::ostream& operator<<(std::ostream& out, const ParallelConfig& c) { return out << c.name() << " " << dtype_name(c.dtype); }
+
+}  // namespace mih

@@ -1,0 +1,116 @@
+// ParallelConfig: one parallel configuration of a case, the only place the mesh degrees and
+// the per-case knobs live (the parent resolves it once and writes it to run/case.json; every
+// rank, DeviceMesh, ParallelContext, Trainer and the evidence readers use that one value).
+// Torch-free (in mih::base so that torch-free layers, compare and evidence, can read it).
+//
+// The mesh dims are data: kMeshDims lists them outer to inner (TorchTitan's ParallelDims
+// order) with their names, the ParallelConfig field holding the degree and the case-name
+// part. How to add one: a field `int ep = 1;` below and a row in kMeshDims (then its groups
+// in device_mesh.h's kMeshAxes); parsing, JSON, names, validation and the layout follow.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace mih {
+
+/// Which tokens each cp rank holds: contiguous chunks, or zigzag (rank r holds chunks r and
+/// 2 * cp - 1 - r of 2 * cp, load-balanced for causal attention).
+enum class CpLayout { kContiguous, kZigzag };
+/// "contiguous" or "zigzag".
+std::string cp_layout_name(CpLayout layout);
+/// Throws: mih::Error{kInvalidSpec} listing the valid names.
+CpLayout parse_cp_layout(std::string_view name);
+
+/// dtype of a case's parameters and compute; float64 is the oracle lane. harness/runtime/
+/// dtypes.h converts to c10::ScalarType.
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
+/// "float32", "float64", "bfloat16", "float16" (PyTorch's Python names).
+std::string dtype_name(DType dtype);
+/// Throws: mih::Error{kInvalidSpec} listing the valid names.
+DType parse_dtype_name(std::string_view name);
+
+struct ParallelConfig;
+
+/// One dim of the device mesh, outer to inner.
+/// rank = ((dp_replicate_rank * dp_shard + dp_shard_rank) * cp + cp_rank) * tp + tp_rank.
+struct MeshDim {
+  std::string_view name;          ///< "dp_shard": JSON field, --mesh axis, ledger axis
+  int ParallelConfig::*degree;    ///< the field of ParallelConfig holding the degree
+  std::string_view case_part;     ///< part of a ParallelConfig::name(): "dp_shard" -> "dp_shard2"
+  /// The batch or the sequence is split along it, so every parameter's gradient is summed
+  /// over it (its gradient domain); tp is not (only tp-partial gradients are summed over tp).
+  bool data_parallel;
+};
+
+/// One parallel configuration: mesh degrees (1 disables an axis) and the knobs of the run.
+struct ParallelConfig {
+  int dp_replicate = 1;  ///< replicas (DDP / the replicate dim of HSDP)
+  int dp_shard = 1;      ///< FSDP: parameters sharded on dim 0 over dp_shard
+  int cp = 1;            ///< context parallel: the sequence dim is sharded over cp
+  int tp = 1;            ///< tensor parallel (and sequence-parallel regions)
+  /// Shard the activations between tensor-parallel regions on the sequence dim (tp > 1).
+  bool sequence_parallel = false;
+  /// Which tokens each cp rank holds. Only meaningful when cp > 1.
+  CpLayout cp_layout = CpLayout::kContiguous;
+  /// Recompute each activation-checkpoint region the model declares (a decoder layer) in
+  /// backward instead of keeping its activations.
+  bool activation_checkpointing = false;
+  /// Micro-batches per step (gradient accumulation); divides the local batch.
+  int micro_batches = 1;
+  /// dtype of the parameters and of compute.
+  DType dtype = DType::kFloat32;
+  /// Seed of parameter init and of the run.
+  uint64_t seed = 0;
+
+  /// The product of the mesh degrees.
+  int world_size() const;
+  /// "dp_shard2_cp2zz_tp2_sp_ac_mb2": the case-name part ("single" when all are 1).
+  std::string name() const;
+  /// The mesh degrees only: "dp_shard=2,tp=2" (degree-1 axes omitted; "1" if all are).
+  std::string mesh_str() const;
+  /// Whether the mesh degrees equal `other`'s (the knobs may differ).
+  bool same_mesh(const ParallelConfig& other) const;
+
+  /// The mesh degrees of "dp_shard=2,tp=2" (axes not named stay 1; whitespace ignored), the
+  /// knobs at their defaults.
+  /// Throws: mih::Error{kInvalidSpec} for an unknown axis (listing the valid ones), a
+  ///   repeated axis, or a degree that is not an integer >= 1.
+  static ParallelConfig parse_mesh(std::string_view text);
+  /// A mesh for `world_size` that exercises as many axes as it can: prime factors, smallest
+  /// first, go to tp, cp, dp_shard, dp_replicate in turn (4 -> cp=2,tp=2). For the selftest.
+  static ParallelConfig spread(int world_size);
+
+  /// Throws: mih::Error{kInvalidSpec} with the arithmetic if a degree is < 1 or their product
+  ///   differs from `world_size` ("dp_replicate(1) * dp_shard(2) * cp(1) * tp(3) = 6 !=
+  ///   world_size(4)").
+  void validate_mesh(int world_size) const;
+  /// validate_mesh, and: micro_batches >= 1, sequence_parallel only with tp > 1.
+  /// Throws: mih::Error{kInvalidSpec} naming the config.
+  void validate(int world_size) const;
+
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+/// The mesh dims, outer to inner.
+inline constexpr std::array<MeshDim, 4> kMeshDims = {{
+    {"dp_replicate", &ParallelConfig::dp_replicate, "dp_replicate", true},
+    {"dp_shard", &ParallelConfig::dp_shard, "dp_shard", true},
+    {"cp", &ParallelConfig::cp, "cp", true},
+    {"tp", &ParallelConfig::tp, "tp", false},
+}};
+
+/// Every field (the mesh dims, the knobs, and "name" on output); from_json rejects unknown
+/// fields, non-integer or < 1 degrees, and values of the wrong JSON type, naming the field.
+void to_json(nlohmann::json& j, const ParallelConfig& c);
+void from_json(const nlohmann::json& j, ParallelConfig& c);
+/// GoogleTest: the name and the dtype ("dp_shard2_tp2_sp float64").
+void PrintTo(const ParallelConfig& c, std::ostream* os);
+std::ostream& operator<<(std::ostream& out, const ParallelConfig& c);
+
+}  // namespace mih

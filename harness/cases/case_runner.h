@@ -1,0 +1,83 @@
+// Runs one conformance case: writes the resolved case to <evidence>/run/case.json, then
+// launches its ranks (processes, real Gloo/NCCL groups), each reading that file (never the
+// matrix) and training the spec's model under the case's config with a runtime validation
+// session that writes the case's evidence. A resume case runs in two launches: the first
+// trains resume_at steps under save_config and saves a checkpoint; the second loads it under
+// the case's config and trains the remaining steps. The suites assert on the evidence.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "harness/base/error.h"
+#include "harness/spec/case_matrix.h"
+
+namespace mih::cases {
+
+struct CaseRunOptions {
+  /// The matrix the case was resolved from (a preset or a JSON file): recorded in
+  /// case_run.json and run/case.json, never read again.
+  std::string matrix = "cpu-smoke";
+  /// The case's evidence goes to <evidence_root>/<spec>/<case>/ (a resume's first phase to
+  /// its before_save/ folder, the checkpoint to checkpoint/); launcher files to run/.
+  std::filesystem::path evidence_root;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// The TrainingBackend that trains the case (harness/session/backend.h).
+  std::string training_backend = "trainer";
+  /// Recorded in case_run.json: what produced the evidence (the conformance runner reuses a
+  /// case's evidence only when its fingerprint matches).
+  std::string fingerprint;
+  /// A fault of the catalog ("F03"; harness/base/fault.h) the rank processes inject: set as
+  /// their MIH_FAULT, which is otherwise cleared (an exported MIH_FAULT never leaks into a case).
+  std::string fault;
+};
+
+struct CaseRunResult {
+  std::filesystem::path evidence;
+  /// The case's integration state after the run ("STRUCTURE_VALIDATED", "FAILED", ...).
+  std::string state;
+  /// Wall time of the launches, seconds (and of each launch: a resume has two).
+  double seconds = 0;
+  std::vector<double> launch_seconds;
+  /// "ran" (every rank finished; the evidence holds the verdicts), "failed" (a hook or the
+  /// model raised and the session recorded why: a conformance failure) or
+  /// "transport_failure" (a rank died or a collective timed out: infrastructure).
+  std::string outcome;
+  /// The reason of "failed", the launcher's report of "transport_failure".
+  std::string error;
+  /// The launch's code for a transport failure.
+  Code code = Code::kOk;
+};
+
+/// Runs case `c` of `spec` (resolved by the caller, once) and writes <evidence>/case_run.json
+/// (spec, case, kind, world_size, config, compare_to, seconds, state, outcome, error).
+/// Returns its evidence, state and outcome: a dead rank or a collective that never completes
+/// is outcome "transport_failure" with the launcher's report, not an exception, so the suites
+/// can report it as such.
+/// Throws: mih::Error{kInvalidSpec} for an unknown training backend or a case it cannot run
+///   (before any rank starts); kFailedPrecondition for an unwritable evidence root.
+CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
+
+/// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes its
+/// run/case.json, without launching: what an external launcher (torchrun, srun) needs before
+/// it starts the ranks (`mih run --prepare`). Returns the evidence directory.
+/// Throws: mih::Error{kFailedPrecondition} for an unwritable evidence root.
+std::filesystem::path prepare_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
+
+/// What a rank reads from <evidence>/run/case.json.
+struct CaseFile {
+  std::string spec;
+  spec::Case c;
+  std::string matrix;
+  std::string training_backend;
+  std::string fault;
+};
+void to_json(nlohmann::json& j, const CaseFile& f);
+/// Throws: mih::Error{kFailedPrecondition} naming the file when it is missing or malformed.
+CaseFile read_case_file(const std::filesystem::path& file);
+
+}  // namespace mih::cases

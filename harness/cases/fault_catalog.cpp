@@ -1,0 +1,88 @@
+// The fault catalog's rows (see faults.h): each fault, the case where it manifests, the tests
+// that must catch it and the patterns their message must match.
+#include "harness/cases/faults.h"
+
+#include <nlohmann/json.hpp>
+
+namespace mih::cases {
+using nlohmann::json;
+
+const std::vector<FaultEntry>& fault_catalog() {
+  const json dp_shard2 = {{"dp_shard", 2}}, tp2 = {{"tp", 2}}, tp2_sp = {{"tp", 2}, {"sequence_parallel", true}};
+  const json cp2zz = {{"cp", 2}, {"cp_layout", "zigzag"}};
+  const json resume = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}};
+  const json cross = {{"kind", "cross_resume"}, {"save", dp_shard2}, {"load", tp2}, {"resume_at", 2}};
+  // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
+  // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight.
+  static const std::vector<FaultEntry> catalog = {
+      {"F01", "replicated-param grad",
+       "under sequence parallelism the final norm's weight gradient is a partial sum per TP rank and is never all-reduced",
+       "reference_models/llama.cpp", "Llama", "llama", tp2_sp, {"NumericParity", "ReplicaConsistency"},
+       {R"((^|[^._\w])'?norm\.weight)"}, ""},
+      {"F02", "replicated-param grad",
+       "MoE router weight is replicated over TP but its input gradient is partial and never reduced",
+       "reference_models/llama.cpp", "Moe", "moe", tp2_sp, {"NumericParity"}, {R"(mlp\.router)"}, ""},
+      {"F03", "grad-norm scope", "global grad norm computed from local shards only",
+       "harness/parallel/parallel_context.cpp", "Llama", "llama", dp_shard2, {"NumericParity.GradNormsMatchReference"},
+       {"grad_norm"}, ""},
+      {"F04", "grad-norm scope", "replicated (unsharded) grads counted once per rank in the norm",
+       "harness/parallel/parallel_context.cpp", "Llama", "llama", tp2, {"NumericParity.GradNormsMatchReference"},
+       {"grad_norm"}, ""},
+      {"F05", "loss normalization",
+       "loss divided by the rank's own valid-token count, then averaged over DP (uneven valid tokens across ranks)",
+       "harness/training/trainer.cpp", "Llama", "llama", dp_shard2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F06", "data contract", "labels shifted by the pipeline and again by the model", "reference_models/llama.cpp",
+       "Llama", "llama", dp_shard2, {"DataContract.LossFollowsTheLabels"}, {"labels"}, ""},
+      {"F07", "sequence layout", "position ids restart at 0 on every CP rank", "harness/training/trainer.cpp", "Llama",
+       "llama", cp2zz, {"InputIdentity.SameGlobalBatchAsReference"}, {"position_ids"}, ""},
+      {"F08", "TP layout", "row-parallel bias added on every TP rank before the all-reduce", "harness/parallel/layers.cpp",
+       "LlamaBias", "llama_bias", tp2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F09", "TP layout", "fused gate/up projection split contiguously so one rank gets all of gate",
+       "reference_models/llama.cpp", "Llama", "llama", tp2, {"NumericParity.LossMatchesReference"}, {"loss"}, ""},
+      {"F10", "checkpoint", "one parameter missing from the checkpoint key map", "reference_models/registry.cpp",
+       "Llama", "llama", resume, {"CheckpointCoverage.EveryTargetKeyLoadedOrTrainingOnly"},
+       {R"((^|[^._\w])norm\.weight)"}, ""},
+      {"F11", "checkpoint", "rotary inv_freq buffer left uninitialized / not rebuilt after load",
+       "harness/checkpoint/distributed_checkpoint.cpp", "Llama", "llama", resume, {"StateInvariants.AllHold"},
+       {"inv_freq"}, ""},
+      {"F12", "checkpoint", "optimizer state not resharded when loading under another topology",
+       "harness/checkpoint/distributed_checkpoint.cpp", "Llama", "llama", cross,
+       {"CheckpointRoundTrip.LoadedTensorsBitExact", "Resume.StepsAfterLoadMatchUninterruptedRun"},
+       {"exp_avg"}, ""},
+      {"F13", "activation checkpointing",
+       "a shared-state producer (routing stats) republishes during recompute", "reference_models/llama.cpp", "Moe", "moe",
+       {{"dp_shard", 2}, {"activation_checkpointing", true}},
+       {"SharedState.PublishedOncePerForward", "ActivationCheckpointEquivalence.RecomputeDoesNotRepublishSharedState"},
+       {"expert_counts"}, ""},
+      {"F14", "activation checkpointing", "RNG state not restored for recompute, with dropout > 0",
+       "harness/parallel/activation_checkpoint.cpp", "LlamaDropout", "llama_dropout",
+       {{"activation_checkpointing", true}}, {"ActivationCheckpointEquivalence.MatchesTheRunWithoutCheckpointing"},
+       {"grad_before_clip"}, ""},
+      {"F15", "optimizer layout", "optimizer built over the unsharded parameters (before sharding)",
+       "harness/training/trainer.cpp", "Llama", "llama", dp_shard2, {"OptimizerLayout.HoldsTheLiveShards"},
+       {"not a live sharded parameter"}, ""},
+      {"F16", "tied weights", "embedding and output head tied on one device but untied after sharding",
+       "reference_models/llama.cpp", "LlamaTied", "llama_tied", dp_shard2,
+       {"StateInvariants.AllHold", "Structure.DeclaredTiesAreOneParameter"}, {"tied", "lm_head"}, ""},
+      {"F17", "data parallel", "every DP rank reads the same micro-batch", "harness/training/trainer.cpp", "Llama", "llama",
+       dp_shard2, {"InputIdentity.SameGlobalBatchAsReference"}, {"input_ids"}, ""},
+      {"F18", "multimodal", "pixel_values dropped before the forward call", "reference_models/vlm.cpp", "Vlm", "vlm",
+       dp_shard2, {"DataContract.ForwardFieldsReachTheModel"}, {"pixel_values"}, ""},
+      {"F19", "multimodal", "vision features detached before the projector, vision tower gets no gradient",
+       "reference_models/vlm.cpp", "Vlm", "vlm", dp_shard2, {"ModalityGradients"}, {"vision_tower\\."}, ""},
+      {"F20", "MoE", "load-balancing aux loss summed instead of averaged over DP ranks", "reference_models/llama.cpp",
+       "Moe", "moe", dp_shard2, {"NumericParity.WatchedTensorsMatchReferenceAtEveryStage"}, {R"(mlp\.router)"}, ""},
+      {"F21", "sequence layout", "causal mask built in local instead of global coordinates under CP",
+       "harness/parallel/context_parallel.cpp", "Llama", "llama", cp2zz, {"NumericParity.LossMatchesReference"},
+       {"loss"}, ""},
+      {"F22", "loss normalization (micro-batches)",
+       "each micro-batch's loss divided by its own valid-token count, then averaged over the micro-batches",
+       "harness/training/trainer.cpp", "Llama", "llama", {{"dp_shard", 2}, {"micro_batches", 2}},
+       {"NumericParity.LossMatchesReference"}, {"loss"},
+       "huggingface/blog#2414 (transformers' gradient accumulation fix, Oct 2024), meta-pytorch/torchtune#1875, "
+       "karpathy/nanochat#59"},
+  };
+  return catalog;
+}
+
+}  // namespace mih::cases

@@ -1,0 +1,54 @@
+// A case's evidence, launched once per evidence root and memoized (DESIGN.md section 3): the
+// first test that needs a case (or its reference, or a resume's uninterrupted twin) launches
+// it under a file lock; later ones, in this process or another sharing the evidence root
+// (ctest runs one process per case), read its evidence. In verify-only mode nothing is
+// launched: the evidence was produced elsewhere (torchrun/srun on a GPU cluster). Torch-free.
+#pragma once
+
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+
+#include "harness/base/error.h"
+#include "harness/cases/registrations.h"
+
+namespace mih::cases {
+
+/// One case of one registration: the parameter of every conformance TEST_P.
+struct CaseParam {
+  std::string prefix, spec, matrix, training_backend, case_name;
+};
+/// GoogleTest: "llama/DpShard2".
+void PrintTo(const CaseParam& p, std::ostream* os);
+
+/// How a case's launch (or its verify-only evidence) ended.
+struct CaseOutcome {
+  std::filesystem::path evidence;
+  std::string outcome;  ///< "ran", "failed", "transport_failure", "verify_only"
+  std::string error;
+  Code code = Code::kOk;
+  double seconds = 0;
+  bool launched_here = false;
+};
+
+/// The case's evidence: launched (under the case lock) unless this evidence root already
+/// holds a run of it with the same fingerprint (binary, matrix, training backend, fault).
+/// Throws: mih::Error{kInvalidSpec} for an unknown spec, matrix or case;
+///   kFailedPrecondition when verify-only evidence is missing or belongs to another case.
+const CaseOutcome& ensure_case(const CaseParam& p);
+
+/// The resolved case `p` names (from resolved_matrix). Throws: as CaseMatrix::at.
+const spec::Case& case_of(const CaseParam& p);
+
+/// Records an error that is not a verdict (bad evidence, a case that could not run) for the
+/// run's exit status.
+void note_error(Code code);
+/// The run's exit status given GoogleTest's result `gtest_rc`: infrastructure (a case that
+/// did not complete) first, then bad input or evidence, then 1 for a failed test, else 0.
+int run_exit_status(int gtest_rc);
+/// Cases launched by this process.
+int cases_launched();
+/// "[mih   12.3s] line" on stderr when RunOptions::progress.
+void progress(const std::string& line);
+
+}  // namespace mih::cases

@@ -1,0 +1,72 @@
+// Registrations, run options and resolved matrices (see registrations.h).
+#include "harness/cases/registrations.h"
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+namespace mih::cases {
+namespace {
+
+std::vector<Registration>& registry() {
+  static std::vector<Registration> r;
+  return r;
+}
+
+std::vector<std::string>& duplicates() {
+  static std::vector<std::string> d;
+  return d;
+}
+
+}  // namespace
+
+bool add_registration(Registration r) {
+  for (const auto& x : registry()) {
+    if (x.prefix == r.prefix) {
+      std::fprintf(stderr, "mih: MIH_CONFORMANCE_SUITES prefix '%s' is registered twice (specs '%s' and '%s')\n",
+                   r.prefix.c_str(), x.spec.c_str(), r.spec.c_str());
+      duplicates().push_back(r.prefix);
+      return false;
+    }
+  }
+  registry().push_back(std::move(r));
+  return true;
+}
+
+const std::vector<Registration>& registrations() { return registry(); }
+
+const std::vector<std::string>& duplicate_prefixes() { return duplicates(); }
+
+const Registration* find_registration(const std::string& prefix) {
+  for (const auto& r : registry()) {
+    if (r.prefix == prefix) return &r;
+  }
+  return nullptr;
+}
+
+RunOptions& run_options() {
+  static RunOptions o;
+  return o;
+}
+
+bool selected(const Registration& r) {
+  const RunOptions& o = run_options();
+  const bool named = o.prefixes.count(r.prefix) > 0;
+  return (o.only_spec.empty() || o.only_spec == r.spec) && (named || (o.prefixes.empty() && !r.on_request));
+}
+
+std::string matrix_of(const Registration& r) { return run_options().matrix.empty() ? r.matrix : run_options().matrix; }
+
+const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std::string& source) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, std::string>, spec::CaseMatrix> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(spec_name, source);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, spec::resolve_matrix_source(spec::SpecRegistry::instance().get(spec_name), source)).first;
+  }
+  return it->second;
+}
+
+}  // namespace mih::cases

@@ -1,0 +1,74 @@
+// The conformance registrations of a binary and the options of its run: one Registration per
+// MIH_CONFORMANCE_SUITES line (suites/conformance.h), the run's options (set once by the
+// `mih test` / `mih check` command line, harness/cli), and each registration's case matrix,
+// resolved once per process from the spec and the matrix source (a preset or a JSON file).
+// Torch-free.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/spec/case_matrix.h"
+
+namespace mih::cases {
+
+/// One MIH_CONFORMANCE_SUITES line.
+struct Registration {
+  std::string prefix;            ///< GoogleTest instantiation prefix ("Llama")
+  std::string spec;              ///< registered spec name
+  std::string matrix;            ///< preset or JSON matrix file
+  std::string training_backend;  ///< TrainingBackend name ("trainer")
+  /// Instantiated only when the run names it (RunOptions::prefixes): a spec variant of the
+  /// fault catalog.
+  bool on_request = false;
+};
+
+/// Adds a registration (from the static initializer of MIH_CONFORMANCE_SUITES). Returns false,
+/// after printing why, when the prefix is taken (the binary then refuses to run its tests).
+bool add_registration(Registration r);
+const std::vector<Registration>& registrations();
+/// The registration `prefix`, or null.
+const Registration* find_registration(const std::string& prefix);
+/// The prefixes registered twice (a binary with any refuses to run: exit 11).
+const std::vector<std::string>& duplicate_prefixes();
+
+/// What one conformance run does; set by the command line before any test runs.
+struct RunOptions {
+  /// Where every case's evidence goes: <evidence_root>/<spec>/<case>/, results.jsonl.
+  std::filesystem::path evidence_root;
+  /// Overrides every registration's matrix when not empty.
+  std::string matrix;
+  /// Assert on evidence produced elsewhere; launch nothing.
+  bool verify_only = false;
+  /// How long one case may take (all its launches), then every rank is stopped.
+  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// Progress lines on stderr.
+  bool progress = true;
+  /// Only this spec's cases (mih check of one case directory).
+  std::string only_spec;
+  /// Only these registrations (a binary that links more specs than it tests); an on-request
+  /// registration runs only when named here.
+  std::set<std::string> prefixes;
+  /// Fault injection (the fault catalog, `mih faults`): the cases in fault_cases run with
+  /// MIH_FAULT=<fault> in their rank processes; every other case runs fault-free.
+  std::string fault;
+  std::set<std::string> fault_cases;
+  /// Set by the runner when the run's tests are instantiated (a harness test binary that
+  /// links the specs without running them instantiates nothing).
+  bool enabled = false;
+};
+RunOptions& run_options();
+
+/// Whether the run instantiates `r`'s tests (only_spec, prefixes, on_request).
+bool selected(const Registration& r);
+/// The matrix source `r` runs (RunOptions::matrix when set).
+std::string matrix_of(const Registration& r);
+/// The case matrix of `spec` from `source`, resolved on first use and kept for the process:
+/// every later question about a case (its config, compare_to, kind) reads this one value.
+/// Throws: as spec::resolve_matrix_source.
+const spec::CaseMatrix& resolved_matrix(const std::string& spec, const std::string& source);
+
+}  // namespace mih::cases

@@ -1,0 +1,368 @@
+// `mih test`, `mih check` and `mih faults`, and the main() of every conformance binary: the
+// conformance run's own flags (CLI11; --gtest_* flags go to GoogleTest), the results writer
+// (results.jsonl), the ctest case list with its labels from the suite table, and the run's
+// exit status.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/fault.h"
+#include "harness/base/files.h"
+#include "harness/cases/faults.h"
+#include "harness/cases/memo.h"
+#include "harness/cases/registrations.h"
+#include "harness/cli/cli.h"
+#include "harness/cli/commands.h"
+#include "harness/compare/verdicts.h"
+#include "harness/runtime/cli_support.h"
+#include "harness/runtime/worker.h"
+#include "harness/session/backend.h"
+#include "suites/suite_table.h"
+
+namespace mih {
+namespace cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using cases::run_options;
+
+json read_json_file(const fs::path& file) {
+  std::string text;
+  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read ", file.string());
+  return json::parse(text);
+}
+
+// Appends one line per finished test to <root>/results.jsonl (whole-line O_APPEND writes:
+// several processes of one ctest run share the file).
+class ResultsWriter : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    const std::string suite_full = info.test_suite_name(), name_full = info.name();
+    const auto slash = suite_full.find('/');
+    if (slash == std::string::npos) return;
+    const cases::Registration* r = cases::find_registration(suite_full.substr(0, slash));
+    if (!r) return;
+    const auto pslash = name_full.rfind('/');
+    const std::string case_name = pslash == std::string::npos ? "" : name_full.substr(pslash + 1);
+    const auto* result = info.result();
+    std::string status = result->Skipped() ? "skipped" : result->Failed() ? "failed" : "passed";
+    std::string message;
+    for (int i = 0; i < result->total_part_count(); ++i) {
+      const auto& part = result->GetTestPartResult(i);
+      if (part.failed() || part.skipped()) message += (message.empty() ? "" : "\n") + std::string(part.message());
+    }
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const json line = {{"name", suite_full + "." + name_full},
+                       {"spec", r->spec},
+                       {"case", case_name},
+                       {"suite", suite_full.substr(slash + 1)},
+                       {"test", pslash == std::string::npos ? name_full : name_full.substr(0, pslash)},
+                       {"status", status},
+                       {"message", message},
+                       {"seconds", static_cast<double>(result->elapsed_time()) / 1000.0},
+                       {"evidence", r->spec + "/" + case_name},
+                       {"time", stamp}};
+    const std::string text = line.dump() + "\n";
+    const fs::path file = run_options().evidence_root / "results.jsonl";
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+      std::fprintf(stderr, "mih: cannot append to %s: %s\n", file.c_str(), std::strerror(errno));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::string run_id() {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return std::string(stamp) + "-" + std::to_string(::getpid());
+}
+
+// `mih check <dir>`: a case directory (<root>/<spec>/<case>) or a run root.
+std::vector<std::string> check_arguments(const fs::path& target, std::string* filter) {
+  MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
+                 " is not a directory; give a case's evidence directory (<root>/<spec>/<case>) or a run root");
+  std::vector<std::string> args = {"--verify-only"};
+  if (fs::exists(target / "environment.json") && fs::exists(target / "spec.resolved.json")) {
+    const verdicts::CaseEvidence ev(target);
+    const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
+    const fs::path root = fs::absolute(target).parent_path().parent_path();
+    args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
+    if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
+    // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
+    std::string prefixes;
+    for (const auto& r : cases::registrations()) {
+      if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
+    }
+    if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
+    *filter = "*/*.*/" + ev.case_info().value("name", "");
+  } else {
+    args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
+    if (fs::exists(target / "run.json")) {
+      const json run = read_json_file(target / "run.json");
+      if (!run.value("matrix", "").empty()) args.insert(args.end(), {"--matrix", run.value("matrix", "")});
+    }
+    // Only the specs with evidence under this root.
+    std::string specs, prefixes;
+    for (const auto& r : cases::registrations()) {
+      if (!fs::is_directory(target / r.spec)) continue;
+      specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
+      prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
+    }
+    MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
+                   " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
+    args.insert(args.end(), {"--prefixes", prefixes});
+    *filter = specs;
+  }
+  return args;
+}
+
+// For ctest registration (cmake/MihConformance.cmake): one line per case of every selected
+// registration, "<prefix> <spec> <case> <label,label,...>". Labels: conformance, the spec, the
+// case's group, its mesh axes of degree > 1 and knobs (sp, ac, mb), and the suites the suite
+// table applies to it.
+void print_cases() {
+  for (const auto& r : cases::registrations()) {
+    if (!cases::selected(r)) continue;
+    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(r.spec);
+    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
+    const auto backend = TrainingBackendRegistry::instance().make(r.training_backend);
+    for (const auto& c : m.cases) {
+      if (!backend->unsupported(c.config, c.save_config.has_value()).empty()) continue;
+      const ParallelConfig& k = c.config;
+      std::vector<std::string> labels = {"conformance", r.spec, c.group};
+      for (const auto& d : kMeshDims) {
+        if (k.*d.degree > 1) labels.emplace_back(d.name);
+      }
+      if (k.sequence_parallel) labels.push_back("sp");
+      if (k.activation_checkpointing) labels.push_back("ac");
+      if (k.micro_batches > 1) labels.push_back("mb");
+      for (const auto& row : conformance::suite_table()) {
+        if (row.applies({s, c})) labels.push_back(row.name);
+      }
+      std::string joined;
+      for (const auto& l : labels) joined += (joined.empty() ? "" : ",") + l;
+      std::printf("%s %s %s %s\n", r.prefix.c_str(), r.spec.c_str(), c.name.c_str(), joined.c_str());
+    }
+  }
+}
+
+// The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
+// --gtest_* flag and is a usage error otherwise.
+struct RunFlags {
+  std::string evidence_root, matrix, only_spec, fault;
+  std::vector<std::string> prefixes, fault_cases;
+  bool verify_only = false, no_progress = false, list_cases = false;
+  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+};
+
+// Parses `args` into the run options; returns the GoogleTest flags, or the exit status of a
+// usage error or --help.
+std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<std::string>& args, RunFlags* f) {
+  CLI::App app{"Runs the conformance suites of the specs linked into this binary: each case launched once "
+               "(its ranks as processes), every suite asserting on its evidence; --gtest_* flags go to "
+               "GoogleTest. Exit status: see the footer.",
+               "mih test"};
+  app.footer(exit_status_legend());
+  app.add_option("--evidence-root", f->evidence_root,
+                 "where the run's evidence goes (default: build/mih-evidence/<run id>, or MIH_EVIDENCE_ROOT)");
+  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-full) or JSON matrix file; overrides every spec's");
+  app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
+  add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
+  app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
+  app.add_option("--only-spec", f->only_spec, "only this spec's cases");
+  app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
+  app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F22) the --fault-cases run with");
+  app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
+  app.allow_extras(true);
+  std::vector<std::string> argv_s = {"mih test"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  std::vector<std::string> gtest;
+  for (const auto& extra : app.remaining()) {
+    if (extra.rfind("--gtest_", 0) != 0) {
+      std::fprintf(stderr,
+                   "mih test: unknown option '%s'; the options are listed by `mih test --help`, and GoogleTest's "
+                   "are --gtest_* (e.g. --gtest_filter='Llama/*.*/Tp2Sp')\n",
+                   extra.c_str());
+      return 2;
+    }
+    gtest.push_back(extra);
+  }
+  return gtest;
+}
+
+int run_tests(const std::vector<std::string>& args) {
+  RunFlags f;
+  auto parsed = parse_run_flags(args, &f);
+  if (const int* status = std::get_if<int>(&parsed)) return *status;
+  const std::vector<std::string> gtest_flags = std::get<std::vector<std::string>>(parsed);
+  MIH_CHECK(cases::duplicate_prefixes().empty(), "MIH_CONFORMANCE_SUITES prefix '", cases::duplicate_prefixes().front(),
+            "' is registered twice; give each registration its own prefix");
+  cases::RunOptions& o = run_options();
+  o.evidence_root = f.evidence_root;
+  o.matrix = f.matrix;
+  o.verify_only = f.verify_only;
+  o.case_timeout = f.case_timeout;
+  o.progress = !f.no_progress;
+  o.only_spec = f.only_spec;
+  for (const auto& x : f.prefixes) {
+    MIH_CHECK(cases::find_registration(x) != nullptr, "--prefixes: no MIH_CONFORMANCE_SUITES registration '", x,
+              "' is linked");
+    o.prefixes.insert(x);
+  }
+  if (!f.fault.empty()) o.fault = fault::name(fault::parse(f.fault));
+  o.fault_cases.insert(f.fault_cases.begin(), f.fault_cases.end());
+  if (f.list_cases) {
+    print_cases();
+    return 0;
+  }
+  MIH_CHECK(o.fault.empty() == o.fault_cases.empty(),
+            "--fault and --fault-cases go together: the fault, and the cases that run with it (the others, the "
+            "reference first, run fault-free)");
+  if (o.evidence_root.empty()) {
+    const char* env = std::getenv("MIH_EVIDENCE_ROOT");
+    o.evidence_root = env && *env ? fs::path(env) : fs::path("build/mih-evidence") / run_id();
+  }
+  o.evidence_root = fs::absolute(o.evidence_root);
+  bool listing = false;
+  for (const auto& a : gtest_flags) listing = listing || a.rfind("--gtest_list_tests", 0) == 0;
+  if (listing) {
+  } else if (o.verify_only) {
+    MIH_CHECK_CODE(fs::is_directory(o.evidence_root), Code::kFailedPrecondition, "--verify-only: evidence root ",
+                   o.evidence_root.string(), " does not exist");
+  } else {
+    fs::create_directories(o.evidence_root);
+  }
+  // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
+  // 11) before any test runs, not 160 failing tests.
+  for (const auto& r : cases::registrations()) {
+    if (cases::selected(r)) (void)cases::resolved_matrix(r.spec, cases::matrix_of(r));
+  }
+  o.enabled = true;
+  std::vector<std::string> gargs = {"mih"};
+  gargs.insert(gargs.end(), gtest_flags.begin(), gtest_flags.end());
+  std::vector<char*> gargv;
+  for (auto& a : gargs) gargv.push_back(a.data());
+  int gargc = static_cast<int>(gargv.size());
+  ::testing::InitGoogleTest(&gargc, gargv.data());
+  ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
+  if (::testing::UnitTest::GetInstance()->total_test_count() == 0) {
+    std::fprintf(stderr, "mih: no conformance test is linked (MIH_CONFORMANCE_SUITES in a spec file of an OBJECT library)\n");
+    return 1;
+  }
+  if (!o.verify_only && !listing) {
+    json regs = json::array();
+    for (const auto& r : cases::registrations()) {
+      regs.push_back({{"prefix", r.prefix},
+                      {"spec", r.spec},
+                      {"matrix", cases::matrix_of(r)},
+                      {"training_backend", r.training_backend}});
+    }
+    std::ofstream(o.evidence_root / "run.json") << json({{"matrix", o.matrix}, {"registrations", regs}}).dump(2);
+  }
+  cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
+  if (listing) return RUN_ALL_TESTS();
+  const int rc = RUN_ALL_TESTS();
+  cases::progress(std::to_string(cases::cases_launched()) + " case(s) launched; results in " +
+                  (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
+                  " --format md` for the table");
+  return cases::run_exit_status(rc);
+}
+
+}  // namespace
+
+int run_conformance_tests(const std::vector<std::string>& args) {
+  std::vector<std::string> all;
+  if (!args.empty() && args[0] == "--check") {
+    MIH_CHECK(args.size() >= 2, "mih check needs an evidence directory");
+    std::string filter;
+    for (auto& a : check_arguments(args[1], &filter)) all.push_back(a);
+    for (size_t i = 2; i < args.size(); ++i) all.push_back(args[i]);
+    all.push_back("--gtest_filter=" + filter);
+  } else {
+    all = args;
+  }
+  return run_tests(all);
+}
+
+CommandRun setup_test(CLI::App& sub, const Invocation&) {
+  return [&sub] { return run_conformance_tests(sub.remaining()); };
+}
+
+CommandRun setup_check(CLI::App& sub, const Invocation&) {
+  return [&sub] {
+    const std::vector<std::string> rest = sub.remaining();
+    if (rest.empty() || rest[0].rfind("-", 0) == 0) {
+      std::fprintf(stderr, "mih check: give the evidence to check first: a case directory or a run root\n");
+      return 2;
+    }
+    std::vector<std::string> args = {"--check"};
+    args.insert(args.end(), rest.begin(), rest.end());
+    return run_conformance_tests(args);
+  };
+}
+
+CommandRun setup_faults(CLI::App& sub, const Invocation&) {
+  auto o = std::make_shared<cases::FaultsOptions>();
+  auto quiet = std::make_shared<bool>(false);
+  sub.add_option("--fault", o->only, "only these faults (F01 ... F22; repeat or comma-separate)")->delimiter(',');
+  sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
+  sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault")->capture_default_str();
+  add_seconds(sub, "--case-timeout", o->case_timeout, "how long one case may take");
+  sub.add_flag("--list", o->list, "print the catalog and exit");
+  sub.add_flag("--no-progress", *quiet, "no progress lines on stderr");
+  return [o, quiet] {
+    o->progress = !*quiet;
+    return cases::run_faults(*o);
+  };
+}
+
+}  // namespace cli
+
+int conformance_main(int argc, char** argv, bool tests_by_default) {
+  if (argc > 1 && std::strcmp(argv[1], "worker") == 0) return worker_main(argc - 1, argv + 1);
+  // A subcommand, --help or --version is the CLI; a conformance or GoogleTest flag runs the
+  // suites; no argument runs them in a conformance binary and prints the help in `mih`.
+  bool tests = tests_by_default;
+  if (argc > 1) {
+    const std::string a = argv[1];
+    tests = a[0] == '-' && a != "--help" && a != "-h" && a != "--version";
+  }
+  if (!tests) return cli_main(argc, argv);
+  try {
+    return cli::run_conformance_tests(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
+    return exit_status(e.code());
+  }
+}
+
+}  // namespace mih

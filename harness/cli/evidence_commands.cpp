@@ -1,0 +1,169 @@
+// The commands over specs, matrices and evidence: `mih list`, `mih matrix`, `mih run` (one
+// case), `mih compare`, `mih report` and `mih export`.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/cases/case_runner.h"
+#include "harness/cli/commands.h"
+#include "harness/compare/compare.h"
+#include "harness/evidence/report.h"
+#include "harness/runtime/cli_support.h"
+#include "harness/spec/case_matrix.h"
+#include "reference_models/export_command.h"
+
+namespace mih::cli {
+namespace {
+
+// The case `name` of `matrix`; a case the matrix rejected is named with the reason.
+const spec::Case& case_named(const spec::CaseMatrix& matrix, const std::string& name) {
+  for (const auto& r : matrix.rejected) {
+    MIH_CHECK(r.name != name, "case '", name, "' of matrix '", matrix.name, "' cannot run spec '", matrix.spec,
+              "': ", r.reason, " (`mih matrix --spec ", matrix.spec, " --matrix ", matrix.name, "` lists the cases)");
+  }
+  return matrix.at(name);
+}
+
+}  // namespace
+
+CommandRun setup_export(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::string model = "llama", dtype = "float32";
+    std::filesystem::path out, corpus = "/usr/share/common-licenses";
+    int64_t seq = 64, batch = 2;
+    uint64_t seed = 0;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("--spec", f->model, "reference model: llama, moe or vlm")->capture_default_str();
+  sub.add_option("--out", f->out, "output directory (created)")->required();
+  sub.add_option("--corpus", f->corpus, "text corpus directory")->capture_default_str();
+  sub.add_option("--seq", f->seq, "sequence length")->check(at_least(1))->capture_default_str();
+  sub.add_option("--batch", f->batch, "global batch")->check(at_least(1))->capture_default_str();
+  sub.add_option("--dtype", f->dtype, "float32 or float64")->capture_default_str();
+  sub.add_option("--seed", f->seed, "parameter init and data seed")->capture_default_str();
+  return [f] { return models::export_command(f->model, f->out, f->corpus, f->seq, f->batch, f->dtype, f->seed); };
+}
+
+CommandRun setup_matrix(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::string spec = "llama", source = "cpu-smoke";
+    bool as_json = false;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->capture_default_str();
+  sub.add_option("--preset,--matrix", f->source, "preset (cpu-smoke, cpu-full) or JSON matrix file")
+      ->capture_default_str();
+  sub.add_flag("--json", f->as_json, "print the resolved matrix as JSON");
+  return [f] {
+    const spec::CaseMatrix m = spec::resolve_matrix_source(spec::SpecRegistry::instance().get(f->spec), f->source);
+    std::printf("%s", f->as_json ? (m.to_json().dump(2) + "\n").c_str() : m.table().c_str());
+    return 0;
+  };
+}
+
+CommandRun setup_list(CLI::App&, const Invocation&) {
+  return [] {
+    std::printf("specs:\n");
+    for (const auto& name : spec::SpecRegistry::instance().names()) {
+      std::printf("  %-10s %s\n", name.c_str(), spec::SpecRegistry::instance().get(name).description.c_str());
+    }
+    std::printf("presets:\n");
+    for (const auto& name : spec::preset_names()) std::printf("  %s\n", name.c_str());
+    return 0;
+  };
+}
+
+CommandRun setup_compare(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::filesystem::path reference, candidate;
+    CompareOptions options;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("reference", f->reference, "reference evidence directory")->required();
+  sub.add_option("candidate", f->candidate, "evidence directory to check")->required();
+  sub.add_option("--tolerance", f->options.tolerance, "relative tolerance")->capture_default_str();
+  sub.add_option("--from-step", f->options.first_step, "compare steps from this one (a resume)")->capture_default_str();
+  return [f] {
+    const Comparison c = compare_evidence(f->reference, f->candidate, f->options);
+    std::printf("%s\n", c.summary().c_str());
+    return c.passed() ? 0 : 1;
+  };
+}
+
+CommandRun setup_run(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::string spec, case_name, matrix = "cpu-smoke";
+    cases::CaseRunOptions options;
+    bool prepare = false;
+  };
+  auto f = std::make_shared<Flags>();
+  f->options.evidence_root = "build/mih-evidence/manual";
+  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
+  sub.add_option("--case", f->case_name, "case name (see `mih matrix`)")->required();
+  sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
+  sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case>")
+      ->capture_default_str();
+  add_seconds(sub, "--timeout", f->options.timeout, "how long the whole case may take", 1.0);
+  sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
+      ->capture_default_str();
+  sub.add_option("--fault", f->options.fault,
+                 "inject a fault of the catalog (F01-F22, docs/fault-catalog.md) in the case's ranks (MIH_FAULT)");
+  sub.add_flag("--prepare", f->prepare,
+               "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
+               "external launcher (torchrun, srun, mpirun)");
+  return [f] {
+    // The matrix is resolved here, once; the ranks read the case from run/case.json.
+    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
+    const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
+    f->options.matrix = f->matrix;
+    if (f->prepare) {
+      const spec::Case& c = case_named(matrix, f->case_name);
+      const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
+      std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / "run/case.json").c_str());
+      for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
+        const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
+        std::printf("%s (%d rank%s): mih worker --run-dir %s --pg-backend %s case --evidence %s --phase %s\n", phase, n,
+                    n == 1 ? "" : "s", (dir / "run" / phase).c_str(), c.pg_backend.c_str(), dir.c_str(), phase);
+      }
+      return 0;
+    }
+    const cases::CaseRunResult r = cases::run_case(s, case_named(matrix, f->case_name), f->options);
+    std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
+                r.state.c_str(), r.seconds, r.evidence.c_str());
+    if (r.outcome == "transport_failure") {
+      std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
+      return exit_status(r.code == Code::kOk ? Code::kAborted : r.code);
+    }
+    if (!r.error.empty()) std::fprintf(stderr, "mih: the case FAILED: %s\n", r.error.c_str());
+    return r.state == "FAILED" ? 1 : 0;
+  };
+}
+
+CommandRun setup_report(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::string root, format = "md", out;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("root", f->root, "run root (holds results.jsonl)")->required();
+  sub.add_option("--format", f->format, "md, junit or html")->capture_default_str();
+  sub.add_option("-o,--output", f->out, "file to write (default: standard output)");
+  return [f] {
+    const std::string text = render_report(read_run_results(f->root), parse_report_format(f->format));
+    if (f->out.empty()) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      write_file_atomic(f->out, text);
+      std::printf("report: %s\n", f->out.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace mih::cli

@@ -1,0 +1,34 @@
+// The ActivationCheckpointEquivalence suite (suites/suite_table.h): recomputing in backward changes nothing.
+#include "suites/conformance.h"
+
+namespace mih::conformance {
+
+using verdicts::Quantity;
+using verdicts::no_error_findings;
+
+bool ActivationCheckpointEquivalence::applies([[maybe_unused]] const SuiteContext& s) {
+  return s.c.config.activation_checkpointing;
+}
+const char* ActivationCheckpointEquivalence::where() { return "cases with activation checkpointing"; }
+
+TEST_P(ActivationCheckpointEquivalence, RegionsRecomputed) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(verdicts::activation_checkpoint_enabled(*ev));
+}
+TEST_P(ActivationCheckpointEquivalence, MatchesTheRunWithoutCheckpointing) {
+  MIH_CASE_EVIDENCE(ev);
+  std::string twin = without_activation_checkpointing();
+  if (twin.empty()) twin = resolved_case().compare_to;
+  const verdicts::CaseEvidence* base = other(twin);
+  if (!base) return;
+  // The gradients first: a recompute that differs from the forward shows there, one step
+  // before the loss moves.
+  MIH_ASSERT_VERDICT(verdicts::parity(*base, *ev, Quantity::kTensors, verdicts::case_tolerance(*ev)));
+  MIH_ASSERT_VERDICT(verdicts::parity(*base, *ev, Quantity::kLoss, verdicts::case_tolerance(*ev)));
+}
+TEST_P(ActivationCheckpointEquivalence, RecomputeDoesNotRepublishSharedState) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kSharedTwice}));
+}
+
+}  // namespace mih::conformance

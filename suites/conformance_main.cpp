@@ -1,6 +1,0 @@
-// The main() of a conformance binary made by mih_add_conformance_suite: no argument runs the
-// suites; `worker` runs a rank; a mih subcommand (list, matrix, run, check, report...) runs
-// the CLI. See suites/conformance.h.
-#include "suites/conformance.h"
-
-int main(int argc, char** argv) { return mih::conformance::conformance_main(argc, argv, /*tests_by_default=*/true); }

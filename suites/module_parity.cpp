@@ -1,0 +1,16 @@
+// The ModuleParity suite (suites/suite_table.h): candidate modules against independent implementations (run with the reference).
+#include "suites/conformance.h"
+
+namespace mih::conformance {
+
+bool ModuleParity::applies([[maybe_unused]] const SuiteContext& s) {
+  return s.c.kind == spec::CaseKind::kReference && !s.spec.parity_cases.empty();
+}
+const char* ModuleParity::where() { return "the reference case of a spec that declares module parity cases"; }
+
+TEST_P(ModuleParity, CandidatesMatchIndependentImplementations) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(verdicts::module_parity(*ev));
+}
+
+}  // namespace mih::conformance

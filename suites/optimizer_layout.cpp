@@ -1,0 +1,34 @@
+// The OptimizerLayout suite (suites/suite_table.h): the optimizer holds the live shards, at attach, before every step, after a load.
+#include "suites/conformance.h"
+
+namespace mih::conformance {
+
+using verdicts::no_error_findings;
+
+bool OptimizerLayout::applies([[maybe_unused]] const SuiteContext& s) {
+  return true;
+}
+const char* OptimizerLayout::where() { return "every case"; }
+
+TEST_P(OptimizerLayout, HoldsTheLiveShards) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimNotLive}));
+}
+TEST_P(OptimizerLayout, EveryTrainableParameterInExactlyOneGroup) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimTwoGroups, codes::kOptimMissing}));
+}
+TEST_P(OptimizerLayout, NoFrozenParameter) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimFrozen}));
+}
+TEST_P(OptimizerLayout, WeightDecayAsDeclared) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimWeightDecay}));
+}
+TEST_P(OptimizerLayout, StateShapesMatchLocalShards) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimStateShape}));
+}
+
+}  // namespace mih::conformance

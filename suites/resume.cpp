@@ -1,0 +1,27 @@
+// The Resume suite (suites/suite_table.h): the steps after the load equal the uninterrupted run.
+#include "suites/conformance.h"
+
+namespace mih::conformance {
+
+using verdicts::Quantity;
+
+bool Resume::applies([[maybe_unused]] const SuiteContext& s) {
+  return s.c.save_config.has_value();
+}
+const char* Resume::where() { return "resume and cross-topology resume cases"; }
+
+TEST_P(Resume, StepCountContinues) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(verdicts::resume_continues_step_count(*ev));
+}
+TEST_P(Resume, StepsAfterLoadMatchUninterruptedRun) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_COMPARED_EVIDENCE(twin);
+  const int64_t at = resolved_case().resume_at;
+  const double tolerance = verdicts::case_tolerance(*ev);
+  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kLoss, tolerance, at));
+  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kGradNorms, tolerance, at));
+  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kTensors, tolerance, at));
+}
+
+}  // namespace mih::conformance

@@ -1,0 +1,64 @@
+// The suite table: every conformance suite, once, with where it applies. The table drives the
+// instantiation (a suite is instantiated only on the cases it applies to, so a run has no
+// skipped test) and the ctest labels of each case (cmake/MihConformance.cmake).
+//
+// How to add a suite: write suites/<snake_name>.cpp with
+//
+//   bool MySuite::applies(const SuiteContext& s) { return s.c.config.tp > 1; }
+//   const char* MySuite::where() { return "cases with tp > 1"; }
+//   TEST_P(MySuite, SomethingHolds) {
+//     MIH_CASE_EVIDENCE(ev);
+//     MIH_ASSERT_VERDICT(verdicts::no_error_findings(*ev, {codes::kMyCode}));
+//   }
+//
+// add it to suites/CMakeLists.txt and add `X(arg, MySuite)` to MIH_SUITES below. Every TEST_P of a
+// suite runs on the same cases: a test that applies elsewhere belongs to another suite.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/spec/case_matrix.h"
+#include "harness/spec/model_spec.h"
+
+/// The suites, in report order: X(arg, Name) per suite (`arg` is passed through).
+#define MIH_SUITES(X, arg) \
+  X(arg, Structure) \
+  X(arg, FsdpUnits) \
+  X(arg, OptimizerLayout) \
+  X(arg, DataContract) \
+  X(arg, InputIdentity) \
+  X(arg, CheckpointCoverage) \
+  X(arg, CheckpointRoundTrip) \
+  X(arg, Resume) \
+  X(arg, SharedState) \
+  X(arg, ModalityGradients) \
+  X(arg, StateInvariants) \
+  X(arg, ModuleParity) \
+  X(arg, NumericParity) \
+  X(arg, ReplicaConsistency) \
+  X(arg, ActivationCheckpointEquivalence) \
+  X(arg, CommVolume)
+
+namespace mih::conformance {
+
+/// What a suite's applies() decides on: the spec and one resolved case of its matrix.
+struct SuiteContext {
+  const spec::ModelSpec& spec;
+  const spec::Case& c;
+};
+
+struct SuiteRow {
+  std::string name;
+  /// Whether the suite has something to check on this case of this spec.
+  bool (*applies)(const SuiteContext&);
+  /// Where it applies, in words ("cases with dp_shard > 1").
+  const char* (*where)();
+};
+
+/// Every suite of MIH_SUITES, in order.
+const std::vector<SuiteRow>& suite_table();
+/// The row of `name`. Throws: mih::Error{kInternal} for a name not in the table.
+const SuiteRow& suite_row(const std::string& name);
+
+}  // namespace mih::conformance
