@@ -1,6 +1,6 @@
 // The catalog of reference models by name (llama, moe, vlm): how to build each, its data,
 // the Trainer options its fields need, and its checkpoint key map to the Hugging Face names of
-// the same architecture. What `mih export` and (later) the specs in specs/ start from.
+// the same architecture. What `mih export` and the specs in specs/ start from.
 #pragma once
 
 #include <cstdint>

@@ -164,6 +164,37 @@ void print_cases() {
   }
 }
 
+// ": rejected Tp4 (tp=4 does not divide 2 ...)" for each rejected case of `m`.
+std::string rejected_list(const spec::CaseMatrix& m) {
+  std::string out;
+  for (const auto& r : m.rejected) out += (out.empty() ? "; rejected: " : "; ") + r.name + " (" + r.reason + ")";
+  return out;
+}
+
+// " (--gtest_filter=...)" when the flags hold a filter.
+std::string filter_text(const std::vector<std::string>& gtest_flags) {
+  for (const auto& f : gtest_flags) {
+    if (f.rfind("--gtest_filter=", 0) == 0) return " (" + f + ")";
+  }
+  return "";
+}
+
+// The registrations of the run with their cases and rejected cases, for a run that selected
+// nothing: "  Llama (spec llama, matrix cpu-smoke): Reference, DpShard2, ...".
+std::string what_exists() {
+  std::string out;
+  for (const auto& r : cases::registrations()) {
+    if (!cases::selected(r)) continue;
+    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
+    std::string names;
+    for (const auto& c : m.cases) names += (names.empty() ? "" : ", ") + c.name;
+    out += "  " + r.prefix + " (spec " + r.spec + ", matrix " + cases::matrix_of(r) + "): " + names + "\n";
+    for (const auto& rej : m.rejected) out += "    rejected " + rej.name + ": " + rej.reason + "\n";
+  }
+  if (out.empty()) out = "  no registration is selected (--prefixes, --only-spec)\n";
+  return out + "  test names are <Prefix>/<Suite>.<Test>/<Case>, e.g. --gtest_filter='Llama/*.*/DpShard2'\n";
+}
+
 // The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
 // --gtest_* flag and is a usage error otherwise.
 struct RunFlags {
@@ -262,9 +293,16 @@ int run_tests(const std::vector<std::string>& args) {
     fs::create_directories(o.evidence_root);
   }
   // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
-  // 11) before any test runs, not 160 failing tests.
+  // 11) before any test runs, not 160 failing tests. A matrix with no runnable case is bad
+  // input too, and a rejected case is said, with its arithmetic, before anything launches.
   for (const auto& r : cases::registrations()) {
-    if (cases::selected(r)) (void)cases::resolved_matrix(r.spec, cases::matrix_of(r));
+    if (!cases::selected(r)) continue;
+    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
+    for (const auto& rejected : m.rejected) {
+      cases::progress(r.spec + "/" + rejected.name + ": not run, the spec cannot take it: " + rejected.reason);
+    }
+    MIH_CHECK(!m.cases.empty(), "matrix '", m.name, "' has no case spec '", r.spec, "' can run", rejected_list(m),
+              "; `mih matrix --spec ", r.spec, " --matrix ", cases::matrix_of(r), "` shows the arithmetic");
   }
   o.enabled = true;
   std::vector<std::string> gargs = {"mih"};
@@ -291,6 +329,13 @@ int run_tests(const std::vector<std::string>& args) {
   cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
   if (listing) return RUN_ALL_TESTS();
   const int rc = RUN_ALL_TESTS();
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+    // A run that checked nothing is an error, never a green.
+    std::fprintf(stderr, "mih: %s error: the run selected no test%s; what exists:\n%s",
+                 std::string(code_name(Code::kInvalidSpec)).c_str(), filter_text(gtest_flags).c_str(),
+                 what_exists().c_str());
+    return exit_status(Code::kInvalidSpec);
+  }
   cases::progress(std::to_string(cases::cases_launched()) + " case(s) launched; results in " +
                   (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
                   " --format md` for the table");

@@ -346,6 +346,34 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
 }
 
+// A run that checks nothing is an error that says what exists, never a green; a case the
+// spec's topology rejects is named with its arithmetic before anything launches.
+TEST(CliConformanceTest, NothingSelectedOrNothingRunnableIsAnError) {
+  const std::filesystem::path root = testing::temp_dir("cli_nothing");
+  const std::string r = " --no-progress --evidence-root " + (root / "ev").string();
+  CliRun none = mih("test" + r + " --gtest_filter='Nope/*'");
+  EXPECT_EQ(none.status, exit_status(Code::kInvalidSpec)) << none.output;
+  EXPECT_THAT(none.output, AllOf(HasSubstr("the run selected no test (--gtest_filter=Nope/*)"),
+                                 HasSubstr("Llama (spec llama, matrix cpu-smoke): Reference, DpShard2"),
+                                 HasSubstr("e.g. --gtest_filter='Llama/*.*/DpShard2'")));
+  const std::filesystem::path tp4 = root / "tp4.json";
+  write_file_atomic(tp4, R"({"name": "tp4", "dtype": "float64", "reference": false, "cases": [{"tp": 4}]})");
+  CliRun nothing = mih("test --prefixes Llama --matrix " + tp4.string() + r);
+  EXPECT_EQ(nothing.status, exit_status(Code::kInvalidSpec)) << nothing.output;
+  EXPECT_THAT(nothing.output, AllOf(HasSubstr("matrix 'tp4' has no case spec 'llama' can run; rejected: Tp4 (tp=4 does not "
+                                              "divide 2"),
+                                    HasSubstr("`mih matrix --spec llama --matrix")));
+  const std::filesystem::path with_ref = root / "tp4_ref.json";
+  write_file_atomic(with_ref, R"({"name": "tp4r", "dtype": "float64", "cases": [{"tp": 4}]})");
+  CliRun filtered = mih("test --prefixes Llama --matrix " + with_ref.string() + r + " --gtest_filter='Llama/*.*/Tp4'");
+  EXPECT_EQ(filtered.status, exit_status(Code::kInvalidSpec)) << filtered.output;
+  EXPECT_THAT(filtered.output, HasSubstr("rejected Tp4: tp=4 does not divide 2"));
+  CliRun run = mih("run --spec llama --case Tp4 --matrix " + with_ref.string() + " --evidence-root " + root.string());
+  EXPECT_EQ(run.status, exit_status(Code::kInvalidSpec)) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("case 'Tp4' of matrix 'tp4r' cannot run spec 'llama': tp=4 does not divide 2"));
+  EXPECT_FALSE(std::filesystem::exists(root / "llama")) << "nothing launched";
+}
+
 // The conformance runner end to end: one case's suites (its reference launched too), the
 // results, verify-only on the same root, the reports, and each kind of bad input with its
 // exit status.
