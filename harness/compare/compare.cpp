@@ -44,6 +44,7 @@ json Comparison::to_json() const {
   json d = json::array();
   for (const auto& x : divergences) {
     d.push_back({{"kind", x.kind},
+                 {"missing_from", x.missing_from.empty() ? json(nullptr) : json(x.missing_from)},
                  {"name", x.name},
                  {"step", x.step},
                  {"stage", x.stage},
@@ -75,24 +76,56 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   MIH_CHECK(!steps.empty(), "evidence ", candidate.string(), " and reference ", reference.string(),
             " have no step in common at or after step ", o.first_step);
 
+  // Both sides must hold the same quantities: what one side recorded and the other did not
+  // is a divergence naming the side that lacks it, never a silent skip.
+  auto missing_text = [](const std::string& side) {
+    return "recorded by the " + std::string(side == "candidate" ? "reference" : "candidate") + ", missing from the " +
+           side;
+  };
   auto add = [&](Divergence d) {
     d.tolerance = o.tolerance;
-    d.message = (d.kind == "input" ? "input field '" : d.kind == "metric" ? "metric '" : "parameter '") + d.name +
-                "' at step " + std::to_string(d.step) + (d.stage == "metrics" ? "" : ", stage " + d.stage) + ": " +
-                (d.kind == "input" ? "hash differs from the reference"
-                                   : "max abs error " + fmt(d.max_abs_error) + ", relative error " + fmt(d.relative_error) +
-                                         " > tolerance " + fmt(o.tolerance)) +
-                " (open " + d.evidence + ")";
+    const std::string what = d.kind == "input" ? "input field '" : d.kind == "metric" ? "metric '" : "parameter '";
+    std::string why;
+    if (d.kind == "input") {
+      why = "hash differs from the reference";
+    } else if (!d.missing_from.empty()) {
+      why = missing_text(d.missing_from);
+    } else {
+      why = "max abs error " + fmt(d.max_abs_error) + ", relative error " + fmt(d.relative_error) + " > tolerance " +
+            fmt(o.tolerance);
+    }
+    d.message = what + d.name + "' at step " + std::to_string(d.step) +
+                (d.stage == "metrics" ? "" : ", stage " + d.stage) + ": " + why + " (open " + d.evidence + ")";
     out.divergences.push_back(std::move(d));
   };
+  auto add_missing = [&](const std::string& kind, const std::string& name, int64_t step, const std::string& stage,
+                         const std::string& side, const std::string& file) {
+    Divergence d{kind, name, step, stage, 0, std::numeric_limits<double>::infinity(), 0, file, "", ""};
+    d.missing_from = side;
+    add(std::move(d));
+  };
+  for (const auto& [step, row] : ref_metrics) {
+    if (step >= o.first_step && !cand_metrics.count(step)) {
+      add_missing("metric", "step", step, "metrics", "candidate", (candidate / metrics_file).string());
+    }
+  }
+  for (const auto& [step, row] : cand_metrics) {
+    if (step >= o.first_step && !ref_metrics.count(step)) {
+      add_missing("metric", "step", step, "metrics", "reference", (reference / metrics_file).string());
+    }
+  }
 
-  // The watchlist gives forward order; optimizer states follow their parameter.
+  // The watchlists give forward order (the candidate's, then any the reference adds);
+  // optimizer states follow their parameter.
   std::vector<std::string> order;
-  for (const auto& w : cand.read_json("check/parameter_watchlist.json")) {
-    const std::string fqn = w.at("fqn").get<std::string>();
-    order.push_back(fqn);
-    order.push_back(fqn + "/exp_avg");
-    order.push_back(fqn + "/exp_avg_sq");
+  for (const EvidenceDir* side : {&cand, &ref}) {
+    for (const auto& w : side->read_json("check/parameter_watchlist.json")) {
+      const std::string fqn = w.at("fqn").get<std::string>();
+      if (std::find(order.begin(), order.end(), fqn) != order.end()) continue;
+      order.push_back(fqn);
+      order.push_back(fqn + "/exp_avg");
+      order.push_back(fqn + "/exp_avg_sq");
+    }
   }
   std::map<std::pair<int64_t, std::string>, json> ref_probes, cand_probes;
   for (const auto& l : read_required(ref, probes_file)) ref_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
@@ -104,23 +137,35 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
     const json& b = ref_metrics.at(step);
     ++out.compared;
     if (a.value("input_hash", "") != b.value("input_hash", "")) {
-      add({"input", "global batch", step, "metrics", 0, 0, 0, (candidate / "data/input_identity.jsonl").string(), ""});
+      add({"input", "global batch", step, "metrics", 0, 0, 0, (candidate / "data/input_identity.jsonl").string(), "", ""});
     }
     for (const char* m : {"loss", "grad_norm_pre_clip", "grad_norm_post_clip", "lr"}) {
       ++out.compared;
       const double x = a.at(m).get<double>(), y = b.at(m).get<double>();
       const double abs = std::abs(x - y), rel = abs / std::max(std::abs(y), 1e-300);
-      if (!(rel <= o.tolerance)) add({"metric", m, step, "metrics", abs, rel, 0, metrics_path, ""});
+      if (!(rel <= o.tolerance)) add({"metric", m, step, "metrics", abs, rel, 0, metrics_path, "", ""});
     }
     for (const auto& stage : kStages) {
       auto ia = cand_probes.find({step, stage});
       auto ib = ref_probes.find({step, stage});
-      if (ia == cand_probes.end() || ib == ref_probes.end()) continue;
+      if (ia == cand_probes.end() && ib == ref_probes.end()) continue;  // a stage neither side records
+      if (ia == cand_probes.end() || ib == ref_probes.end()) {
+        const bool cand_lacks = ia == cand_probes.end();
+        add_missing("tensor", "(every watched tensor)", step, stage, cand_lacks ? "candidate" : "reference",
+                    ((cand_lacks ? candidate : reference) / probes_file).string());
+        continue;
+      }
       const json& ta = ia->second["tensors"];
       const json& tb = ib->second["tensors"];
       for (const auto& name : order) {
-        if (!ta.contains(name) || !tb.contains(name)) continue;
+        if (!ta.contains(name) && !tb.contains(name)) continue;  // an optimizer state of a frozen parameter
         ++out.compared;
+        if (!ta.contains(name) || !tb.contains(name)) {
+          const bool cand_lacks = !ta.contains(name);
+          add_missing("tensor", name, step, stage, cand_lacks ? "candidate" : "reference",
+                      ((cand_lacks ? candidate : reference) / probes_file).string());
+          continue;
+        }
         const json& x = ta[name];
         const json& y = tb[name];
         double max_abs = 0, rel = 0;
@@ -143,12 +188,13 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
           };
           cmp(x["sum"].get<double>(), y["sum"].get<double>(), std::max(std::abs(y["sum"].get<double>()), norm));
           cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
+          if (x["sketch"].size() != y["sketch"].size()) rel = std::numeric_limits<double>::infinity();
           for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
             cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
           }
         }
         if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
-        if (!(rel <= o.tolerance)) add({"tensor", name, step, stage, max_abs, rel, 0, probes_path, ""});
+        if (!(rel <= o.tolerance)) add({"tensor", name, step, stage, max_abs, rel, 0, probes_path, "", ""});
       }
     }
   }

@@ -31,8 +31,10 @@ struct Divergence {
   double max_abs_error = 0;
   double relative_error = 0;  // relative L2 for values; max relative over statistics otherwise
   double tolerance = 0;
-  std::string evidence;  // the candidate's file to open
+  std::string evidence;  // the file to open
   std::string message;
+  /// "candidate" or "reference" when the quantity is recorded by one side only.
+  std::string missing_from;
 };
 
 struct Comparison {

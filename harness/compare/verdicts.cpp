@@ -157,6 +157,8 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   if (!reason.empty()) return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
   const Comparison c = compare_evidence(reference.dir(), candidate.dir(), o);
   auto wanted = [&](const Divergence& d) {
+    // A step one side lacks is missing from every quantity of that step.
+    if (d.kind == "metric" && d.name == "step" && quantity != Quantity::kTensors) return true;
     switch (quantity) {
       case Quantity::kInput: return d.kind == "input";
       case Quantity::kLoss: return d.kind == "metric" && d.name == "loss";
@@ -176,7 +178,10 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   // stage is often the cause (a gradient that flows back into every earlier layer).
   const Divergence* largest = hits[0];
   for (const Divergence* d : hits) {
-    if (d->step == hits[0]->step && d->stage == hits[0]->stage && d->relative_error > largest->relative_error) largest = d;
+    if (d->step == hits[0]->step && d->stage == hits[0]->stage && d->missing_from.empty() &&
+        (largest->missing_from.size() > 0 || d->relative_error > largest->relative_error)) {
+      largest = d;
+    }
   }
   if (largest != hits[0]) {
     std::ostringstream rel;

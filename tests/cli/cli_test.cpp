@@ -237,6 +237,26 @@ TEST(CliCompareTest, ACaseMatchesTheReferenceAndATamperedParameterIsNamed) {
   EXPECT_EQ(diverged.status, 1) << diverged.output;
   EXPECT_THAT(diverged.output, AllOf(HasSubstr("first divergence: parameter 'norm.weight' at step 1, stage grad_before_clip"),
                                      HasSubstr("> tolerance 1e-10"), HasSubstr("probes/rank0.jsonl")));
+  // A candidate that records fewer tensors, or a stage fewer, does not pass: both sides must
+  // hold the same quantities (on 3b2f82b this copy compared as a match).
+  const std::filesystem::path fewer = root / "fewer";
+  std::filesystem::copy(root / "llama/Tp2Sp", fewer, std::filesystem::copy_options::recursive);
+  std::string dropped;
+  ASSERT_TRUE(read_file(fewer / "probes/rank0.jsonl", &text));
+  std::istringstream all_lines(text);
+  for (std::string line; std::getline(all_lines, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    j["tensors"].erase("norm.weight");
+    if (!(j["step"] == 2 && j["stage"] == "after_optimizer")) dropped += j.dump() + "\n";
+  }
+  write_file_atomic(fewer / "probes/rank0.jsonl", dropped);
+  CliRun lacking = mih("compare " + ref + " " + fewer.string());
+  EXPECT_EQ(lacking.status, 1) << lacking.output;
+  EXPECT_THAT(lacking.output, HasSubstr("parameter 'norm.weight' at step 0, stage model_before: recorded by the reference, "
+                                        "missing from the candidate"));
+  CliRun reversed = mih("compare " + fewer.string() + " " + ref);
+  EXPECT_EQ(reversed.status, 1) << reversed.output;
+  EXPECT_THAT(reversed.output, HasSubstr("recorded by the candidate, missing from the reference"));
   CliRun missing = mih("compare " + ref + " " + root.string());
   EXPECT_EQ(missing.status, exit_status(Code::kFailedPrecondition)) << missing.output;
   EXPECT_THAT(missing.output, HasSubstr("has no cases/runtime/metrics.jsonl"));
