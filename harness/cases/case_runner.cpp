@@ -93,6 +93,9 @@ int run_phase(WorkerContext& ctx) {
   const spec::Case& c = file.c;
   const std::string phase = ctx.option("phase");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
+  MIH_CHECK(phase == "train" ? !c.save_config.has_value() : c.save_config.has_value(), "case '", c.name, "' (",
+            spec::case_kind_name(c.kind), ") has ", c.save_config ? "the phases save and load" : "the one phase train",
+            ", not '", phase, "' (`mih run --prepare` prints the rank command of each phase)");
   const ParallelConfig config = phase == "save" ? *c.save_config : c.config;
   // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
   // into case_run.json): process start, rendezvous, model build with the attach checks,

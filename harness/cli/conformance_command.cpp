@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -245,6 +246,19 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                    extra.c_str());
       return 2;
     }
+    // GoogleTest prints its help and runs nothing for a flag it does not know: a misspelt one
+    // is a usage error here, naming it.
+    static const std::set<std::string> kGtestFlags = {
+        "also_run_disabled_tests", "break_on_failure", "brief", "catch_exceptions", "color", "death_test_style",
+        "death_test_use_fork", "fail_fast", "filter", "flagfile", "help", "internal_run_death_test", "list_tests",
+        "output", "print_time", "print_utf8", "random_seed", "recreate_environments_when_repeating", "repeat",
+        "show_internal_stack_frames", "shuffle", "stack_trace_depth", "stream_result_to", "throw_on_failure"};
+    const std::string name = extra.substr(8, extra.find('=') == std::string::npos ? std::string::npos : extra.find('=') - 8);
+    if (!kGtestFlags.count(name)) {
+      std::fprintf(stderr, "mih test: unknown GoogleTest flag '%s'; GoogleTest's flags are listed by --gtest_help\n",
+                   extra.c_str());
+      return 2;
+    }
     gtest.push_back(extra);
   }
   return gtest;
@@ -329,7 +343,8 @@ int run_tests(const std::vector<std::string>& args) {
   cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
   if (listing) return RUN_ALL_TESTS();
   const int rc = RUN_ALL_TESTS();
-  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+  const bool help = std::find(gtest_flags.begin(), gtest_flags.end(), "--gtest_help") != gtest_flags.end();
+  if (!help && ::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
     // A run that checked nothing is an error, never a green.
     std::fprintf(stderr, "mih: %s error: the run selected no test%s; what exists:\n%s",
                  std::string(code_name(Code::kInvalidSpec)).c_str(), filter_text(gtest_flags).c_str(),

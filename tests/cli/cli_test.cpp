@@ -57,6 +57,7 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
                         Case{"selftest --bogus", "--bogus"},
                         Case{"test --bogus-flag", "unknown option '--bogus-flag'"},
                         Case{"test --gtest-filter=Nope", "unknown option '--gtest-filter=Nope'"},
+                        Case{"test --gtest_filtr=Llama/*", "unknown GoogleTest flag '--gtest_filtr=Llama/*'"},
                         Case{"test --case-timeout abc", "expected a finite number, got 'abc'"},
                         Case{"test --case-timeout nan", "expected a finite number, got 'nan'"},
                         Case{"run --spec llama --case Tp2 --timeout 1e400", "expected a finite number"},
