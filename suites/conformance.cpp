@@ -4,7 +4,6 @@
 #include <map>
 #include <memory>
 
-#include "harness/session/backend.h"
 
 namespace mih::conformance {
 
@@ -13,15 +12,10 @@ std::vector<CaseParam> cases_for(const std::string& prefix, const std::string& s
   if (!cases::run_options().enabled) return out;
   const cases::Registration* r = cases::find_registration(prefix);
   if (!r || !cases::selected(*r)) return out;
-  const std::string source = cases::matrix_of(*r);
-  const spec::CaseMatrix& m = cases::resolved_matrix(r->spec, source);
   const spec::ModelSpec& s = spec::SpecRegistry::instance().get(r->spec);
   const SuiteRow& row = suite_row(suite);
-  const auto backend = TrainingBackendRegistry::instance().make(r->training_backend);
-  for (const auto& c : m.cases) {
-    if (!backend->unsupported(c.config, c.save_config.has_value()).empty()) continue;
-    if (!row.applies({s, c})) continue;
-    out.push_back({r->prefix, r->spec, source, r->training_backend, c.name});
+  for (const spec::Case* c : cases::runnable_cases(*r)) {
+    if (row.applies({s, *c})) out.push_back({r->prefix, r->spec, cases::matrix_of(*r), r->training_backend, c->name});
   }
   return out;
 }

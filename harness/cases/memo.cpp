@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
 #include "harness/compare/verdicts.h"
@@ -31,12 +32,6 @@ Code g_infrastructure_code = Code::kOk;
 Code g_input_code = Code::kOk;  // bad input or evidence (kInvalidSpec, kFailedPrecondition)
 int g_cases_launched = 0;
 const auto g_start = std::chrono::steady_clock::now();
-
-json read_json_file(const fs::path& file) {
-  std::string text;
-  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read ", file.string());
-  return json::parse(text);
-}
 
 void note_infrastructure(Code code) {
   g_infrastructure_failed = true;

@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include "harness/session/backend.h"
+
 namespace mih::cases {
 namespace {
 
@@ -67,6 +69,16 @@ const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std:
     it = cache.emplace(key, spec::resolve_matrix_source(spec::SpecRegistry::instance().get(spec_name), source)).first;
   }
   return it->second;
+}
+
+std::vector<const spec::Case*> runnable_cases(const Registration& r) {
+  const spec::CaseMatrix& m = resolved_matrix(r.spec, matrix_of(r));
+  const auto backend = TrainingBackendRegistry::instance().make(r.training_backend);
+  std::vector<const spec::Case*> out;
+  for (const auto& c : m.cases) {
+    if (backend->unsupported(c.config, c.save_config.has_value()).empty()) out.push_back(&c);
+  }
+  return out;
 }
 
 }  // namespace mih::cases

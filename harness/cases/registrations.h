@@ -71,4 +71,9 @@ std::string matrix_of(const Registration& r);
 /// Throws: as spec::resolve_matrix_source.
 const spec::CaseMatrix& resolved_matrix(const std::string& spec, const std::string& source);
 
+/// The cases of `r`'s resolved matrix its training backend can run, in matrix order (what the
+/// suites are instantiated on and ctest registers). Throws: as resolved_matrix; kInvalidSpec
+///   for an unknown training backend.
+std::vector<const spec::Case*> runnable_cases(const Registration& r);
+
 }  // namespace mih::cases

@@ -22,6 +22,7 @@
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/cases/faults.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
@@ -30,7 +31,6 @@
 #include "harness/compare/verdicts.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/worker.h"
-#include "harness/session/backend.h"
 #include "suites/suite_table.h"
 
 namespace mih {
@@ -40,12 +40,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using cases::run_options;
-
-json read_json_file(const fs::path& file) {
-  std::string text;
-  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read ", file.string());
-  return json::parse(text);
-}
 
 // Appends one line per finished test to <root>/results.jsonl (whole-line O_APPEND writes:
 // several processes of one ctest run share the file).
@@ -143,10 +137,8 @@ void print_cases() {
   for (const auto& r : cases::registrations()) {
     if (!cases::selected(r)) continue;
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(r.spec);
-    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
-    const auto backend = TrainingBackendRegistry::instance().make(r.training_backend);
-    for (const auto& c : m.cases) {
-      if (!backend->unsupported(c.config, c.save_config.has_value()).empty()) continue;
+    for (const spec::Case* runnable : cases::runnable_cases(r)) {
+      const spec::Case& c = *runnable;
       const ParallelConfig& k = c.config;
       std::vector<std::string> labels = {"conformance", r.spec, c.group};
       for (const auto& d : kMeshDims) {

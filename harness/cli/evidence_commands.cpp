@@ -123,8 +123,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
     f->options.matrix = f->matrix;
+    const spec::Case& c = case_named(matrix, f->case_name);
     if (f->prepare) {
-      const spec::Case& c = case_named(matrix, f->case_name);
       const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
       std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / "run/case.json").c_str());
       for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
@@ -134,7 +134,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       }
       return 0;
     }
-    const cases::CaseRunResult r = cases::run_case(s, case_named(matrix, f->case_name), f->options);
+    const cases::CaseRunResult r = cases::run_case(s, c, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
                 r.state.c_str(), r.seconds, r.evidence.c_str());
     if (r.outcome == "transport_failure") {
