@@ -202,6 +202,11 @@ TEST(CliRunTest, RanksReadTheCaseFileTheMatrixFileIsReadOnce) {
   ASSERT_EQ(ranks.status, 0) << ranks.output;
   CliRun verified = mih("check " + (ext / "llama/DpShard2").string() + " --gtest_brief=1");
   EXPECT_EQ(verified.status, 0) << verified.output;
+  // A phase the case does not have (a train case has no save) is refused, naming the phases.
+  CliRun save = mih("launch -n 2 --evidence-root " + (root / "runs").string() + " case --evidence " +
+                    (ext / "llama/DpShard2").string() + " --phase save");
+  EXPECT_EQ(save.status, exit_status(Code::kInvalidSpec)) << save.output;
+  EXPECT_THAT(save.output, HasSubstr("case 'DpShard2' (train) has the one phase train, not 'save'"));
   // A rank of a case without a case file says what is missing.
   const std::filesystem::path lone = root / "lone";
   CliRun orphan = mih("launch -n 1 --evidence-root " + (root / "runs").string() + " case --evidence " + lone.string());
