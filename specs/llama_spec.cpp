@@ -97,12 +97,15 @@ spec::ModelSpec llama_spec() { return llama_spec_with("llama", models::LlamaOpti
 spec::ModelSpec llama_tied_spec() {
   spec::ModelSpec s = llama_spec_with("llama_tied", models::LlamaOptions().tie_word_embeddings(true));
   s.description = "llama with the output head tied to the token embedding (tie_word_embeddings)";
+  s.checkpoint.tied = {{"embed_tokens.weight", "lm_head.weight"}};
+  s.checkpoint.source = "";  // the listing is of the untied model (a tied export has no lm_head.weight)
   return s;
 }
 
 spec::ModelSpec llama_bias_spec() {
   spec::ModelSpec s = llama_spec_with("llama_bias", models::LlamaOptions().attention_bias(true));
   s.description = "llama with biases on q, k, v and the row-parallel o projection (attention_bias)";
+  s.checkpoint.source = "";  // the listing has no biases
   return s;
 }
 

@@ -55,6 +55,9 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   s.checkpoint.key_map = m.key_map.rules();
   // Older Hugging Face exports carry the rotary table; it is rebuilt here, never loaded.
   s.checkpoint.inference_only = {"*rotary_emb.inv_freq"};
+  // The key listing of the model in Hugging Face layout (specs/sources/README.md); the vlm
+  // has none (its vision tower's names are ours, not CLIP's).
+  if (name == "llama" || name == "moe") s.checkpoint.source = std::string(MIH_SPECS_DIR) + "/sources/" + name;
   s.shared_state = {{"rotary.cos", "*rotary_emb", {"*layers.*"}}, {"rotary.sin", "*rotary_emb", {"*layers.*"}}};
   return s;
 }

@@ -91,6 +91,7 @@ MIH_SUITES(MIH_DECLARE_SUITE_, _)
       FAIL() << "nothing to check on this case, yet the suite table applies the suite here: " \
              << mih_v_.message;                                                             \
     if (mih_v_.status == ::mih::verdicts::Verdict::Status::kFail) FAIL() << mih_v_.message; \
+    if (!mih_v_.message.empty()) ::testing::Test::RecordProperty("examined", mih_v_.message); \
   } while (false)
 
 /// The case's evidence, or return (the failure is already reported).

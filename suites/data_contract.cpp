@@ -31,4 +31,9 @@ TEST_P(DataContract, LossFollowsTheLabels) {
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kDataLossLabels}));
 }
 
+TEST_P(DataContract, TrainerCountsTheValidLabels) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kDataValidTokens}));
+}
+
 }  // namespace mih::conformance

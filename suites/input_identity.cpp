@@ -15,13 +15,5 @@ TEST_P(InputIdentity, SameGlobalBatchAsReference) {
   MIH_COMPARED_EVIDENCE(ref);
   MIH_ASSERT_VERDICT(verdicts::same_inputs_as_reference(*ref, *ev));
 }
-TEST_P(InputIdentity, TensorParallelRanksSeeTheSameInputs) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kInputTpRanks}));
-}
-TEST_P(InputIdentity, CpReplicatedFieldsAgree) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kInputCpReplicated}));
-}
 
 }  // namespace mih::conformance

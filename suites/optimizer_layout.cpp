@@ -31,4 +31,9 @@ TEST_P(OptimizerLayout, StateShapesMatchLocalShards) {
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimStateShape}));
 }
 
+TEST_P(OptimizerLayout, NoWeightDecayOnNormsOrBiases) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimDecayOnNorm}));
+}
+
 }  // namespace mih::conformance

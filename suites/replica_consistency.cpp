@@ -6,9 +6,11 @@ namespace mih::conformance {
 using verdicts::no_error_findings;
 
 bool ReplicaConsistency::applies([[maybe_unused]] const SuiteContext& s) {
-  return s.c.config.world_size() > 1;
+  // Only tp, cp and dp_replicate make ranks hold the same piece (dp_shard splits every FSDP
+  // parameter into distinct rows).
+  return s.c.config.tp * s.c.config.cp * s.c.config.dp_replicate > 1;
 }
-const char* ReplicaConsistency::where() { return "cases of more than one rank"; }
+const char* ReplicaConsistency::where() { return "cases where some rank pieces are replicated (tp, cp or dp_replicate > 1)"; }
 
 TEST_P(ReplicaConsistency, ReplicasAgreeAfterEveryStep) {
   MIH_CASE_EVIDENCE(ev);

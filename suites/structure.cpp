@@ -1,4 +1,4 @@
-// The Structure suite (suites/suite_table.h): the parameter table against the placements, finite values, declared ties.
+// The Structure suite (suites/suite_table.h): the parameter table against the placements, dtypes and devices, finite values.
 #include "suites/conformance.h"
 
 namespace mih::conformance {
@@ -21,10 +21,6 @@ TEST_P(Structure, DtypeAndDeviceAsConfigured) {
 TEST_P(Structure, ParametersAndBuffersFinite) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructNonFinite}));
-}
-TEST_P(Structure, DeclaredTiesAreOneParameter) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructTie}));
 }
 
 }  // namespace mih::conformance

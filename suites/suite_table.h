@@ -24,14 +24,19 @@
 /// The suites, in report order: X(arg, Name) per suite (`arg` is passed through).
 #define MIH_SUITES(X, arg) \
   X(arg, Structure) \
+  X(arg, TiedParameters) \
   X(arg, FsdpUnits) \
   X(arg, OptimizerLayout) \
   X(arg, DataContract) \
   X(arg, InputIdentity) \
+  X(arg, TensorParallelInputs) \
+  X(arg, CpReplicatedInputs) \
   X(arg, CheckpointCoverage) \
+  X(arg, SourceCheckpoint) \
   X(arg, CheckpointRoundTrip) \
   X(arg, Resume) \
   X(arg, SharedState) \
+  X(arg, SharedStateUse) \
   X(arg, ModalityGradients) \
   X(arg, StateInvariants) \
   X(arg, ModuleParity) \

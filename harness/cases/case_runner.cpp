@@ -108,7 +108,7 @@ int run_phase(WorkerContext& ctx) {
   so.mode = SessionMode::kRuntime;
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
-  so.trainer = s.data.apply_sharding(TrainerOptions());
+  so.trainer = s.data.apply_sharding(s.trainer);
   if (c.device == "cuda") {
     // One GPU per rank (launch with `mih worker --backend nccl` under torchrun or srun).
     const char* local = std::getenv("LOCAL_RANK");

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 
 namespace mih::safetensors {
 namespace {
@@ -422,6 +423,39 @@ void Reader::read_box(const std::string& name, const std::vector<int64_t>& offse
     while (d > 0 && ++index[d - 1] == lengths[d - 1]) index[--d] = 0;
     if (d == 0) return;
   }
+}
+
+}  // namespace mih::safetensors
+
+namespace mih::safetensors {
+
+std::vector<std::string> checkpoint_keys(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  MIH_CHECK_CODE(fs::is_directory(dir), Code::kFailedPrecondition, "source checkpoint directory ", dir.string(),
+                 " does not exist: give a directory with model.safetensors or model.safetensors.index.json "
+                 "(CheckpointSpec::source)");
+  std::vector<std::string> keys;
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const nlohmann::json j = read_json_file(index);
+    MIH_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+              " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps each key to its shard)");
+    for (const auto& [key, shard] : j["weight_map"].items()) keys.push_back(key);
+  } else {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") files.push_back(e.path());
+    }
+    MIH_CHECK_CODE(!files.empty(), Code::kFailedPrecondition, "source checkpoint directory ", dir.string(),
+                   " holds neither model.safetensors.index.json nor a *.safetensors file");
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      const Reader r(f);
+      keys.insert(keys.end(), r.names().begin(), r.names().end());
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 }  // namespace mih::safetensors

@@ -136,4 +136,12 @@ class Reader {
   std::map<std::string, std::string> metadata_;
 };
 
+/// The tensor names of a checkpoint directory in Hugging Face layout, sorted:
+/// model.safetensors.index.json's "weight_map" keys when the index exists (the shards are not
+/// opened: this is a key listing), else the names of every *.safetensors file in it.
+/// Throws: mih::Error{kFailedPrecondition} naming the directory when it does not exist or
+///   holds neither; kInvalidSpec naming the file when the index is not JSON or has no
+///   weight_map object; as Reader for a malformed safetensors file.
+std::vector<std::string> checkpoint_keys(const std::filesystem::path& dir);
+
 }  // namespace mih::safetensors

@@ -44,9 +44,12 @@ std::string parameter_ownership_csv(const ParallelContext& ctx);
 /// Optimizer layout (rank-local): every trainable parameter in exactly one group, no frozen
 /// parameter, no tensor that is not the live sharded parameter (an optimizer built before
 /// sharding holds the full tensors), each group's weight decay as declared (0 for the
-/// parameters matching options.no_weight_decay(), options.weight_decay() otherwise), and
-/// every optimizer state of the parameter's local shape. Evidence: {"groups": [...]}.
-CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase);
+/// parameters matching options.no_weight_decay(), options.weight_decay() otherwise), no
+/// weight decay on a 1-D parameter (a norm scale, a bias) unless it matches `decayed_1d`
+/// (ModelSpec::decayed_1d), and every optimizer state of the parameter's local shape.
+/// Evidence: {"groups": [...]}.
+CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase,
+                                   const std::vector<std::string>& decayed_1d = {});
 
 /// Data contract (rank-local), on the global batch of step 0: each field has one owner (the
 /// pipeline, or the runtime for data.runtime_fields), every declared field is produced, and

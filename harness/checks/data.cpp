@@ -149,6 +149,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
                         "shift labels exactly once: in the pipeline (labels_are_shifted = true) or in the model"});
     }
   }
+  out.findings.ran(codes::kCheckDataContract, static_cast<int64_t>(owners.size()), "fields of the global batch");
   out.evidence = {{"owners", owners}, {"labels_shift", shift}, {"declared", declared}};
   return out;
 }
@@ -194,6 +195,7 @@ CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losse
                       "the model learns to predict another token than the pipeline's label while the loss still falls",
                       "shift labels exactly once: in the pipeline (labels_are_shifted) or in the model's loss"});
   }
+  out.findings.ran(codes::kCheckTokenLosses, labels.numel(), "tokens");
   out.evidence = facts;
   return out;
 }
@@ -202,8 +204,17 @@ CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro)
   CheckOutput out;
   json observed = json::array({"input_ids", "labels"});
   if (micro.position_ids.defined()) observed.push_back("position_ids");
-  json required = json::array(), missing = json::array();
+  json required = json::array({"input_ids", "labels"}), missing = json::array();
   for (const auto& [name, t] : micro.fields) observed.push_back(name);
+  for (const char* name : {"input_ids", "labels"}) {
+    const at::Tensor& t = std::string_view(name) == "input_ids" ? micro.input_ids : micro.labels;
+    if (t.defined() && t.numel() > 0) continue;
+    missing.push_back(name);
+    out.findings.add({codes::kDataForwardField, "runtime", name, Severity::kError,
+                      std::string("'") + name + "' is empty or undefined in the first micro-batch the model receives",
+                      {{"observed", observed}}, "the model trains on nothing",
+                      "fill input_ids and labels [B, S] in every batch"});
+  }
   for (const auto& f : data.fields) {
     if (!f.forward) continue;
     required.push_back(f.name);
@@ -216,6 +227,7 @@ CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro)
                         "pass every declared forward field through the collate and split into the model call"});
     }
   }
+  out.findings.ran(codes::kCheckForwardFields, static_cast<int64_t>(required.size()), "required forward fields");
   out.evidence = {{"observed", observed}, {"required", required}, {"missing", missing}};
   return out;
 }
@@ -252,8 +264,10 @@ json InputIdentity::finish(DeviceMesh& mesh, int64_t step, FindingReport* findin
   // cp-replicated fields: every cp rank must hold the same rows.
   if (mesh.comm(MeshAxis::kCp).size() > 1) {
     const std::vector<json> parts = all_gather_json(mesh.comm(MeshAxis::kCp), rows_json(replicated_), device, "mih.session.input_identity");
+    int64_t compared = 0;
     for (const auto& [name, by_row] : parts[0].items()) {
       for (size_t r = 1; r < parts.size(); ++r) {
+        ++compared;
         if (parts[r].contains(name) && parts[r][name] == by_row) continue;
         findings->add({codes::kInputCpReplicated, "runtime", name, Severity::kError,
                        "cp-replicated field '" + name + "' differs between cp rank 0 and cp rank " + std::to_string(r) +
@@ -263,11 +277,13 @@ json InputIdentity::finish(DeviceMesh& mesh, int64_t step, FindingReport* findin
                        "hand the whole field to every cp rank (TrainerOptions::cp_replicated_fields)"});
       }
     }
+    findings->ran(codes::kCheckInputCp, compared, "cp-replicated fields compared with cp rank 0");
   }
   // Tensor-parallel ranks must have seen the same rows.
   if (mesh.comm(MeshAxis::kTp).size() > 1) {
     const std::vector<json> parts =
         all_gather_json(mesh.comm(MeshAxis::kTp), result["global"], device, "mih.session.input_identity");
+    findings->ran(codes::kCheckInputTp, static_cast<int64_t>(parts.size()) - 1, "tp ranks compared with tp rank 0");
     for (size_t r = 1; r < parts.size(); ++r) {
       if (parts[r] == parts[0]) continue;
       findings->add({codes::kInputTpRanks, "runtime", "global_batch", Severity::kError,

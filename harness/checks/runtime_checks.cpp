@@ -82,9 +82,14 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
     }
   }
   for (const auto& key : undeclared) {
-    out.findings.add({codes::kSharedUndeclared, "runtime", key, Severity::kWarning,
-                      "shared state '" + key + "' is used but not declared in the spec" + where, json::object(), "", ""});
+    add(codes::kSharedUndeclared, key, "shared state '" + key + "' is published or consumed but not declared in the spec",
+        {{"producers", std::vector<std::string>(producers[key].begin(), producers[key].end())},
+         {"consumers", std::vector<std::string>(consumers[key].begin(), consumers[key].end())}},
+        "nothing checks who publishes it, who reads it or that it is published once per forward",
+        "declare it in ModelSpec::shared_state with its producer and consumers");
   }
+  out.findings.ran(codes::kCheckSharedState, static_cast<int64_t>(declared.size()), "declared shared-state keys");
+  out.findings.ran(codes::kCheckSharedEvents, 1, "steps of shared-state events");
   out.evidence = {{"step", step}, {"events", events}};
   return out;
 }
@@ -109,6 +114,7 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
       if (match) rows.push_back({m.field, p.get()});
     }
   }
+  out.findings.ran(codes::kCheckModality, static_cast<int64_t>(rows.size()), "parameters of modalities that reached the model");
   if (rows.empty()) {
     out.evidence = {{"step", step}, {"modalities", evidence}};
     return out;

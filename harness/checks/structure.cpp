@@ -140,6 +140,8 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
                              "compute the buffer at construction and mark it non-persistent if it is derived"));
     }
   }
+  out.findings.ran(codes::kCheckStructure, static_cast<int64_t>(ctx.parameters().size()), "parameters");
+  out.findings.ran(codes::kCheckTies, static_cast<int64_t>(spec.checkpoint.tied.size()), "declared tied pairs");
   for (const auto& [a, b] : spec.checkpoint.tied) {
     const ShardedParameter* pa = find_parameter(ctx, a);
     const ShardedParameter* pb = find_parameter(ctx, b);
@@ -157,8 +159,10 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
   const std::vector<std::string>& units = ctx.fsdp_units();
   json unit_json = json::object();
   for (const auto& u : units) unit_json[u] = {{"parameters", json::array()}, {"dtypes", json::array()}};
+  int64_t fsdp_parameters = 0;
   for (const auto& p : ctx.parameters()) {
     if (!p->fsdp) continue;
+    ++fsdp_parameters;
     if (p->unit.empty() || !unit_json.contains(p->unit)) {
       out.findings.add(error(codes::kStructFsdpUnit, "structure", p->fqn,
                              "parameter is sharded by FSDP but belongs to no declared unit ('" + p->unit + "')",
@@ -179,6 +183,7 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
                              "split the unit so each holds one dtype and one mesh"));
     }
   }
+  out.findings.ran(codes::kCheckFsdpUnits, fsdp_parameters, "FSDP-sharded parameters");
   out.evidence = {{"parameters", params}, {"buffers", buffers}, {"fsdp_units", unit_json}};
   return out;
 }
@@ -193,7 +198,8 @@ std::string parameter_ownership_csv(const ParallelContext& ctx) {
   return csv;
 }
 
-CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase_id) {
+CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase_id,
+                                   const std::vector<std::string>& decayed_1d) {
   const std::string phase = spec::phase_name(phase_id);
   const ParallelContext& ctx = *state.context;
   torch::optim::AdamW& optimizer = *state.optimizer;
@@ -243,6 +249,18 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                facts, "decaying norms and biases (or not decaying weights) changes the trained model",
                                "group the parameters by TrainerOptions::no_weight_decay"));
       }
+      const bool decay_declared = std::any_of(decayed_1d.begin(), decayed_1d.end(),
+                                              [&](const std::string& pat) { return glob_match(pat, p.fqn); });
+      if (wd > 0 && p.global_shape.size() == 1 && !decay_declared) {
+        out.findings.add(error(codes::kOptimDecayOnNorm, phase, p.fqn,
+                               "1-D parameter (a norm scale or a bias, shape " + shape_str(p.global_shape) +
+                                   ") has weight decay " + std::to_string(wd) +
+                                   ": its name matches none of the no-weight-decay patterns " +
+                                   json(options.no_weight_decay()).dump(),
+                               facts, "decay pulls a norm's scale towards 0 and a bias towards 0 every step",
+                               "add its name pattern to the spec's trainer no_weight_decay (ModelSpec::trainer), or "
+                               "declare it in ModelSpec::decayed_1d if the decay is intended"));
+      }
       for (const char* m : {"exp_avg", "exp_avg_sq"}) {
         const at::Tensor s = compat::adamw_state(optimizer, t, m);
         if (s.defined() && s.sizes() != t.sizes()) {
@@ -263,6 +281,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                              "build the optimizer over every trainable ParallelContext parameter"));
     }
   }
+  out.findings.ran(codes::kCheckOptimizer, static_cast<int64_t>(ctx.parameters().size()), "parameters");
   out.evidence = {{"phase", phase}, {"groups", groups}};
   return out;
 }
@@ -319,8 +338,10 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
   for (const auto& b : ctx.buffers()) {
     if (b.persistent) cover(b.fqn, b.tensor.sizes().vec());
   }
+  out.findings.ran(codes::kCheckCoverage, static_cast<int64_t>(targets.size()), "parameters and persistent buffers");
   json sources = json::object();
   if (source_keys) {
+    out.findings.ran(codes::kCheckSource, static_cast<int64_t>(source_keys->size()), "source checkpoint keys");
     std::set<std::string> present(source_keys->begin(), source_keys->end());
     for (const auto& key : *source_keys) {
       if (expected.count(key)) {
@@ -352,6 +373,9 @@ CheckOutput run_invariants(const std::vector<spec::StateInvariant>& invariants, 
                            const TrainingState& state) {
   CheckOutput out;
   const std::string phase_str = spec::phase_name(phase);
+  out.findings.ran(codes::kCheckInvariants,
+                   std::count_if(invariants.begin(), invariants.end(), [&](const auto& i) { return i.phase == phase; }),
+                   "invariants");
   for (const auto& inv : invariants) {
     if (inv.phase != phase) continue;
     spec::CheckResult r;

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <variant>
@@ -29,6 +30,7 @@
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/verdicts.h"
+#include "harness/evidence/evidence_store.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
@@ -60,10 +62,14 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
       const auto& part = result->GetTestPartResult(i);
       if (part.failed() || part.skipped()) message += (message.empty() ? "" : "\n") + std::string(part.message());
     }
+    std::string examined;  // what a passing verdict examined (MIH_ASSERT_VERDICT records it)
+    for (int i = 0; i < result->test_property_count(); ++i) {
+      if (std::string(result->GetTestProperty(i).key()) == "examined") examined = result->GetTestProperty(i).value();
+    }
     char stamp[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    const json line = {{"name", suite_full + "." + name_full},
+    json line = {{"name", suite_full + "." + name_full},
                        {"spec", r->spec},
                        {"case", case_name},
                        {"suite", suite_full.substr(slash + 1)},
@@ -73,6 +79,7 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
                        {"seconds", static_cast<double>(result->elapsed_time()) / 1000.0},
                        {"evidence", r->spec + "/" + case_name},
                        {"time", stamp}};
+    if (!examined.empty()) line["examined"] = examined;
     const std::string text = line.dump() + "\n";
     const fs::path file = run_options().evidence_root / "results.jsonl";
     const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -82,6 +89,60 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
     if (fd >= 0) ::close(fd);
   }
 };
+
+// The integration state of every case whose tests all ran in this run (none left out by a
+// filter): MATRIX_PASSED when every one passed (through MODULE_PARITY_PASSED: the gates
+// advance one at a time, and the module parity cases are tests of the reference), FAILED
+// naming the failed tests otherwise. Verify-only runs read evidence they did not produce and
+// leave it as it is; a case already FAILED or BLOCKED stays so.
+void record_case_states() {
+  if (run_options().verify_only) return;
+  struct Tally {
+    int total = 0, ran = 0;
+    std::vector<std::string> failed;
+  };
+  std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    const std::string full = suite.name();
+    const auto slash = full.find('/');
+    if (slash == std::string::npos) continue;
+    const cases::Registration* r = cases::find_registration(full.substr(0, slash));
+    if (!r) continue;
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const ::testing::TestInfo& test = *suite.GetTestInfo(j);
+      const std::string name = test.name();
+      const auto pslash = name.rfind('/');
+      if (pslash == std::string::npos) continue;
+      Tally& t = by_case[r->spec + "/" + name.substr(pslash + 1)];
+      ++t.total;
+      if (!test.should_run()) continue;
+      ++t.ran;
+      if (test.result()->Failed()) t.failed.push_back(full.substr(slash + 1) + "." + name.substr(0, pslash));
+    }
+  }
+  for (const auto& [key, t] : by_case) {
+    const fs::path dir = run_options().evidence_root / key;
+    if (t.ran < t.total || !fs::exists(dir / "integration_state.json")) continue;
+    try {
+      const EvidenceDir evidence(dir);
+      IntegrationStateMachine machine(evidence);
+      IntegrationState now;
+      if (!machine.current(&now) || now == IntegrationState::kFailed || now == IntegrationState::kBlocked) continue;
+      if (t.failed.empty()) {
+        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
+        continue;
+      }
+      std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
+      for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
+      if (t.failed.size() > 5) reason += ", ...";
+      machine.fail(reason + " (see results.jsonl of the run)", {"check/findings.json"});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mih: the integration state of %s was not updated: %s\n", dir.c_str(), e.what());
+    }
+  }
+}
 
 std::string run_id() {
   char stamp[32];
@@ -343,6 +404,7 @@ int run_tests(const std::vector<std::string>& args) {
                  what_exists().c_str());
     return exit_status(Code::kInvalidSpec);
   }
+  record_case_states();
   cases::progress(std::to_string(cases::cases_launched()) + " case(s) launched; results in " +
                   (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
                   " --format md` for the table");

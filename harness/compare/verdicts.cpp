@@ -115,6 +115,28 @@ const json& CaseEvidence::case_info() const {
 
 
 Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes) {
+  // No finding is a pass only when the check that emits each code ran and examined something.
+  const json& report = ev.json("check/findings.json");
+  const json runs = report.value("checks", json::object());
+  std::vector<std::string> examined;
+  for (const auto& code : codes) {
+    const std::string check(codes::check_of(code));
+    MIH_INTERNAL_ASSERT(!check.empty(), "finding code ", code, " has no emitting check in codes::kAllCodes");
+    if (std::find(examined.begin(), examined.end(), check) != examined.end()) continue;
+    if (!runs.contains(check)) {
+      return Verdict::fail("check " + check + " did not run on this case (" + code +
+                           " is its finding): check/findings.json records no run of it, so no finding proves "
+                           "nothing; the session never reached it, or the evidence predates check records; rerun "
+                           "the case (open " + rel_path(ev, "check/findings.json") + ")");
+    }
+    const json& r = runs[check];
+    if (r.value("examined", int64_t{0}) <= 0) {
+      return Verdict::fail("check " + check + " ran " + std::to_string(r.value("runs", int64_t{0})) +
+                           " time(s) and examined no " + r.value("unit", std::string("item")) +
+                           ": it checked nothing on this case (open " + rel_path(ev, "check/findings.json") + ")");
+    }
+    examined.push_back(check);
+  }
   std::ostringstream out;
   int n = 0;
   for (const auto& f : ev.findings()) {
@@ -125,7 +147,15 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
     if (f.contains("facts") && !f["facts"].empty()) out << "\n    facts: " << short_json(f["facts"]);
     if (!f.value("remediation", "").empty()) out << "\n    fix: " << f.value("remediation", "");
   }
-  if (n == 0) return Verdict::pass();
+  if (n == 0) {
+    std::string what;
+    for (const auto& check : examined) {
+      what += (what.empty() ? "" : "; ") + check + " examined " + std::to_string(runs[check].value("examined", int64_t{0})) +
+              " " + runs[check].value("unit", std::string()) + " in " + std::to_string(runs[check].value("runs", int64_t{0})) +
+              " run(s)";
+    }
+    return Verdict::pass(what);
+  }
   return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
                        (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
                        rel_path(ev, "check/findings.json") + ")");

@@ -65,7 +65,9 @@ struct Verdict {
 };
 
 /// Fails when findings.json holds an error finding whose code is one of `codes`, listing each
-/// (code, owner, message, remediation) and the file to open.
+/// (code, owner, message, remediation) and the file to open; and when the check that emits
+/// one of the codes (codes::check_of) has no run record in findings.json "checks", or
+/// examined nothing ("check X did not run on this case"). A pass says what each examined.
 Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes);
 
 /// The relative tolerance of a case against its comparison target: the spec's

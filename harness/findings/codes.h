@@ -22,6 +22,7 @@ inline constexpr const char* kOptimFrozen = "MIH-OPTIM-003";           ///< froz
 inline constexpr const char* kOptimMissing = "MIH-OPTIM-004";          ///< trainable parameter in no group
 inline constexpr const char* kOptimWeightDecay = "MIH-OPTIM-005";      ///< weight decay not as declared
 inline constexpr const char* kOptimStateShape = "MIH-OPTIM-006";       ///< state shape != local shape
+inline constexpr const char* kOptimDecayOnNorm = "MIH-OPTIM-007";      ///< weight decay on a 1-D parameter (norm, bias)
 // Data contract (checks/data.cpp).
 inline constexpr const char* kDataNoOwner = "MIH-DATA-001";            ///< field without an owner
 inline constexpr const char* kDataNotProduced = "MIH-DATA-002";        ///< declared field not produced
@@ -29,6 +30,7 @@ inline constexpr const char* kDataTwoOwners = "MIH-DATA-003";          ///< fiel
 inline constexpr const char* kDataLabelsShift = "MIH-DATA-004";        ///< labels shift != declaration
 inline constexpr const char* kDataForwardField = "MIH-DATA-005";       ///< required forward field missing
 inline constexpr const char* kDataLossLabels = "MIH-DATA-006";         ///< per-token loss not where labels are valid
+inline constexpr const char* kDataValidTokens = "MIH-DATA-007";        ///< trainer's valid-token count != the labels seen
 // Input identity (checks/data.cpp).
 inline constexpr const char* kInputCpReplicated = "MIH-INPUT-001";     ///< cp-replicated field differs over cp
 inline constexpr const char* kInputTpRanks = "MIH-INPUT-002";          ///< tp ranks saw other inputs
@@ -43,7 +45,7 @@ inline constexpr const char* kSharedNoConsumer = "MIH-SHARED-002";     ///< decl
 inline constexpr const char* kSharedBeforePublish = "MIH-SHARED-003";  ///< consumed before published
 inline constexpr const char* kSharedTwice = "MIH-SHARED-004";          ///< published twice in one forward
 inline constexpr const char* kSharedWrongProducer = "MIH-SHARED-005";  ///< published by another layer
-inline constexpr const char* kSharedUndeclared = "MIH-SHARED-006";     ///< undeclared key (a warning)
+inline constexpr const char* kSharedUndeclared = "MIH-SHARED-006";     ///< undeclared key published or consumed
 // Modality gradients (checks/runtime_checks.cpp).
 inline constexpr const char* kModalNoGradient = "MIH-MODAL-001";       ///< no finite, non-zero gradient
 // State invariants (checks/structure.cpp).
@@ -52,14 +54,59 @@ inline constexpr const char* kInvarThrew = "MIH-INVAR-002";            ///< inva
 // Probes (probes/probes.cpp).
 inline constexpr const char* kProbeReplicas = "MIH-PROBE-001";         ///< replicas disagree after a step
 
-/// Every code above, in order (for tests that every asserted code has an emitter).
-inline constexpr std::array<const char*, 34> kAllCodes = {
-    kStructLocalShape,   kStructDtypeDevice,  kStructNonFinite,      kStructTie,          kStructFsdpUnit,
-    kStructUnitMixed,    kOptimNotLive,       kOptimTwoGroups,       kOptimFrozen,        kOptimMissing,
-    kOptimWeightDecay,   kOptimStateShape,    kDataNoOwner,          kDataNotProduced,    kDataTwoOwners,
-    kDataLabelsShift,    kDataForwardField,   kDataLossLabels,       kInputCpReplicated,  kInputTpRanks,
-    kCkptTargetKey,      kCkptRoundTrip,      kCkptUnexpectedSource, kCkptMissingSource,  kSharedNoProducer,
-    kSharedNoConsumer,   kSharedBeforePublish, kSharedTwice,         kSharedWrongProducer, kSharedUndeclared,
-    kModalNoGradient,    kInvarFailed,        kInvarThrew,           kProbeReplicas};
+// The checks that emit them (the names of findings.json "checks", FindingReport::ran).
+inline constexpr const char* kCheckStructure = "structure";                  ///< parameters
+inline constexpr const char* kCheckTies = "ties";                            ///< declared tied pairs
+inline constexpr const char* kCheckFsdpUnits = "fsdp_units";                 ///< FSDP-sharded parameters
+inline constexpr const char* kCheckOptimizer = "optimizer_layout";           ///< parameters
+inline constexpr const char* kCheckDataContract = "data_contract";           ///< fields of the global batch
+inline constexpr const char* kCheckForwardFields = "forward_fields";         ///< declared forward fields
+inline constexpr const char* kCheckTokenLosses = "token_losses";             ///< tokens
+inline constexpr const char* kCheckValidTokens = "valid_tokens";             ///< steps
+inline constexpr const char* kCheckInputTp = "input_identity_tp";           ///< tp ranks compared
+inline constexpr const char* kCheckInputCp = "input_identity_cp";           ///< cp-replicated fields compared
+inline constexpr const char* kCheckCoverage = "checkpoint_coverage";         ///< parameters and buffers
+inline constexpr const char* kCheckSource = "checkpoint_source";             ///< source checkpoint keys
+inline constexpr const char* kCheckSharedState = "shared_state";             ///< declared keys
+inline constexpr const char* kCheckSharedEvents = "shared_state_events";    ///< steps of publish/consume events
+inline constexpr const char* kCheckModality = "modality_gradients";          ///< parameters of modality groups
+inline constexpr const char* kCheckInvariants = "invariants";                ///< invariants run
+inline constexpr const char* kCheckReplicas = "replica_consistency";         ///< parameters
+
+struct CodeRow {
+  const char* code;
+  const char* check;  ///< the check that emits it
+};
+
+/// Every code above with its check, in order (for tests that every asserted code has an
+/// emitter, and for verdicts that require the emitting check to have run).
+inline constexpr std::array<CodeRow, 36> kAllCodes = {{
+    {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
+    {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
+    {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
+    {kOptimNotLive, kCheckOptimizer},           {kOptimTwoGroups, kCheckOptimizer},
+    {kOptimFrozen, kCheckOptimizer},            {kOptimMissing, kCheckOptimizer},
+    {kOptimWeightDecay, kCheckOptimizer},       {kOptimStateShape, kCheckOptimizer},
+    {kOptimDecayOnNorm, kCheckOptimizer},       {kDataNoOwner, kCheckDataContract},
+    {kDataNotProduced, kCheckDataContract},     {kDataTwoOwners, kCheckDataContract},
+    {kDataLabelsShift, kCheckDataContract},     {kDataForwardField, kCheckForwardFields},
+    {kDataLossLabels, kCheckTokenLosses},       {kDataValidTokens, kCheckValidTokens},
+    {kInputCpReplicated, kCheckInputCp},        {kInputTpRanks, kCheckInputTp},
+    {kCkptTargetKey, kCheckCoverage},           {kCkptRoundTrip, kCheckCoverage},
+    {kCkptUnexpectedSource, kCheckSource},      {kCkptMissingSource, kCheckSource},
+    {kSharedNoProducer, kCheckSharedState},     {kSharedNoConsumer, kCheckSharedState},
+    {kSharedBeforePublish, kCheckSharedEvents}, {kSharedTwice, kCheckSharedEvents},
+    {kSharedWrongProducer, kCheckSharedState},  {kSharedUndeclared, kCheckSharedEvents},
+    {kModalNoGradient, kCheckModality},         {kInvarFailed, kCheckInvariants},
+    {kInvarThrew, kCheckInvariants},            {kProbeReplicas, kCheckReplicas},
+}};
+
+/// The check that emits `code`, or "" for a code not in kAllCodes.
+constexpr std::string_view check_of(std::string_view code) {
+  for (const auto& row : kAllCodes) {
+    if (code == row.code) return row.check;
+  }
+  return "";
+}
 
 }  // namespace mih::codes

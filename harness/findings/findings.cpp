@@ -48,6 +48,30 @@ void FindingReport::add(Finding f) {
   findings_.push_back(std::move(f));
 }
 
+void FindingReport::ran(const std::string& check, int64_t examined, const std::string& unit) {
+  for (auto& r : runs_) {
+    if (r.check != check) continue;
+    ++r.runs;
+    r.examined += examined;
+    return;
+  }
+  runs_.push_back({check, 1, examined, unit});
+}
+
+void FindingReport::absorb(const FindingReport& other) {
+  for (const auto& f : other.findings_) findings_.push_back(f);
+  for (const auto& r : other.runs_) {
+    bool merged = false;
+    for (auto& mine : runs_) {
+      if (mine.check != r.check) continue;
+      mine.runs += r.runs;
+      mine.examined += r.examined;
+      merged = true;
+    }
+    if (!merged) runs_.push_back(r);
+  }
+}
+
 bool FindingReport::failed() const {
   for (const auto& f : findings_) {
     if (f.severity == Severity::kError) return true;
@@ -61,7 +85,13 @@ nlohmann::json FindingReport::to_json() const {
     errors += f.severity == Severity::kError;
     warnings += f.severity == Severity::kWarning;
   }
-  return {{"status", failed() ? "FAIL" : "PASS"}, {"errors", errors}, {"warnings", warnings}, {"findings", findings_}};
+  nlohmann::json checks = nlohmann::json::object();
+  for (const auto& r : runs_) checks[r.check] = {{"runs", r.runs}, {"examined", r.examined}, {"unit", r.unit}};
+  return {{"status", failed() ? "FAIL" : "PASS"},
+          {"errors", errors},
+          {"warnings", warnings},
+          {"findings", findings_},
+          {"checks", checks}};
 }
 
 std::string FindingReport::summary() const {

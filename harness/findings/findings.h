@@ -4,6 +4,7 @@
 // the state is unsafe and how to fix it (the seed tool's Finding; DESIGN.md section 6).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,20 +35,38 @@ void to_json(nlohmann::json& j, const Finding& f);
 /// Throws: nlohmann::json::exception for a missing field; as Finding::validate.
 void from_json(const nlohmann::json& j, Finding& f);
 
+/// The record that a check ran: its name (codes::check_of), how many times, and what it
+/// examined in all (a count and its unit: "parameters", "declared tied pairs"). A
+/// findings-based verdict with no record of the check that emits its codes, or a record of
+/// nothing examined, is a failure: no finding from a check that never looked is not a pass.
+struct CheckRun {
+  std::string check;
+  int64_t runs = 0;
+  int64_t examined = 0;
+  std::string unit;
+};
+
 /// The findings of one check (or a whole session): status FAIL if any error, else PASS.
 class FindingReport {
  public:
   /// Validates and adds `f`. Throws: as Finding::validate.
   void add(Finding f);
+  /// Records one run of `check` that examined `examined` `unit`s (summed over runs).
+  void ran(const std::string& check, int64_t examined, const std::string& unit);
+  /// Adds the findings and the run records of `other`.
+  void absorb(const FindingReport& other);
   const std::vector<Finding>& findings() const { return findings_; }
+  const std::vector<CheckRun>& runs() const { return runs_; }
   bool failed() const;
-  /// {"status": "PASS"|"FAIL", "errors": n, "warnings": n, "findings": [...]}.
+  /// {"status": "PASS"|"FAIL", "errors": n, "warnings": n, "findings": [...],
+  ///  "checks": {check: {"runs": n, "examined": n, "unit": "..."}}}.
   nlohmann::json to_json() const;
   /// One line per error: "MIH-STRUCT-001 layers.0.q_proj.weight: message (fix: remediation)".
   std::string summary() const;
 
  private:
   std::vector<Finding> findings_;
+  std::vector<CheckRun> runs_;
 };
 
 }  // namespace mih

@@ -274,6 +274,7 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
       all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.device(), "mih.session.replicas");
   FindingReport report;
   json checked = json::object();
+  int64_t replicated_pieces = 0;
   for (const auto& p : ctx.parameters()) {
     // piece id -> digest -> ranks
     std::map<std::string, std::map<std::string, std::vector<int>>> pieces;
@@ -284,6 +285,9 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
     int replicas_compared = 0;
     for (const auto& [piece, by_digest] : pieces) {
       replicas_compared += static_cast<int>(by_digest.size() > 0);
+      size_t holders = 0;
+      for (const auto& [digest, ranks] : by_digest) holders += ranks.size();
+      replicated_pieces += holders > 1;
       if (by_digest.size() < 2) continue;
       json groups = json::array();
       for (const auto& [digest, ranks] : by_digest) groups.push_back({{"ranks", ranks}, {"sha256", digest}});
@@ -298,6 +302,7 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
     }
     checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}};
   }
+  report.ran(codes::kCheckReplicas, replicated_pieces, "parameter pieces held by more than one rank");
   if (evidence) *evidence = {{"step", step}, {"parameters", checked}};
   return report;
 }

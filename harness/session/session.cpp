@@ -2,6 +2,7 @@
 #include "harness/session/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <map>
 
@@ -9,6 +10,8 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/checkpoint/safetensors.h"
+#include "harness/findings/codes.h"
 #include "harness/runtime/communicator.h"
 
 namespace mih {
@@ -90,8 +93,18 @@ void ValidationSession::write_rank_file(std::string_view relative, const json& j
   if (evidence_) evidence_->write_json(relative, j);
 }
 
+void ValidationSession::take(FindingReport& into, const FindingReport& from) {
+  for (const auto& f : from.findings()) into.add(f);
+  // The record of the run stays with this rank's report (rank 0 writes findings.json).
+  FindingReport runs;
+  for (const auto& r : from.runs()) {
+    for (int64_t i = 0; i < r.runs; ++i) runs.ran(r.check, i == 0 ? r.examined : 0, r.unit);
+  }
+  findings_.absorb(runs);
+}
+
 void ValidationSession::merge(FindingReport local, const json& perf) {
-  for (const auto& f : local.findings()) pending_.add(f);
+  take(pending_, local);
   json mine = {{"findings", pending_.to_json()["findings"]}, {"perf", perf}};
   pending_ = FindingReport();
   const std::vector<json> all =
@@ -125,8 +138,48 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
     }
     metrics_.back()["step_ms_max_over_ranks"] = step_ms;
     metrics_.back()["peak_memory_bytes"] = peak;
+    check_valid_tokens(all, perf.value("step", int64_t{0}));
   }
   if (!order.empty()) write("check/findings.json", findings_.to_json());
+}
+
+void ValidationSession::check_valid_tokens(const std::vector<json>& all, int64_t step) {
+  // The global valid-label count recounted from the micro-batches every rank received,
+  // against what the Trainer reports and what each rank divided its loss by.
+  int64_t recounted = 0;
+  for (const auto& a : all) recounted += a["perf"].value("valid_labels", int64_t{0});
+  findings_.ran(codes::kCheckValidTokens, 1, "steps");
+  const int64_t reported = all[0]["perf"].value("valid_tokens_reported", int64_t{-1});
+  json wrong = json::array();
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const auto& n : all[r]["perf"].value("loss_normalizers", json::array())) {
+      if (std::abs(n.get<double>() - static_cast<double>(recounted)) > 0.5) {
+        wrong.push_back({{"rank", r}, {"normalizers", all[r]["perf"]["loss_normalizers"]}});
+        break;
+      }
+    }
+  }
+  const json facts = {{"step", step}, {"labels_recounted", recounted}, {"valid_tokens_reported", reported},
+                      {"ranks_with_another_normalizer", wrong}};
+  if (reported != recounted) {
+    findings_.add({codes::kDataValidTokens, "runtime", "valid_tokens", Severity::kError,
+                   "the trainer reports " + std::to_string(reported) + " valid tokens at step " + std::to_string(step) +
+                       ", the micro-batches the model received hold " + std::to_string(recounted) +
+                       " labels != -100",
+                   facts, "the loss and the gradients are normalized by a count of other tokens than were trained on",
+                   "count the valid labels of the global batch once, over every data-parallel and cp rank"});
+  }
+  if (!wrong.empty()) {
+    findings_.add({codes::kDataValidTokens, "runtime", "loss_normalizer", Severity::kError,
+                   "rank " + std::to_string(wrong[0]["rank"].get<int64_t>()) + " divided its loss at step " +
+                       std::to_string(step) + " by " + wrong[0]["normalizers"].dump() + ", not by the " +
+                       std::to_string(recounted) + " valid labels of the global batch (" +
+                       std::to_string(wrong.size()) + " rank(s))",
+                   facts,
+                   "a loss normalized per rank or per micro-batch weights tokens unevenly: the gradients depend on how "
+                   "the batch is split",
+                   "divide every micro-batch's summed token losses by the global valid-token count of the step"});
+  }
 }
 
 void ValidationSession::attach_optimizer(const TrainingState& state) {
@@ -145,23 +198,27 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
 
     FindingReport local;
     checks::CheckOutput structure = checks::check_structure(state, *spec_);
-    for (const auto& f : structure.findings.findings()) local.add(f);
+    take(local, structure.findings);
     write("check/structure.json", structure.evidence);
     write("check/fsdp_units.json", structure.evidence["fsdp_units"]);
     if (evidence_ && mesh_->rank() == 0) evidence_->write_text("check/parameter_ownership.csv", checks::parameter_ownership_csv(ctx));
 
-    checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure);
-    for (const auto& f : optimizer.findings.findings()) local.add(f);
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure, spec_->decayed_1d);
+    take(local, optimizer.findings);
     write("check/optimizer_layout_initial.json", optimizer.evidence);
 
-    checks::CheckOutput coverage = checks::check_checkpoint_coverage(
-        ctx, spec_->checkpoint, options_.source_checkpoint_keys ? &*options_.source_checkpoint_keys : nullptr);
-    for (const auto& f : coverage.findings.findings()) local.add(f);
+    std::optional<std::vector<std::string>> source_keys = options_.source_checkpoint_keys;
+    if (!source_keys && !spec_->checkpoint.source.empty()) {
+      source_keys = safetensors::checkpoint_keys(spec_->checkpoint.source);
+    }
+    checks::CheckOutput coverage =
+        checks::check_checkpoint_coverage(ctx, spec_->checkpoint, source_keys ? &*source_keys : nullptr);
+    take(local, coverage.findings);
     write("checkpoint/coverage.json", coverage.evidence);
 
     for (spec::Phase phase : {spec::Phase::kStructure, spec::Phase::kMaterialization}) {
       checks::CheckOutput inv = checks::run_invariants(spec_->invariants, phase, state);
-      for (const auto& f : inv.findings.findings()) local.add(f);
+      take(local, inv.findings);
       write("check/invariants_" + spec::phase_name(phase) + ".json", inv.evidence);
     }
 
@@ -189,7 +246,7 @@ void ValidationSession::attach_data_pipeline(const BatchSource& batches) {
 void ValidationSession::begin_step(int64_t step) {
   guarded("begin_step", [&] {
     fields_seen_.clear();
-    tokens_seen_ = rows_seen_ = 0;
+    tokens_seen_ = rows_seen_ = labels_seen_ = 0;
     if (!runtime()) return;
     state_.context->shared_state().clear_events();
     probe(probes::Stage::kModelBefore, step);
@@ -200,10 +257,13 @@ void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t firs
   guarded("record_batch", [&] {
     for (const auto& [name, t] : batch.fields) fields_seen_.insert(name);
     tokens_seen_ += batch.input_ids.numel();
+    if (batch.labels.defined()) labels_seen_ += batch.labels.ne(-100).sum().item<int64_t>();
     rows_seen_ += batch.input_ids.size(0);
-    if (step == 0 && micro_batch == 0) {
+    // The first micro-batch this session sees (step 0, or the first step after a resume).
+    if (first_step_ < 0) first_step_ = step;
+    if (step == first_step_ && micro_batch == 0) {
       checks::CheckOutput fields = checks::check_forward_fields(spec_->data, batch);
-      for (const auto& f : fields.findings.findings()) pending_.add(f);
+      take(pending_, fields.findings);
       write("data/observed_forward_fields.json", fields.evidence);
     }
     if (!runtime()) return;
@@ -214,10 +274,10 @@ void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t firs
 
 void ValidationSession::record_token_losses(int64_t step, int micro_batch, const at::Tensor& token_losses,
                                             const Batch& batch) {
-  if (step != 0 || micro_batch != 0) return;
+  if (step != first_step_ || micro_batch != 0) return;
   guarded("record_token_losses", [&] {
     checks::CheckOutput losses = checks::check_token_losses(batch, token_losses);
-    for (const auto& f : losses.findings.findings()) pending_.add(f);
+    take(pending_, losses.findings);
     write("data/token_losses.json", losses.evidence);
   });
 }
@@ -226,7 +286,7 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
   guarded("after_backward_before_clip", [&] {
     if (!runtime()) return;
     checks::CheckOutput modal = checks::check_modality_gradients(*state_.context, spec_->modalities, fields_seen_, step);
-    for (const auto& f : modal.findings.findings()) pending_.add(f);
+    take(pending_, modal.findings);
     if (!spec_->modalities.empty()) write("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
     probe(probes::Stage::kGradBeforeClip, step);
   });
@@ -236,8 +296,8 @@ void ValidationSession::after_clip(int64_t step, double /*grad_norm*/) {
   guarded("after_clip", [&] {
     if (!runtime()) return;
     probe(probes::Stage::kGradAfterClip, step);
-    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime);
-    for (const auto& f : optimizer.findings.findings()) pending_.add(f);
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime, spec_->decayed_1d);
+    take(pending_, optimizer.findings);
     write("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
   });
 }
@@ -249,7 +309,7 @@ void ValidationSession::after_optimizer(int64_t step) {
     probe(probes::Stage::kOptimizerState, step);
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
-    for (const auto& f : r.findings()) pending_.add(f);
+    take(pending_, r);
     write("cases/runtime/replicas_step" + std::to_string(step) + ".json", replicas);
   });
 }
@@ -275,11 +335,11 @@ void ValidationSession::end_step(const StepMetrics& m) {
     if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("data/input_identity.jsonl", identity);
 
     checks::CheckOutput shared = checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step);
-    for (const auto& f : shared.findings.findings()) local.add(f);
+    take(local, shared.findings);
     write("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
 
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kRuntime, state_);
-    for (const auto& f : inv.findings.findings()) local.add(f);
+    take(local, inv.findings);
     if (!inv.evidence.empty()) write("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
 
     // Communication of training (not of the session) since the last step, per axis.
@@ -295,7 +355,11 @@ void ValidationSession::end_step(const StepMetrics& m) {
     json perf = {{"step", step},
                  {"step_ms", m.step_ms},
                  {"peak_memory_bytes", probes::peak_memory_bytes(ctx.device())},
-                 {"comm_bytes", comm}};
+                 {"comm_bytes", comm},
+                 // tp ranks see the same rows: count them once.
+                 {"valid_labels", mesh_->comm(MeshAxis::kTp).rank() == 0 ? labels_seen_ : 0},
+                 {"loss_normalizers", m.loss_normalizers},
+                 {"valid_tokens_reported", m.valid_tokens}};
     merge(std::move(local), perf);
     hook_ms_["end_step"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     perf["session_ms"] = hook_ms_;
@@ -346,10 +410,10 @@ void ValidationSession::capture_checkpoint_payload(const std::string& event, con
     if (event != "load") return;
     FindingReport local;
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kCheckpoint, state_);
-    for (const auto& f : inv.findings.findings()) local.add(f);
+    take(local, inv.findings);
     write("checkpoint/invariants_after_load.json", inv.evidence);
-    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kCheckpoint);
-    for (const auto& f : optimizer.findings.findings()) local.add(f);
+    checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kCheckpoint, spec_->decayed_1d);
+    take(local, optimizer.findings);
     write("checkpoint/optimizer_layout_after_load.json", optimizer.evidence);
     merge(std::move(local));
   });

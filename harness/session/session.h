@@ -115,6 +115,10 @@ class ValidationSession : public TrainingHooks {
  private:
   template <class Fn>
   void guarded(const char* hook, Fn&& fn);
+  // The valid-token check over every rank's end_step figures (all of merge's gather).
+  void check_valid_tokens(const std::vector<nlohmann::json>& all, int64_t step);
+  // Adds the findings of `from` to `into`, and its run records to this rank's findings_.
+  void take(FindingReport& into, const FindingReport& from);
   // Merges this rank's new findings over the world (a collective) and writes them.
   void merge(FindingReport local, const nlohmann::json& perf = nullptr);
   void write(std::string_view relative, const nlohmann::json& j) const;
@@ -136,6 +140,12 @@ class ValidationSession : public TrainingHooks {
   std::set<std::string> fields_seen_;
   std::vector<nlohmann::json> metrics_, input_identity_, performance_;
   int64_t tokens_seen_ = 0, rows_seen_ = 0;
+  // Labels != -100 of the micro-batches this rank received in the step (recounted here, to be
+  // compared with what the Trainer reports and divides the loss by).
+  int64_t labels_seen_ = 0;
+  // The first step this session trained (0, or resume_at after a checkpoint load): the data
+  // checks of the first micro-batch run on it.
+  int64_t first_step_ = -1;
   size_t ledger_seen_ = 0;
   // Wall time spent in each hook since the last end_step, milliseconds (the session's own
   // cost, written to performance_rank<r>.jsonl).

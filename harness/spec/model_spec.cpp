@@ -3,6 +3,7 @@
 
 #include <fnmatch.h>
 
+#include <cmath>
 #include <set>
 
 #include "harness/base/error.h"
@@ -74,6 +75,11 @@ void ModelSpec::validate() const {
     MIH_CHECK(static_cast<bool>(c.run), where, ": module parity case '", c.name, "' has no run function");
   }
   KeyMap check_rules(checkpoint.key_map);  // throws on a malformed rule
+  MIH_CHECK(trainer.lr() > 0 && std::isfinite(trainer.lr()), where, ": trainer.lr must be a positive number, got ",
+            trainer.lr());
+  MIH_CHECK(trainer.weight_decay() >= 0 && std::isfinite(trainer.weight_decay()), where,
+            ": trainer.weight_decay must be >= 0, got ", trainer.weight_decay());
+  for (const auto& p : decayed_1d) MIH_CHECK(!p.empty(), where, ": decayed_1d has an empty pattern");
 }
 
 void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {
@@ -129,7 +135,17 @@ nlohmann::json ModelSpec::to_json() const {
            {{"key_map", KeyMap(checkpoint.key_map).to_json()},
             {"training_only", checkpoint.training_only},
             {"inference_only", checkpoint.inference_only},
-            {"tied", checkpoint.tied}}},
+            {"tied", checkpoint.tied},
+            {"source", checkpoint.source}}},
+          {"trainer",
+           {{"lr", trainer.lr()},
+            {"beta1", trainer.beta1()},
+            {"beta2", trainer.beta2()},
+            {"eps", trainer.eps()},
+            {"weight_decay", trainer.weight_decay()},
+            {"max_grad_norm", trainer.max_grad_norm()},
+            {"no_weight_decay", trainer.no_weight_decay()}}},
+          {"decayed_1d", decayed_1d},
           {"shared_state", shared},
           {"modalities", modal},
           {"invariants", inv},

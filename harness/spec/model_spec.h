@@ -79,6 +79,11 @@ struct CheckpointSpec {
   std::vector<std::string> inference_only;
   /// Pairs of internal FQNs that must be one parameter when tied.
   std::vector<std::pair<std::string, std::string>> tied;
+  /// A source checkpoint in Hugging Face layout whose keys the key map must cover: a
+  /// directory with model.safetensors.index.json (its weight_map's keys; the shards are not
+  /// opened) or *.safetensors files (their headers). Empty: none (the SourceCheckpoint suite
+  /// is not instantiated).
+  std::string source;
 };
 
 /// State one layer publishes in forward and others consume (a rotary table, vision features,
@@ -153,6 +158,13 @@ struct ModelSpec {
   std::vector<StateInvariant> invariants;
   std::vector<ModuleParityCase> parity_cases;
   Tolerances tolerances;
+  /// The Trainer's optimizer and clipping for this port (lr, betas, weight decay and the
+  /// no-weight-decay patterns, max_grad_norm); the runner adds the field sharding and the
+  /// device. The OptimizerLayout suite checks the groups against these.
+  TrainerOptions trainer;
+  /// 1-D parameters (norm scales, biases) the port decays on purpose (FQN globs); any other
+  /// 1-D parameter with weight decay is a finding (MIH-OPTIM-007).
+  std::vector<std::string> decayed_1d;
 
   /// Throws: mih::Error{kInvalidSpec} naming the spec and the field: an empty name or
   ///   factory, no batches, a duplicate or implicit field name, a modality field not among the

@@ -227,6 +227,7 @@ StepMetrics Trainer::step() {
   m.loss = loss.item<double>();
   m.lr = options_.lr();
   m.valid_tokens = global_valid;
+  m.loss_normalizers = normalizers;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   hooks_->end_step(m);
   hooks_->record_fsdp_trace(step);

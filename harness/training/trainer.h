@@ -86,6 +86,9 @@ struct StepMetrics {
   double lr = 0;
   /// Targets with a label (!= -100) in the global batch.
   int64_t valid_tokens = 0;
+  /// What this rank divided each micro-batch's summed token losses by (the contract: the
+  /// global valid-token count, so every split gives the same gradients). Not in to_json.
+  std::vector<double> loss_normalizers;
   /// Wall time of the step on this rank, milliseconds.
   double step_ms = 0;
 };

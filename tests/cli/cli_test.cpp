@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/compat/collectives.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
@@ -335,14 +336,17 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   }
   int total = 0;
   for (const auto& [s, n] : tests_of) total += n;
-  // 30 cases of cpu-smoke: the 978 tests that ran before, less the 252 former skips, less the 6
-  // InputIdentity tests of the three references (one rank: nothing to compare or disagree on).
-  EXPECT_EQ(total, 972) << list.output;
+  // 30 cases of cpu-smoke: 972 tests before the check records, then: the tp and cp input
+  // checks only where tp > 1 (12 cases) or cp > 1 with a cp-replicated field (vlm Cp2Zz),
+  // ReplicaConsistency only where a piece is replicated (tp, cp or dp_replicate > 1: 15 of
+  // 27), the undeclared-state test in SharedStateUse with the event checks, the source keys
+  // on llama and moe (20 cases), the tie test not at all (no reference spec ties), and two
+  // new tests on every case (the valid-token recount, weight decay on 1-D parameters).
+  EXPECT_EQ(total, 939) << list.output;
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
                                      "DpShard2Tp2Sp", "DpShard2Ac",    "DpShard2Mb2", "ResumeDpShard2",
                                      "ResumeDpShard2ToTp2", "Tp2"};
-  std::set<std::string> parallel = all, compared = all;
-  parallel.erase("Reference");
+  std::set<std::string> compared = all;
   compared.erase("Reference");
   EXPECT_EQ(cases_of["Llama/Structure"], all);
   EXPECT_EQ(cases_of["Llama/CommVolume"], all);
@@ -352,7 +356,16 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
-  EXPECT_EQ(cases_of["Llama/ReplicaConsistency"], parallel);
+  EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
+            (std::set<std::string>{"Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "ResumeDpShard2ToTp2", "Tp2"}));
+  EXPECT_EQ(cases_of["Llama/TensorParallelInputs"],
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "ResumeDpShard2ToTp2", "Tp2"}));
+  EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
+  EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz"}));  // pixel_values
+  EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
+  EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
+  EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
+  EXPECT_EQ(cases_of["Llama/SharedStateUse"], all);
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);
   // moe declares gradient accumulation not comparable (with its reason): no parity there.
@@ -367,8 +380,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   CliRun labels = mih("test --mih-list-cases");
   ASSERT_EQ(labels.status, 0) << labels.output;
   EXPECT_THAT(labels.output, HasSubstr("Llama llama Reference conformance,llama,reference,Structure,OptimizerLayout,"
-                                       "DataContract,CheckpointCoverage,SharedState,StateInvariants,ModuleParity,"
-                                       "CommVolume\n"));
+                                       "DataContract,CheckpointCoverage,SourceCheckpoint,SharedState,SharedStateUse,"
+                                       "StateInvariants,ModuleParity,CommVolume\n"));
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
 }
 
@@ -421,7 +434,18 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   }
   EXPECT_EQ(suites, (std::set<std::string>{"CheckpointCoverage", "CommVolume", "DataContract", "InputIdentity",
                                            "NumericParity", "OptimizerLayout", "ReplicaConsistency", "SharedState",
-                                           "StateInvariants", "Structure"}));
+                                           "SharedStateUse", "SourceCheckpoint", "StateInvariants", "Structure",
+                                           "TensorParallelInputs"}));
+  // Every findings-based test says what its check examined; the case whose every test passed
+  // is MATRIX_PASSED, the reference too (its own tests ran: the filter selects only Tp2Sp's, so
+  // the reference keeps the state its session gave it).
+  for (const auto& line : results) {
+    if (line["suite"] == "Structure") {
+      EXPECT_THAT(line.value("examined", ""), HasSubstr("structure examined 19 parameters"));
+    }
+  }
+  EXPECT_EQ(read_json_file(root / "llama/Tp2Sp/integration_state.json")["state"], "MATRIX_PASSED");
+  EXPECT_EQ(read_json_file(root / "llama/Reference/integration_state.json")["state"], "STRUCTURE_VALIDATED");
 
   // Verify-only: the same suites on the evidence, nothing launched.
   CliRun check = mih("check " + (root / "llama/Tp2Sp").string());

@@ -75,7 +75,9 @@ class PlainBackend : public TrainingBackend {
       for (const auto& [name, t] : batch.fields) micro.fields[name] = t.narrow(0, mb * mb_rows, mb_rows);
       hooks_->record_batch(step, mb, mb * mb_rows, micro);
       context_->shared_state().begin_forward();
-      at::Tensor loss = model_->token_losses(micro).sum() / static_cast<double>(valid);
+      const at::Tensor token_losses = model_->token_losses(micro);
+      hooks_->record_token_losses(step, mb, token_losses.detach(), micro);
+      at::Tensor loss = token_losses.sum() / static_cast<double>(valid);
       loss.backward();
       loss_sum += loss.item<double>();
     }
@@ -97,6 +99,7 @@ class PlainBackend : public TrainingBackend {
     m.loss = loss_sum;
     m.lr = options_.lr();
     m.valid_tokens = valid;
+    m.loss_normalizers.assign(static_cast<size_t>(config_.micro_batches), static_cast<double>(valid));
     m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     hooks_->end_step(m);
     hooks_->record_fsdp_trace(step);

@@ -120,6 +120,25 @@ TEST_F(VerdictsTest, FindingsVerdictFailsOnAnErrorFindingOfItsCodes) {
   EXPECT_TRUE(verdicts::no_error_findings(ev, {"MIH-STRUCT-002"}).passed()) << "another code is not this verdict's";
 }
 
+// No finding is a pass only when the check that emits the code ran and examined something;
+// a passing verdict says what it examined.
+TEST_F(VerdictsTest, FindingsVerdictFailsWhenItsCheckDidNotRunOrExaminedNothing) {
+  const Verdict ok = verdicts::no_error_findings(CaseEvidence(real("llama", "DpShard2")), {"MIH-STRUCT-001"});
+  EXPECT_TRUE(ok.passed()) << ok.message;
+  EXPECT_THAT(ok.message, HasSubstr("structure examined 19 parameters"));
+  // llama declares no tie: the tie check examined no pair.
+  expect_fail(verdicts::no_error_findings(CaseEvidence(real("llama", "DpShard2")), {"MIH-STRUCT-004"}),
+              "check ties ran 1 time(s) and examined no declared tied pairs");
+  // The record of the structure check removed (a session that never reached it, or evidence
+  // of a version without records): not a pass.
+  const fs::path dir = copy("llama", "DpShard2");
+  json f = read(dir / "check/findings.json");
+  f["checks"].erase("structure");
+  write(dir / "check/findings.json", f);
+  expect_fail(verdicts::no_error_findings(CaseEvidence(dir), {"MIH-STRUCT-001"}),
+              "check structure did not run on this case");
+}
+
 TEST_F(VerdictsTest, ParityNamesTheFirstDivergentQuantity) {
   CaseEvidence ref(real("llama", "Reference"));
   for (Quantity q : {Quantity::kInput, Quantity::kLoss, Quantity::kGradNorms, Quantity::kLr, Quantity::kTensors}) {

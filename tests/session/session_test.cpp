@@ -3,6 +3,8 @@
 // 2-rank Gloo groups (threads as ranks); the input-identity hash is the same for every split
 // of one global batch; probe statistics do not depend on the sharding; the evidence layout is
 // written; a check that raises sets the case FAILED with the reason.
+#include <fstream>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +12,9 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/checkpoint/safetensors.h"
 #include "harness/checks/checks.h"
+#include "harness/findings/codes.h"
 #include "harness/probes/probes.h"
 #include "harness/session/session.h"
 #include "reference_models/llama.h"
@@ -67,7 +71,15 @@ struct Tamper : TrainingHooks {
     if (before_optimizer_checks) before_optimizer_checks(step, state);
     inner->after_optimizer(step);
   }
-  void end_step(const StepMetrics& m) override { inner->end_step(m); }
+  void record_token_losses(int64_t step, int mb, const at::Tensor& losses, const Batch& b) override {
+    inner->record_token_losses(step, mb, losses, b);
+  }
+  std::function<void(StepMetrics&)> before_end_step;
+  void end_step(const StepMetrics& m) override {
+    StepMetrics changed = m;
+    if (before_end_step) before_end_step(changed);
+    inner->end_step(changed);
+  }
   void record_fsdp_trace(int64_t step) override { inner->record_fsdp_trace(step); }
 };
 
@@ -88,7 +100,7 @@ struct CaseOptions {
 // Runs `steps` steps of `s` under `c` on thread ranks with a session; rank 0's view.
 CaseRun run_case(const spec::ModelSpec& s, ParallelConfig c, const CaseOptions& o = {}) {
   CaseRun out;
-  const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
+  const TrainerOptions options = s.data.apply_sharding(s.trainer);
   out.errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     SessionOptions so;
     so.mode = o.mode;
@@ -443,6 +455,12 @@ TEST(SharedStateCheckTest, NamesMissingProducersAndConsumersEarlyConsumesAndRepu
   EXPECT_THAT(codes(r), Contains("MIH-SHARED-005 rotary.cos"));
   EXPECT_THAT(codes(r), Contains("MIH-SHARED-001 vision.features"));
   EXPECT_THAT(codes(r), Contains("MIH-SHARED-006 routing.counts"));
+  EXPECT_TRUE(r.failed()) << "an undeclared key is an error: nothing checks who publishes or reads it";
+  for (const auto& f : r.findings()) {
+    if (f.code == "MIH-SHARED-006") {
+      EXPECT_EQ(f.severity, Severity::kError);
+    }
+  }
   for (const auto& f : r.findings()) {
     if (f.code == "MIH-SHARED-004") {
       EXPECT_THAT(f.message, HasSubstr("published 2 times in forward 0 (again in the activation-checkpoint recompute)"));
@@ -546,6 +564,124 @@ TEST(ReplicaConsistencyTest, NamesAReplicatedParameterThatDivergedAcrossTpRanks)
                                          }});
   ASSERT_THAT(r.errors, IsEmpty());
   EXPECT_THAT(codes(r.findings), Contains("MIH-PROBE-001 norm.weight"));
+}
+
+
+// ---- what the checks examined, and what the trainer reports recounted ----
+
+const CheckRun* run_of(const FindingReport& r, const std::string& check) {
+  for (const auto& x : r.runs()) {
+    if (x.check == check) return &x;
+  }
+  return nullptr;
+}
+
+TEST(CheckRecordsTest, EveryCheckOfARuntimeSessionRecordsWhatItExamined) {
+  CaseRun r = run_case(get("llama"), config(2), {.steps = 2});
+  EXPECT_THAT(codes(r.findings), IsEmpty());
+  for (const char* check : {codes::kCheckStructure, codes::kCheckOptimizer, codes::kCheckDataContract,
+                            codes::kCheckForwardFields, codes::kCheckTokenLosses, codes::kCheckValidTokens,
+                            codes::kCheckCoverage, codes::kCheckSource, codes::kCheckSharedState,
+                            codes::kCheckSharedEvents, codes::kCheckInvariants, codes::kCheckFsdpUnits}) {
+    const CheckRun* run = run_of(r.findings, check);
+    ASSERT_NE(run, nullptr) << check << " left no record";
+    EXPECT_GT(run->examined, 0) << check << " examined nothing";
+  }
+  EXPECT_EQ(run_of(r.findings, codes::kCheckValidTokens)->runs, 2);
+  EXPECT_EQ(run_of(r.findings, codes::kCheckStructure)->examined, 19);
+  // llama declares no tie: the tie check ran and examined nothing (so its test fails if
+  // instantiated; the suite table does not instantiate it).
+  EXPECT_EQ(run_of(r.findings, codes::kCheckTies)->examined, 0);
+  // Every code has its emitting check.
+  for (const auto& row : codes::kAllCodes) EXPECT_EQ(codes::check_of(row.code), row.check);
+  EXPECT_EQ(codes::check_of("MIH-NOPE-001"), "");
+}
+
+TEST(CheckRecordsTest, TheTrainersValidTokenCountAndLossNormalizerAreRecountedFromTheBatches) {
+  // One token more than the micro-batches hold: the trainer counts what it did not train on.
+  CaseRun more = run_case(get("llama"), config(2), {.tamper = [](Tamper& t) {
+                                                      t.before_end_step = [](StepMetrics& m) { m.valid_tokens += 1; };
+                                                    }});
+  EXPECT_THAT(codes(more.findings), Contains("MIH-DATA-007 valid_tokens"));
+  // A loss divided by this rank's own count (F05's bug): the recount names the rank.
+  CaseRun own = run_case(get("llama"), config(2), {.tamper = [](Tamper& t) {
+                                                     t.before_end_step = [](StepMetrics& m) { m.loss_normalizers[0] /= 2; };
+                                                   }});
+  EXPECT_THAT(codes(own.findings), Contains("MIH-DATA-007 loss_normalizer"));
+  for (const auto& f : own.findings.findings()) {
+    if (f.code == codes::kDataValidTokens) {
+      EXPECT_THAT(f.message, HasSubstr("not by the"));
+    }
+  }
+}
+
+TEST(OptimizerLayoutCheckTest, WeightDecayOnANormTheDefaultsDoNotNameIsAFinding) {
+  // GPT-2 names its norms ln_1, ln_2, ln_f: the default patterns (*bias, *norm*) miss them.
+  // Here: llama with patterns that miss its norms the same way.
+  spec::ModelSpec s = get("llama");
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
+    const TrainerOptions misses = s.data.apply_sharding(TrainerOptions().no_weight_decay({"*bias", "*ln_*"}));
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), misses);
+    const FindingReport r = checks::check_optimizer_layout(t.state(), misses, spec::Phase::kStructure).findings;
+    EXPECT_THAT(codes(r), Contains("MIH-OPTIM-007 norm.weight"));
+    EXPECT_THAT(codes(r), Contains("MIH-OPTIM-007 layers.0.input_layernorm.weight"));
+    EXPECT_FALSE(has_code(r, "MIH-OPTIM-005")) << "the groups are as the (wrong) options say";
+    // Declared on purpose: no finding.
+    EXPECT_THAT(codes(checks::check_optimizer_layout(t.state(), misses, spec::Phase::kStructure, {"*norm*"}).findings),
+                IsEmpty());
+  });
+  EXPECT_THAT(errors, IsEmpty());
+  // The spec's own trainer options reach the run (and its evidence).
+  s.trainer.weight_decay(0.05).no_weight_decay({"*bias", "*norm*", "embed_tokens.*"});
+  EXPECT_EQ(s.to_json()["trainer"]["weight_decay"], 0.05);
+  CaseRun r = run_case(s, config());
+  EXPECT_THAT(codes(r.findings), IsEmpty());
+}
+
+TEST(SourceCheckpointTest, KeysComeFromAnIndexOrSafetensorsFilesAndATypoIsNamed) {
+  spec::ModelSpec s = get("llama");
+  ASSERT_FALSE(s.checkpoint.source.empty());
+  const std::vector<std::string> shipped = safetensors::checkpoint_keys(s.checkpoint.source);
+  EXPECT_THAT(shipped, Contains("model.layers.1.mlp.gate_proj.weight"));
+  const fs::path dir = testing::temp_dir("source_keys");
+  // A key map with a typo (q_prj): the source's q_proj is unexpected, the typo absent.
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(s.trainer));
+    EXPECT_THAT(codes(checks::check_checkpoint_coverage(t.context(), s.checkpoint, &shipped).findings), IsEmpty());
+    spec::CheckpointSpec typo = s.checkpoint;
+    for (auto& rule : typo.key_map) {
+      for (auto& e : rule.external) {
+        const auto at = e.find("$2_proj");
+        if (e.find("self_attn") != std::string::npos && at != std::string::npos) e.replace(at, 7, "$2_prj");
+      }
+    }
+    const FindingReport r = checks::check_checkpoint_coverage(t.context(), typo, &shipped).findings;
+    EXPECT_THAT(codes(r), Contains("MIH-CKPT-003 model.layers.0.self_attn.q_proj.weight"));
+    EXPECT_THAT(codes(r), Contains("MIH-CKPT-004 model.layers.0.self_attn.q_prj.weight"));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+  // *.safetensors files: their header names.
+  const double x[2] = {1, 2};
+  safetensors::write_file(dir / "st" / "model.safetensors", {{"b.weight", "F64", {2}, x, sizeof x}, {"a.weight", "F64", {1}, x, 8}});
+  EXPECT_EQ(safetensors::checkpoint_keys(dir / "st"), (std::vector<std::string>{"a.weight", "b.weight"}));
+  // Bad input: a clear error naming the directory or file.
+  try {
+    (void)safetensors::checkpoint_keys(dir / "nope");
+    ADD_FAILURE() << "no error for a missing directory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("does not exist"));
+  }
+  fs::create_directories(dir / "empty");
+  EXPECT_THROW((void)safetensors::checkpoint_keys(dir / "empty"), Error);
+  fs::create_directories(dir / "bad");
+  std::ofstream(dir / "bad" / "model.safetensors.index.json") << R"({"metadata": {}})";
+  try {
+    (void)safetensors::checkpoint_keys(dir / "bad");
+    ADD_FAILURE() << "no error for an index without weight_map";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("weight_map"));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,18 @@
+// The SourceCheckpoint suite (suites/suite_table.h): the key map against the keys of a source checkpoint (CheckpointSpec::source).
+#include "suites/conformance.h"
+
+namespace mih::conformance {
+
+using verdicts::no_error_findings;
+
+bool SourceCheckpoint::applies([[maybe_unused]] const SuiteContext& s) {
+  return !s.spec.checkpoint.source.empty();
+}
+const char* SourceCheckpoint::where() { return "every case of a spec that names a source checkpoint (checkpoint.source)"; }
+
+TEST_P(SourceCheckpoint, NoUnexpectedOrMissingSourceKey) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kCkptUnexpectedSource, codes::kCkptMissingSource}));
+}
+
+}  // namespace mih::conformance
