@@ -268,7 +268,7 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.footer(exit_status_legend());
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: build/mih-evidence/<run id>, or MIH_EVIDENCE_ROOT)");
-  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-full) or JSON matrix file; overrides every spec's");
+  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-full) or JSON matrix file; overrides every spec's");
   app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
   add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
   app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');

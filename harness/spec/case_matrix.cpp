@@ -27,10 +27,23 @@ const char* kCpuSmoke = R"({
     {"tp": 2, "sequence_parallel": true},
     {"cp": 2, "cp_layout": "zigzag"},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
+    {"dp_replicate": 2, "dp_shard": 2},
+    {"cp": 2, "cp_layout": "zigzag", "tp": 2},
     {"dp_shard": 2, "activation_checkpointing": true},
     {"dp_shard": 2, "micro_batches": 2},
     {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2}
+  ]})";
+
+// The model variants' lane (tied embedding and head, row-parallel biases): the layouts their
+// features change, FSDP and tp with and without sequence parallelism.
+const char* kCpuSmokeVariants = R"({
+  "name": "cpu-smoke-variants", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3,
+  "max_world_size": 4,
+  "cases": [
+    {"dp_shard": 2},
+    {"tp": 2},
+    {"tp": 2, "sequence_parallel": true}
   ]})";
 
 const char* kCpuFull = R"({
@@ -179,12 +192,14 @@ std::string CaseMatrix::table() const {
   return os.str();
 }
 
-std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-full"}; }
+std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-smoke-variants", "cpu-full"}; }
 
 json preset_json(const std::string& name) {
   if (name == "cpu-smoke") return json::parse(kCpuSmoke);
+  if (name == "cpu-smoke-variants") return json::parse(kCpuSmokeVariants);
   if (name == "cpu-full") return json::parse(kCpuFull);
-  MIH_THROW(Code::kInvalidSpec, "unknown preset '", name, "'; presets: cpu-smoke, cpu-full (or a JSON matrix file)");
+  MIH_THROW(Code::kInvalidSpec, "unknown preset '", name,
+            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-full (or a JSON matrix file)");
 }
 
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {

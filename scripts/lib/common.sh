@@ -10,7 +10,7 @@ MIH_JOBS=${MIH_JOBS:-$(nproc)}
 # libxml2-utils: xmllint, which the evidence tests validate the JUnit report with.
 MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libssl-dev libopenblas0-pthread
-              libstb-dev libxml2-utils)
+              libstb-dev libxml2-utils python3)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 

@@ -100,7 +100,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                                  HasSubstr("cpu-full")));
   CliRun smoke = mih("matrix --spec moe --preset cpu-smoke");
   EXPECT_EQ(smoke.status, 0) << smoke.output;
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 10 cases, 0 rejected"),
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 12 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)")));
   CliRun full = mih("matrix --spec llama --preset cpu-full --json");
@@ -119,7 +119,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_THAT(broken.output, HasSubstr("is not valid JSON"));
   CliRun preset = mih("matrix --spec llama --preset gpu-smoke");
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
-  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-full"));
+  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-smoke-variants, cpu-full"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
   EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm"));
@@ -336,35 +336,38 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   }
   int total = 0;
   for (const auto& [s, n] : tests_of) total += n;
-  // 30 cases of cpu-smoke: 972 tests before the check records, then: the tp and cp input
-  // checks only where tp > 1 (12 cases) or cp > 1 with a cp-replicated field (vlm Cp2Zz),
-  // ReplicaConsistency only where a piece is replicated (tp, cp or dp_replicate > 1: 15 of
-  // 27), the undeclared-state test in SharedStateUse with the event checks, the source keys
-  // on llama and moe (20 cases), the tie test not at all (no reference spec ties), and two
-  // new tests on every case (the valid-token recount, weight decay on 1-D parameters).
-  EXPECT_EQ(total, 939) << list.output;
+  // 44 cases: 12 of cpu-smoke per reference spec, 4 of cpu-smoke-variants for llama_tied and
+  // llama_bias. On the 30 cases of before: 972 tests before the check records, then 939: the tp
+  // and cp input checks only where tp > 1 or cp > 1 with a cp-replicated field (vlm),
+  // ReplicaConsistency only where a piece is replicated (tp, cp or dp_replicate > 1), the
+  // undeclared-state test with the event checks, the source keys on llama and moe, two new
+  // tests on every case (the valid-token recount, weight decay on 1-D parameters).
+  EXPECT_EQ(total, 1361) << list.output;
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
-                                     "DpShard2Tp2Sp", "DpShard2Ac",    "DpShard2Mb2", "ResumeDpShard2",
-                                     "ResumeDpShard2ToTp2", "Tp2"};
+                                     "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac",
+                                     "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"};
   std::set<std::string> compared = all;
   compared.erase("Reference");
   EXPECT_EQ(cases_of["Llama/Structure"], all);
   EXPECT_EQ(cases_of["Llama/CommVolume"], all);
-  EXPECT_EQ(cases_of["Llama/FsdpUnits"],
-            (std::set<std::string>{"DpShard2", "DpShard2Tp2Sp", "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2"}));
+  EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Tp2Sp", "DpReplicate2DpShard2",
+                                                                "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2"}));
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
   EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
   EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
-            (std::set<std::string>{"Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "ResumeDpShard2ToTp2", "Tp2"}));
+            (std::set<std::string>{"Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2",
+                                   "ResumeDpShard2ToTp2", "Tp2"}));
   EXPECT_EQ(cases_of["Llama/TensorParallelInputs"],
-            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "ResumeDpShard2ToTp2", "Tp2"}));
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
   EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
-  EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz"}));  // pixel_values
+  EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "Cp2ZzTp2"}));  // pixel_values
   EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
+  EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
+  EXPECT_EQ(cases_of.count("LlamaDropout/Structure"), 0u);  // on request only
   EXPECT_EQ(cases_of["Llama/SharedStateUse"], all);
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);
