@@ -148,6 +148,8 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
   ctx_->mesh().comm(MeshAxis::kDpCp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
   if (ctx_->sequence_parallel()) {
+    ctx_->tp_group().expect("moe.expert_counts",
+                            global_counts.numel() * static_cast<int64_t>(global_counts.element_size()), "moe");
     ctx_->tp_group().all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
     replicas_of_tokens *= ctx_->tp_size();
   }

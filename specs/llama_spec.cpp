@@ -1,5 +1,6 @@
 // The validation spec of the llama reference port (reference_models/llama.h).
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "reference_models/llama.h"
@@ -86,6 +87,7 @@ spec::ModelSpec llama_spec_with(const std::string& name, const models::LlamaOpti
   s.invariants = inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings()));
   s.parity_cases = {fused_swiglu_case(), attention_case()};
+  s.checkpoint.source = reference_source_checkpoint("llama");
   return s;
 }
 
@@ -123,6 +125,11 @@ MIH_REGISTER_SPEC(llama_dropout_spec);
 }  // namespace
 
 // Shared with the moe and vlm specs.
+std::string reference_source_checkpoint(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(MIH_SPECS_DIR) / "sources" / name;
+  return std::filesystem::is_directory(dir) ? dir.string() : "";
+}
+
 std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta) {
   return inv_freq_invariants(fqn, theta);
 }

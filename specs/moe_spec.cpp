@@ -60,6 +60,7 @@ spec::ModelSpec moe_spec() {
   s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));
   s.parity_cases = {moe_loop_case(), llama_attention_case()};
+  s.checkpoint.source = reference_source_checkpoint("moe");
   // Measured on cpu-smoke DpShard2Mb2 (float64) against the single-batch reference: loss
   // 3.7e-5, grad norm 8.7e-4, the MoE layer's norm gradient 1.3e-1 relative error. No
   // tolerance would mean anything, so the cases are declared not comparable.

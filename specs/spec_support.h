@@ -55,12 +55,14 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   s.checkpoint.key_map = m.key_map.rules();
   // Older Hugging Face exports carry the rotary table; it is rebuilt here, never loaded.
   s.checkpoint.inference_only = {"*rotary_emb.inv_freq"};
-  // The key listing of the model in Hugging Face layout (specs/sources/README.md); the vlm
-  // has none (its vision tower's names are ours, not CLIP's).
-  if (name == "llama" || name == "moe") s.checkpoint.source = std::string(MIH_SPECS_DIR) + "/sources/" + name;
   s.shared_state = {{"rotary.cos", "*rotary_emb", {"*layers.*"}}, {"rotary.sin", "*rotary_emb", {"*layers.*"}}};
   return s;
 }
+
+/// From llama_spec.cpp: the key listing of reference model `name` in Hugging Face layout
+/// (specs/sources/<name>/, see its README), or "" when this build's source tree is not there
+/// (a relocated install): then the SourceCheckpoint suite is not instantiated.
+std::string reference_source_checkpoint(const std::string& name);
 
 /// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer) after the
 /// build and after a checkpoint load, and

@@ -1,4 +1,4 @@
-// The SharedState suite (suites/suite_table.h): every declared key published each forward by its declared producer and consumed by each declared consumer.
+// The SharedState suite (suites/suite_table.h): every declared key published each forward by its declared producer and consumed by each declared consumer, after its publication, once per forward (an activation-checkpoint recompute included).
 #include "suites/conformance.h"
 
 namespace mih::conformance {
@@ -12,7 +12,16 @@ const char* SharedState::where() { return "every case of a spec that declares sh
 
 TEST_P(SharedState, EveryKeyHasProducerAndConsumer) {
   MIH_CASE_EVIDENCE(ev);
-  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kSharedNoProducer, codes::kSharedNoConsumer, codes::kSharedWrongProducer}));
+  MIH_ASSERT_VERDICT(
+      no_error_findings(*ev, {codes::kSharedNoProducer, codes::kSharedNoConsumer, codes::kSharedWrongProducer}));
+}
+TEST_P(SharedState, ConsumedAfterPublished) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kSharedBeforePublish}));
+}
+TEST_P(SharedState, PublishedOncePerForward) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kSharedTwice}));
 }
 
 }  // namespace mih::conformance

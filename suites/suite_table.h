@@ -12,7 +12,12 @@
 //   }
 //
 // add it to suites/CMakeLists.txt and add `X(arg, MySuite)` to MIH_SUITES below. Every TEST_P of a
-// suite runs on the same cases: a test that applies elsewhere belongs to another suite.
+// suite runs on the same cases: a test that applies elsewhere belongs to another suite. A code
+// must be in codes::kAllCodes with the check that emits it, and that check must record its run
+// (FindingReport::ran, with what it examined): no_error_findings fails when the check left no
+// record or examined nothing on the case, so apply the suite only where it has something to
+// examine. tests/conformance/suites_can_fail.py must then show an input on which each new
+// TEST_P fails (a fault of the catalog, or a mutation of real evidence).
 #pragma once
 
 #include <string>
@@ -36,7 +41,7 @@
   X(arg, CheckpointRoundTrip) \
   X(arg, Resume) \
   X(arg, SharedState) \
-  X(arg, SharedStateUse) \
+  X(arg, UndeclaredSharedState) \
   X(arg, ModalityGradients) \
   X(arg, StateInvariants) \
   X(arg, ModuleParity) \

@@ -52,7 +52,7 @@ const std::vector<FaultEntry>& fault_catalog() {
       {"F13", "activation checkpointing",
        "a shared-state producer (routing stats) republishes during recompute", "reference_models/llama.cpp", "Moe", "moe",
        {{"dp_shard", 2}, {"activation_checkpointing", true}},
-       {"SharedStateUse.PublishedOncePerForward", "ActivationCheckpointEquivalence.RecomputeDoesNotRepublishSharedState"},
+       {"SharedState.PublishedOncePerForward"},
        {"expert_counts"}, ""},
       {"F14", "activation checkpointing", "RNG state not restored for recompute, with dropout > 0",
        "harness/parallel/activation_checkpoint.cpp", "LlamaDropout", "llama_dropout",

@@ -157,6 +157,7 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
 CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losses) {
   CheckOutput out;
   if (!micro.labels.defined() || !token_losses.defined()) return out;
+  out.findings.ran(codes::kCheckTokenLosses, micro.labels.numel(), "tokens");
   if (token_losses.sizes() != micro.labels.sizes()) {
     out.findings.add({codes::kDataLossLabels, "runtime", "labels", Severity::kError,
                       "the model's per-token losses have shape " + json(token_losses.sizes().vec()).dump() +
@@ -195,7 +196,6 @@ CheckOutput check_token_losses(const Batch& micro, const at::Tensor& token_losse
                       "the model learns to predict another token than the pipeline's label while the loss still falls",
                       "shift labels exactly once: in the pipeline (labels_are_shifted) or in the model's loss"});
   }
-  out.findings.ran(codes::kCheckTokenLosses, labels.numel(), "tokens");
   out.evidence = facts;
   return out;
 }

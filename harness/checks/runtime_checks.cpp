@@ -89,7 +89,8 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
         "declare it in ModelSpec::shared_state with its producer and consumers");
   }
   out.findings.ran(codes::kCheckSharedState, static_cast<int64_t>(declared.size()), "declared shared-state keys");
-  out.findings.ran(codes::kCheckSharedEvents, 1, "steps of shared-state events");
+  out.findings.ran(codes::kCheckSharedEvents, static_cast<int64_t>(events.size()), "shared-state events");
+  out.findings.ran(codes::kCheckUndeclared, 1, "steps whose shared-state events were read");
   out.evidence = {{"step", step}, {"events", events}};
   return out;
 }

@@ -249,9 +249,12 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                facts, "decaying norms and biases (or not decaying weights) changes the trained model",
                                "group the parameters by TrainerOptions::no_weight_decay"));
       }
-      const bool decay_declared = std::any_of(decayed_1d.begin(), decayed_1d.end(),
-                                              [&](const std::string& pat) { return glob_match(pat, p.fqn); });
-      if (wd > 0 && p.global_shape.size() == 1 && !decay_declared) {
+      const bool decay_declared = std::any_of(decayed_1d.begin(), decayed_1d.end(), [&](const std::string& pat) {
+        if (glob_match(pat, p.fqn)) return true;
+        return std::any_of(p.aliases.begin(), p.aliases.end(), [&](const std::string& a) { return glob_match(pat, a); });
+      });
+      // A no-decay parameter that is decayed is MIH-OPTIM-005 (the groups against the options).
+      if (wd > 0 && p.global_shape.size() == 1 && !no_decay && !decay_declared) {
         out.findings.add(error(codes::kOptimDecayOnNorm, phase, p.fqn,
                                "1-D parameter (a norm scale or a bias, shape " + shape_str(p.global_shape) +
                                    ") has weight decay " + std::to_string(wd) +

@@ -31,6 +31,7 @@
 #include "harness/cli/commands.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/evidence_store.h"
+#include "harness/spec/model_spec.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
@@ -91,10 +92,11 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
 };
 
 // The integration state of every case whose tests all ran in this run (none left out by a
-// filter): MATRIX_PASSED when every one passed (through MODULE_PARITY_PASSED: the gates
-// advance one at a time, and the module parity cases are tests of the reference), FAILED
-// naming the failed tests otherwise. Verify-only runs read evidence they did not produce and
-// leave it as it is; a case already FAILED or BLOCKED stays so.
+// filter): MATRIX_PASSED when every one passed and the spec's module parity cases (tests of
+// its reference) all ran and passed in this run too, or it declares none (the gates advance
+// one at a time, through MODULE_PARITY_PASSED); a case whose tests passed without that proof
+// keeps its state. FAILED naming the failed tests otherwise. Verify-only runs read evidence
+// they did not produce and leave it as it is; a case already FAILED or BLOCKED stays so.
 void record_case_states() {
   if (run_options().verify_only) return;
   struct Tally {
@@ -102,6 +104,7 @@ void record_case_states() {
     std::vector<std::string> failed;
   };
   std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
+  std::map<std::string, Tally> parity;   // spec -> its ModuleParity tests
   const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   for (int i = 0; i < unit.total_test_suite_count(); ++i) {
     const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
@@ -115,11 +118,14 @@ void record_case_states() {
       const std::string name = test.name();
       const auto pslash = name.rfind('/');
       if (pslash == std::string::npos) continue;
-      Tally& t = by_case[r->spec + "/" + name.substr(pslash + 1)];
-      ++t.total;
-      if (!test.should_run()) continue;
-      ++t.ran;
-      if (test.result()->Failed()) t.failed.push_back(full.substr(slash + 1) + "." + name.substr(0, pslash));
+      const bool module_parity = full.substr(slash + 1) == "ModuleParity";
+      for (Tally* t : {&by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &parity[r->spec] : nullptr}) {
+        if (!t) continue;
+        ++t->total;
+        if (!test.should_run()) continue;
+        ++t->ran;
+        if (test.result()->Failed()) t->failed.push_back(full.substr(slash + 1) + "." + name.substr(0, pslash));
+      }
     }
   }
   for (const auto& [key, t] : by_case) {
@@ -131,7 +137,13 @@ void record_case_states() {
       IntegrationState now;
       if (!machine.current(&now) || now == IntegrationState::kFailed || now == IntegrationState::kBlocked) continue;
       if (t.failed.empty()) {
-        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
+        const std::string spec_name = key.substr(0, key.find('/'));
+        const bool declares_parity = !spec::SpecRegistry::instance().get(spec_name).parity_cases.empty();
+        const auto p = parity.find(spec_name);
+        const bool parity_proven =
+            !declares_parity || (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total &&
+                                 p->second.failed.empty());
+        if (parity_proven) machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
         continue;
       }
       std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "harness/findings/codes.h"
@@ -115,9 +116,30 @@ const json& CaseEvidence::case_info() const {
 
 
 Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes) {
-  // No finding is a pass only when the check that emits each code ran and examined something.
-  const json& report = ev.json("check/findings.json");
-  const json runs = report.value("checks", json::object());
+  // The error findings of these codes first (of the case, and of the save phase of a resume
+  // case, whose checks ran in another process); then, with none, the proof that the checks
+  // emitting them ran: no finding from a check that never looked is not a pass.
+  std::ostringstream out;
+  int n = 0;
+  std::vector<std::string> files = {"check/findings.json"};
+  if (ev.has("before_save/check/findings.json")) files.push_back("before_save/check/findings.json");
+  for (const auto& file : files) {
+    for (const auto& f : ev.json(file).value("findings", json::array())) {
+      if (f.value("severity", "error") != "error") continue;
+      if (std::find(codes.begin(), codes.end(), f.value("code", "")) == codes.end()) continue;
+      if (++n > 5) continue;
+      out << "\n  " << f.value("code", "") << " " << f.value("owner", "") << ": " << f.value("message", "")
+          << (file == files[0] ? "" : " (in the save phase)");
+      if (f.contains("facts") && !f["facts"].empty()) out << "\n    facts: " << short_json(f["facts"]);
+      if (!f.value("remediation", "").empty()) out << "\n    fix: " << f.value("remediation", "");
+    }
+  }
+  if (n > 0) {
+    return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
+                         (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
+                         rel_path(ev, "check/findings.json") + ")");
+  }
+  const json runs = ev.json("check/findings.json").value("checks", json::object());
   std::vector<std::string> examined;
   for (const auto& code : codes) {
     const std::string check(codes::check_of(code));
@@ -125,9 +147,10 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
     if (std::find(examined.begin(), examined.end(), check) != examined.end()) continue;
     if (!runs.contains(check)) {
       return Verdict::fail("check " + check + " did not run on this case (" + code +
-                           " is its finding): check/findings.json records no run of it, so no finding proves "
-                           "nothing; the session never reached it, or the evidence predates check records; rerun "
-                           "the case (open " + rel_path(ev, "check/findings.json") + ")");
+                           " is its finding): check/findings.json records no run of it, so the absence of findings "
+                           "proves nothing; the session never reached it, the training backend skips the hook that "
+                           "feeds it, or the evidence predates check records; rerun the case (open " +
+                           rel_path(ev, "check/findings.json") + ")");
     }
     const json& r = runs[check];
     if (r.value("examined", int64_t{0}) <= 0) {
@@ -137,28 +160,13 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
     }
     examined.push_back(check);
   }
-  std::ostringstream out;
-  int n = 0;
-  for (const auto& f : ev.findings()) {
-    if (f.value("severity", "error") != "error") continue;
-    if (std::find(codes.begin(), codes.end(), f.value("code", "")) == codes.end()) continue;
-    if (++n > 5) continue;
-    out << "\n  " << f.value("code", "") << " " << f.value("owner", "") << ": " << f.value("message", "");
-    if (f.contains("facts") && !f["facts"].empty()) out << "\n    facts: " << short_json(f["facts"]);
-    if (!f.value("remediation", "").empty()) out << "\n    fix: " << f.value("remediation", "");
+  std::string what;
+  for (const auto& check : examined) {
+    what += (what.empty() ? "" : "; ") + check + " examined " + std::to_string(runs[check].value("examined", int64_t{0})) +
+            " " + runs[check].value("unit", std::string()) + " in " + std::to_string(runs[check].value("runs", int64_t{0})) +
+            " run(s)";
   }
-  if (n == 0) {
-    std::string what;
-    for (const auto& check : examined) {
-      what += (what.empty() ? "" : "; ") + check + " examined " + std::to_string(runs[check].value("examined", int64_t{0})) +
-              " " + runs[check].value("unit", std::string()) + " in " + std::to_string(runs[check].value("runs", int64_t{0})) +
-              " run(s)";
-    }
-    return Verdict::pass(what);
-  }
-  return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
-                       (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
-                       rel_path(ev, "check/findings.json") + ")");
+  return Verdict::pass(what);
 }
 
 double case_tolerance(const CaseEvidence& ev) {
@@ -405,8 +413,91 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
   return Verdict::pass();
 }
 
+namespace {
+
+// The gradient synchronization of one step per axis and call site, from the parameter table
+// (structure.json, rank 0's pieces): the tp-partial gradients (grad domain "tp") all-reduced
+// over tp once, and every gradient over each data-parallel axis that is not dp_shard's FSDP
+// (dp_replicate, cp).
+std::map<std::string, std::map<std::string, double>> grad_sync_bytes(const CaseEvidence& ev) {
+  std::map<std::string, std::map<std::string, double>> out;
+  const auto& cfg = ev.config();
+  for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+    if (!p.value("requires_grad", true)) continue;
+    const double bytes = static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", "float32")));
+    const auto& domain = p.value("grad_domain", json::array());
+    if (cfg.tp > 1 && std::find(domain.begin(), domain.end(), "tp") != domain.end()) {
+      out["tp"]["grad_sync.tp_partial"] += bytes;
+    }
+    if (cfg.dp_replicate > 1) out["dp_replicate"]["grad_sync.data_parallel"] += bytes;
+    if (cfg.cp > 1) out["cp"]["grad_sync.data_parallel"] += bytes;
+  }
+  return out;
+}
+
+// tp, cp and dp_replicate: every call site's bytes in a step equal what the layers declared
+// (metrics comm_expected, from the layers' contracts) plus the gradient synchronization of
+// the parameter table; a mismatch names the axis, the site and the declaring layers.
+Verdict sites_as_declared(const CaseEvidence& ev, const json& row,
+                          const std::map<std::string, std::map<std::string, double>>& grad_sync) {
+  const auto& cfg = ev.config();
+  const int64_t step = row.value("step", int64_t{-1});
+  const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
+  if (!row.contains("comm_sites") || !row.contains("comm_expected")) {
+    return Verdict::fail("metrics of step " + std::to_string(step) +
+                         " have no comm_sites/comm_expected: the evidence predates per-site accounting; rerun the case "
+                         "(open " + file + ")");
+  }
+  const std::map<std::string, int> degree = {{"tp", cfg.tp}, {"cp", cfg.cp}, {"dp_replicate", cfg.dp_replicate}};
+  for (const auto& [axis, d] : degree) {
+    if (d <= 1) continue;
+    std::map<std::string, double> want, got;
+    const json declared = row["comm_expected"].value(axis, json::object());
+    const json moved = row["comm_sites"].value(axis, json::object());
+    for (const auto& [site, b] : declared.items()) want[site] += b.get<double>();
+    if (auto it = grad_sync.find(axis); it != grad_sync.end()) {
+      for (const auto& [site, b] : it->second) want[site] += b;
+    }
+    for (const auto& [site, b] : moved.items()) got[site] += b.get<double>();
+    std::set<std::string> all;
+    for (const auto& [s, b] : want) all.insert(s);
+    for (const auto& [s, b] : got) all.insert(s);
+    for (const auto& site : all) {
+      const double w = want.count(site) ? want[site] : 0, g = got.count(site) ? got[site] : 0;
+      if (std::abs(w - g) <= 0.5) continue;
+      const std::string layers_file = "cases/runtime/comm_expected_step" + std::to_string(step) + ".json";
+      std::string who;
+      if (ev.has(layers_file)) {
+        const json& by_layer = ev.json(layers_file);
+        if (by_layer.contains(axis) && by_layer[axis].contains(site)) {
+          int n = 0;
+          for (const auto& [layer, b] : by_layer[axis][site].items()) {
+            if (++n > 4) {
+              who += ", ...";
+              break;
+            }
+            who += (who.empty() ? "" : ", ") + layer + " " + std::to_string(b.get<int64_t>());
+          }
+        }
+      }
+      if (site.rfind("grad_sync.", 0) == 0) who = "the gradient synchronization of the parameter table";
+      return Verdict::fail("axis " + axis + ", call site " + site + ": moved " + std::to_string(static_cast<int64_t>(g)) +
+                           " bytes at step " + std::to_string(step) + ", " +
+                           (w > 0 ? "the model declares " + std::to_string(static_cast<int64_t>(w)) + " (" +
+                                        (who.empty() ? "no layer named" : who) + ")"
+                                  : "no layer or gradient synchronization declares any") +
+                           ": a collective is missing, repeated or moves the wrong size (open " + file + " and " +
+                           rel_path(ev, layers_file) + ", and the comm ledgers under run/)");
+    }
+  }
+  return Verdict::pass();
+}
+
+}  // namespace
+
 Verdict comm_volume(const CaseEvidence& ev) {
   const auto& cfg = ev.config();
+  const auto grad_sync = grad_sync_bytes(ev);
   const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
   if (rows.empty()) return Verdict::fail("no metrics rows (open " + rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
   const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
@@ -462,12 +553,7 @@ Verdict comm_volume(const CaseEvidence& ev) {
                              std::to_string(static_cast<int64_t>(want)) + " bytes (open " + file + ")");
       }
     }
-    for (const char* axis : {"tp", "cp", "dp_replicate"}) {
-      if (degree.at(axis) > 1 && bytes.value(axis, 0.0) <= 0) {
-        return Verdict::fail(std::string("axis ") + axis + " has degree " + std::to_string(degree.at(axis)) +
-                             " and moved nothing at step " + std::to_string(step) + ": its collectives never ran (open " + file + ")");
-      }
-    }
+    if (Verdict v = sites_as_declared(ev, r, grad_sync); !v.passed()) return v;
     if (first && (*first) != bytes) {
       return Verdict::fail("the bytes per axis change between steps: " + first->dump() + " then " + bytes.dump() +
                            " at step " + std::to_string(step) + " (open " + file + ")");

@@ -31,6 +31,7 @@ inline constexpr const char* kDataLabelsShift = "MIH-DATA-004";        ///< labe
 inline constexpr const char* kDataForwardField = "MIH-DATA-005";       ///< required forward field missing
 inline constexpr const char* kDataLossLabels = "MIH-DATA-006";         ///< per-token loss not where labels are valid
 inline constexpr const char* kDataValidTokens = "MIH-DATA-007";        ///< trainer's valid-token count != the labels seen
+inline constexpr const char* kDataLossNormalizer = "MIH-DATA-008";     ///< a rank's loss divided by another count
 // Input identity (checks/data.cpp).
 inline constexpr const char* kInputCpReplicated = "MIH-INPUT-001";     ///< cp-replicated field differs over cp
 inline constexpr const char* kInputTpRanks = "MIH-INPUT-002";          ///< tp ranks saw other inputs
@@ -63,12 +64,14 @@ inline constexpr const char* kCheckDataContract = "data_contract";           ///
 inline constexpr const char* kCheckForwardFields = "forward_fields";         ///< declared forward fields
 inline constexpr const char* kCheckTokenLosses = "token_losses";             ///< tokens
 inline constexpr const char* kCheckValidTokens = "valid_tokens";             ///< steps
+inline constexpr const char* kCheckLossNormalizer = "loss_normalizer";       ///< normalizers reported
 inline constexpr const char* kCheckInputTp = "input_identity_tp";           ///< tp ranks compared
 inline constexpr const char* kCheckInputCp = "input_identity_cp";           ///< cp-replicated fields compared
 inline constexpr const char* kCheckCoverage = "checkpoint_coverage";         ///< parameters and buffers
 inline constexpr const char* kCheckSource = "checkpoint_source";             ///< source checkpoint keys
 inline constexpr const char* kCheckSharedState = "shared_state";             ///< declared keys
-inline constexpr const char* kCheckSharedEvents = "shared_state_events";    ///< steps of publish/consume events
+inline constexpr const char* kCheckSharedEvents = "shared_state_events";    ///< publish/consume events
+inline constexpr const char* kCheckUndeclared = "shared_state_undeclared";  ///< steps whose events were read
 inline constexpr const char* kCheckModality = "modality_gradients";          ///< parameters of modality groups
 inline constexpr const char* kCheckInvariants = "invariants";                ///< invariants run
 inline constexpr const char* kCheckReplicas = "replica_consistency";         ///< parameters
@@ -80,7 +83,7 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 36> kAllCodes = {{
+inline constexpr std::array<CodeRow, 37> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
@@ -91,12 +94,13 @@ inline constexpr std::array<CodeRow, 36> kAllCodes = {{
     {kDataNotProduced, kCheckDataContract},     {kDataTwoOwners, kCheckDataContract},
     {kDataLabelsShift, kCheckDataContract},     {kDataForwardField, kCheckForwardFields},
     {kDataLossLabels, kCheckTokenLosses},       {kDataValidTokens, kCheckValidTokens},
+    {kDataLossNormalizer, kCheckLossNormalizer},
     {kInputCpReplicated, kCheckInputCp},        {kInputTpRanks, kCheckInputTp},
     {kCkptTargetKey, kCheckCoverage},           {kCkptRoundTrip, kCheckCoverage},
     {kCkptUnexpectedSource, kCheckSource},      {kCkptMissingSource, kCheckSource},
     {kSharedNoProducer, kCheckSharedState},     {kSharedNoConsumer, kCheckSharedState},
     {kSharedBeforePublish, kCheckSharedEvents}, {kSharedTwice, kCheckSharedEvents},
-    {kSharedWrongProducer, kCheckSharedState},  {kSharedUndeclared, kCheckSharedEvents},
+    {kSharedWrongProducer, kCheckSharedState},  {kSharedUndeclared, kCheckUndeclared},
     {kModalNoGradient, kCheckModality},         {kInvarFailed, kCheckInvariants},
     {kInvarThrew, kCheckInvariants},            {kProbeReplicas, kCheckReplicas},
 }};

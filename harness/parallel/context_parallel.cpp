@@ -75,7 +75,15 @@ at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const a
             " key/value heads (n_heads must be a multiple of n_kv_heads)");
   // One collective for K and V: [2, B, Hkv, S/CP, D] -> [2, B, Hkv, S, D], rank-major.
   at::Tensor kv = at::stack({k, v});
-  if (cp.size() > 1) kv = sequence_all_gather(kv, *cp.comm, 3);
+  if (cp.size() > 1) {
+    // The contract (CommVolume): K and V all-gathered over cp, dK and dV reduce-scattered back.
+    const int64_t bytes = kv.numel() * static_cast<int64_t>(kv.element_size());
+    cp.comm->expect("region.all_gather", bytes, "cp_causal_attention");
+    if (at::GradMode::is_enabled() && kv.requires_grad()) {
+      cp.comm->expect("region.reduce_scatter", bytes * cp.size(), "cp_causal_attention");
+    }
+    kv = sequence_all_gather(kv, *cp.comm, 3);
+  }
   at::Tensor keys = kv[0], values = kv[1];
   if (hq != hkv) {
     keys = keys.repeat_interleave(hq / hkv, 1);

@@ -13,6 +13,28 @@
 namespace mih {
 namespace {
 
+// Whether autograd will run the backward of an op on `t` (so its backward collective happens).
+bool backward_runs(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+// The contract of a layer whose local output is a partial sum over tp (row-parallel linear,
+// vocab-parallel embedding): reduce-scattered over tp under sequence parallelism (its
+// gradient all-gathered back), else all-reduced.
+void expect_partial_sum(ParallelContext& ctx, const at::Tensor& weight, const at::Tensor& partial) {
+  Communicator& tp = ctx.tp_group();
+  if (tp.size() == 1) return;
+  const std::string layer = ctx.layer_of(weight);
+  const int64_t bytes = partial.numel() * static_cast<int64_t>(partial.element_size());
+  if (ctx.sequence_parallel()) {
+    tp.expect("region.reduce_scatter", bytes, layer);
+    if (backward_runs(partial)) tp.expect("region.all_gather", bytes / tp.size(), layer);
+  } else {
+    tp.expect("region.reduce_from", bytes, layer);
+  }
+}
+
+}  // namespace
+namespace {
+
 // The sequence dim of [B, S, H] (and of [S, H]): the one before the features.
 constexpr int64_t kSeqDim = -2;
 
@@ -67,9 +89,24 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   Communicator& tp = ctx_->tp_group();
+  // The contract (CommVolume): the input all-gathered over tp under sequence parallelism
+  // (its gradient reduce-scattered back), else the input's gradient all-reduced.
+  std::string layer;
+  if (tp.size() > 1) {
+    layer = ctx_->layer_of(weight);
+    const int64_t bytes = x.numel() * static_cast<int64_t>(x.element_size());
+    if (ctx_->sequence_parallel()) {
+      tp.expect("region.all_gather", bytes, layer);
+      if (backward_runs(x)) tp.expect("region.reduce_scatter", bytes * tp.size(), layer);
+    } else if (backward_runs(x)) {
+      tp.expect("region.copy_to.backward", bytes, layer);
+    }
+  }
   at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
   at::Tensor y = at::linear(input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
-  return options.gather_output() ? gather_from_region(y, tp, -1) : y;
+  if (!options.gather_output()) return y;
+  tp.expect("region.all_gather", y.numel() * static_cast<int64_t>(y.element_size()), layer);
+  return gather_from_region(y, tp, -1);
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowParallelLinearOptions& o)
@@ -92,6 +129,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   // carries it and the reduction adds it tp times.
   const bool bias_before_reduce = bias.defined() && fault::active(fault::Fault::kF08);
   at::Tensor partial = at::linear(x, ctx_->use(weight), bias_before_reduce ? ctx_->use(bias) : at::Tensor());
+  expect_partial_sum(*ctx_, weight, partial);
   at::Tensor y = ctx_->sequence_parallel() ? sequence_reduce_scatter(partial, tp, kSeqDim) : reduce_from_region(partial, tp);
   return bias.defined() && !bias_before_reduce ? y + ctx_->use(bias) : y;
 }
@@ -118,6 +156,7 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
     at::Tensor outside = ids.lt(start).logical_or(ids.ge(start + table.size(0)));
     out = at::embedding(table, (ids - start).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0);
   }
+  expect_partial_sum(*ctx_, weight, out);
   return ctx_->sequence_parallel() ? sequence_reduce_scatter(out, tp, kSeqDim) : reduce_from_region(out, tp);
 }
 
@@ -199,6 +238,11 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
             targets.sizes());
   MIH_CHECK(logits.size(1) * tp.size() >= vocab, "vocab_parallel_cross_entropy: ", tp.size(), " ranks x ",
             logits.size(1), " columns cannot hold a vocabulary of ", vocab);
+  // The contract (CommVolume): three reductions of one value per token over tp.
+  const int64_t bytes = logits.size(0) * static_cast<int64_t>(logits.element_size());
+  for (const char* site : {"cross_entropy.max", "cross_entropy.sum_exp", "cross_entropy.target_logit"}) {
+    tp.expect(site, bytes, "cross_entropy");
+  }
   return VocabParallelCrossEntropy::apply(logits, targets, static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp)),
                                           vocab, ignore_index);
 }

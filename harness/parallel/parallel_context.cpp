@@ -326,6 +326,14 @@ void ParallelContext::rebuild_non_persistent_buffers() {
   }
 }
 
+std::string ParallelContext::layer_of(const at::Tensor& leaf) const {
+  auto it = by_impl_.find(leaf.unsafeGetTensorImpl());
+  if (it == by_impl_.end() || it->second->fqn.empty()) return "";
+  const std::string& fqn = it->second->fqn;
+  const auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? fqn : fqn.substr(0, dot);
+}
+
 void ParallelContext::finalize(torch::nn::Module& root) {
   buffers_.clear();
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {

@@ -199,6 +199,9 @@ class ParallelContext {
   const std::vector<std::shared_ptr<ShardedParameter>>& parameters() const { return ordered_; }
   /// The entry of a leaf. Throws: mih::Error{kInternal} if it is not in the table.
   ShardedParameter& parameter(const at::Tensor& leaf) const;
+  /// The module that owns `leaf` (its FQN less the last component: "layers.0.mlp.down_proj"),
+  /// or "" before finalize or for a tensor not in the table. For naming layers in evidence.
+  std::string layer_of(const at::Tensor& leaf) const;
 
   /// The full logical value of a tensor laid out like `p.local` (the parameter, its gradient
   /// or an optimizer state), on every rank: all-gathered over dp_shard (FSDP) and tp, the

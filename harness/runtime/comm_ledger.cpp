@@ -184,4 +184,16 @@ std::string describe_last_activity(const std::vector<CommRecord>& records, int64
   return internal::str("last completed ", where(last));
 }
 
+void CommLedger::expect(ExpectedComm e) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expected_.push_back(std::move(e));
+}
+
+std::vector<ExpectedComm> CommLedger::take_expected() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ExpectedComm> out;
+  out.swap(expected_);
+  return out;
+}
+
 }  // namespace mih

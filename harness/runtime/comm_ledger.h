@@ -52,6 +52,17 @@ struct CommRecord {
 void to_json(nlohmann::json& j, const CommRecord& r);
 void from_json(const nlohmann::json& j, CommRecord& r);
 
+/// What a layer declares it communicates, per collective it issues or makes its backward
+/// issue (its contract: a row-parallel linear all-reduces its output over tp, a column-parallel
+/// one all-reduces its input's gradient), recorded beside what really happened so the two can
+/// be compared site by site (the CommVolume suite).
+struct ExpectedComm {
+  std::string axis;
+  std::string site;   ///< the CallSite label the collective uses ("region.reduce_from")
+  std::string layer;  ///< the declaring layer's FQN, or its kind when unknown
+  int64_t bytes = 0;  ///< as CommRecord::bytes: the input payload of this rank
+};
+
 /// The ledger of one rank. Thread-safe.
 class CommLedger {
  public:
@@ -78,6 +89,10 @@ class CommLedger {
   /// The record started but not completed, if any (what a stuck rank is doing).
   std::optional<CommRecord> in_flight() const;
   const std::filesystem::path& path() const { return path_; }
+  /// Adds an expectation (Communicator::expect).
+  void expect(ExpectedComm e);
+  /// The expectations added since the last call, in order; clears them.
+  std::vector<ExpectedComm> take_expected();
 
  private:
   void append(const CommRecord& record);
@@ -89,6 +104,7 @@ class CommLedger {
   int64_t next_seq_ = 0;
   std::vector<CommRecord> open_;
   std::vector<CommRecord> completed_;
+  std::vector<ExpectedComm> expected_;
   std::vector<std::chrono::steady_clock::time_point> open_started_;
 };
 

@@ -40,6 +40,11 @@ void Communicator::record(std::string_view op, const at::Tensor* payload, const 
   if (recorded) ledger_->end(seq);
 }
 
+void Communicator::expect(std::string_view site, int64_t bytes, std::string layer) const {
+  if (!ledger_ || size() == 1) return;
+  ledger_->expect({axis_, std::string(site), std::move(layer), bytes});
+}
+
 void Communicator::all_reduce(at::Tensor& tensor, ReduceOp op, CallSite site) {
   std::string name = internal::str("all_reduce.", compat::reduce_op_name(op));
   record(name, &tensor, site, [&] { compat::all_reduce(group_, tensor, op); });

@@ -67,6 +67,11 @@ class Communicator {
 
   void barrier(CallSite site = {});
 
+  /// Declares that the caller's layer issues (now, or in its backward) one collective on
+  /// this axis at `site` moving `bytes` (the input payload, as the ledger counts it). A
+  /// no-op on a 1-rank axis or without a ledger. See ExpectedComm.
+  void expect(std::string_view site, int64_t bytes, std::string layer = "") const;
+
   /// Sends `tensor` to axis rank `dst`. Blocks until the transfer completes.
   void send(const at::Tensor& tensor, int dst, int tag = 0, CallSite site = {});
   /// Receives into `tensor` from axis rank `src`.

@@ -24,8 +24,19 @@
 #include "harness/runtime/rendezvous.h"
 #include "harness/runtime/selftest.h"
 
+#ifdef MIH_COVERAGE
+extern "C" void __gcov_dump(void);  // libgcov, linked by --coverage
+#endif
+
 namespace mih {
 namespace {
+
+// Writes the gcov counters of a coverage build (MIH_COVERAGE); nothing otherwise.
+void dump_coverage() {
+#ifdef MIH_COVERAGE
+  __gcov_dump();
+#endif
+}
 
 // A duration as the command line gives it: seconds, exact to the millisecond ("1.5").
 std::string seconds(std::chrono::milliseconds d) {
@@ -88,6 +99,7 @@ std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank)
   std::fprintf(stderr, "mih worker %s: %s error: %s\n", who.c_str(), std::string(code_name(e.code())).c_str(), e.what());
   std::fflush(stdout);
   std::fflush(stderr);
+  dump_coverage();
   std::_Exit(exit_status(e.code()));
 }
 
@@ -361,6 +373,8 @@ int worker_main(int argc, char** argv) {
     // Skip libtorch's static teardown: it takes long enough that peers of a rank that
     // returned non-zero would fail on its closed sockets before it is seen to exit, and
     // every file the worker writes is already complete (atomic writes, unbuffered ledger).
+    // A coverage build (scripts/coverage) writes its counters first: _Exit skips atexit.
+    dump_coverage();
     std::_Exit(status);
   } catch (Error& e) {
     e.add_context(where);

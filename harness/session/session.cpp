@@ -151,6 +151,9 @@ void ValidationSession::check_valid_tokens(const std::vector<json>& all, int64_t
   findings_.ran(codes::kCheckValidTokens, 1, "steps");
   const int64_t reported = all[0]["perf"].value("valid_tokens_reported", int64_t{-1});
   json wrong = json::array();
+  int64_t normalizers = 0;  // a backend that reports none leaves this check examining nothing
+  for (const auto& a : all) normalizers += static_cast<int64_t>(a["perf"].value("loss_normalizers", json::array()).size());
+  findings_.ran(codes::kCheckLossNormalizer, normalizers, "loss normalizers (micro-batches x ranks)");
   for (size_t r = 0; r < all.size(); ++r) {
     for (const auto& n : all[r]["perf"].value("loss_normalizers", json::array())) {
       if (std::abs(n.get<double>() - static_cast<double>(recounted)) > 0.5) {
@@ -170,7 +173,7 @@ void ValidationSession::check_valid_tokens(const std::vector<json>& all, int64_t
                    "count the valid labels of the global batch once, over every data-parallel and cp rank"});
   }
   if (!wrong.empty()) {
-    findings_.add({codes::kDataValidTokens, "runtime", "loss_normalizer", Severity::kError,
+    findings_.add({codes::kDataLossNormalizer, "runtime", "loss_normalizer", Severity::kError,
                    "rank " + std::to_string(wrong[0]["rank"].get<int64_t>()) + " divided its loss at step " +
                        std::to_string(step) + " by " + wrong[0]["normalizers"].dump() + ", not by the " +
                        std::to_string(recounted) + " valid labels of the global batch (" +
@@ -343,7 +346,10 @@ void ValidationSession::end_step(const StepMetrics& m) {
     if (!inv.evidence.empty()) write("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
 
     // Communication of training (not of the session) since the last step, per axis.
-    const json comm = take_comm_bytes();
+    json sites, expected_by_layer;
+    const json comm = take_comm_bytes(&sites);
+    const json expected = take_expected_comm(&expected_by_layer);
+    write("cases/runtime/comm_expected_step" + std::to_string(step) + ".json", expected_by_layer);
     const int64_t dp = mesh_->comm(MeshAxis::kDp).size(), cp = mesh_->comm(MeshAxis::kCp).size();
     const double seconds = std::max(m.step_ms, 1e-9) / 1e3;
     json row = m;
@@ -351,6 +357,9 @@ void ValidationSession::end_step(const StepMetrics& m) {
     row["tokens_per_s"] = static_cast<double>(tokens_seen_ * dp * cp) / seconds;
     row["samples_per_s"] = static_cast<double>(rows_seen_ * dp) / seconds;
     row["comm_bytes"] = comm;
+    // Per axis and call site: what the collectives moved, and what the layers declared.
+    row["comm_sites"] = sites;
+    row["comm_expected"] = expected;
     metrics_.push_back(row);
     json perf = {{"step", step},
                  {"step_ms", m.step_ms},
@@ -383,17 +392,42 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
   });
 }
 
-json ValidationSession::take_comm_bytes() {
+json ValidationSession::take_comm_bytes(json* sites) {
   json comm = json::object();
+  if (sites) *sites = json::object();
   if (const auto& ledger = mesh_->ledger()) {
     const std::vector<CommRecord> records = ledger->completed();
     for (size_t i = ledger_seen_; i < records.size(); ++i) {
-      if (records[i].site.rfind("mih.session", 0) == 0) continue;
-      comm[records[i].axis] = comm.value(records[i].axis, int64_t{0}) + records[i].bytes;
+      const CommRecord& r = records[i];
+      if (r.site.rfind("mih.session", 0) == 0) continue;
+      comm[r.axis] = comm.value(r.axis, int64_t{0}) + r.bytes;
+      if (sites) {
+        const std::string label = r.site.substr(0, r.site.find(" @"));
+        json& axis = (*sites)[r.axis];
+        if (!axis.is_object()) axis = json::object();
+        axis[label] = axis.value(label, int64_t{0}) + r.bytes;
+      }
     }
     ledger_seen_ = records.size();
   }
   return comm;
+}
+
+json ValidationSession::take_expected_comm(json* by_layer) {
+  json expected = json::object();
+  *by_layer = json::object();
+  if (const auto& ledger = mesh_->ledger()) {
+    for (const ExpectedComm& e : ledger->take_expected()) {
+      json& axis = expected[e.axis];
+      if (!axis.is_object()) axis = json::object();
+      axis[e.site] = axis.value(e.site, int64_t{0}) + e.bytes;
+      const std::string layer = e.layer.empty() ? "(unnamed layer)" : e.layer;
+      json& slot = (*by_layer)[e.axis][e.site];
+      if (!slot.is_object()) slot = json::object();
+      slot[layer] = slot.value(layer, int64_t{0}) + e.bytes;
+    }
+  }
+  return expected;
 }
 
 void ValidationSession::capture_checkpoint_payload(const std::string& event, const std::filesystem::path& dir,
@@ -406,6 +440,8 @@ void ValidationSession::capture_checkpoint_payload(const std::string& event, con
     if (index.contains("tensors")) summary["tensors"] = index["tensors"].size();
     // The checkpoint's own traffic, so that it is not counted in the next step's.
     summary["comm_bytes"] = take_comm_bytes();
+    json unused;
+    (void)take_expected_comm(&unused);
     write_rank_file("checkpoint/" + event + "_rank" + std::to_string(mesh_->rank()) + ".json", summary);
     if (event != "load") return;
     FindingReport local;

@@ -101,7 +101,10 @@ class ValidationSession : public TrainingHooks {
   /// Bytes per axis of training's collectives since the last step (the session's own
   /// excluded), which the next step's metrics then do not count: call it after traffic that
   /// belongs to no step (a checkpoint's, a gather for evidence).
-  nlohmann::json take_comm_bytes();
+  nlohmann::json take_comm_bytes(nlohmann::json* sites = nullptr);
+  // The layers' declared collectives since the last call ({axis: {site: bytes}}), and per
+  // layer in `by_layer` ({axis: {site: {layer: bytes}}}).
+  nlohmann::json take_expected_comm(nlohmann::json* by_layer);
 
   /// Records a failure that escaped the checks or training (an exception from a hook or the
   /// model): the case becomes FAILED with `reason`, the findings so far are written. No

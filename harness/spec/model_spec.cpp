@@ -7,6 +7,7 @@
 #include <set>
 
 #include "harness/base/error.h"
+#include "harness/checkpoint/safetensors.h"
 
 namespace mih::spec {
 namespace {
@@ -80,6 +81,9 @@ void ModelSpec::validate() const {
   MIH_CHECK(trainer.weight_decay() >= 0 && std::isfinite(trainer.weight_decay()), where,
             ": trainer.weight_decay must be >= 0, got ", trainer.weight_decay());
   for (const auto& p : decayed_1d) MIH_CHECK(!p.empty(), where, ": decayed_1d has an empty pattern");
+  if (!checkpoint.source.empty()) {
+    with_context(where + ": checkpoint.source", [&] { (void)safetensors::checkpoint_keys(checkpoint.source); });
+  }
 }
 
 void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {

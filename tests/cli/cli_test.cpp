@@ -340,9 +340,10 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // llama_bias. On the 30 cases of before: 972 tests before the check records, then 939: the tp
   // and cp input checks only where tp > 1 or cp > 1 with a cp-replicated field (vlm),
   // ReplicaConsistency only where a piece is replicated (tp, cp or dp_replicate > 1), the
-  // undeclared-state test with the event checks, the source keys on llama and moe, two new
-  // tests on every case (the valid-token recount, weight decay on 1-D parameters).
-  EXPECT_EQ(total, 1361) << list.output;
+  // undeclared-state test on every case, the shared-state event tests only with declared state
+  // (no AC test of its own), the source keys on llama and moe, two new tests on every case
+  // (the valid-token and normalizer recount, weight decay on 1-D parameters).
+  EXPECT_EQ(total, 1358) << list.output;
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
                                      "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac",
                                      "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"};
@@ -368,7 +369,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
   EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("LlamaDropout/Structure"), 0u);  // on request only
-  EXPECT_EQ(cases_of["Llama/SharedStateUse"], all);
+  EXPECT_EQ(cases_of["Llama/UndeclaredSharedState"], all);
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);
   // moe declares gradient accumulation not comparable (with its reason): no parity there.
@@ -383,9 +384,36 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   CliRun labels = mih("test --mih-list-cases");
   ASSERT_EQ(labels.status, 0) << labels.output;
   EXPECT_THAT(labels.output, HasSubstr("Llama llama Reference conformance,llama,reference,Structure,OptimizerLayout,"
-                                       "DataContract,CheckpointCoverage,SourceCheckpoint,SharedState,SharedStateUse,"
+                                       "DataContract,CheckpointCoverage,SourceCheckpoint,SharedState,UndeclaredSharedState,"
                                        "StateInvariants,ModuleParity,CommVolume\n"));
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
+}
+
+// The integration state goes all the way only on proof: MATRIX_PASSED when every test of the
+// case and the spec's module parity cases ran and passed in the run; FAILED naming the tests
+// when one failed; unchanged when a filter left some out.
+TEST(CliConformanceTest, ACaseIsMatrixPassedOnlyWhenItsTestsAndTheModuleParityPassed) {
+  const std::filesystem::path root = testing::temp_dir("cli_states");
+  const std::string r = " --no-progress --evidence-root " + root.string();
+  auto state = [&](const std::string& c) {
+    return read_json_file(root / "llama" / c / "integration_state.json").value("state", "");
+  };
+  CliRun part = mih("test" + r + " --gtest_filter='Llama/Structure.*/Tp2'");
+  ASSERT_EQ(part.status, 0) << part.output;
+  EXPECT_EQ(state("Tp2"), "STRUCTURE_VALIDATED") << "a filter left tests of the case out";
+  CliRun all = mih("test" + r + " --gtest_filter='Llama/*.*/Tp2:Llama/ModuleParity.*'");
+  ASSERT_EQ(all.status, 0) << all.output;
+  EXPECT_EQ(state("Tp2"), "MATRIX_PASSED");
+  const nlohmann::json tp2 = read_json_file(root / "llama/Tp2/integration_state.json");
+  EXPECT_EQ(tp2["previous_state"], "MODULE_PARITY_PASSED");
+  // A fault in the case's ranks: the failed tests are named in the state's reason.
+  const std::filesystem::path faulty = testing::temp_dir("cli_states_fault");
+  CliRun fault = mih("test --no-progress --evidence-root " + faulty.string() +
+                     " --fault F09 --fault-cases Tp2 --gtest_filter='Llama/*.*/Tp2:Llama/ModuleParity.*'");
+  EXPECT_EQ(fault.status, 1) << fault.output;
+  const nlohmann::json failed = read_json_file(faulty / "llama/Tp2/integration_state.json");
+  EXPECT_EQ(failed["state"], "FAILED");
+  EXPECT_THAT(failed.value("reason", ""), HasSubstr("tests failed: NumericParity."));
 }
 
 // A run that checks nothing is an error that says what exists, never a green; a case the
@@ -437,17 +465,17 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   }
   EXPECT_EQ(suites, (std::set<std::string>{"CheckpointCoverage", "CommVolume", "DataContract", "InputIdentity",
                                            "NumericParity", "OptimizerLayout", "ReplicaConsistency", "SharedState",
-                                           "SharedStateUse", "SourceCheckpoint", "StateInvariants", "Structure",
+                                           "SourceCheckpoint", "StateInvariants", "Structure", "UndeclaredSharedState",
                                            "TensorParallelInputs"}));
-  // Every findings-based test says what its check examined; the case whose every test passed
-  // is MATRIX_PASSED, the reference too (its own tests ran: the filter selects only Tp2Sp's, so
-  // the reference keeps the state its session gave it).
+  // Every findings-based test says what its check examined.
   for (const auto& line : results) {
     if (line["suite"] == "Structure") {
       EXPECT_THAT(line.value("examined", ""), HasSubstr("structure examined 19 parameters"));
     }
   }
-  EXPECT_EQ(read_json_file(root / "llama/Tp2Sp/integration_state.json")["state"], "MATRIX_PASSED");
+  // Tp2Sp's tests all passed, but the spec's module parity cases (tests of the reference) did
+  // not run in this run: no MATRIX_PASSED without them (ACaseIsMatrixPassed... below).
+  EXPECT_EQ(read_json_file(root / "llama/Tp2Sp/integration_state.json")["state"], "STRUCTURE_VALIDATED");
   EXPECT_EQ(read_json_file(root / "llama/Reference/integration_state.json")["state"], "STRUCTURE_VALIDATED");
 
   // Verify-only: the same suites on the evidence, nothing launched.

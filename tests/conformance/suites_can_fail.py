@@ -119,10 +119,10 @@ MUTATIONS = {
     "SharedState.EveryKeyHasProducerAndConsumer":
         ("llama", "DpShard2", "the rotary table never published",
          finding("MIH-SHARED-001", "rotary.cos", "declared shared state 'rotary.cos' was never published")),
-    "SharedStateUse.ConsumedAfterPublished":
+    "SharedState.ConsumedAfterPublished":
         ("llama", "DpShard2", "a layer reading the rotary table before the producer ran",
          finding("MIH-SHARED-003", "rotary.cos", "'layers.0' consumed shared state 'rotary.cos' before it was published")),
-    "SharedStateUse.NoUndeclaredKey":
+    "UndeclaredSharedState.NoKeyWithoutDeclaration":
         ("llama", "DpShard2", "a routing cache shared between layers without a declaration",
          finding("MIH-SHARED-006", "routing.cache", "shared state 'routing.cache' is published or consumed but not declared")),
     "Structure.DtypeAndDeviceAsConfigured":

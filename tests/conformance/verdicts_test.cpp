@@ -261,6 +261,23 @@ TEST_F(VerdictsTest, CommVolumeMatchesTheConfig) {
   rows[0]["comm_bytes"]["tp"] = 64;
   write_lines(dir / "cases/runtime/metrics.jsonl", rows);
   expect_fail(verdicts::comm_volume(CaseEvidence(dir)), "axis tp has degree 1 and moved 64 bytes");
+
+  // tp is exact per call site: a row-parallel all-reduce issued twice (the output reduced
+  // again) is named with the layers that declare the site.
+  const fs::path tp = copy("llama", "Tp2");
+  rows = read_lines(tp / "cases/runtime/metrics.jsonl");
+  const int64_t once = rows[0]["comm_sites"]["tp"]["region.reduce_from"].get<int64_t>();
+  rows[0]["comm_sites"]["tp"]["region.reduce_from"] = once + once / 5;  // one of the 5 calls twice
+  write_lines(tp / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::comm_volume(CaseEvidence(tp)), "axis tp, call site region.reduce_from: moved");
+  expect_fail(verdicts::comm_volume(CaseEvidence(tp)), "layers.0.self_attn.o_proj");
+  // A site the ledger shows and no layer declares (a column-parallel input gradient reduced
+  // by a layer that should not: here, the declarations removed) fails the same way.
+  const fs::path sp = copy("llama", "Tp2");
+  rows = read_lines(sp / "cases/runtime/metrics.jsonl");
+  rows[0]["comm_expected"]["tp"]["region.copy_to.backward"] = 0;
+  write_lines(sp / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::comm_volume(CaseEvidence(sp)), "call site region.copy_to.backward");
 }
 
 TEST_F(VerdictsTest, MissingOrForeignEvidenceIsAClearError) {

@@ -582,7 +582,8 @@ TEST(CheckRecordsTest, EveryCheckOfARuntimeSessionRecordsWhatItExamined) {
   for (const char* check : {codes::kCheckStructure, codes::kCheckOptimizer, codes::kCheckDataContract,
                             codes::kCheckForwardFields, codes::kCheckTokenLosses, codes::kCheckValidTokens,
                             codes::kCheckCoverage, codes::kCheckSource, codes::kCheckSharedState,
-                            codes::kCheckSharedEvents, codes::kCheckInvariants, codes::kCheckFsdpUnits}) {
+                            codes::kCheckSharedEvents, codes::kCheckUndeclared, codes::kCheckInvariants,
+                            codes::kCheckFsdpUnits, codes::kCheckLossNormalizer}) {
     const CheckRun* run = run_of(r.findings, check);
     ASSERT_NE(run, nullptr) << check << " left no record";
     EXPECT_GT(run->examined, 0) << check << " examined nothing";
@@ -607,9 +608,16 @@ TEST(CheckRecordsTest, TheTrainersValidTokenCountAndLossNormalizerAreRecountedFr
   CaseRun own = run_case(get("llama"), config(2), {.tamper = [](Tamper& t) {
                                                      t.before_end_step = [](StepMetrics& m) { m.loss_normalizers[0] /= 2; };
                                                    }});
-  EXPECT_THAT(codes(own.findings), Contains("MIH-DATA-007 loss_normalizer"));
+  EXPECT_THAT(codes(own.findings), Contains("MIH-DATA-008 loss_normalizer"));
+  // A backend that reports no normalizer: the normalizer check examined nothing (its test
+  // fails with "examined no loss normalizers"), the count check still ran.
+  CaseRun none = run_case(get("llama"), config(2), {.tamper = [](Tamper& t) {
+                                                      t.before_end_step = [](StepMetrics& m) { m.loss_normalizers.clear(); };
+                                                    }});
+  EXPECT_EQ(run_of(none.findings, codes::kCheckLossNormalizer)->examined, 0);
+  EXPECT_EQ(run_of(none.findings, codes::kCheckValidTokens)->examined, 1);
   for (const auto& f : own.findings.findings()) {
-    if (f.code == codes::kDataValidTokens) {
+    if (f.code == codes::kDataLossNormalizer) {
       EXPECT_THAT(f.message, HasSubstr("not by the"));
     }
   }

@@ -51,9 +51,12 @@ INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("cpu-smoke", "cp
 
 TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
-  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "DpShard2Ac",
-                                               "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"));
+  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp",
+                                               "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac", "DpShard2Mb2",
+                                               "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"));
   EXPECT_EQ(m.at("DpShard2Tp2Sp").group, "combined");
+  EXPECT_EQ(m.at("DpReplicate2DpShard2").group, "combined");
+  EXPECT_EQ(m.at("Cp2ZzTp2").group, "combined");
   EXPECT_EQ(m.at("DpShard2Ac").group, "activation_checkpoint");
   EXPECT_EQ(m.at("DpShard2Mb2").group, "grad_accumulation");
   const Case& cross = m.at("ResumeDpShard2ToTp2");
