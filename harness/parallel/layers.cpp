@@ -4,6 +4,7 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "harness/base/error.h"
