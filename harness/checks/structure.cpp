@@ -85,6 +85,15 @@ bool all_finite(const at::Tensor& t) {
   return at::isfinite(t.detach()).all().item<bool>();
 }
 
+// Whether a glob of `patterns` matches the parameter's FQN or one of its aliases.
+bool named_by_any(const std::vector<std::string>& patterns, const ShardedParameter& p) {
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& pat) {
+    if (::fnmatch(pat.c_str(), p.fqn.c_str(), 0) == 0) return true;
+    return std::any_of(p.aliases.begin(), p.aliases.end(),
+                       [&](const std::string& a) { return ::fnmatch(pat.c_str(), a.c_str(), 0) == 0; });
+  });
+}
+
 const ShardedParameter* find_parameter(const ParallelContext& ctx, const std::string& fqn) {
   for (const auto& p : ctx.parameters()) {
     if (p->fqn == fqn || std::find(p->aliases.begin(), p->aliases.end(), fqn) != p->aliases.end()) return p.get();
@@ -235,12 +244,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                facts, "weight decay still moves a parameter declared frozen",
                                "leave frozen parameters out of the optimizer groups"));
       }
-      const bool no_decay = std::any_of(options.no_weight_decay().begin(), options.no_weight_decay().end(),
-                                        [&](const std::string& pat) {
-                                          if (glob_match(pat, p.fqn)) return true;
-                                          return std::any_of(p.aliases.begin(), p.aliases.end(),
-                                                             [&](const std::string& a) { return glob_match(pat, a); });
-                                        });
+      const bool no_decay = named_by_any(options.no_weight_decay(), p);
       const double expected = no_decay ? 0.0 : options.weight_decay();
       if (wd != expected) {
         out.findings.add(error(codes::kOptimWeightDecay, phase, p.fqn,
@@ -249,10 +253,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                facts, "decaying norms and biases (or not decaying weights) changes the trained model",
                                "group the parameters by TrainerOptions::no_weight_decay"));
       }
-      const bool decay_declared = std::any_of(decayed_1d.begin(), decayed_1d.end(), [&](const std::string& pat) {
-        if (glob_match(pat, p.fqn)) return true;
-        return std::any_of(p.aliases.begin(), p.aliases.end(), [&](const std::string& a) { return glob_match(pat, a); });
-      });
+      const bool decay_declared = named_by_any(decayed_1d, p);
       // A no-decay parameter that is decayed is MIH-OPTIM-005 (the groups against the options).
       if (wd > 0 && p.global_shape.size() == 1 && !no_decay && !decay_declared) {
         out.findings.add(error(codes::kOptimDecayOnNorm, phase, p.fqn,

@@ -191,8 +191,9 @@ def main():
     if out.returncode != 0:
         print("the clean base run failed (every mutation needs a clean input):\n" + out.stdout[-4000:])
         return 1
+    base_results = results(base)
     checks_ran = set()
-    for line in results(base):
+    for line in base_results:
         for part in line.get("examined", "").split("; "):
             if " examined " in part:
                 checks_ran.add(part.split(" examined ")[0])
@@ -216,7 +217,7 @@ def main():
             if code and not any(code in r["message"] for r in mine):
                 problems.append(f"{test}: failed without naming {code}")
             # The code's emitting check ran on the clean case (the test says what it examined).
-            clean = [r for r in results(base) if f"{r['suite']}.{r['test']}" == test and r["case"] == case]
+            clean = [r for r in base_results if f"{r['suite']}.{r['test']}" == test and r["case"] == case]
             if code and not (clean and clean[0].get("examined")):
                 problems.append(f"{test}: asserts {code}, whose check left no record on the clean {spec}/{case}")
     missing = sorted(tests - proven.keys())
