@@ -38,10 +38,25 @@ spec::ModelSpec vlm_spec() {
   return s;
 }
 
+// The LLaVA recipe: the vision tower frozen, the projector and the language model trained.
+// The frozen tower is its own FSDP unit at the input (no gradient reaches it), so it has no
+// reduce-scatter and no gather for backward; the pixels must still train the projector.
+spec::ModelSpec vlm_frozen_vision_spec() {
+  spec::ModelSpec s = vlm_spec();
+  s.name = "vlm_frozen_vision";
+  s.description = "vlm with the vision tower frozen (ModelSpec::frozen)";
+  s.frozen = {"vision_tower.*"};
+  s.modalities = {{"pixel_values", {"multi_modal_projector.*"}}};
+  return s;
+}
+
 MIH_REGISTER_SPEC(vlm_spec);
+MIH_REGISTER_SPEC(vlm_frozen_vision_spec);
 
 }  // namespace
 }  // namespace mih::specs
 
 // Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
 MIH_CONFORMANCE_SUITES(Vlm, "vlm", "cpu-smoke");
+// The frozen-tower variant on the variants lane (FSDP, TP, TP with SP).
+MIH_CONFORMANCE_SUITES(VlmFrozenVision, "vlm_frozen_vision", "cpu-smoke-variants");

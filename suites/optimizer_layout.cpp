@@ -22,6 +22,12 @@ TEST_P(OptimizerLayout, NoFrozenParameter) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimFrozen}));
 }
+// A parameter with requires_grad false that the spec does not declare frozen is trained by no
+// one: the run stays green while the model never learns it.
+TEST_P(OptimizerLayout, NoParameterFrozenWithoutDeclaration) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kFrozenUndeclared}));
+}
 TEST_P(OptimizerLayout, WeightDecayAsDeclared) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimWeightDecay}));

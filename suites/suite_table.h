@@ -32,6 +32,7 @@
   X(arg, TiedParameters) \
   X(arg, FsdpUnits) \
   X(arg, OptimizerLayout) \
+  X(arg, FrozenParameters) \
   X(arg, DataContract) \
   X(arg, InputIdentity) \
   X(arg, TensorParallelInputs) \
@@ -46,6 +47,8 @@
   X(arg, StateInvariants) \
   X(arg, ModuleParity) \
   X(arg, NumericParity) \
+  X(arg, GradientSync) \
+  X(arg, TensorParallelGradients) \
   X(arg, ReplicaConsistency) \
   X(arg, ActivationCheckpointEquivalence) \
   X(arg, CommVolume)

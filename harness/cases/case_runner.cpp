@@ -2,9 +2,14 @@
 // run_case, so that linking run_case links the registration too.
 #include "harness/cases/case_runner.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -108,7 +113,7 @@ int run_phase(WorkerContext& ctx) {
   so.mode = SessionMode::kRuntime;
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
-  so.trainer = s.data.apply_sharding(s.trainer);
+  so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
   if (c.device == "cuda") {
     // One GPU per rank (launch with `mih worker --backend nccl` under torchrun or srun).
     const char* local = std::getenv("LOCAL_RANK");
@@ -144,6 +149,13 @@ int run_phase(WorkerContext& ctx) {
       const nlohmann::json hashes = tensor_hashes(*backend);
       if (rank0) EvidenceDir(evidence).write_json("before_save/checkpoint/roundtrip_save.json", hashes);
     }
+  } catch (const Error& e) {
+    // A peer that died or a collective past its timeout is the transport's failure: the
+    // launcher reports it as infrastructure; the case is not FAILED on the model's account.
+    if (e.code() != Code::kUnavailable && e.code() != Code::kDeadlineExceeded) {
+      session.fail_case(std::string("training raised: ") + e.what());
+    }
+    throw;
   } catch (const std::exception& e) {
     session.fail_case(std::string("training raised: ") + e.what());
     throw;
@@ -216,6 +228,60 @@ CaseFile read_case_file(const fs::path& path) {
   });
 }
 
+namespace {
+
+// SHA-256 of every evidence file of the case (relative path -> digest), case_run.json aside:
+// what a later run checks before it reuses the case (memo.cpp).
+nlohmann::json evidence_digests(const fs::path& dir) {
+  nlohmann::json out = nlohmann::json::object();
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string relative = fs::relative(it->path(), dir, ec).string();
+    if (relative == "case_run.json") continue;
+    std::string text;
+    if (read_file(it->path(), &text)) out[relative] = sha256_hex(text);
+  }
+  return out;
+}
+
+// A transport failure of the launch: a rank that died by a signal, a launch past its timeout,
+// or a rank that failed in a collective (a peer gone, a collective timeout).
+bool infrastructure_failure(const LaunchResult& r) {
+  if (r.status == LaunchResult::Status::kTimedOut) return true;
+  for (const auto& rank : r.ranks) {
+    if (rank.state == RankOutcome::State::kSignaled) return true;
+    if (rank.error_code == code_name(Code::kUnavailable) || rank.error_code == code_name(Code::kDeadlineExceeded)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create ", file.parent_path().string(), ": ", ec.message(),
+                 "; is the evidence root writable?");
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the case lock ", file.string(), ": ",
+                 std::strerror(errno), "; is the evidence root writable?");
+  while (::flock(fd_, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    ::close(fd_);
+    MIH_CHECK_CODE(err != EWOULDBLOCK, Code::kFailedPrecondition, "case ", what,
+                   " is being run by another process on this evidence root (", file.string(),
+                   " is locked); wait for it to finish, or use another --evidence-root");
+    MIH_THROW(Code::kFailedPrecondition, "cannot lock ", file.string(), ": ", std::strerror(err));
+  }
+}
+
+CaseLock::~CaseLock() { ::close(fd_); }
+
 CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
   // Bad input is rejected here, before any rank starts.
   if (!o.fault.empty()) (void)fault::parse(o.fault);
@@ -227,6 +293,8 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
       TrainingBackendRegistry::instance().make(o.training_backend)->unsupported(c.config, c.save_config.has_value());
   MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
             ": ", unsupported);
+  std::optional<CaseLock> lock;
+  if (!o.lock_held) lock.emplace(o.evidence_root / s.name / ("." + c.name + ".lock"), false, s.name + "/" + c.name);
   CaseRunResult result;
   result.evidence = prepare_case(s, c, o);
   EvidenceDir dir(result.evidence);
@@ -245,6 +313,8 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
     w.gloo_hostname = "127.0.0.1";
+    // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
+    w.collective_timeout = o.collective_timeout.count() > 0 ? o.collective_timeout : o.timeout;
     LaunchOptions lo;
     lo.world_size = world_size;
     lo.run_dir = w.run_dir;
@@ -274,6 +344,11 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   }
   if (r.ok()) {
     result.outcome = "ran";
+  } else if (infrastructure_failure(r)) {
+    // Whatever the session wrote: a rank that died, hung or lost its peers gives no verdict.
+    result.outcome = "transport_failure";
+    result.error = r.report();
+    result.code = r.code() == Code::kOk ? Code::kAborted : r.code();
   } else if (state == IntegrationState::kFailed && !reason.empty()) {
     // A hook or the model raised on some rank and the session recorded it: a conformance
     // failure with its reason, the launch report kept for the logs.
@@ -307,7 +382,8 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
                  {"launch_seconds", result.launch_seconds},
                  {"state", result.state},
                  {"outcome", result.outcome},
-                 {"error", result.error}});
+                 {"error", result.error},
+                 {"files", evidence_digests(result.evidence)}});
   dir.write_json("case_run.json", record);
   return result;
 }

@@ -26,6 +26,11 @@ struct CaseRunOptions {
   /// its before_save/ folder, the checkpoint to checkpoint/); launcher files to run/.
   std::filesystem::path evidence_root;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  /// How long one collective may wait (WorkerOptions::collective_timeout); 0: `timeout`.
+  std::chrono::milliseconds collective_timeout{0};
+  /// The caller holds the case lock (memo.cpp's ensure_case waits for it); otherwise
+  /// run_case takes it and refuses a case that another process is running.
+  bool lock_held = false;
   /// The TrainingBackend that trains the case (harness/session/backend.h).
   std::string training_backend = "trainer";
   /// Recorded in case_run.json: what produced the evidence (the conformance runner reuses a
@@ -53,13 +58,33 @@ struct CaseRunResult {
   Code code = Code::kOk;
 };
 
+/// An exclusive flock on <root>/<spec>/.<case>.lock for as long as it lives: one run of a
+/// case at a time over every process sharing the evidence root. `wait`: block until it is
+/// free (the conformance runner); otherwise refuse a case that is running.
+/// Throws: mih::Error{kFailedPrecondition} naming `what` (spec/case) when it is held and
+///   !wait, or when the lock file cannot be created.
+class CaseLock {
+ public:
+  CaseLock(const std::filesystem::path& file, bool wait, const std::string& what);
+  ~CaseLock();
+  CaseLock(const CaseLock&) = delete;
+  CaseLock& operator=(const CaseLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 /// Runs case `c` of `spec` (resolved by the caller, once) and writes <evidence>/case_run.json
 /// (spec, case, kind, world_size, config, compare_to, seconds, state, outcome, error).
 /// Returns its evidence, state and outcome: a dead rank or a collective that never completes
 /// is outcome "transport_failure" with the launcher's report, not an exception, so the suites
 /// can report it as such.
+/// A launch that timed out, a rank killed by a signal, or a rank that failed in a collective
+/// (kUnavailable, kDeadlineExceeded) is "transport_failure" whatever the session wrote.
+/// case_run.json also holds the SHA-256 of every evidence file ("files").
 /// Throws: mih::Error{kInvalidSpec} for an unknown training backend or a case it cannot run
-///   (before any rank starts); kFailedPrecondition for an unwritable evidence root.
+///   (before any rank starts); kFailedPrecondition for an unwritable evidence root, or a
+///   case another process is running on this evidence root (nothing of it is touched).
 CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
 
 /// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes its

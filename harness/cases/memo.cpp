@@ -47,32 +47,13 @@ std::string fault_of(const CaseParam& p) {
 // what it is compared with), the training backend, the fault. Evidence with another
 // fingerprint is relaunched, never reused.
 std::string fingerprint(const CaseParam& p) {
-  std::string id = p.spec + "|" + json(case_of(p)).dump() + "|" + p.training_backend + "|" + fault_of(p);
+  std::string id = p.spec + "|" + json(case_of(p)).dump() + "|" + p.training_backend + "|" + fault_of(p) + "|" +
+                   std::to_string(run_options().case_timeout.count()) + "ms|" +
+                   std::to_string(run_options().collective_timeout.count()) + "ms";
   struct stat st {};
   if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
   return sha256_hex(id).substr(0, 16);
 }
-
-// An exclusive flock on <root>/<spec>/.<case>.lock for as long as it lives: one launch of a
-// case at a time over every process sharing the evidence root.
-class CaseLock {
- public:
-  explicit CaseLock(const fs::path& file) {
-    fs::create_directories(file.parent_path());
-    fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the case lock ", file.string(), ": ",
-                   std::strerror(errno), "; is the evidence root writable?");
-    while (::flock(fd_, LOCK_EX) != 0) {
-      MIH_CHECK_CODE(errno == EINTR, Code::kFailedPrecondition, "cannot lock ", file.string(), ": ", std::strerror(errno));
-    }
-  }
-  ~CaseLock() { ::close(fd_); }
-  CaseLock(const CaseLock&) = delete;
-  CaseLock& operator=(const CaseLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   CaseOutcome out;
@@ -100,6 +81,36 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
     out.code = Code::kAborted;
   }
   return out;
+}
+
+// Why the evidence in `dir` cannot stand for a run with fingerprint `fp`, or "" when it can:
+// only a case that completed ("ran"), with this fingerprint, and whose every evidence file is
+// still the one its run wrote (case_run.json's digests) is reused.
+std::string why_not_reusable(const fs::path& dir, const std::string& fp) {
+  json run;
+  try {
+    run = read_json_file(dir / "case_run.json");
+  } catch (const std::exception& e) {
+    return std::string("its case_run.json is unreadable (") + e.what() + ")";
+  }
+  if (!run.is_object()) return "its case_run.json is not an object";
+  const std::string outcome = run.value("outcome", "");
+  if (outcome != "ran") {
+    return "its last run did not complete (outcome '" + outcome + "'" +
+           (run.value("error", "").empty() ? std::string() : ": " + run.value("error", "").substr(0, 200)) + ")";
+  }
+  if (run.value("fingerprint", "") != fp) {
+    return "its evidence was produced by another binary, case definition, backend, fault or timeout";
+  }
+  if (!run.contains("files") || !run["files"].is_object()) return "its case_run.json lists no evidence digests";
+  for (const auto& [relative, digest] : run["files"].items()) {
+    std::string text;
+    if (!read_file(dir / relative, &text)) return "evidence file " + relative + " is missing";
+    if (!digest.is_string() || sha256_hex(text) != digest.get<std::string>()) {
+      return "evidence file " + relative + " changed after its run wrote it";
+    }
+  }
+  return "";
 }
 
 std::string seconds_text(double s) {
@@ -151,21 +162,20 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     out = verify_only_outcome(p, dir);
   } else {
     const std::string fp = fingerprint(p);
-    CaseLock case_lock(root / p.spec / ("." + p.case_name + ".lock"));
+    const CaseLock case_lock(root / p.spec / ("." + p.case_name + ".lock"), /*wait=*/true, p.spec + "/" + p.case_name);
     bool reused = false;
     if (fs::exists(dir / "case_run.json")) {
-      try {
+      const std::string why = why_not_reusable(dir, fp);
+      if (why.empty()) {
         const json run = read_json_file(dir / "case_run.json");
-        if (run.value("fingerprint", "") == fp) {
-          out.evidence = dir;
-          out.outcome = run.value("outcome", "");
-          out.error = run.value("error", "");
-          out.seconds = run.value("seconds", 0.0);
-          out.code = out.outcome == "transport_failure" ? Code::kAborted : Code::kOk;
-          reused = true;
-        }
-      } catch (const std::exception&) {
-        // unreadable: relaunch
+        out.evidence = dir;
+        out.outcome = run.value("outcome", "");
+        out.error = run.value("error", "");
+        out.seconds = run.value("seconds", 0.0);
+        reused = true;
+      } else {
+        // Said whatever --no-progress says: a relaunch costs time and the user should know why.
+        std::fprintf(stderr, "mih: relaunching %s/%s: %s\n", p.spec.c_str(), p.case_name.c_str(), why.c_str());
       }
     }
     if (!reused) {
@@ -180,6 +190,8 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
       o.fingerprint = fp;
       o.fault = fault;
       o.timeout = options.case_timeout;
+      o.collective_timeout = options.collective_timeout;
+      o.lock_held = true;
       const CaseRunResult r = run_case(spec::SpecRegistry::instance().get(p.spec), c, o);
       out.evidence = r.evidence;
       out.outcome = r.outcome;

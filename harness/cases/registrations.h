@@ -45,6 +45,9 @@ struct RunOptions {
   bool verify_only = false;
   /// How long one case may take (all its launches), then every rank is stopped.
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// How long one collective may wait before its rank fails (a transport failure, never a
+  /// verdict). 0: the case timeout, so a hung rank is reported by the launcher's timeout.
+  std::chrono::milliseconds collective_timeout{0};
   /// Progress lines on stderr.
   bool progress = true;
   /// Only this spec's cases (mih check of one case directory).

@@ -51,6 +51,24 @@ std::string parameter_ownership_csv(const ParallelContext& ctx);
 CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOptions& options, spec::Phase phase,
                                    const std::vector<std::string>& decayed_1d = {});
 
+/// Where in a step check_frozen_parameters looks.
+enum class FrozenPoint {
+  kBuilt,           ///< the model built and sharded with its optimizer (or just loaded)
+  kAfterBackward,   ///< gradients synchronized, before clipping
+  kAfterOptimizer,  ///< after the optimizer step
+};
+
+/// Frozen parameters (rank-local) against `frozen` (ModelSpec::frozen, FQN globs over the
+/// FQN and tied aliases), on this rank's pieces after sharding: at every point each declared
+/// parameter has requires_grad false (MIH-FROZEN-001) and every parameter with requires_grad
+/// false is declared (MIH-FROZEN-002: a parameter silently not trained); after backward a
+/// declared one has no gradient, not even a zero-filled one (MIH-FROZEN-003); after the
+/// optimizer step it has no AdamW state (MIH-FROZEN-004). Records a run over every parameter
+/// (a spec without frozen parameters still checks that none is frozen). Evidence:
+/// {"point", "step", "frozen": [fqn...], "trainable": n}.
+CheckOutput check_frozen_parameters(const TrainingState& state, const std::vector<std::string>& frozen,
+                                    FrozenPoint point, int64_t step);
+
 /// Data contract (rank-local), on the global batch of step 0: each field has one owner (the
 /// pipeline, or the runtime for data.runtime_fields), every declared field is produced, and
 /// for causal LM data the labels are the next input token on every valid position when
@@ -120,6 +138,21 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
 /// modality and parameter the ranks without a gradient, with a non-finite or an all-zero one.
 CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vector<spec::ModalitySpec>& modalities,
                                      const std::set<std::string>& fields_seen, int64_t step);
+
+/// Gradient reductions (rank-local), after synchronization: every trainable parameter's
+/// gradient was reduced over exactly the axes of its grad_domain() (ParallelContext::
+/// gradient_reductions() against the parameter table), else MIH-GRAD-001 naming the axes
+/// left out or added. Evidence: {"step", "parameters": {fqn: {grad_domain, reduced_over}}}.
+CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step);
+
+/// Tensor-parallel partial gradients (collective over tp), before synchronization: for each
+/// trainable parameter replicated over tp, whether its local gradients differ across the tp
+/// ranks (a partial sum: each rank saw a share of the tokens) is measured, independently of
+/// the declaration, and held against ParamSpec::tp_partial_grad: partial but undeclared is
+/// MIH-GRAD-002 (never all-reduced over tp), whole but declared is MIH-GRAD-003 (all-reduced
+/// into tp times the gradient). Gradients zero on every tp rank are not examined.
+/// Evidence: {"step", "parameters": {fqn: {partial_over_tp, declared_partial, relative_spread}}}.
+CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step);
 
 /// Runs the spec's invariants of `phase` (rank-local; an invariant that throws is a failed
 /// invariant with the exception's message). Evidence: {name: {passed, facts}}.

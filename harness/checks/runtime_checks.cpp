@@ -2,6 +2,7 @@
 // checks.h).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include <ATen/ATen.h>
 
@@ -159,6 +160,122 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
                       "keep the path from the field to these parameters differentiable (no detach, no dropped field)"});
   }
   out.evidence = {{"step", step}, {"modalities", evidence}};
+  return out;
+}
+
+namespace {
+
+std::string axes_str(const std::set<std::string>& axes) {
+  std::string out;
+  for (const auto& a : axes) out += (out.empty() ? "" : ", ") + a;
+  return "{" + out + "}";
+}
+
+}  // namespace
+
+CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step) {
+  CheckOutput out;
+  const auto& record = ctx.gradient_reductions();
+  json evidence = json::object();
+  int64_t examined = 0;
+  for (const auto& p : ctx.parameters()) {
+    if (!p->local.requires_grad()) continue;
+    ++examined;
+    const auto domain_list = p->grad_domain();
+    std::set<std::string> domain(domain_list.begin(), domain_list.end());
+    const auto it = record.find(p->fqn);
+    std::set<std::string> reduced = it == record.end() ? std::set<std::string>{} : it->second;
+    // No gradient on this rank (an unused branch, a modality absent from the batch): FSDP had
+    // nothing to reduce-scatter; whether it should have trained is ModalityGradients' question.
+    if (reduced.erase(ParallelContext::kNoGradient) && p->fsdp) domain.erase("dp_shard");
+    evidence[p->fqn] = {{"grad_domain", domain}, {"reduced_over", reduced}};
+    if (reduced == domain) continue;
+    std::set<std::string> missing, extra;
+    std::set_difference(domain.begin(), domain.end(), reduced.begin(), reduced.end(), std::inserter(missing, missing.end()));
+    std::set_difference(reduced.begin(), reduced.end(), domain.begin(), domain.end(), std::inserter(extra, extra.end()));
+    std::string what;
+    if (!missing.empty()) what += "never reduced over " + axes_str(missing);
+    if (!extra.empty()) what += std::string(what.empty() ? "" : " and ") + "also reduced over " + axes_str(extra);
+    out.findings.add({codes::kGradReduction, "runtime", p->fqn, Severity::kError,
+                      "gradient " + what + " at step " + std::to_string(step) + ": its domain is " + axes_str(domain) +
+                          ", the collectives reduced it over " + axes_str(reduced),
+                      {{"step", step}, {"grad_domain", domain}, {"reduced_over", reduced}},
+                      "an axis left out leaves each rank with its own partial gradient (replicas drift apart); an "
+                      "extra one multiplies the gradient by the axis degree",
+                      "reduce every gradient over exactly its grad_domain: the data-parallel axes (dp_replicate, "
+                      "dp_shard, cp), and tp where the parameter sees only this rank's share of the tokens"});
+  }
+  out.findings.ran(codes::kCheckGradReduction, examined, "trainable parameters");
+  out.evidence = {{"step", step}, {"parameters", evidence}};
+  return out;
+}
+
+CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step) {
+  CheckOutput out;
+  Communicator& tp = ctx.tp_group();
+  std::vector<const ShardedParameter*> rows;
+  for (const auto& p : ctx.parameters()) {
+    if (p->local.requires_grad() && !(p->tp.is_shard() && tp.size() > 1)) rows.push_back(p.get());
+  }
+  json evidence = json::object();
+  // Per parameter a fingerprint of this rank's local gradient (sum, sum of squares), its
+  // maximum and minimum over tp in two all-reduces: equal on every tp rank means every rank
+  // computed the whole gradient; different means each holds a partial sum.
+  const auto n = static_cast<int64_t>(rows.size());
+  at::Tensor prints = at::zeros({n, 2}, at::kDouble);
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor g = rows[static_cast<size_t>(i)]->local.grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    const at::Tensor gd = g.detach().to(at::kDouble);
+    prints[i][0] = gd.sum().item<double>();
+    prints[i][1] = gd.pow(2).sum().item<double>();
+  }
+  at::Tensor hi = prints.to(ctx.device()), lo = prints.neg().to(ctx.device());
+  if (n > 0 && tp.size() > 1) {
+    tp.all_reduce(hi, ReduceOp::kMax, "mih.session.tp_partial_gradients");
+    tp.all_reduce(lo, ReduceOp::kMax, "mih.session.tp_partial_gradients");
+  }
+  hi = hi.cpu();
+  lo = lo.neg().cpu();
+  int64_t examined = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const ShardedParameter& p = *rows[static_cast<size_t>(i)];
+    double spread = 0, scale = 0;
+    for (int64_t k = 0; k < 2; ++k) {
+      const double a = hi[i][k].item<double>(), b = lo[i][k].item<double>();
+      spread = std::max(spread, std::abs(a - b));
+      scale = std::max({scale, std::abs(a), std::abs(b)});
+    }
+    if (scale == 0) continue;  // no gradient on any tp rank: nothing to tell
+    ++examined;
+    const bool partial = spread > 1e-6 * scale;
+    const bool declared = p.tp_partial_grad;
+    evidence[p.fqn] = {{"partial_over_tp", partial}, {"declared_partial", declared}, {"relative_spread", spread / scale}};
+    if (partial == declared) continue;
+    const json facts = {{"step", step}, {"relative_spread", spread / scale}, {"tp", tp.size()}, {"placement", p.tp.str()}};
+    if (partial) {
+      out.findings.add({codes::kGradTpPartialUndeclared, "runtime", p.fqn, Severity::kError,
+                        "replicated over tp, its local gradients before synchronization differ across the " +
+                            std::to_string(tp.size()) + " tp ranks (relative spread " + std::to_string(spread / scale) +
+                            ") at step " + std::to_string(step) +
+                            ": each holds a partial sum, and its grad domain leaves tp out, so it is never all-reduced "
+                            "over tp",
+                        facts, "each tp rank updates its copy with its own share of the gradient: the copies drift apart",
+                        "declare the gradient partial over tp (ParamSpec::tp_partial_grad) for a parameter that sees "
+                        "only this rank's tokens (a norm or a router under sequence parallelism)"});
+    } else {
+      out.findings.add({codes::kGradTpPartialWhole, "runtime", p.fqn, Severity::kError,
+                        "replicated over tp, its local gradient before synchronization is the same on all " +
+                            std::to_string(tp.size()) + " tp ranks at step " + std::to_string(step) +
+                            ", but its grad domain includes tp: the all-reduce over tp multiplies it by " +
+                            std::to_string(tp.size()),
+                        facts, "the parameter trains with a gradient tp times too large",
+                        "declare the gradient partial over tp only where each tp rank sees a share of the tokens "
+                        "(sequence parallelism)"});
+    }
+  }
+  out.findings.ran(codes::kCheckTpPartial, examined, "tp-replicated parameters with a gradient");
+  out.evidence = {{"step", step}, {"parameters", evidence}};
   return out;
 }
 

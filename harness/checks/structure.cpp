@@ -290,6 +290,65 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
   return out;
 }
 
+CheckOutput check_frozen_parameters(const TrainingState& state, const std::vector<std::string>& frozen,
+                                    FrozenPoint point, int64_t step) {
+  const char* where = point == FrozenPoint::kBuilt           ? "built"
+                      : point == FrozenPoint::kAfterBackward ? "after_backward"
+                                                             : "after_optimizer";
+  const std::string phase = point == FrozenPoint::kBuilt ? "structure" : "runtime";
+  const std::string at_step = point == FrozenPoint::kBuilt ? "" : " at step " + std::to_string(step);
+  CheckOutput out;
+  json declared = json::array();
+  int64_t trainable = 0;
+  for (const auto& p : state.context->parameters()) {
+    const bool is_declared = named_by_any(frozen, *p);
+    const bool requires_grad = p->local.requires_grad();
+    const json facts = {{"point", where}, {"step", step}, {"requires_grad", requires_grad},
+                        {"local_shape", p->local_shape}, {"declared_frozen", is_declared}};
+    if (is_declared) declared.push_back(p->fqn);
+    if (requires_grad) ++trainable;
+    if (is_declared && requires_grad) {
+      out.findings.add(error(codes::kFrozenTrainable, phase, p->fqn,
+                             "declared frozen (ModelSpec::frozen) but requires_grad is true on this rank" + at_step, facts,
+                             "the parameter gets gradients and optimizer updates the port says it must not",
+                             "set requires_grad false on every rank after sharding (TrainerOptions::frozen does), or "
+                             "remove it from ModelSpec::frozen"));
+    }
+    if (!is_declared && !requires_grad) {
+      out.findings.add(error(codes::kFrozenUndeclared, phase, p->fqn,
+                             "requires_grad is false on this rank" + at_step + " and no ModelSpec::frozen pattern names it",
+                             facts, "a parameter silently not trained: the run is green and the model never learns it",
+                             "declare it in ModelSpec::frozen if freezing is intended, else find what turned off its "
+                             "requires_grad (a detach, a reload, a module built under no_grad)"));
+    }
+    if (!is_declared) continue;
+    if (point == FrozenPoint::kAfterBackward && p->local.grad().defined()) {
+      out.findings.add(error(codes::kFrozenGradient, phase, p->fqn,
+                             "declared frozen and has a gradient after backward" + at_step +
+                                 (p->local.grad().count_nonzero().item<int64_t>() == 0 ? " (all zeros: filled in, "
+                                                                                           "not computed)"
+                                                                                         : ""),
+                             facts, "a frozen parameter's gradient costs memory and communication, and an optimizer "
+                                    "that finds it updates the parameter",
+                             "leave frozen parameters out of the backward and of the gradient synchronization"));
+    }
+    if (point == FrozenPoint::kAfterOptimizer && state.optimizer) {
+      for (const char* m : {"exp_avg", "exp_avg_sq"}) {
+        if (!compat::adamw_state(*state.optimizer, p->local, m).defined()) continue;
+        out.findings.add(error(codes::kFrozenOptimizerState, phase, p->fqn,
+                               std::string("declared frozen and has AdamW state '") + m + "'" + at_step, facts,
+                               "the optimizer steps a frozen parameter (weight decay moves it even with a zero "
+                               "gradient), and its state is saved in checkpoints",
+                               "build the optimizer over the trainable parameters only"));
+        break;
+      }
+    }
+  }
+  out.findings.ran(codes::kCheckFrozen, static_cast<int64_t>(state.context->parameters().size()), "parameters");
+  out.evidence = {{"point", where}, {"step", step}, {"frozen", declared}, {"trainable", trainable}};
+  return out;
+}
+
 CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::CheckpointSpec& checkpoint,
                                       const std::vector<std::string>* source_keys) {
   CheckOutput out;

@@ -268,6 +268,7 @@ struct RunFlags {
   std::vector<std::string> prefixes, fault_cases;
   bool verify_only = false, no_progress = false, list_cases = false;
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds collective_timeout{0};
 };
 
 // Parses `args` into the run options; returns the GoogleTest flags, or the exit status of a
@@ -283,6 +284,9 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-full) or JSON matrix file; overrides every spec's");
   app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
   add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
+  add_seconds(app, "--collective-timeout", f->collective_timeout,
+              "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
+              "case timeout)");
   app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
   app.add_option("--only-spec", f->only_spec, "only this spec's cases");
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
@@ -341,6 +345,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.matrix = f.matrix;
   o.verify_only = f.verify_only;
   o.case_timeout = f.case_timeout;
+  o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
   o.only_spec = f.only_spec;
   for (const auto& x : f.prefixes) {

@@ -111,6 +111,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case>")
       ->capture_default_str();
   add_seconds(sub, "--timeout", f->options.timeout, "how long the whole case may take", 1.0);
+  add_seconds(sub, "--collective-timeout", f->options.collective_timeout,
+              "how long one collective may wait before its rank fails (an infrastructure failure; default: --timeout)");
   sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f->options.fault,

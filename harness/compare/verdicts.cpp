@@ -517,8 +517,10 @@ Verdict comm_volume(const CaseEvidence& ev) {
       const int64_t chunk = p["fsdp_rows"].value("chunk", int64_t{0});
       const auto& shape = p.at("tp_local_shape");
       const int64_t cols = shape.size() > 1 ? numel(shape) / shape[0].get<int64_t>() : 1;
-      const int gathers = p["fsdp_unit"] == "root" ? 1 : 2;
-      bytes += static_cast<double>((gathers * chunk * cols + dp_shard * chunk * cols) * e);
+      // One forward gather of each rank's padded shard; the reduce-scatter of the padded full
+      // gradient only for a parameter that has one (a frozen one has none).
+      bytes += static_cast<double>(chunk * cols * e);
+      if (p.value("requires_grad", true)) bytes += static_cast<double>(dp_shard * chunk * cols * e);
     }
     expected["dp_shard"] = bytes * mb;
   }
@@ -526,6 +528,13 @@ Verdict comm_volume(const CaseEvidence& ev) {
   for (const auto& r : rows) {
     const json bytes = r.value("comm_bytes", json::object());
     const int64_t step = r.value("step", int64_t{-1});
+    // The gathers for backward of the units whose output needed a gradient, as the runtime
+    // declared them (ParallelContext::fsdp_forward).
+    std::map<std::string, double> expected_here = expected;
+    if (dp_shard > 1) {
+      const json declared = r.value("comm_expected", json::object()).value("dp_shard", json::object());
+      for (const auto& [site, b] : declared.items()) expected_here["dp_shard"] += b.get<double>();
+    }
     for (const auto& [axis, b] : bytes.items()) {
       const double got = b.get<double>();
       auto d = degree.find(axis);
@@ -533,15 +542,16 @@ Verdict comm_volume(const CaseEvidence& ev) {
         return Verdict::fail("axis " + axis + " has degree 1 and moved " + std::to_string(static_cast<int64_t>(got)) +
                              " bytes at step " + std::to_string(step) + ": a collective runs on a trivial group (open " + file + ")");
       }
-      auto x = expected.find(axis);
+      auto x = expected_here.find(axis);
       // dp_shard is exact; dp_cp and world carry the trainer's scalars and may carry the
       // model's own (an MoE's global expert counts), so they are a floor.
       const bool exact = axis == "dp_shard";
-      if (x != expected.end() && (exact ? std::abs(got - x->second) > 0.5 : got < x->second - 0.5)) {
+      if (x != expected_here.end() && (exact ? std::abs(got - x->second) > 0.5 : got < x->second - 0.5)) {
         return Verdict::fail("axis " + axis + " moved " + std::to_string(static_cast<int64_t>(got)) + " bytes at step " +
                              std::to_string(step) + ", the config implies " + (exact ? "" : "at least ") +
                              std::to_string(static_cast<int64_t>(x->second)) +
-                             " (" + (axis == "dp_shard" ? "FSDP all-gathers and reduce-scatters of the parameter table"
+                             " (" + (axis == "dp_shard" ? "FSDP all-gathers and reduce-scatters of the parameter table, and the "
+                                                          "gathers for backward the units declared"
                                                         : "two float64 scalars") +
                              "); a collective is missing, repeated or moves the wrong size (open " + file +
                              " and the comm ledgers under run/)");

@@ -125,14 +125,16 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
 /// CommVolume: the bytes each mesh axis moved per step (metrics comm_bytes, and per call site
 /// comm_sites) against the config and the model: nothing on an axis of degree 1; dp_shard
 /// exactly the FSDP count from the parameter table (per FSDP parameter with chunk c rows of k
-/// elements, W = dp_shard, e the element size: all-gather c*k in forward, again in backward
-/// for non-root units, and reduce-scatter W*c*k in backward; per micro-batch); on tp, cp and
+/// elements, W = dp_shard, e the element size: all-gather c*k in forward and, when it has a
+/// gradient (not frozen), reduce-scatter W*c*k in backward; per micro-batch) plus the
+/// gathers for backward each non-root unit whose output needed a gradient declared
+/// (ParallelContext::fsdp_forward: c*k per parameter of the unit); on tp, cp and
 /// dp_replicate every call site exactly what the layers declare (comm_expected: each
 /// tensor-parallel layer's all-gathers, reduce-scatters and all-reduces, the cross entropy's
 /// three reductions, CP attention's K/V gather and its reduce-scatter; per call, so
 /// micro-batches and activation-checkpoint recomputes count) plus the gradient
 /// synchronization of the parameter table (the gradients whose domain is tp all-reduced over
-/// tp; every gradient over dp_replicate and cp), naming the site and the layers on a
+/// tp; every gradient over dp_replicate and cp; none of a frozen parameter), naming the site and the layers on a
 /// mismatch; dp_cp and world at least 16 bytes (the valid-token count and the loss; the grad
 /// norm before and after clipping; a model may add its own, e.g. an MoE's global expert
 /// counts); every step the same. A checkpoint load's traffic is recorded apart

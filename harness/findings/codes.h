@@ -52,6 +52,15 @@ inline constexpr const char* kModalNoGradient = "MIH-MODAL-001";       ///< no f
 // State invariants (checks/structure.cpp).
 inline constexpr const char* kInvarFailed = "MIH-INVAR-001";           ///< invariant failed
 inline constexpr const char* kInvarThrew = "MIH-INVAR-002";            ///< invariant threw
+// Frozen parameters (checks/structure.cpp).
+inline constexpr const char* kFrozenTrainable = "MIH-FROZEN-001";      ///< declared frozen, requires_grad true
+inline constexpr const char* kFrozenUndeclared = "MIH-FROZEN-002";     ///< requires_grad false, not declared frozen
+inline constexpr const char* kFrozenGradient = "MIH-FROZEN-003";       ///< frozen parameter has a gradient
+inline constexpr const char* kFrozenOptimizerState = "MIH-FROZEN-004"; ///< frozen parameter has optimizer state
+// Gradient synchronization (checks/runtime_checks.cpp).
+inline constexpr const char* kGradReduction = "MIH-GRAD-001";          ///< reduced over axes other than its domain
+inline constexpr const char* kGradTpPartialUndeclared = "MIH-GRAD-002";///< partial over tp, domain omits tp
+inline constexpr const char* kGradTpPartialWhole = "MIH-GRAD-003";     ///< whole on every tp rank, domain has tp
 // Probes (probes/probes.cpp).
 inline constexpr const char* kProbeReplicas = "MIH-PROBE-001";         ///< replicas disagree after a step
 
@@ -75,6 +84,9 @@ inline constexpr const char* kCheckUndeclared = "shared_state_undeclared";  ///<
 inline constexpr const char* kCheckModality = "modality_gradients";          ///< parameters of modality groups
 inline constexpr const char* kCheckInvariants = "invariants";                ///< invariants run
 inline constexpr const char* kCheckReplicas = "replica_consistency";         ///< parameters
+inline constexpr const char* kCheckFrozen = "frozen_parameters";             ///< parameters
+inline constexpr const char* kCheckGradReduction = "grad_reduction";         ///< trainable parameters
+inline constexpr const char* kCheckTpPartial = "tp_partial_gradients";       ///< tp-replicated parameters
 
 struct CodeRow {
   const char* code;
@@ -83,7 +95,7 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 37> kAllCodes = {{
+inline constexpr std::array<CodeRow, 44> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
@@ -103,6 +115,10 @@ inline constexpr std::array<CodeRow, 37> kAllCodes = {{
     {kSharedWrongProducer, kCheckSharedState},  {kSharedUndeclared, kCheckUndeclared},
     {kModalNoGradient, kCheckModality},         {kInvarFailed, kCheckInvariants},
     {kInvarThrew, kCheckInvariants},            {kProbeReplicas, kCheckReplicas},
+    {kFrozenTrainable, kCheckFrozen},           {kFrozenUndeclared, kCheckFrozen},
+    {kFrozenGradient, kCheckFrozen},            {kFrozenOptimizerState, kCheckFrozen},
+    {kGradReduction, kCheckGradReduction},      {kGradTpPartialUndeclared, kCheckTpPartial},
+    {kGradTpPartialWhole, kCheckTpPartial},
 }};
 
 /// The check that emits `code`, or "" for a code not in kAllCodes.

@@ -207,6 +207,11 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
     }
   }
   at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0]);
+  if (full.requires_grad()) {
+    // The gradient of the gathered tensor goes straight into the gather's backward, which
+    // reduce-scatters it over dp_shard.
+    full.register_hook([record = &reductions_, fqn = p.fqn](const at::Tensor&) { (*record)[fqn].insert("dp_shard"); });
+  }
   if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
   if (in_root) {
     std::erase_if(root_gathers_, [&](const RootGather& g) { return g.forward != forward; });
@@ -250,6 +255,21 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
     throw;
   }
   active_unit_.clear();
+  if (out.requires_grad()) {
+    // The contract: a unit whose output needs a gradient gathers each of its parameters once
+    // more for backward (the regather below, or an activation-checkpoint recompute), moving
+    // each rank's padded shard. A unit that is frozen and fed no gradient (a frozen encoder
+    // at the input) is gathered once.
+    Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
+    for (const auto& p : ordered_) {
+      if (!p->fsdp || p->unit != unit) continue;
+      const int64_t rows = std::max<int64_t>(p->tp_local_shape[0], 1);
+      int64_t numel = 1;
+      for (int64_t d : p->tp_local_shape) numel *= d;
+      dp_shard.expect("fsdp.gather_for_backward",
+                      p->fsdp_range.chunk * (numel / rows) * static_cast<int64_t>(c10::elementSize(param_dtype_)), unit);
+    }
+  }
   // Reshard: free every parameter gathered in this forward; gather them again when the
   // output's gradient arrives, which is before any node of the unit runs its backward.
   struct Freed {
@@ -264,6 +284,7 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
   unit_gathers_.clear();
   if (!freed.empty() && out.requires_grad()) {
     Communicator* dp_shard = &mesh_->comm(MeshAxis::kDpShard);
+
     out.register_hook([freed, dp_shard](const at::Tensor& grad) {
       for (const Freed& f : freed) {
         const ShardedParameter& p = *f.param;
@@ -456,21 +477,32 @@ bool ParallelContext::writes_piece(const ShardedParameter& p) const {
 
 void ParallelContext::synchronize_gradients() {
   root_gathers_.clear();
-  // A parameter without a gradient on this rank joins with zeros, so every rank's buckets
-  // have the same layout (a different layout would make the collectives disagree).
+  // A trainable parameter without a gradient on this rank joins with zeros, so every rank's
+  // buckets have the same layout (a different layout would make the collectives disagree).
+  // A frozen one (requires_grad false, the same on every rank) has none and joins no bucket.
   for (const auto& p : ordered_) {
-    if (!p->local.grad().defined()) p->local.mutable_grad() = at::zeros_like(p->local);
+    if (p->local.requires_grad() && !p->local.grad().defined()) {
+      p->local.mutable_grad() = at::zeros_like(p->local);
+      reductions_[p->fqn].insert(kNoGradient);
+    }
   }
   std::vector<at::Tensor> partial_over_tp;
   for (const auto& p : ordered_) {
-    if (p->tp_partial_grad) partial_over_tp.push_back(p->local.grad());
+    if (p->tp_partial_grad && p->local.requires_grad()) partial_over_tp.push_back(p->local.grad());
   }
   all_reduce_bucketed(partial_over_tp, tp_group(), "grad_sync.tp_partial");
+  if (tp_size() > 1) {
+    for (const auto& p : ordered_) {
+      if (p->tp_partial_grad && p->local.requires_grad()) reductions_[p->fqn].insert("tp");
+    }
+  }
   for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard}) {
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered_) {
+      if (!p->local.requires_grad()) continue;
       if (axis == MeshAxis::kDpShard && p->fsdp) continue;  // FSDP's backward reduce-scattered it
       grads.push_back(p->local.grad());
+      if (mesh_->comm(axis).size() > 1) reductions_[p->fqn].insert(std::string(mesh_axis_name(axis)));
     }
     all_reduce_bucketed(grads, mesh_->comm(axis), "grad_sync.data_parallel");
   }

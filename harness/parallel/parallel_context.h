@@ -225,6 +225,16 @@ class ParallelContext {
   /// all-reduce per axis and dtype.
   void synchronize_gradients();
 
+  /// The mesh axes (of degree > 1) each parameter's gradient was reduced over since
+  /// reset_gradient_reductions(), by canonical FQN: dp_shard when FSDP's backward
+  /// reduce-scattered it, and the axes of synchronize_gradients' all-reduces; kNoGradient
+  /// when backward left it no gradient on this rank (zero-filled for the synchronization).
+  /// What the GradientSync suite holds against each parameter's grad_domain().
+  const std::map<std::string, std::set<std::string>>& gradient_reductions() const { return reductions_; }
+  static constexpr const char* kNoGradient = "(no gradient)";
+  /// Starts a step's record of gradient_reductions() (the Trainer calls it before backward).
+  void reset_gradient_reductions() { reductions_.clear(); }
+
   /// The global L2 norm of the gradients: every element of every logical parameter counted
   /// exactly once whatever its placements (local sums of squares weighted by 1 / replicas,
   /// one all-reduce over the world). Computed in float64.
@@ -253,6 +263,7 @@ class ParallelContext {
   std::vector<std::string> checkpoint_regions_;
   std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;
+  std::map<std::string, std::set<std::string>> reductions_;
   SharedState shared_state_;
   at::Generator replicated_gen_, tp_sharded_gen_;  // dropout streams (see dropout())
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the

@@ -33,7 +33,16 @@ void Communicator::record(std::string_view op, const at::Tensor* payload, const 
     throw;
   } catch (const std::exception& e) {
     if (recorded) ledger_->fail(seq, e.what());
-    Error wrapped(Code::kInternal, internal::str(op, " on mesh axis '", axis_, "': ", e.what()));
+    // What the process group throws: the transport's (a peer that died or closed its
+    // connection: unavailable; a collective past its timeout: deadline exceeded), never a
+    // verdict on the model; anything else (a size mismatch) is a harness or model bug.
+    const std::string what = e.what();
+    auto has = [&](const char* s) { return what.find(s) != std::string::npos; };
+    const Code code = has("imed out") || has("imeout")                                           ? Code::kDeadlineExceeded
+                      : has("transport") || has("onnection") || has("peer") || has("Broken pipe") ||
+                              has("NCCL") || has("nccl")                                         ? Code::kUnavailable
+                                                                                                 : Code::kInternal;
+    Error wrapped(code, internal::str(op, " on mesh axis '", axis_, "': ", e.what()));
     wrapped.add_context(internal::str("called from ", site.str()));
     throw wrapped;
   }

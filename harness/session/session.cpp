@@ -209,6 +209,9 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure, spec_->decayed_1d);
     take(local, optimizer.findings);
     write("check/optimizer_layout_initial.json", optimizer.evidence);
+    checks::CheckOutput frozen = checks::check_frozen_parameters(state, spec_->frozen, checks::FrozenPoint::kBuilt, 0);
+    take(local, frozen.findings);
+    write("check/frozen_parameters.json", frozen.evidence);
 
     std::optional<std::vector<std::string>> source_keys = options_.source_checkpoint_keys;
     if (!source_keys && !spec_->checkpoint.source.empty()) {
@@ -285,12 +288,27 @@ void ValidationSession::record_token_losses(int64_t step, int micro_batch, const
   });
 }
 
+void ValidationSession::before_gradient_sync(int64_t step) {
+  guarded("before_gradient_sync", [&] {
+    if (!runtime() || state_.context->tp_size() == 1) return;
+    checks::CheckOutput partial = checks::check_tp_partial_gradients(*state_.context, step);
+    take(pending_, partial.findings);
+    if (step == first_step_) write("cases/runtime/tp_partial_gradients_step" + std::to_string(step) + ".json", partial.evidence);
+  });
+}
+
 void ValidationSession::after_backward_before_clip(int64_t step) {
   guarded("after_backward_before_clip", [&] {
     if (!runtime()) return;
+    checks::CheckOutput reductions = checks::check_gradient_reductions(*state_.context, step);
+    take(pending_, reductions.findings);
+    if (step == 0 || step == first_step_) {
+      write("cases/runtime/gradient_reductions_step" + std::to_string(step) + ".json", reductions.evidence);
+    }
     checks::CheckOutput modal = checks::check_modality_gradients(*state_.context, spec_->modalities, fields_seen_, step);
     take(pending_, modal.findings);
     if (!spec_->modalities.empty()) write("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
+    take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterBackward, step).findings);
     probe(probes::Stage::kGradBeforeClip, step);
   });
 }
@@ -310,6 +328,7 @@ void ValidationSession::after_optimizer(int64_t step) {
     if (!runtime()) return;
     probe(probes::Stage::kAfterOptimizer, step);
     probe(probes::Stage::kOptimizerState, step);
+    take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterOptimizer, step).findings);
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
     take(pending_, r);
@@ -451,6 +470,7 @@ void ValidationSession::capture_checkpoint_payload(const std::string& event, con
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kCheckpoint, spec_->decayed_1d);
     take(local, optimizer.findings);
     write("checkpoint/optimizer_layout_after_load.json", optimizer.evidence);
+    take(local, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kBuilt, 0).findings);
     merge(std::move(local));
   });
 }

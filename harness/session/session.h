@@ -78,6 +78,7 @@ class ValidationSession : public TrainingHooks {
   void begin_step(int64_t step) override;
   void record_batch(int64_t step, int micro_batch, int64_t first_row, const Batch& batch) override;
   void record_token_losses(int64_t step, int micro_batch, const at::Tensor& token_losses, const Batch& batch) override;
+  void before_gradient_sync(int64_t step) override;
   void after_backward_before_clip(int64_t step) override;
   void after_clip(int64_t step, double grad_norm) override;
   void after_optimizer(int64_t step) override;

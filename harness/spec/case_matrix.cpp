@@ -249,7 +249,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
 
   auto add = [&](Case c) {
-    c.steps = c.steps > 0 ? c.steps : steps;
+    c.steps = steps;  // the matrix's: a case has no steps of its own
     for (const auto& existing : out.cases) {
       if (existing.name == c.name) return;  // the same case listed twice runs once
     }

@@ -81,6 +81,7 @@ void ModelSpec::validate() const {
   MIH_CHECK(trainer.weight_decay() >= 0 && std::isfinite(trainer.weight_decay()), where,
             ": trainer.weight_decay must be >= 0, got ", trainer.weight_decay());
   for (const auto& p : decayed_1d) MIH_CHECK(!p.empty(), where, ": decayed_1d has an empty pattern");
+  for (const auto& p : frozen) MIH_CHECK(!p.empty(), where, ": frozen has an empty pattern");
   if (!checkpoint.source.empty()) {
     with_context(where + ": checkpoint.source", [&] { (void)safetensors::checkpoint_keys(checkpoint.source); });
   }
@@ -104,6 +105,19 @@ void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {
   for (const auto& [a, b] : checkpoint.tied) {
     require(a, "checkpoint.tied");
     require(b, "checkpoint.tied");
+  }
+  for (const auto& p : frozen) require(p, "frozen");
+  // A frozen parameter gets no gradient: a modality that must train it can never hold.
+  for (const auto& m : modalities) {
+    for (const auto& mp : m.parameter_patterns) {
+      for (const auto& f : frozen) {
+        for (const auto& fqn : fqns) {
+          MIH_CHECK(!(::fnmatch(mp.c_str(), fqn.c_str(), 0) == 0 && ::fnmatch(f.c_str(), fqn.c_str(), 0) == 0), where,
+                    ": modality '", m.field, "' pattern '", mp, "' and frozen pattern '", f, "' both name '", fqn,
+                    "': a frozen parameter gets no gradient; narrow the modality to the parameters it trains");
+        }
+      }
+    }
   }
 }
 
@@ -150,6 +164,7 @@ nlohmann::json ModelSpec::to_json() const {
             {"max_grad_norm", trainer.max_grad_norm()},
             {"no_weight_decay", trainer.no_weight_decay()}}},
           {"decayed_1d", decayed_1d},
+          {"frozen", frozen},
           {"shared_state", shared},
           {"modalities", modal},
           {"invariants", inv},

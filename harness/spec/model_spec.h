@@ -165,15 +165,21 @@ struct ModelSpec {
   /// 1-D parameters (norm scales, biases) the port decays on purpose (FQN globs); any other
   /// 1-D parameter with weight decay is a finding (MIH-OPTIM-007).
   std::vector<std::string> decayed_1d;
+  /// Parameters the port does not train (FQN globs, e.g. "vision_tower.*" for a frozen vision
+  /// encoder): the runner passes them to the Trainer (TrainerOptions::frozen). On every rank,
+  /// after sharding, each must have requires_grad false, no gradient after backward and no
+  /// optimizer state; a parameter with requires_grad false that no pattern names is a finding
+  /// too (MIH-FROZEN-*). A modality must not declare a frozen parameter.
+  std::vector<std::string> frozen;
 
   /// Throws: mih::Error{kInvalidSpec} naming the spec and the field: an empty name or
   ///   factory, no batches, a duplicate or implicit field name, a modality field not among the
   ///   fields, a modality or training-only pattern that is empty, a shared-state key declared
   ///   twice or without producer or consumer, duplicate invariant or parity case names, an
-  ///   invariant without a check.
+  ///   invariant without a check, an empty frozen pattern.
   void validate() const;
   /// Throws: as validate, plus every FQN glob (modality, training-only, shared-state
-  ///   producer/consumer, tied) that matches none of `fqns` (a module's parameter and module
+  ///   producer/consumer, tied, frozen) that matches none of `fqns` (a module's parameter and module
   ///   names), naming the pattern.
   void validate_against(const std::vector<std::string>& fqns) const;
   nlohmann::json to_json() const;

@@ -81,9 +81,13 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   }
   model_->apply_fsdp(*context_);
   context_->finalize(*model_);
+  for (const auto& p : context_->parameters()) {
+    if (matches_any(options_.frozen(), *p)) p->local.requires_grad_(false);
+  }
 
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : context_->parameters()) {
+    if (!p->local.requires_grad()) continue;  // frozen: no optimizer state, never updated
     (matches_any(options_.no_weight_decay(), *p) ? no_decay : decay).push_back(p->local);
   }
   if (!before_sharding.empty()) {
@@ -199,6 +203,7 @@ StepMetrics Trainer::step() {
     }
   }
   double loss_sum = 0;
+  context_->reset_gradient_reductions();
   for (int mb = 0; mb < config_.micro_batches; ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
     hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
@@ -210,6 +215,7 @@ StepMetrics Trainer::step() {
     loss_sum += loss.item<double>();
   }
 
+  hooks_->before_gradient_sync(step);
   context_->synchronize_gradients();
   hooks_->after_backward_before_clip(step);
   StepMetrics m;

@@ -65,6 +65,10 @@ struct TrainerOptions {
   /// FQN glob patterns (fnmatch) of the parameters without weight decay. Default: biases and
   /// norms.
   TORCH_ARG(std::vector<std::string>, no_weight_decay) = {"*bias", "*norm*"};
+  /// FQN glob patterns (fnmatch) of the parameters the run does not train (ModelSpec::frozen):
+  /// after sharding they get requires_grad false, they are in no optimizer group and no
+  /// gradient of theirs is synchronized. Default: none.
+  TORCH_ARG(std::vector<std::string>, frozen) = {};
   /// Batch::fields sharded on the sequence dim (dim 1) under context parallelism.
   TORCH_ARG(std::vector<std::string>, sequence_fields) = {};
   /// Batch::fields every cp rank receives whole (e.g. pixel_values). A field in neither list
@@ -126,6 +130,9 @@ class TrainingHooks {
   /// Shape: token_losses [b, S/CP], like micro_batch.labels.
   virtual void record_token_losses(int64_t /*step*/, int /*micro_batch*/, const at::Tensor& /*token_losses*/,
                                    const Batch& /*micro_batch*/) {}
+  /// After the backward of the step's last micro-batch, before the gradients are
+  /// synchronized: every rank's gradients are its own partial sums.
+  virtual void before_gradient_sync(int64_t /*step*/) {}
   /// After the gradients are synchronized, before clipping.
   virtual void after_backward_before_clip(int64_t /*step*/) {}
   /// After clipping; `grad_norm` is the global norm before clipping.

@@ -343,7 +343,12 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // undeclared-state test on every case, the shared-state event tests only with declared state
   // (no AC test of its own), the source keys on llama and moe, two new tests on every case
   // (the valid-token and normalizer recount, weight decay on 1-D parameters).
-  EXPECT_EQ(total, 1358) << list.output;
+  // Then 1595 on 48 cases: vlm_frozen_vision on the variants lane (4 cases), the undeclared-
+  // frozen test on every case, FrozenParameters (2 tests) on the frozen spec, GradientSync on
+  // every case of more than one rank, TensorParallelGradients where tp > 1.
+  EXPECT_EQ(total, 1595) << list.output;
+  EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
+  EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
                                      "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac",
                                      "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"};
@@ -354,6 +359,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Tp2Sp", "DpReplicate2DpShard2",
                                                                 "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2"}));
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
+  EXPECT_EQ(cases_of["Llama/GradientSync"], compared);
+  EXPECT_EQ(cases_of["Llama/TensorParallelGradients"],
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
   EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
@@ -457,7 +465,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   const auto results = jsonl(root / "results.jsonl");
   // The TEST_Ps of the suites the suite table applies to Tp2Sp (llama declares no modality;
   // no FSDP, resume or activation checkpointing here), and nothing skipped.
-  ASSERT_EQ(results.size(), 31u);
+  ASSERT_EQ(results.size(), 34u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests
   std::set<std::string> suites;
   for (const auto& line : results) {
     EXPECT_EQ(line["status"], "passed") << line.dump();
@@ -466,7 +474,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   EXPECT_EQ(suites, (std::set<std::string>{"CheckpointCoverage", "CommVolume", "DataContract", "InputIdentity",
                                            "NumericParity", "OptimizerLayout", "ReplicaConsistency", "SharedState",
                                            "SourceCheckpoint", "StateInvariants", "Structure", "UndeclaredSharedState",
-                                           "TensorParallelInputs"}));
+                                           "TensorParallelInputs", "GradientSync", "TensorParallelGradients"}));
   // Every findings-based test says what its check examined.
   for (const auto& line : results) {
     if (line["suite"] == "Structure") {

@@ -23,10 +23,12 @@ import subprocess
 import sys
 
 SPECS_OF_PREFIX = {"Llama": "llama", "Moe": "moe", "Vlm": "vlm", "LlamaTied": "llama_tied",
-                   "LlamaBias": "llama_bias", "LlamaDropout": "llama_dropout"}
+                   "LlamaBias": "llama_bias", "LlamaDropout": "llama_dropout",
+                   "VlmFrozenVision": "vlm_frozen_vision"}
 # The cases of the clean base run: where every mutation's test applies.
 BASE = ["Llama/*.*/Reference", "Llama/*.*/DpShard2", "Llama/*.*/DpShard2Ac", "Llama/*.*/Tp2Sp",
-        "Llama/*.*/ResumeDpShard2", "Vlm/*.*/Reference", "Vlm/*.*/Cp2Zz"]
+        "Llama/*.*/ResumeDpShard2", "Vlm/*.*/Reference", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/Reference",
+        "VlmFrozenVision/*.*/DpShard2"]
 
 
 def finding(code, owner, message):
@@ -99,6 +101,21 @@ MUTATIONS = {
     "FsdpUnits.UnitsHoldOneDtypeAndMesh":
         ("llama", "DpShard2", "a float32 norm in a float64 unit",
          finding("MIH-STRUCT-006", "layers.0", "FSDP unit mixes dtypes or meshes")),
+    "FrozenParameters.RequireNoGradOnEveryRank":
+        ("vlm_frozen_vision", "DpShard2", "a backend that ignores the frozen declaration",
+         finding("MIH-FROZEN-001", "vision_tower.patch_embedding",
+                 "declared frozen (ModelSpec::frozen) but requires_grad is true on this rank")),
+    "FrozenParameters.GetNoGradientAndNoOptimizerState":
+        ("vlm_frozen_vision", "DpShard2", "an optimizer built over every parameter, frozen ones too",
+         finding("MIH-FROZEN-004", "vision_tower.patch_embedding",
+                 "declared frozen and has AdamW state 'exp_avg' at step 0")),
+    "GradientSync.EachGradientReducedOverItsDomain":
+        ("llama", "DpShard2", "a gradient hook that skips the reduce-scatter of one parameter",
+         finding("MIH-GRAD-001", "norm.weight", "gradient never reduced over {dp_shard} at step 0")),
+    "OptimizerLayout.NoParameterFrozenWithoutDeclaration":
+        ("llama", "DpShard2", "a norm reloaded under no_grad, silently frozen",
+         finding("MIH-FROZEN-002", "norm.weight",
+                 "requires_grad is false on this rank and no ModelSpec::frozen pattern names it")),
     "ModuleParity.CandidatesMatchIndependentImplementations":
         ("llama", "Reference", "the fused SwiGLU against its unfused form off by a transposed weight",
          edit_json("check/module_parity.json", parity_case_fails)),
@@ -186,7 +203,7 @@ def main():
         for t in row.get("failed_tests", []):
             proven.setdefault(t, f"fault {row['id']} ({row['kind']}: {row['fault']})")
     base = os.path.join(a.work, "base")
-    out = run([a.mih, "test", "--evidence-root", base, "--no-progress", "--gtest_brief=1", "--prefixes", "Llama,Vlm",
+    out = run([a.mih, "test", "--evidence-root", base, "--no-progress", "--gtest_brief=1", "--prefixes", "Llama,Vlm,VlmFrozenVision",
                "--gtest_filter=" + ":".join(BASE)])
     if out.returncode != 0:
         print("the clean base run failed (every mutation needs a clean input):\n" + out.stdout[-4000:])

@@ -12,6 +12,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/checks/checks.h"
 #include "harness/findings/codes.h"
@@ -62,6 +63,11 @@ struct Tamper : TrainingHooks {
   void attach_data_pipeline(const BatchSource& b) override { inner->attach_data_pipeline(b); }
   void begin_step(int64_t step) override { inner->begin_step(step); }
   void record_batch(int64_t step, int mb, int64_t row, const Batch& b) override { inner->record_batch(step, mb, row, b); }
+  std::function<void(int64_t, const TrainingState&)> before_sync;
+  void before_gradient_sync(int64_t step) override {
+    if (before_sync) before_sync(step, state);
+    inner->before_gradient_sync(step);
+  }
   void after_backward_before_clip(int64_t step) override {
     if (before_grad_checks) before_grad_checks(step, state);
     inner->after_backward_before_clip(step);
@@ -95,12 +101,16 @@ struct CaseOptions {
   fs::path evidence;
   std::function<void(Tamper&)> tamper;
   std::function<BatchSource(BatchSource)> batches;
+  /// Changes the trainer options the runner derives from the spec (a backend that ignores one).
+  std::function<TrainerOptions(TrainerOptions)> trainer;
 };
 
 // Runs `steps` steps of `s` under `c` on thread ranks with a session; rank 0's view.
 CaseRun run_case(const spec::ModelSpec& s, ParallelConfig c, const CaseOptions& o = {}) {
   CaseRun out;
-  const TrainerOptions options = s.data.apply_sharding(s.trainer);
+  // As the case runner derives them.
+  TrainerOptions options = s.data.apply_sharding(s.trainer).frozen(s.frozen);
+  if (o.trainer) options = o.trainer(options);
   out.errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
     SessionOptions so;
     so.mode = o.mode;
@@ -583,7 +593,8 @@ TEST(CheckRecordsTest, EveryCheckOfARuntimeSessionRecordsWhatItExamined) {
                             codes::kCheckForwardFields, codes::kCheckTokenLosses, codes::kCheckValidTokens,
                             codes::kCheckCoverage, codes::kCheckSource, codes::kCheckSharedState,
                             codes::kCheckSharedEvents, codes::kCheckUndeclared, codes::kCheckInvariants,
-                            codes::kCheckFsdpUnits, codes::kCheckLossNormalizer}) {
+                            codes::kCheckFsdpUnits, codes::kCheckLossNormalizer, codes::kCheckFrozen,
+                            codes::kCheckGradReduction}) {
     const CheckRun* run = run_of(r.findings, check);
     ASSERT_NE(run, nullptr) << check << " left no record";
     EXPECT_GT(run->examined, 0) << check << " examined nothing";
@@ -690,6 +701,109 @@ TEST(SourceCheckpointTest, KeysComeFromAnIndexOrSafetensorsFilesAndATypoIsNamed)
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("weight_map"));
   }
+}
+
+// ---- frozen parameters ----
+
+TEST(FrozenParametersCheckTest, AFrozenVisionTowerTrainsNothingAndABackendThatIgnoresTheDeclarationIsNamed) {
+  const spec::ModelSpec s = get("vlm_frozen_vision");
+  // As declared: the tower has requires_grad false, no gradient and no AdamW state on both
+  // ranks; the projector still trains from the pixels.
+  CaseRun ok = run_case(s, config(2), {.steps = 2, .tamper = [](Tamper& t) {
+                                         t.before_optimizer_checks = [](int64_t, const TrainingState& st) {
+                                           for (const auto& p : st.context->parameters()) {
+                                             if (p->fqn.rfind("vision_tower.", 0) != 0) continue;
+                                             EXPECT_FALSE(p->local.requires_grad()) << p->fqn;
+                                             EXPECT_FALSE(p->local.grad().defined()) << p->fqn;
+                                           }
+                                         };
+                                       }});
+  ASSERT_THAT(ok.errors, IsEmpty());
+  EXPECT_THAT(codes(ok.findings), IsEmpty()) << ok.findings.summary();
+  ASSERT_NE(run_of(ok.findings, codes::kCheckFrozen), nullptr);
+  EXPECT_GT(run_of(ok.findings, codes::kCheckFrozen)->examined, 0);
+  // A backend that ignores ModelSpec::frozen: the tower trains, and every point names it.
+  CaseRun ignored = run_case(s, config(2), {.trainer = [](TrainerOptions o) { return o.frozen({}); }});
+  ASSERT_THAT(ignored.errors, IsEmpty());
+  EXPECT_THAT(codes(ignored.findings), Contains("MIH-FROZEN-001 vision_tower.patch_embedding"));
+  EXPECT_THAT(codes(ignored.findings), Contains("MIH-FROZEN-003 vision_tower.patch_embedding"));
+  EXPECT_THAT(codes(ignored.findings), Contains("MIH-FROZEN-004 vision_tower.patch_embedding"));
+  // A synchronization that zero-fills the frozen gradients (to keep its buckets uniform).
+  CaseRun filled = run_case(s, config(2), {.tamper = [](Tamper& t) {
+                                             t.before_grad_checks = [](int64_t, const TrainingState& st) {
+                                               for (const auto& p : st.context->parameters()) {
+                                                 if (!p->local.requires_grad()) p->local.mutable_grad() = at::zeros_like(p->local);
+                                               }
+                                             };
+                                           }});
+  bool zero_named = false;
+  for (const auto& f : filled.findings.findings()) {
+    zero_named = zero_named || (f.code == codes::kFrozenGradient && f.message.find("all zeros") != std::string::npos);
+  }
+  EXPECT_TRUE(zero_named) << filled.findings.summary();
+}
+
+TEST(FrozenParametersCheckTest, AParameterFrozenWithoutADeclarationIsNamed) {
+  // The trainer freezes the final norm; the spec does not say so.
+  CaseRun r = run_case(get("llama"), config(2), {.trainer = [](TrainerOptions o) { return o.frozen({"norm.weight"}); }});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), Contains("MIH-FROZEN-002 norm.weight"));
+  // A modality that must train a frozen parameter is a malformed spec.
+  spec::ModelSpec s = get("vlm_frozen_vision");
+  s.modalities = {{"pixel_values", {"vision_tower.*"}}};
+  s.shared_state.clear();  // its patterns name modules this short FQN list does not hold
+  s.checkpoint.training_only.clear();
+  try {
+    s.validate_against({"vision_tower.patch_embedding", "multi_modal_projector.weight"});
+    ADD_FAILURE() << "expected a rejection";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("frozen pattern 'vision_tower.*'"));
+  }
+}
+
+// ---- gradient synchronization against the gradient domain ----
+
+TEST(GradientSyncCheckTest, AnAxisLeftOutOfTheSynchronizationIsNamedPerParameter) {
+  CaseRun ok = run_case(get("llama"), config(2));
+  ASSERT_NE(run_of(ok.findings, codes::kCheckGradReduction), nullptr);
+  EXPECT_EQ(run_of(ok.findings, codes::kCheckGradReduction)->examined, 19);
+  // As if no collective had reduced anything this step (FSDP's reduce-scatters skipped).
+  CaseRun r = run_case(get("llama"), config(2), {.tamper = [](Tamper& t) {
+                                                   t.before_grad_checks = [](int64_t, const TrainingState& st) {
+                                                     st.context->reset_gradient_reductions();
+                                                   };
+                                                 }});
+  EXPECT_THAT(codes(r.findings), Contains("MIH-GRAD-001 norm.weight"));
+  for (const auto& f : r.findings.findings()) {
+    if (f.code == codes::kGradReduction) {
+      EXPECT_THAT(f.message, HasSubstr("never reduced over {dp_shard}"));
+    }
+  }
+}
+
+TEST(GradientSyncCheckTest, PartialSumsOverTpAreMeasuredNotTakenFromTheDeclaration) {
+  ParallelConfig sp = config(1, 2);
+  sp.sequence_parallel = true;
+  CaseRun ok = run_case(get("llama"), sp);
+  ASSERT_THAT(ok.errors, IsEmpty());
+  EXPECT_THAT(codes(ok.findings), IsEmpty()) << ok.findings.summary();
+  EXPECT_GT(run_of(ok.findings, codes::kCheckTpPartial)->examined, 0);
+  {
+    // F01: under SP the final norm's gradient is partial and the model does not say so.
+    fault::ScopedFault f01(fault::Fault::kF01);
+    CaseRun r = run_case(get("llama"), sp);
+    EXPECT_THAT(codes(r.findings), Contains("MIH-GRAD-002 norm.weight"));
+  }
+  // Without SP every tp rank sees every token: a norm declared partial is all-reduced into
+  // twice its gradient.
+  CaseRun doubled = run_case(get("llama"), config(1, 2), {.tamper = [](Tamper& t) {
+                                                            t.before_sync = [](int64_t, const TrainingState& st) {
+                                                              for (const auto& p : st.context->parameters()) {
+                                                                if (p->fqn == "norm.weight") p->tp_partial_grad = true;
+                                                              }
+                                                            };
+                                                          }});
+  EXPECT_THAT(codes(doubled.findings), Contains("MIH-GRAD-003 norm.weight"));
 }
 
 }  // namespace

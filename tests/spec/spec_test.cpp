@@ -46,7 +46,7 @@ void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>&
 TEST(ReferenceSpecsTest, AllAreRegistered) {
   // The three reference ports, and the llama variants the fault catalog needs.
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "moe", "vlm"));
+              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "moe", "vlm", "vlm_frozen_vision"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -81,7 +81,7 @@ TEST_P(ReferenceSpecTest, ModuleParityCasesPass) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout"),
+INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout", "vlm_frozen_vision"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceSpecsTest, InvariantsCanFail) {
