@@ -210,7 +210,11 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   // gradient, partial over tp under SP, is never all-reduced.
   norm = register_module("norm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps(),
                                          /*sequence_parallel_grad=*/!fault::active(fault::Fault::kF01)));
-  auto head = ColumnParallelLinearOptions(o.hidden_size(), o.vocab_size()).bias(false).pad_to_tp(true).init_std(o.init_std());
+  auto head = ColumnParallelLinearOptions(o.hidden_size(), o.vocab_size())
+                  .bias(false)
+                  .pad_to_tp(true)
+                  .gather_output(!o.loss_parallel())
+                  .init_std(o.init_std());
   // F16 (FAULTS.md): the head tied by value (its own parameter, a copy of the embedding's
   // values, as when tie_weights() runs before sharding replaces the parameters): the two drift
   // apart from the first step.
@@ -257,6 +261,11 @@ at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch
   if (fault::active(fault::Fault::kF06)) {
     // F06 (FAULTS.md): shifted again, as Hugging Face's causal-LM loss does for unshifted labels.
     labels = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
+  }
+  if (!o_.loss_parallel()) {
+    // Whole logits [B, S, V] on every tp rank: an ordinary cross entropy (0 where -100).
+    at::Tensor log_probs = at::log_softmax(logits.reshape({-1, logits.size(-1)}), -1);
+    return at::nll_loss(log_probs, labels.reshape(-1), {}, at::Reduction::None, -100).view_as(labels);
   }
   return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape(-1), ctx_->tp_group(),
                                       o_.vocab_size())

@@ -48,6 +48,12 @@ struct LlamaOptions {
   TORCH_ARG(bool, attention_bias) = false;
   /// Standard deviation of the normal init of every projection and the embedding.
   TORCH_ARG(double, init_std) = 0.02;
+  /// The loss over vocab-parallel logits (each tp rank holds V/TP of them; the softmax's max
+  /// and sum all-reduced over tp, Megatron's vocab_parallel_cross_entropy). false: the head
+  /// all-gathers its logits over tp ([B, S, V/TP] -> [B, S, V]) and every rank computes an
+  /// ordinary cross entropy on them, as TorchTitan with --training.disable_loss_parallel and
+  /// most ports that keep Hugging Face's loss. Default true.
+  TORCH_ARG(bool, loss_parallel) = true;
   /// Layers whose MLP is a mixture of experts (the moe model); empty: dense llama.
   TORCH_ARG(std::vector<int64_t>, moe_layers) = {};
   /// Experts E per MoE layer, and how many each token is routed to.

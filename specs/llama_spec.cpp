@@ -105,8 +105,10 @@ spec::ModelSpec llama_tied_spec() {
 }
 
 spec::ModelSpec llama_bias_spec() {
-  spec::ModelSpec s = llama_spec_with("llama_bias", models::LlamaOptions().attention_bias(true));
-  s.description = "llama with biases on q, k, v and the row-parallel o projection (attention_bias)";
+  spec::ModelSpec s = llama_spec_with("llama_bias", models::LlamaOptions().attention_bias(true).loss_parallel(false));
+  s.description =
+      "llama with biases on q, k, v and the row-parallel o projection (attention_bias), its logits all-gathered over "
+      "tp and an ordinary cross entropy (loss_parallel off)";
   s.checkpoint.source = "";  // the listing has no biases
   return s;
 }

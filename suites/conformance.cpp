@@ -42,6 +42,12 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
                   << o->error << "\n  (logs: " << (o->evidence / "run").string() << ")";
     return nullptr;
   }
+  if (o->outcome == "environment_failure" || o->outcome == "not_run" || o->outcome == "interrupted") {
+    ADD_FAILURE() << "ENVIRONMENT (not a conformance verdict): case " << p.spec << "/" << case_name
+                  << (o->outcome == "interrupted" ? " was interrupted" : " could not run") << ":\n"
+                  << o->error;
+    return nullptr;
+  }
   if (o->outcome == "failed") {
     ADD_FAILURE() << "case " << p.spec << "/" << case_name << " FAILED before its training finished: " << o->error
                   << "\n  (open " << (o->evidence / "integration_state.json").string() << " and "

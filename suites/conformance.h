@@ -21,6 +21,7 @@
 // 14-17 infrastructure (a case timed out, a rank died), see harness/base/error.h.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,14 @@ std::string param_name(const ::testing::TestParamInfo<CaseParam>& info);
 /// Base of every suite: the case's evidence and that of the case it is compared with.
 class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
  protected:
+  /// A case run with a fault of the catalog says so in every failure of its tests.
+  void SetUp() override {
+    const std::string fault = cases::fault_of(GetParam());
+    if (!fault.empty()) {
+      fault_trace_.emplace(__FILE__, __LINE__,
+                           "fault " + fault + " is injected in this case's ranks (--fault): the catalog's bug, not the port's");
+    }
+  }
   /// The case's evidence. Fails the test (and returns null) when the case did not run to the
   /// end: a transport failure is reported as infrastructure, not as a verdict.
   const verdicts::CaseEvidence* evidence();
@@ -59,6 +68,9 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
   std::string without_activation_checkpointing();
   /// The resolved case.
   const spec::Case& resolved_case();
+
+ private:
+  std::optional<::testing::ScopedTrace> fault_trace_;
 };
 
 // The suites: one class per MIH_SUITES entry; each defines applies() and where() in its file.

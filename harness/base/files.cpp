@@ -2,9 +2,12 @@
 #include "harness/base/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -32,7 +35,8 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err));
+      MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
+                free_space_text(path), ")");
     }
     data += n;
     left -= static_cast<size_t>(n);
@@ -43,8 +47,43 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
     if (synced) err = errno;
     ::unlink(tmp.c_str());
-    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err));
+    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
+              free_space_text(path), ")");
   }
+}
+
+void append_whole(const std::filesystem::path& path, std::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", std::strerror(errno),
+                 " (", free_space_text(path), ")");
+  struct stat before {};
+  const bool sized = ::fstat(fd, &before) == 0;
+  ssize_t n;
+  do {
+    n = ::write(fd, text.data(), text.size());  // one write: the line lands whole or not at all
+  } while (n < 0 && errno == EINTR);
+  const int err = n < 0 ? errno : ENOSPC;
+  if (n != static_cast<ssize_t>(text.size()) && n > 0 && sized) {
+    if (::ftruncate(fd, before.st_size) != 0) {
+      // The torn line stays; readers drop a last line without its newline.
+    }
+  }
+  ::close(fd);
+  MIH_CHECK_CODE(n == static_cast<ssize_t>(text.size()), Code::kFailedPrecondition, "cannot append to ",
+                 path.string(), ": ", std::strerror(err), " (", free_space_text(path), "); nothing of the line was kept");
+}
+
+std::string free_space_text(const std::filesystem::path& path) {
+  std::filesystem::path p = path;
+  std::error_code ec;
+  while (!p.empty() && !std::filesystem::exists(p, ec)) p = p.parent_path();
+  struct statvfs fs {};
+  if (p.empty() || ::statvfs(p.c_str(), &fs) != 0) return "";
+  const double mib = 1024.0 * 1024.0;
+  char text[96];
+  std::snprintf(text, sizeof text, "%.1f MiB free of %.1f MiB", static_cast<double>(fs.f_bavail) * fs.f_frsize / mib,
+                static_cast<double>(fs.f_blocks) * fs.f_frsize / mib);
+  return text;
 }
 
 bool read_file(const std::filesystem::path& path, std::string* contents) {

@@ -15,6 +15,16 @@ namespace mih {
 ///   directory cannot be created or the file written.
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
 
+/// Appends `text` (whole lines) to `path` with one O_APPEND write, creating the file: a write
+/// cut short (a full disk) is undone by truncating the file back, so it holds whole lines
+/// or nothing new.
+/// Throws: mih::Error{kFailedPrecondition} naming the path, the OS error and the free space.
+void append_whole(const std::filesystem::path& path, std::string_view text);
+
+/// "<N> MiB free of <M> MiB" on the filesystem holding `path` (or its nearest existing
+/// parent); "" if it cannot be asked.
+std::string free_space_text(const std::filesystem::path& path);
+
 /// Reads the whole file into *contents; returns false if it cannot be read.
 bool read_file(const std::filesystem::path& path, std::string* contents);
 

@@ -6,9 +6,12 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <optional>
 #include <fstream>
 #include <iterator>
@@ -114,13 +117,15 @@ int run_phase(WorkerContext& ctx) {
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
   so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
+  c10::Device device(c10::DeviceType::CPU);
   if (c.device == "cuda") {
     // One GPU per rank (launch with `mih worker --backend nccl` under torchrun or srun).
     const char* local = std::getenv("LOCAL_RANK");
     const char* slurm = std::getenv("SLURM_LOCALID");
     const int local_rank = std::atoi(local ? local : slurm ? slurm : "0");
-    so.trainer.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank)));
+    device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
+  so.trainer.device(device);
   so.environment = {{"case", c},
                     {"phase", phase},
                     {"matrix", file.matrix},
@@ -259,7 +264,30 @@ bool infrastructure_failure(const LaunchResult& r) {
   return false;
 }
 
+// An environment failure of the launch: a rank that could not write its evidence (a full
+// disk, a read-only or unwritable file system). Returns what the rank said, or "".
+std::string environment_failure(const LaunchResult& r) {
+  for (const auto& rank : r.ranks) {
+    if (rank.error_code != code_name(Code::kFailedPrecondition)) continue;
+    for (int err : {ENOSPC, EDQUOT, EROFS, EACCES}) {
+      if (rank.error_message.find(std::strerror(err)) != std::string::npos) {
+        return "rank " + std::to_string(rank.rank) + " could not write its evidence: " + rank.error_message;
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string local_launch_warning(const std::string& spec, const spec::Case& c) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  const int ranks = std::max(c.world_size(), c.save_config ? c.save_config->world_size() : 0);
+  if (cores == 0 || ranks <= 2 * static_cast<int>(cores)) return "";
+  return "mih: warning: " + spec + "/" + c.name + " starts " + std::to_string(ranks) + " rank processes on this "
+         "machine's " + std::to_string(cores) + " CPU cores: expect it to be slow or to pass --case-timeout (the local "
+         "launcher's practical maximum is about 2 per core)";
+}
 
 CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
   std::error_code ec;
@@ -293,6 +321,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
       TrainingBackendRegistry::instance().make(o.training_backend)->unsupported(c.config, c.save_config.has_value());
   MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
             ": ", unsupported);
+  if (const std::string w = local_launch_warning(s.name, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
   std::optional<CaseLock> lock;
   if (!o.lock_held) lock.emplace(o.evidence_root / s.name / ("." + c.name + ".lock"), false, s.name + "/" + c.name);
   CaseRunResult result;
@@ -319,7 +348,8 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     lo.world_size = world_size;
     lo.run_dir = w.run_dir;
     lo.timeout = o.timeout;
-    lo.extra_env["MIH_FAULT"] = o.fault;
+    w.fault = o.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
+    lo.extra_env["MIH_FAULT"] = "";
     lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
     const LaunchResult r = launch(lo);
     result.seconds += r.seconds;
@@ -344,6 +374,16 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   }
   if (r.ok()) {
     result.outcome = "ran";
+  } else if (r.status == LaunchResult::Status::kInterrupted) {
+    // This process was asked to stop (SIGINT, SIGTERM): no verdict, relaunched on a rerun.
+    result.outcome = "interrupted";
+    result.error = r.report();
+    result.code = Code::kAborted;
+  } else if (const std::string why = environment_failure(r); !why.empty()) {
+    // A full or read-only disk under the evidence: the environment, never a model failure.
+    result.outcome = "environment_failure";
+    result.error = why + "\n" + r.report();
+    result.code = Code::kFailedPrecondition;
   } else if (infrastructure_failure(r)) {
     // Whatever the session wrote: a rank that died, hung or lost its peers gives no verdict.
     result.outcome = "transport_failure";

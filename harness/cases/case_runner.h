@@ -63,6 +63,10 @@ struct CaseRunResult {
 /// free (the conformance runner); otherwise refuse a case that is running.
 /// Throws: mih::Error{kFailedPrecondition} naming `what` (spec/case) when it is held and
 ///   !wait, or when the lock file cannot be created.
+/// A warning when case `c` starts more rank processes than the local launcher carries on
+/// this machine (more than 2 per CPU core), else "".
+std::string local_launch_warning(const std::string& spec, const spec::Case& c);
+
 class CaseLock {
  public:
   CaseLock(const std::filesystem::path& file, bool wait, const std::string& what);

@@ -38,10 +38,6 @@ void note_infrastructure(Code code) {
   if (g_infrastructure_code == Code::kOk) g_infrastructure_code = code;
 }
 
-// The fault a case runs with ("" for none).
-std::string fault_of(const CaseParam& p) {
-  return run_options().fault_cases.count(p.case_name) ? run_options().fault : std::string();
-}
 
 // What produced a case's evidence: this binary, the resolved case (its config, steps, kind,
 // what it is compared with), the training backend, the fault. Evidence with another
@@ -121,6 +117,10 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
+std::string fault_of(const CaseParam& p) {
+  return run_options().fault_cases.count(p.case_name) ? run_options().fault : std::string();
+}
+
 void PrintTo(const CaseParam& p, std::ostream* os) { *os << p.spec << "/" << p.case_name; }
 
 const spec::Case& case_of(const CaseParam& p) { return resolved_matrix(p.spec, p.matrix).at(p.case_name); }
@@ -192,19 +192,31 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
       o.timeout = options.case_timeout;
       o.collective_timeout = options.collective_timeout;
       o.lock_held = true;
-      const CaseRunResult r = run_case(spec::SpecRegistry::instance().get(p.spec), c, o);
-      out.evidence = r.evidence;
-      out.outcome = r.outcome;
-      out.error = r.error;
-      out.code = r.code;
-      out.seconds = r.seconds;
-      out.launched_here = true;
-      ++g_cases_launched;
-      progress(p.spec + "/" + p.case_name + ": " + r.outcome + " (" + r.state + ") in " + seconds_text(r.seconds) +
-               " s; " + std::to_string(g_cases_launched) + " case(s) launched");
+      try {
+        const CaseRunResult r = run_case(spec::SpecRegistry::instance().get(p.spec), c, o);
+        out.evidence = r.evidence;
+        out.outcome = r.outcome;
+        out.error = r.error;
+        out.code = r.code;
+        out.seconds = r.seconds;
+        out.launched_here = true;
+        ++g_cases_launched;
+        progress(p.spec + "/" + p.case_name + ": " + r.outcome + " (" + r.state + ") in " + seconds_text(r.seconds) +
+                 " s; " + std::to_string(g_cases_launched) + " case(s) launched");
+      } catch (const Error& e) {
+        // Could not run at all (an unwritable or full evidence root, a bad case): remembered
+        // like an outcome, so the case's other tests say it rather than relaunching it.
+        out.evidence = dir;
+        out.outcome = "not_run";
+        out.error = e.what();
+        out.code = e.code();
+      }
     }
   }
   if (out.outcome == "transport_failure") note_infrastructure(out.code == Code::kOk ? Code::kAborted : out.code);
+  if (out.outcome == "environment_failure" || out.outcome == "not_run" || out.outcome == "interrupted") {
+    note_error(out.code == Code::kOk ? Code::kFailedPrecondition : out.code);
+  }
   return memo.emplace(key, std::move(out)).first->second;
 }
 

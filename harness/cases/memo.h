@@ -24,7 +24,9 @@ void PrintTo(const CaseParam& p, std::ostream* os);
 /// How a case's launch (or its verify-only evidence) ended.
 struct CaseOutcome {
   std::filesystem::path evidence;
-  std::string outcome;  ///< "ran", "failed", "transport_failure", "verify_only"
+  /// "ran", "failed", "transport_failure", "environment_failure" (a full or read-only disk),
+  /// "interrupted" (SIGINT/SIGTERM), "not_run" (it could not start: error says why), "verify_only".
+  std::string outcome;
   std::string error;
   Code code = Code::kOk;
   double seconds = 0;
@@ -36,6 +38,10 @@ struct CaseOutcome {
 /// Throws: mih::Error{kInvalidSpec} for an unknown spec, matrix or case;
 ///   kFailedPrecondition when verify-only evidence is missing or belongs to another case.
 const CaseOutcome& ensure_case(const CaseParam& p);
+
+/// The fault of the catalog injected in the case's ranks ("" for none: the case is not
+/// one of --fault-cases).
+std::string fault_of(const CaseParam& p);
 
 /// The resolved case `p` names (from resolved_matrix). Throws: as CaseMatrix::at.
 const spec::Case& case_of(const CaseParam& p);

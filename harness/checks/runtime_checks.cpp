@@ -51,11 +51,13 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
   }
   for (const auto& [fk, list] : publishes) {
     if (list.size() < 2) continue;
-    bool recompute = false;
-    for (const auto& e : list) recompute = recompute || e["recompute"].get<bool>();
+    std::string recompute;  // the region whose recompute published again
+    for (const auto& e : list) {
+      if (recompute.empty()) recompute = e.value("recompute_region", std::string());
+    }
     add(codes::kSharedTwice, fk.second,
         "shared state '" + fk.second + "' was published " + std::to_string(list.size()) + " times in forward " +
-            std::to_string(fk.first) + (recompute ? " (again in the activation-checkpoint recompute)" : ""),
+            std::to_string(fk.first) + (recompute.empty() ? "" : " (again in the activation-checkpoint recompute of region '" + recompute + "')"),
         {{"publishes", list}},
         "a second publication overwrites the state (routing statistics counted twice, a cache rebuilt mid-backward)",
         "publish once per forward: skip the publication when in_recompute() is true");

@@ -105,9 +105,8 @@ int cli_main(int argc, char** argv) {
     for (auto& [sub, run] : runs) {
       if (sub->parsed()) return run();
     }
-  } catch (const Error& e) {
-    std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
-    return exit_status(e.code());
+  } catch (...) {
+    return cli::report_current_exception("mih");
   }
   return 0;
 }

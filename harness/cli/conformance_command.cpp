@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -33,6 +34,7 @@
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
 #include "harness/runtime/cli_support.h"
+#include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
 
@@ -44,11 +46,38 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using cases::run_options;
 
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
 // Appends one line per finished test to <root>/results.jsonl (whole-line O_APPEND writes:
-// several processes of one ctest run share the file).
+// several processes of one ctest run share the file, and a full disk keeps whole lines or
+// nothing). Each process first appends a "run" start line listing the tests it will run and
+// last an end line, so a report can tell an incomplete run ("incomplete: K of N tests").
+// A SIGINT or SIGTERM (the launch in flight stopped by the launcher) ends the run after the
+// test in flight, which is not recorded: the end line says so and the process exits 128 +
+// the signal.
 class ResultsWriter : public ::testing::EmptyTestEventListener {
  public:
+  void OnTestProgramStart(const ::testing::UnitTest& unit) override {
+    json names = json::array();
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+      const std::string full = suite.name();
+      const auto slash = full.find('/');
+      if (slash == std::string::npos || !cases::find_registration(full.substr(0, slash))) continue;
+      for (int j = 0; j < suite.total_test_count(); ++j) {
+        if (suite.GetTestInfo(j)->should_run()) names.push_back(full + "." + suite.GetTestInfo(j)->name());
+      }
+    }
+    expected_ = static_cast<int>(names.size());
+    append({{"run", {{"event", "start"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"tests", names}}}});
+  }
+
+  void OnTestProgramEnd(const ::testing::UnitTest&) override {
+    append({{"run", {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_}}}});
+  }
+
   void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (const int sig = interrupt_signal()) interrupted(sig);
     const std::string suite_full = info.test_suite_name(), name_full = info.name();
     const auto slash = suite_full.find('/');
     if (slash == std::string::npos) return;
@@ -81,14 +110,44 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
                        {"evidence", r->spec + "/" + case_name},
                        {"time", stamp}};
     if (!examined.empty()) line["examined"] = examined;
-    const std::string text = line.dump() + "\n";
-    const fs::path file = run_options().evidence_root / "results.jsonl";
-    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-      std::fprintf(stderr, "mih: cannot append to %s: %s\n", file.c_str(), std::strerror(errno));
-    }
-    if (fd >= 0) ::close(fd);
+    if (append(line)) ++written_;
   }
+
+ private:
+  static std::string now_stamp() {
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    return stamp;
+  }
+
+  // One whole line, or nothing and a message (once) that makes the run exit 12.
+  bool append(const json& line) {
+    try {
+      append_whole(run_options().evidence_root / "results.jsonl", line.dump() + "\n");
+      return true;
+    } catch (const Error& e) {
+      cases::note_error(Code::kFailedPrecondition);
+      if (!write_failed_) std::fprintf(stderr, "mih: failed_precondition error: %s\n", e.what());
+      write_failed_ = true;
+      return false;
+    }
+  }
+
+  [[noreturn]] void interrupted(int sig) {
+    append({{"run",
+             {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_},
+              {"interrupted", signal_name(sig)}}}});
+    std::fprintf(stderr,
+                 "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is not); "
+                 "rerun the same command to finish: complete cases are reused\n",
+                 signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
+    std::fflush(nullptr);
+    std::_Exit(128 + sig);
+  }
+
+  int expected_ = 0, written_ = 0;
+  bool write_failed_ = false;
 };
 
 // The integration state of every case whose tests all ran in this run (none left out by a
@@ -171,7 +230,16 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
   if (fs::exists(target / "environment.json") && fs::exists(target / "spec.resolved.json")) {
     const verdicts::CaseEvidence ev(target);
     const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
-    const fs::path root = fs::absolute(target).parent_path().parent_path();
+    fs::path dir = fs::absolute(target).lexically_normal();
+    if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
+    const fs::path root = dir.parent_path().parent_path();
+    // The verdicts read <root>/<spec>/<case>: a directory holding another case's evidence
+    // (a copy, a rename) would have them check that other case instead.
+    const std::string case_name = ev.case_info().value("name", "");
+    MIH_CHECK_CODE(dir.filename() == case_name && dir.parent_path().filename() == spec_name, Code::kFailedPrecondition,
+                   "mih check: ", target.string(), " holds the evidence of ", spec_name, "/", case_name,
+                   " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
+                   dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
     if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
     // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
@@ -196,6 +264,23 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     }
     MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
                    " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
+    // Every case's record must be readable: a truncated or foreign case_run.json is named
+    // here, not reported as hundreds of failing tests.
+    for (const auto& r : cases::registrations()) {
+      std::error_code ec;
+      if (!fs::is_directory(target / r.spec, ec)) continue;
+      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
+        const fs::path record = entry.path() / "case_run.json";
+        if (!fs::exists(record, ec)) continue;
+        std::string text;
+        const bool read = read_file(record, &text);
+        const json j = read ? json::parse(text, nullptr, /*allow_exceptions=*/false) : json();
+        MIH_CHECK_CODE(read && j.is_object() && j.contains("outcome"), Code::kFailedPrecondition, "mih check: ",
+                       record.string(), read ? " is not a case record mih wrote (truncated or foreign)" : " cannot be read",
+                       "; rerun the case: mih run --spec ", r.spec, " --case ", entry.path().filename().string(),
+                       " --evidence-root ", target.string());
+      }
+    }
     args.insert(args.end(), {"--prefixes", prefixes});
     *filter = specs;
   }
@@ -374,7 +459,7 @@ int run_tests(const std::vector<std::string>& args) {
     MIH_CHECK_CODE(fs::is_directory(o.evidence_root), Code::kFailedPrecondition, "--verify-only: evidence root ",
                    o.evidence_root.string(), " does not exist");
   } else {
-    fs::create_directories(o.evidence_root);
+    static_cast<void>(EvidenceDir(o.evidence_root));  // created and writable, or exit 12 naming the path and the OS error
   }
   // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
   // 11) before any test runs, not 160 failing tests. A matrix with no runnable case is bad
@@ -385,7 +470,9 @@ int run_tests(const std::vector<std::string>& args) {
     for (const auto& rejected : m.rejected) {
       cases::progress(r.spec + "/" + rejected.name + ": not run, the spec cannot take it: " + rejected.reason);
     }
-    MIH_CHECK(!m.cases.empty(), "matrix '", m.name, "' has no case spec '", r.spec, "' can run", rejected_list(m),
+    const bool runnable = std::any_of(m.cases.begin(), m.cases.end(),
+                                      [](const spec::Case& c) { return c.kind != spec::CaseKind::kReference; });
+    MIH_CHECK(runnable, "matrix '", m.name, "' has no parallel case spec '", r.spec, "' can run", rejected_list(m),
               "; `mih matrix --spec ", r.spec, " --matrix ", cases::matrix_of(r), "` shows the arithmetic");
   }
   o.enabled = true;
@@ -395,7 +482,7 @@ int run_tests(const std::vector<std::string>& args) {
   for (auto& a : gargs) gargv.push_back(a.data());
   int gargc = static_cast<int>(gargv.size());
   ::testing::InitGoogleTest(&gargc, gargv.data());
-  ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
+  if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
   if (::testing::UnitTest::GetInstance()->total_test_count() == 0) {
     std::fprintf(stderr, "mih: no conformance test is linked (MIH_CONFORMANCE_SUITES in a spec file of an OBJECT library)\n");
     return 1;
@@ -412,6 +499,7 @@ int run_tests(const std::vector<std::string>& args) {
   }
   cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
   if (listing) return RUN_ALL_TESTS();
+  install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, what is done written and said
   const int rc = RUN_ALL_TESTS();
   const bool help = std::find(gtest_flags.begin(), gtest_flags.end(), "--gtest_help") != gtest_flags.end();
   if (!help && ::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
@@ -490,9 +578,8 @@ int conformance_main(int argc, char** argv, bool tests_by_default) {
   if (!tests) return cli_main(argc, argv);
   try {
     return cli::run_conformance_tests(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const Error& e) {
-    std::fprintf(stderr, "mih: %s error: %s\n", std::string(code_name(e.code())).c_str(), e.what());
-    return exit_status(e.code());
+  } catch (...) {
+    return cli::report_current_exception("mih");
   }
 }
 

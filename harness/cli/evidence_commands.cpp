@@ -1,5 +1,6 @@
 // The commands over specs, matrices and evidence: `mih list`, `mih matrix`, `mih run` (one
 // case), `mih compare`, `mih report` and `mih export`.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "harness/compare/compare.h"
 #include "harness/evidence/report.h"
 #include "harness/runtime/cli_support.h"
+#include "harness/runtime/launcher.h"
 #include "harness/spec/case_matrix.h"
 #include "reference_models/export_command.h"
 
@@ -64,6 +66,16 @@ CommandRun setup_matrix(CLI::App& sub, const Invocation&) {
   return [f] {
     const spec::CaseMatrix m = spec::resolve_matrix_source(spec::SpecRegistry::instance().get(f->spec), f->source);
     std::printf("%s", f->as_json ? (m.to_json().dump(2) + "\n").c_str() : m.table().c_str());
+    for (const auto& c : m.cases) {
+      if (const std::string w = cases::local_launch_warning(f->spec, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
+    }
+    const bool runnable = std::any_of(m.cases.begin(), m.cases.end(),
+                                      [](const spec::Case& c) { return c.kind != spec::CaseKind::kReference; });
+    if (!runnable) {
+      std::fprintf(stderr, "mih matrix: invalid_spec error: matrix '%s' has no parallel case spec '%s' can run (see the "
+                   "rejections above); change the cases or max_world_size\n", m.name.c_str(), f->spec.c_str());
+      return exit_status(Code::kInvalidSpec);
+    }
     return 0;
   };
 }
@@ -88,8 +100,12 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
   auto f = std::make_shared<Flags>();
   sub.add_option("reference", f->reference, "reference evidence directory")->required();
   sub.add_option("candidate", f->candidate, "evidence directory to check")->required();
-  sub.add_option("--tolerance", f->options.tolerance, "relative tolerance")->capture_default_str();
-  sub.add_option("--from-step", f->options.first_step, "compare steps from this one (a resume)")->capture_default_str();
+  sub.add_option("--tolerance", f->options.tolerance, "relative tolerance (a finite number >= 0)")
+      ->capture_default_str()
+      ->check(at_least(0.0));
+  sub.add_option("--from-step", f->options.first_step, "compare steps from this one (a resume)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   return [f] {
     const Comparison c = compare_evidence(f->reference, f->candidate, f->options);
     std::printf("%s\n", c.summary().c_str());
@@ -116,7 +132,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f->options.fault,
-                 "inject a fault of the catalog (F01-F22, docs/fault-catalog.md) in the case's ranks (MIH_FAULT)");
+                 "inject a fault of the catalog (F01-F22, docs/fault-catalog.md) in the case's ranks (their --fault; "
+                 "an exported MIH_FAULT is ignored)");
   sub.add_flag("--prepare", f->prepare,
                "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
                "external launcher (torchrun, srun, mpirun)");
@@ -136,9 +153,19 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       }
       return 0;
     }
+    install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
     const cases::CaseRunResult r = cases::run_case(s, c, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
                 r.state.c_str(), r.seconds, r.evidence.c_str());
+    if (r.outcome == "interrupted") {
+      std::fprintf(stderr, "mih: %s; the case is recorded as interrupted and relaunched by the next run\n",
+                   r.error.c_str());
+      return 128 + interrupt_signal();
+    }
+    if (r.outcome == "environment_failure") {
+      std::fprintf(stderr, "mih: environment failure (not a conformance verdict):\n%s\n", r.error.c_str());
+      return exit_status(Code::kFailedPrecondition);
+    }
     if (r.outcome == "transport_failure") {
       std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
       return exit_status(r.code == Code::kOk ? Code::kAborted : r.code);

@@ -64,11 +64,25 @@ struct LaunchFlags {
     app.add_option("--evidence-root", evidence_root, "where run directories are created (relative to the current "
                                                      "directory)")
         ->capture_default_str();
-    app.add_option("--run-id", run_id, "name of this run's directory (default: UTC time and pid)");
+    app.add_option("--run-id", run_id, "name of this run's directory (default: UTC time and pid)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+              const bool safe = !v.empty() && v != "." && v != ".." && v.size() <= 128 &&
+                                v.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
+                                    std::string::npos;
+              return safe ? "" : "a run id is one directory name under --evidence-root (letters, digits, '.', '_', "
+                                 "'-'; at most 128), not a path: got '" + v + "'";
+            },
+            "NAME"));
   }
 
   std::filesystem::path run_dir(const std::string& what) {
     if (run_id.empty()) run_id = utc_now("%Y%m%dT%H%M%SZ") + "-" + std::to_string(::getpid());
+    // The run id becomes a directory name under the evidence root: nothing that leaves it.
+    const bool safe = run_id != "." && run_id != ".." && run_id.find_first_not_of(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == std::string::npos;
+    MIH_CHECK(safe && run_id.size() <= 128, "--run-id '", run_id, "': a run id is one directory name under ",
+              "--evidence-root (letters, digits, '.', '_', '-'; at most 128), not a path");
     return evidence_root / run_id / what;
   }
 
@@ -94,6 +108,7 @@ struct LaunchFlags {
     o.threads_per_rank = threads_per_rank;
     o.command_template = launcher_template;
     o.rendezvous = rendezvous == "tcp" ? RendezvousKind::kTcp : RendezvousKind::kFile;
+    o.extra_env["MIH_FAULT"] = "";  // mih launch injects no fault, whatever the shell exported
     return o;
   }
 };

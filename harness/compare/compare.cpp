@@ -8,6 +8,7 @@
 #include <map>
 
 #include "harness/base/error.h"
+#include "harness/base/files.h"
 #include "harness/evidence/evidence_store.h"
 
 namespace mih {
@@ -64,7 +65,20 @@ std::string Comparison::summary() const {
 }
 
 Comparison compare_evidence(const fs::path& reference, const fs::path& candidate, const CompareOptions& o) {
-  const EvidenceDir ref(reference), cand(candidate);
+  MIH_CHECK(std::isfinite(o.tolerance) && o.tolerance >= 0, "compare: the tolerance must be a finite number >= 0, got ",
+            o.tolerance);
+  const EvidenceDir ref = EvidenceDir::open_existing(reference), cand = EvidenceDir::open_existing(candidate);
+  // Evidence of two specs has nothing to compare: say so rather than a first "divergence".
+  auto spec_of = [](const EvidenceDir& d) -> std::string {
+    std::string text;
+    if (!read_file(d.root() / "spec.resolved.json", &text)) return "";
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    return j.is_object() ? j.value("name", "") : "";
+  };
+  const std::string ref_spec = spec_of(ref), cand_spec = spec_of(cand);
+  MIH_CHECK_CODE(ref_spec.empty() || cand_spec.empty() || ref_spec == cand_spec, Code::kFailedPrecondition,
+                 "compare: the reference ", reference.string(), " is evidence of spec '", ref_spec, "', the candidate ",
+                 candidate.string(), " of spec '", cand_spec, "'; compare two cases of one spec");
   Comparison out;
   const std::string metrics_file = "cases/runtime/metrics.jsonl", probes_file = "probes/rank0.jsonl";
   const auto ref_metrics = by_step(read_required(ref, metrics_file));

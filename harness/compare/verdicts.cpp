@@ -11,6 +11,8 @@
 
 #include "harness/findings/codes.h"
 #include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 
 namespace mih::verdicts {
 namespace fs = std::filesystem;
@@ -54,18 +56,17 @@ const json& CaseEvidence::json(const std::string& relative) const {
   auto it = json_.find(relative);
   if (it != json_.end()) return it->second;
   const fs::path file = dir_ / relative;
-  std::ifstream in(file);
-  if (!in) {
+  std::string text;
+  if (!read_file(file, &text)) {
     MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " is missing from ", dir_.string(),
               ": the case did not finish (see its integration_state.json and run/*/logs), or this directory "
               "belongs to another run or version of mih; rerun the case");
   }
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, "evidence file ", file.string(), " is not JSON (", e.what(),
-              "): it was truncated or edited; rerun the case");
+    j = parse_json_strict(text, "evidence file " + file.string());
+  } catch (const Error& e) {
+    MIH_THROW(Code::kInvalidSpec, e.message(), ": it was truncated or edited; rerun the case");
   }
   return json_.emplace(relative, std::move(j)).first->second;
 }

@@ -15,6 +15,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 
 extern char** environ;
 
@@ -58,6 +59,15 @@ int gate_index(IntegrationState s) {
 }
 
 }  // namespace
+
+EvidenceDir EvidenceDir::open_existing(const fs::path& root) {
+  std::error_code ec;
+  MIH_CHECK_CODE(fs::is_directory(root, ec), Code::kFailedPrecondition, "evidence directory ", root.string(),
+                 ec ? " cannot be read: " + ec.message() : std::string(" does not exist"),
+                 "; give the <root>/<spec>/<case> directory a run wrote");
+  fs::path canonical = fs::canonical(root, ec);
+  return EvidenceDir(ec ? root : canonical, ReadOnly{});
+}
 
 EvidenceDir::EvidenceDir(fs::path root) : root_(std::move(root)) {
   std::error_code ec;
@@ -104,14 +114,7 @@ void EvidenceDir::append_jsonl(std::string_view relative, const nlohmann::json& 
   const fs::path path = resolve(relative);
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  const std::string line = j.dump() + "\n";
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", std::strerror(errno));
-  const ssize_t n = ::write(fd, line.data(), line.size());  // one write: the line lands whole
-  const int err = errno;
-  ::close(fd);
-  MIH_CHECK_CODE(n == static_cast<ssize_t>(line.size()), Code::kFailedPrecondition, "cannot append to ", path.string(),
-                 ": ", n < 0 ? std::strerror(err) : "short write");
+  append_whole(path, j.dump() + "\n");  // whole lines or nothing, even on a full disk
 }
 
 std::vector<nlohmann::json> EvidenceDir::read_jsonl(std::string_view relative) const {
@@ -134,11 +137,7 @@ nlohmann::json EvidenceDir::read_json(std::string_view relative) const {
   const fs::path path = resolve(relative);
   std::string text;
   MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "cannot read ", path.string());
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, path.string(), " is not JSON: ", e.what());
-  }
+  return parse_json_strict(text, path.string());
 }
 
 std::string state_name(IntegrationState s) {

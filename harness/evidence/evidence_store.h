@@ -21,6 +21,11 @@ class EvidenceDir {
   ///   cannot be created or written.
   explicit EvidenceDir(std::filesystem::path root);
 
+  /// Opens an existing `root` only to read it (mih compare, mih check): nothing is created,
+  /// written or removed there.
+  /// Throws: mih::Error{kFailedPrecondition} naming the path if it is not a directory.
+  static EvidenceDir open_existing(const std::filesystem::path& root);
+
   const std::filesystem::path& root() const { return root_; }
 
   /// `relative` inside the directory.
@@ -42,6 +47,8 @@ class EvidenceDir {
   nlohmann::json read_json(std::string_view relative) const;
 
  private:
+  struct ReadOnly {};
+  EvidenceDir(std::filesystem::path root, ReadOnly) : root_(std::move(root)) {}
   std::filesystem::path root_;
 };
 

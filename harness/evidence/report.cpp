@@ -155,7 +155,7 @@ std::string evidence_path(const RunResults& run, const std::string& evidence) {
 }
 
 std::string totals_line(const RunResults& run) {
-  return std::to_string(run.tests.size()) + " tests: " + std::to_string(run.passed()) + " passed, " +
+  return (run.incomplete.empty() ? "" : run.incomplete + "; ") + std::to_string(run.tests.size()) + " tests: " + std::to_string(run.passed()) + " passed, " +
          std::to_string(run.failed()) + " failed, " + std::to_string(run.skipped()) + " skipped; " +
          std::to_string(run.cases.size()) + " cases";
 }

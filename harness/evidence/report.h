@@ -76,6 +76,12 @@ struct RunResults {
   std::vector<TestResult> tests;
   /// One per (spec, case_name) named by a test with a case, sorted by spec then name.
   std::vector<CaseResult> cases;
+  /// Tests the run's processes set out to run (their "run" start lines); -1 when the file has
+  /// none (written before mih recorded them).
+  int expected_tests = -1;
+  /// "" for a complete run; else "incomplete: K of N tests (why; the fix)", the first words of
+  /// every report's summary.
+  std::string incomplete;
 
   int passed() const;
   int failed() const;

@@ -165,7 +165,9 @@ std::string render_junit(const RunResults& run) {
   for (const auto& [name, s] : suites) failures += s.failures, errors += s.errors;
 
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += "<testsuites name=\"" + attr("mih conformance " + run.root.string()) + "\" tests=\"" +
+  out += "<testsuites name=\"" +
+         attr("mih conformance " + run.root.string() + (run.incomplete.empty() ? "" : " (" + run.incomplete + ")")) +
+         "\" tests=\"" +
          std::to_string(run.tests.size()) + "\" failures=\"" + std::to_string(failures) + "\" errors=\"" +
          std::to_string(errors) + "\" time=\"" + fixed(seconds) + "\">\n";
   for (const auto& [classname, s] : suites) {

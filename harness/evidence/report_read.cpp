@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -204,6 +205,8 @@ RunResults read_run_results(const fs::path& root) {
   MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read '", file.string(), "'");
 
   std::map<std::string, TestResult> by_name;  // a rerun test: its last line wins
+  std::set<std::string> expected;  // every test a process of the run set out to run
+  std::string interrupted;         // the signal an end line names
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     const std::string where = file.string() + " line " + std::to_string(line_number);
     json j;
@@ -213,12 +216,39 @@ RunResults read_run_results(const fs::path& root) {
       if (!terminated) return;  // a writer died mid-line
       MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", e.what());
     }
+    if (j.is_object() && j.contains("run")) {  // a process's start or end line (ResultsWriter)
+      const json& m = j["run"];
+      MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
+                ": a 'run' line must be an object with an 'event'");
+      if (m["event"] == "start" && m.contains("tests") && m["tests"].is_array()) {
+        for (const auto& n : m["tests"]) {
+          if (n.is_string()) expected.insert(n.get<std::string>());
+        }
+      }
+      if (m["event"] == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
+        interrupted = m["interrupted"].get<std::string>();
+      }
+      return;
+    }
     TestResult t = parse_result_line(j, where);
     by_name[t.name] = std::move(t);
   });
 
   RunResults run;
   run.root = root;
+  // Incomplete: a test some process set out to run has no result (the run was interrupted,
+  // its process died, or its disk filled).
+  if (!expected.empty()) {
+    int done = 0;
+    for (const auto& name : expected) done += by_name.count(name) ? 1 : 0;
+    run.expected_tests = static_cast<int>(expected.size());
+    if (done < run.expected_tests) {
+      run.incomplete = "incomplete: " + std::to_string(done) + " of " + std::to_string(run.expected_tests) + " tests (" +
+                       (interrupted.empty() ? std::string("the run did not finish: its process ended early or is still running")
+                                            : "interrupted by " + interrupted) +
+                       "; rerun the same command on this root to finish)";
+    }
+  }
   std::map<std::pair<std::string, std::string>, CaseResult> cases;
   for (auto& [name, t] : by_name) {
     if (!t.case_name.empty()) {

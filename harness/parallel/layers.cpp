@@ -106,8 +106,10 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
   at::Tensor y = at::linear(input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
   if (!options.gather_output()) return y;
-  tp.expect("region.all_gather", y.numel() * static_cast<int64_t>(y.element_size()), layer);
-  return gather_from_region(y, tp, -1);
+  if (tp.size() > 1) tp.expect("region.all_gather", y.numel() * static_cast<int64_t>(y.element_size()), layer);
+  // Padded outputs (pad_to_tp) are the last ones of the last rank: drop them after the gather.
+  at::Tensor full = gather_from_region(y, tp, -1);
+  return full.size(-1) == options.out_features() ? full : full.narrow(-1, 0, options.out_features());
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowParallelLinearOptions& o)

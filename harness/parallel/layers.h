@@ -30,7 +30,8 @@ struct ColumnParallelLinearOptions {
   TORCH_ARG(int64_t, out_features);
   /// Add a bias (sharded like the outputs). Default true.
   TORCH_ARG(bool, bias) = true;
-  /// All-gather the output over tp, [.., out/TP] -> [.., out]. Default false.
+  /// All-gather the output over tp, [.., out/TP] -> [.., out] (padding dropped: exactly
+  /// out_features). Its backward keeps this rank's slice of the gradient. Default false.
   TORCH_ARG(bool, gather_output) = false;
   /// The outputs are this many equal partitions (fused [q; k; v] = 3, [gate; up] = 2), each
   /// sharded separately so every rank gets matching pieces of each. Default 1.

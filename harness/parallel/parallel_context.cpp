@@ -19,19 +19,13 @@
 namespace mih {
 namespace {
 
-std::string shape_str(at::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // This rank's tensor-parallel piece of `full` (see Placement::shard for partitions).
 at::Tensor tp_piece(const at::Tensor& full, const Placement& tp, int64_t n, int64_t r, int64_t index) {
   if (!tp.is_shard() || n == 1) return full;
   const int64_t d = tp.dim();
-  MIH_CHECK(d >= 0 && d < full.dim(), "parameter #", index, " of shape ", shape_str(full.sizes()), ": Shard(", d,
+  MIH_CHECK(d >= 0 && d < full.dim(), "parameter #", index, " of shape ", full.sizes(), ": Shard(", d,
             ") names a dim it does not have");
-  MIH_CHECK(full.size(d) % (tp.partitions() * n) == 0, "parameter #", index, " of shape ", shape_str(full.sizes()),
+  MIH_CHECK(full.size(d) % (tp.partitions() * n) == 0, "parameter #", index, " of shape ", full.sizes(),
             ": dim ", d, " (size ", full.size(d), ") does not split into partitions(", tp.partitions(), ") x tp(", n,
             ") equal pieces; choose sizes divisible by ", tp.partitions() * n, " or another tp");
   std::vector<at::Tensor> pieces;
@@ -63,11 +57,6 @@ namespace init {
 ParamInit normal(double std) {
   return [std](at::IntArrayRef shape, at::Generator& gen) {
     return at::empty(shape, at::kDouble).normal_(0.0, std, gen);
-  };
-}
-ParamInit uniform(double bound) {
-  return [bound](at::IntArrayRef shape, at::Generator& gen) {
-    return at::empty(shape, at::kDouble).uniform_(-bound, bound, gen);
   };
 }
 ParamInit constant(double value) {
@@ -141,14 +130,14 @@ at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training
 
 at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
   const int64_t index = next_index_++;
-  MIH_CHECK(static_cast<bool>(spec.init), "parameter #", index, " of shape ", shape_str(spec.shape),
+  MIH_CHECK(static_cast<bool>(spec.init), "parameter #", index, " of shape ", at::IntArrayRef(spec.shape),
             ": ParamSpec::init is empty");
   MIH_CHECK(spec.pad_dim0_to_multiple >= 1, "parameter #", index, ": pad_dim0_to_multiple must be >= 1");
   // Seeded by (seed, index) alone: the same full values whatever the mesh.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(config_.seed * 1000003ULL + static_cast<uint64_t>(index));
   at::Tensor full = spec.init(spec.shape, gen);
-  MIH_INTERNAL_ASSERT(full.sizes() == at::IntArrayRef(spec.shape), "init returned ", shape_str(full.sizes()),
-                      " for a parameter of shape ", shape_str(spec.shape));
+  MIH_INTERNAL_ASSERT(full.sizes() == at::IntArrayRef(spec.shape), "init returned ", full.sizes(),
+                      " for a parameter of shape ", at::IntArrayRef(spec.shape));
   at::Tensor padded = full;
   if (spec.pad_dim0_to_multiple > 1) {
     MIH_CHECK(full.dim() >= 1, "parameter #", index, ": a 0-d parameter cannot be padded");
@@ -182,7 +171,7 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
 
 ShardedParameter& ParallelContext::parameter(const at::Tensor& leaf) const {
   auto it = by_impl_.find(leaf.unsafeGetTensorImpl());
-  MIH_CHECK(it != by_impl_.end(), "a tensor of shape ", shape_str(leaf.sizes()),
+  MIH_CHECK(it != by_impl_.end(), "a tensor of shape ", leaf.sizes(),
             " is used as a parameter but was not created by ParallelContext::make_parameter; create every "
             "parameter through it so its layout is known");
   return *it->second;
@@ -367,7 +356,7 @@ void ParallelContext::finalize(torch::nn::Module& root) {
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     const void* impl = item.value().unsafeGetTensorImpl();
     auto it = by_impl_.find(impl);
-    MIH_CHECK(it != by_impl_.end(), "parameter '", item.key(), "' of shape ", shape_str(item.value().sizes()),
+    MIH_CHECK(it != by_impl_.end(), "parameter '", item.key(), "' of shape ", item.value().sizes(),
               " was not created by ParallelContext::make_parameter; create every parameter through it so its "
               "layout over the mesh is known");
     if (seen.insert(impl).second) {
@@ -380,14 +369,14 @@ void ParallelContext::finalize(torch::nn::Module& root) {
   }
   for (const auto& [impl, p] : by_impl_) {
     MIH_CHECK(seen.count(impl), "ParallelContext made parameter #", p->index, " of shape ",
-              shape_str(p->global_shape), " but the model does not register it");
+              at::IntArrayRef(p->global_shape), " but the model does not register it");
   }
 }
 
 at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Tensor& piece) const {
   MIH_CHECK(piece.defined(), "gather_full('", p.fqn, "'): the tensor is undefined (no gradient yet?)");
   MIH_CHECK(piece.sizes() == at::IntArrayRef(p.local_shape), "gather_full('", p.fqn, "'): expected a piece of shape ",
-            shape_str(p.local_shape), ", got ", shape_str(piece.sizes()));
+            at::IntArrayRef(p.local_shape), ", got ", piece.sizes());
   at::Tensor t = piece.detach().contiguous();
   if (p.fsdp) {
     Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);

@@ -38,7 +38,6 @@ using ParamInit = std::function<at::Tensor(at::IntArrayRef shape, at::Generator&
 /// Initializers for ParamSpec::init.
 namespace init {
 ParamInit normal(double std);
-ParamInit uniform(double bound);
 ParamInit constant(double value);
 }  // namespace init
 

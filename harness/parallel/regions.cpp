@@ -38,10 +38,11 @@ at::Tensor gather_along(const at::Tensor& x, Communicator& comm, int64_t dim) {
   return comm.all_gather(x.contiguous(), dim, "region.all_gather");
 }
 
+// The backward of gather_along: the gradient's size along `dim` is N times the input's.
 at::Tensor chunk_along(const at::Tensor& x, Communicator& comm, int64_t dim) {
   if (comm.size() == 1) return x;
-  MIH_CHECK(x.size(dim) % comm.size() == 0, "cannot split dim ", dim, " of size ", x.size(dim), " over the ",
-            comm.size(), " ranks of axis '", comm.axis(), "': it must divide evenly");
+  MIH_INTERNAL_ASSERT(x.size(dim) % comm.size() == 0, "gather's gradient: dim ", dim, " of size ", x.size(dim),
+                      " does not split over the ", comm.size(), " ranks of axis '", comm.axis(), "'");
   return x.chunk(comm.size(), dim)[comm.rank()].contiguous();
 }
 
@@ -102,7 +103,6 @@ struct DimRegion : public torch::autograd::Function<DimRegion<Forward, Backward>
 };
 
 using GatherFromRegion = DimRegion<gather_along, chunk_along>;
-using ScatterToRegion = DimRegion<chunk_along, gather_along>;
 using SequenceAllGather = DimRegion<gather_along, reduce_scatter_along>;
 using SequenceReduceScatter = DimRegion<reduce_scatter_along, gather_along>;
 
@@ -163,11 +163,6 @@ at::Tensor reduce_from_region(const at::Tensor& x, Communicator& comm) {
 at::Tensor gather_from_region(const at::Tensor& x, Communicator& comm, int64_t dim) {
   if (comm.size() == 1) return x;
   return GatherFromRegion::apply(x, id_of(comm), normalize_dim(x, dim));
-}
-
-at::Tensor scatter_to_region(const at::Tensor& x, Communicator& comm, int64_t dim) {
-  if (comm.size() == 1) return x;
-  return ScatterToRegion::apply(x, id_of(comm), normalize_dim(x, dim));
 }
 
 at::Tensor sequence_all_gather(const at::Tensor& x, Communicator& comm, int64_t seq_dim) {

@@ -30,10 +30,6 @@ at::Tensor reduce_from_region(const at::Tensor& x, Communicator& comm);
 /// of the gradient along `dim`.
 at::Tensor gather_from_region(const at::Tensor& x, Communicator& comm, int64_t dim);
 
-/// Forward: this rank's chunk along `dim`, [.., N*D, ..] -> [.., D, ..]. Backward: all-gather.
-/// Throws: mih::Error{kInvalidSpec} if the dim does not divide by N.
-at::Tensor scatter_to_region(const at::Tensor& x, Communicator& comm, int64_t dim);
-
 /// Sequence parallelism, entering a tensor-parallel region: forward all-gather along the
 /// sequence dim, [B, S/TP, H] -> [B, S, H]; backward reduce-scatter (sum) along it.
 at::Tensor sequence_all_gather(const at::Tensor& x, Communicator& comm, int64_t seq_dim);

@@ -10,7 +10,7 @@ namespace mih {
 
 void to_json(nlohmann::json& j, const SharedStateEvent& e) {
   j = {{"key", e.key},          {"action", e.action},   {"layer", e.layer},        {"source", e.source},
-       {"state_id", e.state_id}, {"forward", e.forward}, {"recompute", e.recompute}};
+       {"state_id", e.state_id}, {"forward", e.forward}, {"recompute", !e.recompute_region.empty()}, {"recompute_region", e.recompute_region}};
 }
 
 void SharedState::begin_forward() {
@@ -20,7 +20,7 @@ void SharedState::begin_forward() {
 
 void SharedState::publish(const std::string& key, const at::Tensor& value, const std::string& producer) {
   const int64_t id = next_id_++;
-  if (recording_) events_.push_back({key, "publish", producer, producer, id, forward_, in_recompute()});
+  if (recording_) events_.push_back({key, "publish", producer, producer, id, forward_, recompute_region()});
   values_[key] = Value{value, producer, id};
 }
 
@@ -29,7 +29,7 @@ at::Tensor SharedState::consume(const std::string& key, const std::string& consu
   if (recording_) {
     const bool found = it != values_.end();
     events_.push_back({key, "consume", consumer, found ? it->second.producer : "", found ? it->second.id : -1, forward_,
-                       in_recompute()});
+                       recompute_region()});
   }
   MIH_CHECK(it != values_.end(), "shared state '", key, "' is consumed by '", consumer,
             "' before any layer published it in this forward; publish it first (or fix the key)");

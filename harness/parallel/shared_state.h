@@ -25,7 +25,9 @@ struct SharedStateEvent {
   /// that read its value (-1: a consume that found nothing).
   int64_t state_id = -1;
   int64_t forward = 0;
-  bool recompute = false;
+  /// The activation-checkpoint region being recomputed when the event happened ("" outside a
+  /// recompute; recompute_region()).
+  std::string recompute_region;
 };
 
 void to_json(nlohmann::json& j, const SharedStateEvent& e);

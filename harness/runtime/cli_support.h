@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +18,31 @@
 #include "harness/base/error.h"
 
 namespace mih::cli {
+
+/// Prints the exception in flight and returns its exit status; call it in `catch (...)` of a
+/// command's entry point, so no exception ends the process as an abort: a mih::Error exits
+/// with its code's status; a std::filesystem::filesystem_error is the environment (exit 12,
+/// naming the path and the OS error); anything else is a mih bug (exit 17).
+inline int report_current_exception(const char* program) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s error: %s\n", program, std::string(code_name(e.code())).c_str(), e.what());
+    return exit_status(e.code());
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "%s: %s error: %s (%s); check the path exists, is a directory where one is expected and is "
+                 "writable\n", program, std::string(code_name(Code::kFailedPrecondition)).c_str(),
+                 e.code().message().c_str(), e.path1().c_str());
+    return exit_status(Code::kFailedPrecondition);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s (a mih bug; please report it with the command line)\n", program,
+                 e.what());
+    return exit_status(Code::kInternal);
+  } catch (...) {
+    std::fprintf(stderr, "%s: internal error: an unknown exception (a mih bug)\n", program);
+    return exit_status(Code::kInternal);
+  }
+}
 
 /// A numeric option that must be >= `min`: "--timeout: must be >= 0.001, got '0'".
 inline CLI::Validator at_least(double min) {

@@ -2,6 +2,7 @@
 #include "harness/runtime/comm_ledger.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/files.h"
 
 namespace mih {
 
@@ -74,18 +76,24 @@ CommLedger::~CommLedger() {
 
 void CommLedger::append(const CommRecord& record) {
   if (fd_ < 0) return;
-  std::string line = nlohmann::json(record).dump() + "\n";
+  const std::string line = nlohmann::json(record).dump() + "\n";
   // One write per line: O_APPEND makes it atomic with respect to other appends, and a
-  // crash between lines leaves whole lines behind.
-  const char* data = line.data();
-  size_t left = line.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd_, data, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // evidence of a failing disk is not worth failing the collective
-    data += n;
-    left -= static_cast<size_t>(n);
+  // crash between lines leaves whole lines behind. A write cut short (a full disk) is
+  // undone and fails the rank as the environment: a ledger with lines missing would make
+  // CommVolume judge the port on evidence that is not all there.
+  struct stat before {};
+  const bool sized = ::fstat(fd_, &before) == 0;
+  ssize_t n;
+  do {
+    n = ::write(fd_, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(line.size())) return;
+  const int err = n < 0 ? errno : ENOSPC;
+  if (n > 0 && sized && ::ftruncate(fd_, before.st_size) != 0) {
+    // The torn line stays; readers drop a last line without its newline.
   }
+  MIH_THROW(Code::kFailedPrecondition, "cannot append to the comm ledger ", path_.string(), ": ", std::strerror(err),
+            " (", free_space_text(path_), ")");
 }
 
 int64_t CommLedger::begin(std::string_view axis, const std::vector<int>& ranks, std::string_view op,

@@ -130,6 +130,10 @@ std::string shell_quote(const std::string& arg) {
   return out + "'";
 }
 
+void install_interrupt_handlers() { launcher_internal::install_handlers(); }
+
+int interrupt_signal() { return launcher_internal::pending_interrupt(); }
+
 LaunchResult launch(const LaunchOptions& options) {
   const bool templated = !options.command_template.empty();
   MIH_CHECK(options.world_size >= 1, "launch: world_size must be >= 1, got ", options.world_size);
@@ -240,6 +244,11 @@ LaunchResult launch(const LaunchOptions& options) {
     for (Child* c : wait_some(children, deadline)) {
       c->reap_order = reaped++;
       failed = failed || !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    }
+    if (const int sig = launcher_internal::pending_interrupt()) {
+      result.status = LaunchResult::Status::kInterrupted;
+      result.interrupt_signal = sig;
+      break;
     }
     if (failed) {
       result.status = LaunchResult::Status::kRankFailed;

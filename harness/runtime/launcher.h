@@ -101,8 +101,10 @@ struct RankOutcome {
 
 /// The result of a launch.
 struct LaunchResult {
-  enum class Status { kOk, kRankFailed, kTimedOut };
+  enum class Status { kOk, kRankFailed, kTimedOut, kInterrupted };
   Status status = Status::kOk;
+  /// kInterrupted: the signal this process received (SIGINT, SIGTERM); every rank was stopped.
+  int interrupt_signal = 0;
   /// kRankFailed: the first rank that failed (-1 for the template command).
   int failed_rank = -1;
   std::vector<RankOutcome> ranks;
@@ -117,13 +119,21 @@ struct LaunchResult {
   std::chrono::milliseconds timeout{0};
 
   bool ok() const { return status == Status::kOk; }
-  /// The code to report: kOk; the failed rank's own error code; kAborted for a crash or a
-  /// plain non-zero exit; kDeadlineExceeded for a timeout.
+  /// The code to report: kOk; the failed rank's own error code; kAborted for a crash, a
+  /// plain non-zero exit or an interrupt; kDeadlineExceeded for a timeout.
   Code code() const;
   /// Multi-line human report: the cause first (rank, exit code or signal, error, log tail),
   /// then every other rank's state and last activity.
   std::string report() const;
 };
+
+/// Makes SIGINT and SIGTERM of this process interrupt the current launch instead of ending
+/// the process at once: launch() stops every rank and returns Status::kInterrupted, and the
+/// caller writes what is done, says so and exits 128 + the signal. Idempotent.
+void install_interrupt_handlers();
+
+/// The first SIGINT or SIGTERM received since install_interrupt_handlers(), or 0.
+int interrupt_signal();
 
 /// Launches and supervises a run; returns when every process has ended and been reaped.
 /// A failure of the run is a LaunchResult, not an exception. In template mode a command

@@ -48,7 +48,12 @@ pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, co
 pid_t fork_shell(const std::string& command, std::vector<std::string> env, const std::filesystem::path& log);
 
 /// Waits until a running child ends or `until`; returns the children reaped.
-std::vector<Child*> wait_some(std::vector<Child>& children, Clock::time_point until);
+std::vector<Child*> wait_some(std::vector<Child>& children, Clock::time_point until, bool interruptible = true);
+
+/// The signal caught by install_handlers (SIGINT, SIGTERM), or 0.
+int pending_interrupt();
+/// Installs the SIGINT/SIGTERM handlers that record pending_interrupt() (no SA_RESTART).
+void install_handlers();
 
 /// SIGTERM to every running child's process group, SIGKILL after the grace period, reap all.
 void stop_all(std::vector<Child>& children, std::chrono::milliseconds grace);

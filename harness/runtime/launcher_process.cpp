@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+
+#include <csignal>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -123,9 +125,17 @@ pid_t fork_shell(const std::string& command, std::vector<std::string> env, const
   return pid;
 }
 
-std::vector<Child*> wait_some(std::vector<Child>& children, Clock::time_point until) {
+namespace {
+volatile std::sig_atomic_t g_interrupt = 0;
+extern "C" void on_interrupt(int sig) {
+  if (g_interrupt == 0) g_interrupt = sig;
+}
+}  // namespace
+
+std::vector<Child*> wait_some(std::vector<Child>& children, Clock::time_point until, bool interruptible) {
   std::vector<Child*> reaped;
   for (;;) {
+    if (interruptible && g_interrupt != 0) return reaped;  // the caller stops the ranks
     std::vector<pollfd> fds;
     std::vector<Child*> polled;
     bool any_running = false;
@@ -162,13 +172,24 @@ void stop_all(std::vector<Child>& children, std::chrono::milliseconds grace) {
   auto until = Clock::now() + grace;
   while (Clock::now() < until &&
          std::any_of(children.begin(), children.end(), [](const Child& c) { return c.running; })) {
-    wait_some(children, until);
+    wait_some(children, until, /*interruptible=*/false);
   }
   for (auto& c : children) {
     if (!c.running) continue;
     ::kill(-c.pid, SIGKILL);
     reap(c, true);
   }
+}
+
+int pending_interrupt() { return static_cast<int>(g_interrupt); }
+
+void install_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking wait returns at once
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 }  // namespace mih::launcher_internal

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <csignal>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -120,6 +121,7 @@ Code LaunchResult::code() const {
   switch (status) {
     case Status::kOk: return Code::kOk;
     case Status::kTimedOut: return Code::kDeadlineExceeded;
+    case Status::kInterrupted: return Code::kAborted;
     case Status::kRankFailed:
       for (const auto& r : ranks) {
         if (r.rank != failed_rank) continue;
@@ -148,6 +150,11 @@ std::string LaunchResult::report() const {
   };
   if (status == Status::kOk) {
     out << "all " << n << " rank(s) exited 0 in " << seconds_str(seconds) << "\n";
+    return out.str();
+  }
+  if (status == Status::kInterrupted) {
+    out << "interrupted by " << (interrupt_signal == SIGINT ? "SIGINT" : interrupt_signal == SIGTERM ? "SIGTERM" : "a signal")
+        << " after " << seconds_str(seconds) << ": every rank was stopped\n";
     return out.str();
   }
   const RankOutcome* cause = nullptr;
@@ -190,7 +197,7 @@ std::string LaunchResult::report() const {
 }
 
 void to_json(nlohmann::json& j, const LaunchResult& result) {
-  static const char* kStatus[] = {"ok", "rank_failed", "timed_out"};
+  static const char* kStatus[] = {"ok", "rank_failed", "timed_out", "interrupted"};
   static const char* kState[] = {"exited", "signaled", "stopped"};
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& r : result.ranks) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
@@ -96,7 +97,11 @@ std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank)
     std::fprintf(stderr, "mih worker: could not record the error: %s\n", write_error.what());
   }
   std::string who = rank >= 0 ? internal::str("rank ", rank, "/", world_size) : std::string("(rank unknown)");
-  std::fprintf(stderr, "mih worker %s: %s error: %s\n", who.c_str(), std::string(code_name(e.code())).c_str(), e.what());
+  const char* fault_in_effect = std::getenv("MIH_FAULT");
+  std::fprintf(stderr, "mih worker %s: %s error: %s%s%s%s\n", who.c_str(), std::string(code_name(e.code())).c_str(),
+               e.what(), fault_in_effect && *fault_in_effect ? "\n  (fault " : "",
+               fault_in_effect && *fault_in_effect ? fault_in_effect : "",
+               fault_in_effect && *fault_in_effect ? " in effect on this rank)" : "");
   std::fflush(stdout);
   std::fflush(stderr);
   dump_coverage();
@@ -181,6 +186,7 @@ std::vector<std::string> WorkerOptions::to_args() const {
     args.insert(args.end(), {"--case-timeout", seconds(case_timeout)});
   }
   if (!gloo_hostname.empty()) args.insert(args.end(), {"--gloo-host", gloo_hostname});
+  if (!fault.empty()) args.insert(args.end(), {"--fault", fault});
   if (!determinism.deterministic_algorithms) args.push_back("--no-deterministic");
   return args;
 }
@@ -224,7 +230,10 @@ DeviceMesh WorkerContext::build_mesh(const ParallelConfig& dims, const std::stri
   o.ledger = ledger();
   o.group.backend = options_.pg_backend;
   o.group.timeout = options_.collective_timeout;
-  if (const std::string* ifname = find_env(env_, "GLOO_SOCKET_IFNAME")) o.group.gloo_interface = *ifname;
+  // An explicit bind address (local runs: loopback) wins over an inherited interface.
+  if (const std::string* ifname = find_env(env_, "GLOO_SOCKET_IFNAME"); ifname && options_.gloo_hostname.empty()) {
+    o.group.gloo_interface = *ifname;
+  }
   o.group.gloo_hostname = options_.gloo_hostname;
   o.group.device_index = world_.local_rank;
   return DeviceMesh(dims, store(), world_.rank, world_.world_size, o);
@@ -294,7 +303,10 @@ int worker_main(int argc, char** argv) {
   cli::add_seconds(app, "--rendezvous-timeout", options.rendezvous_timeout, "how long to wait for the other ranks");
   cli::add_seconds(app, "--case-timeout", options.case_timeout, "watchdog: the rank ends itself after this long; 0 = off",
                    0.0);
-  app.add_option("--gloo-host", options.gloo_hostname, "Gloo bind address (default: GLOO_SOCKET_IFNAME or hostname)");
+  app.add_option("--gloo-host", options.gloo_hostname,
+                 "Gloo bind address, e.g. 127.0.0.1 (default: GLOO_SOCKET_IFNAME or the hostname)");
+  app.add_option("--fault", options.fault,
+                 "inject this fault of the catalog (F01-F22; mih test/run/faults pass it); MIH_FAULT is ignored");
   app.add_option("--threads", options.determinism.intra_op_threads, "intra-op threads (torch and BLAS)")
       ->check(cli::at_least(1))
       ->capture_default_str();
@@ -322,6 +334,28 @@ int worker_main(int argc, char** argv) {
   const std::string task_name = app.get_subcommands().front()->get_name();
   options.pg_backend = compat::parse_backend(pg_backend);
   options.determinism.deterministic_algorithms = !no_deterministic;
+  // The fault switch comes from --fault only: an MIH_FAULT inherited from a shell or a
+  // launcher (torchrun) would make a model look broken.
+  if (const char* ambient = std::getenv("MIH_FAULT"); ambient && *ambient && ambient != options.fault) {
+    std::fprintf(stderr, "mih worker: ignoring MIH_FAULT=%s from the environment: a fault is injected only by "
+                 "mih test/run/faults --fault\n", ambient);
+  }
+  ::unsetenv("MIH_FAULT");
+  fault::Fault injected = fault::Fault::kNone;
+  if (!options.fault.empty()) {
+    try {
+      injected = fault::parse(options.fault);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mih worker: --fault: %s\n", e.message().c_str());
+      return 2;
+    }
+    options.fault = fault::name(injected);
+    ::setenv("MIH_FAULT", options.fault.c_str(), 1);
+  }
+  // Set explicitly, for the rest of the process: a fault point evaluated before this line
+  // (a static initializer) must not have fixed the switch from the environment.
+  static std::optional<fault::ScopedFault> switch_for_process;
+  switch_for_process.emplace(injected);
 
   World world;
   try {
@@ -329,6 +363,10 @@ int worker_main(int argc, char** argv) {
     check_expected_world(world, env);
   } catch (const Error& e) {
     fail_worker(options.run_dir, -1, 0, e);
+  }
+  if (!options.fault.empty()) {
+    std::fprintf(stderr, "mih worker rank %d/%d: FAULT %s IN EFFECT (--fault): this rank runs the catalog's bug, not "
+                 "the port\n", world.rank, world.world_size, options.fault.c_str());
   }
   const bool hosted = find_env(env, kStoreHostedVar) && *find_env(env, kStoreHostedVar) == "1";
   const std::string where = internal::str("while running worker task '", task_name, "' on rank ", world.rank, "/",

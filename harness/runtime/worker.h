@@ -47,9 +47,13 @@ struct WorkerOptions {
   /// Worker-side watchdog for runs without mih's launcher (torchrun, srun): after this
   /// long the rank prints what it was doing and exits with kDeadlineExceeded. 0 = off.
   std::chrono::milliseconds case_timeout{0};
-  /// Gloo: host/address to bind ("127.0.0.1" for local runs); empty = GLOO_SOCKET_IFNAME
-  /// if set, else the machine's hostname.
+  /// Gloo: host/address to bind ("127.0.0.1" for local runs, whatever GLOO_SOCKET_IFNAME
+  /// says); empty = GLOO_SOCKET_IFNAME if set, else the machine's hostname.
   std::string gloo_hostname;
+  /// The catalog fault this rank injects (--fault F03: only mih test/run/faults --fault set
+  /// it); "" none. An MIH_FAULT in the rank's environment is ignored (and said so), so an
+  /// exported variable never turns a run into a faulty one.
+  std::string fault;
   DeterminismOptions determinism;
 
   /// The command-line form, parsed back by worker_main.

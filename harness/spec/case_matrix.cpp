@@ -235,17 +235,17 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   MIH_CHECK(m.is_object(), "case matrix: expected a JSON object, got ", m.type_name());
   check_known_fields(m, "case matrix", {"name", "dtype", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
   CaseMatrix out;
-  out.name = m.value("name", "matrix");
+  out.name = json_string(m, "name", "matrix", "case matrix");
   out.spec = spec.name;
   const std::string where = "case matrix '" + out.name + "'";
-  const std::string device = m.value("device", "cpu"), backend = m.value("pg_backend", "gloo");
+  const std::string device = json_string(m, "device", "cpu", where), backend = json_string(m, "pg_backend", "gloo", where);
   MIH_CHECK(device == "cpu" || device == "cuda", where, ": device must be cpu or cuda, got '", device, "'");
   MIH_CHECK(backend == "gloo" || backend == "nccl", where, ": pg_backend must be gloo or nccl, got '", backend, "'");
-  const int64_t steps = m.value("steps", int64_t{3});
-  const int max_world = m.value("max_world_size", 4);
-  MIH_CHECK(steps >= 1, where, ": steps must be >= 1, got ", steps);
+  const int64_t steps = json_int(m, "steps", 3, where, 1, 1000000);
+  const int max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
   MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
-  const json defaults = {{"dtype", m.value("dtype", "float32")}};
+  MIH_CHECK(!m["cases"].empty(), where, ": 'cases' is empty; list at least one parallel case (the Reference is implicit)");
+  const json defaults = {{"dtype", json_string(m, "dtype", "float32", where)}};
   const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
 
   auto add = [&](Case c) {
@@ -262,7 +262,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     out.cases.push_back(std::move(c));
   };
 
-  if (m.value("reference", true)) {
+  if (json_bool(m, "reference", true, where)) {
     Case ref;
     ref.name = "Reference";
     ref.kind = CaseKind::kReference;
@@ -274,7 +274,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     const json& j = m["cases"][i];
     const std::string at = where + " case " + std::to_string(i);
     MIH_CHECK(j.is_object(), at, ": expected an object, got ", j.dump());
-    const CaseKind kind = parse_case_kind(j.value("kind", "train"));
+    const CaseKind kind = parse_case_kind(json_string(j, "kind", "train", at));
     Case c;
     c.kind = kind;
     c.device = device;
@@ -292,7 +292,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
                                       : std::vector<std::string>{"kind", "config", "resume_at"});
       MIH_CHECK(j.contains(cross ? "save" : "config"), at, ": a ", case_kind_name(kind), " case needs '",
                 cross ? "save" : "config", "'");
-      c.resume_at = j.value("resume_at", int64_t{0});
+      c.resume_at = json_int(j, "resume_at", 0, at);
       MIH_CHECK(c.resume_at > 0 && c.resume_at < steps, at, ": resume_at must be in [1, ", steps - 1, "] (steps ",
                 steps, "), got ", c.resume_at);
       c.save_config = config_from(cross ? j["save"] : j["config"], defaults, at);
@@ -327,16 +327,20 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
 }
 
 CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& preset_or_path) {
-  if (std::filesystem::is_regular_file(preset_or_path)) {
+  const std::vector<std::string> presets = preset_names();
+  const bool preset = std::find(presets.begin(), presets.end(), preset_or_path) != presets.end();
+  std::error_code ec;
+  if (!preset && (std::filesystem::exists(preset_or_path, ec) || preset_or_path.find('/') != std::string::npos ||
+                  preset_or_path.find(".json") != std::string::npos)) {
+    const std::string where = "case matrix file " + preset_or_path;
+    MIH_CHECK(std::filesystem::exists(preset_or_path, ec), where, " does not exist; give a JSON matrix file or a preset (",
+              "cpu-smoke, cpu-smoke-variants, cpu-full)");
+    MIH_CHECK(std::filesystem::is_regular_file(preset_or_path, ec), where, " is not a file (a directory?); give a JSON ",
+              "matrix file or a preset");
     std::string text;
-    MIH_CHECK(read_file(preset_or_path, &text), "case matrix file ", preset_or_path, " cannot be read");
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      MIH_THROW(Code::kInvalidSpec, "case matrix file ", preset_or_path, " is not valid JSON: ", e.what());
-    }
-    return with_context("case matrix file " + preset_or_path, [&] { return resolve_matrix(spec, j); });
+    MIH_CHECK(read_file(preset_or_path, &text), where, " cannot be read");
+    const json j = parse_json_strict(text, where);
+    return with_context(where, [&] { return resolve_matrix(spec, j); });
   }
   return resolve_matrix(spec, preset_json(preset_or_path));
 }

@@ -40,9 +40,10 @@ class ParallelModel : public torch::nn::Module {
   /// Shape: batch [b, s] -> per-token losses [b, s] (0 where labels == -100), replicated
   /// over tp.
   virtual at::Tensor token_losses(const Batch& batch) = 0;
-  /// Declares the FSDP units (after construction, before the optimizer). Default: the whole
-  /// model is one unit named "root". Override to make each decoder layer a unit and the root
-  /// the rest.
+  /// Declares the FSDP units (after construction, before the optimizer): the units decide
+  /// what each all-gather and reduce-scatter moves (CommVolume) and what is resident at once.
+  /// Default: the whole model is one unit named "root". Override to make each decoder layer
+  /// a unit and the root the rest (ctx.fully_shard per unit).
   virtual void apply_fsdp(ParallelContext& ctx) { ctx.fully_shard(*this, "root"); }
 };
 

@@ -116,7 +116,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   write_file_atomic(dir + "/broken.json", "{\"cases\": [");
   CliRun broken = mih("matrix --spec llama --matrix " + dir + "/broken.json");
   EXPECT_EQ(broken.status, exit_status(Code::kInvalidSpec)) << broken.output;
-  EXPECT_THAT(broken.output, HasSubstr("is not valid JSON"));
+  EXPECT_THAT(broken.output, HasSubstr("broken.json is not JSON"));
   CliRun preset = mih("matrix --spec llama --preset gpu-smoke");
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
   EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-smoke-variants, cpu-full"));
@@ -438,14 +438,16 @@ TEST(CliConformanceTest, NothingSelectedOrNothingRunnableIsAnError) {
   write_file_atomic(tp4, R"({"name": "tp4", "dtype": "float64", "reference": false, "cases": [{"tp": 4}]})");
   CliRun nothing = mih("test --prefixes Llama --matrix " + tp4.string() + r);
   EXPECT_EQ(nothing.status, exit_status(Code::kInvalidSpec)) << nothing.output;
-  EXPECT_THAT(nothing.output, AllOf(HasSubstr("matrix 'tp4' has no case spec 'llama' can run; rejected: Tp4 (tp=4 does not "
-                                              "divide 2"),
+  EXPECT_THAT(nothing.output, AllOf(HasSubstr("matrix 'tp4' has no parallel case spec 'llama' can run; rejected: Tp4 (tp=4 "
+                                              "does not divide 2"),
                                     HasSubstr("`mih matrix --spec llama --matrix")));
   const std::filesystem::path with_ref = root / "tp4_ref.json";
   write_file_atomic(with_ref, R"({"name": "tp4r", "dtype": "float64", "cases": [{"tp": 4}]})");
   CliRun filtered = mih("test --prefixes Llama --matrix " + with_ref.string() + r + " --gtest_filter='Llama/*.*/Tp4'");
   EXPECT_EQ(filtered.status, exit_status(Code::kInvalidSpec)) << filtered.output;
-  EXPECT_THAT(filtered.output, HasSubstr("rejected Tp4: tp=4 does not divide 2"));
+  // Its only parallel case rejected, the reference alone is not a run either.
+  EXPECT_THAT(filtered.output, HasSubstr("matrix 'tp4r' has no parallel case spec 'llama' can run; rejected: Tp4 (tp=4 "
+                                         "does not divide 2"));
   CliRun run = mih("run --spec llama --case Tp4 --matrix " + with_ref.string() + " --evidence-root " + root.string());
   EXPECT_EQ(run.status, exit_status(Code::kInvalidSpec)) << run.output;
   EXPECT_THAT(run.output, HasSubstr("case 'Tp4' of matrix 'tp4r' cannot run spec 'llama': tp=4 does not divide 2"));
@@ -462,7 +464,14 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   ASSERT_EQ(run.status, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("llama/Reference: launching 1 rank(s)"));
   EXPECT_THAT(run.output, HasSubstr("llama/Tp2Sp: launching 2 rank(s)"));
-  const auto results = jsonl(root / "results.jsonl");
+  auto results = jsonl(root / "results.jsonl");
+  // The process's start line (the tests it will run) first, its end line last.
+  ASSERT_GE(results.size(), 2u);
+  EXPECT_EQ(results.front()["run"]["event"], "start");
+  EXPECT_EQ(results.front()["run"]["tests"].size(), 34u);
+  EXPECT_EQ(results.back()["run"]["event"], "end");
+  EXPECT_EQ(results.back()["run"]["completed"], 34);
+  results = std::vector<nlohmann::json>(results.begin() + 1, results.end() - 1);
   // The TEST_Ps of the suites the suite table applies to Tp2Sp (llama declares no modality;
   // no FSDP, resume or activation checkpointing here), and nothing skipped.
   ASSERT_EQ(results.size(), 34u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests

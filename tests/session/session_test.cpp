@@ -448,17 +448,17 @@ TEST(SharedStateCheckTest, NamesMissingProducersAndConsumersEarlyConsumesAndRepu
   const std::vector<spec::SharedStateSpec> declared = {{"rotary.cos", "rotary_emb", {"layers.*"}},
                                                        {"vision.features", "vision_tower", {"multi_modal_projector"}}};
   const std::vector<SharedStateEvent> good = {
-      {"rotary.cos", "publish", "rotary_emb", "rotary_emb", 0, 0, false},
-      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, false},
-      {"vision.features", "publish", "vision_tower", "vision_tower", 1, 0, false},
-      {"vision.features", "consume", "multi_modal_projector", "vision_tower", 1, 0, false},
-      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, true}};
+      {"rotary.cos", "publish", "rotary_emb", "rotary_emb", 0, 0, ""},
+      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, ""},
+      {"vision.features", "publish", "vision_tower", "vision_tower", 1, 0, ""},
+      {"vision.features", "consume", "multi_modal_projector", "vision_tower", 1, 0, ""},
+      {"rotary.cos", "consume", "layers.0", "rotary_emb", 0, 0, "layers.0"}};
   EXPECT_THAT(codes(checks::check_shared_state(good, declared, 0).findings), IsEmpty());
   const std::vector<SharedStateEvent> bad = {
-      {"rotary.cos", "consume", "layers.0", "", -1, 0, false},
-      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 2, 0, false},
-      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 3, 0, true},
-      {"routing.counts", "publish", "layers.1.mlp", "layers.1.mlp", 4, 0, false}};
+      {"rotary.cos", "consume", "layers.0", "", -1, 0, ""},
+      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 2, 0, ""},
+      {"rotary.cos", "publish", "layers.0.self_attn", "layers.0.self_attn", 3, 0, "layers.0"},
+      {"routing.counts", "publish", "layers.1.mlp", "layers.1.mlp", 4, 0, ""}};
   const FindingReport r = checks::check_shared_state(bad, declared, 3).findings;
   EXPECT_THAT(codes(r), Contains("MIH-SHARED-003 rotary.cos"));
   EXPECT_THAT(codes(r), Contains("MIH-SHARED-004 rotary.cos"));
@@ -473,10 +473,10 @@ TEST(SharedStateCheckTest, NamesMissingProducersAndConsumersEarlyConsumesAndRepu
   }
   for (const auto& f : r.findings()) {
     if (f.code == "MIH-SHARED-004") {
-      EXPECT_THAT(f.message, HasSubstr("published 2 times in forward 0 (again in the activation-checkpoint recompute)"));
+      EXPECT_THAT(f.message, HasSubstr("published 2 times in forward 0 (again in the activation-checkpoint recompute of region 'layers.0')"));
     }
   }
-  const std::vector<SharedStateEvent> unconsumed = {{"vision.features", "publish", "vision_tower", "vision_tower", 0, 0, false}};
+  const std::vector<SharedStateEvent> unconsumed = {{"vision.features", "publish", "vision_tower", "vision_tower", 0, 0, ""}};
   EXPECT_THAT(codes(checks::check_shared_state(unconsumed, {declared[1]}, 0).findings),
               Contains("MIH-SHARED-002 vision.features"));
 }

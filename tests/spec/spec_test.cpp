@@ -153,14 +153,14 @@ TEST(SharedStateTest, RecordsPublishAndConsumeWithRecompute) {
     t.step();
     std::vector<std::string> seen;
     for (const auto& e : t.context().shared_state().events()) {
-      seen.push_back(e.action + " " + e.key + " " + e.layer + (e.recompute ? " (recompute)" : ""));
+      seen.push_back(e.action + " " + e.key + " " + e.layer + (e.recompute_region.empty() ? "" : " (recompute of " + e.recompute_region + ")"));
     }
     EXPECT_THAT(seen, ElementsAre("publish rotary.cos rotary_emb", "publish rotary.sin rotary_emb",
                                   "consume rotary.cos layers.0", "consume rotary.sin layers.0",
                                   "consume rotary.cos layers.1", "consume rotary.sin layers.1",
                                   "publish layers.1.mlp.expert_counts layers.1.mlp",
                                   "consume layers.1.mlp.expert_counts layers.1.mlp",
-                                  "consume layers.1.mlp.expert_counts layers.1.mlp (recompute)"));
+                                  "consume layers.1.mlp.expert_counts layers.1.mlp (recompute of layers.1)"));
     EXPECT_THAT([&] { t.context().shared_state().consume("vision.features", "merge"); },
                 ThrowsMessage<Error>(HasSubstr("shared state 'vision.features' is consumed by 'merge' before any layer")));
   });

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Hostile input and a hostile environment get their documented outcome (ctest RunnerHostile,
+label runtime): black-box runs of the real `mih` binary, real rank processes, real signals, a
+real small tmpfs and a read-only mount (as root; skipped with the reason otherwise).
+
+5. A full disk: exit 12 naming the path and the free space, whole lines in results.jsonl,
+   the report saying "incomplete: K of N tests", the case not relaunched test after test;
+   SIGINT/SIGTERM of the parent: the ranks stopped, what is done written and said (exit
+   128 + the signal), the report incomplete, a rerun finishing the run.
+6. No abort and the right exit code: an evidence root that is a file, a symlink loop or
+   read-only (12); malformed option values (2, naming the option); `mih compare` with a bad
+   tolerance (2), of two specs (12), of directories that do not exist (12, nothing created);
+   `mih check` of a directory holding another case's evidence or of a damaged case record
+   (12, naming it).
+7. Strict JSON: floats, booleans, strings and overflow where integers go, duplicate keys,
+   an empty case list, max_world_size < 1, a missing file or a directory (11, naming the
+   file and the field); more ranks than the local launcher can carry is warned about.
+8. Exposure: an inherited GLOO_SOCKET_IFNAME does not move a local run off loopback; a
+   --run-id that is a path is refused; an exported MIH_FAULT changes no run (the worker says
+   it ignores it) and a fault given with --fault is printed on the rank's first line and in
+   every failing test.
+
+Exit status: 0 every check held; 1 otherwise; 2 usage."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from outcomes import FAILURES, check, rank_pids, run, wait_for  # noqa: E402
+
+LLAMA_TWO = "--gtest_filter=Llama/*.*/Reference:Llama/*.*/DpShard2"
+
+
+def is_root():
+    return os.geteuid() == 0
+
+
+def mount_tmpfs(path, size, options=""):
+    os.makedirs(path, exist_ok=True)
+    opts = f"size={size}" + ("," + options if options else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], capture_output=True, text=True)
+    return r.returncode == 0, r.stderr.strip()
+
+
+def umount(path):
+    subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def jsonl_whole(path):
+    """(every line is JSON and ends with a newline, the lines)."""
+    if not os.path.exists(path):
+        return True, []
+    data = open(path, "rb").read()
+    if data and not data.endswith(b"\n"):
+        return False, []
+    rows = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            return False, rows
+    return True, rows
+
+
+def full_disk(mih, work):
+    if not is_root():
+        print("skip  5a: a full disk needs a tmpfs mount, which needs root")
+        return
+    mnt = os.path.join(work, "full")
+    ok, err = mount_tmpfs(mnt, "1m")
+    if not ok:
+        print(f"skip  5a: cannot mount a tmpfs ({err})")
+        return
+    try:
+        root = os.path.join(mnt, "root")
+        r = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", LLAMA_TWO])
+        out = r.stdout
+        check(r.returncode == 12, f"5a: a full disk is exit 12 (got {r.returncode})", out[-3000:])
+        check("No space left on device" in out and "MiB free" in out, "5a: the error names the cause and the free space",
+              out[-3000:])
+        check(out.count("llama/Reference: launching") <= 1 and out.count("llama/DpShard2: launching") <= 1,
+              "5a: no case is launched more than once", out[-3000:])
+        whole, rows = jsonl_whole(os.path.join(root, "results.jsonl"))
+        check(whole, "5a: results.jsonl holds whole lines only")
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                if f.endswith(".jsonl"):
+                    w, _ = jsonl_whole(os.path.join(dirpath, f))
+                    check(w, f"5a: {os.path.relpath(os.path.join(dirpath, f), root)} holds whole lines only")
+        starts = [row["run"] for row in rows if "run" in row and row["run"].get("event") == "start"]
+        expected = len(starts[-1]["tests"]) if starts else 0
+        recorded = len({row["name"] for row in rows if "name" in row})
+        rep = run(mih, ["report", root, "--format", "md"])
+        if recorded < expected:
+            check(f"incomplete: {recorded} of {expected} tests" in rep.stdout,
+                  f"5a: the report says incomplete: {recorded} of {expected} tests", rep.stdout[:1500])
+        else:
+            check("incomplete" not in rep.stdout, "5a: every test was recorded and the report says complete")
+        # Space again: the rerun relaunches what did not complete and passes.
+        os.makedirs(os.path.join(work, "moved"), exist_ok=True)
+        shutil.copytree(root, os.path.join(work, "moved", "root"))
+    finally:
+        umount(mnt)
+    root = os.path.join(work, "moved", "root")
+    again = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress", LLAMA_TWO])
+    check(again.returncode == 0, f"5a: with space again the rerun passes (exit {again.returncode})", again.stdout[-3000:])
+    rep = run(mih, ["report", root, "--format", "md"])
+    check(rep.returncode == 0 and "incomplete" not in rep.stdout, "5a: and the report of the root is complete",
+          rep.stdout[:1500])
+
+
+def interrupted(mih, work, sig):
+    name = signal.Signals(sig).name
+    root = os.path.join(work, "int-" + name)
+    p = subprocess.Popen([mih, "test", "--evidence-root", root, "--gtest_brief=1", LLAMA_TWO],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    case_dir = os.path.join(root, "llama", "DpShard2")
+    pids = wait_for(lambda: len(rank_pids(case_dir)) == 2 and rank_pids(case_dir), 90)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=60)
+    check(pids is not None, f"5b: {name}: the run was signalled while a 2-rank case trained", out[-2000:])
+    check(p.returncode == 128 + sig, f"5b: {name} exits {128 + sig} (got {p.returncode})", out[-2000:])
+    check(f"interrupted by {name}" in out and "rerun the same command" in out, f"5b: {name}: it says so and what to do",
+          out[-2000:])
+    check(wait_for(lambda: not rank_pids(case_dir), 10) is not None or not rank_pids(case_dir),
+          f"5b: {name}: no rank outlives it")
+    whole, rows = jsonl_whole(os.path.join(root, "results.jsonl"))
+    ends = [row["run"] for row in rows if "run" in row and row["run"].get("event") == "end"]
+    check(whole and ends and ends[-1].get("interrupted") == name,
+          f"5b: {name}: results.jsonl is whole and its end line says interrupted", json.dumps(ends)[:500])
+    rep = run(mih, ["report", root, "--format", "md"])
+    check("incomplete:" in rep.stdout and f"interrupted by {name}" in rep.stdout,
+          f"5b: {name}: the report says incomplete and why", rep.stdout[:1500])
+    run_json = os.path.join(case_dir, "case_run.json")
+    if os.path.exists(run_json):
+        check(json.load(open(run_json)).get("outcome") == "interrupted", f"5b: {name}: the case is recorded as interrupted")
+    again = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress", LLAMA_TWO])
+    check(again.returncode == 0, f"5b: {name}: the rerun finishes the run (exit {again.returncode})", again.stdout[-2000:])
+    rep = run(mih, ["report", root, "--format", "md"])
+    check("incomplete" not in rep.stdout, f"5b: {name}: and its report is complete", rep.stdout[:1000])
+
+
+def bad_inputs(mih, work):
+    target = os.path.join(work, "afile")
+    open(target, "w").close()
+    sel = "--gtest_filter=Llama/*.*/Reference"
+    r = run(mih, ["test", "--evidence-root", target, "--no-progress", sel])
+    check(r.returncode == 12 and target in r.stdout, f"6: an evidence root that is a file is exit 12 naming it "
+          f"(got {r.returncode})", r.stdout[-1500:])
+    loop = os.path.join(work, "loop1")
+    if not os.path.lexists(loop):
+        os.symlink(os.path.join(work, "loop2"), loop)
+        os.symlink(loop, os.path.join(work, "loop2"))
+    r = run(mih, ["test", "--evidence-root", os.path.join(loop, "x"), "--no-progress", sel])
+    check(r.returncode == 12 and "symbolic links" in r.stdout, f"6: a symlink loop is exit 12 (got {r.returncode})",
+          r.stdout[-1500:])
+    if is_root():
+        ro = os.path.join(work, "ro")
+        ok, err = mount_tmpfs(ro, "1m", "ro")
+        if ok:
+            try:
+                r = run(mih, ["test", "--evidence-root", os.path.join(ro, "root"), "--no-progress", sel])
+                check(r.returncode == 12 and "Read-only file system" in r.stdout,
+                      f"6: a read-only evidence root is exit 12, not a verdict (got {r.returncode})", r.stdout[-1500:])
+            finally:
+                umount(ro)
+        else:
+            print(f"skip  6: read-only mount: {err}")
+    else:
+        print("skip  6: a read-only mount needs root")
+    for value in ("abc", "1e400", "0", "-5", "nan"):
+        r = run(mih, ["test", "--case-timeout", value, sel])
+        check(r.returncode == 2 and "--case-timeout" in r.stdout, f"6: --case-timeout {value} is a usage error (exit 2, "
+              f"got {r.returncode})", r.stdout[-600:])
+
+
+def evidence_inputs(mih, work):
+    root = os.path.join(work, "evidence")
+    r = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress",
+                  "--gtest_filter=Llama/*.*/Reference:Moe/*.*/Reference"])
+    check(r.returncode == 0, f"6: the evidence for the compare and check inputs is made (exit {r.returncode})",
+          r.stdout[-2000:])
+    ref, moe = os.path.join(root, "llama", "Reference"), os.path.join(root, "moe", "Reference")
+    for tol in ("-1", "nan"):
+        c = run(mih, ["compare", "--tolerance", tol, ref, ref])
+        check(c.returncode == 2 and "--tolerance" in c.stdout, f"6: compare --tolerance {tol} is exit 2 "
+              f"(got {c.returncode})", c.stdout[-600:])
+    c = run(mih, ["compare", ref, moe])
+    check(c.returncode == 12 and "spec 'llama'" in c.stdout and "spec 'moe'" in c.stdout,
+          f"6: compare of two specs says so (exit 12, got {c.returncode})", c.stdout[-600:])
+    missing = os.path.join(work, "nothing", "here")
+    c = run(mih, ["compare", missing, ref])
+    check(c.returncode == 12 and not os.path.exists(missing), f"6: compare of a missing directory is exit 12 and "
+          f"creates nothing (got {c.returncode})", c.stdout[-600:])
+    copy = os.path.join(work, "copy", "llama", "DpShard2")
+    shutil.copytree(ref, copy)
+    c = run(mih, ["check", copy])
+    check(c.returncode == 12 and "holds the evidence of llama/Reference" in c.stdout,
+          f"6: check of a directory holding another case's evidence is exit 12 naming it (got {c.returncode})",
+          c.stdout[-800:])
+    damaged = os.path.join(work, "damaged")
+    shutil.copytree(root, damaged, ignore=shutil.ignore_patterns("moe"))
+    with open(os.path.join(damaged, "llama", "Reference", "case_run.json"), "wb") as f:
+        f.write(os.urandom(3000))
+    c = run(mih, ["check", damaged])
+    check(c.returncode == 12 and "case_run.json" in c.stdout and "rerun the case" in c.stdout,
+          f"6: check of a damaged case record is exit 12 naming the file (got {c.returncode})", c.stdout[-800:])
+
+
+def strict_json(mih, work):
+    base = {"name": "m", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4}
+    bad = {
+        "float": (dict(base, cases=[{"dp_shard": 2.5}]), "'dp_shard' must be an integer"),
+        "bool": (dict(base, cases=[{"dp_shard": True}]), "'dp_shard' must be an integer"),
+        "overflow": (dict(base, cases=[{"dp_shard": 2147483648}]), "fits in 32 bits"),
+        "steps": (dict(base, steps="three", cases=[{"dp_shard": 2}]), "'steps' must be an integer"),
+        "world": (dict(base, max_world_size=-1, cases=[{"dp_shard": 2}]), "'max_world_size' must be an integer in [1"),
+        "empty": (dict(base, cases=[]), "'cases' is empty"),
+        "reference": (dict(base, reference=1, cases=[{"dp_shard": 2}]), "'reference' must be true or false"),
+    }
+    for name, (matrix, expect) in bad.items():
+        path = os.path.join(work, name + ".json")
+        with open(path, "w") as f:
+            json.dump(matrix, f)
+        r = run(mih, ["matrix", "--spec", "llama", "--matrix", path])
+        check(r.returncode == 11 and expect in r.stdout and path in r.stdout,
+              f"7: matrix {name}: exit 11 naming the file and the field (got {r.returncode})", r.stdout[-600:])
+    dup = os.path.join(work, "dup.json")
+    with open(dup, "w") as f:
+        f.write('{"name": "d", "steps": 3, "steps": 4, "cases": [{"dp_shard": 2}]}')
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", dup])
+    check(r.returncode == 11 and "'steps' appears twice" in r.stdout, f"7: a duplicate key is exit 11 (got "
+          f"{r.returncode})", r.stdout[-600:])
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", os.path.join(work, "absent.json")])
+    check(r.returncode == 11 and "does not exist" in r.stdout, f"7: a missing matrix file is said as such (got "
+          f"{r.returncode})", r.stdout[-600:])
+    os.makedirs(os.path.join(work, "dir.json"), exist_ok=True)
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", os.path.join(work, "dir.json")])
+    check(r.returncode == 11 and "not a file" in r.stdout, f"7: a directory is said as such (got {r.returncode})",
+          r.stdout[-600:])
+    rejected = os.path.join(work, "rejected.json")
+    with open(rejected, "w") as f:
+        json.dump(dict(base, cases=[{"tp": 4}]), f)
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", rejected])
+    check(r.returncode == 11 and "rejected Tp4" in r.stdout, f"7: a matrix with no runnable case is exit 11 with the "
+          f"arithmetic (got {r.returncode})", r.stdout[-600:])
+    many = os.path.join(work, "many.json")
+    with open(many, "w") as f:
+        json.dump(dict(base, max_world_size=64, cases=[{"dp_shard": 8}]), f)
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", many])
+    cores = os.cpu_count() or 1
+    if 8 > 2 * cores:
+        check(r.returncode == 0 and "warning" in r.stdout and "CPU cores" in r.stdout,
+              f"7: 8 ranks on {cores} cores is warned about", r.stdout[-600:])
+
+
+def exposure(mih, work):
+    root = os.path.join(work, "exposure")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="mihnosuch0", MIH_FAULT="F03")
+    r = subprocess.run([mih, "run", "--spec", "llama", "--case", "DpShard2", "--evidence-root", root], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(r.returncode == 0, f"8: an inherited GLOO_SOCKET_IFNAME and MIH_FAULT change nothing of a local run "
+          f"(exit {r.returncode})", r.stdout[-2000:])
+    record = json.load(open(os.path.join(root, "llama", "DpShard2", "case_run.json")))
+    check(record.get("fault") == "", "8: the case ran fault-free", json.dumps(record)[:300])
+    r = run(mih, ["launch", "--world-size", "1", "--evidence-root", os.path.join(work, "launch"), "--run-id", "../../x",
+                  "selftest"])
+    check(r.returncode in (2, 11) and "--run-id" in r.stdout and not os.path.exists(os.path.join(work, "..", "x")),
+          f"8: a --run-id that is a path is refused (got {r.returncode})", r.stdout[-600:])
+    # The torchrun path: a worker started with an ambient MIH_FAULT says it ignores it.
+    rundir = os.path.join(work, "worker")
+    env = dict(os.environ, MIH_FAULT="F03", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="29731")
+    w = subprocess.run([mih, "worker", "--run-dir", rundir, "--gloo-host", "127.0.0.1", "selftest", "--dtypes",
+                        "float32"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check("ignoring MIH_FAULT=F03" in w.stdout, f"8: a worker under an outside launcher ignores MIH_FAULT, saying so "
+          f"(exit {w.returncode})", w.stdout[-1500:])
+    # A fault given on the command line is printed on the rank's first line and in every failure.
+    root = os.path.join(work, "fault")
+    t = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress", "--fault", "F03",
+                  "--fault-cases", "DpShard2", LLAMA_TWO])
+    log = os.path.join(root, "llama", "DpShard2", "run", "train", "logs", "rank0.log")
+    first = open(log).readline() if os.path.exists(log) else ""
+    check("FAULT F03 IN EFFECT" in first, "8: the faulty rank's log says so on its first line", first)
+    _, rows = jsonl_whole(os.path.join(root, "results.jsonl"))
+    failed = [row for row in rows if row.get("status") == "failed"]
+    check(t.returncode == 1 and failed and all("fault F03 is injected" in row["message"] for row in failed),
+          f"8: every failing test of the faulty case names the fault ({len(failed)} failed, exit {t.returncode})",
+          t.stdout[-1500:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mih", required=True)
+    ap.add_argument("--work", required=True, help="scratch directory (emptied)")
+    a = ap.parse_args()
+    for sub in ("full", "ro"):
+        umount(os.path.join(a.work, sub))
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    t0 = time.time()
+    full_disk(a.mih, a.work)
+    interrupted(a.mih, a.work, signal.SIGINT)
+    interrupted(a.mih, a.work, signal.SIGTERM)
+    bad_inputs(a.mih, a.work)
+    evidence_inputs(a.mih, a.work)
+    strict_json(a.mih, a.work)
+    exposure(a.mih, a.work)
+    print(f"{'all' if not FAILURES else len(FAILURES)} {'checks held' if not FAILURES else 'check(s) failed'} "
+          f"in {time.time() - t0:.0f} s")
+    return 0 if not FAILURES else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
