@@ -87,6 +87,8 @@ std::string free_space_text(const std::filesystem::path& path) {
 }
 
 bool read_file(const std::filesystem::path& path, std::string* contents) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;  // a FIFO or a device would block
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   std::ostringstream buffer;

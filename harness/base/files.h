@@ -25,7 +25,8 @@ void append_whole(const std::filesystem::path& path, std::string_view text);
 /// parent); "" if it cannot be asked.
 std::string free_space_text(const std::filesystem::path& path);
 
-/// Reads the whole file into *contents; returns false if it cannot be read.
+/// Reads the whole file into *contents; returns false if it cannot be read or is not a
+/// regular file (a FIFO, a device, a directory).
 bool read_file(const std::filesystem::path& path, std::string* contents);
 
 /// Returns the last `lines` lines of the file (all of it if shorter; "" if unreadable),

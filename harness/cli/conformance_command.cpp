@@ -433,6 +433,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
   o.only_spec = f.only_spec;
+  if (!o.only_spec.empty()) static_cast<void>(spec::SpecRegistry::instance().get(o.only_spec));  // unknown: exit 11
   for (const auto& x : f.prefixes) {
     MIH_CHECK(cases::find_registration(x) != nullptr, "--prefixes: no MIH_CONFORMANCE_SUITES registration '", x,
               "' is linked");

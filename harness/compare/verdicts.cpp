@@ -66,7 +66,7 @@ const json& CaseEvidence::json(const std::string& relative) const {
   try {
     j = parse_json_strict(text, "evidence file " + file.string());
   } catch (const Error& e) {
-    MIH_THROW(Code::kInvalidSpec, e.message(), ": it was truncated or edited; rerun the case");
+    MIH_THROW(Code::kFailedPrecondition, e.message(), ": it was truncated or edited; rerun the case");
   }
   return json_.emplace(relative, std::move(j)).first->second;
 }
@@ -75,12 +75,16 @@ const std::vector<json>& CaseEvidence::jsonl(const std::string& relative) const 
   auto it = jsonl_.find(relative);
   if (it != jsonl_.end()) return it->second;
   const fs::path file = dir_ / relative;
-  std::ifstream in(file);
-  if (!in) {
+  std::string text;
+  if (!read_file(file, &text)) {
     MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " is missing from ", dir_.string(),
               ": the case did not finish, or this directory belongs to another run; rerun the case");
   }
+  // mih writes whole lines: a last line without its newline is a damaged file, not data.
+  MIH_CHECK_CODE(text.empty() || text.back() == '\n', Code::kFailedPrecondition, "evidence file ", file.string(),
+                 " ends in the middle of a line: it was truncated or edited; rerun the case");
   std::vector<nlohmann::json> rows;
+  std::istringstream in(text);
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -89,7 +93,8 @@ const std::vector<json>& CaseEvidence::jsonl(const std::string& relative) const 
     try {
       rows.push_back(nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kInvalidSpec, "evidence file ", file.string(), " line ", n, " is not JSON (", e.what(), ")");
+      MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " line ", n, " is not JSON (", e.what(),
+                "): it was truncated or edited; rerun the case");
     }
   }
   return jsonl_.emplace(relative, std::move(rows)).first->second;

@@ -127,10 +127,14 @@ std::vector<nlohmann::json> EvidenceDir::read_jsonl(std::string_view relative) c
     try {
       out.push_back(nlohmann::json::parse(text.substr(start, end - start)));
     } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kInvalidSpec, path.string(), " line ", line, " is not JSON: ", e.what());
+      MIH_THROW(Code::kFailedPrecondition, path.string(), " line ", line, " is not JSON (", e.what(),
+                "): it was truncated or edited; rerun the case");
     }
   }
-  return out;  // a last line without "\n" was torn by a crash: dropped
+  // Writers append whole lines: a last line without its newline is damage, not data.
+  MIH_CHECK_CODE(start == text.size(), Code::kFailedPrecondition, path.string(),
+                 " ends in the middle of a line: it was truncated or edited; rerun the case");
+  return out;
 }
 
 nlohmann::json EvidenceDir::read_json(std::string_view relative) const {

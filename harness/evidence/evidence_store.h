@@ -40,8 +40,9 @@ class EvidenceDir {
   /// Appends `j` as one line (compact JSON + "\n") with a single O_APPEND write, so
   /// concurrent appenders and a crash leave only whole lines.
   void append_jsonl(std::string_view relative, const nlohmann::json& j) const;
-  /// The whole lines of a JSONL file; a last line without its newline (a torn write) is
-  /// dropped. Throws: kInvalidSpec naming the file and line for a line that is not JSON.
+  /// The lines of a JSONL file.
+  /// Throws: kFailedPrecondition naming the file (and line) when it cannot be read, a line is
+  ///   not JSON or the last line has no newline (truncated or edited evidence).
   std::vector<nlohmann::json> read_jsonl(std::string_view relative) const;
   /// Reads a JSON file. Throws: kFailedPrecondition if missing; kInvalidSpec if not JSON.
   nlohmann::json read_json(std::string_view relative) const;

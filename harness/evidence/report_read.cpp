@@ -205,8 +205,9 @@ RunResults read_run_results(const fs::path& root) {
   MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read '", file.string(), "'");
 
   std::map<std::string, TestResult> by_name;  // a rerun test: its last line wins
-  std::set<std::string> expected;  // every test a process of the run set out to run
-  std::string interrupted;         // the signal an end line names
+  std::map<std::string, int> last_start;   // test -> line of the last start line listing it
+  std::map<std::string, int> last_result;  // test -> line of its last result
+  std::string interrupted;                 // the signal the last end line names
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     const std::string where = file.string() + " line " + std::to_string(line_number);
     json j;
@@ -220,31 +221,43 @@ RunResults read_run_results(const fs::path& root) {
       const json& m = j["run"];
       MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
                 ": a 'run' line must be an object with an 'event'");
-      if (m["event"] == "start" && m.contains("tests") && m["tests"].is_array()) {
+      const std::string event = m["event"].get<std::string>();
+      MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '", event,
+                "'");
+      if (event == "start") {
+        MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
         for (const auto& n : m["tests"]) {
-          if (n.is_string()) expected.insert(n.get<std::string>());
+          MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", n.dump());
+          last_start[n.get<std::string>()] = line_number;
         }
       }
-      if (m["event"] == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
+      if (event == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
         interrupted = m["interrupted"].get<std::string>();
+      } else if (event == "end") {
+        interrupted.clear();  // a later run that ended by itself
       }
       return;
     }
     TestResult t = parse_result_line(j, where);
+    last_result[t.name] = line_number;
     by_name[t.name] = std::move(t);
   });
 
   RunResults run;
   run.root = root;
-  // Incomplete: a test some process set out to run has no result (the run was interrupted,
-  // its process died, or its disk filled).
-  if (!expected.empty()) {
+  // Incomplete: a test has no result after the last start line that lists it (the run was
+  // interrupted, its process died, or its disk filled); an older result does not count.
+  if (!last_start.empty()) {
     int done = 0;
-    for (const auto& name : expected) done += by_name.count(name) ? 1 : 0;
-    run.expected_tests = static_cast<int>(expected.size());
+    for (const auto& [name, start] : last_start) {
+      const auto r = last_result.find(name);
+      done += r != last_result.end() && r->second > start ? 1 : 0;
+    }
+    run.expected_tests = static_cast<int>(last_start.size());
     if (done < run.expected_tests) {
       run.incomplete = "incomplete: " + std::to_string(done) + " of " + std::to_string(run.expected_tests) + " tests (" +
-                       (interrupted.empty() ? std::string("the run did not finish: its process ended early or is still running")
+                       (interrupted.empty() ? std::string("tests listed by a start line have no result after it: a process ended "
+                                                         "early, its disk filled, or it is still running")
                                             : "interrupted by " + interrupted) +
                        "; rerun the same command on this root to finish)";
     }

@@ -69,7 +69,9 @@ inline CLI::Option* add_seconds(CLI::App& app, const std::string& name, std::chr
   auto* option = app.add_option_function<std::string>(
       name,
       [&target, name, min_s](const std::string& value) {
-        const std::string problem = at_least(min_s)(const_cast<std::string&>(value));
+        std::string problem = at_least(min_s)(const_cast<std::string&>(value));
+        // A week at most: beyond it no run is meant, and milliseconds on the steady clock overflow.
+        if (problem.empty() && std::stod(value) > 604800.0) problem = "must be <= 604800 (a week), got '" + value + "'";
         if (!problem.empty()) throw CLI::ValidationError(name, problem);
         target = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(std::stod(value) * 1000.0)));
       },

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -137,6 +138,12 @@ int interrupt_signal() { return launcher_internal::pending_interrupt(); }
 LaunchResult launch(const LaunchOptions& options) {
   const bool templated = !options.command_template.empty();
   MIH_CHECK(options.world_size >= 1, "launch: world_size must be >= 1, got ", options.world_size);
+  // Local ranks are processes of this machine: a world far beyond its cores is a typo, and
+  // starting it would swamp the machine before any rank could fail.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  MIH_CHECK(!options.command_template.empty() || options.world_size <= 16 * cores, "launch: ", options.world_size,
+            " local ranks on ", cores, " CPU core(s) is more than this machine can run (at most ", 16 * cores,
+            "); use a command template (--launcher \"srun ... {cmd}\") to spread ranks over hosts");
   MIH_CHECK(!options.command.empty(), "launch: the rank command is empty");
   MIH_CHECK(!templated || options.command_template.find("{cmd}") != std::string::npos,
             "launcher template '", options.command_template,

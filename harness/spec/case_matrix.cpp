@@ -251,7 +251,12 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   auto add = [&](Case c) {
     c.steps = steps;  // the matrix's: a case has no steps of its own
     for (const auto& existing : out.cases) {
-      if (existing.name == c.name) return;  // the same case listed twice runs once
+      if (existing.name != c.name) continue;
+      // The same case listed twice runs once; two different cases under one name would lose one.
+      MIH_CHECK(json(existing) == json(c), where, ": two cases are both named ", c.name, " but differ (",
+                json(existing).dump(), " vs ", json(c).dump(), "); a name comes from the mesh and its knobs, not ",
+                "the seed or dtype: give them distinct configs or drop one");
+      return;
     }
     std::string problem = topology_problem(spec, c.config, global_batch, max_world);
     if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);

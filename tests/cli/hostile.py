@@ -11,8 +11,12 @@ real small tmpfs and a read-only mount (as root; skipped with the reason otherwi
    read-only (12); malformed option values (2, naming the option); `mih compare` with a bad
    tolerance (2), of two specs (12), of directories that do not exist (12, nothing created);
    `mih check` of a directory holding another case's evidence or of a damaged case record
-   (12, naming it).
+   (12, naming it); a truncated or FIFO evidence file (12, never a divergence or a hang); a
+   timeout too large to count (2); an unknown --only-spec (11); 100000 local ranks (11,
+   before any starts); a report never counting an older result of a test the last run did
+   not finish.
 7. Strict JSON: floats, booleans, strings and overflow where integers go, duplicate keys,
+   two different cases under one name,
    an empty case list, max_world_size < 1, a missing file or a directory (11, naming the
    file and the field); more ranks than the local launcher can carry is warned about.
 8. Exposure: an inherited GLOO_SOCKET_IFNAME does not move a local run off loopback; a
@@ -214,6 +218,54 @@ def evidence_inputs(mih, work):
           f"6: check of a damaged case record is exit 12 naming the file (got {c.returncode})", c.stdout[-800:])
 
 
+def damaged_evidence(mih, work):
+    """Evidence damaged the ways a disk, an editor or a copy damages it: exit 12, never a hang,
+    never a verdict; a report never counts an older result for a test a later run did not finish."""
+    ref = os.path.join(work, "evidence", "llama", "Reference")
+    a, b = os.path.join(work, "dmg", "a", "llama", "Reference"), os.path.join(work, "dmg", "b", "llama", "Reference")
+    shutil.copytree(ref, a)
+    shutil.copytree(ref, b)
+    metrics = os.path.join(b, "cases", "runtime", "metrics.jsonl")
+    data = open(metrics, "rb").read()
+    with open(metrics, "wb") as f:
+        f.write(data[: len(data) - len(data.splitlines()[-1]) // 2 - 1])  # the last line cut in half
+    c = run(mih, ["compare", a, b])
+    check(c.returncode == 12 and "ends in the middle of a line" in c.stdout, f"6: compare of a truncated metrics.jsonl "
+          f"is exit 12 naming it, not a divergence (got {c.returncode})", c.stdout[-600:])
+    os.remove(metrics)
+    os.mkfifo(metrics)
+    try:
+        c = run(mih, ["compare", a, b], timeout=60)
+        check(c.returncode == 12, f"6: compare of a FIFO in place of metrics.jsonl is exit 12, no hang (got "
+              f"{c.returncode})", c.stdout[-600:])
+    except subprocess.TimeoutExpired:
+        check(False, "6: compare of a FIFO in place of metrics.jsonl hangs")
+    rep = os.path.join(work, "stale")
+    os.makedirs(rep)
+    names = ["Llama/NumericParity.LossMatchesReference/Reference", "Llama/Structure.A/Reference"]
+    lines = [{"run": {"event": "start", "tests": names}}]
+    lines += [{"name": n, "status": "passed"} for n in names] + [{"run": {"event": "end", "completed": 2}}]
+    lines += [{"run": {"event": "start", "tests": names}}, {"name": names[0], "status": "passed"},
+              {"run": {"event": "end", "completed": 1, "interrupted": "SIGTERM"}}]
+    with open(os.path.join(rep, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(l) + "\n" for l in lines))
+    r = run(mih, ["report", rep, "--format", "md"])
+    check("incomplete: 1 of 2 tests (interrupted by SIGTERM" in r.stdout, "6: a report does not count an older result "
+          "for a test the last run did not finish", r.stdout[:800])
+    for args, what in ((["run", "--spec", "llama", "--case", "Reference", "--timeout", "1e10"], "--timeout 1e10"),
+                       (["test", "--case-timeout", "1e10", "--gtest_filter=Llama/*.*/Reference"], "--case-timeout 1e10")):
+        r = run(mih, args + ["--evidence-root", os.path.join(work, "big")])
+        check(r.returncode == 2 and what.split()[0] in r.stdout, f"6: {what} is a usage error, not a false timeout "
+              f"(got {r.returncode})", r.stdout[-600:])
+    r = run(mih, ["test", "--only-spec", "nope", "--evidence-root", os.path.join(work, "nope")])
+    check(r.returncode == 11 and "unknown spec 'nope'" in r.stdout, f"6: --only-spec of an unknown spec is exit 11 "
+          f"(got {r.returncode})", r.stdout[-600:])
+    t0 = time.time()
+    r = run(mih, ["launch", "-n", "100000", "--evidence-root", os.path.join(work, "many"), "ping"], timeout=60)
+    check(r.returncode == 11 and "more than this machine can run" in r.stdout and time.time() - t0 < 20,
+          f"6: 100000 local ranks are refused before any starts (got {r.returncode})", r.stdout[-600:])
+
+
 def strict_json(mih, work):
     base = {"name": "m", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4}
     bad = {
@@ -245,6 +297,12 @@ def strict_json(mih, work):
     r = run(mih, ["matrix", "--spec", "llama", "--matrix", os.path.join(work, "dir.json")])
     check(r.returncode == 11 and "not a file" in r.stdout, f"7: a directory is said as such (got {r.returncode})",
           r.stdout[-600:])
+    twins = os.path.join(work, "twins.json")
+    with open(twins, "w") as f:
+        json.dump(dict(base, cases=[{"dp_shard": 2, "seed": 1}, {"dp_shard": 2, "seed": 2}]), f)
+    r = run(mih, ["matrix", "--spec", "llama", "--matrix", twins])
+    check(r.returncode == 11 and "both named DpShard2 but differ" in r.stdout, f"7: two different cases under one "
+          f"name are exit 11, not one silently dropped (got {r.returncode})", r.stdout[-600:])
     rejected = os.path.join(work, "rejected.json")
     with open(rejected, "w") as f:
         json.dump(dict(base, cases=[{"tp": 4}]), f)
@@ -311,6 +369,7 @@ def main():
     interrupted(a.mih, a.work, signal.SIGTERM)
     bad_inputs(a.mih, a.work)
     evidence_inputs(a.mih, a.work)
+    damaged_evidence(a.mih, a.work)
     strict_json(a.mih, a.work)
     exposure(a.mih, a.work)
     print(f"{'all' if not FAILURES else len(FAILURES)} {'checks held' if not FAILURES else 'check(s) failed'} "

@@ -64,9 +64,14 @@ TEST(EvidenceDirTest, ConcurrentAppendsStayWholeLines) {
   EXPECT_EQ(rows.size(), 800u);
 }
 
-TEST(EvidenceDirTest, TornLastLineIsDropped) {
+// Writers append whole lines (append_whole), so a last line without its newline is damage
+// (a truncated or edited file): reading it is an error naming the file, never fewer rows.
+TEST(EvidenceDirTest, TornLastLineIsAnError) {
   EvidenceDir dir(testing::temp_dir("evidence_torn"));
   dir.write_text("m.jsonl", "{\"a\": 1}\n{\"a\": 2}\n{\"a\"");
+  EXPECT_THAT([&] { dir.read_jsonl("m.jsonl"); },
+              ThrowsMessage<Error>(HasSubstr("m.jsonl ends in the middle of a line: it was truncated or edited")));
+  dir.write_text("m.jsonl", "{\"a\": 1}\n{\"a\": 2}\n");
   EXPECT_EQ(dir.read_jsonl("m.jsonl").size(), 2u);
   dir.write_text("bad.jsonl", "{\"a\": 1}\nnot json\n");
   EXPECT_THAT([&] { dir.read_jsonl("bad.jsonl"); }, ThrowsMessage<Error>(HasSubstr("bad.jsonl line 2 is not JSON")));
