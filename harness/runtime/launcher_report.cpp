@@ -53,10 +53,13 @@ namespace launcher_internal {
 
 int root_cause(const std::vector<Child>& children) {
   const Child* best = nullptr;
+  // 0: a failure of its own; 1: timed out waiting in a collective (it names the straggler);
+  // 2: lost a peer that had already gone (a rank that timed out first and exited closes its
+  // connections, so its peers can be reaped before it).
   auto consequence = [](const Child& c) {
-    if (!WIFEXITED(c.status)) return false;
-    Code code = code_from_exit_status(WEXITSTATUS(c.status));
-    return code == Code::kDeadlineExceeded || code == Code::kUnavailable;
+    if (!WIFEXITED(c.status)) return 0;
+    const Code code = code_from_exit_status(WEXITSTATUS(c.status));
+    return code == Code::kUnavailable ? 2 : code == Code::kDeadlineExceeded ? 1 : 0;
   };
   auto order = [](const Child& c) { return c.reap_order < 0 ? std::numeric_limits<int>::max() : c.reap_order; };
   for (const auto& c : children) {
