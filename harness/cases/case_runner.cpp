@@ -244,7 +244,9 @@ nlohmann::json evidence_digests(const fs::path& dir) {
        it.increment(ec)) {
     if (!it->is_regular_file(ec)) continue;
     const std::string relative = fs::relative(it->path(), dir, ec).string();
-    if (relative == "case_run.json") continue;
+    // Not the run's: case_run.json is this record, and integration_state.json is advanced
+    // by the verdicts after the run (validated once every suite passed).
+    if (relative == "case_run.json" || relative == "integration_state.json") continue;
     std::string text;
     if (read_file(it->path(), &text)) out[relative] = sha256_hex(text);
   }

@@ -1,8 +1,6 @@
 // Memoized case launches and the run's exit status (see memo.h).
 #include "harness/cases/memo.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,16 +37,23 @@ void note_infrastructure(Code code) {
 }
 
 
-// What produced a case's evidence: this binary, the resolved case (its config, steps, kind,
-// what it is compared with), the training backend, the fault. Evidence with another
-// fingerprint is relaunched, never reused.
-std::string fingerprint(const CaseParam& p) {
-  std::string id = p.spec + "|" + json(case_of(p)).dump() + "|" + p.training_backend + "|" + fault_of(p) + "|" +
-                   std::to_string(run_options().case_timeout.count()) + "ms|" +
-                   std::to_string(run_options().collective_timeout.count()) + "ms";
+}  // namespace
+
+std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
+                             const std::string& fault, std::chrono::milliseconds case_timeout,
+                             std::chrono::milliseconds collective_timeout) {
+  std::string id = spec + "|" + json(c).dump() + "|" + training_backend + "|" + fault + "|" +
+                   std::to_string(case_timeout.count()) + "ms|" + std::to_string(collective_timeout.count()) + "ms";
   struct stat st {};
   if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
   return sha256_hex(id).substr(0, 16);
+}
+
+namespace {
+
+std::string fingerprint(const CaseParam& p) {
+  return case_fingerprint(p.spec, case_of(p), p.training_backend, fault_of(p), run_options().case_timeout,
+                          run_options().collective_timeout);
 }
 
 CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
@@ -69,6 +74,19 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   out.outcome = "verify_only";
   if (ev.has("case_run.json")) {
     const json& run = ev.json("case_run.json");
+    // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
+    // (a truncated file that no verdict reads would pass), never checked as if it were.
+    if (!run_options().allow_edited_evidence && run.contains("files") && run["files"].is_object()) {
+      for (const auto& [relative, digest] : run["files"].items()) {
+        std::string text;
+        const bool readable = read_file(dir / relative, &text);
+        MIH_CHECK_CODE(readable && digest.is_string() && sha256_hex(text) == digest.get<std::string>(),
+                       Code::kFailedPrecondition, "evidence file ", (dir / relative).string(),
+                       readable ? " changed after its run wrote it" : " is missing",
+                       " (case_run.json records its SHA-256): it is not the run's evidence; rerun the case, or pass "
+                       "--allow-edited-evidence to check it as it is");
+      }
+    }
     out.outcome = run.value("outcome", "ran");
     out.error = run.value("error", "");
     out.seconds = run.value("seconds", 0.0);

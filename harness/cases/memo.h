@@ -5,6 +5,7 @@
 // launched: the evidence was produced elsewhere (torchrun/srun on a GPU cluster). Torch-free.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <iosfwd>
 #include <string>
@@ -38,6 +39,14 @@ struct CaseOutcome {
 /// Throws: mih::Error{kInvalidSpec} for an unknown spec, matrix or case;
 ///   kFailedPrecondition when verify-only evidence is missing or belongs to another case.
 const CaseOutcome& ensure_case(const CaseParam& p);
+
+/// What produced a case's evidence, as a short hex digest: this binary (size and mtime), the
+/// spec, the resolved case (config, steps, kind, what it is compared with), the training
+/// backend, the fault and both timeouts. Evidence with another fingerprint is relaunched,
+/// never reused; `mih run` writes the same one as `mih test`, so either reuses the other's.
+std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
+                             const std::string& fault, std::chrono::milliseconds case_timeout,
+                             std::chrono::milliseconds collective_timeout);
 
 /// The fault of the catalog injected in the case's ranks ("" for none: the case is not
 /// one of --fault-cases).

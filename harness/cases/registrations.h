@@ -43,6 +43,9 @@ struct RunOptions {
   std::string matrix;
   /// Assert on evidence produced elsewhere; launch nothing.
   bool verify_only = false;
+  /// Verify-only: check evidence whose files no longer match the digests its case_run.json
+  /// recorded (a deliberate edit, e.g. a mutation test). Off: such a case is exit 12.
+  bool allow_edited_evidence = false;
   /// How long one case may take (all its launches), then every rank is stopped.
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   /// How long one collective may wait before its rank fails (a transport failure, never a

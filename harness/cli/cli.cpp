@@ -91,7 +91,8 @@ int cli_main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, cli::CommandRun>> runs;
   for (const auto& command : cli::commands()) {
     CLI::App* sub = app.add_subcommand(command.name, command.help);
-    if (command.pass_through) sub->prefix_command();
+    // A pass-through command parses its own options, --help included (which lists them).
+    if (command.pass_through) sub->prefix_command()->set_help_flag();
     runs.emplace_back(sub, command.setup(*sub, inv));
   }
   app.add_subcommand("worker",

@@ -334,6 +334,7 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
 // nothing: "  Llama (spec llama, matrix cpu-smoke): Reference, DpShard2, ...".
 std::string what_exists() {
   std::string out;
+  std::set<std::string> known_cases;
   for (const auto& r : cases::registrations()) {
     if (!cases::selected(r)) continue;
     const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
@@ -351,7 +352,7 @@ std::string what_exists() {
 struct RunFlags {
   std::string evidence_root, matrix, only_spec, fault;
   std::vector<std::string> prefixes, fault_cases;
-  bool verify_only = false, no_progress = false, list_cases = false;
+  bool verify_only = false, allow_edited_evidence = false, no_progress = false, list_cases = false;
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds collective_timeout{0};
 };
@@ -368,6 +369,9 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                  "where the run's evidence goes (default: build/mih-evidence/<run id>, or MIH_EVIDENCE_ROOT)");
   app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-full) or JSON matrix file; overrides every spec's");
   app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
+  app.add_flag("--allow-edited-evidence", f->allow_edited_evidence,
+               "verify-only and check: check evidence whose files differ from the SHA-256 digests its case_run.json "
+               "records (else exit 12)");
   add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
   add_seconds(app, "--collective-timeout", f->collective_timeout,
               "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
@@ -376,7 +380,9 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--only-spec", f->only_spec, "only this spec's cases");
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
-  app.add_option("--fault", f->fault, "fault of the catalog (F01-F22) the --fault-cases run with");
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F22) the --fault-cases run with")
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
+                             "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
   app.allow_extras(true);
   std::vector<std::string> argv_s = {"mih test"};
@@ -429,6 +435,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.evidence_root = f.evidence_root;
   o.matrix = f.matrix;
   o.verify_only = f.verify_only;
+  o.allow_edited_evidence = f.allow_edited_evidence;
   o.case_timeout = f.case_timeout;
   o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
@@ -465,6 +472,7 @@ int run_tests(const std::vector<std::string>& args) {
   // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
   // 11) before any test runs, not 160 failing tests. A matrix with no runnable case is bad
   // input too, and a rejected case is said, with its arithmetic, before anything launches.
+  std::set<std::string> known_cases;
   for (const auto& r : cases::registrations()) {
     if (!cases::selected(r)) continue;
     const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
@@ -475,6 +483,14 @@ int run_tests(const std::vector<std::string>& args) {
                                       [](const spec::Case& c) { return c.kind != spec::CaseKind::kReference; });
     MIH_CHECK(runnable, "matrix '", m.name, "' has no parallel case spec '", r.spec, "' can run", rejected_list(m),
               "; `mih matrix --spec ", r.spec, " --matrix ", cases::matrix_of(r), "` shows the arithmetic");
+    for (const auto& c : m.cases) known_cases.insert(c.name);
+  }
+  // A --fault-cases name that is no selected case would run the fault nowhere: a green that lies.
+  for (const auto& name : o.fault_cases) {
+    if (known_cases.count(name)) continue;
+    std::string list;
+    for (const auto& k : known_cases) list += (list.empty() ? "" : ", ") + k;
+    MIH_THROW(Code::kInvalidSpec, "--fault-cases: no selected case is named '", name, "' (the cases: ", list, ")");
   }
   o.enabled = true;
   std::vector<std::string> gargs = {"mih"};
@@ -540,6 +556,12 @@ CommandRun setup_test(CLI::App& sub, const Invocation&) {
 CommandRun setup_check(CLI::App& sub, const Invocation&) {
   return [&sub] {
     const std::vector<std::string> rest = sub.remaining();
+    if (!rest.empty() && (rest[0] == "-h" || rest[0] == "--help")) {
+      std::printf("%s\nUsage: mih check <evidence> [mih test options] [--gtest_* ...]\n"
+                  "The options of `mih test --help` apply (without --verify-only, which check implies).\n\n%s\n",
+                  sub.get_description().c_str(), exit_status_legend().c_str());
+      return 0;
+    }
     if (rest.empty() || rest[0].rfind("-", 0) == 0) {
       std::fprintf(stderr, "mih check: give the evidence to check first: a case directory or a run root\n");
       return 2;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/cases/case_runner.h"
+#include "harness/cases/memo.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/compare.h"
 #include "harness/evidence/report.h"
@@ -105,7 +107,7 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
       ->check(at_least(0.0));
   sub.add_option("--from-step", f->options.first_step, "compare steps from this one (a resume)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   return [f] {
     const Comparison c = compare_evidence(f->reference, f->candidate, f->options);
     std::printf("%s\n", c.summary().c_str());
@@ -153,6 +155,10 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       }
       return 0;
     }
+    // The fingerprint `mih test` computes for this case, so a later `mih test` on this root
+    // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
+    f->options.fingerprint = cases::case_fingerprint(s.name, c, f->options.training_backend, f->options.fault,
+                                                     f->options.timeout, f->options.collective_timeout);
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
     const cases::CaseRunResult r = cases::run_case(s, c, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
@@ -181,7 +187,9 @@ CommandRun setup_report(CLI::App& sub, const Invocation&) {
   };
   auto f = std::make_shared<Flags>();
   sub.add_option("root", f->root, "run root (holds results.jsonl)")->required();
-  sub.add_option("--format", f->format, "md, junit or html")->capture_default_str();
+  sub.add_option("--format", f->format, "md, junit or html")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"md", "junit", "html"}));
   sub.add_option("-o,--output", f->out, "file to write (default: standard output)");
   return [f] {
     const std::string text = render_report(read_run_results(f->root), parse_report_format(f->format));

@@ -63,11 +63,16 @@ struct TcpStoreOptions {
   int world_size = 0;
   /// Timeout of connecting and of every blocking call.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// With is_server: the numeric IPv4 or IPv6 address the server listens on ("127.0.0.1":
+  /// loopback only); empty: every interface (c10d's default, what a multi-host store whose
+  /// address is a host name needs). `host` should then be this address.
+  std::string bind_address;
 };
 
 /// Connects to (or, with is_server, hosts) a TCPStore.
 /// Throws: mih::Error{kUnavailable} if the server cannot be bound or reached in time, with
-/// the address in the message.
+/// the address in the message; mih::Error{kInvalidSpec} if bind_address is not a numeric
+/// address; mih::Error{kInternal} if the server could not be kept to bind_address.
 Store make_tcp_store(const TcpStoreOptions& options);
 
 /// Returns an in-process store, for ranks that are threads of one process (unit tests).

@@ -208,6 +208,7 @@ RunResults read_run_results(const fs::path& root) {
   std::map<std::string, int> last_start;   // test -> line of the last start line listing it
   std::map<std::string, int> last_result;  // test -> line of its last result
   std::string interrupted;                 // the signal the last end line names
+  int last_start_line = 0, last_end_line = 0;
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     const std::string where = file.string() + " line " + std::to_string(line_number);
     json j;
@@ -224,6 +225,7 @@ RunResults read_run_results(const fs::path& root) {
       const std::string event = m["event"].get<std::string>();
       MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '", event,
                 "'");
+      (event == "start" ? last_start_line : last_end_line) = line_number;
       if (event == "start") {
         MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
         for (const auto& n : m["tests"]) {
@@ -256,9 +258,12 @@ RunResults read_run_results(const fs::path& root) {
     run.expected_tests = static_cast<int>(last_start.size());
     if (done < run.expected_tests) {
       run.incomplete = "incomplete: " + std::to_string(done) + " of " + std::to_string(run.expected_tests) + " tests (" +
-                       (interrupted.empty() ? std::string("tests listed by a start line have no result after it: a process ended "
-                                                         "early, its disk filled, or it is still running")
-                                            : "interrupted by " + interrupted) +
+                       (last_end_line < last_start_line
+                            ? std::string("the last run has no end line: its process died (killed or crashed) "
+                                          "or is still running")
+                        : !interrupted.empty() ? "interrupted by " + interrupted
+                                               : std::string("the run ended without recording every test: its disk "
+                                                             "filled, or a test crashed its process's writer")) +
                        "; rerun the same command on this root to finish)";
     }
   }

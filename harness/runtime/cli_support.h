@@ -4,13 +4,17 @@
 // translation units that parse command lines.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -53,6 +57,8 @@ inline CLI::Validator at_least(double min) {
           size_t used = 0;
           v = std::stod(value, &used);
           if (used != value.size() || !std::isfinite(v)) throw std::invalid_argument(value);
+        } catch (const std::out_of_range&) {
+          return "'" + value + "' is out of the range of a double (about 1e-308 to 1e308 in magnitude; give 0 for none)";
         } catch (const std::exception&) {
           return "expected a finite number, got '" + value + "'";
         }
@@ -60,6 +66,22 @@ inline CLI::Validator at_least(double min) {
         return "";
       },
       internal::str(">=", min));
+}
+
+/// An integer option in [`min`, `max`], digits only: "--from-step: expected an integer from 0
+/// to 9223372036854775807, got '1e3'" (no rounding, no clamping of an overflow).
+inline CLI::Validator integer_in(int64_t min, int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& value) -> std::string {
+        int64_t v = 0;
+        const char* end = value.data() + value.size();
+        auto [ptr, ec] = std::from_chars(value.data(), end, v);
+        if (value.empty() || ec != std::errc() || ptr != end || v < min || v > max) {
+          return internal::str("expected an integer from ", min, " to ", max, ", got '", value, "'");
+        }
+        return "";
+      },
+      internal::str("INT in [", min, ", ", max, "]"));
 }
 
 /// A duration option given in seconds ("--case-timeout 1.5"), kept as milliseconds in

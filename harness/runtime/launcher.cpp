@@ -3,6 +3,7 @@
 // each rank's outcome. Processes are in launcher_process.cpp, the report in launcher_report.cpp.
 #include "harness/runtime/launcher.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,6 +37,12 @@
 
 namespace mih {
 namespace {
+
+// True for an IPv4 or IPv6 literal (10.0.0.5, ::1), false for a host name.
+bool is_numeric_address(const std::string& text) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, text.c_str(), buf) == 1 || ::inet_pton(AF_INET6, text.c_str(), buf) == 1;
+}
 
 using launcher_internal::Child;
 using launcher_internal::Clock;
@@ -168,13 +175,10 @@ LaunchResult launch(const LaunchOptions& options) {
   // The TCPStore the ranks meet at, when the launcher hosts it; kept alive until the end.
   std::optional<compat::Store> hosted_store;
   if (templated || options.rendezvous == RendezvousKind::kTcp) {
-    compat::TcpStoreOptions so;
-    so.host = "127.0.0.1";
-    so.port = 0;
-    so.is_server = true;
-    so.world_size = options.world_size;
-    so.timeout = options.timeout;
-    hosted_store = compat::make_tcp_store(so);
+    // Where the ranks reach the store: loopback for local ranks; under a template the
+    // exported MASTER_ADDR, else this host's name. The store listens on that address alone
+    // when it is a numeric one (a host name may resolve differently on other hosts, so then
+    // it listens on every interface: export MASTER_ADDR=<this host's address> to narrow it).
     std::string addr = "127.0.0.1";
     if (templated) {
       if (const std::string* user = find_env(base, "MASTER_ADDR")) {
@@ -185,6 +189,17 @@ LaunchResult launch(const LaunchOptions& options) {
         addr = host;
       }
     }
+    compat::TcpStoreOptions so;
+    so.port = 0;
+    so.is_server = true;
+    so.world_size = options.world_size;
+    so.timeout = options.timeout;
+    if (!templated) {
+      so.host = so.bind_address = "127.0.0.1";
+    } else if (is_numeric_address(addr)) {
+      so.host = so.bind_address = addr;
+    }
+    hosted_store = compat::make_tcp_store(so);
     base["MASTER_ADDR"] = addr;
     base["MASTER_PORT"] = std::to_string(hosted_store->port());
     base[kStoreHostedVar] = "1";

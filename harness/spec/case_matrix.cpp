@@ -236,6 +236,12 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   check_known_fields(m, "case matrix", {"name", "dtype", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
   CaseMatrix out;
   out.name = json_string(m, "name", "matrix", "case matrix");
+  // The name heads tables, reports and JUnit suites: a control character (a NUL cuts a C
+  // string, an escape repaints a terminal) would garble each of them.
+  for (const unsigned char ch : out.name) {
+    MIH_CHECK(ch >= 0x20 && ch != 0x7f, "case matrix: 'name' holds a control character (code ", static_cast<int>(ch),
+              "); give a printable name such as \"nightly\"");
+  }
   out.spec = spec.name;
   const std::string where = "case matrix '" + out.name + "'";
   const std::string device = json_string(m, "device", "cpu", where), backend = json_string(m, "pg_backend", "gloo", where);

@@ -19,8 +19,9 @@ real small tmpfs and a read-only mount (as root; skipped with the reason otherwi
    two different cases under one name,
    an empty case list, max_world_size < 1, a missing file or a directory (11, naming the
    file and the field); more ranks than the local launcher can carry is warned about.
-8. Exposure: an inherited GLOO_SOCKET_IFNAME does not move a local run off loopback; a
-   --run-id that is a path is refused; an exported MIH_FAULT changes no run (the worker says
+8. Exposure: an inherited GLOO_SOCKET_IFNAME does not move a local run off loopback; the
+   TCPStore of `mih launch --rendezvous tcp` listens on loopback only (every listening socket
+   of the launcher, read from /proc while it runs); a --run-id that is a path is refused; an exported MIH_FAULT changes no run (the worker says
    it ignores it) and a fault given with --fault is printed on the rank's first line and in
    every failing test.
 
@@ -218,6 +219,67 @@ def evidence_inputs(mih, work):
           f"6: check of a damaged case record is exit 12 naming the file (got {c.returncode})", c.stdout[-800:])
 
 
+def options_and_records(mih, work):
+    """Help for the pass-through commands, option values checked as such (2) or as names of
+    nothing (11), digests of case_run.json honoured by `mih check`, `mih run` evidence reused by
+    `mih test`, and an incomplete run saying whether its process ended or died."""
+    for cmd, expect in ((["test", "--help"], "--allow-edited-evidence"), (["check", "--help"], "mih check <evidence>")):
+        r = run(mih, cmd)
+        check(r.returncode == 0 and expect in r.stdout, f"6: `mih {' '.join(cmd)}` lists the options (exit "
+              f"{r.returncode})", r.stdout[-800:])
+    r = run(mih, ["test", "--fault", "F03", "--fault-cases", "Bogus", "--gtest_filter=Llama/*.*/Reference"])
+    check(r.returncode == 11 and "'Bogus'" in r.stdout, f"6: --fault-cases of no case is exit 11 naming it (got "
+          f"{r.returncode})", r.stdout[-600:])
+    r = run(mih, ["test", "--fault", "", "--fault-cases", "DpShard2", "--gtest_filter=Llama/*.*/Reference"])
+    check(r.returncode == 2 and "--fault" in r.stdout, f"6: an empty --fault is exit 2 (got {r.returncode})",
+          r.stdout[-600:])
+    root = os.path.join(work, "evidence")
+    ref = os.path.join(root, "llama", "Reference")
+    r = run(mih, ["report", root, "--format", "bogus"])
+    check(r.returncode == 2 and "--format" in r.stdout, f"6: report --format bogus is exit 2 (got {r.returncode})",
+          r.stdout[-600:])
+    r = run(mih, ["compare", ref, ref, "--from-step", "99999999999999999999"])
+    check(r.returncode == 2 and "--from-step" in r.stdout, f"6: an overflowing --from-step is exit 2, not clamped "
+          f"(got {r.returncode})", r.stdout[-600:])
+    r = run(mih, ["compare", ref, ref, "--tolerance", "1e-400"])
+    check(r.returncode == 2 and "out of the range" in r.stdout, f"6: --tolerance 1e-400 is exit 2, said out of range "
+          f"(got {r.returncode})", r.stdout[-600:])
+    odd = os.path.join(work, "odd")
+    os.makedirs(os.path.join(odd, "results.jsonl"), exist_ok=True)
+    r = run(mih, ["report", odd])
+    check(r.returncode == 12 and "results.jsonl" in r.stdout, f"6: a results.jsonl that is a directory is exit 12, "
+          f"not 0 tests (got {r.returncode})", r.stdout[-600:])
+    # A start line with no end line after it: the process died (a SIGKILL leaves exactly this).
+    dead = os.path.join(work, "dead")
+    os.makedirs(dead, exist_ok=True)
+    with open(os.path.join(dead, "results.jsonl"), "w") as f:
+        f.write(json.dumps({"run": {"event": "start", "tests": ["A.b/Reference"]}}) + "\n")
+    r = run(mih, ["report", dead])
+    check("incomplete: 0 of 1 tests (the last run has no end line: its process died" in r.stdout,
+          "6: an incomplete run with no end line says its process died", r.stdout[-600:])
+    # mih check trusts no file its run did not write: an edit is exit 12 unless asked for.
+    edited = os.path.join(work, "edited", "llama", "Reference")
+    shutil.copytree(ref, edited)
+    with open(os.path.join(edited, "cases", "runtime", "metrics.jsonl"), "a") as f:
+        f.write("\n")
+    r = run(mih, ["check", edited])
+    check(r.returncode == 12 and "metrics.jsonl changed after its run wrote it" in r.stdout,
+          f"6: check of an edited evidence file is exit 12 naming it (got {r.returncode})", r.stdout[-800:])
+    r = run(mih, ["check", edited, "--allow-edited-evidence", "--gtest_brief=1"])
+    check(r.returncode in (0, 1) and "changed after" not in r.stdout, f"6: --allow-edited-evidence checks it as it "
+          f"is (exit {r.returncode})", r.stdout[-800:])
+    # `mih run` writes the fingerprint `mih test` computes: the case is reused, not relaunched.
+    reuse = os.path.join(work, "reuse")
+    r = run(mih, ["run", "--spec", "llama", "--case", "Reference", "--evidence-root", reuse])
+    t = run(mih, ["test", "--evidence-root", reuse, "--gtest_brief=1", "--gtest_filter=Llama/*.*/Reference"])
+    check(r.returncode == 0 and t.returncode == 0 and "launching" not in t.stdout,
+          f"6: `mih test` reuses the evidence of `mih run` (exits {r.returncode}, {t.returncode})", t.stdout[-800:])
+    # A test run that passed every suite advances integration_state.json: still reused after.
+    t = run(mih, ["test", "--evidence-root", reuse, "--gtest_brief=1", "--gtest_filter=Llama/*.*/Reference"])
+    check(t.returncode == 0 and "launching" not in t.stdout, f"6: a case that passed is reused by the next run "
+          f"(exit {t.returncode})", t.stdout[-800:])
+
+
 def damaged_evidence(mih, work):
     """Evidence damaged the ways a disk, an editor or a copy damages it: exit 12, never a hang,
     never a verdict; a report never counts an older result for a test a later run did not finish."""
@@ -283,6 +345,7 @@ def strict_json(mih, work):
         "world": (dict(base, max_world_size=-1, cases=[{"dp_shard": 2}]), "'max_world_size' must be an integer in [1"),
         "empty": (dict(base, cases=[]), "'cases' is empty"),
         "reference": (dict(base, reference=1, cases=[{"dp_shard": 2}]), "'reference' must be true or false"),
+        "nul": (dict(base, name="a\u0000b", cases=[{"dp_shard": 2}]), "control character"),
     }
     for name, (matrix, expect) in bad.items():
         path = os.path.join(work, name + ".json")
@@ -326,7 +389,51 @@ def strict_json(mih, work):
               f"7: 8 ranks on {cores} cores is warned about", r.stdout[-600:])
 
 
+# /proc/net/tcp{,6} local addresses (hex, 32-bit words in host order) that are loopback.
+LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def listening_addresses(pid):
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of pid's listening TCP sockets."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                lines = f.readlines()[1:]
+        except OSError:  # it ended meanwhile
+            return found
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # state LISTEN
+                found.add(cols[1])
+    return found
+
+
+def tcp_store_on_loopback(mih, work):
+    p = subprocess.Popen([mih, "launch", "--rendezvous", "tcp", "-n", "2", "--evidence-root",
+                          os.path.join(work, "tcp"), "selftest"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    seen = set()
+    while p.poll() is None:
+        seen |= listening_addresses(p.pid)
+        time.sleep(0.01)
+    out = p.stdout.read()
+    wide = sorted(a for a in seen if a.split(":")[0] not in LOOPBACK_HEX)
+    check(p.returncode == 0 and seen and not wide,
+          f"8: the TCPStore of `launch --rendezvous tcp` listens on loopback only (exit {p.returncode}; listening: "
+          f"{sorted(seen)}; not loopback: {wide})", out[-800:])
+
+
 def exposure(mih, work):
+    tcp_store_on_loopback(mih, work)
     root = os.path.join(work, "exposure")
     env = dict(os.environ, GLOO_SOCKET_IFNAME="mihnosuch0", MIH_FAULT="F03")
     r = subprocess.run([mih, "run", "--spec", "llama", "--case", "DpShard2", "--evidence-root", root], env=env,
@@ -376,6 +483,7 @@ def main():
     interrupted(a.mih, a.work, signal.SIGTERM)
     bad_inputs(a.mih, a.work)
     evidence_inputs(a.mih, a.work)
+    options_and_records(a.mih, a.work)
     damaged_evidence(a.mih, a.work)
     strict_json(a.mih, a.work)
     exposure(a.mih, a.work)
