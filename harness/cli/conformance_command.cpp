@@ -334,7 +334,6 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
 // nothing: "  Llama (spec llama, matrix cpu-smoke): Reference, DpShard2, ...".
 std::string what_exists() {
   std::string out;
-  std::set<std::string> known_cases;
   for (const auto& r : cases::registrations()) {
     if (!cases::selected(r)) continue;
     const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
