@@ -8,7 +8,14 @@
 // off and runtime also run on 2 thread ranks with dp_shard=2. Variants are interleaved round by
 // round so drift in machine load hits them alike; each reports the median wall time of a step
 // (the first step of each run is a warm-up and not counted).
+// The runtime session probes activations (and the clipped gradients and optimizer state) at the
+// first two steps of a run and the last (the second and the last are timed; "the step with
+// activation probes" reports the last apart, since the median is a step without them).
+// --vlm-hidden H (with --vlm-vision-hidden V) runs the vlm spec with a wider model: the
+// language model's hidden size H (intermediate 2H), the vision tower's V; e.g. 192 and 96 for
+// about 10x the parameters of the shipped vlm.
 // Usage: build/bin/mih_bench_session [--steps N] [--rounds R] [--spec NAME] [--json FILE]
+//                                    [--vlm-hidden H --vlm-vision-hidden V]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +31,7 @@
 
 #include "harness/base/files.h"
 #include "harness/session/session.h"
+#include "reference_models/vlm.h"
 #include "tests/support/thread_ranks.h"
 
 namespace {
@@ -33,8 +41,12 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-// The last runtime run's per-hook wall time of its last step (rank 0).
+// The last runtime run's per-hook wall time of its second to last step (rank 0): a step
+// without the activation probes, like the median one.
 nlohmann::json last_session_ms;
+// The wall time of the last step of each runtime run (rank 0): the step whose activations
+// are probed.
+std::map<std::string, std::vector<double>> probed_step_ms;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -97,6 +109,7 @@ std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::Trai
     so.config = c;
     so.trainer = o;
     so.evidence_dir = evidence;
+    so.last_step = steps - 1;
     auto hooks = mih::make_session(s, so, mesh);
     mih::Trainer t(mesh, c, s.factory, s.data.make_batches(), o, hooks.get());
     for (int step = 0; step < steps; ++step) {
@@ -105,7 +118,12 @@ std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::Trai
       if (step > 0 && mesh.rank() == 0) times.push_back(ms_since(start));
     }
     auto* session = dynamic_cast<mih::ValidationSession*>(hooks.get());
-    if (session && mesh.rank() == 0) last_session_ms = session->performance().back()["session_ms"];
+    if (session && mesh.rank() == 0) {
+      // A step between the fully probed ones (the second to last), as the median step is.
+      const auto& perf = session->performance();
+      last_session_ms = perf[perf.size() >= 2 ? perf.size() - 2 : 0]["session_ms"];
+      probed_step_ms["dp_shard" + std::to_string(dp_shard)].push_back(times.back());
+    }
   });
   for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
   return times;
@@ -138,15 +156,35 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "interleaved rounds of every variant")->capture_default_str();
   app.add_option("--spec", spec_name, "reference spec (default: the one with the most parameters)");
   app.add_option("--json", json_out, "also write the figures to this file");
+  int64_t vlm_hidden = 0, vlm_vision_hidden = 0;
+  app.add_option("--vlm-hidden", vlm_hidden, "run the vlm spec with this language-model hidden size (intermediate 2x)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--vlm-vision-hidden", vlm_vision_hidden, "and this vision hidden size (with --vlm-hidden)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  if ((vlm_hidden > 0) != (vlm_vision_hidden > 0)) {
+    std::fprintf(stderr, "mih_bench_session: give --vlm-hidden and --vlm-vision-hidden together\n");
+    return 2;
+  }
 
   auto& registry = mih::spec::SpecRegistry::instance();
   std::map<std::string, int64_t> counts;
+  if (vlm_hidden > 0) spec_name = "vlm";
   for (const auto& name : registry.names()) counts[name] = parameter_count(registry.get(name));
   if (spec_name.empty()) {
     spec_name = std::max_element(counts.begin(), counts.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
   }
-  const mih::spec::ModelSpec s = registry.get(spec_name);
+  mih::spec::ModelSpec s = registry.get(spec_name);
+  if (vlm_hidden > 0) {
+    // The shipped vlm spec (its data, checks and probes) with a wider model.
+    const mih::models::VlmOptions shipped = mih::models::VlmOptions().image_size(16);
+    s.factory = mih::models::make_vlm(mih::models::VlmOptions(shipped)
+                                          .text(mih::models::LlamaOptions(shipped.text())
+                                                    .hidden_size(vlm_hidden)
+                                                    .intermediate_size(2 * vlm_hidden))
+                                          .vision_hidden_size(vlm_vision_hidden));
+    counts[spec_name] = parameter_count(s);
+  }
   const mih::TrainerOptions o = s.data.apply_sharding(mih::TrainerOptions());
   const fs::path evidence = fs::temp_directory_path() / ("mih_bench_session_" + std::to_string(::getpid()));
 
@@ -178,7 +216,11 @@ int main(int argc, char** argv) {
   }
   j["world_all_reduce_ms"] = {{"world1", world_all_reduce_ms(1)}, {"dp_shard2", world_all_reduce_ms(2)}};
   std::printf("  one world all-reduce (64 doubles): %s ms\n", j["world_all_reduce_ms"].dump().c_str());
-  std::printf("  session ms per hook, last step of the last round: %s\n", j_hooks.dump().c_str());
+  std::printf("  session ms per hook, second to last step of the last round: %s\n", j_hooks.dump().c_str());
+  for (const auto& [world, t] : probed_step_ms) {
+    j["runtime_probed_step_ms"][world] = median(t);
+    std::printf("  runtime, the step with activation probes (%s): %.2f ms\n", world.c_str(), median(t));
+  }
   j["session_ms_per_hook"] = j_hooks;
   auto ratio = [&](const char* a, const char* b) { return median(times[a]) / median(times[b]); };
   j["ratio_off_to_plain_world1"] = ratio("off_world1", "plain_world1");

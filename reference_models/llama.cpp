@@ -81,7 +81,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
   at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
   context = context.transpose(1, 2).reshape({b, s, heads * d});
-  return o_proj(ctx_->dropout(context, o_.dropout(), is_training(), /*tp_sharded=*/true));
+  // The context is split over tp by heads: Shard(features).
+  return o_proj(ctx_->dropout(context, o_.dropout(), is_training(), ActivationLayout::column_parallel()));
 }
 
 LlamaMlpImpl::LlamaMlpImpl(ParallelContext& ctx, const LlamaOptions& o) {
@@ -194,10 +195,14 @@ at::Tensor LlamaDecoderLayerImpl::mlp_forward(const at::Tensor& x) {
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   // The residual stream is replicated over tp, or sharded on the sequence under sequence
-  // parallelism: the dropout masks follow.
-  const bool sharded = ctx_->sequence_parallel();
-  at::Tensor h = x + ctx_->dropout(self_attn(input_layernorm(x), cos, sin), o_.dropout(), is_training(), sharded);
-  return h + ctx_->dropout(mlp_forward(post_attention_layernorm(h)), o_.dropout(), is_training(), sharded);
+  // parallelism: the dropout masks and the activation probes follow.
+  const ActivationLayout residual = ActivationLayout::residual(*ctx_);
+  const at::Tensor attn_in = ctx_->observe(*input_layernorm, input_layernorm(x), residual);
+  const at::Tensor attn = ctx_->observe(*self_attn, self_attn(attn_in, cos, sin), residual);
+  at::Tensor h = x + ctx_->dropout(attn, o_.dropout(), is_training(), residual);
+  const at::Tensor mlp_in = ctx_->observe(*post_attention_layernorm, post_attention_layernorm(h), residual);
+  const at::Tensor mlp_out = ctx_->observe(*mlp, mlp_forward(mlp_in), residual);
+  return ctx_->observe(*this, h + ctx_->dropout(mlp_out, o_.dropout(), is_training(), residual), residual);
 }
 
 LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
@@ -228,7 +233,9 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   register_module("lm_head", lm_head);
 }
 
-at::Tensor LlamaForCausalLM::embed(const Batch& batch) { return embed_tokens(batch.input_ids); }
+at::Tensor LlamaForCausalLM::embed(const Batch& batch) {
+  return ctx_->observe(*embed_tokens, embed_tokens(batch.input_ids), ActivationLayout::residual(*ctx_));
+}
 
 at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
   at::Tensor x = embeddings;
@@ -251,7 +258,11 @@ at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& b
           {x, cos, sin}, layer->parameters());
     });
   }
-  return lm_head(norm(x));
+  const at::Tensor normed = ctx_->observe(*norm, norm(x), ActivationLayout::residual(*ctx_));
+  // The logits: gathered over tp, or Shard(vocab) for the vocab-parallel loss (padded to tp).
+  const ActivationLayout logits = o_.loss_parallel() ? ActivationLayout::column_parallel(o_.vocab_size())
+                                                     : ActivationLayout::replicated();
+  return ctx_->observe(*lm_head, lm_head(normed), logits);
 }
 
 at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(batch), batch); }

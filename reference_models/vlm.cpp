@@ -23,6 +23,17 @@ at::Tensor replicated(ParallelContext& ctx, std::vector<int64_t> shape, double s
 
 at::Tensor linear(ParallelContext& ctx, const at::Tensor& x, const at::Tensor& w) { return at::matmul(x, ctx.use(w).t()); }
 
+// The vision activations [B, P, H]: every cp rank runs the whole tower on its rows
+// (pixel_values is cp-replicated) and every tp rank too; each consumes the features of its own
+// tokens only, so under cp (and tp with sequence parallelism) the gradient of each one is a
+// partial sum until the parameters' gradients are reduced.
+ActivationLayout tower_layout(const ParallelContext& ctx) {
+  ActivationLayout tower = ActivationLayout::replicated(/*sequence_over_cp=*/false);
+  tower.grad_partial_over_tp = ctx.sequence_parallel();
+  tower.grad_partial_over_cp = true;
+  return tower;
+}
+
 }  // namespace
 
 void VlmOptions::validate(const ParallelContext& ctx) const {
@@ -70,7 +81,8 @@ at::Tensor VisionTowerImpl::forward(const at::Tensor& pixel_values) {
   // [N, C, g*s, g*s] -> [N, g, g, C, s, s] -> [N, P, C*s*s], patches in row-major order.
   at::Tensor patches = pixel_values.reshape({n, c, g, s, g, s}).permute({0, 2, 4, 1, 3, 5}).reshape({n, g * g, c * s * s});
   at::Tensor x = linear(*ctx_, patches.to(patch_embedding.scalar_type()), patch_embedding) + ctx_->use(position_embedding);
-  for (const auto& layer : *layers) x = layer->as<VisionBlock>()->forward(x);
+  const ActivationLayout tower = tower_layout(*ctx_);
+  for (const auto& layer : *layers) x = ctx_->observe(*layer, layer->as<VisionBlock>()->forward(x), tower);
   return post_layernorm(x);
 }
 
@@ -78,7 +90,8 @@ VlmForConditionalGeneration::VlmForConditionalGeneration(ParallelContext& ctx, c
   o.validate(ctx);
   vision_tower = register_module("vision_tower", VisionTower(ctx, o));
   const int64_t h = o.text().hidden_size();
-  auto projector = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());
+  projector_ = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());
+  auto& projector = projector_;
   projector_1 = projector->register_parameter("linear_1", replicated(ctx, {h, o.vision_hidden_size()}, o.text().init_std()));
   projector_2 = projector->register_parameter("linear_2", replicated(ctx, {h, h}, o.text().init_std()));
   language_model = register_module("language_model", std::make_shared<LlamaForCausalLM>(ctx, o.text()));
@@ -107,12 +120,14 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   MIH_CHECK(index.sizes() == batch.input_ids.sizes(), "vlm: image_token_index ", index.sizes(), " must match input_ids ",
             batch.input_ids.sizes());
   // Vision features: [B, P, Hv] -> projected [B, P, H].
-  ctx_->shared_state().publish("vision.features",
-                                ctx_->fsdp_forward("vision_tower", [&] { return vision_tower(pixels); }), "vision_tower");
+  const ActivationLayout tower = tower_layout(*ctx_);
+  ctx_->shared_state().publish("vision.features", ctx_->fsdp_forward("vision_tower", [&] {
+    return ctx_->observe(*vision_tower, vision_tower(pixels), tower);
+  }), "vision_tower");
   at::Tensor features = ctx_->shared_state().consume("vision.features", "multi_modal_projector");
   // F19 (FAULTS.md): the features detached before the projector: the vision tower gets no gradient.
   if (fault::active(fault::Fault::kF19)) features = features.detach();
-  features = linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2);
+  features = ctx_->observe(*projector_, linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2), tower);
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
   // Each placeholder token takes its patch's feature; under sequence parallelism this tp rank
   // holds a contiguous S/TP chunk of the sequence, and of the index with it.

@@ -96,6 +96,7 @@ class VlmForConditionalGeneration : public ParallelModel {
 
   VisionTower vision_tower{nullptr};
   at::Tensor projector_1, projector_2;  // multi_modal_projector: [H, Hv], [H, H]
+  std::shared_ptr<torch::nn::Module> projector_;
   std::shared_ptr<LlamaForCausalLM> language_model;
 
  private:

@@ -43,36 +43,54 @@ spec::StateInvariant tie_invariant(const std::string& embed, const std::string& 
 }
 
 // LlamaMlp (fused [gate; up], column-parallel) against SwiGLU written from the split weights.
+// The adapter splits the fused weight in two; the gradients of the halves add up to the fused
+// weight's gradient through the split.
 spec::ModuleParityCase fused_swiglu_case() {
-  return {"fused_swiglu_vs_unfused", [] {
-            return on_one_rank([](ParallelContext& ctx) {
-              models::LlamaOptions o = models::LlamaOptions().hidden_size(16).intermediate_size(24);
-              models::LlamaMlp mlp(ctx, o);
-              at::Tensor x = at::randn({2, 5, 16}, at::TensorOptions().dtype(at::kDouble));
-              at::Tensor w = mlp->gate_up_proj->weight.detach(), down = mlp->down_proj->weight.detach();
-              at::Tensor gate = at::linear(x, w.narrow(0, 0, 24)), up = at::linear(x, w.narrow(0, 24, 24));
-              at::Tensor expected = at::linear(gate * at::sigmoid(gate) * up, down);
-              return compare(mlp->forward(x).detach(), expected, 1e-12);
-            });
-          }};
+  const models::LlamaOptions o = models::LlamaOptions().hidden_size(16).intermediate_size(24);
+  const int64_t f = o.intermediate_size();
+  spec::ModuleParityCase c;
+  c.name = "fused_swiglu_vs_unfused";
+  c.candidate = [o](ParallelContext& ctx) {
+    models::LlamaMlp mlp(ctx, o);
+    return spec::ParityCandidate{mlp.ptr(), [m = mlp.ptr()](const std::vector<at::Tensor>& in) { return m->forward(in[0]); }};
+  };
+  c.weights = {{"gate_up_proj.weight", "gate", [f](const at::Tensor& w) { return w.narrow(0, 0, f); }},
+               {"gate_up_proj.weight", "up", [f](const at::Tensor& w) { return w.narrow(0, f, f); }},
+               {"down_proj.weight", "down"}};
+  c.reference = [](const spec::ReferenceWeights& w, const std::vector<at::Tensor>& in) {
+    const at::Tensor gate = at::linear(in[0], w.at("gate")), up = at::linear(in[0], w.at("up"));
+    return at::linear(gate * at::sigmoid(gate) * up, w.at("down"));
+  };
+  c.input_shapes = {{2, 5, o.hidden_size()}};
+  return c;
 }
 
 // cp_causal_attention with GQA at cp = 1 against attention written independently: an explicit
-// per-head loop with the causal mask from a lower-triangular matrix.
+// per-head loop with the causal mask from a lower-triangular matrix. A function of q, k, v (no
+// parameters): the output and the three input gradients are compared.
 spec::ModuleParityCase attention_case() {
-  return {"cp_attention_vs_plain_attention", [] {
-            auto opts = at::TensorOptions().dtype(at::kDouble);
-            at::Tensor q = at::randn({2, 4, 6, 8}, opts), k = at::randn({2, 2, 6, 8}, opts), v = at::randn({2, 2, 6, 8}, opts);
-            at::Tensor expected = at::empty_like(q);
-            at::Tensor keep = at::ones({6, 6}, at::kBool).tril();
-            for (int64_t h = 0; h < 4; ++h) {
-              at::Tensor kh = k.select(1, h / 2), vh = v.select(1, h / 2);
-              at::Tensor s = at::matmul(q.select(1, h), kh.transpose(-1, -2)) / std::sqrt(8.0);
-              s = at::where(keep, s, at::full_like(s, -std::numeric_limits<double>::infinity()));
-              expected.select(1, h).copy_(at::matmul(at::softmax(s, -1), vh));
-            }
-            return compare(cp_causal_attention(q, k, v, CpShard{}), expected, 1e-12);
-          }};
+  constexpr int64_t kHeads = 4, kKvHeads = 2, kSeq = 6, kHeadDim = 8;
+  spec::ModuleParityCase c;
+  c.name = "cp_attention_vs_plain_attention";
+  c.candidate = [](ParallelContext&) {
+    return spec::ParityCandidate{nullptr, [](const std::vector<at::Tensor>& in) {
+                                   return cp_causal_attention(in[0], in[1], in[2], CpShard{});
+                                 }};
+  };
+  c.reference = [](const spec::ReferenceWeights&, const std::vector<at::Tensor>& in) {
+    const at::Tensor keep = at::ones({kSeq, kSeq}, at::kBool).tril();
+    std::vector<at::Tensor> heads;
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t kv = h / (kHeads / kKvHeads);
+      at::Tensor s = at::matmul(in[0].select(1, h), in[1].select(1, kv).transpose(-1, -2)) /
+                     std::sqrt(static_cast<double>(kHeadDim));
+      s = at::where(keep, s, at::full_like(s, -std::numeric_limits<double>::infinity()));
+      heads.push_back(at::matmul(at::softmax(s, -1), in[2].select(1, kv)));
+    }
+    return at::stack(heads, 1);
+  };
+  c.input_shapes = {{2, kHeads, kSeq, kHeadDim}, {2, kKvHeads, kSeq, kHeadDim}, {2, kKvHeads, kSeq, kHeadDim}};
+  return c;
 }
 
 std::vector<spec::StateInvariant> inv_freq_invariants(const std::string& fqn, double theta) {
@@ -145,7 +163,6 @@ MIH_CONFORMANCE_SUITES(Llama, "llama", "cpu-smoke");
 // embedding and head, row-parallel biases) run in the main job on their own lane.
 MIH_CONFORMANCE_SUITES(LlamaTied, "llama_tied", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaBias, "llama_bias", "cpu-smoke-variants");
-// Dropout is instantiated only when named (`--prefixes LlamaDropout`, as `mih faults` does for
-// F14): its masks are drawn per rank, so no case but the reference matches the one-rank
-// reference yet (NumericParity fails on every other case).
-MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaDropout, "llama_dropout", "cpu-smoke");
+// Dropout 0.1 on every case: its masks depend only on each element's global position
+// (ParallelContext::dropout), so every split of the batch matches the one-rank reference.
+MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");

@@ -1,5 +1,7 @@
 // The validation spec of the moe reference port (llama with MoeMlp in layer 1).
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "reference_models/llama.h"
 #include "specs/spec_support.h"
@@ -26,31 +28,60 @@ spec::StateInvariant expert_counts_invariant(int64_t global_tokens, int64_t top_
 }
 
 // MoeMlp against a per-token loop: softmax router, the top_k experts by probability, their
-// SwiGLU outputs weighted by the renormalized probabilities.
+// SwiGLU outputs weighted by the renormalized probabilities, and the load-balancing loss
+// (alpha * E * sum_e f_e * P_e over the tokens, Switch Transformer eq. 4) as the aux loss,
+// which reaches the router's gradient besides the output.
 spec::ModuleParityCase moe_loop_case() {
-  return {"moe_mlp_vs_per_token_loop", [] {
-            return on_one_rank([](ParallelContext& ctx) {
-              models::LlamaOptions o = models::LlamaOptions().hidden_size(8).num_experts(3).top_k(2).expert_intermediate_size(6);
-              models::MoeMlp moe(ctx, o, "mlp");
-              at::Tensor x = at::randn({1, 5, 8}, at::TensorOptions().dtype(at::kDouble));
-              at::Tensor expected = at::zeros_like(x);
-              for (int64_t t = 0; t < 5; ++t) {
-                at::Tensor token = x[0][t];
-                at::Tensor p = at::softmax(at::mv(moe->router.detach(), token), 0);
-                std::vector<std::pair<double, int64_t>> ranked;
-                for (int64_t e = 0; e < 3; ++e) ranked.emplace_back(p[e].item<double>(), e);
-                std::sort(ranked.rbegin(), ranked.rend());
-                const double norm = ranked[0].first + ranked[1].first;
-                for (int i = 0; i < 2; ++i) {
-                  auto* expert = moe->experts[ranked[i].second]->as<models::MoeExpert>();
-                  at::Tensor gu = at::mv(expert->gate_up_proj.detach(), token);
-                  at::Tensor h = at::silu(gu.narrow(0, 0, 6)) * gu.narrow(0, 6, 6);
-                  expected[0][t] += ranked[i].first / norm * at::mv(expert->down_proj.detach(), h);
-                }
-              }
-              return compare(moe->forward(x).detach(), expected, 1e-12);
-            });
-          }};
+  const models::LlamaOptions o = models::LlamaOptions().hidden_size(8).num_experts(3).top_k(2).expert_intermediate_size(6);
+  const int64_t tokens = 5, experts = o.num_experts(), top_k = o.top_k(), f = o.expert_intermediate_size();
+  spec::ModuleParityCase c;
+  c.name = "moe_mlp_vs_per_token_loop";
+  c.candidate = [o](ParallelContext& ctx) {
+    models::MoeMlp moe(ctx, o, "mlp");
+    // The candidate attaches its aux loss to the output's graph itself: its value is returned
+    // detached, to be compared, not added again.
+    return spec::ParityCandidate{moe.ptr(), [m = moe.ptr()](const std::vector<at::Tensor>& in) -> spec::ParityOutput {
+                                   at::Tensor y = m->forward(in[0]);
+                                   return {y, at::scalar_tensor(m->last_aux_loss, at::TensorOptions().dtype(at::kDouble))};
+                                 }};
+  };
+  c.weights = {{"router"}};
+  for (int64_t e = 0; e < experts; ++e) {
+    c.weights.emplace_back("experts." + std::to_string(e) + ".gate_up_proj");
+    c.weights.emplace_back("experts." + std::to_string(e) + ".down_proj");
+  }
+  c.reference = [=](const spec::ReferenceWeights& w, const std::vector<at::Tensor>& in) -> spec::ParityOutput {
+    std::vector<at::Tensor> rows;
+    std::vector<double> routed(static_cast<size_t>(experts), 0.0);  // token slots per expert
+    at::Tensor prob_sum = at::zeros({experts}, in[0].options());
+    for (int64_t t = 0; t < tokens; ++t) {
+      const at::Tensor token = in[0][0][t];
+      const at::Tensor p = at::softmax(at::mv(w.at("router"), token), 0);
+      prob_sum = prob_sum + p;
+      std::vector<std::pair<double, int64_t>> ranked;
+      for (int64_t e = 0; e < experts; ++e) ranked.emplace_back(p[e].item<double>(), e);
+      std::sort(ranked.rbegin(), ranked.rend());
+      at::Tensor norm = at::zeros({}, in[0].options()), y = at::zeros_like(token);
+      for (int64_t i = 0; i < top_k; ++i) norm = norm + p[ranked[i].second];
+      for (int64_t i = 0; i < top_k; ++i) {
+        const int64_t e = ranked[i].second;
+        const std::string expert = "experts." + std::to_string(e);
+        const at::Tensor gu = at::mv(w.at(expert + ".gate_up_proj"), token);
+        const at::Tensor h = at::silu(gu.narrow(0, 0, f)) * gu.narrow(0, f, f);
+        y = y + p[e] / norm * at::mv(w.at(expert + ".down_proj"), h);
+        routed[static_cast<size_t>(e)] += 1;
+      }
+      rows.push_back(y);
+    }
+    at::Tensor aux = at::zeros({}, in[0].options());
+    for (int64_t e = 0; e < experts; ++e) {
+      const double fraction = routed[static_cast<size_t>(e)] / static_cast<double>(tokens * top_k);  // f_e
+      aux = aux + fraction * prob_sum[e] / static_cast<double>(tokens);                            // f_e * P_e
+    }
+    return {at::stack(rows).unsqueeze(0), o.router_aux_loss_coef() * static_cast<double>(experts) * aux};
+  };
+  c.input_shapes = {{1, tokens, o.hidden_size()}};
+  return c;
 }
 
 spec::ModelSpec moe_spec() {

@@ -1,39 +1,14 @@
-// What the reference specs share: a one-rank mesh to build modules on for module parity
-// cases, the comparison of two tensors, and the parts of a spec every reference model has.
+// What the reference specs share: the parts of a spec every reference model has, and the
+// module parity case and invariants the llama spec lends the moe and vlm specs.
 #pragma once
-
-#include <chrono>
-#include <functional>
 
 #include <ATen/ATen.h>
 
-#include "harness/compat/store.h"
-#include "harness/runtime/device_mesh.h"
 #include "harness/spec/model_spec.h"
 #include "reference_models/llama.h"
 #include "reference_models/registry.h"
 
 namespace mih::specs {
-
-/// Runs `fn` with a ParallelContext of one rank (float64 parameters, seed 7).
-inline spec::CheckResult on_one_rank(const std::function<spec::CheckResult(ParallelContext&)>& fn) {
-  compat::Store store = compat::make_hash_store(std::chrono::seconds(30));
-  MeshOptions options;
-  options.group.gloo_hostname = "127.0.0.1";
-  ParallelConfig config;
-  config.dtype = DType::kFloat64;
-  config.seed = 7;
-  DeviceMesh mesh(config, store, 0, 1, options);
-  ParallelContext ctx(mesh, config);
-  return fn(ctx);
-}
-
-/// {passed: max relative error <= tolerance, facts: the errors and the tolerance}.
-inline spec::CheckResult compare(const at::Tensor& candidate, const at::Tensor& reference, double tolerance) {
-  const double max_abs = (candidate - reference).abs().max().item<double>();
-  const double rel = max_abs / std::max(reference.abs().max().item<double>(), 1e-30);
-  return {rel <= tolerance, {{"max_abs_error", max_abs}, {"max_relative_error", rel}, {"tolerance", tolerance}}};
-}
 
 /// A reference model's spec with the parts every language model declares: its factory, the
 /// text data contract, the checkpoint map, and the rotary table as shared state.
@@ -65,8 +40,8 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
 std::string reference_source_checkpoint(const std::string& name);
 
 /// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer) after the
-/// build and after a checkpoint load, and
-/// CP attention against an independent per-head loop.
+/// build and after a checkpoint load, and CP attention against an independent per-head loop
+/// (output and the q, k, v gradients).
 std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta);
 spec::ModuleParityCase llama_attention_case();
 

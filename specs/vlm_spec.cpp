@@ -7,22 +7,30 @@ namespace mih::specs {
 namespace {
 
 // The tower's patch embedding (unfold + linear) against a strided convolution with the same
-// weights: the ViT paper's patch embedding written the other standard way.
+// weights: the ViT paper's patch embedding written the other standard way. The adapter
+// reshapes the [Hv, C*p*p] weight into the convolution's [Hv, C, p, p]; its gradient comes
+// back through the reshape.
 spec::ModuleParityCase patch_embedding_case() {
-  return {"patch_embedding_vs_conv2d", [] {
-            return on_one_rank([](ParallelContext& ctx) {
-              models::VlmOptions o = models::VlmOptions().image_size(16).vision_layers(0);
-              models::VisionTower tower(ctx, o);
-              at::Tensor pixels = at::rand({2, 3, 16, 16}, at::TensorOptions().dtype(at::kDouble));
-              at::Tensor w = tower->patch_embedding.detach().reshape({o.vision_hidden_size(), 3, 8, 8});
-              at::Tensor conv = at::conv2d(pixels, w, {}, 8).flatten(2).transpose(1, 2);  // [N, P, Hv]
-              at::Tensor embedded = conv + tower->position_embedding.detach();
-              // With no blocks the tower is the embedding then the final LayerNorm.
-              at::Tensor expected = at::layer_norm(embedded, {o.vision_hidden_size()}, tower->post_layernorm->weight.detach(),
-                                                   tower->post_layernorm->bias.detach(), 1e-5);
-              return compare(tower->forward(pixels).detach(), expected, 1e-12);
-            });
-          }};
+  const models::VlmOptions o = models::VlmOptions().image_size(16).vision_layers(0);
+  const int64_t hv = o.vision_hidden_size(), ch = o.channels(), p = o.patch_size();
+  spec::ModuleParityCase c;
+  c.name = "patch_embedding_vs_conv2d";
+  c.candidate = [o](ParallelContext& ctx) {
+    models::VisionTower tower(ctx, o);
+    return spec::ParityCandidate{tower.ptr(), [t = tower.ptr()](const std::vector<at::Tensor>& in) { return t->forward(in[0]); }};
+  };
+  c.weights = {{"patch_embedding", "conv_weight", [=](const at::Tensor& w) { return w.reshape({hv, ch, p, p}); }},
+               {"position_embedding"},
+               {"post_layernorm.weight"},
+               {"post_layernorm.bias"}};
+  c.reference = [=](const spec::ReferenceWeights& w, const std::vector<at::Tensor>& in) {
+    const at::Tensor conv = at::conv2d(in[0], w.at("conv_weight"), {}, p).flatten(2).transpose(1, 2);  // [N, P, Hv]
+    // With no blocks the tower is the embedding then the final LayerNorm.
+    return at::layer_norm(conv + w.at("position_embedding"), {hv}, w.at("post_layernorm.weight"),
+                          w.at("post_layernorm.bias"), 1e-5);
+  };
+  c.input_shapes = {{2, ch, o.image_size(), o.image_size()}};
+  return c;
 }
 
 spec::ModelSpec vlm_spec() {

@@ -1,4 +1,5 @@
-// The ModuleParity suite (suites/suite_table.h): candidate modules against independent implementations (run with the reference).
+// The ModuleParity suite (suites/suite_table.h): candidate modules against independent
+// implementations, forward and backward (harness/spec/module_parity.h; run with the reference).
 #include "suites/conformance.h"
 
 namespace mih::conformance {

@@ -24,7 +24,7 @@ int id_of(std::string_view text) {
     if (!std::isdigit(static_cast<unsigned char>(t[i]))) return -1;
     n = n * 10 + (t[i] - '0');
   }
-  return n >= 1 && n <= kFaultCount ? n : -1;
+  return catalogued(n) ? n : -1;
 }
 
 }  // namespace
@@ -43,20 +43,22 @@ int load_from_environment() noexcept {
 
 std::string name(Fault f) {
   const int n = static_cast<int>(f);
-  if (n <= 0 || n > kFaultCount) return "";
+  if (!catalogued(n)) return "";
   return std::string(n < 10 ? "F0" : "F") + std::to_string(n);
 }
 
 std::vector<Fault> all() {
   std::vector<Fault> out;
-  for (int n = 1; n <= kFaultCount; ++n) out.push_back(static_cast<Fault>(n));
+  for (int n = 1; n <= kMaxFaultId; ++n) {
+    if (catalogued(n)) out.push_back(static_cast<Fault>(n));
+  }
   return out;
 }
 
 Fault parse(std::string_view text) {
   const int id = detail::id_of(text);
-  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (FAULTS.md, `mih faults --list`) has F01 to ",
-            name(static_cast<Fault>(kFaultCount)));
+  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (FAULTS.md, `mih faults --list`) has F01 to F22 "
+            "and F26 (F23-F25 are reserved)");
   return static_cast<Fault>(id);
 }
 

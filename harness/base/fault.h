@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (FAULTS.md F01-F22, `mih faults`): each catalogued
+// Fault injection for the fault catalog (FAULTS.md F01-F22 and F26, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //
@@ -23,8 +23,14 @@ enum class Fault : int {
   kNone = 0,
   kF01, kF02, kF03, kF04, kF05, kF06, kF07, kF08, kF09, kF10, kF11,
   kF12, kF13, kF14, kF15, kF16, kF17, kF18, kF19, kF20, kF21, kF22,
+  // F23-F25 are reserved for expert parallelism (FAULTS.md).
+  kF26 = 26,
 };
-inline constexpr int kFaultCount = 22;
+/// How many faults are catalogued, and the largest ID.
+inline constexpr int kFaultCount = 23;
+inline constexpr int kMaxFaultId = 26;
+/// True for the ID of a catalogued fault (1-22, 26).
+constexpr bool catalogued(int id) noexcept { return (id >= 1 && id <= 22) || id == 26; }
 
 namespace detail {
 /// The fault of this process: -1 until MIH_FAULT is read, then a Fault, or kUnknown when
@@ -48,7 +54,7 @@ Fault current();
 /// never a silent fault-free run.
 void check_environment();
 
-/// "F01" ... "F22"; "" for kNone.
+/// "F01" ... "F26"; "" for kNone.
 std::string name(Fault f);
 /// "F01" (case-insensitive, "f1" and "F1" too) -> kF01; "" and "none" -> kNone.
 /// Throws: mih::Error{kInvalidSpec} naming the text and the valid IDs.

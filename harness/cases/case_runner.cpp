@@ -55,17 +55,11 @@ nlohmann::json tensor_hashes(TrainingBackend& backend) {
   return {{"tensors", out}, {"next_step", backend.next_step()}};
 }
 
-// The spec's module parity cases (on the reference case's rank): check/module_parity.json.
-nlohmann::json run_module_parity(const spec::ModelSpec& s) {
+// The spec's module parity cases (on the reference case's rank): check/module_parity.json,
+// one object per case (spec::ModuleParityResult::to_json).
+nlohmann::json module_parity_evidence(const spec::ModelSpec& s) {
   nlohmann::json out = nlohmann::json::object();
-  for (const auto& pc : s.parity_cases) {
-    try {
-      const spec::CheckResult r = pc.run();
-      out[pc.name] = {{"passed", r.passed}, {"facts", r.facts}};
-    } catch (const std::exception& e) {
-      out[pc.name] = {{"passed", false}, {"facts", {{"error", e.what()}}}};
-    }
-  }
+  for (const auto& pc : s.parity_cases) out[pc.name] = spec::run_module_parity(pc).to_json();
   return out;
 }
 
@@ -116,6 +110,7 @@ int run_phase(WorkerContext& ctx) {
   so.mode = SessionMode::kRuntime;
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
+  so.last_step = (phase == "save" ? c.resume_at : c.steps) - 1;
   so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
   c10::Device device(c10::DeviceType::CPU);
   if (c.device == "cuda") {
@@ -166,7 +161,7 @@ int run_phase(WorkerContext& ctx) {
     throw;
   }
   if (c.kind == spec::CaseKind::kReference && rank0 && !s.parity_cases.empty()) {
-    EvidenceDir(evidence).write_json("check/module_parity.json", run_module_parity(s));
+    EvidenceDir(evidence).write_json("check/module_parity.json", module_parity_evidence(s));
   }
   session.finish();
   timing["end_s"] = since(t);

@@ -113,9 +113,10 @@ std::string markdown_table(const json& report) {
   };
   std::string md = "# Fault catalog: " + std::to_string(report["detected"].get<int>()) + " of " +
                    std::to_string(report["total"].get<size_t>()) + " faults detected, " +
+                   std::to_string(report["localized"].get<int>()) + " localized to the expected place, " +
                    std::to_string(report["fault_free_failures"].get<int>()) + " fault-free twin(s) failed\n\n";
-  md += "| ID | kind | case | detected | caught by | suites failed | twin | message |\n";
-  md += "|----|------|------|----------|-----------|---------------|------|---------|\n";
+  md += "| ID | kind | case | detected | caught by | blamed (expected) | suites failed | twin | message |\n";
+  md += "|----|------|------|----------|-----------|-------------------|---------------|------|---------|\n";
   for (const auto& r : report["faults"]) {
     std::string suites;
     for (const auto& x : r["suites_failed"]) suites += (suites.empty() ? "" : ", ") + x.get<std::string>();
@@ -123,7 +124,9 @@ std::string markdown_table(const json& report) {
     if (message.rfind("Failed\n", 0) == 0) message = message.substr(7);
     md += "| " + r["id"].get<std::string>() + " | " + cell(r["kind"].get<std::string>()) + " | " +
           r["spec"].get<std::string>() + " " + r["case"].get<std::string>() + " | " +
-          (r["detected"].get<bool>() ? "yes" : "**no**") + " | " + r["caught_by"].get<std::string>() + " | " + suites +
+          (r["detected"].get<bool>() ? "yes" : "**no**") + " | " + r["caught_by"].get<std::string>() + " | " +
+          r["blamed"].get<std::string>() +
+          (r["localized"].get<bool>() ? "" : " (**" + r["expected_blame"].get<std::string>() + "**)") + " | " + suites +
           " | " + (r["twin_passed"].get<bool>() ? "passed" : "**failed**") + " | " + cell(message) + " |\n";
   }
   return md;
@@ -205,7 +208,7 @@ int run_faults(const FaultsOptions& options) {
   const std::vector<TestResult> clean_results = run_tests_of(clean);
 
   json rows = json::array();
-  int detected = 0, twin_failures = 0;
+  int detected = 0, twin_failures = 0, localized = 0;
   for (const auto* f : faults) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string case_name = case_of[f];
@@ -272,6 +275,32 @@ int run_faults(const FaultsOptions& options) {
     } catch (const std::exception& e) {
       row["evidence_error"] = e.what();
     }
+    // Where the harness puts the fault: what the catching test (else the first failed one) blames.
+    std::string blame_test = caught_by, blame_message = message;
+    if (blame_test.empty() && !failed_tests.empty()) {
+      for (const auto& r : run_tests_of(root)) {
+        if (r.case_name == case_name && r.status == "failed") {
+          blame_test = r.suite + "." + r.test;
+          blame_message = r.message;
+          break;
+        }
+      }
+    }
+    Localization where;
+    if (!blame_test.empty()) {
+      try {
+        const verdicts::CaseEvidence ev(root / f->spec / case_name);
+        const std::string text = blame_message.rfind("Failed\n", 0) == 0 ? blame_message.substr(7) : blame_message;
+        where = verdicts::blame(ev, blame_test.substr(0, blame_test.find('.')), text);
+      } catch (const std::exception& e) {
+        where.reason = e.what();
+      }
+    }
+    row["blamed"] = where.blamed;
+    row["blame_reason"] = where.reason;
+    row["expected_blame"] = f->expected_blame;
+    row["localized"] = !where.blamed.empty() && where.blamed == f->expected_blame;
+    localized += row["localized"].get<bool>();
     row["finding_codes"] = codes;
     row["first_divergence"] = first;
     // The twin: every test of the same case without the fault.
@@ -310,22 +339,27 @@ int run_faults(const FaultsOptions& options) {
   const json report = {{"faults", rows},
                        {"total", rows.size()},
                        {"detected", detected},
+                       {"localized", localized},
                        {"fault_free_failures", twin_failures},
                        {"seconds", elapsed()},
                        {"evidence", out.string()}};
   const fs::path json_path = json_out.empty() ? out / "faults.json" : fs::path(json_out);
   write_file_atomic(json_path, report.dump(2) + "\n");
   write_file_atomic(fs::path(json_path).replace_extension(".md"), markdown_table(report));
-  std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", "ID", "kind", "case", "detected", "caught by", "twin");
+  std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", "ID", "kind", "case", "detected", "caught by", "twin",
+              "blamed (expected)");
   for (const auto& r : rows) {
-    std::printf("%-4s %-36s %-28s %-10s %-44s %s\n", r["id"].get<std::string>().c_str(),
+    const std::string blamed = r["blamed"].get<std::string>(), expected = r["expected_blame"].get<std::string>();
+    std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", r["id"].get<std::string>().c_str(),
                 r["kind"].get<std::string>().c_str(),
                 (r["spec"].get<std::string>() + "/" + r["case"].get<std::string>()).c_str(),
                 r["detected"].get<bool>() ? "yes" : "NO", r["caught_by"].get<std::string>().c_str(),
-                r["twin_passed"].get<bool>() ? "passed" : "FAILED");
+                r["twin_passed"].get<bool>() ? "passed" : "FAILED",
+                (r["localized"].get<bool>() ? blamed : blamed + " (expected " + expected + ")").c_str());
   }
-  std::printf("%d of %zu faults detected; %d fault-free twin(s) failed; %.1f s; matrix: %s\n", detected, rows.size(),
-              twin_failures, elapsed(), json_path.c_str());
+  std::printf("%d of %zu faults detected, %d localized to the expected place; %d fault-free twin(s) failed; %.1f s; "
+              "matrix: %s\n",
+              detected, rows.size(), localized, twin_failures, elapsed(), json_path.c_str());
   if (infrastructure) return infrastructure;
   return detected == static_cast<int>(rows.size()) && twin_failures == 0 ? 0 : 1;
 }

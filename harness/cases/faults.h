@@ -9,7 +9,8 @@
 //
 // A fault counts as detected when one of its expected tests fails on the faulty run with a
 // message that matches one of its cause patterns (the parameter, field, key or invariant at
-// fault), and every test of the fault-free twin passes or is skipped.
+// fault), and every test of the fault-free twin passes or is skipped. It counts as localized
+// when the place the catching test blames (verdicts::blame) is the catalog's expected_blame.
 #pragma once
 
 #include <chrono>
@@ -35,6 +36,9 @@ struct FaultEntry {
   std::vector<std::string> causes;
   /// A public report of the bug (for rows the catalog of FAULTS.md lacks).
   std::string report;
+  /// The place the harness should blame first (verdicts::blame): the module FQN where the
+  /// fault lives, or "loss", "data", "grad_norm", "grad_sync", "optimizer", "checkpoint".
+  std::string expected_blame;
 };
 
 /// Every fault, F01 first.

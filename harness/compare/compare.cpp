@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
@@ -17,8 +18,12 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kStages = {"model_before", "grad_before_clip", "grad_after_clip", "after_optimizer",
-                                          "optimizer_state"};
+// In the order a step computes them: the activation stages (per module) between the
+// parameters before the step and their gradients.
+const std::vector<std::string> kStages = {"model_before",   "forward_output",  "output_grad",    "grad_before_clip",
+                                          "grad_after_clip", "after_optimizer", "optimizer_state"};
+
+bool activation_stage(const std::string& stage) { return stage == "forward_output" || stage == "output_grad"; }
 
 std::string fmt(double v) {
   char buf[32];
@@ -60,8 +65,91 @@ json Comparison::to_json() const {
 
 std::string Comparison::summary() const {
   if (passed()) return "match: " + std::to_string(compared) + " quantities within tolerance";
-  return "first divergence: " + divergences[0].message + " (" + std::to_string(divergences.size()) + " of " +
-         std::to_string(compared) + " quantities diverge)";
+  const Localization where = localize(*this);
+  return "localized to " + where.blamed + ": " + where.reason + "; first divergence: " + divergences[0].message + " (" +
+         std::to_string(divergences.size()) + " of " + std::to_string(compared) + " quantities diverge)";
+}
+
+std::string module_of_parameter(const std::string& fqn) {
+  std::string name = fqn.substr(0, fqn.find('/'));
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+Localization localize(const Comparison& c, bool resumed) {
+  if (c.divergences.empty()) return {};
+  int64_t step = std::numeric_limits<int64_t>::max();
+  for (const auto& d : c.divergences) step = std::min(step, d.step);
+  std::vector<const Divergence*> at;
+  for (const auto& d : c.divergences) {
+    if (d.step == step) at.push_back(&d);
+  }
+  const std::string when = " at step " + std::to_string(step);
+  auto find = [&](const std::string& kind, const std::string& stage_or_name) -> const Divergence* {
+    for (const Divergence* d : at) {
+      if (d->kind == kind && (d->stage == stage_or_name || d->name == stage_or_name)) return d;
+    }
+    return nullptr;
+  };
+  if (const Divergence* d = find("input", "metrics")) {
+    return {"data", "the global batch" + when + " differs from the reference's (" + d->name + ")"};
+  }
+  if (const Divergence* d = find("tensor", "model_before")) {
+    if (resumed) return {"checkpoint", "the parameters loaded before step " + std::to_string(step) +
+                                           " already differ ('" + d->name + "')"};
+    return {module_of_parameter(d->name), "parameter '" + d->name + "' differs before step " + std::to_string(step) +
+                                              " runs (its initialization or an earlier update)"};
+  }
+  // The modules of the step in forward order, as the activation divergences list them.
+  if (const Divergence* d = find("activation", "forward_output")) {
+    return {d->name, "its forward output is the first to diverge" + when +
+                         " in forward order; every module before it matches"};
+  }
+  if (find("metric", "loss")) {
+    return {"loss", "every module's forward output matches" + when + " and the loss differs"};
+  }
+  const Divergence* grad = find("activation", "output_grad");
+  if (grad) {
+    // Backward order: the order of the output_grad stage reversed. The first divergent output
+    // gradient in it was produced by the backward of the module before it.
+    const std::vector<std::string>& order = c.activation_order;
+    std::set<std::string> divergent;
+    for (const Divergence* d : at) {
+      if (d->kind == "activation" && d->stage == "output_grad") divergent.insert(d->name);
+    }
+    std::string previous;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (divergent.count(*it)) {
+        if (previous.empty()) {
+          return {"loss", "every forward output matches" + when + " up to the head, and the gradient of the loss "
+                          "with respect to the head's output ('" + *it + "') differs: the loss or its normalization"};
+        }
+        return {previous, "the forward outputs match" + when + "; in backward order its output gradient still matches "
+                          "and the next module's ('" + *it + "') is the first to diverge: its backward"};
+      }
+      previous = *it;
+    }
+    return {grad->name, "its output gradient is the first to diverge" + when};
+  }
+  for (const char* stage : {"grad_before_clip"}) {
+    if (const Divergence* d = find("tensor", stage)) {
+      return {module_of_parameter(d->name), "the activations and their gradients match" + when +
+                                                "; the gradient of parameter '" + d->name +
+                                                "' is the first to diverge: its module's weight gradient or its "
+                                                "reduction"};
+    }
+  }
+  if (find("metric", "grad_norm_pre_clip") || find("metric", "grad_norm_post_clip")) {
+    return {"grad_norm", "every gradient matches" + when + " and the global grad norm differs"};
+  }
+  if (const Divergence* d = find("tensor", "grad_after_clip")) {
+    return {"grad_norm", "the gradients match before clipping" + when + " and differ after it ('" + d->name + "')"};
+  }
+  const Divergence& d = *at.front();
+  if (d.kind == "tensor" || d.kind == "metric") {
+    return {"optimizer", "the gradients match" + when + " and the update does not ('" + d.name + "', " + d.stage + ")"};
+  }
+  return {d.name, d.message};
 }
 
 Comparison compare_evidence(const fs::path& reference, const fs::path& candidate, const CompareOptions& o) {
@@ -98,7 +186,11 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   };
   auto add = [&](Divergence d) {
     d.tolerance = o.tolerance;
-    const std::string what = d.kind == "input" ? "input field '" : d.kind == "metric" ? "metric '" : "parameter '";
+    const std::string what = d.kind == "input"    ? "input field '"
+                             : d.kind == "metric" ? "metric '"
+                             : d.kind == "activation" ? (d.stage == "forward_output" ? "forward output of module '"
+                                                                                     : "output gradient of module '")
+                                                      : "parameter '";
     std::string why;
     if (d.kind == "input") {
       why = "hash differs from the reference";
@@ -144,6 +236,21 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   std::map<std::pair<int64_t, std::string>, json> ref_probes, cand_probes;
   for (const auto& l : read_required(ref, probes_file)) ref_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
   for (const auto& l : read_required(cand, probes_file)) cand_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
+  // A session probes the parameters before a step only at its first step: later, they are the
+  // parameters after the previous step's optimizer.
+  for (auto* side : {&ref_probes, &cand_probes}) {
+    std::set<int64_t> steps_seen;
+    for (const auto& [key, line] : *side) steps_seen.insert(key.first);
+    for (int64_t s : steps_seen) {
+      auto after = side->find({s - 1, "after_optimizer"});
+      if (!side->count({s, "model_before"}) && after != side->end()) {
+        json line = after->second;
+        line["stage"] = "model_before";
+        line["step"] = s;
+        (*side)[{s, "model_before"}] = line;
+      }
+    }
+  }
   const std::string metrics_path = (candidate / metrics_file).string(), probes_path = (candidate / probes_file).string();
 
   for (int64_t step : steps) {
@@ -163,6 +270,13 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
       auto ia = cand_probes.find({step, stage});
       auto ib = ref_probes.find({step, stage});
       if (ia == cand_probes.end() && ib == ref_probes.end()) continue;  // a stage neither side records
+      // Activations, clipped gradients and optimizer states are probed at a run's first two
+      // steps and its last: a resumed run's first step is one its uninterrupted twin may not
+      // probe.
+      const bool scheduled = activation_stage(stage) || stage == "optimizer_state" || stage == "grad_after_clip";
+      if ((ia == cand_probes.end() || ib == ref_probes.end()) && scheduled && o.first_step > 0) {
+        continue;
+      }
       if (ia == cand_probes.end() || ib == ref_probes.end()) {
         const bool cand_lacks = ia == cand_probes.end();
         add_missing("tensor", "(every watched tensor)", step, stage, cand_lacks ? "candidate" : "reference",
@@ -171,12 +285,25 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
       }
       const json& ta = ia->second["tensors"];
       const json& tb = ib->second["tensors"];
-      for (const auto& name : order) {
+      // Modules in forward order: the candidate's, then any the reference adds.
+      std::vector<std::string> modules;
+      if (activation_stage(stage)) {
+        for (const json* line : {&ia->second, &ib->second}) {
+          for (const auto& m : line->value("order", json::array())) {
+            if (std::find(modules.begin(), modules.end(), m.get<std::string>()) == modules.end()) {
+              modules.push_back(m.get<std::string>());
+            }
+          }
+        }
+      }
+      const std::string kind = activation_stage(stage) ? "activation" : "tensor";
+      if (stage == "output_grad" && out.activation_order.empty()) out.activation_order = modules;
+      for (const auto& name : activation_stage(stage) ? modules : order) {
         if (!ta.contains(name) && !tb.contains(name)) continue;  // an optimizer state of a frozen parameter
         ++out.compared;
         if (!ta.contains(name) || !tb.contains(name)) {
           const bool cand_lacks = !ta.contains(name);
-          add_missing("tensor", name, step, stage, cand_lacks ? "candidate" : "reference",
+          add_missing(kind, name, step, stage, cand_lacks ? "candidate" : "reference",
                       ((cand_lacks ? candidate : reference) / probes_file).string());
           continue;
         }
@@ -195,20 +322,33 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
           rel = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-300);
         } else {
           // Statistics: each relative to the tensor's L2 norm (sum of squares relative to itself).
-          const double norm = std::sqrt(std::max(y["sum_sq"].get<double>(), 0.0));
+            // A partial-sum gradient records no sum of squares: the sketch scales by its sum of
+          // absolute projections instead.
+          double norm = 0;
+          if (y.contains("sum_sq")) {
+            norm = std::sqrt(std::max(y["sum_sq"].get<double>(), 0.0));
+          } else {
+            for (const auto& v : y["sketch"]) norm = std::max(norm, std::abs(v.get<double>()));
+            norm = std::max(norm, std::abs(y["sum"].get<double>()));
+          }
           auto cmp = [&](double u, double v, double scale) {
             max_abs = std::max(max_abs, std::abs(u - v));
             rel = std::max(rel, std::abs(u - v) / std::max(scale, 1e-300));
           };
           cmp(x["sum"].get<double>(), y["sum"].get<double>(), std::max(std::abs(y["sum"].get<double>()), norm));
-          cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
+          // A side whose gradient was a partial sum on each rank has no sum of squares: the
+          // linear statistics (sum, sketch) are compared then.
+          if (x.contains("sum_sq") && y.contains("sum_sq")) {
+            cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
+          }
+          if (x.value("numel", int64_t{-1}) != y.value("numel", int64_t{-1})) rel = std::numeric_limits<double>::infinity();
           if (x["sketch"].size() != y["sketch"].size()) rel = std::numeric_limits<double>::infinity();
           for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
             cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
           }
         }
         if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
-        if (!(rel <= o.tolerance)) add({"tensor", name, step, stage, max_abs, rel, 0, probes_path, "", ""});
+        if (!(rel <= o.tolerance)) add({kind, name, step, stage, max_abs, rel, 0, probes_path, "", ""});
       }
     }
   }

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -26,6 +28,14 @@ std::string short_json(const json& j, size_t max = 300) {
   std::string s = j.dump();
   if (s.size() > max) s = s.substr(0, max) + "...";
   return s;
+}
+
+// A number of the evidence as %.3g; JSON has no NaN or infinity, so those were written as null.
+std::string number(const json& v) {
+  if (!v.is_number()) return "not finite";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v.get<double>());
+  return buf;
 }
 
 int64_t numel(const json& shape) {
@@ -208,7 +218,7 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
       case Quantity::kLoss: return d.kind == "metric" && d.name == "loss";
       case Quantity::kGradNorms: return d.kind == "metric" && d.name.rfind("grad_norm", 0) == 0;
       case Quantity::kLr: return d.kind == "metric" && d.name == "lr";
-      case Quantity::kTensors: return d.kind == "tensor";
+      case Quantity::kTensors: return d.kind == "tensor" || d.kind == "activation";
     }
     return false;
   };
@@ -217,7 +227,11 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
     if (wanted(d)) hits.push_back(&d);
   }
   if (hits.empty()) return Verdict::pass();
-  std::string msg = "first divergence from " + reference.dir().filename().string() + ": " + hits[0]->message;
+  // Where the fault is, from every quantity of the comparison (the loss verdict of a forward
+  // bug names the module whose output diverged first).
+  const Localization where = localize(c, first_step > 0);
+  std::string msg = "localized to '" + where.blamed + "': " + where.reason + "\n  first divergence from " +
+                    reference.dir().filename().string() + ": " + hits[0]->message;
   // The first offender in forward order is where to start; the largest error at that step and
   // stage is often the cause (a gradient that flows back into every earlier layer).
   const Divergence* largest = hits[0];
@@ -237,6 +251,57 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
            std::to_string(hits[1]->step) + (hits[1]->stage == "metrics" ? "" : ", " + hits[1]->stage) + ")";
   }
   return Verdict::fail(msg);
+}
+
+Localization blame(const CaseEvidence& ev, const std::string& suite, const std::string& message) {
+  const std::string opening = "localized to '";
+  if (message.rfind(opening, 0) == 0) {
+    const auto end = message.find("': ", opening.size());
+    if (end != std::string::npos) {
+      const auto line = message.find('\n');
+      return {message.substr(opening.size(), end - opening.size()), message.substr(end + 3, line - end - 3)};
+    }
+  }
+  static const std::map<std::string, std::string> kPlaces = {
+      {"InputIdentity", "data"},         {"DataContract", "data"},
+      {"CpReplicatedInputs", "data"},    {"TensorParallelInputs", "data"},
+      {"CheckpointCoverage", "checkpoint"}, {"CheckpointRoundTrip", "checkpoint"},
+      {"Resume", "checkpoint"},          {"SourceCheckpoint", "checkpoint"},
+      {"OptimizerLayout", "optimizer"},  {"FrozenParameters", "optimizer"},
+      {"GradientSync", "grad_sync"},     {"TensorParallelGradients", "grad_sync"},
+      {"CommVolume", "grad_sync"}};
+  auto it = kPlaces.find(suite);
+  if (it != kPlaces.end()) return {it->second, "the place " + suite + " examines"};
+  if (ev.has("check/findings.json")) {
+    std::set<std::string> parameters;
+    if (ev.has("check/structure.json")) {
+      for (const auto& p : ev.json("check/structure.json").value("parameters", json::array())) {
+        if (p.is_object()) parameters.insert(p.value("fqn", ""));
+      }
+    }
+    for (const auto& f : ev.findings()) {
+      if (f.value("severity", "") != "error") continue;
+      if (f.value("phase", "") == "checkpoint") return {"checkpoint", "finding " + f.value("code", "") + " at a checkpoint load"};
+      const std::string owner = f.value("owner", ""), code = f.value("code", "");
+      if (owner.empty()) continue;
+      const json& facts = f.value("facts", json::object());
+      // A declared tie that does not hold: the alias (the second of the pair) is the
+      // parameter that lost the first's storage.
+      if (facts.contains("tied") && facts["tied"].is_array() && facts["tied"].size() == 2 && facts["tied"][1].is_string()) {
+        const std::string alias = facts["tied"][1].get<std::string>();
+        return {module_of_parameter(alias), "finding " + code + ": the tied alias '" + alias + "' is not the parameter it "
+                                            "is declared tied to"};
+      }
+      // Shared state: the module that published it.
+      if (facts.contains("publishes") && facts["publishes"].is_array() && !facts["publishes"].empty() &&
+          facts["publishes"][0].is_object() && facts["publishes"][0].contains("source")) {
+        const std::string source = facts["publishes"][0].value("source", "");
+        return {source, "finding " + code + ": shared state '" + owner + "' published by '" + source + "'"};
+      }
+      return {parameters.count(owner) ? module_of_parameter(owner) : owner, "the owner of finding " + code + " ('" + owner + "')"};
+    }
+  }
+  return {"", "the failure names no place"};
 }
 
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
@@ -392,16 +457,34 @@ Verdict module_parity(const CaseEvidence& ev) {
   if (declared.empty()) return Verdict::skip("the spec declares no module parity case");
   if (ev.case_info().value("kind", "") != "reference") return Verdict::skip("module parity runs with the reference case");
   const std::string file = "check/module_parity.json";
+  const std::string open = " (open " + rel_path(ev, file) + ")";
   const auto& results = ev.json(file);
+  int64_t observed = 0;
   for (const auto& name : declared) {
     const std::string n = name.is_string() ? name.get<std::string>() : name.value("name", "");
-    if (!results.contains(n)) return Verdict::fail("parity case '" + n + "' has no result (open " + rel_path(ev, file) + ")");
-    if (!results[n].value("passed", false)) {
-      return Verdict::fail("module parity case '" + n + "' failed: " + short_json(results[n].value("facts", json::object()), 500) +
-                           " (open " + rel_path(ev, file) + ")");
+    const std::string where = "module parity case '" + n + "'";
+    if (!results.contains(n)) return Verdict::fail("parity case '" + n + "' has no result" + open);
+    const json& r = results[n];
+    if (r.contains("error")) return Verdict::fail(where + " raised: " + r.value("error", std::string()) + open);
+    const json unmapped = r.value("unmapped", json::array());
+    if (!unmapped.empty()) {
+      return Verdict::fail(where + ": the weight adapter maps no reference weight from the candidate's trainable " +
+                           "parameter(s) " + short_json(unmapped) + open);
     }
+    const json observations = r.value("observations", json::array());
+    if (observations.empty()) return Verdict::fail(where + " recorded no observation" + open);
+    for (const auto& o : observations) {
+      ++observed;
+      if (o.value("passed", false)) continue;
+      return Verdict::fail(where + ": observation '" + o.value("name", "?") + "' relative error " +
+                           number(o.value("relative_error", json())) + " > tolerance " + number(o.value("tolerance", json())) +
+                           " (max abs error " + number(o.value("max_abs_error", json())) +
+                           (o.contains("note") ? "; " + o["note"].get<std::string>() : "") + ")" + open);
+    }
+    if (!r.value("passed", false)) return Verdict::fail(where + " did not pass: " + short_json(r, 500) + open);
   }
-  return Verdict::pass();
+  return Verdict::pass(std::to_string(observed) + " observations of " + std::to_string(declared.size()) +
+                       " module parity cases");
 }
 
 Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {

@@ -90,6 +90,15 @@ enum class Quantity { kInput, kLoss, kGradNorms, kLr, kTensors };
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
                int64_t first_step = 0);
 
+/// Where a failed test of `suite` on case `ev` puts the fault (the `blamed` of `mih faults`):
+/// the localization a parity verdict's `message` opens with ("localized to '<place>': ...");
+/// else the place the suite examines: "data" (InputIdentity, DataContract, the tp/cp input
+/// suites), "checkpoint" (the checkpoint suites, Resume, a checkpoint-phase invariant),
+/// "optimizer" (OptimizerLayout, FrozenParameters), "grad_sync" (GradientSync, the tp
+/// gradient suite, CommVolume); else the module of the first error finding's owner (the
+/// module of a parameter, or the producer a shared-state finding names).
+Localization blame(const CaseEvidence& ev, const std::string& suite, const std::string& message);
+
 /// FsdpUnits: skip unless dp_shard > 1; every sharded parameter (structure.json) belongs to
 /// a unit of fsdp_units.json, every unit's parameters exist and hold one dtype and mesh.
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev);
@@ -115,7 +124,10 @@ Verdict modality_gradients(const CaseEvidence& ev);
 Verdict state_invariants(const CaseEvidence& ev);
 
 /// ModuleParity: skip unless the case ran the spec's parity cases (the reference does);
-/// every case in check/module_parity.json passed.
+/// every declared case in check/module_parity.json raised nothing, left no trainable parameter
+/// of its candidate unmapped, and passed each observation (output, input and parameter
+/// gradients). The failure names the case and the first failing observation with its relative
+/// error, tolerance and max abs error, and the file.
 Verdict module_parity(const CaseEvidence& ev);
 
 /// ActivationCheckpointEquivalence: skip unless activation checkpointing is on; regions

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -108,24 +109,38 @@ ParallelContext::ParallelContext(DeviceMesh& mesh, const ParallelConfig& config,
     : mesh_(&mesh), config_(config), param_dtype_(scalar_type(config.dtype)), device_(device) {
   MIH_CHECK(config_.same_mesh(mesh.config()), "parallel context: config '", config_.name(), "' (", config_.mesh_str(),
             ") does not match the mesh (", mesh.config().mesh_str(), ")");
-  // Dropout streams: one per (dp_replicate, dp_shard, cp) coordinate, shared by the tp ranks
-  // for replicated tensors; one per rank for tp-sharded ones.
-  // Rank-major order is dp_replicate, dp_shard, cp, tp (tp innermost), so rank / tp is the
-  // (dp_replicate, dp_shard, cp) coordinate.
-  const auto rank = static_cast<uint64_t>(mesh.rank());
-  const auto tp = static_cast<uint64_t>(config_.tp);
-  const uint64_t base = config_.seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL;
-  replicated_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * (rank / tp));
-  tp_sharded_gen_ = at::make_generator<at::CPUGeneratorImpl>(base + 2 * rank + 1);
+  dropout_gen_ = at::make_generator<at::CPUGeneratorImpl>(config_.seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL);
+  activation_probes_ = std::make_unique<ActivationProbes>(*this);
 }
 
-at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training, bool tp_sharded) {
+void ParallelContext::begin_micro_batch(int64_t step, int64_t first_row) {
+  first_row_ = first_row;
+  ++micro_batch_;
+  std::lock_guard<std::mutex> lock(dropout_gen_.mutex());
+  dropout_gen_.set_current_seed(config_.seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL +
+                                static_cast<uint64_t>(step) * 0xD1B54A32D192ED03ULL);
+}
+
+at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training, const ActivationLayout& layout) {
   MIH_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0) return x;
-  at::Generator& gen = tp_sharded && tp_size() > 1 ? tp_sharded_gen_ : replicated_gen_;
-  // bernoulli_ takes the generator's mutex itself.
-  at::Tensor keep = at::empty(x.sizes(), x.options().device(at::kCPU).requires_grad(false)).bernoulli_(1 - p, gen);
-  return x * keep.to(x.device()) / (1 - p);
+  uint64_t key = 0;
+  {
+    std::lock_guard<std::mutex> lock(dropout_gen_.mutex());
+    key = at::check_generator<at::CPUGeneratorImpl>(dropout_gen_)->random64();
+  }
+  ActivationLayout where = layout;
+  if (fault::active(fault::Fault::kF26)) {
+    // F26 (FAULTS.md): the mask drawn as if the tensor were whole on every tp rank, so each
+    // shard of a tp-sharded activation gets the same mask.
+    where.sequence_sharded_over_tp = where.features_sharded_over_tp = false;
+  }
+  const at::Tensor keep = counter_dropout_keep(global_element_index(*this, x.sizes(), where, first_row_), key, p);
+  return x * keep.to(x.device(), x.scalar_type()) / (1 - p);
+}
+
+at::Tensor ParallelContext::observe(const torch::nn::Module& module, const at::Tensor& out, const ActivationLayout& layout) {
+  return activation_probes_->observe(module, out, layout, first_row_, micro_batch_);
 }
 
 at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
@@ -321,7 +336,7 @@ at::Tensor ParallelContext::checkpoint_region(const std::string& name, const Reg
     checkpoint_regions_.push_back(name);
   }
   if (!config_.activation_checkpointing) return forward(inputs);
-  return checkpoint(name, forward, inputs, params, {replicated_gen_, tp_sharded_gen_});
+  return checkpoint(name, forward, inputs, params, {dropout_gen_});
 }
 
 void ParallelContext::mark_non_persistent(const at::Tensor& buffer, std::function<void()> rebuild) {
@@ -345,6 +360,7 @@ std::string ParallelContext::layer_of(const at::Tensor& leaf) const {
 }
 
 void ParallelContext::finalize(torch::nn::Module& root) {
+  activation_probes_->name_modules(root);
   buffers_.clear();
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {
     auto it = non_persistent_.find(item.value().unsafeGetTensorImpl());

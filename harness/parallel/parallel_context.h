@@ -21,6 +21,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/parallel/activation_checkpoint.h"
+#include "harness/parallel/activations.h"
 #include "harness/parallel/context_parallel.h"
 #include "harness/parallel/placement.h"
 #include "harness/parallel/shared_state.h"
@@ -136,14 +137,28 @@ class ParallelContext {
   /// parameters, plus tied ones). See mih::checkpoint for what inputs must hold.
   at::Tensor checkpoint_region(const std::string& name, const RegionForward& forward,
                                const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params);
-  /// Dropout with probability `p` (inverted: kept values scaled by 1 / (1 - p)) drawn from this
-  /// context's generators, seeded from the config's seed and the rank's coordinates, so runs replay
-  /// exactly and thread ranks do not share a stream. `tp_sharded`: the tensor is split over tp
-  /// (attention heads, or sequence-parallel activations), so tp ranks draw different masks;
-  /// otherwise it is replicated over tp and every tp rank draws the same mask (Megatron-LM's
-  /// model-parallel RNG tracker). Identity when p == 0 or `training` is false.
-  /// Shape: any -> the same.
-  at::Tensor dropout(const at::Tensor& x, double p, bool training, bool tp_sharded);
+  /// Starts a micro-batch: the dropout masks of what follows are keyed by (seed, `step`, call,
+  /// global element index), and activations are placed from global row `first_row` (the
+  /// rank's first row of the micro-batch in the global batch). The Trainer calls it before
+  /// each micro-batch's forward; without it, step 0 and row 0.
+  void begin_micro_batch(int64_t step, int64_t first_row);
+  /// Dropout with probability `p` (inverted: kept values scaled by 1 / (1 - p)) whose mask
+  /// depends only on the global position of each element (see activations.h): any split of
+  /// the activation over dp_replicate, dp_shard, cp and tp, and any number of micro-batches,
+  /// draws the mask of the single-rank run. `layout` says where this rank's piece sits.
+  /// Each call draws a key from a generator the activation-checkpoint recompute replays, so
+  /// the recompute draws the masks of the forward. Identity when p == 0 or `training` is
+  /// false. Shape: [B, S, F...] -> the same.
+  /// Throws: mih::Error{kInvalidSpec} for p outside [0, 1), or a shape of fewer than 3 dims.
+  at::Tensor dropout(const at::Tensor& x, double p, bool training, const ActivationLayout& layout);
+
+  /// Declares `out` the forward output of `module` (a registered submodule of the model)
+  /// for the activation probes: when they are on (the session's first two steps and its last) and
+  /// the module is watched, records its statistics and hooks the gradient of the loss with
+  /// respect to it. Returns `out` (a view of it when hooked; use the returned tensor).
+  /// Shape: [B, S, F...], placed by `layout`.
+  at::Tensor observe(const torch::nn::Module& module, const at::Tensor& out, const ActivationLayout& layout);
+  ActivationProbes& activation_probes() { return *activation_probes_; }
 
   /// The model's shared state between layers (see shared_state.h).
   SharedState& shared_state() { return shared_state_; }
@@ -264,7 +279,9 @@ class ParallelContext {
   std::vector<BufferEntry> buffers_;
   std::map<std::string, std::set<std::string>> reductions_;
   SharedState shared_state_;
-  at::Generator replicated_gen_, tp_sharded_gen_;  // dropout streams (see dropout())
+  at::Generator dropout_gen_;  // the per-call dropout keys (see dropout())
+  int64_t first_row_ = 0, micro_batch_ = 0;
+  std::unique_ptr<ActivationProbes> activation_probes_;
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the
   // order of their first use, the same on every rank (the regathers are collectives).
   std::string active_unit_;

@@ -61,9 +61,9 @@ std::string stage_name(Stage stage);
 nlohmann::json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
                            torch::optim::AdamW* optimizer, const WatchlistOptions& options);
 
-/// The ±1 sign of projection `j` for global element indices `index` (int64, any shape):
-/// a 31-bit multiply-xorshift hash, computed with torch ops on non-negative values only.
-at::Tensor projection_signs(const at::Tensor& index, int64_t j);
+/// The ±1 signs of the sketches (harness/parallel/activations.h; the activation probes use
+/// the same).
+using ::mih::projection_signs;
 
 /// Replica consistency after the optimizer (collective over the world): every rank holding
 /// the same piece of a parameter (the same boxes) holds the same bytes. Findings

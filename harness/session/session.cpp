@@ -229,6 +229,7 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     }
 
     watchlist_ = probes::build_watchlist(ctx, options_.watch);
+    ctx.activation_probes().configure(spec_->activation_watch, options_.watch.projections);
     write("check/parameter_watchlist.json", probes::to_json(watchlist_));
     for (const auto& f : local.findings()) pending_.add(f);
   });
@@ -255,7 +256,14 @@ void ValidationSession::begin_step(int64_t step) {
     tokens_seen_ = rows_seen_ = labels_seen_ = 0;
     if (!runtime()) return;
     state_.context->shared_state().clear_events();
-    probe(probes::Stage::kModelBefore, step);
+    // At the first two steps this session trains (a parameter initialized to zero, a bias,
+    // changes the forward from the second) and at the last one: the activations and the
+    // optimizer state. The parameters before a step only at the first (later they are the
+    // previous step's after_optimizer, which compare_evidence reads in their place).
+    const bool first = first_step_ < 0 || step == first_step_;
+    full_probe_step_ = first || step == first_step_ + 1 || step == options_.last_step;
+    state_.context->activation_probes().set_enabled(full_probe_step_);
+    if (first) probe(probes::Stage::kModelBefore, step);
   });
 }
 
@@ -310,13 +318,16 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
     if (!spec_->modalities.empty()) write("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterBackward, step).findings);
     probe(probes::Stage::kGradBeforeClip, step);
+    probe_activations(step);
   });
 }
 
 void ValidationSession::after_clip(int64_t step, double /*grad_norm*/) {
   guarded("after_clip", [&] {
     if (!runtime()) return;
-    probe(probes::Stage::kGradAfterClip, step);
+    // The clipped gradients only where everything is probed: in between, the post-clip norm
+    // and the parameters after the optimizer (probed every step) carry what clipping did.
+    if (full_probe_step_) probe(probes::Stage::kGradAfterClip, step);
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime, spec_->decayed_1d);
     take(pending_, optimizer.findings);
     write("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
@@ -327,7 +338,7 @@ void ValidationSession::after_optimizer(int64_t step) {
   guarded("after_optimizer", [&] {
     if (!runtime()) return;
     probe(probes::Stage::kAfterOptimizer, step);
-    probe(probes::Stage::kOptimizerState, step);
+    if (full_probe_step_) probe(probes::Stage::kOptimizerState, step);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterOptimizer, step).findings);
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
@@ -340,6 +351,31 @@ void ValidationSession::probe(probes::Stage stage, int64_t step) {
   json j = probes::probe_stage(*state_.context, watchlist_, stage, state_.optimizer, options_.watch);
   j["step"] = step;
   if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("probes/rank0.jsonl", j);
+}
+
+void ValidationSession::probe_activations(int64_t step) {
+  ActivationProbes& probes = state_.context->activation_probes();
+  if (!probes.enabled()) return;
+  probes.set_enabled(false);
+  const std::vector<ActivationProbes::Record> records = probes.take_reduced();
+  json order = json::array(), forward = json::object(), grad = json::object();
+  auto stats = [](const ActivationStats& st) {
+    json t = {{"sum", st.values[0]},
+              {"nonfinite", static_cast<int64_t>(st.values[2])},
+              {"numel", static_cast<int64_t>(st.values[3])},
+              {"sketch", std::vector<double>(st.values.begin() + 4, st.values.end())}};
+    if (st.has_sum_sq) t["sum_sq"] = st.values[1];
+    return t;
+  };
+  for (const auto& r : records) {
+    order.push_back(r.module);
+    if (r.forward.seen) forward[r.module] = stats(r.forward);
+    if (r.grad.seen) grad[r.module] = stats(r.grad);
+  }
+  if (evidence_ && mesh_->rank() == 0) {
+    evidence_->append_jsonl("probes/rank0.jsonl", {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}});
+    evidence_->append_jsonl("probes/rank0.jsonl", {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}});
+  }
 }
 
 void ValidationSession::end_step(const StepMetrics& m) {

@@ -20,7 +20,10 @@
 //   cases/runtime/{metrics.jsonl, performance_rank<r>.jsonl, shared_state_step<k>.json,
 //                  modality_gradients_step<k>.json, optimizer_layout_step<k>.json,
 //                  replicas_step<k>.json},
-//   probes/rank0.jsonl (one line per stage and step; values are global, so rank 0 writes).
+//   probes/rank0.jsonl (one line per stage and step; values are global, so rank 0 writes; the
+//   stages forward_output and output_grad, per module the model observes, at the first two
+//   steps and the last; model_before at the first step only, grad_after_clip and
+//   optimizer_state at the first two and the last).
 #pragma once
 
 #include <filesystem>
@@ -56,6 +59,9 @@ struct SessionOptions {
   ParallelConfig config;
   TrainerOptions trainer;
   probes::WatchlistOptions watch;
+  /// The last step this run trains (its activations are probed, as are the first two
+  /// steps'); -1 when unknown (the first two only).
+  int64_t last_step = -1;
   /// Keys of an external checkpoint to check against the spec's key map.
   std::optional<std::vector<std::string>> source_checkpoint_keys;
   /// Added to environment.json (torch version, backend, CUDA...).
@@ -129,6 +135,9 @@ class ValidationSession : public TrainingHooks {
   void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
   bool runtime() const { return options_.mode == SessionMode::kRuntime; }
   void probe(probes::Stage stage, int64_t step);
+  // The activation probes of the step (collective): two probe lines, forward_output and
+  // output_grad.
+  void probe_activations(int64_t step);
 
 
   const spec::ModelSpec* spec_;
@@ -155,6 +164,9 @@ class ValidationSession : public TrainingHooks {
   // cost, written to performance_rank<r>.jsonl).
   std::map<std::string, double> hook_ms_;
   bool failed_ = false;
+  // This step probes everything (the first two steps and the last): activations, clipped
+  // gradients, optimizer state.
+  bool full_probe_step_ = true;
 };
 
 /// The session for `options.mode`: hooks that do nothing when off, else a

@@ -73,7 +73,7 @@ void ModelSpec::validate() const {
   }
   for (const auto& c : parity_cases) {
     MIH_CHECK(names.insert("parity " + c.name).second, where, ": module parity case '", c.name, "' is declared twice");
-    MIH_CHECK(static_cast<bool>(c.run), where, ": module parity case '", c.name, "' has no run function");
+    with_context(where, [&] { c.validate(); });
   }
   KeyMap check_rules(checkpoint.key_map);  // throws on a malformed rule
   MIH_CHECK(trainer.lr() > 0 && std::isfinite(trainer.lr()), where, ": trainer.lr must be a positive number, got ",
@@ -82,6 +82,7 @@ void ModelSpec::validate() const {
             ": trainer.weight_decay must be >= 0, got ", trainer.weight_decay());
   for (const auto& p : decayed_1d) MIH_CHECK(!p.empty(), where, ": decayed_1d has an empty pattern");
   for (const auto& p : frozen) MIH_CHECK(!p.empty(), where, ": frozen has an empty pattern");
+  for (const auto& p : activation_watch) MIH_CHECK(!p.empty(), where, ": activation_watch has an empty pattern");
   if (!checkpoint.source.empty()) {
     with_context(where + ": checkpoint.source", [&] { (void)safetensors::checkpoint_keys(checkpoint.source); });
   }
@@ -107,6 +108,7 @@ void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {
     require(b, "checkpoint.tied");
   }
   for (const auto& p : frozen) require(p, "frozen");
+  for (const auto& p : activation_watch) require(p, "activation_watch");
   // A frozen parameter gets no gradient: a modality that must train it can never hold.
   for (const auto& m : modalities) {
     for (const auto& mp : m.parameter_patterns) {
@@ -134,7 +136,7 @@ nlohmann::json ModelSpec::to_json() const {
   nlohmann::json inv = nlohmann::json::array();
   for (const auto& i : invariants) inv.push_back({{"name", i.name}, {"phase", phase_name(i.phase)}});
   nlohmann::json parity = nlohmann::json::array();
-  for (const auto& c : parity_cases) parity.push_back(c.name);
+  for (const auto& c : parity_cases) parity.push_back(c.to_json());
   nlohmann::json tolerances_json = {{"same_topology", tolerances.same_topology},
                                     {"cross_topology", tolerances.cross_topology}};
   if (!tolerances.grad_accumulation.empty()) tolerances_json["grad_accumulation"] = tolerances.grad_accumulation;
@@ -165,6 +167,7 @@ nlohmann::json ModelSpec::to_json() const {
             {"no_weight_decay", trainer.no_weight_decay()}}},
           {"decayed_1d", decayed_1d},
           {"frozen", frozen},
+          {"activation_watch", activation_watch},
           {"shared_state", shared},
           {"modalities", modal},
           {"invariants", inv},

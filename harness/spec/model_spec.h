@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/checkpoint/key_map.h"
+#include "harness/spec/module_parity.h"
 #include "harness/training/trainer.h"
 
 namespace mih::spec {
@@ -106,7 +107,7 @@ std::string phase_name(Phase phase);
 /// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
 Phase parse_phase(const std::string& name);
 
-/// The outcome of an invariant or a parity case: pass, and the facts that show it.
+/// The outcome of an invariant: pass, and the facts that show it.
 struct CheckResult {
   bool passed = false;
   nlohmann::json facts;
@@ -120,14 +121,6 @@ struct StateInvariant {
   std::string name;
   Phase phase = Phase::kStructure;
   std::function<CheckResult(const TrainingState&)> check;
-};
-
-/// A candidate module against an independent reference implementation on the same inputs.
-struct ModuleParityCase {
-  std::string name;
-  /// Builds inputs, runs candidate and reference, returns {passed, facts (max abs / rel
-  /// error, tolerance)}.
-  std::function<CheckResult()> run;
 };
 
 /// Relative tolerances of parity against the reference run, by dtype name and profile.
@@ -156,6 +149,8 @@ struct ModelSpec {
   std::vector<SharedStateSpec> shared_state;
   std::vector<ModalitySpec> modalities;
   std::vector<StateInvariant> invariants;
+  /// Candidate modules against independent implementations, forward and backward
+  /// (module_parity.h); run with the reference case into check/module_parity.json.
   std::vector<ModuleParityCase> parity_cases;
   Tolerances tolerances;
   /// The Trainer's optimizer and clipping for this port (lr, betas, weight decay and the
@@ -171,15 +166,20 @@ struct ModelSpec {
   /// optimizer state; a parameter with requires_grad false that no pattern names is a finding
   /// too (MIH-FROZEN-*). A modality must not declare a frozen parameter.
   std::vector<std::string> frozen;
+  /// The modules whose forward output and output gradient the activation probes record at
+  /// the first two steps and the last (FQN globs of modules the model declares with
+  /// ParallelContext::observe). Empty: every module the model observes.
+  std::vector<std::string> activation_watch;
 
   /// Throws: mih::Error{kInvalidSpec} naming the spec and the field: an empty name or
   ///   factory, no batches, a duplicate or implicit field name, a modality field not among the
   ///   fields, a modality or training-only pattern that is empty, a shared-state key declared
   ///   twice or without producer or consumer, duplicate invariant or parity case names, an
-  ///   invariant without a check, an empty frozen pattern.
+  ///   invariant without a check, a malformed parity case (ModuleParityCase::validate), an
+  ///   empty frozen pattern.
   void validate() const;
   /// Throws: as validate, plus every FQN glob (modality, training-only, shared-state
-  ///   producer/consumer, tied, frozen) that matches none of `fqns` (a module's parameter and module
+  ///   producer/consumer, tied, frozen, activation_watch) that matches none of `fqns` (a module's parameter and module
   ///   names), naming the pattern.
   void validate_against(const std::vector<std::string>& fqns) const;
   nlohmann::json to_json() const;

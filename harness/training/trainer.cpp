@@ -207,6 +207,8 @@ StepMetrics Trainer::step() {
   for (int mb = 0; mb < config_.micro_batches; ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
     hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
+    // Dropout masks and activation probes in global coordinates: this micro-batch's first row.
+    context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
     context_->shared_state().begin_forward();
     const at::Tensor token_losses = model_->token_losses(micro);
     hooks_->record_token_losses(step, mb, token_losses.detach(), micro);

@@ -346,7 +346,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // Then 1595 on 48 cases: vlm_frozen_vision on the variants lane (4 cases), the undeclared-
   // frozen test on every case, FrozenParameters (2 tests) on the frozen spec, GradientSync on
   // every case of more than one rank, TensorParallelGradients where tp > 1.
-  EXPECT_EQ(total, 1595) << list.output;
+  // Then 1999 on 60 cases: llama_dropout on every cpu-smoke case (its masks match the one-rank
+  // run's now).
+  EXPECT_EQ(total, 1999) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
@@ -376,7 +378,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
   EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
-  EXPECT_EQ(cases_of.count("LlamaDropout/Structure"), 0u);  // on request only
+  EXPECT_EQ(cases_of["LlamaDropout/Structure"], all);
+  EXPECT_EQ(cases_of["LlamaDropout/NumericParity"], compared);
   EXPECT_EQ(cases_of["Llama/UndeclaredSharedState"], all);
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);

@@ -74,6 +74,8 @@ class PlainBackend : public TrainingBackend {
       micro.position_ids = batch.position_ids.narrow(0, mb * mb_rows, mb_rows);
       for (const auto& [name, t] : batch.fields) micro.fields[name] = t.narrow(0, mb * mb_rows, mb_rows);
       hooks_->record_batch(step, mb, mb * mb_rows, micro);
+      // Dropout masks and activation probes in global coordinates: the micro-batch's first row.
+      context_->begin_micro_batch(step, mb * mb_rows);
       context_->shared_state().begin_forward();
       const at::Tensor token_losses = model_->token_losses(micro);
       hooks_->record_token_losses(step, mb, token_losses.detach(), micro);

@@ -167,6 +167,82 @@ TEST_F(VerdictsTest, ParityNamesTheFirstDivergentQuantity) {
   EXPECT_TRUE(verdicts::parity(ref, ev, Quantity::kLoss, 1e-6).passed()) << "within a looser tolerance";
 }
 
+// The activation probes of real evidence: every module the llama port observes, in forward
+// order, at the first two steps and the last (here steps 0, 1 and 2), on every case.
+TEST_F(VerdictsTest, ActivationProbesListEveryObservedModuleInForwardOrder) {
+  for (const char* c : {"Reference", "DpShard2", "Tp2", "DpShard2Ac"}) {
+    using Key = std::pair<int64_t, std::string>;
+    std::map<Key, json> lines;
+    for (const auto& p : read_lines(real("llama", c) / "probes/rank0.jsonl")) {
+      lines[Key(p["step"].get<int64_t>(), p["stage"].get<std::string>())] = p;
+    }
+    for (int64_t step : {0, 1, 2}) {
+      ASSERT_TRUE(lines.count(Key(step, "forward_output"))) << c << " step " << step;
+      const json& order = lines[Key(step, "forward_output")]["order"];
+      const json& grads = lines[Key(step, "output_grad")]["tensors"];
+      ASSERT_GE(order.size(), 12u) << c;
+      EXPECT_EQ(order.front(), "embed_tokens") << c;
+      EXPECT_EQ(order[1], "layers.0.input_layernorm") << c;
+      EXPECT_EQ(order.back(), "lm_head") << c;
+      for (const auto& m : order) {
+        EXPECT_TRUE(grads.contains(m)) << c << ": no output gradient of " << m;
+      }
+    }
+    // The parameters before a step only at the first (then they are the last after_optimizer).
+    EXPECT_TRUE(lines.count(Key(0, "model_before"))) << c;
+    EXPECT_FALSE(lines.count(Key(1, "model_before"))) << c;
+  }
+  json order;
+  for (const auto& p : read_lines(real("vlm", "Reference") / "probes/rank0.jsonl")) {
+    if (p["stage"] == "forward_output" && order.is_null()) order = p["order"];
+  }
+  ASSERT_TRUE(order.is_array());
+  EXPECT_EQ(order.front(), "vision_tower.layers.0");
+  EXPECT_THAT(order.dump(), HasSubstr("\"multi_modal_projector\""));
+}
+
+// Localization: the first module whose forward output diverges (forward order); else, in
+// backward order, the module whose backward produced the first divergent output gradient
+// (the loss when it is the head's); else the module of the first divergent parameter gradient.
+TEST_F(VerdictsTest, ParityLocalizesTheModuleAtFault) {
+  CaseEvidence ref(real("llama", "Reference"));
+  auto broken = [&](const std::string& stage, const std::string& name, int64_t step = 0) {
+    const fs::path dir = copy("llama", "Tp2");
+    auto probes = read_lines(dir / "probes/rank0.jsonl");
+    bool edited = false;
+    for (auto& p : probes) {
+      if (p["step"] == step && p["stage"] == stage) {
+        auto& t = p["tensors"][name];
+        EXPECT_TRUE(t.is_object()) << stage << " has no " << name;
+        t["sketch"][1] = t["sketch"][1].get<double>() * (1 + 1e-6);
+        edited = true;
+      }
+    }
+    EXPECT_TRUE(edited);
+    write_lines(dir / "probes/rank0.jsonl", probes);
+    return verdicts::parity(ref, CaseEvidence(dir), Quantity::kTensors, 1e-10);
+  };
+  EXPECT_TRUE(verdicts::parity(ref, CaseEvidence(real("llama", "Tp2")), Quantity::kTensors, 1e-10).passed());
+  expect_fail(broken("forward_output", "layers.1.self_attn"),
+              "localized to 'layers.1.self_attn': its forward output is the first to diverge at step 0");
+  expect_fail(broken("output_grad", "layers.0.post_attention_layernorm"), "localized to 'layers.0.mlp'");
+  expect_fail(broken("output_grad", "layers.1"), "localized to 'norm'");
+  expect_fail(broken("output_grad", "lm_head"), "localized to 'loss'");
+  expect_fail(broken("grad_before_clip", "layers.0.mlp.down_proj.weight"),
+              "localized to 'layers.0.mlp.down_proj': the activations and their gradients match at step 0");
+  // A module one side does not observe is a divergence naming it, never a skip.
+  const fs::path dir = copy("llama", "Tp2");
+  auto probes = read_lines(dir / "probes/rank0.jsonl");
+  for (auto& p : probes) {
+    if (p["stage"] == "forward_output") p["tensors"].erase("layers.0.mlp");
+  }
+  write_lines(dir / "probes/rank0.jsonl", probes);
+  const Verdict v = verdicts::parity(ref, CaseEvidence(dir), Quantity::kTensors, 1e-10);
+  expect_fail(v, "localized to 'layers.0.mlp'");
+  EXPECT_THAT(v.message, HasSubstr("recorded by the reference, missing from the candidate"));
+  EXPECT_EQ(verdicts::blame(CaseEvidence(dir), "NumericParity", v.message).blamed, "layers.0.mlp");
+}
+
 TEST_F(VerdictsTest, InputIdentityNamesTheFieldThatDiffers) {
   CaseEvidence ref(real("llama", "Reference"));
   EXPECT_TRUE(verdicts::same_inputs_as_reference(ref, CaseEvidence(real("llama", "DpShard2"))).passed());
@@ -215,12 +291,38 @@ TEST_F(VerdictsTest, StateInvariantsAndModuleParityNameTheFailedOne) {
   inv[name]["passed"] = false;
   write(dir / "check/invariants_structure.json", inv);
   json parity = read(dir / "check/module_parity.json");
-  const std::string pc = parity.begin().key();
-  parity[pc] = {{"passed", false}, {"facts", {{"max_abs_error", 0.5}}}};
-  write(dir / "check/module_parity.json", parity);
+  // The real evidence: per case, each observation with its error and tolerance.
+  const json& swiglu = parity["fused_swiglu_vs_unfused"];
+  ASSERT_EQ(swiglu["observations"].size(), 4u) << swiglu.dump();
+  for (const auto& o : swiglu["observations"]) {
+    EXPECT_TRUE(o["passed"].get<bool>()) << o.dump();
+    EXPECT_LE(o["relative_error"].get<double>(), o["tolerance"].get<double>()) << o.dump();
+  }
+  EXPECT_EQ(swiglu["observations"][3]["name"], "grad:down_proj.weight");
+  // A gradient observation over its tolerance: the verdict names case, observation, error,
+  // tolerance and file.
+  json broken = parity;
+  broken["fused_swiglu_vs_unfused"]["observations"][3]["relative_error"] = 0.5;
+  broken["fused_swiglu_vs_unfused"]["observations"][3]["max_abs_error"] = 0.25;
+  broken["fused_swiglu_vs_unfused"]["observations"][3]["passed"] = false;
+  broken["fused_swiglu_vs_unfused"]["passed"] = false;
+  write(dir / "check/module_parity.json", broken);
   CaseEvidence ev(dir);
   expect_fail(verdicts::state_invariants(ev), "invariant '" + name + "' failed");
-  expect_fail(verdicts::module_parity(ev), "module parity case '" + pc + "' failed: {\"max_abs_error\":0.5}");
+  expect_fail(verdicts::module_parity(ev),
+              "module parity case 'fused_swiglu_vs_unfused': observation 'grad:down_proj.weight' relative error 0.5 > "
+              "tolerance 1e-12 (max abs error 0.25) (open " + (dir / "check/module_parity.json").string() + ")");
+  // A parameter the adapter left unmapped.
+  broken = parity;
+  broken["fused_swiglu_vs_unfused"] = {{"passed", false}, {"trainable", {"gate_up_proj.weight", "down_proj.weight"}},
+                                       {"unmapped", {"down_proj.weight"}}, {"observations", json::array()}};
+  write(dir / "check/module_parity.json", broken);
+  expect_fail(verdicts::module_parity(CaseEvidence(dir)), "the weight adapter maps no reference weight from the "
+                                                          "candidate's trainable parameter(s) [\"down_proj.weight\"]");
+  // A case that recorded no observation is not a pass.
+  broken["fused_swiglu_vs_unfused"] = {{"passed", true}, {"unmapped", json::array()}, {"observations", json::array()}};
+  write(dir / "check/module_parity.json", broken);
+  expect_fail(verdicts::module_parity(CaseEvidence(dir)), "module parity case 'fused_swiglu_vs_unfused' recorded no observation");
 }
 
 TEST_F(VerdictsTest, ModalityGradientsFailOnAModalityWithoutGradient) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -33,10 +35,23 @@ class TinyMlpLM : public mih::ParallelModel {
   }
 
   /// Shape: batch [B, S] -> per-token losses [B, S], replicated over tp.
+  /// Each module's output is declared to the activation probes (ParallelContext::observe)
+  /// with its layout, so a failure names the first module whose output diverges.
+  /// TINY_PORT_BUG=up (the test my_port_localizes_a_forward_bug) plants a forward bug in the
+  /// up projection: tp rank 1 scales its shard of the output.
   at::Tensor token_losses(const mih::Batch& batch) override {
-    at::Tensor x = embed(batch.input_ids);   // [B, S, H] (sequence parallel: [B, S/TP, H])
-    x = x + down(at::gelu(up(norm(x))));     // up: [B, S, F/TP]; down sums over tp
-    at::Tensor logits = head(x);             // [B, S, V/TP], the sequence gathered
+    const mih::ActivationLayout residual = mih::ActivationLayout::residual(*ctx_);
+    at::Tensor x = ctx_->observe(*embed, embed(batch.input_ids), residual);  // [B, S, H] (SP: [B, S/TP, H])
+    at::Tensor h = ctx_->observe(*norm, norm(x), residual);
+    at::Tensor u = up(h);  // [B, S, F/TP]
+    static const bool bug = [] {
+      const char* v = std::getenv("TINY_PORT_BUG");
+      return v != nullptr && std::string(v) == "up";
+    }();
+    if (bug && ctx_->tp_rank() == 1) u = u * 1.001;
+    u = ctx_->observe(*up, u, mih::ActivationLayout::column_parallel(o_.ffn));
+    x = x + ctx_->observe(*down, down(at::gelu(u)), residual);  // down sums over tp
+    at::Tensor logits = ctx_->observe(*head, head(x), mih::ActivationLayout::column_parallel(o_.vocab));  // [B, S, V/TP]
     at::Tensor losses = mih::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                           batch.labels.reshape(-1), ctx_->tp_group(), o_.vocab);
     return losses.view_as(batch.labels);

@@ -54,11 +54,11 @@ class TinyDecoderLayerImpl : public torch::nn::Module {
   /// -> like x.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     // Residual branches are [B, S/CP, H], replicated over tp unless sequence parallel.
-    const bool sharded = ctx_->sequence_parallel();
-    at::Tensor h = x + ctx_->dropout(attention(attn_norm(x), cos, sin), o_.dropout, is_training(), sharded);
+    const ActivationLayout residual = ActivationLayout::residual(*ctx_);
+    at::Tensor h = x + ctx_->dropout(attention(attn_norm(x), cos, sin), o_.dropout, is_training(), residual);
     at::Tensor gu = gate_up(mlp_norm(h));  // [B, S, 2F/TP] = [gate | up] of this rank
     auto parts = gu.chunk(2, -1);
-    return h + ctx_->dropout(down(at::silu(parts[0]) * parts[1]), o_.dropout, is_training(), sharded);
+    return h + ctx_->dropout(down(at::silu(parts[0]) * parts[1]), o_.dropout, is_training(), residual);
   }
 
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
@@ -77,7 +77,7 @@ class TinyDecoderLayerImpl : public torch::nn::Module {
     at::Tensor kh = apply_rotary(heads(kv_parts[0], local_kv), cos, sin);
     at::Tensor context = cp_causal_attention(qh, kh, heads(kv_parts[1], local_kv), ctx_->cp_shard());
     context = context.transpose(1, 2).reshape({b, s, local_heads * head_dim});
-    return out(ctx_->dropout(context, o_.dropout, is_training(), /*tp_sharded=*/true));
+    return out(ctx_->dropout(context, o_.dropout, is_training(), ActivationLayout::column_parallel()));
   }
 
   ParallelContext* ctx_;

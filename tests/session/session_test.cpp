@@ -205,8 +205,18 @@ TEST(SessionTest, WritesTheEvidenceLayoutAndValidatesTheCase) {
   }
   EXPECT_GT(metrics[1]["peak_memory_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(metrics[0]["input_hash"].get<std::string>().size(), 64u);
-  // 5 stages per step, 2 steps.
-  EXPECT_EQ(ev.read_jsonl("probes/rank0.jsonl").size(), 10u);
+  // Step 0: the parameters before it, the activations (forward outputs, output gradients), the
+  // gradients before and after clipping, the parameters after the optimizer and its state;
+  // step 1 (the second, probed whole too) the same less the parameters before it (they are
+  // step 0's after_optimizer).
+  std::vector<std::string> stages;
+  for (const auto& line : ev.read_jsonl("probes/rank0.jsonl")) {
+    stages.push_back(std::to_string(line["step"].get<int64_t>()) + " " + line["stage"].get<std::string>());
+  }
+  EXPECT_THAT(stages, ::testing::ElementsAre("0 model_before", "0 grad_before_clip", "0 forward_output", "0 output_grad",
+                                             "0 grad_after_clip", "0 after_optimizer", "0 optimizer_state",
+                                             "1 grad_before_clip", "1 forward_output", "1 output_grad",
+                                             "1 grad_after_clip", "1 after_optimizer", "1 optimizer_state"));
   EXPECT_THAT(ev.read_json("check/activation_checkpoint.json")["regions"].dump(), HasSubstr("layers.0"));
 }
 
