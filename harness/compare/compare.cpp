@@ -66,7 +66,7 @@ json Comparison::to_json() const {
 std::string Comparison::summary() const {
   if (passed()) return "match: " + std::to_string(compared) + " quantities within tolerance";
   const Localization where = localize(*this);
-  return "localized to " + where.blamed + ": " + where.reason + "; first divergence: " + divergences[0].message + " (" +
+  return "localized to '" + where.blamed + "': " + where.reason + "; first divergence: " + divergences[0].message + " (" +
          std::to_string(divergences.size()) + " of " + std::to_string(compared) + " quantities diverge)";
 }
 
@@ -102,8 +102,9 @@ Localization localize(const Comparison& c, bool resumed) {
   }
   // The modules of the step in forward order, as the activation divergences list them.
   if (const Divergence* d = find("activation", "forward_output")) {
-    return {d->name, "its forward output is the first to diverge" + when +
-                         " in forward order; every module before it matches"};
+    const bool first = !c.activation_order.empty() && c.activation_order.front() == d->name;
+    return {d->name, "its forward output is the first to diverge" + when + " in forward order; " +
+                         (first ? std::string("it is the first module observed") : "every module before it matches")};
   }
   if (find("metric", "loss")) {
     return {"loss", "every module's forward output matches" + when + " and the loss differs"};
@@ -124,8 +125,9 @@ Localization localize(const Comparison& c, bool resumed) {
           return {"loss", "every forward output matches" + when + " up to the head, and the gradient of the loss "
                           "with respect to the head's output ('" + *it + "') differs: the loss or its normalization"};
         }
-        return {previous, "the forward outputs match" + when + "; in backward order its output gradient still matches "
-                          "and the next module's ('" + *it + "') is the first to diverge: its backward"};
+        return {previous, "the forward outputs match" + when + "; walking backward, its output gradient is the last "
+                          "that matches and the next one, of '" + *it + "', is the first to diverge: the gradient its "
+                          "backward passes on is wrong"};
       }
       previous = *it;
     }
