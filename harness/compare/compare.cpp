@@ -194,7 +194,9 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
                                                                                      : "output gradient of module '")
                                                       : "parameter '";
     std::string why;
-    if (d.kind == "input") {
+    if (!d.message.empty()) {  // the caller's reason (element counts that differ)
+      why = d.message;
+    } else if (d.kind == "input") {
       why = "hash differs from the reference";
     } else if (!d.missing_from.empty()) {
       why = missing_text(d.missing_from);
@@ -312,6 +314,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
         const json& x = ta[name];
         const json& y = tb[name];
         double max_abs = 0, rel = 0;
+        std::string counts;
         if (x.contains("values") && y.contains("values") && x["values"].size() == y["values"].size()) {
           double diff2 = 0, norm2 = 0;
           for (size_t i = 0; i < x["values"].size(); ++i) {
@@ -343,14 +346,19 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
           if (x.contains("sum_sq") && y.contains("sum_sq")) {
             cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
           }
-          if (x.value("numel", int64_t{-1}) != y.value("numel", int64_t{-1})) rel = std::numeric_limits<double>::infinity();
+          if (x.value("numel", int64_t{-1}) != y.value("numel", int64_t{-1})) {
+            rel = std::numeric_limits<double>::infinity();
+            counts = "holds " + std::to_string(x.value("numel", int64_t{-1})) + " elements, the reference's " +
+                     std::to_string(y.value("numel", int64_t{-1})) +
+                     " (a piece recorded without its global layout, or a micro-batch it missed)";
+          }
           if (x["sketch"].size() != y["sketch"].size()) rel = std::numeric_limits<double>::infinity();
           for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
             cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
           }
         }
         if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
-        if (!(rel <= o.tolerance)) add({kind, name, step, stage, max_abs, rel, 0, probes_path, "", ""});
+        if (!(rel <= o.tolerance)) add({kind, name, step, stage, max_abs, rel, 0, probes_path, counts, ""});
       }
     }
   }

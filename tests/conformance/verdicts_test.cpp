@@ -241,6 +241,19 @@ TEST_F(VerdictsTest, ParityLocalizesTheModuleAtFault) {
   expect_fail(v, "localized to 'layers.0.mlp'");
   EXPECT_THAT(v.message, HasSubstr("recorded by the reference, missing from the candidate"));
   EXPECT_EQ(verdicts::blame(CaseEvidence(dir), "NumericParity", v.message).blamed, "layers.0.mlp");
+  // A module that records half its elements (its shard, not the global activation) says so.
+  const fs::path half = copy("llama", "Tp2");
+  probes = read_lines(half / "probes/rank0.jsonl");
+  int64_t numel = 0;
+  for (auto& p : probes) {
+    if (p["step"] == 0 && p["stage"] == "forward_output") {
+      numel = p["tensors"]["layers.0.mlp"]["numel"].get<int64_t>();
+      p["tensors"]["layers.0.mlp"]["numel"] = numel / 2;
+    }
+  }
+  write_lines(half / "probes/rank0.jsonl", probes);
+  expect_fail(verdicts::parity(ref, CaseEvidence(half), Quantity::kTensors, 1e-10),
+              "holds " + std::to_string(numel / 2) + " elements, the reference's " + std::to_string(numel));
 }
 
 TEST_F(VerdictsTest, InputIdentityNamesTheFieldThatDiffers) {
