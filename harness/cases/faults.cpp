@@ -238,11 +238,17 @@ int run_faults(const FaultsOptions& options) {
     std::set<std::string> suites_failed;
     json failed_tests = json::array();
     std::string caught_by, message;
+    // What the harness blames: the catching test, else the first failed one.
+    std::string blame_test, blame_message;
     for (const auto& r : run_tests_of(root)) {
       if (r.case_name != case_name || r.status != "failed") continue;
       const std::string test = r.suite + "." + r.test;
       suites_failed.insert(r.suite);
       failed_tests.push_back(test);
+      if (blame_test.empty()) {
+        blame_test = test;
+        blame_message = r.message;
+      }
       if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.message)) {
         caught_by = test;
         message = r.message;
@@ -275,16 +281,9 @@ int run_faults(const FaultsOptions& options) {
     } catch (const std::exception& e) {
       row["evidence_error"] = e.what();
     }
-    // Where the harness puts the fault: what the catching test (else the first failed one) blames.
-    std::string blame_test = caught_by, blame_message = message;
-    if (blame_test.empty() && !failed_tests.empty()) {
-      for (const auto& r : run_tests_of(root)) {
-        if (r.case_name == case_name && r.status == "failed") {
-          blame_test = r.suite + "." + r.test;
-          blame_message = r.message;
-          break;
-        }
-      }
+    if (!caught_by.empty()) {
+      blame_test = caught_by;
+      blame_message = message;
     }
     Localization where;
     if (!blame_test.empty()) {

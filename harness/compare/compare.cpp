@@ -133,13 +133,11 @@ Localization localize(const Comparison& c, bool resumed) {
     }
     return {grad->name, "its output gradient is the first to diverge" + when};
   }
-  for (const char* stage : {"grad_before_clip"}) {
-    if (const Divergence* d = find("tensor", stage)) {
-      return {module_of_parameter(d->name), "the activations and their gradients match" + when +
-                                                "; the gradient of parameter '" + d->name +
-                                                "' is the first to diverge: its module's weight gradient or its "
-                                                "reduction"};
-    }
+  if (const Divergence* d = find("tensor", "grad_before_clip")) {
+    return {module_of_parameter(d->name), "the activations and their gradients match" + when +
+                                              "; the gradient of parameter '" + d->name +
+                                              "' is the first to diverge: its module's weight gradient or its "
+                                              "reduction"};
   }
   if (find("metric", "grad_norm_pre_clip") || find("metric", "grad_norm_post_clip")) {
     return {"grad_norm", "every gradient matches" + when + " and the global grad norm differs"};
