@@ -5,15 +5,17 @@
 //   off:     the Trainer with make_session(off): the no-op hooks;
 //   runtime: the Trainer with a runtime ValidationSession writing its evidence to a temp dir
 //            (and, world size 1, keeping it in memory: the checks and probes without the I/O).
-// off and runtime also run on 2 thread ranks with dp_shard=2. Variants are interleaved round by
-// round so drift in machine load hits them alike; each reports the median wall time of a step
-// (the first step of each run is a warm-up and not counted).
+// off and runtime also run on 2 thread ranks with dp_shard=2. The Trainers of off and runtime
+// (and in-memory) live side by side on one mesh and take their steps in turn, so load on the
+// machine hits them within milliseconds of each other; rounds repeat that with fresh models.
+// Each reports the median wall time of a step (the first step of each run is a warm-up and not
+// counted). Every rank runs one intra-op thread, as a mih worker does.
 // The runtime session probes activations (and the clipped gradients and optimizer state) at the
-// first two steps of a run and the last (the second and the last are timed; "the step with
-// activation probes" reports the last apart, since the median is a step without them).
+// first two steps of a run and the last: the second is in the median, the last is reported
+// apart as "the step with activation probes".
 // --vlm-hidden H (with --vlm-vision-hidden V) runs the vlm spec with a wider model: the
-// language model's hidden size H (intermediate 2H), the vision tower's V; e.g. 192 and 96 for
-// about 10x the parameters of the shipped vlm.
+// language model's hidden size H (intermediate 2H), the vision tower's V; 224 and 112 give
+// 1.42M parameters, 9.8x the shipped vlm's 145k.
 // Usage: build/bin/mih_bench_session [--steps N] [--rounds R] [--spec NAME] [--json FILE]
 //                                    [--vlm-hidden H --vlm-vision-hidden V]
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/files.h"
+#include "harness/runtime/determinism.h"
 #include "harness/session/session.h"
 #include "reference_models/vlm.h"
 #include "tests/support/thread_ranks.h"
@@ -98,31 +101,51 @@ std::vector<double> plain_steps(const mih::spec::ModelSpec& s, const mih::Traine
   return times;
 }
 
-std::vector<double> trainer_steps(const mih::spec::ModelSpec& s, const mih::TrainerOptions& o, mih::SessionMode mode,
-                                  int dp_shard, int steps, const fs::path& evidence) {
-  std::vector<double> times;
+// One Trainer per variant on the same mesh, stepped in turn (variant 0's step k, variant 1's
+// step k, ...): load on the machine hits every variant within milliseconds of each other.
+struct Variant {
+  std::string name;
+  mih::SessionMode mode;
+  fs::path evidence;  // empty: in memory
+};
+
+std::map<std::string, std::vector<double>> trainer_steps(const mih::spec::ModelSpec& s, const mih::TrainerOptions& o,
+                                                         const std::vector<Variant>& variants, int dp_shard,
+                                                         int steps) {
+  std::map<std::string, std::vector<double>> times;
   mih::ParallelConfig c;
   c.dp_shard = dp_shard;
+  const std::string world = "dp_shard" + std::to_string(dp_shard);
   auto errors = mih::testing::run_mesh(c, [&](mih::DeviceMesh& mesh) {
-    mih::SessionOptions so;
-    so.mode = mode;
-    so.config = c;
-    so.trainer = o;
-    so.evidence_dir = evidence;
-    so.last_step = steps - 1;
-    auto hooks = mih::make_session(s, so, mesh);
-    mih::Trainer t(mesh, c, s.factory, s.data.make_batches(), o, hooks.get());
-    for (int step = 0; step < steps; ++step) {
-      const auto start = Clock::now();
-      t.step();
-      if (step > 0 && mesh.rank() == 0) times.push_back(ms_since(start));
+    std::vector<std::unique_ptr<mih::TrainingHooks>> hooks;
+    std::vector<std::unique_ptr<mih::Trainer>> trainers;
+    for (const Variant& v : variants) {
+      mih::SessionOptions so;
+      so.mode = v.mode;
+      so.config = c;
+      so.trainer = o;
+      so.evidence_dir = v.evidence;
+      so.last_step = steps - 1;
+      hooks.push_back(mih::make_session(s, so, mesh));
+      trainers.push_back(
+          std::make_unique<mih::Trainer>(mesh, c, s.factory, s.data.make_batches(), o, hooks.back().get()));
     }
-    auto* session = dynamic_cast<mih::ValidationSession*>(hooks.get());
-    if (session && mesh.rank() == 0) {
-      // A step between the fully probed ones (the second to last), as the median step is.
-      const auto& perf = session->performance();
-      last_session_ms = perf[perf.size() >= 2 ? perf.size() - 2 : 0]["session_ms"];
-      probed_step_ms["dp_shard" + std::to_string(dp_shard)].push_back(times.back());
+    for (int step = 0; step < steps; ++step) {
+      for (size_t i = 0; i < variants.size(); ++i) {
+        const auto start = Clock::now();
+        trainers[i]->step();
+        if (step > 0 && mesh.rank() == 0) times[variants[i].name].push_back(ms_since(start));
+      }
+    }
+    for (size_t i = 0; i < variants.size(); ++i) {
+      auto* session = dynamic_cast<mih::ValidationSession*>(hooks[i].get());
+      if (session && mesh.rank() == 0 && !variants[i].evidence.empty()) {
+        // A step between the fully probed ones (the second to last), as the median step is.
+        const auto& perf = session->performance();
+        last_session_ms = perf[perf.size() >= 2 ? perf.size() - 2 : 0]["session_ms"];
+        probed_step_ms[world].push_back(times[variants[i].name].back());
+        times[variants[i].name].pop_back();  // the probed step is reported apart
+      }
     }
   });
   for (const auto& e : errors) std::fprintf(stderr, "%s\n", e.c_str());
@@ -167,6 +190,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // One intra-op thread, as a mih worker runs each rank (DeterminismOptions' default): two
+  // thread ranks with a BLAS thread pool each on two cores measure contention, not the session.
+  mih::apply_determinism(mih::DeterminismOptions{});
   auto& registry = mih::spec::SpecRegistry::instance();
   std::map<std::string, int64_t> counts;
   if (vlm_hidden > 0) spec_name = "vlm";
@@ -195,13 +221,21 @@ int main(int argc, char** argv) {
       times[name].insert(times[name].end(), t.begin(), t.end());
     };
     add("plain_world1", plain_steps(s, o, steps));
-    add("off_world1", trainer_steps(s, o, mih::SessionMode::kOff, 1, steps, fs::path()));
-    add("runtime_world1", trainer_steps(s, o, mih::SessionMode::kRuntime, 1, steps, evidence / ("rt1_" + std::to_string(r))));
-    add("runtime_in_memory_world1", trainer_steps(s, o, mih::SessionMode::kRuntime, 1, steps, fs::path()));
+    const std::string tag = std::to_string(r);
+    for (auto& [name, t] : trainer_steps(s, o,
+                                         {{"off_world1", mih::SessionMode::kOff, {}},
+                                          {"runtime_world1", mih::SessionMode::kRuntime, evidence / ("rt1_" + tag)},
+                                          {"runtime_in_memory_world1", mih::SessionMode::kRuntime, {}}},
+                                         1, steps)) {
+      add(name, t);
+    }
     j_hooks["world1"] = last_session_ms;
-    add("off_dp_shard2", trainer_steps(s, o, mih::SessionMode::kOff, 2, steps, fs::path()));
-    add("runtime_dp_shard2",
-        trainer_steps(s, o, mih::SessionMode::kRuntime, 2, steps, evidence / ("rt2_" + std::to_string(r))));
+    for (auto& [name, t] : trainer_steps(s, o,
+                                         {{"off_dp_shard2", mih::SessionMode::kOff, {}},
+                                          {"runtime_dp_shard2", mih::SessionMode::kRuntime, evidence / ("rt2_" + tag)}},
+                                         2, steps)) {
+      add(name, t);
+    }
     j_hooks["dp_shard2"] = last_session_ms;
   }
   std::error_code ec;

@@ -1,4 +1,4 @@
-// write_file_atomic, read_file and tail_lines.
+// write_file_atomic, append_whole, read_file and tail_lines.
 #include "harness/base/files.h"
 
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 namespace mih {
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+void write_file_atomic(const std::filesystem::path& path, std::string_view contents, Durability durability) {
   std::error_code ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create directory '", path.parent_path().string(),
@@ -41,7 +41,7 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     data += n;
     left -= static_cast<size_t>(n);
   }
-  bool synced = ::fsync(fd) == 0;
+  bool synced = durability == Durability::kDeferred || ::fsync(fd) == 0;
   int err = errno;
   ::close(fd);
   if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -1,5 +1,5 @@
-// Small file helpers every component needs: atomic whole-file writes (temp + fsync +
-// rename, so a reader never sees half a file) and reading a file's last lines.
+// Small file helpers every component needs: atomic whole-file writes (temp + rename, so a
+// reader never sees half a file; fsync'ed unless deferred) and reading a file's last lines.
 #pragma once
 
 #include <cstddef>
@@ -9,11 +9,24 @@
 
 namespace mih {
 
-/// Writes `contents` to `path` atomically: a temp file in the same directory, fsync, then
-/// rename over `path`. Creates missing parent directories.
+/// When a written file reaches the disk.
+enum class Durability {
+  /// fsync before the rename: the file survives a crash of the machine once the call returns.
+  kFsync,
+  /// Left to the kernel's writeback: still atomic for every reader and after a crash of the
+  /// process, but a crash of the machine may lose it or leave it empty. For files a later
+  /// digest vouches for (a case's evidence: case_run.json records the SHA-256 of every file,
+  /// and evidence whose digest does not match is never reused or verified), where an fsync
+  /// per file (about 1 ms each here) is most of a validation session's cost per step.
+  kDeferred,
+};
+
+/// Writes `contents` to `path` atomically: a temp file in the same directory, fsync (unless
+/// `durability` is kDeferred), then rename over `path`. Creates missing parent directories.
 /// Throws: mih::Error{kFailedPrecondition} naming the path and the OS error if the
 ///   directory cannot be created or the file written.
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
+void write_file_atomic(const std::filesystem::path& path, std::string_view contents,
+                       Durability durability = Durability::kFsync);
 
 /// Appends `text` (whole lines) to `path` with one O_APPEND write, creating the file: a write
 /// cut short (a full disk) is undone by truncating the file back, so it holds whole lines

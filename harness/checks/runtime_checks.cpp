@@ -123,34 +123,38 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
     out.evidence = {{"step", step}, {"modalities", evidence}};
     return out;
   }
-  at::Tensor stats = at::zeros({static_cast<int64_t>(rows.size()), 4}, at::kDouble);
+  // Rows of [undefined, non-finite, all-zero, sum of squares / replicas] in a plain buffer:
+  // indexing a tensor element by element costs more than the norms.
+  std::vector<double> stats(rows.size() * 4, 0.0);
   for (size_t i = 0; i < rows.size(); ++i) {
     const at::Tensor& local = rows[i].param->local;
     if (local.numel() == 0) continue;  // an empty FSDP piece holds nothing to check
     const at::Tensor g = local.grad();
-    const auto r = static_cast<int64_t>(i);
+    double* row = stats.data() + 4 * i;
     if (!g.defined()) {
-      stats[r][0] = 1;
+      row[0] = 1;
       continue;
     }
     // One pass, accumulated in float64 without a copy of the gradient: the L2 norm is
     // non-finite iff an element is (a float64 square overflows only past 1e154), zero iff all are.
     const double norm = at::linalg_vector_norm(g.detach(), 2, c10::nullopt, false, at::kDouble).item<double>();
-    if (!std::isfinite(norm)) stats[r][1] = 1;
-    if (norm == 0) stats[r][2] = 1;
-    stats[r][3] = norm * norm / static_cast<double>(rows[i].param->replicas());
+    if (!std::isfinite(norm)) row[1] = 1;
+    if (norm == 0) row[2] = 1;
+    row[3] = norm * norm / static_cast<double>(rows[i].param->replicas());
   }
-  at::Tensor reduced = stats.to(ctx.device());
+  at::Tensor reduced = at::from_blob(stats.data(), {static_cast<int64_t>(stats.size())}, at::kDouble)
+                           .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
   ctx.mesh().comm(MeshAxis::kWorld).all_reduce(reduced, ReduceOp::kSum, "mih.session.modality_gradients");
-  reduced = reduced.cpu();
+  reduced = reduced.cpu().contiguous();
+  const double* all = reduced.data_ptr<double>();
   for (size_t i = 0; i < rows.size(); ++i) {
-    const auto r = static_cast<int64_t>(i);
-    const auto undefined = reduced[r][0].item<int64_t>(), nonfinite = reduced[r][1].item<int64_t>(),
-               zero = reduced[r][2].item<int64_t>();
+    const double* row = all + 4 * i;
+    const auto undefined = static_cast<int64_t>(row[0]), nonfinite = static_cast<int64_t>(row[1]),
+               zero = static_cast<int64_t>(row[2]);
     const json facts = {{"ranks_without_grad", undefined},
                         {"ranks_nonfinite", nonfinite},
                         {"ranks_all_zero", zero},
-                        {"global_grad_norm", std::sqrt(std::max(reduced[r][3].item<double>(), 0.0))},
+                        {"global_grad_norm", std::sqrt(std::max(row[3], 0.0))},
                         {"step", step}};
     evidence[rows[i].field]["parameters"][rows[i].param->fqn] = facts;
     if (undefined + nonfinite + zero == 0) continue;

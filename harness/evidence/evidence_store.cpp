@@ -102,8 +102,8 @@ fs::path EvidenceDir::resolve(std::string_view relative) const {
   return full;
 }
 
-void EvidenceDir::write_json(std::string_view relative, const nlohmann::json& j) const {
-  write_file_atomic(resolve(relative), j.dump(2) + "\n");
+void EvidenceDir::write_json(std::string_view relative, const nlohmann::json& j, Durability durability) const {
+  write_file_atomic(resolve(relative), j.dump(2) + "\n", durability);
 }
 
 void EvidenceDir::write_text(std::string_view relative, std::string_view text) const {

@@ -1,7 +1,8 @@
 // The evidence store: one case directory that checks, probes and the runner write into
 // (DESIGN.md section 6). Every file write is atomic (temp file, fsync, rename: a reader or a
-// crash never leaves half a file), JSONL appends are whole lines, and no path may escape the
-// directory. The integration state machine lives in integration_state.json.
+// crash never leaves half a file; the files a session rewrites at every step skip the fsync,
+// case_run.json's digests vouch for them), JSONL appends are whole lines, and no path may
+// escape the directory. The integration state machine lives in integration_state.json.
 #pragma once
 
 #include <filesystem>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "harness/base/files.h"
 
 namespace mih {
 
@@ -33,9 +36,11 @@ class EvidenceDir {
   ///   path that leaves the directory through a symlink.
   std::filesystem::path resolve(std::string_view relative) const;
 
-  /// Writes `j` (indented) to `relative` atomically; parent folders are created.
+  /// Writes `j` (indented) to `relative` atomically; parent folders are created. kDeferred
+  /// skips the fsync (see Durability): for the files a session writes at every step.
   /// Throws: as resolve; kFailedPrecondition on an I/O error.
-  void write_json(std::string_view relative, const nlohmann::json& j) const;
+  void write_json(std::string_view relative, const nlohmann::json& j,
+                  Durability durability = Durability::kFsync) const;
   void write_text(std::string_view relative, std::string_view text) const;
   /// Appends `j` as one line (compact JSON + "\n") with a single O_APPEND write, so
   /// concurrent appenders and a crash leave only whole lines.

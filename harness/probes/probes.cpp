@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -143,6 +144,87 @@ const BoxIndex& box_index(const Box& box, const std::vector<int64_t>& shape, int
   return cache[key] = b;
 }
 
+// The statistics of one box in one pass over its n elements: sum, sum of squares, the
+// count of non-finite elements (which count as 0 in everything else: a NaN must not hide the
+// rest), min, max, and per sign pattern (k projections, k <= 8) the sum of its elements. In
+// blocks of 4096 with four partial sums each, added in a fixed order: the same numbers on every
+// machine, and no more rounding than a pairwise sum at these sizes.
+struct PieceSums {
+  double sum = 0, sum_sq = 0, lo = std::numeric_limits<double>::infinity(), hi = -std::numeric_limits<double>::infinity();
+  int64_t nonfinite = 0;
+  std::array<double, 256> by_pattern{};
+};
+
+// One block [b0, b1) into `out` (block_patterns zeroed on entry), with four independent
+// lanes per statistic so no add or min waits on the one before. `checked` tests every element
+// for being finite (non-finite ones count as 0); unchecked is the fast path, valid when the
+// block turns out finite.
+template <bool checked, typename T>
+void block_sums(const T* x, const uint8_t* pattern, int64_t b0, int64_t b1, bool with_patterns, double* s, double* q,
+                double* lo, double* hi, int64_t* nonfinite, double* block_patterns) {
+  for (int u = 0; u < 4; ++u) {
+    s[u] = q[u] = 0;
+    lo[u] = std::numeric_limits<double>::infinity();
+    hi[u] = -std::numeric_limits<double>::infinity();
+  }
+  auto one = [&](int u, int64_t e) {
+    double v = static_cast<double>(x[e]);
+    if constexpr (checked) {
+      if (!std::isfinite(v)) {
+        ++*nonfinite;
+        v = 0;
+      }
+    }
+    s[u] += v;
+    q[u] += v * v;
+    lo[u] = std::min(lo[u], v);
+    hi[u] = std::max(hi[u], v);
+    if (with_patterns) block_patterns[pattern[e]] += v;
+  };
+  int64_t e = b0;
+  for (; e + 4 <= b1; e += 4) {
+    one(0, e);
+    one(1, e + 1);
+    one(2, e + 2);
+    one(3, e + 3);
+  }
+  for (; e < b1; ++e) one(0, e);
+}
+
+template <typename T>
+PieceSums piece_sums(const T* x, const uint8_t* pattern, int64_t n, int64_t k) {
+  PieceSums out;
+  std::array<double, 256> block_patterns{};
+  const size_t patterns = size_t{1} << k;
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    double s[4], q[4], lo[4], hi[4];
+    int64_t nonfinite = 0;
+    block_sums<false>(x, pattern, b0, b1, k > 0, s, q, lo, hi, &nonfinite, block_patterns.data());
+    double sum = (s[0] + s[1]) + (s[2] + s[3]), sum_sq = (q[0] + q[1]) + (q[2] + q[3]);
+    if (!std::isfinite(sum) || !std::isfinite(sum_sq)) [[unlikely]] {
+      // A NaN or an infinity (or squares past 1e308): again, element by element.
+      std::fill(block_patterns.begin(), block_patterns.begin() + static_cast<int64_t>(patterns), 0.0);
+      block_sums<true>(x, pattern, b0, b1, k > 0, s, q, lo, hi, &nonfinite, block_patterns.data());
+      sum = (s[0] + s[1]) + (s[2] + s[3]);
+      sum_sq = (q[0] + q[1]) + (q[2] + q[3]);
+    }
+    out.sum += sum;
+    out.sum_sq += sum_sq;
+    out.nonfinite += nonfinite;
+    for (int u = 0; u < 4; ++u) {
+      out.lo = std::min(out.lo, lo[u]);
+      out.hi = std::max(out.hi, hi[u]);
+    }
+    for (size_t g = 0; g < patterns; ++g) {
+      out.by_pattern[g] += block_patterns[g];
+      block_patterns[g] = 0;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
@@ -195,36 +277,38 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
     for (const Box& box : ctx.local_boxes(*it.param)) {
       if (box.numel() == 0) continue;
       const BoxIndex& bi = box_index(box, it.param->global_shape, k);
-      // Into a float64 scratch buffer this thread reuses: a fresh allocation the size of the
-      // piece on every probe costs more in page faults than the statistics themselves.
-      thread_local at::Tensor scratch;
       const int64_t n = box.numel();
-      if (!scratch.defined() || scratch.numel() < n) scratch = at::empty({std::max<int64_t>(n, 1 << 16)}, at::kDouble);
-      const at::Tensor raw = scratch.narrow(0, 0, n);
-      raw.copy_(narrow_box(it.piece.detach(), box).reshape({-1}));
-      at::Tensor x = raw;
-      double sum = x.sum().item<double>();
-      if (!std::isfinite(sum)) {  // rare: count and zero the non-finite elements
-        const at::Tensor finite = at::isfinite(x);
-        row[2] += static_cast<double>(x.numel() - finite.sum().item<int64_t>());
-        x = at::where(finite, x, at::zeros_like(x));
-        sum = x.sum().item<double>();
+      const at::Tensor view = narrow_box(it.piece.detach(), box);
+      // The piece's own memory when it is a contiguous float32/float64 CPU view (the usual
+      // case: one pass, no copy); else a copy into a float64 scratch buffer this thread
+      // reuses (a fresh allocation the size of the piece on every probe costs more in page
+      // faults than the statistics).
+      const bool direct = view.device().is_cpu() && view.is_contiguous() &&
+                          (view.scalar_type() == at::kFloat || view.scalar_type() == at::kDouble);
+      at::Tensor raw;
+      if (!direct || value_base[i] >= 0) {
+        thread_local at::Tensor scratch;
+        if (!scratch.defined() || scratch.numel() < n) scratch = at::empty({std::max<int64_t>(n, 1 << 16)}, at::kDouble);
+        raw = scratch.narrow(0, 0, n);
+        raw.copy_(view.reshape({-1}));
       }
-      row[0] += sum;
-      row[1] += at::dot(x, x).item<double>();
-      if (k > 0) {
-        // Per sign pattern g the sum of its elements: projection j = sum over g of ±S_g.
-        const at::Tensor by_pattern = at::bincount(bi.pattern, x, int64_t{1} << k).contiguous();
-        const double* sg = by_pattern.data_ptr<double>();
-        for (int64_t j = 0; j < k; ++j) {
-          double projected = 0;
-          for (int64_t g = 0; g < (int64_t{1} << k); ++g) projected += (g >> j) & 1 ? sg[g] : -sg[g];
-          row[4 + j] += projected;
+      const at::Tensor& x = direct ? view : raw;
+      const PieceSums ps = x.scalar_type() == at::kFloat
+                               ? piece_sums(x.data_ptr<float>(), bi.pattern.data_ptr<uint8_t>(), n, k)
+                               : piece_sums(x.data_ptr<double>(), bi.pattern.data_ptr<uint8_t>(), n, k);
+      row[0] += ps.sum;
+      row[1] += ps.sum_sq;
+      row[2] += static_cast<double>(ps.nonfinite);
+      for (int64_t j = 0; j < k; ++j) {
+        // Projection j = the sum over sign patterns g of ±(the sum of the elements of pattern g).
+        double projected = 0;
+        for (int64_t g = 0; g < (int64_t{1} << k); ++g) {
+          projected += (g >> j) & 1 ? ps.by_pattern[static_cast<size_t>(g)] : -ps.by_pattern[static_cast<size_t>(g)];
         }
+        row[4 + j] += projected;
       }
-      const auto [lo, hi] = at::aminmax(x);
-      extremes[2 * i] = std::max(extremes[2 * i], hi.item<double>());
-      extremes[2 * i + 1] = std::max(extremes[2 * i + 1], -lo.item<double>());
+      extremes[2 * i] = std::max(extremes[2 * i], ps.hi);
+      extremes[2 * i + 1] = std::max(extremes[2 * i + 1], -ps.lo);
       if (value_base[i] >= 0) {  // the values as they are, non-finite ones included
         const auto xa = raw.accessor<double, 1>();
         const auto ia = bi.index.accessor<int64_t, 1>();
@@ -269,25 +353,32 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
 }
 
 FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json* evidence) {
-  json mine = json::object();
+  // Only pieces some other rank also holds (replicas() > 1, the same on every rank) can be
+  // compared; with none (world size 1, or everything sharded) there is nothing to gather.
+  std::vector<const ShardedParameter*> replicated;
   for (const auto& p : ctx.parameters()) {
+    if (p->replicas() > 1) replicated.push_back(p.get());
+  }
+  json mine = json::object();
+  for (const ShardedParameter* p : replicated) {
     json boxes = json::array();
     for (const Box& b : ctx.local_boxes(*p)) boxes.push_back({b.global_offset, b.lengths});
-    // A piece no other rank holds has nothing to be compared with: not hashed.
-    std::string digest = "unreplicated";
-    if (p->replicas() > 1) {
-      const at::Tensor bytes = p->local.detach().to(at::kCPU).contiguous();
-      digest = Sha256().update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size()).hex_digest();
-    }
-    mine[p->fqn] = {sha256_hex(boxes.dump()), digest};
+    const at::Tensor bytes = p->local.detach().to(at::kCPU).contiguous();
+    const std::string digest =
+        Sha256().update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size()).hex_digest();
+    mine[p->fqn] = {boxes.dump(), digest};
   }
-  const std::vector<json> all =
-      all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.device(), "mih.session.replicas");
+  const std::vector<json> all = replicated.empty() ? std::vector<json>{}
+                                                   : all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine,
+                                                                     ctx.device(), "mih.session.replicas");
   FindingReport report;
   json checked = json::object();
   int64_t replicated_pieces = 0;
   for (const auto& p : ctx.parameters()) {
-    // piece id -> digest -> ranks
+    if (p->replicas() == 1) checked[p->fqn] = {{"replicas", 1}, {"compared", false}};
+  }
+  for (const ShardedParameter* p : replicated) {
+    // piece (its boxes) -> digest -> ranks
     std::map<std::string, std::map<std::string, std::vector<int>>> pieces;
     for (size_t r = 0; r < all.size(); ++r) {
       const json& e = all[r].at(p->fqn);
@@ -311,7 +402,7 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
                   "all-reduce the gradient over every axis the parameter is replicated on (e.g. tp for a norm weight "
                   "under sequence parallelism)"});
     }
-    checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}};
+    checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}, {"compared", true}};
   }
   report.ran(codes::kCheckReplicas, replicated_pieces, "parameter pieces held by more than one rank");
   if (evidence) *evidence = {{"step", step}, {"parameters", checked}};

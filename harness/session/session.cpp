@@ -89,6 +89,10 @@ void ValidationSession::write(std::string_view relative, const json& j) const {
   if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j);
 }
 
+void ValidationSession::write_step(std::string_view relative, const json& j) const {
+  if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j, Durability::kDeferred);
+}
+
 void ValidationSession::write_rank_file(std::string_view relative, const json& j) const {
   if (evidence_) evidence_->write_json(relative, j);
 }
@@ -301,7 +305,7 @@ void ValidationSession::before_gradient_sync(int64_t step) {
     if (!runtime() || state_.context->tp_size() == 1) return;
     checks::CheckOutput partial = checks::check_tp_partial_gradients(*state_.context, step);
     take(pending_, partial.findings);
-    if (step == first_step_) write("cases/runtime/tp_partial_gradients_step" + std::to_string(step) + ".json", partial.evidence);
+    if (step == first_step_) write_step("cases/runtime/tp_partial_gradients_step" + std::to_string(step) + ".json", partial.evidence);
   });
 }
 
@@ -311,11 +315,11 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
     checks::CheckOutput reductions = checks::check_gradient_reductions(*state_.context, step);
     take(pending_, reductions.findings);
     if (step == 0 || step == first_step_) {
-      write("cases/runtime/gradient_reductions_step" + std::to_string(step) + ".json", reductions.evidence);
+      write_step("cases/runtime/gradient_reductions_step" + std::to_string(step) + ".json", reductions.evidence);
     }
     checks::CheckOutput modal = checks::check_modality_gradients(*state_.context, spec_->modalities, fields_seen_, step);
     take(pending_, modal.findings);
-    if (!spec_->modalities.empty()) write("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
+    if (!spec_->modalities.empty()) write_step("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterBackward, step).findings);
     probe(probes::Stage::kGradBeforeClip, step);
     probe_activations(step);
@@ -330,7 +334,7 @@ void ValidationSession::after_clip(int64_t step, double /*grad_norm*/) {
     if (full_probe_step_) probe(probes::Stage::kGradAfterClip, step);
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime, spec_->decayed_1d);
     take(pending_, optimizer.findings);
-    write("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
+    write_step("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
   });
 }
 
@@ -343,7 +347,7 @@ void ValidationSession::after_optimizer(int64_t step) {
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
     take(pending_, r);
-    write("cases/runtime/replicas_step" + std::to_string(step) + ".json", replicas);
+    write_step("cases/runtime/replicas_step" + std::to_string(step) + ".json", replicas);
   });
 }
 
@@ -394,17 +398,17 @@ void ValidationSession::end_step(const StepMetrics& m) {
 
     checks::CheckOutput shared = checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step);
     take(local, shared.findings);
-    write("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
+    write_step("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
 
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kRuntime, state_);
     take(local, inv.findings);
-    if (!inv.evidence.empty()) write("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
+    if (!inv.evidence.empty()) write_step("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
 
     // Communication of training (not of the session) since the last step, per axis.
     json sites, expected_by_layer;
     const json comm = take_comm_bytes(&sites);
     const json expected = take_expected_comm(&expected_by_layer);
-    write("cases/runtime/comm_expected_step" + std::to_string(step) + ".json", expected_by_layer);
+    write_step("cases/runtime/comm_expected_step" + std::to_string(step) + ".json", expected_by_layer);
     const int64_t dp = mesh_->comm(MeshAxis::kDp).size(), cp = mesh_->comm(MeshAxis::kCp).size();
     const double seconds = std::max(m.step_ms, 1e-9) / 1e3;
     json row = m;

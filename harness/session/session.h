@@ -132,6 +132,9 @@ class ValidationSession : public TrainingHooks {
   // Merges this rank's new findings over the world (a collective) and writes them.
   void merge(FindingReport local, const nlohmann::json& perf = nullptr);
   void write(std::string_view relative, const nlohmann::json& j) const;
+  // A file of one step (cases/runtime/*_step<N>.json): written without an fsync
+  // (Durability::kDeferred), since a session writes several at every step.
+  void write_step(std::string_view relative, const nlohmann::json& j) const;
   void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
   bool runtime() const { return options_.mode == SessionMode::kRuntime; }
   void probe(probes::Stage stage, int64_t step);

@@ -568,6 +568,47 @@ TEST(ProbesTest, StatisticsAndSketchesDoNotDependOnTheSharding) {
   EXPECT_FALSE(at::equal(signs, probes::projection_signs(at::arange(10000, at::kLong), 1)));
 }
 
+TEST(ProbesTest, OnePassStatisticsMatchAnIndependentComputationInFloat64AndFloat32WithNonFiniteElements) {
+  spec::ModelSpec s = get("llama");
+  auto errors = testing::run_mesh(config(), [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
+    t.step();
+    const ShardedParameter* embed = nullptr;
+    for (const auto& p : t.context().parameters()) {
+      if (p->fqn == "embed_tokens.weight") embed = p.get();
+    }
+    ASSERT_NE(embed, nullptr);
+    const int64_t n = embed->local.numel();
+    ASSERT_GT(n, 2 * 4096) << "the probe sums in blocks of 4096: the test needs more than one";
+    // A NaN in the first block, infinities in the second and the last: they count, as 0 in the rest.
+    at::Tensor flat = embed->local.detach().view({-1});
+    flat[3] = std::nan("");
+    flat[4097] = -std::numeric_limits<double>::infinity();
+    flat[n - 1] = std::numeric_limits<double>::infinity();
+    const auto watch = probes::build_watchlist(t.context(), {});
+    for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+      if (dtype == at::kFloat) embed->local.set_data(embed->local.detach().to(at::kFloat));
+      const json j = probes::probe_stage(t.context(), watch, probes::Stage::kAfterOptimizer, &t.optimizer(), {});
+      const json& got = j["tensors"]["embed_tokens.weight"];
+      const at::Tensor x = embed->local.detach().to(at::kDouble).reshape({-1});
+      const at::Tensor x0 = at::where(at::isfinite(x), x, at::zeros_like(x));
+      auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max({1.0, std::abs(a), std::abs(b)}); };
+      const std::string what = at::toString(dtype);
+      EXPECT_EQ(got["nonfinite"], 3) << what;
+      EXPECT_TRUE(near(got["sum"], x0.sum().item<double>())) << what << " " << got["sum"];
+      EXPECT_TRUE(near(got["sum_sq"], x0.dot(x0).item<double>())) << what;
+      EXPECT_TRUE(near(got["max"], x0.max().item<double>())) << what;
+      EXPECT_TRUE(near(got["min"], x0.min().item<double>())) << what;
+      ASSERT_EQ(got["sketch"].size(), 4u);
+      for (int64_t k = 0; k < 4; ++k) {
+        const double expected = (probes::projection_signs(at::arange(n, at::kLong), k) * x0).sum().item<double>();
+        EXPECT_TRUE(near(got["sketch"][static_cast<size_t>(k)], expected)) << what << " sketch " << k;
+      }
+    }
+  });
+  ASSERT_THAT(errors, IsEmpty());
+}
+
 TEST(ReplicaConsistencyTest, NamesAReplicatedParameterThatDivergedAcrossTpRanks) {
   ParallelConfig c = config(1, 2);
   c.sequence_parallel = true;
