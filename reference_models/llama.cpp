@@ -10,6 +10,7 @@
 #include "harness/base/fault.h"
 #include "harness/parallel/activation_checkpoint.h"
 #include "harness/parallel/context_parallel.h"
+#include "harness/parallel/regions.h"
 
 namespace mih::models {
 namespace {
@@ -103,16 +104,33 @@ at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
   return down_proj(at::silu(gate_up[0]) * gate_up[1]);
 }
 
-MoeExpertImpl::MoeExpertImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx) {
-  const int64_t h = o.hidden_size(), f = o.expert_intermediate_size();
-  const bool partial = ctx.sequence_parallel();
-  gate_up_proj = register_parameter("gate_up_proj", ctx.make_parameter(replicated({2 * f, h}, o.init_std(), partial)));
-  down_proj = register_parameter("down_proj", ctx.make_parameter(replicated({h, f}, o.init_std(), partial)));
+MoeExpertsImpl::MoeExpertsImpl(ParallelContext& ctx, const LlamaOptions& o)
+    : ctx_(&ctx), hidden_(o.hidden_size()), intermediate_(o.expert_intermediate_size()) {
+  const int64_t e = o.num_experts(), h = o.hidden_size(), f = o.expert_intermediate_size();
+  auto stacked = [&](std::vector<int64_t> shape) {
+    ParamSpec spec = replicated(std::move(shape), o.init_std(), ctx.sequence_parallel());
+    spec.experts = e;
+    return ctx.make_parameter(spec);
+  };
+  gate_up_proj = register_parameter("gate_up_proj", stacked({e * 2 * f, h}));
+  down_proj = register_parameter("down_proj", stacked({e * h, f}));
 }
 
-at::Tensor MoeExpertImpl::forward(const at::Tensor& x) {
-  auto gate_up = at::matmul(x, ctx_->use(gate_up_proj).t()).chunk(2, -1);
-  return at::matmul(at::silu(gate_up[0]) * gate_up[1], ctx_->use(down_proj).t());
+at::Tensor MoeExpertsImpl::forward(const at::Tensor& x, const std::vector<int64_t>& rows) {
+  const at::Tensor gate_up = ctx_->use(gate_up_proj), down = ctx_->use(down_proj);
+  const int64_t f = intermediate_, h = hidden_;
+  MIH_CHECK(gate_up.size(0) == static_cast<int64_t>(rows.size()) * 2 * f, "MoeExperts: ", rows.size(),
+            " expert row counts for ", gate_up.size(0) / (2 * f), " local experts");
+  std::vector<at::Tensor> outs;
+  int64_t start = 0;
+  for (size_t l = 0; l < rows.size(); ++l) {
+    const auto e = static_cast<int64_t>(l);
+    const at::Tensor xs = x.narrow(0, start, rows[l]);
+    auto gu = at::matmul(xs, gate_up.narrow(0, e * 2 * f, 2 * f).t()).chunk(2, -1);
+    outs.push_back(at::matmul(at::silu(gu[0]) * gu[1], down.narrow(0, e * h, h).t()));
+    start += rows[l];
+  }
+  return at::cat(outs, 0);
 }
 
 MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string name)
@@ -122,8 +140,7 @@ MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string 
   const bool router_partial = ctx.sequence_parallel() && !fault::active(fault::Fault::kF02);
   router = register_parameter(
       "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), router_partial)));
-  experts = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < o.num_experts(); ++e) experts->push_back(MoeExpert(ctx, o));
+  experts = register_module("experts", MoeExperts(ctx, o));
 }
 
 at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
@@ -133,21 +150,83 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
   auto [top_p, top_i] = probs.topk(k, -1);                                        // [N, k]
   at::Tensor weights = top_p / top_p.sum(-1, /*keepdim=*/true);
-  at::Tensor out = at::zeros_like(tokens);
   // Token slots per expert [E].
   at::Tensor counts = at::bincount(top_i.reshape(-1), /*weights=*/{}, n_experts).to(at::kLong);
-  for (int64_t e = 0; e < n_experts; ++e) {
-    at::Tensor hit = top_i.eq(e);  // [N, k]
-    at::Tensor rows = hit.any(-1).nonzero().squeeze(-1);
-    // Every expert runs on every rank, even on no token: its FSDP gather is a collective.
-    at::Tensor gate = (weights * hit).sum(-1).index_select(0, rows).unsqueeze(-1);
-    at::Tensor y = experts[e]->as<MoeExpert>()->forward(tokens.index_select(0, rows)) * gate;
-    out = out.index_add(0, rows, y);
+
+  // Dispatch: the N * k token slots sorted by expert (stably: by token within an expert), so
+  // the slots of each ep rank's experts are one block of rows.
+  const at::Tensor slot_expert = top_i.reshape(-1);                                   // [N k]
+  const at::Tensor order = std::get<1>(slot_expert.sort(/*stable=*/true, 0, false));  // [N k]
+  const at::Tensor slot_token = order.div(k, "floor");                               // token of each sorted slot
+  Communicator& ep = ctx_->mesh().comm(MeshAxis::kEp);
+  // F24 (FAULTS.md): the gates detached under ep, so the router learns only from its aux loss.
+  const at::Tensor gate_weights = ep.size() > 1 && fault::active(fault::Fault::kF24) ? weights.detach() : weights;
+  const at::Tensor gates = gate_weights.reshape(-1).index_select(0, order).unsqueeze(-1);  // [N k, 1]
+  const int64_t ep_size = ep.size(), local_experts = n_experts / ep_size;
+  // counts_to[j][l]: slots this rank sends ep rank j for its local expert l; counts_from[j][l]:
+  // slots ep rank j sends this rank for expert l of ours (one all-to-all of the counts).
+  at::Tensor counts_to = counts.view({ep_size, local_experts}).contiguous();
+  at::Tensor counts_from = counts_to;
+  if (ep_size > 1) {
+    counts_from = at::empty_like(counts_to);
+    ep.all_to_all_single(counts_from, counts_to, {}, {}, "moe.dispatch_counts");
   }
+  const at::Tensor to_cpu = counts_to.cpu().contiguous(), from_cpu = counts_from.cpu().contiguous();
+  const auto to_a = to_cpu.accessor<int64_t, 2>(), from_a = from_cpu.accessor<int64_t, 2>();
+  std::vector<int64_t> send(static_cast<size_t>(ep_size), 0), recv(static_cast<size_t>(ep_size), 0);
+  int64_t received_rows = 0;
+  for (int64_t j = 0; j < ep_size; ++j) {
+    for (int64_t l = 0; l < local_experts; ++l) {
+      send[static_cast<size_t>(j)] += to_a[j][l];
+      recv[static_cast<size_t>(j)] += from_a[j][l];
+    }
+    received_rows += recv[static_cast<size_t>(j)];
+  }
+  if (ep_size > 1) {
+    // What the ledger records over ep (each all-to-all's input on this rank): the counts
+    // [ep, E / ep] int64; the dispatch sends all N k slots and the combine the R received
+    // rows, H values each; their backwards the same rows the other way, when there is one
+    // (not in the no-grad first forward of an activation-checkpoint region).
+    const int64_t element = static_cast<int64_t>(tokens.element_size());
+    const int64_t rows_bytes = (n * k + received_rows) * h * element;
+    ep.expect("moe.dispatch_counts", counts_to.numel() * 8, name_);
+    ep.expect("region.all_to_all", rows_bytes, name_);
+    if (at::GradMode::is_enabled() && tokens.requires_grad()) ep.expect("region.all_to_all.backward", rows_bytes, name_);
+  }
+  at::Tensor received = all_to_all_rows(tokens.index_select(0, slot_token), ep, recv, send);  // [R, H]
+  // The received rows come by source rank, each source's by local expert: regroup by expert.
+  std::vector<int64_t> by_expert_rows(static_cast<size_t>(local_experts), 0);
+  std::vector<at::Tensor> pieces;
+  std::vector<int64_t> source_start(static_cast<size_t>(ep_size), 0);
+  for (int64_t j = 1; j < ep_size; ++j) {
+    source_start[static_cast<size_t>(j)] = source_start[static_cast<size_t>(j - 1)] + recv[static_cast<size_t>(j - 1)];
+  }
+  for (int64_t l = 0; l < local_experts; ++l) {
+    for (int64_t j = 0; j < ep_size; ++j) {
+      int64_t start = source_start[static_cast<size_t>(j)];
+      for (int64_t m = 0; m < l; ++m) start += from_a[j][m];
+      const int64_t rows = from_a[j][l];
+      pieces.push_back(at::arange(start, start + rows, at::TensorOptions().dtype(at::kLong).device(x.device())));
+      by_expert_rows[static_cast<size_t>(l)] += rows;
+    }
+  }
+  const at::Tensor regroup = at::cat(pieces);                           // [R]: received row of each expert row
+  const at::Tensor undo = std::get<1>(regroup.sort(/*stable=*/true, 0, false));  // inverse permutation
+  at::Tensor y = experts->forward(received.index_select(0, regroup), by_expert_rows).index_select(0, undo);
+  // Combine: back to the ranks the slots came from, weighted by their gates, summed per token.
+  at::Tensor returned = all_to_all_rows(y, ep, send, recv);  // [N k, H], in sorted slot order
+  at::Tensor out = at::zeros_like(tokens).index_add(0, slot_token, returned * gates);
   // Load balancing over the global batch: token counts from every rank holding other tokens.
   at::Tensor global_counts = counts.to(x.device());
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
-  ctx_->mesh().comm(MeshAxis::kDpCp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+  if (ep.size() > 1 && fault::active(fault::Fault::kF25)) {
+    // F25 (FAULTS.md): reduced over every data-parallel rank but the ep group's, so each ep
+    // rank balances its own tokens' counts.
+    ctx_->mesh().comm(MeshAxis::kEdp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+    ctx_->mesh().comm(MeshAxis::kDpReplicate).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+  } else {
+    ctx_->mesh().comm(MeshAxis::kDpCp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
+  }
   if (ctx_->sequence_parallel()) {
     ctx_->tp_group().expect("moe.expert_counts",
                             global_counts.numel() * static_cast<int64_t>(global_counts.element_size()), "moe");
@@ -286,7 +365,16 @@ at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch
 at::Tensor LlamaForCausalLM::token_losses(const Batch& batch) { return losses(logits(batch), batch); }
 
 void LlamaForCausalLM::apply_fsdp(ParallelContext& ctx) {
-  for (size_t i = 0; i < layers->size(); ++i) ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
+  for (size_t i = 0; i < layers->size(); ++i) {
+    // Under ep the routed experts are a unit of their own (sharded over edp), before their
+    // layer's (TorchTitan shards transformer_block.moe.experts first).
+    auto* layer = layers[i]->as<LlamaDecoderLayer>();
+    auto* moe = layer ? dynamic_cast<MoeMlpImpl*>(layer->mlp.get()) : nullptr;
+    if (moe && ctx.config().ep > 1 && ctx.mesh().comm(MeshAxis::kEdp).size() > 1) {
+      ctx.fully_shard(*moe->experts, "layers." + std::to_string(i) + ".mlp.experts");
+    }
+    ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
+  }
   ctx.fully_shard(*this, "root");
 }
 

@@ -101,20 +101,26 @@ class LlamaMlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMlp);
 
-/// One SwiGLU expert, replicated over tp (its gradient is partial over tp under sequence
-/// parallelism, where each tp rank routes only its own tokens).
-/// Shape: tokens [N, H] -> [N, H].
-class MoeExpertImpl : public torch::nn::Module {
+/// The E routed SwiGLU experts, stacked on dim 0 as TorchTitan's GroupedExperts:
+/// gate_up_proj [E * 2F, H] (expert e's fused [gate; up] in rows [2F e, 2F (e + 1))) and
+/// down_proj [E * H, F]. Sharded over ep (each ep rank holds its E / ep experts' rows:
+/// ParamSpec::experts), FSDP-sharded over edp, replicated over tp (the gradient partial over
+/// tp under sequence parallelism, where each tp rank routes only its own tokens).
+class MoeExpertsImpl : public torch::nn::Module {
  public:
-  MoeExpertImpl(ParallelContext& ctx, const LlamaOptions& o);
-  at::Tensor forward(const at::Tensor& x);
+  MoeExpertsImpl(ParallelContext& ctx, const LlamaOptions& o);
+  /// Runs this rank's expert l on rows [sum(rows[:l]), sum(rows[:l + 1])) of `x`.
+  /// Every local expert computes, on no row too, so its gradient (zero) and optimizer
+  /// update exist like the reference's. Shape: x [R, H], rows [E / ep] (sum R) -> [R, H].
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& rows);
 
-  at::Tensor gate_up_proj, down_proj;  // [2F, H], [H, F]
+  at::Tensor gate_up_proj, down_proj;  // [E * 2F, H], [E * H, F]
 
  private:
   ParallelContext* ctx_;
+  int64_t hidden_, intermediate_;
 };
-TORCH_MODULE(MoeExpert);
+TORCH_MODULE(MoeExperts);
 
 /// Mixture-of-experts MLP: a top-k softmax router (weight [E, H], replicated) sends each token
 /// to top_k of E SwiGLU experts, weighting their outputs by the renormalized router
@@ -124,7 +130,11 @@ TORCH_MODULE(MoeExpert);
 /// sequence parallelism) is this rank's share, normalized by the global token count, and
 /// reaches the gradients through the output (Megatron-LM's MoEAuxLossAutoScaler), so it works
 /// inside a checkpointed region. The global counts are shared state "<FQN>.expert_counts",
-/// published by the router and consumed by the balancing loss. Shape: [B, S, H] -> the same.
+/// published by the router and consumed by the balancing loss. Under expert parallelism the
+/// token slots are sorted by expert, the per-expert counts exchanged over ep, the tokens sent
+/// to the ep rank owning their expert with a variable-split all-to-all, processed, sent back
+/// (the reverse all-to-all), weighted by their gates and summed per token (TorchTitan's
+/// token dispatch and combine); both all-to-alls are differentiable. Shape: [B, S, H] -> the same.
 class MoeMlpImpl : public torch::nn::Module {
  public:
   /// `name`: the module's FQN, the producer of its routing statistics.
@@ -132,7 +142,7 @@ class MoeMlpImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   at::Tensor router;  // [E, H]
-  torch::nn::ModuleList experts{nullptr};
+  MoeExperts experts{nullptr};
   /// Of the last forward that was not a recompute: token slots per expert over the global
   /// batch [E] (int64; sums to global tokens x top_k), and this rank's aux loss share.
   at::Tensor last_expert_counts;

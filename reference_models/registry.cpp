@@ -33,12 +33,19 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
       {l + R"(mlp\.gate_up_proj\.weight)", {hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"}},
       {l + R"(mlp\.down_proj\.weight)", {hf + "mlp.down_proj.weight"}},
       {l + R"(mlp\.router)", {hf + "block_sparse_moe.gate.weight"}},
-      {l + R"(mlp\.experts\.(\d+)\.gate_up_proj)",
-       {hf + "block_sparse_moe.experts.$2.w1.weight", hf + "block_sparse_moe.experts.$2.w3.weight"}},
-      {l + R"(mlp\.experts\.(\d+)\.down_proj)", {hf + "block_sparse_moe.experts.$2.w2.weight"}},
       {internal + R"(lm_head\.weight)", {prefix + "lm_head.weight"}},
   };
   rules.push_back({l + R"(self_attn\.(q|k|v|o)_proj\.bias)", {hf + "self_attn.$2_proj.bias"}});
+  // The stacked experts (MoeExperts): gate_up_proj [E * 2F, H] splits on dim 0 into each
+  // expert's w1 (gate) and w3 (up), down_proj [E * H, F] into each expert's w2.
+  std::vector<std::string> gate_up, down;
+  for (int64_t e = 0; e < LlamaOptions().num_experts(); ++e) {
+    const std::string expert = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    gate_up.insert(gate_up.end(), {expert + "w1.weight", expert + "w3.weight"});
+    down.push_back(expert + "w2.weight");
+  }
+  rules.push_back({l + R"(mlp\.experts\.gate_up_proj)", gate_up});
+  rules.push_back({l + R"(mlp\.experts\.down_proj)", down});
   // F10 (FAULTS.md): the final norm left out of the key map.
   if (!fault::active(fault::Fault::kF10)) rules.push_back({internal + R"(norm\.weight)", {prefix + "model.norm.weight"}});
   return rules;

@@ -45,11 +45,7 @@ spec::ModuleParityCase moe_loop_case() {
                                    return {y, at::scalar_tensor(m->last_aux_loss, at::TensorOptions().dtype(at::kDouble))};
                                  }};
   };
-  c.weights = {{"router"}};
-  for (int64_t e = 0; e < experts; ++e) {
-    c.weights.emplace_back("experts." + std::to_string(e) + ".gate_up_proj");
-    c.weights.emplace_back("experts." + std::to_string(e) + ".down_proj");
-  }
+  c.weights = {{"router"}, {"experts.gate_up_proj"}, {"experts.down_proj"}};
   c.reference = [=](const spec::ReferenceWeights& w, const std::vector<at::Tensor>& in) -> spec::ParityOutput {
     std::vector<at::Tensor> rows;
     std::vector<double> routed(static_cast<size_t>(experts), 0.0);  // token slots per expert
@@ -65,10 +61,11 @@ spec::ModuleParityCase moe_loop_case() {
       for (int64_t i = 0; i < top_k; ++i) norm = norm + p[ranked[i].second];
       for (int64_t i = 0; i < top_k; ++i) {
         const int64_t e = ranked[i].second;
-        const std::string expert = "experts." + std::to_string(e);
-        const at::Tensor gu = at::mv(w.at(expert + ".gate_up_proj"), token);
+        // Expert e's rows of the stacked weights.
+        const int64_t hidden = o.hidden_size();
+        const at::Tensor gu = at::mv(w.at("experts.gate_up_proj").narrow(0, e * 2 * f, 2 * f), token);
         const at::Tensor h = at::silu(gu.narrow(0, 0, f)) * gu.narrow(0, f, f);
-        y = y + p[e] / norm * at::mv(w.at(expert + ".down_proj"), h);
+        y = y + p[e] / norm * at::mv(w.at("experts.down_proj").narrow(0, e * hidden, hidden), h);
         routed[static_cast<size_t>(e)] += 1;
       }
       rows.push_back(y);
@@ -87,6 +84,7 @@ spec::ModuleParityCase moe_loop_case() {
 spec::ModelSpec moe_spec() {
   const models::LlamaOptions o;
   spec::ModelSpec s = language_model_spec("moe", o);
+  s.num_experts = o.num_experts();
   s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
   s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));

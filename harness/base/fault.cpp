@@ -57,8 +57,8 @@ std::vector<Fault> all() {
 
 Fault parse(std::string_view text) {
   const int id = detail::id_of(text);
-  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (FAULTS.md, `mih faults --list`) has F01 to F22 "
-            "and F26 (F23-F25 are reserved)");
+  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (docs/fault-catalog.md, `mih faults --list`) has "
+            "F01 to F26");
   return static_cast<Fault>(id);
 }
 

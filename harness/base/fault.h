@@ -23,14 +23,14 @@ enum class Fault : int {
   kNone = 0,
   kF01, kF02, kF03, kF04, kF05, kF06, kF07, kF08, kF09, kF10, kF11,
   kF12, kF13, kF14, kF15, kF16, kF17, kF18, kF19, kF20, kF21, kF22,
-  // F23-F25 are reserved for expert parallelism (FAULTS.md).
-  kF26 = 26,
+  kF23, kF24, kF25,  // expert parallelism
+  kF26,
 };
 /// How many faults are catalogued, and the largest ID.
-inline constexpr int kFaultCount = 23;
+inline constexpr int kFaultCount = 26;
 inline constexpr int kMaxFaultId = 26;
-/// True for the ID of a catalogued fault (1-22, 26).
-constexpr bool catalogued(int id) noexcept { return (id >= 1 && id <= 22) || id == 26; }
+/// True for the ID of a catalogued fault (1-26).
+constexpr bool catalogued(int id) noexcept { return id >= 1 && id <= kMaxFaultId; }
 
 namespace detail {
 /// The fault of this process: -1 until MIH_FAULT is read, then a Fault, or kUnknown when

@@ -19,7 +19,7 @@ namespace {
 std::string valid_dim_names() {
   std::string out;
   for (const auto& d : kMeshDims) out += (out.empty() ? "" : ", ") + std::string(d.name);
-  return "[" + out + "]";
+  return "[" + out + ", ep]";
 }
 
 const MeshDim* find_dim(std::string_view name) {
@@ -105,6 +105,7 @@ std::string ParallelConfig::name() const {
     if (d.degree == &ParallelConfig::cp && cp_layout == CpLayout::kZigzag) part += "zz";
     add(part);
   }
+  if (ep > 1) add("ep" + std::to_string(ep));
   if (sequence_parallel) add("sp");
   if (activation_checkpointing) add("ac");
   if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
@@ -117,12 +118,13 @@ std::string ParallelConfig::mesh_str() const {
     if (this->*d.degree == 1) continue;
     out += internal::str(out.empty() ? "" : ",", d.name, "=", this->*d.degree);
   }
+  if (ep > 1) out += internal::str(out.empty() ? "" : ",", "ep=", ep);
   return out.empty() ? "1" : out;
 }
 
 bool ParallelConfig::same_mesh(const ParallelConfig& other) const {
-  return std::all_of(kMeshDims.begin(), kMeshDims.end(),
-                     [&](const MeshDim& d) { return this->*d.degree == other.*d.degree; });
+  return ep == other.ep && std::all_of(kMeshDims.begin(), kMeshDims.end(),
+                                       [&](const MeshDim& d) { return this->*d.degree == other.*d.degree; });
 }
 
 ParallelConfig ParallelConfig::parse_mesh(std::string_view text) {
@@ -139,18 +141,23 @@ ParallelConfig ParallelConfig::parse_mesh(std::string_view text) {
     std::string_view name = trim(item.substr(0, eq));
     std::string_view value = trim(item.substr(eq + 1));
     const MeshDim* dim = find_dim(name);
-    MIH_CHECK(dim != nullptr, "unknown mesh axis '", name, "'; valid: ", valid_dim_names(),
+    MIH_CHECK(dim != nullptr || name == "ep", "unknown mesh axis '", name, "'; valid: ", valid_dim_names(),
               name == "dp" || name == "dp_cp" || name == "dp_shard_cp"
                   ? internal::str("; '", name, "' is a combined axis: set its parts (dp_shard for FSDP, "
                                   "dp_replicate for DDP, cp)")
-                  : std::string());
+              : name == "edp" ? std::string("; 'edp' follows from the others: dp_shard * cp / ep")
+                              : std::string());
     MIH_CHECK(std::find(seen.begin(), seen.end(), name) == seen.end(), "mesh axis '", name, "' is given twice");
     seen.push_back(name);
     int degree = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), degree);
     MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && degree >= 1, "mesh axis '", name,
               "': degree '", value, "' is not an integer >= 1");
-    config.*dim->degree = degree;
+    if (dim == nullptr) {
+      config.ep = degree;
+    } else {
+      config.*dim->degree = degree;
+    }
   }
   return config;
 }
@@ -180,6 +187,16 @@ void ParallelConfig::validate_mesh(int world) const {
   }
   MIH_CHECK(world_size() == world, arithmetic, " = ", world_size(), " != world_size(", world,
             "); choose degrees whose product is ", world);
+  MIH_CHECK(ep >= 1, "'ep' has degree ", ep, "; degrees must be >= 1 (1 disables expert parallelism)");
+  if ((dp_shard * cp) % ep != 0) {
+    std::string divisors;
+    for (int d = 1; d <= dp_shard * cp; ++d) {
+      if ((dp_shard * cp) % d == 0) divisors += internal::str(divisors.empty() ? "" : ", ", d);
+    }
+    MIH_THROW(Code::kInvalidSpec, "ep(", ep, ") does not divide dp_shard(", dp_shard, ") * cp(", cp, ") = ",
+              dp_shard * cp, ": expert-parallel ranks are carved out of dp_shard x cp; choose ep among [", divisors,
+              "] or raise dp_shard");
+  }
 }
 
 void ParallelConfig::validate(int world) const {
@@ -192,6 +209,7 @@ void ParallelConfig::validate(int world) const {
 void to_json(nlohmann::json& j, const ParallelConfig& c) {
   j = nlohmann::json::object();
   for (const auto& d : kMeshDims) j[std::string(d.name)] = c.*d.degree;
+  j["ep"] = c.ep;
   j["cp_layout"] = cp_layout_name(c.cp_layout);
   j["sequence_parallel"] = c.sequence_parallel;
   j["activation_checkpointing"] = c.activation_checkpointing;
@@ -204,7 +222,7 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
 void from_json(const nlohmann::json& j, ParallelConfig& c) {
   std::vector<std::string> fields;
   for (const auto& d : kMeshDims) fields.emplace_back(d.name);
-  for (const char* f : {"cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "dtype", "seed",
+  for (const char* f : {"ep", "cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "dtype", "seed",
                         "name"}) {
     fields.emplace_back(f);
   }
@@ -213,6 +231,7 @@ void from_json(const nlohmann::json& j, ParallelConfig& c) {
   for (const auto& d : kMeshDims) {
     if (j.contains(d.name)) out.*d.degree = read_int(j.at(std::string(d.name)), std::string(d.name), 1);
   }
+  if (j.contains("ep")) out.ep = read_int(j.at("ep"), "ep", 1);
   if (j.contains("cp_layout")) out.cp_layout = parse_cp_layout(read_string(j.at("cp_layout"), "cp_layout"));
   if (j.contains("sequence_parallel")) out.sequence_parallel = read_bool(j.at("sequence_parallel"), "sequence_parallel");
   if (j.contains("activation_checkpointing")) {

@@ -54,6 +54,12 @@ struct ParallelConfig {
   int dp_shard = 1;      ///< FSDP: parameters sharded on dim 0 over dp_shard
   int cp = 1;            ///< context parallel: the sequence dim is sharded over cp
   int tp = 1;            ///< tensor parallel (and sequence-parallel regions)
+  /// Expert parallel (TorchTitan's ParallelDims): not a mesh dim of its own, its ranks are
+  /// carved out of dp_shard x cp, so ep divides dp_shard * cp and the world stays
+  /// dp_replicate * dp_shard * cp * tp. Routed experts are sharded over ep (E / ep per rank),
+  /// FSDP-sharded over the rest of dp_shard x cp (edp = dp_shard * cp / ep ranks), and their
+  /// gradients reduced over edp and dp_replicate only. 1 disables it.
+  int ep = 1;
   /// Shard the activations between tensor-parallel regions on the sequence dim (tp > 1).
   bool sequence_parallel = false;
   /// Which tokens each cp rank holds. Only meaningful when cp > 1.
@@ -70,15 +76,15 @@ struct ParallelConfig {
 
   /// The product of the mesh degrees.
   int world_size() const;
-  /// "dp_shard2_cp2zz_tp2_sp_ac_mb2": the case-name part ("single" when all are 1).
+  /// "dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2": the case-name part ("single" when all are 1).
   std::string name() const;
-  /// The mesh degrees only: "dp_shard=2,tp=2" (degree-1 axes omitted; "1" if all are).
+  /// The mesh degrees only: "dp_shard=2,tp=2,ep=2" (degree-1 axes omitted; "1" if all are).
   std::string mesh_str() const;
-  /// Whether the mesh degrees equal `other`'s (the knobs may differ).
+  /// Whether the mesh degrees (and ep) equal `other`'s (the knobs may differ).
   bool same_mesh(const ParallelConfig& other) const;
 
-  /// The mesh degrees of "dp_shard=2,tp=2" (axes not named stay 1; whitespace ignored), the
-  /// knobs at their defaults.
+  /// The mesh degrees of "dp_shard=2,tp=2" (axes not named stay 1; whitespace ignored; "ep=2"
+  /// sets ep), the knobs at their defaults.
   /// Throws: mih::Error{kInvalidSpec} for an unknown axis (listing the valid ones), a
   ///   repeated axis, or a degree that is not an integer >= 1.
   static ParallelConfig parse_mesh(std::string_view text);
@@ -88,7 +94,8 @@ struct ParallelConfig {
 
   /// Throws: mih::Error{kInvalidSpec} with the arithmetic if a degree is < 1 or their product
   ///   differs from `world_size` ("dp_replicate(1) * dp_shard(2) * cp(1) * tp(3) = 6 !=
-  ///   world_size(4)").
+  ///   world_size(4)"), or if ep does not divide dp_shard * cp ("ep(4) does not divide
+  ///   dp_shard(2) * cp(1) = 2").
   void validate_mesh(int world_size) const;
   /// validate_mesh, and: micro_batches >= 1, sequence_parallel only with tp > 1.
   /// Throws: mih::Error{kInvalidSpec} naming the config.

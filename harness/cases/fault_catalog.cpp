@@ -12,6 +12,7 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json cp2zz = {{"cp", 2}, {"cp_layout", "zigzag"}};
   const json resume = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}};
   const json cross = {{"kind", "cross_resume"}, {"save", dp_shard2}, {"load", tp2}, {"resume_at", 2}};
+  const json ep2 = {{"dp_shard", 2}, {"ep", 2}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -83,6 +84,26 @@ const std::vector<FaultEntry>& fault_catalog() {
        {"NumericParity.LossMatchesReference"}, {"loss"},
        "huggingface/blog#2414 (transformers' gradient accumulation fix, Oct 2024), meta-pytorch/torchtune#1875, "
        "karpathy/nanochat#59", "loss"},
+      {"F23", "expert parallelism",
+       "expert gradients reduced over the dense gradient domain (dp_shard x cp), so summed over the ep ranks that hold "
+       "other experts, instead of over edp",
+       "harness/parallel/parallel_context.cpp", "Moe", "moe", ep2, {"NumericParity", "GradientSync"},
+       {R"(mlp\.experts)"},
+       "pytorch/pytorch#160285 (expert gradients doubled at EP=2), NVIDIA/Megatron-LM#5956 (expert gradients ep_size "
+       "times too large after a reduce-scatter over the wrong group)", "layers.1.mlp.experts"},
+      {"F24", "expert parallelism",
+       "the router's gates detached in the expert-parallel combine: the router's gradient loses the path through the "
+       "experts' outputs while the loss is unchanged",
+       "reference_models/llama.cpp", "Moe", "moe", ep2, {"NumericParity"},
+       {R"(mlp\.router|localized to 'layers\.1\.mlp')"},
+       "huggingface/transformers#48687, NVIDIA-NeMo/Automodel#2995 (a non-differentiable gather detached the router)",
+       "layers.1.mlp"},
+      {"F25", "expert parallelism",
+       "load-balancing statistics from each ep rank's own token counts, never reduced over the ep group",
+       "reference_models/llama.cpp", "Moe", "moe", ep2, {"StateInvariants.AllHold", "NumericParity"},
+       {"expert_counts", R"(mlp\.router|localized to 'layers\.1\.mlp')"},
+       "NVIDIA/Megatron-LM's MoE aux-loss statistics reduced over the tensor-and-context-parallel group "
+       "(moe_utils.py, reduce_aux_losses_tracker_across_ranks)", "layers.1.mlp"},
       {"F26", "dropout layout (TP)",
        "the same dropout mask on every TP shard of a sharded activation (the attention context split by heads), as when "
        "the model-parallel RNG state is not forked per TP rank",

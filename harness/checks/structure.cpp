@@ -66,7 +66,8 @@ std::string shape_inconsistency(const ShardedParameter& p, int64_t tp) {
              " on dim 0 only";
     }
     const bool sharded = p.tp.is_shard() && static_cast<size_t>(p.tp.dim()) == d;
-    const int64_t expected = sharded ? p.padded_shape[d] / tp : p.padded_shape[d];
+    int64_t expected = sharded ? p.padded_shape[d] / tp : p.padded_shape[d];
+    if (d == 0 && p.expert_parallel()) expected /= p.mesh.ep;  // this ep rank's experts
     if (p.tp_local_shape[d] != expected || (sharded && p.padded_shape[d] % tp != 0)) {
       return "tp piece " + shape_str(p.tp_local_shape) + " is not " + p.tp.str() + " of " + shape_str(p.padded_shape) +
              " over tp=" + std::to_string(tp);
@@ -182,14 +183,29 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     }
     json& u = unit_json[p->unit];
     u["parameters"].push_back(p->fqn);
-    const std::string dt = dtype_name(p->local.scalar_type()) + "@" + p->mesh.mesh_str();
+    // The seed's HP-FSDP-005: routed experts under ep get their own unit, never the root's
+    // (which is never resharded, and whose reduce-scatter runs over dp_shard).
+    if (p->expert_parallel() && p->unit == ctx.root_unit()) {
+      out.findings.add(error(codes::kStructExpertInRoot, "structure", p->fqn,
+                             "expert parameter (sharded over ep, FSDP over edp) is in the root FSDP unit '" + p->unit + "'",
+                             {{"unit", p->unit}, {"fsdp_axis", mesh_axis_name(p->fsdp_axis)}},
+                             "the root unit's parameters stay gathered and are reduced with the dense ones: the "
+                             "experts' gradients would be reduced over the dense gradient domain",
+                             "fully_shard the experts module as a unit of its own before its layer and the root"));
+    }
+    // One unit, one flat reduce-scatter: one dtype, one mesh and one gradient domain (the
+    // seed's HP-FSDP-004: never dense and expert parameters together).
+    const std::string dt = dtype_name(p->local.scalar_type()) + "@" + p->mesh.mesh_str() + "/" + p->gradient_kind();
     if (std::find(u["dtypes"].begin(), u["dtypes"].end(), dt) == u["dtypes"].end()) u["dtypes"].push_back(dt);
   }
   for (auto& [name, u] : unit_json.items()) {
     if (u["dtypes"].size() > 1) {
-      out.findings.add(error(codes::kStructUnitMixed, "structure", name, "FSDP unit mixes dtypes or meshes: " + u["dtypes"].dump(),
+      out.findings.add(error(codes::kStructUnitMixed, "structure", name,
+                             "FSDP unit mixes dtypes, meshes or gradient domains (dtype@mesh/DENSE|EXPERT): " +
+                                 u["dtypes"].dump(),
                              u, "one flat reduce-scatter per unit cannot carry two dtypes or two gradient domains",
-                             "split the unit so each holds one dtype and one mesh"));
+                             "split the unit so each holds one dtype, one mesh and one gradient domain (the routed "
+                             "experts a unit of their own)"));
     }
   }
   out.findings.ran(codes::kCheckFsdpUnits, fsdp_parameters, "FSDP-sharded parameters");
@@ -198,9 +214,11 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
 }
 
 std::string parameter_ownership_csv(const ParallelContext& ctx) {
-  std::string csv = "fqn,owner,aliases,grad_domain,placements,global_shape,local_shape,dtype,device,fsdp_unit\n";
+  std::string csv =
+      "fqn,owner,aliases,gradient_kind,grad_domain,placements,global_shape,local_shape,dtype,device,fsdp_unit\n";
   for (const auto& p : ctx.parameters()) {
-    csv += p->fqn + "," + owner_module(p->fqn) + "," + join(p->aliases, ";") + "," + join(p->grad_domain(), ";") + "," +
+    csv += p->fqn + "," + owner_module(p->fqn) + "," + join(p->aliases, ";") + "," + p->gradient_kind() + "," +
+           join(p->grad_domain(), ";") + "," +
            placements_str(*p) + "," + shape_str(p->global_shape) + "," + shape_str(p->local_shape) + "," +
            dtype_name(p->local.scalar_type()) + "," + p->local.device().str() + "," + p->unit + "\n";
   }

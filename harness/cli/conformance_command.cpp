@@ -379,7 +379,7 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--only-spec", f->only_spec, "only this spec's cases");
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
-  app.add_option("--fault", f->fault, "fault of the catalog (F01-F22, F26) the --fault-cases run with")
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F26) the --fault-cases run with")
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');

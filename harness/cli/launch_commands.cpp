@@ -200,7 +200,7 @@ CommandRun setup_selftest(CLI::App& sub, const Invocation& inv) {
   flags->add_to(sub);
   sub.add_option("--mesh", *mesh_text,
                  "mesh degrees, e.g. dp_shard=2,tp=2 (axes dp_replicate, dp_shard, cp, tp; product = world size; "
-                 "default: the world size's prime factors spread over tp, cp, dp_shard, dp_replicate)");
+                 "ep=N carves expert parallelism out of dp_shard x cp and must divide dp_shard * cp; default: the world size's prime factors spread over tp, cp, dp_shard, dp_replicate)");
   sub.add_option("--repeats", selftest->repeats, "calls per (axis, op, dtype); the median time is shown")
       ->check(at_least(1))
       ->capture_default_str();

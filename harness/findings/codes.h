@@ -14,7 +14,8 @@ inline constexpr const char* kStructDtypeDevice = "MIH-STRUCT-002";    ///< wron
 inline constexpr const char* kStructNonFinite = "MIH-STRUCT-003";      ///< non-finite parameter or buffer
 inline constexpr const char* kStructTie = "MIH-STRUCT-004";            ///< declared tie is not one parameter
 inline constexpr const char* kStructFsdpUnit = "MIH-STRUCT-005";       ///< FSDP parameter outside a declared unit
-inline constexpr const char* kStructUnitMixed = "MIH-STRUCT-006";      ///< FSDP unit mixes dtypes or meshes
+inline constexpr const char* kStructUnitMixed = "MIH-STRUCT-006";      ///< FSDP unit mixes dtypes, meshes or gradient domains
+inline constexpr const char* kStructExpertInRoot = "MIH-STRUCT-007";   ///< expert parameter in the root FSDP unit
 // Optimizer layout (checks/structure.cpp).
 inline constexpr const char* kOptimNotLive = "MIH-OPTIM-001";          ///< optimizer tensor that is not a live parameter
 inline constexpr const char* kOptimTwoGroups = "MIH-OPTIM-002";        ///< parameter in two groups (or twice)
@@ -95,10 +96,11 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 44> kAllCodes = {{
+inline constexpr std::array<CodeRow, 45> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
+    {kStructExpertInRoot, kCheckFsdpUnits},
     {kOptimNotLive, kCheckOptimizer},           {kOptimTwoGroups, kCheckOptimizer},
     {kOptimFrozen, kCheckOptimizer},            {kOptimMissing, kCheckOptimizer},
     {kOptimWeightDecay, kCheckOptimizer},       {kOptimStateShape, kCheckOptimizer},

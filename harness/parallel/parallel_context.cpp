@@ -67,6 +67,13 @@ ParamInit constant(double value) {
 
 std::map<std::string, Placement> ShardedParameter::placements() const {
   std::map<std::string, Placement> out;
+  if (expert_parallel()) {
+    out.emplace("dp_replicate", Placement::replicate());
+    out.emplace("ep", Placement::shard(0));
+    out.emplace("edp", fsdp ? Placement::shard(0) : Placement::replicate());
+    out.emplace("tp", mesh.tp > 1 ? tp : Placement::replicate());
+    return out;
+  }
   for (const auto& d : kMeshDims) {
     Placement placement = Placement::replicate();
     if (d.degree == &ParallelConfig::dp_shard && fsdp) placement = Placement::shard(0);
@@ -78,6 +85,12 @@ std::map<std::string, Placement> ShardedParameter::placements() const {
 
 std::vector<std::string> ShardedParameter::grad_domain() const {
   std::vector<std::string> out;
+  if (expert_parallel()) {
+    if (mesh.dp_replicate > 1) out.emplace_back("dp_replicate");
+    if (mesh.dp_shard * mesh.cp / mesh.ep > 1) out.emplace_back("edp");
+    if (mesh.tp > 1 && tp_partial_grad) out.emplace_back("tp");
+    return out;
+  }
   for (const auto& d : kMeshDims) {
     if (mesh.*d.degree <= 1) continue;
     if (d.data_parallel || (d.degree == &ParallelConfig::tp && tp_partial_grad)) out.emplace_back(d.name);
@@ -86,6 +99,10 @@ std::vector<std::string> ShardedParameter::grad_domain() const {
 }
 
 int64_t ShardedParameter::replicas() const {
+  if (expert_parallel()) {
+    const int64_t edp = mesh.dp_shard * mesh.cp / mesh.ep;
+    return mesh.world_size() / ((tp.is_shard() ? mesh.tp : 1) * mesh.ep * (fsdp ? edp : 1));
+  }
   int64_t pieces = (tp.is_shard() ? mesh.tp : 1) * (fsdp ? mesh.dp_shard : 1);
   return mesh.world_size() / pieces;
 }
@@ -100,9 +117,13 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
        {"local_offset", p.local_offset},
        {"placements", p.placements()},
        {"grad_domain", p.grad_domain()},
+       {"gradient_kind", p.gradient_kind()},
        {"fsdp_unit", p.unit},
        {"dtype", dtype_name(p.local.scalar_type())}};
-  if (p.fsdp) j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
+  if (p.fsdp) {
+    j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
+    j["fsdp_axis"] = mesh_axis_name(p.fsdp_axis);
+  }
 }
 
 ParallelContext::ParallelContext(DeviceMesh& mesh, const ParallelConfig& config, c10::Device device)
@@ -164,6 +185,25 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
     padded.narrow(0, 0, full.size(0)).copy_(full);
   }
   at::Tensor piece = tp_piece(padded, spec.tp, tp_size(), tp_rank(), index);
+  // Routed experts: this ep rank's E / ep blocks of dim 0.
+  int64_t ep_row_offset = 0;
+  const int ep = mesh_->config().ep;
+  MIH_CHECK(spec.experts >= 0, "parameter #", index, ": ParamSpec::experts must be >= 0, got ", spec.experts);
+  if (spec.experts > 0) {
+    MIH_CHECK(!spec.tp.is_shard() || spec.tp.dim() != 0, "parameter #", index, " of shape ",
+              at::IntArrayRef(spec.shape), ": experts are stacked on dim 0, which cannot also be Shard(0) over tp");
+    MIH_CHECK(full.dim() >= 1 && full.size(0) % spec.experts == 0 && spec.pad_dim0_to_multiple == 1, "parameter #",
+              index, " of shape ", at::IntArrayRef(spec.shape), ": dim 0 does not hold ", spec.experts,
+              " equal expert blocks");
+    MIH_CHECK(spec.experts % ep == 0, "parameter #", index, " of shape ", at::IntArrayRef(spec.shape),
+              ": num_experts(", spec.experts, ") is not divisible by ep(", ep, "); every ep rank must own the same ",
+              "number of experts: choose ep among the divisors of ", spec.experts);
+    if (ep > 1) {
+      const int64_t rows = piece.size(0) / ep;
+      ep_row_offset = mesh_->axis_rank(MeshAxis::kEp) * rows;
+      piece = piece.narrow(0, ep_row_offset, rows);
+    }
+  }
   at::Tensor leaf = piece.to(device_, param_dtype_).contiguous().clone().detach().requires_grad_(true);
 
   auto p = std::make_shared<ShardedParameter>();
@@ -172,9 +212,12 @@ at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
   p->padded_shape = padded.sizes().vec();
   p->tp = spec.tp;
   p->tp_partial_grad = spec.tp_partial_grad;
+  p->experts = spec.experts;
+  p->ep_row_offset = ep_row_offset;
   p->tp_local_shape = piece.sizes().vec();
   p->local_shape = p->tp_local_shape;
   p->local_offset.assign(piece.dim(), 0);
+  if (ep_row_offset > 0) p->local_offset[0] = ep_row_offset;
   if (spec.tp.is_shard() && tp_size() > 1) {
     p->local_offset[spec.tp.dim()] = tp_rank() * piece.size(spec.tp.dim()) / spec.tp.partitions();
   }
@@ -210,11 +253,12 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
       if (g.impl == leaf.unsafeGetTensorImpl() && g.forward == forward) return g.full;
     }
   }
-  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(MeshAxis::kDpShard), p.tp_local_shape[0]);
+  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(p.fsdp_axis), p.tp_local_shape[0]);
   if (full.requires_grad()) {
     // The gradient of the gathered tensor goes straight into the gather's backward, which
-    // reduce-scatters it over dp_shard.
-    full.register_hook([record = &reductions_, fqn = p.fqn](const at::Tensor&) { (*record)[fqn].insert("dp_shard"); });
+    // reduce-scatters it over dp_shard (edp for experts).
+    full.register_hook([record = &reductions_, fqn = p.fqn, axis = std::string(mesh_axis_name(p.fsdp_axis))](
+                           const at::Tensor&) { (*record)[fqn].insert(axis); });
   }
   if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
   if (in_root) {
@@ -264,13 +308,12 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
     // more for backward (the regather below, or an activation-checkpoint recompute), moving
     // each rank's padded shard. A unit that is frozen and fed no gradient (a frozen encoder
     // at the input) is gathered once.
-    Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
     for (const auto& p : ordered_) {
       if (!p->fsdp || p->unit != unit) continue;
       const int64_t rows = std::max<int64_t>(p->tp_local_shape[0], 1);
       int64_t numel = 1;
       for (int64_t d : p->tp_local_shape) numel *= d;
-      dp_shard.expect("fsdp.gather_for_backward",
+      mesh_->comm(p->fsdp_axis).expect("fsdp.gather_for_backward",
                       p->fsdp_range.chunk * (numel / rows) * static_cast<int64_t>(c10::elementSize(param_dtype_)), unit);
     }
   }
@@ -287,11 +330,11 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
   }
   unit_gathers_.clear();
   if (!freed.empty() && out.requires_grad()) {
-    Communicator* dp_shard = &mesh_->comm(MeshAxis::kDpShard);
-
-    out.register_hook([freed, dp_shard](const at::Tensor& grad) {
+    DeviceMesh* mesh = mesh_;
+    out.register_hook([freed, mesh](const at::Tensor& grad) {
       for (const Freed& f : freed) {
         const ShardedParameter& p = *f.param;
+        Communicator* dp_shard = &mesh->comm(p.fsdp_axis);
         auto sizes = p.local.sizes().vec();
         sizes[0] = p.fsdp_range.chunk;
         at::Tensor padded = at::zeros(sizes, p.local.options().dtype(f.full.scalar_type()));
@@ -309,6 +352,7 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
 
 void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& unit) {
   units_.push_back(unit);
+  unit_modules_.emplace_back(&module, unit);
   Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     auto it = by_impl_.find(item.value().unsafeGetTensorImpl());
@@ -318,7 +362,12 @@ void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& 
     if (!p.unit.empty()) continue;  // an earlier unit owns it (a tied parameter)
     p.unit = unit;
     if (dp_shard.size() == 1 || p.local.dim() == 0) continue;
-    p.fsdp_range = shard_range(p.tp_local_shape[0], dp_shard.size(), dp_shard.rank());
+    // Experts under ep: their ep piece over the rest of dp_shard x cp (edp), when that is more
+    // than one rank; dense parameters over dp_shard.
+    if (p.expert_parallel()) p.fsdp_axis = MeshAxis::kEdp;
+    Communicator& over = mesh_->comm(p.fsdp_axis);
+    if (over.size() == 1) continue;
+    p.fsdp_range = shard_range(p.tp_local_shape[0], over.size(), over.rank());
     {
       at::NoGradGuard no_grad;
       p.local.set_data(p.local.narrow(0, p.fsdp_range.offset, p.fsdp_range.size).clone());
@@ -361,6 +410,10 @@ std::string ParallelContext::layer_of(const at::Tensor& leaf) const {
 
 void ParallelContext::finalize(torch::nn::Module& root) {
   activation_probes_->name_modules(root);
+  root_unit_.clear();
+  for (const auto& [module, unit] : unit_modules_) {
+    if (module == &root) root_unit_ = unit;
+  }
   buffers_.clear();
   for (const auto& item : root.named_buffers(/*recurse=*/true)) {
     auto it = non_persistent_.find(item.value().unsafeGetTensorImpl());
@@ -395,7 +448,7 @@ at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Ten
             at::IntArrayRef(p.local_shape), ", got ", piece.sizes());
   at::Tensor t = piece.detach().contiguous();
   if (p.fsdp) {
-    Communicator& dp_shard = mesh_->comm(MeshAxis::kDpShard);
+    Communicator& dp_shard = mesh_->comm(p.fsdp_axis);
     auto sizes = t.sizes().vec();
     sizes[0] = p.fsdp_range.chunk;
     at::Tensor padded = at::zeros(sizes, t.options());
@@ -405,6 +458,8 @@ at::Tensor ParallelContext::gather_full(const ShardedParameter& p, const at::Ten
     dp_shard.all_gather_into_tensor(all, padded, "gather_full.dp_shard");
     t = all.narrow(0, 0, p.tp_local_shape[0]);
   }
+  // Experts: every ep rank's blocks, in ep rank order (which is expert order).
+  if (p.expert_parallel()) t = all_gather_dim(t, mesh_->comm(MeshAxis::kEp), 0);
   Communicator& tp_comm = tp_group();
   if (p.tp.is_shard() && tp_comm.size() > 1) {
     const int64_t d = p.tp.dim(), n = tp_comm.size(), parts = p.tp.partitions();
@@ -435,7 +490,8 @@ std::vector<Box> ParallelContext::local_boxes(const ShardedParameter& p) const {
       const int64_t part = p.padded_shape[d] / p.tp.partitions(), chunk = part / tp_size();
       for (int64_t j = 0; j < p.tp.partitions(); ++j) dims[d].push_back({j * chunk, j * part + tp_rank() * chunk, chunk});
     } else {
-      dims[d].push_back({0, 0, p.tp_local_shape[d]});
+      // An expert piece starts at its first expert's row.
+      dims[d].push_back({0, d == 0 ? p.ep_row_offset : 0, p.tp_local_shape[d]});
     }
   }
   // FSDP keeps rows [offset, offset + size) of the tp piece, renumbered from 0.
@@ -476,6 +532,10 @@ std::vector<Box> ParallelContext::local_boxes(const ShardedParameter& p) const {
 
 bool ParallelContext::writes_piece(const ShardedParameter& p) const {
   const DeviceMesh& m = *mesh_;
+  if (p.expert_parallel()) {  // one piece per ep rank (and edp rank when FSDP-sharded)
+    return m.axis_rank(MeshAxis::kDpReplicate) == 0 && (p.fsdp || m.axis_rank(MeshAxis::kEdp) == 0) &&
+           ((p.tp.is_shard() && tp_size() > 1) || m.axis_rank(MeshAxis::kTp) == 0);
+  }
   return m.axis_rank(MeshAxis::kDpReplicate) == 0 && m.axis_rank(MeshAxis::kCp) == 0 &&
          (p.fsdp || m.axis_rank(MeshAxis::kDpShard) == 0) && ((p.tp.is_shard() && tp_size() > 1) || m.axis_rank(MeshAxis::kTp) == 0);
 }
@@ -501,11 +561,17 @@ void ParallelContext::synchronize_gradients() {
       if (p->tp_partial_grad && p->local.requires_grad()) reductions_[p->fqn].insert("tp");
     }
   }
-  for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard}) {
+  for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kEdp}) {
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered_) {
       if (!p->local.requires_grad()) continue;
-      if (axis == MeshAxis::kDpShard && p->fsdp) continue;  // FSDP's backward reduce-scattered it
+      // Experts under ep: dp_replicate and edp; dense: dp_replicate, cp and dp_shard. FSDP's
+      // backward already reduce-scattered over its axis.
+      // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
+      // over the ep ranks, which hold other experts), not over edp.
+      const bool expert = p->expert_parallel() && !fault::active(fault::Fault::kF23);
+      if (axis == MeshAxis::kEdp ? !expert : expert && axis != MeshAxis::kDpReplicate) continue;
+      if (axis == (expert ? MeshAxis::kEdp : MeshAxis::kDpShard) && p->fsdp) continue;
       grads.push_back(p->local.grad());
       if (mesh_->comm(axis).size() > 1) reductions_[p->fqn].insert(std::string(mesh_axis_name(axis)));
     }

@@ -57,6 +57,12 @@ struct ParamSpec {
   /// this rank's tokens, e.g. a norm weight under sequence parallelism): it is all-reduced
   /// over tp after backward.
   bool tp_partial_grad = false;
+  /// Routed experts stacked on dim 0: dim 0 is `experts` equal blocks, one per expert (e.g.
+  /// [E * 2F, H] for every expert's fused gate/up projection). Under ep > 1 each ep rank holds
+  /// the blocks of its E / ep experts (Shard(0) over ep), FSDP shards that piece over edp, and
+  /// the gradient is reduced over edp and dp_replicate only: the EXPERT gradient domain. 0: a
+  /// dense parameter. Needs tp = Replicate.
+  int64_t experts = 0;
 };
 
 /// One logical parameter: its layout over the mesh and this rank's piece.
@@ -77,8 +83,14 @@ struct ShardedParameter {
   /// the offset within each partition).
   std::vector<int64_t> local_shape;
   std::vector<int64_t> local_offset;
-  /// Sharded on dim 0 of the TP piece over dp_shard (FSDP), in `unit`; rows `fsdp_range`.
+  /// Routed experts stacked on dim 0 (ParamSpec::experts; 0: dense), and under ep > 1 the
+  /// first global row of this rank's experts (its ep piece is tp_local_shape).
+  int64_t experts = 0;
+  int64_t ep_row_offset = 0;
+  /// Sharded on dim 0 of the TP (or ep) piece over `fsdp_axis` (FSDP: dp_shard, edp for
+  /// experts under ep > 1), in `unit`; rows `fsdp_range`.
   bool fsdp = false;
+  MeshAxis fsdp_axis = MeshAxis::kDpShard;
   ShardRange fsdp_range;
   std::string unit;
   /// Order of creation: parameters are initialized from seed + this index.
@@ -86,10 +98,16 @@ struct ShardedParameter {
   /// The mesh the parameter lives on (its degrees; the knobs are the context's).
   ParallelConfig mesh;
 
-  /// Placement along each mesh axis: {"dp_replicate": Replicate(), "dp_shard": Shard(0), ...}.
+  /// Whether the experts are sharded over ep (experts > 0 and ep > 1).
+  bool expert_parallel() const { return experts > 0 && mesh.ep > 1; }
+  /// "EXPERT" for expert_parallel() parameters, else "DENSE".
+  std::string gradient_kind() const { return expert_parallel() ? "EXPERT" : "DENSE"; }
+  /// Placement along each mesh axis: {"dp_replicate": Replicate(), "dp_shard": Shard(0), ...};
+  /// for expert_parallel() ones ep and edp take the place of dp_shard and cp.
   std::map<std::string, Placement> placements() const;
   /// Mesh axes whose gradient contributions are summed: every data-parallel axis (dp_replicate,
-  /// dp_shard, cp) and tp when the gradient is partial over tp.
+  /// dp_shard, cp) and tp when the gradient is partial over tp; for expert_parallel() ones
+  /// dp_replicate and edp (every token that reached an expert was sent to its ep rank).
   std::vector<std::string> grad_domain() const;
   /// How many ranks hold the same piece (the product of the axes it is replicated over).
   int64_t replicas() const;
@@ -235,8 +253,9 @@ class ParallelContext {
 
   /// After the backward passes of a step: all-reduces (sum) the gradients that are partial
   /// over tp, then every gradient over dp_replicate and cp, and over dp_shard for parameters
-  /// not sharded by FSDP (whose backward already reduce-scattered them). Flat buckets, one
-  /// all-reduce per axis and dtype.
+  /// not sharded by FSDP (whose backward already reduce-scattered them); expert_parallel()
+  /// ones over dp_replicate, and over edp unless FSDP reduce-scattered them. Flat buckets,
+  /// one all-reduce per axis and dtype.
   void synchronize_gradients();
 
   /// The mesh axes (of degree > 1) each parameter's gradient was reduced over since
@@ -261,6 +280,9 @@ class ParallelContext {
 
   /// The FSDP units, in declaration order.
   const std::vector<std::string>& fsdp_units() const { return units_; }
+  /// The unit fully_shard made of the model's root module (the one finalize names), whose
+  /// parameters FSDP never reshards after forward; "" if none.
+  const std::string& root_unit() const { return root_unit_; }
 
   /// JSON for evidence: every parameter's layout, and the FSDP units.
   nlohmann::json to_json() const;
@@ -274,6 +296,8 @@ class ParallelContext {
   std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;
   std::vector<std::string> units_;
+  std::vector<std::pair<const torch::nn::Module*, std::string>> unit_modules_;
+  std::string root_unit_;
   std::vector<std::string> checkpoint_regions_;
   std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;

@@ -106,6 +106,36 @@ using GatherFromRegion = DimRegion<gather_along, chunk_along>;
 using SequenceAllGather = DimRegion<gather_along, reduce_scatter_along>;
 using SequenceReduceScatter = DimRegion<reduce_scatter_along, gather_along>;
 
+// The rows of `x` exchanged by the splits (no autograd): see all_to_all_rows.
+at::Tensor exchange_rows(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& output_splits,
+                         const std::vector<int64_t>& input_splits, const char* site) {
+  int64_t rows = 0;
+  for (int64_t s : output_splits) rows += s;
+  auto sizes = x.sizes().vec();
+  sizes[0] = rows;
+  at::Tensor out = at::empty(sizes, x.options());
+  comm.all_to_all_single(out, x.contiguous(), output_splits, input_splits, site);
+  return out;
+}
+
+struct AllToAllRows : public torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm_id,
+                            const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits) {
+    save_comm(ctx, comm_id);
+    ctx->saved_data["output_splits"] = output_splits;
+    ctx->saved_data["input_splits"] = input_splits;
+    return exchange_rows(x, comm_of(comm_id), output_splits, input_splits, "region.all_to_all");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Communicator& comm = saved_comm(ctx);
+    // The rows went out by input_splits and came in by output_splits: their gradients go back.
+    const std::vector<int64_t> out_splits = ctx->saved_data["output_splits"].toIntVector();
+    const std::vector<int64_t> in_splits = ctx->saved_data["input_splits"].toIntVector();
+    return {exchange_rows(grads[0], comm, in_splits, out_splits, "region.all_to_all.backward"), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
 struct FsdpAllGather : public torch::autograd::Function<FsdpAllGather> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, int64_t comm_id, int64_t full_rows,
                             int64_t compute_dtype, int64_t reduce_dtype) {
@@ -182,6 +212,26 @@ at::Tensor fsdp_all_gather(const at::Tensor& shard, Communicator& comm, int64_t 
   const auto compute = static_cast<int64_t>(compute_dtype.value_or(shard.scalar_type()));
   const auto reduce = static_cast<int64_t>(reduce_dtype.value_or(shard.scalar_type()));
   return FsdpAllGather::apply(shard, id_of(comm), full_rows, compute, reduce);
+}
+
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& output_splits,
+                           const std::vector<int64_t>& input_splits) {
+  const auto n = static_cast<size_t>(comm.size());
+  MIH_CHECK(output_splits.size() == n && input_splits.size() == n, "all_to_all_rows on axis '", comm.axis(),
+            "': ", input_splits.size(), " input and ", output_splits.size(), " output splits for ", n,
+            " ranks; give one split per axis rank");
+  MIH_CHECK(x.dim() >= 1, "all_to_all_rows on axis '", comm.axis(), "': a 0-d tensor has no rows to send");
+  int64_t sent = 0;
+  for (const auto* splits : {&input_splits, &output_splits}) {
+    for (int64_t s : *splits) {
+      MIH_CHECK(s >= 0, "all_to_all_rows on axis '", comm.axis(), "': split ", s, " is negative");
+    }
+  }
+  for (int64_t s : input_splits) sent += s;
+  MIH_CHECK(sent == x.size(0), "all_to_all_rows on axis '", comm.axis(), "': the input splits sum to ", sent,
+            " rows, the input has ", x.size(0));
+  if (comm.size() == 1) return x;
+  return AllToAllRows::apply(x, id_of(comm), output_splits, input_splits);
 }
 
 at::Tensor all_gather_dim(const at::Tensor& x, Communicator& comm, int64_t dim) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -47,6 +48,17 @@ at::Tensor sequence_reduce_scatter(const at::Tensor& x, Communicator& comm, int6
 at::Tensor fsdp_all_gather(const at::Tensor& shard, Communicator& comm, int64_t full_rows,
                            c10::optional<c10::ScalarType> compute_dtype = c10::nullopt,
                            c10::optional<c10::ScalarType> reduce_dtype = c10::nullopt);
+
+/// Expert-parallel token exchange (dispatch and combine): forward sends input_splits[j]
+/// rows of `x` (dim 0, in order) to axis rank j and returns the rows received,
+/// output_splits[j] from rank j, in rank order; backward is the reverse all-to-all of the
+/// gradient (the splits swapped). Every member passes the splits its peers expect
+/// (output_splits[j] on rank i = input_splits[i] on rank j: exchange the counts first).
+/// Shape: [sum(input_splits), ...] -> [sum(output_splits), ...].
+/// Throws: mih::Error{kInvalidSpec} if a split list does not have one entry per axis rank,
+///   a split is negative, or input_splits does not sum to x's dim 0.
+at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& output_splits,
+                           const std::vector<int64_t>& input_splits);
 
 /// Gathers `x` along `dim` over `comm` without autograd (for full-tensor gathers and checks).
 /// Shape: [.., D, ..] -> [.., N*D, ..].

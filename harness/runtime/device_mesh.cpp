@@ -76,9 +76,17 @@ std::vector<int> MeshLayout::group_ranks(MeshAxis axis, int rank) const {
   for (size_t i : vary) base[i] = 0;
   int count = 1;
   for (size_t i : vary) count *= degree(config_, i);
+  // The expert axes take one half of their dims' ranks: the ep block of this rank's index
+  // (kEpInner) or every ep-th index at its ep rank (kEpOuter).
+  const AxisSplit split = kMeshAxes[static_cast<size_t>(axis)].split;
+  const int ep = config_.ep;
+  int index = 0;  // this rank's row-major index over the varying dims
+  for (size_t v : vary) index = index * degree(config_, v) + coordinates(rank)[v];
   std::vector<int> ranks;
   ranks.reserve(static_cast<size_t>(count));
   for (int k = 0; k < count; ++k) {
+    if (split == AxisSplit::kEpInner && k / ep != index / ep) continue;
+    if (split == AxisSplit::kEpOuter && k % ep != index % ep) continue;
     // Row-major over the varying dims, outer to inner.
     MeshCoordinates c = base;
     int rest = k;

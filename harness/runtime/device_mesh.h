@@ -1,7 +1,8 @@
 // DeviceMesh: the world laid out on the mesh dims of ParallelConfig (kMeshDims: dp_replicate,
 // dp_shard, cp, tp, outer to inner, TorchTitan's ParallelDims), with a Communicator per axis
-// of kMeshAxes: one per dim and the combined axes dp (dp_replicate x dp_shard), dp_shard_cp
-// (FSDP) and dp_cp (loss normalization).
+// of kMeshAxes: one per dim, the combined axes dp (dp_replicate x dp_shard), dp_shard_cp
+// (FSDP) and dp_cp (loss normalization), and the two halves of dp_shard_cp under expert
+// parallelism: ep (inner, ParallelConfig::ep ranks) and edp (outer, dp_shard * cp / ep).
 #pragma once
 
 #include <array>
@@ -32,6 +33,17 @@ enum class MeshAxis {
   kDp,         ///< dp_replicate x dp_shard: data loading
   kDpShardCp,  ///< dp_shard x cp: FSDP parameter sharding
   kDpCp,       ///< dp_replicate x dp_shard x cp: gradient and loss reduction
+  kEp,         ///< expert parallel: ep consecutive ranks of dp_shard_cp (routed experts sharded)
+  kEdp,        ///< expert data parallel: the dp_shard_cp ranks at one ep index (expert FSDP)
+};
+
+/// How an axis takes its ranks from the mesh dims it varies: all of them, or, for the expert
+/// axes, one half of them split by ParallelConfig::ep (row-major over the dims, outer to
+/// inner: index i of dp_shard_cp is in ep group i / ep at ep rank i % ep).
+enum class AxisSplit {
+  kNone,
+  kEpInner,  ///< the ep consecutive ranks holding index i / ep (ep)
+  kEpOuter,  ///< the ranks with the same i % ep, every ep-th one (edp)
 };
 
 /// The bit of mesh dim `name` in a MeshAxisRow::dims mask (its index in kMeshDims); 0 for a
@@ -45,17 +57,18 @@ constexpr unsigned mesh_dim_bit(std::string_view name) {
 /// Every mesh dim.
 inline constexpr unsigned kAllMeshDims = (1u << kMeshDims.size()) - 1;
 
-/// One row of kMeshAxes: the axis, its name (group names, ledger records, evidence) and the
-/// mesh dims it varies.
+/// One row of kMeshAxes: the axis, its name (group names, ledger records, evidence), the
+/// mesh dims it varies and how it splits them.
 struct MeshAxisRow {
   MeshAxis axis;
   std::string_view name;
   unsigned dims;
+  AxisSplit split = AxisSplit::kNone;
 };
 
 /// Every MeshAxis, in enumerator order, which is the order groups are created in on every
 /// rank. How to add an axis: an enumerator above and a row here.
-inline constexpr std::array<MeshAxisRow, 8> kMeshAxes = {{
+inline constexpr std::array<MeshAxisRow, 10> kMeshAxes = {{
     {MeshAxis::kWorld, "world", kAllMeshDims},
     {MeshAxis::kDpReplicate, "dp_replicate", mesh_dim_bit("dp_replicate")},
     {MeshAxis::kDpShard, "dp_shard", mesh_dim_bit("dp_shard")},
@@ -64,6 +77,8 @@ inline constexpr std::array<MeshAxisRow, 8> kMeshAxes = {{
     {MeshAxis::kDp, "dp", mesh_dim_bit("dp_replicate") | mesh_dim_bit("dp_shard")},
     {MeshAxis::kDpShardCp, "dp_shard_cp", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp")},
     {MeshAxis::kDpCp, "dp_cp", mesh_dim_bit("dp_replicate") | mesh_dim_bit("dp_shard") | mesh_dim_bit("cp")},
+    {MeshAxis::kEp, "ep", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp"), AxisSplit::kEpInner},
+    {MeshAxis::kEdp, "edp", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp"), AxisSplit::kEpOuter},
 }};
 
 /// Every MeshAxis, in the order groups are created.
@@ -73,7 +88,7 @@ inline constexpr std::array<MeshAxis, kMeshAxes.size()> kAllMeshAxes = [] {
   return out;
 }();
 
-/// "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
+/// "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep", "edp".
 std::string_view mesh_axis_name(MeshAxis axis);
 
 /// Parses a name of mesh_axis_name.
@@ -117,7 +132,7 @@ struct MeshOptions {
 
 /// The mesh as seen by one rank: its coordinates and a Communicator per MeshAxis.
 /// Groups are created in one global order on every rank (world, dp_replicate, dp_shard,
-/// cp, tp, dp, dp_shard_cp, dp_cp; within an axis by first rank), so construction cannot
+/// cp, tp, dp, dp_shard_cp, dp_cp, ep, edp; within an axis by first rank), so construction cannot
 /// deadlock. An axis whose group is this rank alone gets a backend-less self group; an axis
 /// whose members equal an earlier axis's shares that axis's backend.
 class DeviceMesh {

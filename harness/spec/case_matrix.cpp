@@ -32,7 +32,13 @@ const char* kCpuSmoke = R"({
     {"dp_shard": 2, "activation_checkpointing": true},
     {"dp_shard": 2, "micro_batches": 2},
     {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
-    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2}
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2},
+    {"dp_shard": 2, "ep": 2},
+    {"dp_shard": 4, "ep": 2},
+    {"dp_shard": 2, "tp": 2, "sequence_parallel": true, "ep": 2},
+    {"dp_shard": 2, "ep": 2, "activation_checkpointing": true},
+    {"kind": "cross_resume", "save": {"dp_shard": 2, "ep": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"dp_shard": 2, "ep": 2}, "resume_at": 2}
   ]})";
 
 // The model variants' lane (tied embedding and head, row-parallel biases): the layouts their
@@ -83,6 +89,7 @@ std::string camel(const std::string& snake) {
 std::string group_of(const ParallelConfig& c) {
   if (c.micro_batches > 1) return "grad_accumulation";
   if (c.activation_checkpointing) return "activation_checkpoint";
+  if (c.ep > 1) return "expert_parallel";
   int axes = 0;
   for (const auto& d : kMeshDims) axes += c.*d.degree > 1;
   return axes > 1 ? "combined" : "axis";
@@ -221,6 +228,19 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
              std::to_string(chunks) + " = " + std::to_string(spec.seq_len % chunks);
     }
   }
+  if (c.ep > 1 && spec.num_experts == 0) {
+    return "ep=" + std::to_string(c.ep) + " shards routed experts, and spec '" + spec.name +
+           "' has none (ModelSpec::num_experts is 0)";
+  }
+  if (c.ep > 1 && spec.num_experts % c.ep != 0) {
+    return "ep=" + std::to_string(c.ep) + " does not divide the " + std::to_string(spec.num_experts) +
+           " experts of spec '" + spec.name + "' (" + std::to_string(spec.num_experts) + " % " + std::to_string(c.ep) +
+           " = " + std::to_string(spec.num_experts % c.ep) + "): every ep rank must own the same number of experts";
+  }
+  if (c.ep > 1 && (c.dp_shard * c.cp) % c.ep != 0) {
+    return "ep(" + std::to_string(c.ep) + ") does not divide dp_shard(" + std::to_string(c.dp_shard) + ") * cp(" +
+           std::to_string(c.cp) + ") = " + std::to_string(c.dp_shard * c.cp);
+  }
   const int64_t split = static_cast<int64_t>(c.dp_replicate) * c.dp_shard * c.micro_batches;
   if (global_batch % split != 0) {
     return "the global batch of " + std::to_string(global_batch) + " rows does not split over dp_replicate(" +
@@ -334,6 +354,28 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     twins.push_back(twin);
   }
   for (auto& t : twins) add(std::move(t));
+  // The EP=1 control of every case with ep > 1: the same config with the experts replicated,
+  // so a divergence that only the ep case shows is the expert parallelism's.
+  std::vector<Case> controls;
+  for (const auto& c : out.cases) {
+    if (c.config.ep <= 1) continue;
+    ParallelConfig plain = c.config;
+    plain.ep = 1;
+    const std::string name = camel(plain.name());
+    const bool present = std::any_of(out.cases.begin(), out.cases.end(), [&](const Case& o) { return o.name == name; }) ||
+                         std::any_of(controls.begin(), controls.end(), [&](const Case& o) { return o.name == name; });
+    if (present) continue;
+    Case control;
+    control.name = name;
+    control.kind = CaseKind::kTrain;
+    control.group = group_of(plain);
+    control.config = plain;
+    control.device = c.device;
+    control.pg_backend = c.pg_backend;
+    control.compare_to = "Reference";
+    controls.push_back(control);
+  }
+  for (auto& c : controls) add(std::move(c));
   return out;
 }
 

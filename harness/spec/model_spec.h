@@ -144,6 +144,9 @@ struct ModelSpec {
   std::vector<int64_t> tp_divides;
   /// cp must divide the sequence into 2 * cp chunks (zigzag) of this sequence length.
   int64_t seq_len = 0;
+  /// Routed experts per MoE layer (ParamSpec::experts of its stacked expert weights): ep must
+  /// divide it. 0: a dense model, for which the matrix rejects ep > 1 (nothing to shard).
+  int64_t num_experts = 0;
   DataSpec data;
   CheckpointSpec checkpoint;
   std::vector<SharedStateSpec> shared_state;

@@ -100,9 +100,14 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                                  HasSubstr("cpu-full")));
   CliRun smoke = mih("matrix --spec moe --preset cpu-smoke");
   EXPECT_EQ(smoke.status, 0) << smoke.output;
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 12 cases, 0 rejected"),
+  // moe: the 12 cases of every spec, its 6 expert-parallel ones and the EP=1 control DpShard4.
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 19 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
-                                  HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)")));
+                                  HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
+                                  HasSubstr("dp_shard4_ep2 float64 (vs Reference)"), HasSubstr("expert_parallel"),
+                                  HasSubstr("dp_shard4 float64 (vs Reference)")));
+  CliRun dense = mih("matrix --spec llama --preset cpu-smoke");
+  EXPECT_THAT(dense.output, HasSubstr("rejected DpShard2Ep2: ep=2 shards routed experts, and spec 'llama' has none"));
   CliRun full = mih("matrix --spec llama --preset cpu-full --json");
   EXPECT_EQ(full.status, 0) << full.output;
   const nlohmann::json j = nlohmann::json::parse(full.output);
@@ -347,8 +352,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // frozen test on every case, FrozenParameters (2 tests) on the frozen spec, GradientSync on
   // every case of more than one rank, TensorParallelGradients where tp > 1.
   // Then 1999 on 60 cases: llama_dropout on every cpu-smoke case (its masks match the one-rank
-  // run's now).
-  EXPECT_EQ(total, 1999) << list.output;
+  // run's now). Then 2241 on 67 cases: moe's six expert-parallel cases and the EP=1 control
+  // DpShard4 (the ep cases are rejected on the dense specs).
+  EXPECT_EQ(total, 2241) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
@@ -384,8 +390,11 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);
   // moe declares gradient accumulation not comparable (with its reason): no parity there.
+  // Its expert-parallel cases and their EP=1 control are moe's alone.
   std::set<std::string> moe_parity = compared;
   moe_parity.erase("DpShard2Mb2");
+  moe_parity.insert({"DpShard2Ep2", "DpShard2Ep2Ac", "DpShard2Tp2Ep2Sp", "DpShard4", "DpShard4Ep2",
+                     "ResumeDpShard2Ep2ToDpShard2", "ResumeDpShard2ToDpShard2Ep2"});
   EXPECT_EQ(cases_of["Moe/NumericParity"], moe_parity);
   // Only the vlm declares a modality.
   EXPECT_EQ(cases_of.count("Llama/ModalityGradients"), 0u);
@@ -546,7 +555,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
            {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
            {"test --fault F03" + r, "--fault and --fault-cases go together"},
-           {"faults --fault F23 --out " + (root / "faults").string(), "unknown fault 'F23'"}}) {
+           {"faults --fault F27 --out " + (root / "faults").string(), "unknown fault 'F27'"}}) {
     CliRun bad_fault = mih(command);
     EXPECT_EQ(bad_fault.status, exit_status(Code::kInvalidSpec)) << command << "\n" << bad_fault.output;
     EXPECT_THAT(bad_fault.output, HasSubstr(says)) << command;

@@ -124,6 +124,52 @@ TEST(RegionsTest, FsdpAllGatherCastsForComputeAndReducesInReduceDtype) {
   EXPECT_THAT(errors, IsEmpty());
 }
 
+// Rows rank `from` sends rank `to` in the all-to-all test: uneven, and none for some pairs.
+int64_t rows_between(int from, int to) { return (from + 2 * to) % 3; }
+
+// Row i of the block rank `from` sends rank `to`: a value that names all three.
+at::Tensor block(int from, int to, int64_t cols) {
+  return values(rows_between(from, to), cols, 100.0 * from + 10.0 * to);
+}
+
+// The weight rank `at` applies to the rows it received from rank `from` in its loss.
+double weight(int at, int from) { return 1.0 + at + 0.5 * from; }
+
+TEST(RegionsTest, AllToAllRowsSendsUnevenSplitsAndSendsTheGradientBack) {
+  for (int n : {2, 4}) {
+    ParallelConfig dims;
+    dims.dp_shard = n;
+    dims.ep = n;
+    EXPECT_THAT(testing::run_mesh(dims,
+                                  [&](DeviceMesh& mesh) {
+                                    Communicator& ep = mesh.comm(MeshAxis::kEp);
+                                    ASSERT_EQ(ep.size(), n);
+                                    const int me = ep.rank();
+                                    std::vector<int64_t> in_splits, out_splits;
+                                    std::vector<at::Tensor> sent, expected, weights, expected_grad;
+                                    for (int j = 0; j < n; ++j) {
+                                      in_splits.push_back(rows_between(me, j));
+                                      out_splits.push_back(rows_between(j, me));
+                                      sent.push_back(block(me, j, 3));
+                                      expected.push_back(block(j, me, 3));
+                                      weights.push_back(at::full({rows_between(j, me), 3}, weight(me, j), at::kDouble));
+                                      // What I sent j comes back weighted as j weighs rows from me.
+                                      expected_grad.push_back(at::full({rows_between(me, j), 3}, weight(j, me), at::kDouble));
+                                    }
+                                    at::Tensor x = at::cat(sent).requires_grad_(true);
+                                    at::Tensor y = all_to_all_rows(x, ep, out_splits, in_splits);
+                                    EXPECT_TRUE(Close(y, at::cat(expected))) << n << " ranks, rank " << me;
+                                    (y * at::cat(weights)).sum().backward();
+                                    EXPECT_TRUE(Close(x.grad(), at::cat(expected_grad))) << n << " ranks, rank " << me;
+                                    EXPECT_THAT([&] { all_to_all_rows(x, ep, out_splits, {1}); },
+                                                ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                                                    "1 input and " + std::to_string(n) + " output splits")));
+                                  }),
+                IsEmpty())
+        << n << " ranks";
+  }
+}
+
 TEST(RegionsTest, IdentityOnOneRank) {
   EXPECT_THAT(on_tp(1, [](Communicator& tp) {
                 at::Tensor x = values(2, 4, 0).requires_grad_(true);

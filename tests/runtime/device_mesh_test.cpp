@@ -30,7 +30,9 @@ TEST(ParallelConfigTest, ParsesNamedDegrees) {
 
 TEST(ParallelConfigTest, RejectsUnknownRepeatedAndBadDegrees) {
   EXPECT_THAT([] { ParallelConfig::parse_mesh("pp=2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [dp_replicate, dp_shard, cp, tp]")));
+              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [dp_replicate, dp_shard, cp, tp, ep]")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("edp=2"); },
+              ThrowsMessage<Error>(HasSubstr("'edp' follows from the others: dp_shard * cp / ep")));
   EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=2,tp=2"); }, ThrowsMessage<Error>(HasSubstr("'tp' is given twice")));
   EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=0"); }, ThrowsMessage<Error>(HasSubstr("degree '0' is not an integer >= 1")));
   EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=two"); }, ThrowsMessage<Error>(HasSubstr("degree 'two'")));
@@ -46,6 +48,50 @@ TEST(ParallelConfigTest, RejectsWorldSizeMismatchShowingTheArithmetic) {
               ThrowsMessage<Error>(HasSubstr("= 2 != world_size(4)")));
 }
 
+// ep is carved out of dp_shard x cp: it never changes the world size, it must divide
+// dp_shard * cp, and a rejection shows the arithmetic and the choices.
+TEST(ParallelConfigTest, ExpertParallelDividesDpShardTimesCp) {
+  ParallelConfig d = ParallelConfig::parse_mesh("dp_shard=2,ep=2");
+  EXPECT_EQ(d.ep, 2);
+  EXPECT_EQ(d.world_size(), 2);
+  EXPECT_EQ(d.mesh_str(), "dp_shard=2,ep=2");
+  EXPECT_EQ(d.name(), "dp_shard2_ep2");
+  EXPECT_FALSE(d.same_mesh(ParallelConfig::parse_mesh("dp_shard=2")));
+  EXPECT_NO_THROW(d.validate(2));
+  EXPECT_NO_THROW(ParallelConfig::parse_mesh("dp_shard=2,cp=2,ep=4").validate(4));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("dp_shard=2,ep=4").validate(2); },
+              ThrowsMessage<Error>(HasSubstr("ep(4) does not divide dp_shard(2) * cp(1) = 2: expert-parallel ranks are "
+                                             "carved out of dp_shard x cp; choose ep among [1, 2]")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=2,ep=2").validate(2); },
+              ThrowsMessage<Error>(HasSubstr("ep(2) does not divide dp_shard(1) * cp(1) = 1")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("dp_shard=3,cp=2,ep=4").validate(6); },
+              ThrowsMessage<Error>(HasSubstr("= 6: expert-parallel ranks are carved out of dp_shard x cp; choose ep "
+                                             "among [1, 2, 3, 6]")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("ep=0"); }, ThrowsMessage<Error>(HasSubstr("degree '0' is not an integer >= 1")));
+}
+
+// ep takes consecutive ranks of dp_shard_cp (TorchTitan's dp_shard_in_ep x cp when ep is a
+// multiple of cp), edp the rest: expert FSDP and the expert gradients' reduction.
+TEST(MeshLayoutTest, EpGroupsAreConsecutiveRanksOfDpShardCpAndEdpTheStridedRest) {
+  MeshLayout layout(ParallelConfig::parse_mesh("dp_replicate=2,dp_shard=4,ep=2"), 8);
+  // Rank 5 = (1, 1, 0, 0): dp_shard_cp index 1 of {4, 5, 6, 7}.
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpShardCp, 5), ElementsAre(4, 5, 6, 7));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kEp, 5), ElementsAre(4, 5));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kEdp, 5), ElementsAre(5, 7));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kEp, 6), ElementsAre(6, 7));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kEdp, 6), ElementsAre(4, 6));
+  EXPECT_EQ(layout.all_groups(MeshAxis::kEp).size(), 4u);
+  EXPECT_EQ(layout.all_groups(MeshAxis::kEdp).size(), 4u);
+  // ep over dp_shard x cp with tp inside: the ep group of a rank keeps its tp index.
+  MeshLayout with_tp(ParallelConfig::parse_mesh("dp_shard=2,cp=2,tp=2,ep=4"), 8);
+  EXPECT_THAT(with_tp.group_ranks(MeshAxis::kEp, 3), ElementsAre(1, 3, 5, 7));
+  EXPECT_THAT(with_tp.group_ranks(MeshAxis::kEdp, 3), ElementsAre(3));
+  // Without ep (ep = 1): ep is every rank alone, edp all of dp_shard_cp.
+  MeshLayout plain(ParallelConfig::parse_mesh("dp_shard=2,cp=2"), 4);
+  EXPECT_THAT(plain.group_ranks(MeshAxis::kEp, 2), ElementsAre(2));
+  EXPECT_THAT(plain.group_ranks(MeshAxis::kEdp, 2), ElementsAre(0, 1, 2, 3));
+}
+
 TEST(ParallelConfigTest, SpreadGivesInnerAxesFirst) {
   EXPECT_EQ(ParallelConfig::spread(1).mesh_str(), "1");
   EXPECT_EQ(ParallelConfig::spread(2).mesh_str(), "tp=2");
@@ -59,9 +105,12 @@ TEST(ParallelConfigTest, JsonRoundTripAndUnknownKeys) {
   ParallelConfig d = ParallelConfig::parse_mesh("dp_replicate=2,cp=2");
   nlohmann::json j = d;
   EXPECT_EQ(j.get<ParallelConfig>(), d);
-  nlohmann::json with_ep = {{"tp", 2}, {"ep", 2}};
-  EXPECT_THAT([&] { with_ep.get<ParallelConfig>(); },
-              ThrowsMessage<Error>(HasSubstr("parallel config: unknown field 'ep'; valid: dp_replicate, dp_shard, cp, tp")));
+  nlohmann::json with_pp = {{"tp", 2}, {"pp", 2}};
+  EXPECT_THAT([&] { with_pp.get<ParallelConfig>(); },
+              ThrowsMessage<Error>(HasSubstr("parallel config: unknown field 'pp'; valid: dp_replicate, dp_shard, cp, tp, ep")));
+  ParallelConfig e = ParallelConfig::parse_mesh("dp_shard=2,ep=2");
+  EXPECT_EQ(nlohmann::json(e).get<ParallelConfig>(), e);
+  EXPECT_EQ(nlohmann::json(e)["ep"], 2);
 }
 
 // Strict types: a degree is a JSON integer in range, a knob a boolean, a dtype a known name.
@@ -124,7 +173,8 @@ TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
 }
 
 TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
-  MeshLayout layout(ParallelConfig::parse_mesh("dp_replicate=3,dp_shard=2,cp=2"), 12);
+  ParallelConfig c = ParallelConfig::parse_mesh("dp_replicate=3,dp_shard=2,cp=2,ep=2");
+  MeshLayout layout(c, 12);
   for (MeshAxis axis : kAllMeshAxes) {
     std::map<int, int> seen;
     for (const auto& g : layout.all_groups(axis)) {
@@ -137,7 +187,7 @@ TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
 
 TEST(MeshAxisTest, NamesRoundTrip) {
   for (MeshAxis axis : kAllMeshAxes) EXPECT_EQ(parse_mesh_axis(mesh_axis_name(axis)), axis);
-  EXPECT_THAT([] { parse_mesh_axis("ep"); }, ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'ep'")));
+  EXPECT_THAT([] { parse_mesh_axis("pp"); }, ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [world, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep, edp]")));
 }
 
 // A real 2x2 (dp_shard x tp) mesh on thread ranks: each axis's communicator has the

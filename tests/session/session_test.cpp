@@ -286,6 +286,34 @@ TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentSha
 
 // ---- optimizer layout ----
 
+// The seed's HP-FSDP-004 and 005 under expert parallelism: the routed experts (EXPERT domain,
+// FSDP over edp) never share a unit with dense parameters and are never in the root unit.
+TEST(StructureCheckTest, ExpertsGetAUnitOfTheirOwnNeverTheRootNorADenseOne) {
+  ParallelConfig c = config(4);
+  c.ep = 2;
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, c, get("moe").factory, get("moe").data.make_batches(), get("moe").data.apply_sharding(TrainerOptions()));
+    EXPECT_THAT(codes(checks::check_structure(t.state(), get("moe")).findings), IsEmpty());
+    std::vector<ShardedParameter*> experts;
+    for (const auto& p : t.context().parameters()) {
+      if (p->expert_parallel()) experts.push_back(p.get());
+    }
+    ASSERT_EQ(experts.size(), 2u);
+    EXPECT_TRUE(experts[0]->fsdp);
+    EXPECT_EQ(experts[0]->fsdp_axis, MeshAxis::kEdp);
+    EXPECT_EQ(experts[0]->unit, "layers.1.mlp.experts");
+    EXPECT_THAT(checks::parameter_ownership_csv(t.context()),
+                HasSubstr("layers.1.mlp.experts.gate_up_proj,layers.1.mlp.experts,,EXPERT,edp,"));
+    for (ShardedParameter* p : experts) p->unit = "layers.1";  // with the decoder layer's dense parameters
+    EXPECT_THAT(codes(checks::check_structure(t.state(), get("moe")).findings), Contains("MIH-STRUCT-006 layers.1"));
+    for (ShardedParameter* p : experts) p->unit = t.context().root_unit();
+    const FindingReport r = checks::check_structure(t.state(), get("moe")).findings;
+    EXPECT_THAT(codes(r), Contains("MIH-STRUCT-007 layers.1.mlp.experts.gate_up_proj"));
+    EXPECT_EQ(t.context().root_unit(), "root");
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
 TEST(OptimizerLayoutCheckTest, NamesTensorsThatAreNotLiveShardsFrozenAndMisgroupedParameters) {
   spec::ModelSpec s = get("llama");
   auto errors = testing::run_mesh(ParallelConfig{1, 2, 1, 1}, [&](DeviceMesh& mesh) {

@@ -40,7 +40,12 @@ TEST_P(PresetTest, ResolvesForEveryReferenceSpecWithinItsRankLimit) {
         EXPECT_THAT(names(m), Contains(c.compare_to)) << c.name;
       }
     }
-    EXPECT_TRUE(m.rejected.empty() || GetParam() == "cpu-full") << m.table();
+    // cpu-smoke rejects only its ep cases, on the specs without routed experts.
+    for (const auto& r : m.rejected) {
+      if (GetParam() == "cpu-full") continue;
+      EXPECT_THAT(r.reason, HasSubstr("has none (ModelSpec::num_experts is 0)")) << spec << " " << r.name;
+      EXPECT_EQ(SpecRegistry::instance().get(spec).num_experts, 0) << spec;
+    }
   }
 }
 
@@ -69,6 +74,35 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   EXPECT_EQ(m.at("ResumeDpShard2").compare_to, "DpShard2");
   EXPECT_THAT([&] { m.at("Tp8"); }, ThrowsMessage<Error>(HasSubstr("has no case 'Tp8'; cases: Reference, DpShard2")));
   EXPECT_THAT(m.table(), HasSubstr("ResumeDpShard2ToTp2"));
+}
+
+// The moe spec's cpu-smoke: its ep cases, each with its EP=1 control (the same config with the
+// experts replicated), added when the matrix lacks it; the cross-topology resumes ep=2 <-> 1.
+TEST(CaseMatrixTest, ExpertParallelCasesGetTheirEp1Control) {
+  const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("moe"), "cpu-smoke");
+  for (const char* c : {"DpShard2Ep2", "DpShard4Ep2", "DpShard2Tp2Ep2Sp", "DpShard2Ep2Ac", "ResumeDpShard2Ep2ToDpShard2",
+                        "ResumeDpShard2ToDpShard2Ep2"}) {
+    EXPECT_THAT(names(m), Contains(std::string(c))) << m.table();
+  }
+  EXPECT_EQ(m.at("DpShard2Ep2").group, "expert_parallel");
+  EXPECT_EQ(m.at("DpShard2Ep2").config.ep, 2);
+  // The controls: DpShard2, DpShard2Tp2Sp and DpShard2Ac were listed; DpShard4 is added.
+  ASSERT_THAT(names(m), Contains(std::string("DpShard4")));
+  EXPECT_EQ(m.at("DpShard4").config.ep, 1);
+  EXPECT_EQ(m.at("DpShard4").config.dp_shard, 4);
+  EXPECT_EQ(m.at("DpShard4").compare_to, "Reference");
+  EXPECT_TRUE(m.rejected.empty()) << m.table();
+  // A dense spec has no experts to shard; 4 experts do not split over ep=3.
+  const json ep_cases = {{"name", "ep"},
+                         {"max_world_size", 8},
+                         {"cases", {{{"dp_shard", 2}, {"ep", 2}}, {{"dp_shard", 3}, {"ep", 3}}}}};
+  const CaseMatrix dense = resolve_matrix(SpecRegistry::instance().get("llama"), ep_cases);
+  ASSERT_EQ(dense.rejected.size(), 2u) << dense.table();
+  EXPECT_THAT(dense.rejected[0].reason, HasSubstr("ep=2 shards routed experts, and spec 'llama' has none"));
+  const CaseMatrix moe = resolve_matrix(SpecRegistry::instance().get("moe"), ep_cases);
+  ASSERT_EQ(moe.rejected.size(), 1u) << moe.table();
+  EXPECT_EQ(moe.rejected[0].name, "DpShard3Ep3");
+  EXPECT_THAT(moe.rejected[0].reason, HasSubstr("ep=3 does not divide the 4 experts of spec 'moe' (4 % 3 = 1)"));
 }
 
 TEST(CaseMatrixTest, RejectsWhatTheTopologyCannotTakeWithTheArithmetic) {

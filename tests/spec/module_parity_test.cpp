@@ -68,9 +68,8 @@ TEST(ModuleParityTest, ShippedCasesCompareOutputInputAndParameterGradients) {
   EXPECT_THAT(run("llama", "cp_attention_vs_plain_attention"),
               ElementsAre("output", "input_grad[0]", "input_grad[1]", "input_grad[2]"));
   EXPECT_THAT(run("moe", "moe_mlp_vs_per_token_loop"),
-              ElementsAre("output", "aux_loss", "input_grad[0]", "grad:router", "grad:experts.0.gate_up_proj",
-                          "grad:experts.0.down_proj", "grad:experts.1.gate_up_proj", "grad:experts.1.down_proj",
-                          "grad:experts.2.gate_up_proj", "grad:experts.2.down_proj"));
+              ElementsAre("output", "aux_loss", "input_grad[0]", "grad:router", "grad:experts.gate_up_proj",
+                          "grad:experts.down_proj"));
   EXPECT_THAT(run("vlm", "patch_embedding_vs_conv2d"),
               ElementsAre("output", "input_grad[0]", "grad:patch_embedding", "grad:position_embedding",
                           "grad:post_layernorm.weight", "grad:post_layernorm.bias"));
