@@ -3,6 +3,7 @@
 // matches world size 1 in float64 (loss, every gradient, parameters after each of 2 steps)
 // to 1e-10 relative, with activation checkpointing in one of them.
 #include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -159,6 +160,50 @@ TEST(MoeTest, ExpertCountsSumToTokensTimesTopK) {
     ASSERT_EQ(mlps.size(), 1u);
     EXPECT_EQ(mlps[0]->last_expert_counts.sum().item<int64_t>(), 8 * 16 * 2);
     EXPECT_GT(mlps[0]->last_aux_loss, 0.0);
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// Under ep an expert that no token reached still computes (on no rows): its gradient is
+// defined and zero, so AdamW's weight decay still moves it, as in the single-rank run (NeMo
+// Automodel PR#2995: idle experts got no gradient and no decay). The router here sends every
+// token to expert 0, so ep rank 1's experts 2 and 3 are idle.
+TEST(MoeTest, AnExpertNoTokenReachedGetsAZeroGradientAndItsWeightDecayUnderEp) {
+  const models::LlamaOptions o =
+      models::LlamaOptions().hidden_size(8).num_experts(4).top_k(1).expert_intermediate_size(4);
+  ParallelConfig c = cfg(2, 1, 1);
+  c.ep = 2;
+  c.dtype = DType::kFloat64;
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
+    ParallelContext ctx(mesh, c);
+    models::MoeMlp moe(ctx, o, "mlp");
+    ctx.finalize(*moe);
+    {
+      at::NoGradGuard no_grad;
+      moe->router.fill_(-1.0);
+      moe->router[0].fill_(1.0);  // positive tokens: expert 0 has the largest logit
+    }
+    ctx.shared_state().begin_forward();
+    const at::Tensor x = (at::rand({1, 6, 8}, at::kDouble) + 0.1).requires_grad_(true);
+    moe->forward(x).sum().backward();
+    const at::Tensor grad = moe->experts->gate_up_proj.grad();
+    ASSERT_TRUE(grad.defined());
+    ASSERT_EQ(grad.size(0), 2 * 2 * 4);  // this rank's 2 experts, [2F, H] each
+    const int ep_rank = mesh.comm(MeshAxis::kEp).rank();
+    if (ep_rank == 1) {
+      EXPECT_EQ(grad.abs().max().item<double>(), 0.0) << "experts 2 and 3 got no token";
+    } else {
+      EXPECT_GT(grad.narrow(0, 0, 8).abs().max().item<double>(), 0.0) << "expert 0 got every token";
+      EXPECT_EQ(grad.narrow(0, 8, 8).abs().max().item<double>(), 0.0) << "expert 1 got none";
+    }
+    const at::Tensor before = moe->experts->gate_up_proj.detach().clone();
+    torch::optim::AdamW adamw({moe->experts->gate_up_proj}, torch::optim::AdamWOptions(0.1).weight_decay(0.1));
+    adamw.step();
+    // Zero gradient: Adam's step is 0, the decay multiplies by 1 - lr * weight_decay.
+    const at::Tensor idle = ep_rank == 1 ? before : before.narrow(0, 8, 8);
+    const at::Tensor after = ep_rank == 1 ? moe->experts->gate_up_proj.detach() : moe->experts->gate_up_proj.detach().narrow(0, 8, 8);
+    EXPECT_LT((after - idle * (1 - 0.1 * 0.1)).abs().max().item<double>(), 1e-15);
+    EXPECT_GT((after - idle).abs().max().item<double>(), 0.0);
   });
   EXPECT_THAT(errors, IsEmpty());
 }
