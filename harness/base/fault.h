@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (FAULTS.md F01-F22 and F26, `mih faults`): each catalogued
+// Fault injection for the fault catalog (FAULTS.md F01-F26, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //

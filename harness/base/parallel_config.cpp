@@ -186,7 +186,10 @@ void ParallelConfig::validate_mesh(int world) const {
     arithmetic += internal::str(arithmetic.empty() ? "" : " * ", d.name, "(", this->*d.degree, ")");
   }
   MIH_CHECK(world_size() == world, arithmetic, " = ", world_size(), " != world_size(", world,
-            "); choose degrees whose product is ", world);
+            "); choose degrees whose product is ", world,
+            ep > 1 ? internal::str(" (ep is carved out of dp_shard x cp, not a factor of the world size: e.g. dp_shard=",
+                                   ep, ",ep=", ep, ")")
+                   : std::string());
   MIH_CHECK(ep >= 1, "'ep' has degree ", ep, "; degrees must be >= 1 (1 disables expert parallelism)");
   if ((dp_shard * cp) % ep != 0) {
     std::string divisors;

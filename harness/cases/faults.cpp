@@ -144,7 +144,13 @@ int run_faults(const FaultsOptions& options) {
 
   std::vector<const FaultEntry*> faults;
   std::set<std::string> wanted;
-  for (const auto& id : only) wanted.insert(fault::name(fault::parse(id)));
+  for (const auto& id : only) {
+    const fault::Fault f = fault::parse(id);
+    // An empty name (`--fault ''`, a CI variable left unset) would select nothing and pass.
+    MIH_CHECK(f != fault::Fault::kNone, "--fault '", id, "' names no fault: give catalog IDs such as F03 or F23,F24 ",
+              "(`mih faults --list`), or leave --fault out to run them all");
+    wanted.insert(fault::name(f));
+  }
   for (const auto& f : fault_catalog()) {
     if (wanted.empty() || wanted.count(f.id)) faults.push_back(&f);
   }

@@ -302,6 +302,7 @@ void print_cases() {
       for (const auto& d : kMeshDims) {
         if (k.*d.degree > 1) labels.emplace_back(d.name);
       }
+      if (k.ep > 1 || (c.save_config && c.save_config->ep > 1)) labels.push_back("ep");
       if (k.sequence_parallel) labels.push_back("sp");
       if (k.activation_checkpointing) labels.push_back("ac");
       if (k.micro_batches > 1) labels.push_back("mb");
@@ -574,7 +575,7 @@ CommandRun setup_check(CLI::App& sub, const Invocation&) {
 CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   auto o = std::make_shared<cases::FaultsOptions>();
   auto quiet = std::make_shared<bool>(false);
-  sub.add_option("--fault", o->only, "only these faults (F01 ... F22; repeat or comma-separate)")->delimiter(',');
+  sub.add_option("--fault", o->only, "only these faults (F01 ... F26; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
   sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault")->capture_default_str();
   add_seconds(sub, "--case-timeout", o->case_timeout, "how long one case may take");

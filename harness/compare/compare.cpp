@@ -85,6 +85,20 @@ Localization localize(const Comparison& c, bool resumed) {
     if (d.step == step) at.push_back(&d);
   }
   const std::string when = " at step " + std::to_string(step);
+  // "; its parameters whose gradients diverge: 'm.router', ..." for the module `m` blamed.
+  auto diverging_parameters = [&](const std::string& module) {
+    std::string names;
+    int n = 0;
+    for (const Divergence* d : at) {
+      if (d->kind != "tensor" || d->stage != "grad_before_clip" || d->name.rfind(module + ".", 0) != 0) continue;
+      if (++n > 3) {
+        names += ", ...";
+        break;
+      }
+      names += (names.empty() ? "'" : ", '") + d->name + "'";
+    }
+    return names.empty() ? std::string() : "; its parameters whose gradients diverge: " + names;
+  };
   auto find = [&](const std::string& kind, const std::string& stage_or_name) -> const Divergence* {
     for (const Divergence* d : at) {
       if (d->kind == kind && (d->stage == stage_or_name || d->name == stage_or_name)) return d;
@@ -127,7 +141,7 @@ Localization localize(const Comparison& c, bool resumed) {
         }
         return {previous, "the forward outputs match" + when + "; walking backward, its output gradient is the last "
                           "that matches and the next one, of '" + *it + "', is the first to diverge: the gradient its "
-                          "backward passes on is wrong"};
+                          "backward passes on is wrong" + diverging_parameters(previous)};
       }
       previous = *it;
     }

@@ -176,10 +176,22 @@ const Case& CaseMatrix::at(const std::string& name) const {
   MIH_THROW(Code::kInvalidSpec, "matrix '", this->name, "' has no case '", name, "'; cases: ", names);
 }
 
+// The EP=1 control of an ep case (the same config with ep = 1), which resolve_matrix adds; "".
+static std::string ep1_control(const Case& c) {
+  if (c.config.ep <= 1 || c.kind != CaseKind::kTrain) return "";
+  ParallelConfig plain = c.config;
+  plain.ep = 1;
+  return camel(plain.name());
+}
+
 json CaseMatrix::to_json() const {
   json rej = json::array();
   for (const auto& r : rejected) rej.push_back({{"name", r.name}, {"reason", r.reason}});
-  return {{"name", name}, {"spec", spec}, {"cases", cases}, {"rejected", rej}};
+  json out = {{"name", name}, {"spec", spec}, {"cases", cases}, {"rejected", rej}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (const std::string control = ep1_control(cases[i]); !control.empty()) out["cases"][i]["ep1_control"] = control;
+  }
+  return out;
 }
 
 std::string CaseMatrix::table() const {
@@ -190,9 +202,17 @@ std::string CaseMatrix::table() const {
     char line[256];
     std::string what = c.config.name() + " " + dtype_name(c.config.dtype);
     if (c.save_config) what = c.save_config->name() + " -> " + what + ", save at step " + std::to_string(c.resume_at);
-    std::snprintf(line, sizeof line, "  %-24s %-12s %-22s %d rank%s  %s (vs %s)\n", c.name.c_str(),
+    std::string vs = c.compare_to.empty() ? "-" : c.compare_to;
+    if (const std::string control = ep1_control(c); !control.empty()) vs += "; EP=1 control " + control;
+    for (const auto& o : cases) {
+      if (ep1_control(o) == c.name) {
+        vs += "; the EP=1 control of " + o.name;
+        break;
+      }
+    }
+    std::snprintf(line, sizeof line, "  %-27s %-12s %-22s %d rank%s  %s (vs %s)\n", c.name.c_str(),
                   case_kind_name(c.kind).c_str(), c.group.c_str(), c.world_size(), c.world_size() == 1 ? " " : "s",
-                  what.c_str(), c.compare_to.empty() ? "-" : c.compare_to.c_str());
+                  what.c_str(), vs.c_str());
     os << line;
   }
   for (const auto& r : rejected) os << "  rejected " << r.name << ": " << r.reason << "\n";

@@ -104,8 +104,9 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 19 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
-                                  HasSubstr("dp_shard4_ep2 float64 (vs Reference)"), HasSubstr("expert_parallel"),
-                                  HasSubstr("dp_shard4 float64 (vs Reference)")));
+                                  HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),
+                                  HasSubstr("expert_parallel"),
+                                  HasSubstr("dp_shard4 float64 (vs Reference; the EP=1 control of DpShard4Ep2)")));
   CliRun dense = mih("matrix --spec llama --preset cpu-smoke");
   EXPECT_THAT(dense.output, HasSubstr("rejected DpShard2Ep2: ep=2 shards routed experts, and spec 'llama' has none"));
   CliRun full = mih("matrix --spec llama --preset cpu-full --json");
@@ -555,7 +556,9 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
            {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
            {"test --fault F03" + r, "--fault and --fault-cases go together"},
-           {"faults --fault F27 --out " + (root / "faults").string(), "unknown fault 'F27'"}}) {
+           {"faults --fault F27 --out " + (root / "faults").string(), "unknown fault 'F27'"},
+           // An empty selection would run nothing and exit 0.
+           {"faults --fault '' --out " + (root / "faults").string(), "--fault '' names no fault"}}) {
     CliRun bad_fault = mih(command);
     EXPECT_EQ(bad_fault.status, exit_status(Code::kInvalidSpec)) << command << "\n" << bad_fault.output;
     EXPECT_THAT(bad_fault.output, HasSubstr(says)) << command;
