@@ -172,16 +172,10 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
     ep.all_to_all_single(counts_from, counts_to, {}, {}, "moe.dispatch_counts");
   }
   const at::Tensor to_cpu = counts_to.cpu().contiguous(), from_cpu = counts_from.cpu().contiguous();
-  const auto to_a = to_cpu.accessor<int64_t, 2>(), from_a = from_cpu.accessor<int64_t, 2>();
-  std::vector<int64_t> send(static_cast<size_t>(ep_size), 0), recv(static_cast<size_t>(ep_size), 0);
-  int64_t received_rows = 0;
-  for (int64_t j = 0; j < ep_size; ++j) {
-    for (int64_t l = 0; l < local_experts; ++l) {
-      send[static_cast<size_t>(j)] += to_a[j][l];
-      recv[static_cast<size_t>(j)] += from_a[j][l];
-    }
-    received_rows += recv[static_cast<size_t>(j)];
-  }
+  const at::Tensor send_t = to_cpu.sum(1), recv_t = from_cpu.sum(1);  // [ep]: rows to and from each ep rank
+  const std::vector<int64_t> send(send_t.data_ptr<int64_t>(), send_t.data_ptr<int64_t>() + ep_size),
+      recv(recv_t.data_ptr<int64_t>(), recv_t.data_ptr<int64_t>() + ep_size);
+  const int64_t received_rows = recv_t.sum().item<int64_t>();
   if (ep_size > 1) {
     // What the ledger records over ep (each all-to-all's input on this rank): the counts
     // [ep, E / ep] int64; the dispatch sends all N k slots and the combine the R received
@@ -194,24 +188,14 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
     if (at::GradMode::is_enabled() && tokens.requires_grad()) ep.expect("region.all_to_all.backward", rows_bytes, name_);
   }
   at::Tensor received = all_to_all_rows(tokens.index_select(0, slot_token), ep, recv, send);  // [R, H]
-  // The received rows come by source rank, each source's by local expert: regroup by expert.
-  std::vector<int64_t> by_expert_rows(static_cast<size_t>(local_experts), 0);
-  std::vector<at::Tensor> pieces;
-  std::vector<int64_t> source_start(static_cast<size_t>(ep_size), 0);
-  for (int64_t j = 1; j < ep_size; ++j) {
-    source_start[static_cast<size_t>(j)] = source_start[static_cast<size_t>(j - 1)] + recv[static_cast<size_t>(j - 1)];
-  }
-  for (int64_t l = 0; l < local_experts; ++l) {
-    for (int64_t j = 0; j < ep_size; ++j) {
-      int64_t start = source_start[static_cast<size_t>(j)];
-      for (int64_t m = 0; m < l; ++m) start += from_a[j][m];
-      const int64_t rows = from_a[j][l];
-      pieces.push_back(at::arange(start, start + rows, at::TensorOptions().dtype(at::kLong).device(x.device())));
-      by_expert_rows[static_cast<size_t>(l)] += rows;
-    }
-  }
-  const at::Tensor regroup = at::cat(pieces);                           // [R]: received row of each expert row
-  const at::Tensor undo = std::get<1>(regroup.sort(/*stable=*/true, 0, false));  // inverse permutation
+  // The received rows come by source rank, each source's by local expert: a stable sort by
+  // local expert regroups them (by source within an expert), its inverse puts them back.
+  const at::Tensor row_expert = at::arange(local_experts, at::kLong).repeat({ep_size}).repeat_interleave(from_cpu.reshape(-1));
+  const at::Tensor regroup = std::get<1>(row_expert.sort(/*stable=*/true, 0, false)).to(x.device());  // [R]
+  const at::Tensor undo = std::get<1>(regroup.sort(/*stable=*/true, 0, false));                       // inverse
+  const at::Tensor per_expert = from_cpu.sum(0);  // [E / ep]: rows of each local expert
+  const std::vector<int64_t> by_expert_rows(per_expert.data_ptr<int64_t>(),
+                                            per_expert.data_ptr<int64_t>() + local_experts);
   at::Tensor y = experts->forward(received.index_select(0, regroup), by_expert_rows).index_select(0, undo);
   // Combine: back to the ranks the slots came from, weighted by their gates, summed per token.
   at::Tensor returned = all_to_all_rows(y, ep, send, recv);  // [N k, H], in sorted slot order

@@ -20,6 +20,9 @@
 namespace mih {
 namespace {
 
+// The expert-data-parallel degree: the ranks of dp_shard x cp at one ep index.
+int64_t edp_size(const ParallelConfig& mesh) { return static_cast<int64_t>(mesh.dp_shard) * mesh.cp / mesh.ep; }
+
 // This rank's tensor-parallel piece of `full` (see Placement::shard for partitions).
 at::Tensor tp_piece(const at::Tensor& full, const Placement& tp, int64_t n, int64_t r, int64_t index) {
   if (!tp.is_shard() || n == 1) return full;
@@ -87,7 +90,7 @@ std::vector<std::string> ShardedParameter::grad_domain() const {
   std::vector<std::string> out;
   if (expert_parallel()) {
     if (mesh.dp_replicate > 1) out.emplace_back("dp_replicate");
-    if (mesh.dp_shard * mesh.cp / mesh.ep > 1) out.emplace_back("edp");
+    if (edp_size(mesh) > 1) out.emplace_back("edp");
     if (mesh.tp > 1 && tp_partial_grad) out.emplace_back("tp");
     return out;
   }
@@ -100,8 +103,7 @@ std::vector<std::string> ShardedParameter::grad_domain() const {
 
 int64_t ShardedParameter::replicas() const {
   if (expert_parallel()) {
-    const int64_t edp = mesh.dp_shard * mesh.cp / mesh.ep;
-    return mesh.world_size() / ((tp.is_shard() ? mesh.tp : 1) * mesh.ep * (fsdp ? edp : 1));
+    return mesh.world_size() / ((tp.is_shard() ? mesh.tp : 1) * mesh.ep * (fsdp ? edp_size(mesh) : 1));
   }
   int64_t pieces = (tp.is_shard() ? mesh.tp : 1) * (fsdp ? mesh.dp_shard : 1);
   return mesh.world_size() / pieces;
@@ -561,17 +563,20 @@ void ParallelContext::synchronize_gradients() {
       if (p->tp_partial_grad && p->local.requires_grad()) reductions_[p->fqn].insert("tp");
     }
   }
+  // Whether synchronize_gradients all-reduces `p`'s gradient over `axis`: experts under ep
+  // over dp_replicate and edp, dense ones over dp_replicate, cp and dp_shard; not over the
+  // axis whose FSDP backward already reduce-scattered it.
+  auto all_reduced_over = [](const ShardedParameter& p, MeshAxis axis) {
+    // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
+    // over the ep ranks, which hold other experts), not over edp.
+    const bool expert = p.expert_parallel() && !fault::active(fault::Fault::kF23);
+    if (p.fsdp && axis == (expert ? MeshAxis::kEdp : MeshAxis::kDpShard)) return false;
+    return expert ? axis == MeshAxis::kDpReplicate || axis == MeshAxis::kEdp : axis != MeshAxis::kEdp;
+  };
   for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kEdp}) {
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered_) {
-      if (!p->local.requires_grad()) continue;
-      // Experts under ep: dp_replicate and edp; dense: dp_replicate, cp and dp_shard. FSDP's
-      // backward already reduce-scattered over its axis.
-      // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
-      // over the ep ranks, which hold other experts), not over edp.
-      const bool expert = p->expert_parallel() && !fault::active(fault::Fault::kF23);
-      if (axis == MeshAxis::kEdp ? !expert : expert && axis != MeshAxis::kDpReplicate) continue;
-      if (axis == (expert ? MeshAxis::kEdp : MeshAxis::kDpShard) && p->fsdp) continue;
+      if (!p->local.requires_grad() || !all_reduced_over(*p, axis)) continue;
       grads.push_back(p->local.grad());
       if (mesh_->comm(axis).size() > 1) reductions_[p->fqn].insert(std::string(mesh_axis_name(axis)));
     }

@@ -378,10 +378,10 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   // so a divergence that only the ep case shows is the expert parallelism's.
   std::vector<Case> controls;
   for (const auto& c : out.cases) {
-    if (c.config.ep <= 1) continue;
+    const std::string name = ep1_control(c);
+    if (name.empty()) continue;
     ParallelConfig plain = c.config;
     plain.ep = 1;
-    const std::string name = camel(plain.name());
     const bool present = std::any_of(out.cases.begin(), out.cases.end(), [&](const Case& o) { return o.name == name; }) ||
                          std::any_of(controls.begin(), controls.end(), [&](const Case& o) { return o.name == name; });
     if (present) continue;
