@@ -25,6 +25,7 @@
 #include "harness/base/sha256.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
+#include "harness/runtime/rendezvous.h"
 #include "harness/runtime/worker.h"
 #include "harness/session/backend.h"
 #include "harness/session/session.h"
@@ -80,6 +81,30 @@ double seconds_since_exec() {
   return up - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// Where every rank ran: [{"rank", "host", "pid"}] from the rendezvous' join records.
+nlohmann::json rank_hosts(compat::Store& store, int world_size) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    nlohmann::json joined = nlohmann::json::parse(store.get("mih/join/run/rank" + std::to_string(r)), nullptr, false);
+    out.push_back({{"rank", r},
+                   {"host", joined.is_object() ? joined.value("host", "") : ""},
+                   {"pid", joined.is_object() ? joined.value("pid", 0) : 0}});
+  }
+  return out;
+}
+
+// The launcher's identity of this run: torchrun's TORCHELASTIC_RUN_ID, SLURM's job and step,
+// Open MPI's job id; null under mih's own launcher.
+nlohmann::json run_id_of(const Env& env) {
+  if (const std::string* id = find_env(env, kRunIdVar)) return *id;
+  if (const std::string* job = find_env(env, "SLURM_JOB_ID")) {
+    const std::string* step = find_env(env, "SLURM_STEP_ID");
+    return *job + (step ? "." + *step : "");
+  }
+  if (const std::string* job = find_env(env, "OMPI_MCA_ess_base_jobid")) return *job;
+  return nullptr;
+}
+
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -125,7 +150,10 @@ int run_phase(WorkerContext& ctx) {
                     {"phase", phase},
                     {"matrix", file.matrix},
                     {"pg_backend", c.pg_backend},
-                    {"training_backend", file.training_backend}};
+                    {"training_backend", file.training_backend},
+                    {"launcher", launch_source_name(ctx.world().source)},
+                    {"run_id", run_id_of(process_env())}};
+  if (mesh.rank() == 0) so.environment["ranks"] = rank_hosts(ctx.store(), mesh.world_size());
   ValidationSession session(s, so, mesh);
   const bool rank0 = mesh.rank() == 0;
   try {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/files.h"
+#include "harness/base/version.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
@@ -71,6 +72,18 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
   MIH_CHECK_CODE(spec_name == p.spec, Code::kFailedPrecondition, "evidence ", dir.string(), " is of spec '", spec_name,
                  "', not '", p.spec, "': point --evidence-root at the run of this spec");
+  // Evidence of another harness release may mean other checks, formats or tolerances: it is
+  // not this binary's to judge unless the user says so.
+  if (!run_options().allow_other_version) {
+    const json& env = ev.json("environment.json");
+    const std::string theirs =
+        env.contains("versions") && env["versions"].is_object() ? env["versions"].value("mih", "") : "";
+    MIH_CHECK_CODE(theirs == harness_version(), Code::kFailedPrecondition, "evidence ", dir.string(),
+                   " was written by ", theirs.empty() ? std::string("a harness that records no version (before 0.2.0)")
+                                                      : "mih " + theirs,
+                   ", and this is mih ", harness_version(), ": rerun the case with this harness, or pass "
+                   "--allow-other-version to check it anyway");
+  }
   out.outcome = "verify_only";
   if (ev.has("case_run.json")) {
     const json& run = ev.json("case_run.json");

@@ -46,6 +46,9 @@ struct RunOptions {
   /// Verify-only: check evidence whose files no longer match the digests its case_run.json
   /// recorded (a deliberate edit, e.g. a mutation test). Off: such a case is exit 12.
   bool allow_edited_evidence = false;
+  /// Verify-only: check evidence whose environment.json names another harness version
+  /// (versions.mih) than this binary's. Off: such a case is exit 12, naming both versions.
+  bool allow_other_version = false;
   /// How long one case may take (all its launches), then every rank is stopped.
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   /// How long one collective may wait before its rank fails (a transport failure, never a

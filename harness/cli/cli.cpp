@@ -6,6 +6,7 @@
 #include <string>
 
 #include "harness/base/error.h"
+#include "harness/base/version.h"
 #include "harness/cli/commands.h"
 #include "harness/compat/collectives.h"
 #include "harness/runtime/cli_support.h"
@@ -15,7 +16,8 @@ namespace mih {
 namespace cli {
 
 std::string version_text() {
-  return internal::str("mih 0.1.0 (libtorch ", compat::torch_version(), "; process-group backends:",
+  return internal::str("mih ", harness_version(), " (build ", build_id().substr(0, 12), "; libtorch ",
+                       compat::torch_version(), "; process-group backends:",
                        compat::backend_available(compat::BackendKind::kGloo) ? " gloo" : "",
                        compat::backend_available(compat::BackendKind::kNccl) ? " nccl" : "", ")");
 }

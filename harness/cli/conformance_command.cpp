@@ -35,6 +35,7 @@
 #include "harness/spec/model_spec.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
+#include "harness/runtime/fork_server.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
 
@@ -352,7 +353,8 @@ std::string what_exists() {
 struct RunFlags {
   std::string evidence_root, matrix, only_spec, fault;
   std::vector<std::string> prefixes, fault_cases;
-  bool verify_only = false, allow_edited_evidence = false, no_progress = false, list_cases = false;
+  bool verify_only = false, allow_edited_evidence = false, allow_other_version = false, no_progress = false,
+       list_cases = false;
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds collective_timeout{0};
 };
@@ -372,6 +374,9 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_flag("--allow-edited-evidence", f->allow_edited_evidence,
                "verify-only and check: check evidence whose files differ from the SHA-256 digests its case_run.json "
                "records (else exit 12)");
+  app.add_flag("--allow-other-version", f->allow_other_version,
+               "verify-only and check: check evidence that another harness version wrote (environment.json's "
+               "versions.mih; else exit 12)");
   add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
   add_seconds(app, "--collective-timeout", f->collective_timeout,
               "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
@@ -436,6 +441,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.matrix = f.matrix;
   o.verify_only = f.verify_only;
   o.allow_edited_evidence = f.allow_edited_evidence;
+  o.allow_other_version = f.allow_other_version;
   o.case_timeout = f.case_timeout;
   o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
@@ -589,8 +595,15 @@ CommandRun setup_faults(CLI::App& sub, const Invocation&) {
 
 }  // namespace cli
 
+namespace {
+// What a rank forked by the fork server runs: `<binary> worker ...`.
+int forked_rank_main(int argc, char** argv) { return conformance_main(argc, argv, false); }
+}  // namespace
+
 int conformance_main(int argc, char** argv, bool tests_by_default) {
   if (argc > 1 && std::strcmp(argv[1], "worker") == 0) return worker_main(argc - 1, argv + 1);
+  // Before anything else runs: the fork server is a copy of this process as exec left it.
+  start_fork_server(argc, argv, forked_rank_main);
   // A subcommand, --help or --version is the CLI; a conformance or GoogleTest flag runs the
   // suites; no argument runs them in a conformance binary and prints the help in `mih`.
   bool tests = tests_by_default;

@@ -170,7 +170,7 @@ int run_selftest(LaunchFlags flags, const std::string& mesh_text, const Selftest
   return result.ok() ? 0 : exit_status(result.code());
 }
 
-int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std::string>& task_args,
+int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std::string>& task_args, int repeat,
                const Invocation& inv) {
   std::string valid;
   bool known = false;
@@ -179,15 +179,22 @@ int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std
     valid += (valid.empty() ? "" : ", ") + name;
   }
   MIH_CHECK(known, "unknown worker task '", task, "'; valid: [", valid, "]");
-  const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
-  std::filesystem::path run_dir = flags.run_dir(task);
-  LaunchOptions launch_options =
-      flags.launch_options(worker_command(task, flags.worker_options(run_dir), task_args), run_dir);
-  LaunchResult result = launch(launch_options);
-  write_run_record(run_dir, inv, flags.run_id, started, result);
-  std::fprintf(result.ok() ? stdout : stderr, "%s", result.report().c_str());
-  print_evidence(run_dir, result.seconds);
-  return result.ok() ? 0 : exit_status(result.code());
+  // --repeat K: K launches in a row from this one process (launch<k>/ each), e.g. to measure
+  // what a launch costs once the parent is up, or that nothing of one launch reaches the next.
+  int status = 0;
+  for (int k = 1; k <= repeat && status == 0; ++k) {
+    const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
+    std::filesystem::path run_dir = flags.run_dir(task);
+    if (repeat > 1) run_dir /= "launch" + std::to_string(k);
+    LaunchOptions launch_options =
+        flags.launch_options(worker_command(task, flags.worker_options(run_dir), task_args), run_dir);
+    LaunchResult result = launch(launch_options);
+    write_run_record(run_dir, inv, flags.run_id, started, result);
+    std::fprintf(result.ok() ? stdout : stderr, "%s", result.report().c_str());
+    print_evidence(run_dir, result.seconds);
+    status = result.ok() ? 0 : exit_status(result.code());
+  }
+  return status;
 }
 
 }  // namespace
@@ -214,10 +221,14 @@ CommandRun setup_launch(CLI::App& sub, const Invocation& inv) {
   auto flags = std::make_shared<LaunchFlags>();
   auto task = std::make_shared<std::string>();
   flags->add_to(sub);
+  auto repeat = std::make_shared<int>(1);
+  sub.add_option("--repeat", *repeat, "launch the run this many times in a row (run directories launch1, launch2, ...)")
+      ->check(at_least(1))
+      ->capture_default_str();
   sub.add_option("task", *task, "worker task to run on every rank")->required();
   sub.prefix_command();
   CLI::App* app = &sub;
-  return [=] { return run_launch(*flags, *task, app->remaining(), inv); };
+  return [=] { return run_launch(*flags, *task, app->remaining(), *repeat, inv); };
 }
 
 }  // namespace mih::cli

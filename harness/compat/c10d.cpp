@@ -12,9 +12,14 @@
 #include <string_view>
 #include <vector>
 
+#include <ATen/Context.h>
+#include <ATen/Version.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/NCCLUtils.hpp>
+#endif
 
 #include "harness/base/error.h"
 #include "harness/compat/c10d_internal.h"
@@ -122,6 +127,25 @@ bool backend_available(BackendKind kind) {
 }
 
 std::string torch_version() { return TORCH_VERSION; }
+
+std::string cuda_version() {
+  if (!at::globalContext().hasCUDA()) return "";
+  // at::show_config() of a CUDA build says "  - CUDA Runtime 12.4".
+  const std::string config = at::show_config();
+  const std::string marker = "CUDA Runtime ";
+  const auto pos = config.find(marker);
+  if (pos == std::string::npos) return "unknown";
+  const auto begin = pos + marker.size();
+  return config.substr(begin, config.find_first_of(" \n", begin) - begin);
+}
+
+std::string nccl_version() {
+#ifdef USE_C10D_NCCL
+  return c10d::getNcclVersion();
+#else
+  return "";
+#endif
+}
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {

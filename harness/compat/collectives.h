@@ -45,6 +45,12 @@ bool backend_available(BackendKind kind);
 /// Returns the libtorch version this harness was compiled against, e.g. "1.13.0".
 std::string torch_version();
 
+/// The CUDA runtime libtorch was built with ("12.4"), "" on a CPU-only libtorch.
+std::string cuda_version();
+
+/// The NCCL version c10d's NCCL backend was built with ("2.21.5"), "" without that backend.
+std::string nccl_version();
+
 /// Reduction of all_reduce and reduce_scatter_tensor.
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 

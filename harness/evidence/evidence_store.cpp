@@ -221,7 +221,7 @@ nlohmann::json capture_environment(const fs::path& source_dir, const nlohmann::j
     }
   }
   nlohmann::json variables = nlohmann::json::object();
-  static const std::vector<std::string> kPrefixes = {"MIH_", "SLURM_", "OMPI_COMM_WORLD_"};
+  static const std::vector<std::string> kPrefixes = {"MIH_", "SLURM_", "OMPI_COMM_WORLD_", "TORCHELASTIC_"};
   static const std::set<std::string> kNames = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                                "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"};
   for (char** e = environ; *e; ++e) {

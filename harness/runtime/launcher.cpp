@@ -247,10 +247,18 @@ LaunchResult launch(const LaunchOptions& options) {
       c.rank = r;
       c.log = options.run_dir / "logs" / ("rank" + std::to_string(r) + ".log");
       c.start = Clock::now();
-      c.pid = spawn_rank(options.command, env_list(env), c.log);
+      c.pid = spawn_rank(options.command, env_list(env), c.log, &c.forked);
       if (c.pid < 0) start_failed(r, -c.pid);
       c.pidfd = open_pidfd(c.pid);
       children.push_back(c);
+      // Who is rank r, for tools and tests (a forked rank's command line is its title, cut
+      // to the launcher's own length): logs/rank<r>.pid, removed with the logs of a rerun.
+      try {
+        write_file_atomic(c.log.parent_path() / ("rank" + std::to_string(r) + ".pid"), std::to_string(c.pid) + "\n",
+                          Durability::kDeferred);
+      } catch (const Error&) {
+        // The log of this rank is there; a full disk is the rank's to report.
+      }
     }
   }
 
@@ -298,6 +306,7 @@ LaunchResult launch(const LaunchOptions& options) {
     o.pid = c.pid;
     o.log = c.log;
     o.seconds = std::chrono::duration<double>(c.end - c.start).count();
+    o.started_by = c.rank < 0 ? "template" : c.forked ? "fork_server" : "exec";
     if (WIFSIGNALED(c.status)) {
       o.state = c.stopped ? RankOutcome::State::kStopped : RankOutcome::State::kSignaled;
       o.signal = WTERMSIG(c.status);

@@ -87,6 +87,9 @@ struct RankOutcome {
   int signal = 0;
   /// Seconds from start to end.
   double seconds = 0;
+  /// How the launcher started it: "fork_server" (forked, no exec), "exec" (posix_spawn), or
+  /// "template" (the command of template mode).
+  std::string started_by;
   std::filesystem::path log;
   /// The rank's own error report (errors/rank<r>.json), if it wrote one.
   std::string error_code;

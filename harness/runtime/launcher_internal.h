@@ -25,6 +25,7 @@ struct Child {
   int pidfd = -1;
   bool running = true;
   bool stopped = false;  // the launcher sent it SIGTERM/SIGKILL
+  bool forked = false;   // started by the fork server
   int status = 0;
   int reap_order = -1;
   Clock::time_point start, end;
@@ -39,9 +40,11 @@ int open_pidfd(pid_t pid);
 /// "KEY=value" strings of `env`.
 std::vector<std::string> env_list(const Env& env);
 
-/// Local ranks: posix_spawn (vfork-fast), own process group, stdout+stderr to the log.
-/// Returns the pid, or -errno when the process cannot be started.
-pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, const std::filesystem::path& log);
+/// Local ranks: forked by the fork server when it can start argv (fork_server.h), else
+/// posix_spawn (vfork-fast); own process group, stdout+stderr to the log.
+/// Returns the pid, or -errno when the process cannot be started; `forked`: by the server.
+pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, const std::filesystem::path& log,
+                 bool* forked);
 
 /// Template mode: fork so the shell gets a parent-death signal (a killed launcher must not
 /// leave an srun behind). Returns the pid, or -errno when the fork fails.

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/runtime/fork_server.h"
 #include "harness/runtime/launcher_internal.h"
 
 namespace mih::launcher_internal {
@@ -69,7 +70,17 @@ std::vector<std::string> env_list(const Env& env) {
   return out;
 }
 
-pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, const std::filesystem::path& log) {
+pid_t spawn_rank(std::vector<std::string> argv, std::vector<std::string> env, const std::filesystem::path& log,
+                 bool* forked) {
+  *forked = false;
+  // This executable's own ranks: forked by the fork server, no exec and no libtorch load.
+  if (fork_server_can_start(argv)) {
+    const pid_t pid = fork_server_spawn(argv, env, log);
+    if (pid > 0) {
+      *forked = true;
+      return pid;
+    }  // else nothing was started: exec it as below
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);

@@ -209,6 +209,7 @@ void to_json(nlohmann::json& j, const LaunchResult& result) {
                         {"state", kState[static_cast<int>(r.state)]},
                         {"how", r.how()},
                         {"seconds", r.seconds},
+                        {"started_by", r.started_by},
                         {"log", r.log.string()},
                         {"last_activity", r.last_activity}};
     if (r.state == RankOutcome::State::kExited) o["exit_code"] = r.exit_code;

@@ -20,14 +20,31 @@ compat::Store connect_store(const World& world, const Env& env, std::chrono::mil
             "=<shared file>, or MASTER_ADDR and MASTER_PORT (torchrun sets them; under srun or mpirun export "
             "MASTER_ADDR=<host of rank 0> MASTER_PORT=<free port>)");
   const std::string* hosted = find_env(env, kStoreHostedVar);
+  const std::string* agent = find_env(env, kAgentStoreVar);
+  // torch writes str(bool): "True" or "False".
+  MIH_CHECK(!agent || *agent == "True" || *agent == "False" || *agent == "1" || *agent == "0", kAgentStoreVar, "='",
+            *agent, "': expected True or False (torchrun sets it)");
+  const bool agent_hosts = agent && (*agent == "True" || *agent == "1");
+  std::string attempt;
+  if (agent_hosts) {
+    const std::string* restarts = find_env(env, kRestartCountVar);
+    attempt = restarts ? *restarts : "0";
+    MIH_CHECK(!attempt.empty() && attempt.find_first_not_of("0123456789") == std::string::npos, kRestartCountVar,
+              "='", attempt, "': expected the attempt number torchrun sets (0, 1, ...)");
+  }
   compat::TcpStoreOptions o;
   o.host = world.master_addr;
   o.port = static_cast<uint16_t>(world.master_port);
-  o.is_server = !(hosted && *hosted == "1") && world.rank == 0;
+  o.is_server = !(hosted && *hosted == "1") && !agent_hosts && world.rank == 0;
   o.world_size = world.world_size;
   o.timeout = timeout;
-  return with_context(internal::str("while connecting ", world.describe(), " to the rendezvous store"),
-                      [&] { return compat::make_tcp_store(o); });
+  compat::Store store = with_context(
+      internal::str("while connecting ", world.describe(), " to the rendezvous store",
+                    agent_hosts ? " (hosted by torchrun's agent: TORCHELASTIC_USE_AGENT_STORE)" : ""),
+      [&] { return compat::make_tcp_store(o); });
+  // The agent's store outlives one attempt of the workers: each attempt meets under its own
+  // prefix, so a restarted group never reads the keys of the one before it.
+  return agent_hosts ? store.prefixed("/worker/attempt_" + attempt) : store;
 }
 
 void join(compat::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,

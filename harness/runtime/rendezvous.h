@@ -14,12 +14,23 @@ namespace mih {
 inline constexpr const char* kStoreFileVar = "MIH_STORE_FILE";      ///< path of a FileStore
 inline constexpr const char* kStoreHostedVar = "MIH_STORE_HOSTED";  ///< "1": the launcher hosts the TCPStore
 
+/// torchrun's elastic agent hosts the TCPStore on MASTER_ADDR:MASTER_PORT itself and says so
+/// to its workers with this variable ("True"); each attempt (TORCHELASTIC_RESTART_COUNT) then
+/// meets under the key prefix "/worker/attempt_<n>", as torch.distributed's env:// does.
+inline constexpr const char* kAgentStoreVar = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr const char* kRestartCountVar = "TORCHELASTIC_RESTART_COUNT";
+/// The identity torchrun gives a run (--rdzv_id; "none" by default), recorded in the evidence.
+inline constexpr const char* kRunIdVar = "TORCHELASTIC_RUN_ID";
+
 /// Connects this rank to the run's store:
 ///   - MIH_STORE_FILE=<path>: a FileStore shared by world.world_size processes (local runs;
 ///     no ports, so concurrent runs cannot collide);
-///   - otherwise MASTER_ADDR/MASTER_PORT: a TCPStore, hosted by rank 0, or by the launcher
-///     when MIH_STORE_HOSTED=1.
-/// Throws: mih::Error{kInvalidSpec} if neither is set (the message says what to export);
+///   - otherwise MASTER_ADDR/MASTER_PORT: a TCPStore, hosted by rank 0 (srun, mpirun), by
+///     mih's launcher when MIH_STORE_HOSTED=1, or by torchrun's agent when
+///     TORCHELASTIC_USE_AGENT_STORE=True (every rank a client, keys under
+///     "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>").
+/// Throws: mih::Error{kInvalidSpec} if neither is set (the message says what to export), or
+///   TORCHELASTIC_USE_AGENT_STORE / TORCHELASTIC_RESTART_COUNT are malformed;
 ///   kUnavailable if the TCPStore cannot be reached within `timeout`.
 compat::Store connect_store(const World& world, const Env& env, std::chrono::milliseconds timeout);
 

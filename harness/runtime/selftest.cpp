@@ -9,13 +9,23 @@
 #include <map>
 #include <sstream>
 
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/compat/collectives.h"
 #include "harness/runtime/dtypes.h"
+
+extern char** environ;
 
 namespace mih {
 namespace {
@@ -400,6 +410,88 @@ int run_ping_task(WorkerContext& ctx) {
   mesh.comm(MeshAxis::kWorld).all_reduce(t, ReduceOp::kSum, "ping");
   MIH_CHECK_CODE(t.item<float>() == static_cast<float>(ctx.world().world_size), Code::kInternal,
                  "ping: all_reduce gave ", t.item<float>(), ", expected ", ctx.world().world_size);
+  return 0;
+}
+
+namespace {
+
+// "pipe", "socket", "anon_inode:[eventfd]", or the path (an fd's kind without its inode).
+std::string fd_kind(const std::string& target) {
+  const auto colon = target.find(":[");
+  return colon == std::string::npos ? target : target.substr(0, colon);
+}
+
+}  // namespace
+
+int run_state_task(WorkerContext& ctx) {
+  static int task_runs = 0;  // a process-wide counter: a fresh process has run no task yet
+  ++task_runs;
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry(*e);
+    const auto eq = entry.find('=');
+    env[entry.substr(0, eq)] = eq == std::string::npos ? "" : entry.substr(eq + 1);
+  }
+  std::vector<std::string> fds;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    const int own = ::dirfd(d);
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.' || std::atoi(e->d_name) == own) continue;
+      char target[4096] = {0};
+      const std::string link = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+      fds.push_back(std::string(e->d_name) + " " + (n > 0 ? fd_kind(std::string(target, static_cast<size_t>(n))) : "?"));
+    }
+    ::closedir(d);
+  }
+  std::sort(fds.begin(), fds.end());
+  sigset_t mask;
+  ::sigprocmask(SIG_SETMASK, nullptr, &mask);
+  std::vector<int> blocked, not_default;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sigismember(&mask, sig) == 1) blocked.push_back(sig);
+    struct sigaction sa {};
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL) not_default.push_back(sig);
+  }
+  int threads = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) threads += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  using GetThreads = int (*)();
+  auto blas = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const mode_t mask_bits = ::umask(022);
+  ::umask(mask_bits);
+  char cwd[4096] = {0};
+  const at::Tensor draws = at::rand({4}, at::kDouble);
+  nlohmann::json state = {{"rank", ctx.world().rank},
+                          {"env", env},
+                          {"fds", fds},
+                          {"blocked_signals", blocked},
+                          {"signals_not_default", not_default},
+                          {"threads", threads},
+                          {"intra_op_threads", at::get_num_threads()},
+                          {"blas_threads", blas ? blas() : -1},
+                          {"rand", std::vector<double>(draws.data_ptr<double>(), draws.data_ptr<double>() + 4)},
+                          {"task_runs", task_runs},
+                          {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
+                          {"umask", static_cast<int>(mask_bits)},
+                          {"own_process_group", ::getpgrp() == ::getpid()}};
+  write_file_atomic(ctx.run_dir() / ("state_rank" + std::to_string(ctx.world().rank) + ".json"), state.dump(2) + "\n");
+  if (ctx.option("mutate") == "1") {
+    ::setenv("MIH_STATE_MUTATED", "1", 1);
+    at::manual_seed(1234);
+    at::set_num_threads(2);
+    (void)!::open("/dev/null", O_RDONLY);
+    ::signal(SIGUSR1, SIG_IGN);
+    sigset_t usr2;
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    ::sigprocmask(SIG_BLOCK, &usr2, nullptr);
+    ::umask(077);
+    (void)!::chdir("/");
+    ++task_runs;
+  }
   return 0;
 }
 

@@ -73,4 +73,11 @@ int run_selftest_task(WorkerContext& ctx);
 /// tensor (the fixed cost of a launch, for bench/).
 int run_ping_task(WorkerContext& ctx);
 
+/// Worker task "state": writes run_dir/state_rank<r>.json, what a rank inherits from how it
+/// was started: its environment, open fds (by kind and path), blocked signals and signals
+/// not at their default, threads, intra-op and BLAS threads, the default generator's first
+/// draws, a process-wide counter of task runs, cwd and umask. With --mutate 1 it then
+/// changes all of them, so that a later rank of the same fork server would show any leak.
+int run_state_task(WorkerContext& ctx);
+
 }  // namespace mih

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <optional>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -76,6 +77,10 @@ void ensure_builtin_tasks() {
                          selftest_task_options(), run_selftest_task);
     register_worker_task("ping", "join the rendezvous and all-reduce one tensor over the world (launch cost)", {},
                          run_ping_task);
+    register_worker_task("state",
+                         "write run_dir/state_rank<r>.json, the process state a rank starts with (environment, fds, "
+                         "signals, threads, RNG); --mutate 1 then changes it all",
+                         {{"mutate", "1: change the process state after recording it", "0"}}, run_state_task);
   });
 }
 
@@ -95,6 +100,22 @@ std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank)
     write_file_atomic(error_file(run_dir, rank), j.dump(2) + "\n");
   } catch (const std::exception& write_error) {
     std::fprintf(stderr, "mih worker: could not record the error: %s\n", write_error.what());
+  }
+  // Under torchrun: its agent quotes this file as the rank's root cause (torch.distributed.
+  // elastic's error-file format), instead of "error_file: <N/A>".
+  if (const char* elastic = std::getenv("TORCHELASTIC_ERROR_FILE"); elastic && *elastic) {
+    // torchrun's summary prints the traceback field, not the message: both say it all.
+    std::string trace = internal::str("mih::Error[", code_name(e.code()), "]: ", e.message());
+    for (const auto& c : e.context()) trace += "\n  " + c;
+    const nlohmann::json reply{
+        {"message",
+         {{"message", internal::str("mih::Error[", code_name(e.code()), "]: ", e.what())},
+          {"extraInfo", {{"py_callstack", trace}, {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+    try {
+      write_file_atomic(elastic, reply.dump() + "\n");
+    } catch (const std::exception& write_error) {
+      std::fprintf(stderr, "mih worker: could not write TORCHELASTIC_ERROR_FILE: %s\n", write_error.what());
+    }
   }
   std::string who = rank >= 0 ? internal::str("rank ", rank, "/", world_size) : std::string("(rank unknown)");
   const char* fault_in_effect = std::getenv("MIH_FAULT");

@@ -10,7 +10,9 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/compat/collectives.h"
 #include "harness/findings/codes.h"
 #include "harness/runtime/communicator.h"
 
@@ -23,6 +25,18 @@ using nlohmann::json;
 // ranks that reported it.
 std::string finding_key(const json& f) {
   return f.at("code").get<std::string>() + "\n" + f.at("owner").get<std::string>() + "\n" + f.at("message").get<std::string>();
+}
+
+// environment.json's "versions": the harness ("mih", compared by verify-only) and its build,
+// libtorch, CUDA and NCCL (null when absent), the compiler.
+json harness_versions() {
+  auto or_null = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
+  return {{"mih", std::string(harness_version())},
+          {"build_id", build_id()},
+          {"libtorch", compat::torch_version()},
+          {"cuda", or_null(compat::cuda_version())},
+          {"nccl", or_null(compat::nccl_version())},
+          {"compiler", __VERSION__}};
 }
 
 }  // namespace
@@ -54,6 +68,7 @@ ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions
       json env = options_.environment;
       env["world_size"] = mesh.world_size();
       env["session_mode"] = session_mode_name(options_.mode);
+      env["versions"] = harness_versions();
       evidence_->write_json("environment.json", capture_environment(options_.source_dir, env));
       evidence_->write_json("spec.resolved.json", spec.to_json());
       json config = options_.config;

@@ -11,6 +11,9 @@ MIH_JOBS=${MIH_JOBS:-$(nproc)}
 MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libssl-dev libopenblas0-pthread
               libstb-dev libxml2-utils python3)
+# What scripts/test adds: the real launchers its tests run (torchrun from python3-torch,
+# mpirun from openmpi-bin) and ip(8) for the two-host test's network namespaces.
+MIH_TEST_PACKAGES=(python3-torch openmpi-bin iproute2)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 

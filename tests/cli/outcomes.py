@@ -14,6 +14,7 @@ of the real `mih` binary with real rank processes and real signals.
 
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -33,9 +34,29 @@ def check(ok, what, detail=""):
             print("      " + detail.replace("\n", "\n      ")[-3000:])
 
 
+def live_mih_process(pid):
+    """True while `pid` is a running (not zombie) process of a mih binary."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    comm = stat[stat.find("(") + 1:stat.rfind(")")]
+    return stat[stat.rfind(")") + 2:].startswith(("R", "S", "D", "T", "t")) and comm.startswith("mih")
+
+
 def rank_pids(evidence):
-    """The pids of the rank processes working on `evidence` (their command line names it)."""
-    pids = []
+    """The pids of the live rank processes working on `evidence`: those its launches recorded
+    (run/<phase>/logs/rank<r>.pid; a rank forked by the fork server shows its command cut to
+    the launcher's length), and any whose command line names it (ranks of another launcher)."""
+    pids = set()
+    for path in glob.glob(os.path.join(evidence, "run", "*", "logs", "rank*.pid")):
+        try:
+            pid = int(open(path).read().strip())
+        except (OSError, ValueError):
+            continue
+        if pid != os.getpid() and live_mih_process(pid):
+            pids.add(pid)
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == os.getpid():
             continue
@@ -44,10 +65,9 @@ def rank_pids(evidence):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"worker" in argv and b"--evidence" in argv and evidence.encode() in argv:
-            pids.append(int(d))
+        if b"worker" in argv and b"--evidence" in argv and evidence.encode() in argv and live_mih_process(int(d)):
+            pids.add(int(d))
     return sorted(pids)
-
 
 def wait_for(pred, seconds):
     end = time.time() + seconds

@@ -364,13 +364,6 @@ TEST(LauncherTest, RunDirectoryInUseIsRefused) {
   running.join();
 }
 
-TEST(LauncherTest, TorchrunStyleRanksHostTheirOwnStore) {
-  LaunchOptions o = options_for("ping", "torchrun", 2);
-  o.command_template = script("fake_launcher.sh").string() + " torchrun 2 {cmd}";
-  LaunchResult r = launch(o);
-  ASSERT_TRUE(r.ok()) << r.report() << tail_lines(r.ranks.front().log, 30);
-}
-
 TEST(ShellQuoteTest, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_quote("abc/def-1.2=x"), "abc/def-1.2=x");
   EXPECT_EQ(shell_quote("a b"), "'a b'");

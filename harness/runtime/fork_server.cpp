@@ -1,0 +1,318 @@
+// The fork server (fork_server.h): the server loop, the rank's start, and the launcher's
+// client. A request is one SOCK_SEQPACKET message: two uint32 counts (argv, env), then the
+// log path, the argv strings and the env strings, each NUL-terminated. The reply is one
+// int64: the rank's pid, or -errno.
+#include "harness/runtime/fork_server.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace mih {
+namespace {
+
+// Within the default socket buffer (net.core.wmem_default); a larger request is exec'd.
+constexpr size_t kMaxRequest = 64 << 10;
+
+int g_fd = -1;  // the launcher's end of the socket pair; -1: no server
+std::mutex g_mutex;
+std::atomic<int> g_started{0};
+RankEntry g_entry = nullptr;
+char* g_title = nullptr;  // main's argv text, rewritten as a forked rank's title
+size_t g_title_size = 0;
+
+// The number of threads of this process (/proc/self/task entries), or -1.
+int thread_count() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+void set_title(const std::vector<char*>& words) {
+  if (!g_title || g_title_size < 2) return;
+  size_t at = 0;
+  for (const char* w : words) {
+    if (w == nullptr) break;  // argv's terminator
+    const size_t n = std::strlen(w);
+    if (at + 1 >= g_title_size) break;
+    const size_t take = std::min(n, g_title_size - 1 - at);
+    std::memcpy(g_title + at, w, take);
+    at += take;
+    g_title[at++] = '\0';
+  }
+  std::memset(g_title + at, 0, g_title_size - at);
+}
+
+// BLAS and OpenMP threads of this process, through the libraries libtorch loaded (absent
+// ones are skipped): what a freshly exec'd rank gets from OPENBLAS_NUM_THREADS and
+// OMP_NUM_THREADS when its libraries load. OpenBLAS restarts its pool on any call after a
+// fork, so the server sets one thread and shuts the pool down again (its threads would be
+// copied as locks, not threads); a rank asks only for a count other than the server's.
+void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  using Shutdown = int (*)();
+  if (blas && std::atoi(blas) > 0) {
+    auto get = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    auto set = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    if (set && (shut_pool || !get || get() != std::atoi(blas))) set(std::atoi(blas));
+    auto shutdown = reinterpret_cast<Shutdown>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+    if (shut_pool && shutdown) {
+      shutdown();
+      // The pool's size, fixed when OpenBLAS loaded (from the launcher's environment): a rank
+      // restarts a pool of that size on its first BLAS call, so make it what
+      // OPENBLAS_NUM_THREADS=1 makes it at load, one thread (the caller's).
+      if (auto* size = static_cast<int*>(::dlsym(RTLD_DEFAULT, "blas_num_threads"))) *size = 1;
+    }
+  }
+  if (omp && std::atoi(omp) > 0) {
+    if (auto f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) f(std::atoi(omp));
+  }
+}
+
+// In the forked rank: becomes the process an exec would have made, then runs main().
+[[noreturn]] void become_rank(std::vector<char*>& argv, std::vector<char*>& env, int log_fd, pid_t launcher) {
+  ::setpgid(0, 0);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  const int in = ::open("/dev/null", O_RDONLY);
+  if (in >= 0 && in != 0) ::dup2(in, 0);
+  ::dup2(log_fd, 1);
+  ::dup2(log_fd, 2);
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
+#endif
+  {
+    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
+  }
+  environ = env.data();  // the strings live in this process's copy of the request
+  // The middle process has exited (the server waited for it before answering), so the
+  // launcher has adopted this rank; the death signal the worker asks for is the launcher's.
+  for (int i = 0; i < 20000 && ::getppid() != launcher; ++i) ::usleep(100);
+  if (::getppid() != launcher) ::_exit(127);
+  const char* rank = std::getenv("RANK");
+  const std::string comm = std::string("mih-rank") + (rank ? rank : "");
+  ::prctl(PR_SET_NAME, comm.c_str());
+  set_title(argv);
+  set_library_threads(std::getenv("OPENBLAS_NUM_THREADS"), std::getenv("OMP_NUM_THREADS"), /*shut_pool=*/false);
+  const int status = g_entry(static_cast<int>(argv.size()) - 1, argv.data());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(status);
+}
+
+// Splits a request into its NUL-terminated strings (pointers into `buf`). False if malformed.
+bool decode(char* buf, size_t n, std::string* log, std::vector<char*>* argv, std::vector<char*>* env) {
+  uint32_t counts[2];
+  if (n < sizeof counts) return false;
+  std::memcpy(counts, buf, sizeof counts);
+  char* p = buf + sizeof counts;
+  char* end = buf + n;
+  auto next = [&]() -> char* {
+    char* s = p;
+    while (p < end && *p) ++p;
+    if (p == end) return nullptr;
+    ++p;
+    return s;
+  };
+  char* l = next();
+  if (!l || counts[0] == 0) return false;
+  *log = l;
+  for (uint32_t i = 0; i < counts[0]; ++i) {
+    char* s = next();
+    if (!s) return false;
+    argv->push_back(s);
+  }
+  for (uint32_t i = 0; i < counts[1]; ++i) {
+    char* s = next();
+    if (!s) return false;
+    env->push_back(s);
+  }
+  argv->push_back(nullptr);
+  env->push_back(nullptr);
+  return true;
+}
+
+// Starts one rank of a request; returns its pid or -errno. Only this (single) thread runs.
+int64_t start_rank(char* buf, size_t n, pid_t launcher) {
+  std::string log;
+  std::vector<char*> argv, env;
+  if (!decode(buf, n, &log, &argv, &env)) return -EINVAL;
+  // A fork of a process with other threads would copy their locks, not them. (A thread the
+  // server's libraries end, like OpenBLAS's pool, may take a moment to be gone.)
+  for (int i = 0; i < 200 && thread_count() != 1; ++i) ::usleep(1000);
+  if (thread_count() != 1) return -EDEADLK;
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return -errno;
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(log_fd);
+    return -err;
+  }
+  const pid_t middle = ::fork();
+  if (middle == 0) {
+    const pid_t rank = ::fork();
+    if (rank == 0) {
+      ::close(pipe_fds[0]);
+      ::close(pipe_fds[1]);
+      become_rank(argv, env, log_fd, launcher);
+    }
+    const int64_t reply = rank < 0 ? -errno : rank;
+    (void)!::write(pipe_fds[1], &reply, sizeof reply);
+    ::_exit(0);
+  }
+  const int err = errno;
+  ::close(log_fd);
+  ::close(pipe_fds[1]);
+  int64_t reply = -err;
+  if (middle > 0) {
+    int status = 0;
+    while (::waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+    }
+    // Once the middle process is reaped, its child has been reparented to the launcher.
+    if (::read(pipe_fds[0], &reply, sizeof reply) != static_cast<ssize_t>(sizeof reply)) reply = -ECHILD;
+  }
+  ::close(pipe_fds[0]);
+  return reply;
+}
+
+[[noreturn]] void serve(int fd, pid_t launcher) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(0);
+  // Ctrl-C reaches the launcher's process group: the launcher stops its ranks and exits, and
+  // the server ends when it does (end of file, or the death signal).
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_NAME, "mih-forkserver");
+  char word[] = "mih-fork-server";
+  std::vector<char*> title = {word};
+  set_title(title);
+  set_library_threads("1", "1", /*shut_pool=*/true);
+  std::vector<char> buf(kMaxRequest);
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ::_exit(0);  // the launcher is gone or done
+    const int64_t reply = start_rank(buf.data(), static_cast<size_t>(n), launcher);
+    if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof reply)) ::_exit(0);
+  }
+}
+
+bool same_file(const char* a, const char* b) {
+  struct stat sa {}, sb {};
+  return ::stat(a, &sa) == 0 && ::stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+void start_fork_server(int argc, char** argv, RankEntry entry) {
+  if (g_fd >= 0 || !entry) return;
+  if (const char* off = std::getenv(kForkServerVar); off && std::strcmp(off, "0") == 0) return;
+  if (argc > 0) {
+    // main's argv strings are contiguous: their whole extent becomes the title area.
+    char* end = argv[0] + std::strlen(argv[0]) + 1;
+    for (int i = 1; i < argc && argv[i] == end; ++i) end = argv[i] + std::strlen(argv[i]) + 1;
+    g_title = argv[0];
+    g_title_size = static_cast<size_t>(end - argv[0]);
+  }
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return;
+  g_entry = entry;
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    serve(fds[1], launcher);
+  }
+  ::close(fds[1]);
+  // Ranks are the server's grandchildren: when their middle process exits they come to the
+  // nearest subreaper ancestor, this process, which then reaps them like its own children.
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    ::close(fds[0]);
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return;
+  }
+  g_fd = fds[0];
+}
+
+bool fork_server_can_start(const std::vector<std::string>& argv) {
+  return g_fd >= 0 && !argv.empty() && same_file(argv[0].c_str(), "/proc/self/exe");
+}
+
+pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                        const std::filesystem::path& log) {
+  std::string msg(2 * sizeof(uint32_t), '\0');
+  const uint32_t counts[2] = {static_cast<uint32_t>(argv.size()), static_cast<uint32_t>(env.size())};
+  std::memcpy(msg.data(), counts, sizeof counts);
+  msg += log.string();
+  msg.push_back('\0');
+  for (const auto* list : {&argv, &env}) {
+    for (const auto& s : *list) {
+      msg += s;
+      msg.push_back('\0');
+    }
+  }
+  if (msg.size() > kMaxRequest) return -E2BIG;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_fd < 0) return -ESRCH;
+  if (::send(g_fd, msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+    const int err = errno;
+    ::close(g_fd);
+    g_fd = -1;  // the server is gone: later ranks are exec'd
+    return -(err ? err : EPIPE);
+  }
+  int64_t reply = 0;
+  ssize_t n;
+  do {
+    n = ::recv(g_fd, &reply, sizeof reply, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof reply)) {
+    ::close(g_fd);
+    g_fd = -1;
+    return -EPIPE;
+  }
+  if (reply == -EDEADLK) {  // the server is not single-threaded: never fork it again
+    ::close(g_fd);
+    g_fd = -1;
+  }
+  if (reply > 0) ++g_started;
+  return static_cast<pid_t>(reply);
+}
+
+int fork_server_ranks_started() { return g_started.load(); }
+
+}  // namespace mih
