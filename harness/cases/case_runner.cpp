@@ -81,30 +81,6 @@ double seconds_since_exec() {
   return up - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-// Where every rank ran: [{"rank", "host", "pid"}] from the rendezvous' join records.
-nlohmann::json rank_hosts(compat::Store& store, int world_size) {
-  nlohmann::json out = nlohmann::json::array();
-  for (int r = 0; r < world_size; ++r) {
-    nlohmann::json joined = nlohmann::json::parse(store.get("mih/join/run/rank" + std::to_string(r)), nullptr, false);
-    out.push_back({{"rank", r},
-                   {"host", joined.is_object() ? joined.value("host", "") : ""},
-                   {"pid", joined.is_object() ? joined.value("pid", 0) : 0}});
-  }
-  return out;
-}
-
-// The launcher's identity of this run: torchrun's TORCHELASTIC_RUN_ID, SLURM's job and step,
-// Open MPI's job id; null under mih's own launcher.
-nlohmann::json run_id_of(const Env& env) {
-  if (const std::string* id = find_env(env, kRunIdVar)) return *id;
-  if (const std::string* job = find_env(env, "SLURM_JOB_ID")) {
-    const std::string* step = find_env(env, "SLURM_STEP_ID");
-    return *job + (step ? "." + *step : "");
-  }
-  if (const std::string* job = find_env(env, "OMPI_MCA_ess_base_jobid")) return *job;
-  return nullptr;
-}
-
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -152,8 +128,8 @@ int run_phase(WorkerContext& ctx) {
                     {"pg_backend", c.pg_backend},
                     {"training_backend", file.training_backend},
                     {"launcher", launch_source_name(ctx.world().source)},
-                    {"run_id", run_id_of(process_env())}};
-  if (mesh.rank() == 0) so.environment["ranks"] = rank_hosts(ctx.store(), mesh.world_size());
+                    {"run_id", ctx.world().run_id.empty() ? nlohmann::json() : nlohmann::json(ctx.world().run_id)}};
+  if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
   ValidationSession session(s, so, mesh);
   const bool rank0 = mesh.rank() == 0;
   try {

@@ -15,7 +15,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -35,20 +34,9 @@ constexpr size_t kMaxRequest = 64 << 10;
 
 int g_fd = -1;  // the launcher's end of the socket pair; -1: no server
 std::mutex g_mutex;
-std::atomic<int> g_started{0};
 RankEntry g_entry = nullptr;
 char* g_title = nullptr;  // main's argv text, rewritten as a forked rank's title
 size_t g_title_size = 0;
-
-// The number of threads of this process (/proc/self/task entries), or -1.
-int thread_count() {
-  DIR* d = ::opendir("/proc/self/task");
-  if (!d) return -1;
-  int n = 0;
-  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-  ::closedir(d);
-  return n;
-}
 
 void set_title(const std::vector<char*>& words) {
   if (!g_title || g_title_size < 2) return;
@@ -166,8 +154,8 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
   if (!decode(buf, n, &log, &argv, &env)) return -EINVAL;
   // A fork of a process with other threads would copy their locks, not them. (A thread the
   // server's libraries end, like OpenBLAS's pool, may take a moment to be gone.)
-  for (int i = 0; i < 200 && thread_count() != 1; ++i) ::usleep(1000);
-  if (thread_count() != 1) return -EDEADLK;
+  for (int i = 0; i < 200 && process_thread_count() != 1; ++i) ::usleep(1000);
+  if (process_thread_count() != 1) return -EDEADLK;
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) return -errno;
   int pipe_fds[2];
@@ -309,10 +297,16 @@ pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<
     ::close(g_fd);
     g_fd = -1;
   }
-  if (reply > 0) ++g_started;
   return static_cast<pid_t>(reply);
 }
 
-int fork_server_ranks_started() { return g_started.load(); }
+int process_thread_count() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
 
 }  // namespace mih

@@ -46,7 +46,8 @@ bool fork_server_can_start(const std::vector<std::string>& argv);
 pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                         const std::filesystem::path& log);
 
-/// Ranks the fork server has started in this process (bench/ and tests).
-int fork_server_ranks_started();
+/// The threads of this process (/proc/self/task entries), or -1 where unreadable: the
+/// server forks only when it is 1.
+int process_thread_count();
 
 }  // namespace mih

@@ -47,11 +47,15 @@ compat::Store connect_store(const World& world, const Env& env, std::chrono::mil
   return agent_hosts ? store.prefixed("/worker/attempt_" + attempt) : store;
 }
 
+namespace {
+std::string join_key_prefix(const std::string& tag) { return "mih/join/" + tag + "/rank"; }
+}  // namespace
+
 void join(compat::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
           const std::string& tag) {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  std::string prefix = "mih/join/" + tag + "/rank";
+  const std::string prefix = join_key_prefix(tag);
   store.set(prefix + std::to_string(rank), nlohmann::json{{"host", host}, {"pid", ::getpid()}}.dump());
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
@@ -70,6 +74,18 @@ void join(compat::Store& store, int rank, int world_size, std::chrono::milliseco
               list(missing), " of ", world_size, " never joined (joined: ", list(joined), "; store ",
               store.description(), "); check that every rank was started and reaches the same store");
   }
+}
+
+nlohmann::json join_records(compat::Store& store, int world_size, const std::string& tag) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) {
+    const nlohmann::json joined =
+        nlohmann::json::parse(store.get(join_key_prefix(tag) + std::to_string(r)), nullptr, false);
+    out.push_back({{"rank", r},
+                   {"host", joined.is_object() ? joined.value("host", "") : ""},
+                   {"pid", joined.is_object() ? joined.value("pid", 0) : 0}});
+  }
+  return out;
 }
 
 }  // namespace mih

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "harness/compat/store.h"
 #include "harness/runtime/world.h"
 
@@ -19,8 +21,6 @@ inline constexpr const char* kStoreHostedVar = "MIH_STORE_HOSTED";  ///< "1": th
 /// meets under the key prefix "/worker/attempt_<n>", as torch.distributed's env:// does.
 inline constexpr const char* kAgentStoreVar = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr const char* kRestartCountVar = "TORCHELASTIC_RESTART_COUNT";
-/// The identity torchrun gives a run (--rdzv_id; "none" by default), recorded in the evidence.
-inline constexpr const char* kRunIdVar = "TORCHELASTIC_RUN_ID";
 
 /// Connects this rank to the run's store:
 ///   - MIH_STORE_FILE=<path>: a FileStore shared by world.world_size processes (local runs;
@@ -40,5 +40,10 @@ compat::Store connect_store(const World& world, const Env& env, std::chrono::mil
 ///   never joined (joined: [0, 1, 3])".
 void join(compat::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
           const std::string& tag = "run");
+
+/// What every rank announced when it joined under `tag`, after join returned:
+/// [{"rank", "host", "pid"}] (host "" and pid 0 for a record that does not parse).
+/// Throws: as compat::Store::get.
+nlohmann::json join_records(compat::Store& store, int world_size, const std::string& tag = "run");
 
 }  // namespace mih

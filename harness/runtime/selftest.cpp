@@ -24,6 +24,7 @@
 #include "harness/base/files.h"
 #include "harness/compat/collectives.h"
 #include "harness/runtime/dtypes.h"
+#include "harness/runtime/fork_server.h"
 
 extern char** environ;
 
@@ -453,11 +454,7 @@ int run_state_task(WorkerContext& ctx) {
     struct sigaction sa {};
     if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL) not_default.push_back(sig);
   }
-  int threads = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (dirent* e = ::readdir(d)) threads += e->d_name[0] != '.';
-    ::closedir(d);
-  }
+  const int threads = process_thread_count();
   using GetThreads = int (*)();
   auto blas = reinterpret_cast<GetThreads>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   const mode_t mask_bits = ::umask(022);

@@ -174,6 +174,14 @@ World World::from_env(const Env& env) {
     MIH_CHECK(!find_env(env, "LOCAL_RANK"), "LOCAL_RANK='", *find_env(env, "LOCAL_RANK"),
               "' is set without RANK and WORLD_SIZE; set RANK and WORLD_SIZE too");
   }
+  if (const std::string* id = find_env(env, "TORCHELASTIC_RUN_ID")) {
+    w.run_id = *id;
+  } else if (const std::string* job = find_env(env, "SLURM_JOB_ID")) {
+    const std::string* step = find_env(env, "SLURM_STEP_ID");
+    w.run_id = *job + (step ? "." + *step : "");
+  } else if (const std::string* job = find_env(env, "OMPI_MCA_ess_base_jobid")) {
+    w.run_id = *job;
+  }
   require_all_or_none(env, {"MASTER_ADDR", "MASTER_PORT"}, "rendezvous");
   if (const std::string* addr = find_env(env, "MASTER_ADDR")) {
     w.master_addr = *addr;

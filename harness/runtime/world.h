@@ -40,6 +40,9 @@ struct World {
   std::string master_addr;
   int master_port = 0;
   LaunchSource source = LaunchSource::kSingleProcess;
+  /// The launcher's identity of the run: torchrun's TORCHELASTIC_RUN_ID, SLURM's
+  /// "<SLURM_JOB_ID>.<SLURM_STEP_ID>", Open MPI's job id; empty under mih's own launcher.
+  std::string run_id;
 
   /// Reads the world from `env`. Precedence: torchrun variables (the innermost launcher,
   /// e.g. `srun torchrun ...`), then Open MPI, then SLURM. A launcher's variables must be

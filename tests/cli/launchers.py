@@ -26,7 +26,6 @@ Exit status: 0 every check held; 1 otherwise; 2 usage; 77 skipped."""
 import argparse
 import json
 import os
-import shlex
 import shutil
 import socket
 import subprocess
@@ -34,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from outcomes import FAILURES, check, run  # noqa: E402
+from outcomes import FAILURES, check, prepared_command, run  # noqa: E402
 
 FILTER = "--gtest_filter=Llama/*.*/Reference:Llama/*.*/DpShard2"
 
@@ -74,18 +73,6 @@ def selftest(kind, mih, work, mesh, rdzv="static"):
     check(r.returncode == 0 and "all checks passed" in r.stdout,
           f"{kind}{f' ({rdzv} rendezvous)' if kind == 'torchrun' else ''}: selftest on {mesh} passes "
           f"(exit {r.returncode})", r.stdout[-3000:])
-
-
-def prepared_command(mih, root, case, phase="train"):
-    """The rank command `mih run --prepare` prints for `phase`, with `mih` this binary."""
-    r = run(mih, ["run", "--prepare", "--spec", "llama", "--case", case, "--evidence-root", root])
-    check(r.returncode == 0, f"mih run --prepare of llama/{case} (exit {r.returncode})", r.stdout[-2000:])
-    for line in r.stdout.splitlines():
-        if line.startswith(f"{phase} (") and "): " in line:
-            argv = shlex.split(line.split("): ", 1)[1])
-            return [mih] + argv[1:]
-    check(False, f"mih run --prepare prints the rank command of phase {phase}", r.stdout[-2000:])
-    return None
 
 
 def verify(mih, root, extra=()):

@@ -17,6 +17,7 @@ import argparse
 import glob
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -81,6 +82,19 @@ def wait_for(pred, seconds):
 
 def run(mih, args, **kw):
     return subprocess.run([mih] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def prepared_command(mih, root, case, phase="train", spec="llama"):
+    """The rank command `mih run --prepare` prints for `phase` of spec/case, `mih` as this
+    binary (what a user runs under torchrun, mpirun or srun); None, with a failed check, if
+    it prints none."""
+    r = run(mih, ["run", "--prepare", "--spec", spec, "--case", case, "--evidence-root", root])
+    check(r.returncode == 0, f"mih run --prepare of {spec}/{case} (exit {r.returncode})", r.stdout[-2000:])
+    for line in r.stdout.splitlines():
+        if line.startswith(f"{phase} (") and "): " in line:
+            return [mih] + shlex.split(line.split("): ", 1)[1])[1:]
+    check(False, f"mih run --prepare prints the rank command of phase {phase}", r.stdout[-2000:])
+    return None
 
 
 def metrics_rows(case_dir):

@@ -20,14 +20,13 @@ Needs root (network namespaces) and ip(8) (iproute2): otherwise a skip with the 
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from outcomes import FAILURES, check, run  # noqa: E402
+from outcomes import FAILURES, check, prepared_command, run  # noqa: E402
 
 TEST_HOSTS = ("192.0.2.10", "192.0.2.11")
 PREFIX = "mihtest"
@@ -142,13 +141,9 @@ def main():
         root = os.path.join(a.work, "evidence")
         r = run(mih, ["run", "--spec", "llama", "--case", "Reference", "--evidence-root", root])
         check(r.returncode == 0, f"the reference runs (exit {r.returncode})", r.stdout[-2000:])
-        r = run(mih, ["run", "--prepare", "--spec", "llama", "--case", "DpShard2", "--evidence-root", root])
-        line = next((l for l in r.stdout.splitlines() if l.startswith("train (")), None)
-        check(r.returncode == 0 and line is not None, "mih run --prepare prints the train phase's rank command",
-              r.stdout[-2000:])
-        if line is None:
+        argv = prepared_command(mih, root, "DpShard2")
+        if argv is None:
             return 1
-        argv = [mih] + shlex.split(line.split("): ", 1)[1])[1:]
         # Rank 1's run directory is its own: the case's evidence directory is the one shared path.
         run_dir = argv.index("--run-dir") + 1
         argvs = [argv, argv[:run_dir] + [os.path.join(a.work, "host1_run")] + argv[run_dir + 1:]]
