@@ -99,7 +99,7 @@ def one_run(mih, root, kind, rng):
     landed = "n/a"
     if kind in ("kill-rank", "stop-rank", "kill-parent"):
         pids = wait_for(lambda: len(rank_pids(case_dir)) == 2 and rank_pids(case_dir), 60)
-        time.sleep(rng.uniform(0.0, 1.0))  # a rank lives about 1.3 s: most land while it runs
+        time.sleep(rng.uniform(0.0, 0.6))  # a forked rank lives about 0.8 s: most land while it runs
         try:
             if kind == "kill-parent":
                 p.kill()

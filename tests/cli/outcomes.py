@@ -181,8 +181,14 @@ def main():
     case_dir = os.path.join(root, "llama", "DpShard2")
     cmd = [mih, "run", "--spec", "llama", "--case", "DpShard2", "--evidence-root", root]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: len(rank_pids(case_dir)) == 2, 60)
+    pids = wait_for(lambda: len(rank_pids(case_dir)) == 2 and rank_pids(case_dir), 60) or []
+    # Held still while the second run tries: a forked case can finish before a second
+    # process has even loaded libtorch.
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     second = run(mih, cmd[1:])
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
     out, _ = p.communicate(timeout=180)
     check(second.returncode == 12 and "is being run" in second.stdout,
           f"3: the second run is refused with exit 12 (got {second.returncode})", second.stdout)
