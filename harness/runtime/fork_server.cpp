@@ -199,6 +199,12 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
+  // The launcher's stdio is not the server's to hold open (a pipe would stay open after the
+  // launcher exits until the server has too); ranks get their logs.
+  if (const int null_fd = ::open("/dev/null", O_RDWR); null_fd >= 0) {
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
+    if (null_fd > 2) ::close(null_fd);
+  }
   ::prctl(PR_SET_NAME, "mih-forkserver");
   char word[] = "mih-fork-server";
   std::vector<char*> title = {word};
