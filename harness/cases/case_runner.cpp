@@ -81,6 +81,18 @@ double seconds_since_exec() {
   return up - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// Who started this rank, for environment.json: "mih" (its local launcher), "mih --launcher"
+// (a command template: srun, mpirun ... started it), "torchrun" (its agent's variables),
+// "env" (RANK/WORLD_SIZE set by hand or a script), "slurm", "openmpi", "single-process".
+std::string launcher_of(const World& world, const Env& env) {
+  if (find_env(env, kLauncherPidVar)) return "mih";
+  if (find_env(env, kLauncherStoreVar)) return "mih --launcher";
+  if (world.source == LaunchSource::kTorchrun) {
+    return find_env(env, "TORCHELASTIC_RUN_ID") || find_env(env, kAgentStoreVar) ? "torchrun" : "env";
+  }
+  return std::string(launch_source_name(world.source));
+}
+
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -127,7 +139,7 @@ int run_phase(WorkerContext& ctx) {
                     {"matrix", file.matrix},
                     {"pg_backend", c.pg_backend},
                     {"training_backend", file.training_backend},
-                    {"launcher", launch_source_name(ctx.world().source)},
+                    {"launcher", launcher_of(ctx.world(), process_env())},
                     {"run_id", ctx.world().run_id.empty() ? nlohmann::json() : nlohmann::json(ctx.world().run_id)}};
   if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
   ValidationSession session(s, so, mesh);

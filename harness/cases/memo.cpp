@@ -76,8 +76,13 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   // not this binary's to judge unless the user says so.
   if (!run_options().allow_other_version) {
     const json& env = ev.json("environment.json");
-    const std::string theirs =
-        env.contains("versions") && env["versions"].is_object() ? env["versions"].value("mih", "") : "";
+    const json* recorded = env.contains("versions") && env["versions"].is_object() && env["versions"].contains("mih")
+                               ? &env["versions"]["mih"]
+                               : nullptr;
+    MIH_CHECK_CODE(!recorded || recorded->is_string(), Code::kFailedPrecondition, "evidence ",
+                   (dir / "environment.json").string(), ": versions.mih is ", recorded ? recorded->dump() : "",
+                   ", not a version string: it is not evidence this harness wrote; rerun the case");
+    const std::string theirs = recorded ? recorded->get<std::string>() : "";
     MIH_CHECK_CODE(theirs == harness_version(), Code::kFailedPrecondition, "evidence ", dir.string(),
                    " was written by ", theirs.empty() ? std::string("a harness that records no version (before 0.2.0)")
                                                       : "mih " + theirs,

@@ -602,14 +602,18 @@ int forked_rank_main(int argc, char** argv) { return conformance_main(argc, argv
 
 int conformance_main(int argc, char** argv, bool tests_by_default) {
   if (argc > 1 && std::strcmp(argv[1], "worker") == 0) return worker_main(argc - 1, argv + 1);
-  // Before anything else runs: the fork server is a copy of this process as exec left it.
-  start_fork_server(argc, argv, forked_rank_main);
   // A subcommand, --help or --version is the CLI; a conformance or GoogleTest flag runs the
   // suites; no argument runs them in a conformance binary and prints the help in `mih`.
   bool tests = tests_by_default;
   if (argc > 1) {
     const std::string a = argv[1];
     tests = a[0] == '-' && a != "--help" && a != "-h" && a != "--version";
+  }
+  // Before anything else runs, for the commands that launch local ranks: the fork server is
+  // a copy of this process as exec left it.
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (tests || command == "launch" || command == "selftest" || command == "run" || command == "faults") {
+    start_fork_server(argc, argv, forked_rank_main);
   }
   if (!tests) return cli_main(argc, argv);
   try {

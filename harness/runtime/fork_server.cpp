@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -33,6 +35,8 @@ namespace {
 constexpr size_t kMaxRequest = 64 << 10;
 
 int g_fd = -1;  // the launcher's end of the socket pair; -1: no server
+pid_t g_server = 0;
+std::vector<pid_t> g_ranks;  // every pid the server handed out (the launcher's to supervise)
 std::mutex g_mutex;
 RankEntry g_entry = nullptr;
 char* g_title = nullptr;  // main's argv text, rewritten as a forked rank's title
@@ -81,7 +85,8 @@ void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
 }
 
 // In the forked rank: becomes the process an exec would have made, then runs main().
-[[noreturn]] void become_rank(std::vector<char*>& argv, std::vector<char*>& env, int log_fd, pid_t launcher) {
+[[noreturn]] void become_rank(std::vector<char*>& argv, std::vector<char*>& env, int log_fd, int go_fd,
+                              pid_t launcher) {
   ::setpgid(0, 0);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
@@ -89,6 +94,24 @@ void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  // The middle process has exited (the server waited for it before answering), so the
+  // launcher has adopted this rank; the death signal the worker asks for is the launcher's.
+  for (int i = 0; i < 20000 && ::getppid() != launcher; ++i) ::usleep(100);
+  if (::getppid() != launcher) ::_exit(127);
+  // Runs only once the launcher has its pid: the server says so after its answer went out.
+  // A server that died first closes the pipe instead, and this rank, which nobody would
+  // supervise, never starts (the launcher reaps it and execs the rank).
+  char go = 0;
+  ssize_t got;
+  do {
+    got = ::read(go_fd, &go, 1);
+  } while (got < 0 && errno == EINTR);
+  if (got != 1) {
+    static const char why[] = "mih: the fork server died before the launcher learnt this rank's pid; not starting\n";
+    (void)!::write(log_fd, why, sizeof why - 1);
+    ::_exit(16);
+  }
+  ::close(go_fd);
   const int in = ::open("/dev/null", O_RDONLY);
   if (in >= 0 && in != 0) ::dup2(in, 0);
   ::dup2(log_fd, 1);
@@ -100,10 +123,6 @@ void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
     for (int fd = 3; fd < 65536; ++fd) ::close(fd);
   }
   environ = env.data();  // the strings live in this process's copy of the request
-  // The middle process has exited (the server waited for it before answering), so the
-  // launcher has adopted this rank; the death signal the worker asks for is the launcher's.
-  for (int i = 0; i < 20000 && ::getppid() != launcher; ++i) ::usleep(100);
-  if (::getppid() != launcher) ::_exit(127);
   const char* rank = std::getenv("RANK");
   const std::string comm = std::string("mih-rank") + (rank ? rank : "");
   ::prctl(PR_SET_NAME, comm.c_str());
@@ -148,7 +167,9 @@ bool decode(char* buf, size_t n, std::string* log, std::vector<char*>* argv, std
 }
 
 // Starts one rank of a request; returns its pid or -errno. Only this (single) thread runs.
-int64_t start_rank(char* buf, size_t n, pid_t launcher) {
+// `*go` is the write end of the rank's start signal: one byte once the answer went out.
+int64_t start_rank(char* buf, size_t n, pid_t launcher, int* go) {
+  *go = -1;
   std::string log;
   std::vector<char*> argv, env;
   if (!decode(buf, n, &log, &argv, &env)) return -EINVAL;
@@ -158,19 +179,31 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
   if (process_thread_count() != 1) return -EDEADLK;
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0) return -errno;
-  int pipe_fds[2];
+  int pipe_fds[2], go_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     const int err = errno;
     ::close(log_fd);
     return -err;
   }
+  if (::pipe2(go_fds, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(log_fd);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return -err;
+  }
+  const pid_t server = ::getpid();
   const pid_t middle = ::fork();
   if (middle == 0) {
+    // A server that dies now takes its middle process along: no rank is started unseen.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != server) ::_exit(0);
     const pid_t rank = ::fork();
     if (rank == 0) {
       ::close(pipe_fds[0]);
       ::close(pipe_fds[1]);
-      become_rank(argv, env, log_fd, launcher);
+      ::close(go_fds[1]);
+      become_rank(argv, env, log_fd, go_fds[0], launcher);
     }
     const int64_t reply = rank < 0 ? -errno : rank;
     (void)!::write(pipe_fds[1], &reply, sizeof reply);
@@ -179,6 +212,7 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
   const int err = errno;
   ::close(log_fd);
   ::close(pipe_fds[1]);
+  ::close(go_fds[0]);
   int64_t reply = -err;
   if (middle > 0) {
     int status = 0;
@@ -188,6 +222,11 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
     if (::read(pipe_fds[0], &reply, sizeof reply) != static_cast<ssize_t>(sizeof reply)) reply = -ECHILD;
   }
   ::close(pipe_fds[0]);
+  if (reply > 0) {
+    *go = go_fds[1];
+  } else {
+    ::close(go_fds[1]);
+  }
   return reply;
 }
 
@@ -206,18 +245,84 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher) {
     if (null_fd > 2) ::close(null_fd);
   }
   ::prctl(PR_SET_NAME, "mih-forkserver");
-  char word[] = "mih-fork-server";
+  char word[] = "mih-forkserver";
   std::vector<char*> title = {word};
   set_title(title);
   set_library_threads("1", "1", /*shut_pool=*/true);
+  // Test hook (tests/cli/fork_server.py): die with a rank forked and adopted, unanswered.
+  const char* die = std::getenv("MIH_FORK_SERVER_TEST_DIE");
+  const bool die_after_fork = die && std::strcmp(die, "after_fork") == 0;
   std::vector<char> buf(kMaxRequest);
   for (;;) {
     const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) ::_exit(0);  // the launcher is gone or done
-    const int64_t reply = start_rank(buf.data(), static_cast<size_t>(n), launcher);
+    int go = -1;
+    const int64_t reply = start_rank(buf.data(), static_cast<size_t>(n), launcher, &go);
+    if (die_after_fork && reply > 0) ::_exit(9);
     if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof reply)) ::_exit(0);
+    if (go >= 0) {
+      (void)!::write(go, "1", 1);
+      ::close(go);
+    }
   }
+}
+
+// Children of this process (pid, comm) from /proc.
+std::vector<std::pair<pid_t, std::string>> children_of_this_process() {
+  std::vector<std::pair<pid_t, std::string>> out;
+  const std::string self = std::to_string(::getpid());
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const std::string path = std::string("/proc/") + e->d_name + "/stat";
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) continue;
+    char buf[512] = {0};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const std::string stat(buf, n);
+    const auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 4 > stat.size()) continue;
+    // After ") ": the state, then the parent's pid.
+    const auto ppid_begin = stat.find(' ', close + 2) + 1;
+    const std::string ppid = stat.substr(ppid_begin, stat.find(' ', ppid_begin) - ppid_begin);
+    if (ppid == self) out.emplace_back(std::atoi(e->d_name), stat.substr(open + 1, close - open - 1));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// The server died while answering: it may have forked a middle process or a rank this
+// process has since adopted but was never told about. Reaps the server (its death has then
+// reparented its children here), and kills and reaps every such process (named after the
+// server, or mih-rank<r> but no pid it handed out) until none is left.
+void reap_after_server_death() {
+  if (g_server > 0) {
+    while (::waitpid(g_server, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    g_server = 0;
+  }
+  for (int round = 0; round < 50; ++round) {
+    bool found = false;
+    for (const auto& [pid, comm] : children_of_this_process()) {
+      const bool ours = comm.rfind("mih-forkserver", 0) == 0 || comm.rfind("mih-rank", 0) == 0;
+      if (!ours || std::find(g_ranks.begin(), g_ranks.end(), pid) != g_ranks.end()) continue;
+      found = true;
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    if (!found) return;  // a killed middle process's rank, if any, was found in a later round
+  }
+}
+
+// The server is gone: later ranks are exec'd.
+void lose_server() {
+  ::close(g_fd);
+  g_fd = -1;
+  reap_after_server_death();
 }
 
 bool same_file(const char* a, const char* b) {
@@ -229,7 +334,10 @@ bool same_file(const char* a, const char* b) {
 
 void start_fork_server(int argc, char** argv, RankEntry entry) {
   if (g_fd >= 0 || !entry) return;
-  if (const char* off = std::getenv(kForkServerVar); off && std::strcmp(off, "0") == 0) return;
+  if (const char* off = std::getenv(kForkServerVar)) {
+    const std::string v = off;
+    if (v == "0" || v == "false" || v == "no" || v == "off") return;
+  }
   if (argc > 0) {
     // main's argv strings are contiguous: their whole extent becomes the title area.
     char* end = argv[0] + std::strlen(argv[0]) + 1;
@@ -252,6 +360,19 @@ void start_fork_server(int argc, char** argv, RankEntry entry) {
     serve(fds[1], launcher);
   }
   ::close(fds[1]);
+  g_server = pid;
+  // At exit the server sees end of file and ends; reap it, rather than leave it to init.
+  std::atexit([] {
+    if (g_fd >= 0) ::close(g_fd);
+    g_fd = -1;
+    if (g_server <= 0) return;
+    for (int i = 0; i < 1000; ++i) {  // it ends at once; a stopped one is killed after 1 s
+      if (::waitpid(g_server, nullptr, WNOHANG) != 0) return;
+      ::usleep(1000);
+    }
+    ::kill(g_server, SIGKILL);
+    ::waitpid(g_server, nullptr, 0);
+  });
   // Ranks are the server's grandchildren: when their middle process exits they come to the
   // nearest subreaper ancestor, this process, which then reaps them like its own children.
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
@@ -285,8 +406,7 @@ pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<
   if (g_fd < 0) return -ESRCH;
   if (::send(g_fd, msg.data(), msg.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
     const int err = errno;
-    ::close(g_fd);
-    g_fd = -1;  // the server is gone: later ranks are exec'd
+    lose_server();
     return -(err ? err : EPIPE);
   }
   int64_t reply = 0;
@@ -295,14 +415,11 @@ pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<
     n = ::recv(g_fd, &reply, sizeof reply, 0);
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof reply)) {
-    ::close(g_fd);
-    g_fd = -1;
+    lose_server();  // after it, no rank of this request runs: the caller may exec one
     return -EPIPE;
   }
-  if (reply == -EDEADLK) {  // the server is not single-threaded: never fork it again
-    ::close(g_fd);
-    g_fd = -1;
-  }
+  if (reply == -EDEADLK) lose_server();  // the server is not single-threaded: never fork it again
+  if (reply > 0) g_ranks.push_back(static_cast<pid_t>(reply));
   return static_cast<pid_t>(reply);
 }
 

@@ -12,7 +12,9 @@
 // default signal dispositions and an empty mask, its own process group, one BLAS thread and
 // the intra-op threads its OMP_NUM_THREADS says, then the binary's main() with the rank's argv.
 //
-// MIH_FORK_SERVER=0 turns it off (every rank exec'd by posix_spawn, as from a test binary).
+// MIH_FORK_SERVER=0 (or false, no, off) turns it off (every rank exec'd by posix_spawn, as
+// from a test binary). Should the server die while starting a rank, the launcher kills and
+// reaps whatever of that start it adopted, so the rank it then execs is the only one.
 #pragma once
 
 #include <sys/types.h>
@@ -23,7 +25,7 @@
 
 namespace mih {
 
-/// The variable that turns the fork server off ("0").
+/// The variable that turns the fork server off ("0", "false", "no", "off").
 inline constexpr const char* kForkServerVar = "MIH_FORK_SERVER";
 
 /// The binary's own main(), run by a forked rank with the rank's argv (argv[0] the binary).

@@ -105,6 +105,15 @@ def main():
     ranks = run_json.get("launch", {}).get("ranks", [])
     check(len(ranks) == 2 and all(r.get("started_by") == "exec" for r in ranks),
           f"with MIH_FORK_SERVER=0 they are exec'd ({[r.get('started_by') for r in ranks]})")
+    # A server that dies with a rank forked but unanswered: the launcher reaps that rank and
+    # execs each rank instead; no rank runs twice, none is left.
+    launch(mih, root, "died", ["state"], extra_env={"MIH_FORK_SERVER_TEST_DIE": "after_fork"})
+    run_json = json.load(open(os.path.join(root, "died", "state", "run.json")))
+    ranks = run_json.get("launch", {}).get("ranks", [])
+    left = subprocess.run(["pgrep", "-f", os.path.join(root, "died")], capture_output=True, text=True).stdout.split()
+    check(len(ranks) == 2 and all(r.get("started_by") == "exec" for r in ranks) and not left,
+          f"a fork server that dies mid-start: its ranks are exec'd instead ({[r.get('started_by') for r in ranks]}), "
+          f"none left running ({left})")
     # The comparison can fail.
     launch(mih, root, "extra", ["state"], extra_env={"MIH_TEST_EXTRA": "1"})
     extra_dir = os.path.join(root, "extra", "state")

@@ -14,6 +14,7 @@ a path it did not declare (the other rank's run directory) fails.
   1. selftest on dp_shard=2 passes on both hosts
   2. one conformance case (llama/DpShard2, the rank command `mih run --prepare` prints), then
      `mih test --verify-only` on its evidence passes; environment.json names both hosts' ranks
+     and the launch ("env": RANK and WORLD_SIZE set by hand)
 
 Needs root (network namespaces) and ip(8) (iproute2): otherwise a skip with the reason (exit
 77), never a pass. Exit status: 0 every check held; 1 otherwise; 77 skipped."""
@@ -158,8 +159,9 @@ def main():
     except (OSError, ValueError):
         env = {}
     ranks = env.get("ranks", [])
-    check([x.get("host") for x in ranks] == ["mih-host0", "mih-host1"],
-          f"environment.json records both ranks' hosts ({[x.get('host') for x in ranks]})", json.dumps(env)[:1500])
+    check([x.get("host") for x in ranks] == ["mih-host0", "mih-host1"] and env.get("launcher") == "env",
+          f"environment.json records both ranks' hosts ({[x.get('host') for x in ranks]}) and an env:// launch "
+          f"({env.get('launcher')})", json.dumps(env)[:1500])
     print(f"{'all checks held' if not FAILURES else str(len(FAILURES)) + ' check(s) failed'} in {time.time() - t0:.0f} s")
     return 0 if not FAILURES else 1
 
