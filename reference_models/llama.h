@@ -184,7 +184,7 @@ class LlamaForCausalLM : public ParallelModel {
   /// Shape: batch [B, S] (position_ids: global positions) -> per-token losses [B, S].
   at::Tensor token_losses(const Batch& batch) override;
   /// Logits of this rank's vocabulary slice. Shape: [B, S] -> [B, S, V/TP] (padded vocab).
-  at::Tensor logits(const Batch& batch);
+  at::Tensor logits(const Batch& batch) override;
   /// The token embeddings: [B, S] -> [B, S, H] (sequence parallel: [B, S/TP, H]).
   at::Tensor embed(const Batch& batch);
   /// The decoder over embeddings `x` (from embed(), possibly with other modalities merged in)

@@ -1,6 +1,6 @@
 // The catalog of reference models by name (llama, moe, vlm): how to build each, its data,
 // the Trainer options its fields need, and its checkpoint key map to the Hugging Face names of
-// the same architecture. What `mih export` and the specs in specs/ start from.
+// the same architecture. What the specs in specs/ start from.
 #pragma once
 
 #include <cstdint>
@@ -35,25 +35,5 @@ std::vector<std::string> reference_model_names();
 
 /// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the known ones.
 ReferenceModel reference_model(const std::string& name);
-
-/// What `mih export` writes.
-struct ExportOptions {
-  std::string model = "llama";
-  std::filesystem::path out;
-  data::TextPipelineOptions text = data::TextPipelineOptions().seq_len(64).global_batch(2);
-  std::string dtype = "float32";
-  uint64_t seed = 0;
-};
-
-/// Builds the model at world size 1 with its initial weights and writes to `out`:
-///   model.safetensors      the weights under their Hugging Face keys (through the key map)
-///   batch.safetensors      the first global batch: input_ids, labels, position_ids, fields
-///   reference.safetensors  the logits [B, S, V] of that batch and the loss (mean cross
-///                          entropy over the labels != -100)
-///   config.json            model name, dtype, seed, data options, key map, tensor list
-/// so any outside tool can load the port's weights and check its numbers. Returns the loss.
-/// Throws: mih::Error as reference_model and the pipelines; kFailedPrecondition if `out`
-///   cannot be written.
-double export_reference_model(const ExportOptions& options);
 
 }  // namespace mih::models

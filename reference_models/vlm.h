@@ -90,7 +90,7 @@ class VlmForConditionalGeneration : public ParallelModel {
   ///   a field's shape does not fit.
   at::Tensor token_losses(const Batch& batch) override;
   /// The language model's logits with the image features merged in: -> [B, S, V/TP].
-  at::Tensor logits(const Batch& batch);
+  at::Tensor logits(const Batch& batch) override;
   /// The vision tower one FSDP unit, each language-model layer one, the rest the root.
   void apply_fsdp(ParallelContext& ctx) override;
 

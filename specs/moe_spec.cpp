@@ -85,6 +85,7 @@ spec::ModelSpec moe_spec() {
   const models::LlamaOptions o;
   spec::ModelSpec s = language_model_spec("moe", o);
   s.num_experts = o.num_experts();
+  s.checkpoint.hf = hf_mixtral_config(o);
   s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
   s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));

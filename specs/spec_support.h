@@ -3,12 +3,85 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "harness/spec/model_spec.h"
 #include "reference_models/llama.h"
 #include "reference_models/registry.h"
+#include "reference_models/vlm.h"
 
 namespace mih::specs {
+
+/// Hugging Face LlamaConfig's fields for options `o` (the names a LlamaForCausalLM loader
+/// reads; max_position_embeddings and the token ids are not declared: the rotary table has no
+/// length limit and the byte tokenizer is not a Hugging Face tokenizer).
+inline nlohmann::json hf_llama_fields(const models::LlamaOptions& o) {
+  return {{"vocab_size", o.vocab_size()},
+          {"hidden_size", o.hidden_size()},
+          {"intermediate_size", o.intermediate_size()},
+          {"num_hidden_layers", o.num_layers()},
+          {"num_attention_heads", o.num_heads()},
+          {"num_key_value_heads", o.num_kv_heads()},
+          {"head_dim", o.hidden_size() / o.num_heads()},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", o.rms_norm_eps()},
+          {"rope_theta", o.rope_theta()},
+          {"tie_word_embeddings", o.tie_word_embeddings()},
+          {"attention_bias", o.attention_bias()},
+          {"attention_dropout", o.dropout()},
+          {"mlp_bias", false},
+          {"initializer_range", o.init_std()}};
+}
+
+/// LlamaForCausalLM.
+inline spec::HfConfig hf_llama_config(const models::LlamaOptions& o) {
+  return {"llama", {"LlamaForCausalLM"}, hf_llama_fields(o)};
+}
+
+/// MixtralForCausalLM: intermediate_size is each expert's (Mixtral's w1/w3 [F, H]). The moe
+/// port's even layers are dense (make_moe: every second layer routed), which Mixtral cannot
+/// express: they are listed in mlp_only_layers (Qwen2-MoE's name for it) with
+/// dense_intermediate_size, so a stock Mixtral loader would not load those layers' MLPs.
+inline spec::HfConfig hf_mixtral_config(const models::LlamaOptions& o) {
+  nlohmann::json f = hf_llama_fields(o);
+  f["intermediate_size"] = o.expert_intermediate_size();
+  f["num_local_experts"] = o.num_experts();
+  f["num_experts_per_tok"] = o.top_k();
+  f["router_aux_loss_coef"] = o.router_aux_loss_coef();
+  std::vector<int64_t> dense;
+  for (int64_t l = 0; l < o.num_layers(); l += 2) dense.push_back(l);
+  f["mlp_only_layers"] = dense;
+  f["dense_intermediate_size"] = o.intermediate_size();
+  return {"mixtral", {"MixtralForCausalLM"}, f};
+}
+
+/// LlavaForConditionalGeneration: text_config a LlamaConfig, vision_config the tower's sizes
+/// by CLIPVisionConfig's names (the tower itself is not CLIP's layout: a linear patch
+/// embedding, no class token, so every patch feature is used: strategy "full").
+inline spec::HfConfig hf_llava_config(const models::VlmOptions& o) {
+  nlohmann::json text = hf_llama_fields(o.text());
+  text["model_type"] = "llama";
+  const nlohmann::json vision = {{"model_type", "clip_vision_model"},
+                                 {"hidden_size", o.vision_hidden_size()},
+                                 {"intermediate_size", 4 * o.vision_hidden_size()},
+                                 {"num_hidden_layers", o.vision_layers()},
+                                 {"num_attention_heads", o.vision_heads()},
+                                 {"image_size", o.image_size()},
+                                 {"patch_size", o.patch_size()},
+                                 {"num_channels", o.channels()},
+                                 {"hidden_act", "gelu"},
+                                 {"layer_norm_eps", 1e-5}};
+  return {"llava",
+          {"LlavaForConditionalGeneration"},
+          {{"text_config", text},
+           {"vision_config", vision},
+           {"image_token_index", o.image_token_id()},
+           {"projector_hidden_act", "gelu"},
+           {"multimodal_projector_bias", false},
+           {"vision_feature_layer", -1},
+           {"vision_feature_select_strategy", "full"},
+           {"tie_word_embeddings", o.text().tie_word_embeddings()}}};
+}
 
 /// A reference model's spec with the parts every language model declares: its factory, the
 /// text data contract, the checkpoint map, and the rotary table as shared state.
@@ -28,6 +101,7 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   s.data.fields = {{"loss_mask", /*forward=*/false, /*loss=*/true, spec::CpSharding::kSequence},
                    {"attention_mask", false, false, spec::CpSharding::kSequence}};
   s.checkpoint.key_map = m.key_map.rules();
+  s.checkpoint.hf = hf_llama_config(o);
   // Older Hugging Face exports carry the rotary table; it is rebuilt here, never loaded.
   s.checkpoint.inference_only = {"*rotary_emb.inv_freq"};
   s.shared_state = {{"rotary.cos", "*rotary_emb", {"*layers.*"}}, {"rotary.sin", "*rotary_emb", {"*layers.*"}}};

@@ -36,6 +36,7 @@ spec::ModuleParityCase patch_embedding_case() {
 spec::ModelSpec vlm_spec() {
   const models::VlmOptions o = models::VlmOptions().image_size(16);
   spec::ModelSpec s = language_model_spec("vlm", o.text());
+  s.checkpoint.hf = hf_llava_config(o);
   s.data.pipeline += "; one procedural image per row, its patches replacing the first placeholder tokens";
   s.data.fields.push_back({"image_token_index", true, false, spec::CpSharding::kSequence});
   s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});

@@ -36,10 +36,18 @@ const std::vector<Command>& commands() {
        "arguments after the task name go to the task.",
        setup_launch},
       {"export",
-       "Write a reference model's initial weights under Hugging Face key names (model.safetensors), its first "
-       "global batch (batch.safetensors), the reference logits and loss (reference.safetensors) and config.json, "
-       "so an outside tool can load the port's weights and check its numbers.",
+       "Write a registered spec's initial weights as a Hugging Face checkpoint directory: config.json (the "
+       "architecture's fields), model.safetensors (sharded with the index above --max-shard-size) under the "
+       "key map's external names, the first global batch (batch.safetensors), the reference logits and loss "
+       "(reference.safetensors) and mih_export.json, so an outside tool can load the port's weights and check "
+       "its numbers.",
        setup_export},
+      {"inspect",
+       "Compare a local Hugging Face checkpoint directory with what a spec's port loads: every key through the "
+       "key map (missing, unexpected, shape with a likely transpose named, dtype) and the config fields the spec "
+       "declares. Writes inventory/{candidate,reference,structure_diff}.json and fingerprints.sha256 under --out; "
+       "never downloads. Exit 0 only when nothing differs (the state becomes DISCOVERED), 1 otherwise.",
+       setup_inspect},
       {"matrix",
        "Print the cases a conformance run would train a spec under, resolved from a preset or a JSON matrix file, "
        "without running them; cases the spec's topology cannot take are listed with the arithmetic.",

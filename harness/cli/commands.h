@@ -43,6 +43,7 @@ std::string version_text();
 CommandRun setup_selftest(CLI::App& sub, const Invocation& inv);
 CommandRun setup_launch(CLI::App& sub, const Invocation& inv);
 CommandRun setup_export(CLI::App& sub, const Invocation& inv);
+CommandRun setup_inspect(CLI::App& sub, const Invocation& inv);
 CommandRun setup_matrix(CLI::App& sub, const Invocation& inv);
 CommandRun setup_list(CLI::App& sub, const Invocation& inv);
 CommandRun setup_compare(CLI::App& sub, const Invocation& inv);

@@ -1,5 +1,5 @@
 // The commands over specs, matrices and evidence: `mih list`, `mih matrix`, `mih run` (one
-// case), `mih compare`, `mih report` and `mih export`.
+// case), `mih compare`, `mih report`, `mih export` and `mih inspect`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/cases/case_runner.h"
+#include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/compare.h"
@@ -21,7 +22,6 @@
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/case_matrix.h"
-#include "reference_models/export_command.h"
 
 namespace mih::cli {
 namespace {
@@ -39,20 +39,83 @@ const spec::Case& case_named(const spec::CaseMatrix& matrix, const std::string& 
 
 CommandRun setup_export(CLI::App& sub, const Invocation&) {
   struct Flags {
-    std::string model = "llama", dtype = "float32";
-    std::filesystem::path out, corpus = "/usr/share/common-licenses";
-    int64_t seq = 64, batch = 2;
-    uint64_t seed = 0;
+    std::string spec = "llama";
+    cases::HfExportOptions o;
   };
   auto f = std::make_shared<Flags>();
-  sub.add_option("--spec", f->model, "reference model: llama, moe or vlm")->capture_default_str();
-  sub.add_option("--out", f->out, "output directory (created)")->required();
-  sub.add_option("--corpus", f->corpus, "text corpus directory")->capture_default_str();
-  sub.add_option("--seq", f->seq, "sequence length")->check(at_least(1))->capture_default_str();
-  sub.add_option("--batch", f->batch, "global batch")->check(at_least(1))->capture_default_str();
-  sub.add_option("--dtype", f->dtype, "float32 or float64")->capture_default_str();
-  sub.add_option("--seed", f->seed, "parameter init and data seed")->capture_default_str();
-  return [f] { return models::export_command(f->model, f->out, f->corpus, f->seq, f->batch, f->dtype, f->seed); };
+  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->capture_default_str();
+  sub.add_option("--out", f->o.out, "output directory (created)")->required();
+  sub.add_option("--dtype", f->o.dtype, "float32, float64 or bfloat16 (the weights' dtype)")->capture_default_str();
+  sub.add_option("--seed", f->o.seed, "parameter init seed")->capture_default_str();
+  sub.add_option("--max-shard-size", f->o.max_shard_bytes,
+                 "bytes of weights per file; above it model-0000i-of-0000n.safetensors and the index")
+      ->check(at_least(1))
+      ->capture_default_str();
+  return [f] {
+    const spec::ModelSpec s = spec::SpecRegistry::instance().get(f->spec);
+    const cases::HfExportResult r = cases::export_hf(s, f->o);
+    std::string files;
+    for (const auto& w : r.weight_files) files += w + ", ";
+    std::printf("mih export: spec %s (%s) -> %s: config.json (%s), %s%zu tensors under their Hugging Face keys; "
+                "batch.safetensors, reference.safetensors (%sloss %.6f), mih_export.json\n",
+                f->spec.c_str(), f->o.dtype.c_str(), f->o.out.c_str(), s.checkpoint.hf.model_type.c_str(),
+                files.c_str(), r.tensors, r.logits ? "logits, " : "", r.loss);
+    return 0;
+  };
+}
+
+CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
+  struct Flags {
+    std::string spec = "llama";
+    bool as_json = false;
+    cases::HfInspectOptions o;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->capture_default_str();
+  sub.add_option("--hf-dir", f->o.checkpoint, "local Hugging Face checkpoint directory (config.json, safetensors)")
+      ->required();
+  sub.add_option("--out", f->o.out, "evidence directory for the inventory (default mih-evidence/inspect/<spec>)");
+  sub.add_option("--dtype", f->o.dtype, "the dtype the port loads the weights in")->capture_default_str();
+  sub.add_flag("--json", f->as_json, "print the structure diff as JSON");
+  return [f] {
+    const spec::ModelSpec s = spec::SpecRegistry::instance().get(f->spec);
+    if (f->o.out.empty()) f->o.out = std::filesystem::path("mih-evidence") / "inspect" / f->spec;
+    const cases::HfInspectResult r = cases::inspect_hf(s, f->o);
+    if (f->as_json) {
+      std::printf("%s\n", r.diff.dump(2).c_str());
+      return r.differences == 0 ? 0 : 1;
+    }
+    const auto& d = r.diff;
+    std::printf("mih inspect: spec %s vs %s: %zu of %zu tensors match, %zu in the checkpoint; config %s; %zu "
+                "difference%s\n",
+                f->spec.c_str(), d["checkpoint"].get<std::string>().c_str(), r.matched,
+                d["expected_tensors"].get<size_t>(), d["checkpoint_tensors"].get<size_t>(),
+                !d["config_compared"].get<bool>()          ? "not compared (the spec declares no Hugging Face config)"
+                : d["config_differences"].empty()          ? "agrees"
+                                                           : "differs",
+                r.differences, r.differences == 1 ? "" : "s");
+    for (const auto& m : d["missing_keys"]) {
+      std::printf("  missing key     %s (from %s, shape %s)\n", m["key"].get<std::string>().c_str(),
+                  m["fqn"].get<std::string>().c_str(), m["shape"].dump().c_str());
+    }
+    for (const auto& u : d["unexpected_keys"]) {
+      std::printf("  unexpected key  %s (shape %s, %s): no parameter maps to it and it is not inference-only\n",
+                  u["key"].get<std::string>().c_str(), u["shape"].dump().c_str(), u["file"].get<std::string>().c_str());
+    }
+    for (const auto& k : {"shape_mismatches", "dtype_differences"}) {
+      for (const auto& m : d[k]) {
+        std::printf("  %-15s %s (from %s): %s\n", std::string(k) == "shape_mismatches" ? "shape" : "dtype",
+                    m["key"].get<std::string>().c_str(), m["fqn"].get<std::string>().c_str(),
+                    m["why"].get<std::string>().c_str());
+      }
+    }
+    for (const auto& c : d["config_differences"]) {
+      std::printf("  config field    %s: %s\n", c["field"].get<std::string>().c_str(), c["why"].get<std::string>().c_str());
+    }
+    std::printf("inventory: %s (candidate.json, reference.json, structure_diff.json, fingerprints.sha256)%s\n",
+                (f->o.out / "inventory").c_str(), r.differences == 0 ? "; state DISCOVERED" : "");
+    return r.differences == 0 ? 0 : 1;
+  };
 }
 
 CommandRun setup_matrix(CLI::App& sub, const Invocation&) {

@@ -71,9 +71,31 @@ struct DataSpec {
   TrainerOptions apply_sharding(TrainerOptions options) const;
 };
 
+/// The Hugging Face config.json of the port's architecture: what `mih export` writes and what
+/// `mih inspect` compares with a checkpoint directory's config.json, field by field.
+struct HfConfig {
+  /// e.g. "llama", "mixtral", "llava".
+  std::string model_type;
+  /// e.g. {"LlamaForCausalLM"}.
+  std::vector<std::string> architectures;
+  /// The fields a loader of that architecture reads, by Hugging Face's names, from the port's
+  /// options (hidden_size, num_attention_heads, rms_norm_eps, ...; nested objects such as
+  /// LLaVA's text_config and vision_config as they are). Without model_type and
+  /// architectures, which are added from the members above.
+  nlohmann::json fields = nlohmann::json::object();
+  /// config.json fields inspect does not compare (glob patterns on the dotted path, e.g.
+  /// "transformers_version", "torch_dtype").
+  std::vector<std::string> ignored = {"transformers_version", "torch_dtype", "_name_or_path"};
+  bool declared() const { return !model_type.empty(); }
+};
+
 struct CheckpointSpec {
-  /// Internal FQN -> external keys (with the fused-projection split transform).
+  /// Internal FQN -> external keys, with the layout transforms (key_map.h: split along a dim,
+  /// transpose, fused heads interleaved).
   std::vector<KeyRule> key_map;
+  /// The architecture's Hugging Face config (export, inspect); undeclared: the spec cannot be
+  /// exported as a Hugging Face checkpoint and inspect compares no config.
+  HfConfig hf;
   /// Internal parameters with no external counterpart (glob patterns, fnmatch).
   std::vector<std::string> training_only;
   /// External keys the model does not load (e.g. rotary inv_freq in some exports).

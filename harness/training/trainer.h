@@ -40,6 +40,13 @@ class ParallelModel : public torch::nn::Module {
   /// Shape: batch [b, s] -> per-token losses [b, s] (0 where labels == -100), replicated
   /// over tp.
   virtual at::Tensor token_losses(const Batch& batch) = 0;
+  /// Shape: batch [b, s] -> logits [b, s, vocab / tp] (vocab-parallel over tp), for `mih
+  /// export`'s reference logits. Default: an undefined tensor (the model exposes none; the
+  /// export then writes its token losses and loss only).
+  virtual at::Tensor logits(const Batch& batch) {
+    (void)batch;
+    return {};
+  }
   /// Declares the FSDP units (after construction, before the optimizer): the units decide
   /// what each all-gather and reduce-scatter moves (CommVolume) and what is resident at once.
   /// Default: the whole model is one unit named "root". Override to make each decoder layer

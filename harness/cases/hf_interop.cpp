@@ -1,0 +1,287 @@
+// export_hf and inspect_hf (see hf_interop.h).
+#include "harness/cases/hf_interop.h"
+
+#include <fnmatch.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/checkpoint/distributed_checkpoint.h"
+#include "harness/checkpoint/key_map.h"
+#include "harness/compat/store.h"
+#include "harness/evidence/evidence_store.h"
+#include "harness/runtime/dtypes.h"
+#include "harness/training/trainer.h"
+
+namespace mih::cases {
+namespace fs = std::filesystem;
+namespace {
+
+bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
+  for (const auto& g : globs) {
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return false;
+}
+
+// Runs `body` on `spec`'s model built at world size 1 (its initial weights, eval mode).
+template <typename Body>
+void with_one_rank(const spec::ModelSpec& spec, const std::string& dtype, uint64_t seed, Body body) {
+  ParallelConfig config;
+  config.dtype = parse_dtype_name(dtype);
+  config.seed = seed;
+  compat::Store store = compat::make_hash_store(std::chrono::seconds(30));
+  MeshOptions mesh_options;
+  mesh_options.group.gloo_hostname = "127.0.0.1";
+  DeviceMesh mesh(config, store, 0, 1, mesh_options);
+  Trainer trainer(mesh, config, spec.factory, spec.data.make_batches(),
+                  spec.data.apply_sharding(spec.trainer).frozen(spec.frozen));
+  trainer.model().eval();  // no dropout in the reference numbers
+  body(trainer);
+}
+
+struct ExternalTensor {
+  std::string fqn;
+  std::vector<int64_t> shape;
+};
+
+// The external keys the port writes and loads: key -> (FQN, shape), training-only parameters
+// left out. Throws: as the key map; kInvalidSpec for two parameters on one key.
+std::map<std::string, ExternalTensor> expected_external(const spec::ModelSpec& spec, const KeyMap& map,
+                                                        ParallelContext& context) {
+  std::map<std::string, ExternalTensor> out;
+  for (const auto& p : context.parameters()) {
+    if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
+    for (auto& [key, shape] : map.external_shapes(p->fqn, p->global_shape)) {
+      auto [it, fresh] = out.emplace(key, ExternalTensor{p->fqn, shape});
+      MIH_CHECK(fresh, "spec '", spec.name, "': the key map sends both '", it->second.fqn, "' and '", p->fqn,
+                "' to the external key '", key, "'; each key must come from one parameter");
+    }
+  }
+  return out;
+}
+
+nlohmann::json hf_config_json(const spec::HfConfig& hf) {
+  nlohmann::json c = hf.fields;
+  c["model_type"] = hf.model_type;
+  c["architectures"] = hf.architectures;
+  return c;
+}
+
+void write_tensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                   std::vector<at::Tensor>* keep) {
+  std::vector<safetensors::TensorView> views;
+  for (const auto& [name, t] : tensors) {
+    at::Tensor c = t.detach().cpu().contiguous();
+    keep->push_back(c);
+    views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
+  }
+  safetensors::write_file(path, views, {{"format", "pt"}});
+}
+
+// Equal JSON values, numbers by value (10000 and 10000.0 agree; 1e-6 relative for floats).
+bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number() && !a.is_boolean() && !b.is_boolean()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    return x == y || std::abs(x - y) <= 1e-6 * std::max(std::abs(x), std::abs(y));
+  }
+  return a == b;
+}
+
+// Config fields the port declares against the checkpoint's, by dotted path.
+void diff_config(const nlohmann::json& port, const nlohmann::json& checkpoint, const std::string& prefix,
+                 const std::vector<std::string>& ignored, nlohmann::json* out) {
+  for (const auto& [name, value] : port.items()) {
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (matches_any(ignored, path)) continue;
+    if (!checkpoint.is_object() || !checkpoint.contains(name)) {
+      out->push_back({{"field", path}, {"port", value}, {"checkpoint", nullptr},
+                      {"why", "config.json has no '" + path + "'"}});
+    } else if (value.is_object() && checkpoint[name].is_object()) {
+      diff_config(value, checkpoint[name], path, ignored, out);
+    } else if (!same_value(value, checkpoint[name])) {
+      out->push_back({{"field", path}, {"port", value}, {"checkpoint", checkpoint[name]},
+                      {"why", "the port has " + value.dump() + ", config.json " + checkpoint[name].dump()}});
+    }
+  }
+}
+
+void unchecked_fields(const nlohmann::json& port, const nlohmann::json& checkpoint, const std::string& prefix,
+                      nlohmann::json* out) {
+  if (!checkpoint.is_object()) return;
+  for (const auto& [name, value] : checkpoint.items()) {
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (!port.is_object() || !port.contains(name)) {
+      out->push_back(path);
+    } else if (value.is_object()) {
+      unchecked_fields(port[name], value, path, out);
+    }
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& s) { return nlohmann::json(s).dump(); }
+
+}  // namespace
+
+HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options) {
+  MIH_CHECK(spec.checkpoint.hf.declared(), "spec '", spec.name, "' declares no Hugging Face config "
+            "(CheckpointSpec::hf: model_type, architectures and the config.json fields from its options), so its "
+            "export would not be a Hugging Face checkpoint; declare them in the spec");
+  MIH_CHECK(!options.out.empty(), "export: --out DIR is required");
+  const KeyMap map(spec.checkpoint.key_map);
+  HfExportResult result;
+  with_one_rank(spec, options.dtype, options.seed, [&](Trainer& trainer) {
+    const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& p : trainer.context().parameters()) {
+      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
+      for (auto& [key, tensor] : map.to_external(p->fqn, trainer.gather_full(*p))) weights[key] = tensor;
+    }
+    std::vector<at::Tensor> keep;
+    std::vector<safetensors::TensorView> views;
+    for (const auto& [key, t] : weights) {
+      at::Tensor c = t.detach().cpu().contiguous();
+      keep.push_back(c);
+      views.push_back({key, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
+    }
+    result.weight_files = hf::write_weights(options.out, views, options.max_shard_bytes);
+    result.tensors = weights.size();
+
+    BatchSource batches = spec.data.make_batches();
+    Batch batch = batches(0);
+    std::vector<std::pair<std::string, at::Tensor>> batch_tensors = {
+        {"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
+    for (const auto& [name, t] : batch.fields) batch_tensors.emplace_back(name, t);
+    write_tensors(options.out / "batch.safetensors", batch_tensors, &keep);
+
+    at::Tensor logits, token_losses;
+    {
+      at::NoGradGuard no_grad;
+      logits = trainer.model().logits(batch);
+      token_losses = trainer.model().token_losses(batch);
+    }
+    const double valid = batch.labels.ne(-100).sum().item<double>();
+    at::Tensor loss = token_losses.sum() / valid;
+    std::vector<std::pair<std::string, at::Tensor>> reference = {{"token_losses", token_losses}, {"loss", loss}};
+    if (logits.defined()) reference.insert(reference.begin(), {"logits", logits});
+    write_tensors(options.out / "reference.safetensors", reference, &keep);
+    result.loss = loss.item<double>();
+    result.logits = logits.defined();
+
+    nlohmann::json config = hf_config_json(spec.checkpoint.hf);
+    config["torch_dtype"] = options.dtype;
+    write_file_atomic(options.out / "config.json", config.dump(2) + "\n");
+
+    nlohmann::json tensors = nlohmann::json::object();
+    for (const auto& [key, e] : expected) tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}};
+    const nlohmann::json description = {{"spec", spec.name},
+                                        {"description", spec.description},
+                                        {"dtype", options.dtype},
+                                        {"seed", options.seed},
+                                        {"data_pipeline", spec.data.pipeline},
+                                        {"logits_shape", logits.defined() ? nlohmann::json(logits.sizes().vec())
+                                                                          : nlohmann::json()},
+                                        {"loss", result.loss},
+                                        {"weight_files", result.weight_files},
+                                        {"key_map", map.to_json()},
+                                        {"tensors", tensors}};
+    write_file_atomic(options.out / "mih_export.json", description.dump(2) + "\n");
+  });
+  return result;
+}
+
+HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& options) {
+  const hf::Checkpoint checkpoint = hf::read_checkpoint(options.checkpoint);
+  const KeyMap map(spec.checkpoint.key_map);
+  const std::string dtype = safetensors_dtype(scalar_type(parse_dtype_name(options.dtype)));
+  std::map<std::string, ExternalTensor> expected;
+  with_one_rank(spec, options.dtype, 0, [&](Trainer& trainer) {
+    expected = expected_external(spec, map, trainer.context());
+  });
+
+  nlohmann::json missing = nlohmann::json::array(), unexpected = nlohmann::json::array(),
+                 shapes = nlohmann::json::array(), dtypes = nlohmann::json::array(),
+                 config = nlohmann::json::array(), unchecked = nlohmann::json::array();
+  size_t matched = 0;
+  for (const auto& [key, e] : expected) {
+    const hf::TensorEntry* t = checkpoint.find(key);
+    if (t == nullptr) {
+      missing.push_back({{"key", key}, {"fqn", e.fqn}, {"shape", e.shape}});
+      continue;
+    }
+    bool same = true;
+    if (t->shape != e.shape) {
+      same = false;
+      std::vector<int64_t> reversed(e.shape.rbegin(), e.shape.rend());
+      const bool transposed = e.shape.size() == 2 && t->shape == reversed && e.shape[0] != e.shape[1];
+      std::string why = "the port loads " + shape_text(e.shape) + ", the checkpoint holds " + shape_text(t->shape);
+      if (transposed) why += ": likely transposed (a Conv1D [in, out] weight needs `transpose` in its key-map rule)";
+      shapes.push_back({{"key", key}, {"fqn", e.fqn}, {"port", e.shape}, {"checkpoint", t->shape},
+                        {"likely_transposed", transposed}, {"why", why}});
+    }
+    if (t->dtype != dtype) {
+      same = false;
+      dtypes.push_back({{"key", key}, {"fqn", e.fqn}, {"port", dtype}, {"checkpoint", t->dtype},
+                        {"why", "the port loads " + dtype + " (--dtype " + options.dtype + "), the checkpoint holds " +
+                                    t->dtype}});
+    }
+    if (same) ++matched;
+  }
+  for (const auto& t : checkpoint.tensors) {
+    if (expected.count(t.key) || matches_any(spec.checkpoint.inference_only, t.key)) continue;
+    unexpected.push_back({{"key", t.key}, {"shape", t.shape}, {"dtype", t.dtype}, {"file", t.file}});
+  }
+  nlohmann::json port_config = nlohmann::json::object();
+  if (spec.checkpoint.hf.declared()) {
+    port_config = hf_config_json(spec.checkpoint.hf);
+    diff_config(port_config, checkpoint.config, "", spec.checkpoint.hf.ignored, &config);
+    unchecked_fields(port_config, checkpoint.config, "", &unchecked);
+  }
+  HfInspectResult result;
+  result.matched = matched;
+  result.differences = missing.size() + unexpected.size() + shapes.size() + dtypes.size() + config.size();
+  result.diff = {{"spec", spec.name},
+                 {"checkpoint", fs::absolute(options.checkpoint).string()},
+                 {"differences", result.differences},
+                 {"matched_tensors", matched},
+                 {"expected_tensors", expected.size()},
+                 {"checkpoint_tensors", checkpoint.tensors.size()},
+                 {"missing_keys", missing},
+                 {"unexpected_keys", unexpected},
+                 {"shape_mismatches", shapes},
+                 {"dtype_differences", dtypes},
+                 {"config_differences", config},
+                 {"config_fields_not_compared", unchecked},
+                 {"config_compared", spec.checkpoint.hf.declared()}};
+
+  EvidenceDir out(options.out);
+  nlohmann::json candidate_tensors = nlohmann::json::object();
+  for (const auto& [key, e] : expected) candidate_tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}, {"dtype", dtype}};
+  out.write_json("inventory/candidate.json", {{"spec", spec.name},
+                                              {"description", spec.description},
+                                              {"dtype", options.dtype},
+                                              {"config", port_config},
+                                              {"key_map", map.to_json()},
+                                              {"tensors", candidate_tensors}});
+  out.write_json("inventory/reference.json", checkpoint.to_json());
+  out.write_json("inventory/structure_diff.json", result.diff);
+  std::string sums;
+  for (const auto& f : checkpoint.files) sums += f.sha256 + "  " + f.path + "\n";
+  out.write_text("inventory/fingerprints.sha256", sums);
+  if (result.differences == 0) {
+    IntegrationStateMachine(out).advance_if_before(
+        IntegrationState::kDiscovered,
+        {"inventory/candidate.json", "inventory/reference.json", "inventory/structure_diff.json",
+         "inventory/fingerprints.sha256"});
+  }
+  return result;
+}
+
+}  // namespace mih::cases

@@ -1,0 +1,84 @@
+// A registered spec against Hugging Face checkpoints: `mih export` writes the port's initial
+// weights as a Hugging Face checkpoint directory (through the spec's key map, with the
+// architecture's config.json), `mih inspect` compares a checkpoint directory with what the
+// port would load (keys, shapes, dtypes, config fields) and leaves the inventory as evidence.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "harness/checkpoint/hf_checkpoint.h"
+#include "harness/spec/model_spec.h"
+
+namespace mih::cases {
+
+struct HfExportOptions {
+  std::filesystem::path out;
+  /// float32, float64 or bfloat16: the parameters' dtype, so the file's.
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+  /// Above this many bytes of weights: model-0000i-of-0000n.safetensors with the index.
+  uint64_t max_shard_bytes = hf::kDefaultMaxShardBytes;
+};
+
+/// What export_hf wrote.
+struct HfExportResult {
+  std::vector<std::string> weight_files;
+  size_t tensors = 0;
+  /// Mean cross entropy of the spec's first global batch over labels != -100.
+  double loss = 0;
+  bool logits = false;
+};
+
+/// Builds `spec`'s model at world size 1 with its initial weights (seed, dtype) and writes
+/// to options.out:
+///   config.json            the spec's HfConfig: model_type, architectures, its fields and
+///                          torch_dtype (what a Hugging Face loader reads)
+///   model.safetensors      every parameter but the training-only ones, under its external
+///                          key(s) through the key map (sharded with the index above
+///                          max_shard_bytes)
+///   batch.safetensors      the spec's first global batch: input_ids, labels, position_ids,
+///                          its fields
+///   reference.safetensors  logits [B, S, V] when the model exposes them, token_losses [B, S]
+///                          and loss (the mean over labels != -100)
+///   mih_export.json        mih's own description: spec, dtype, seed, data pipeline, key map,
+///                          the external tensors with the FQN each came from, the loss
+/// Throws: mih::Error{kInvalidSpec} when the spec declares no HfConfig (naming the spec and
+///   the fix), a parameter has no key-map rule and is not training-only, or two parameters
+///   map to one key; as the key map, the Trainer and the writers otherwise.
+HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options);
+
+struct HfInspectOptions {
+  /// The checkpoint directory (local; URLs are refused).
+  std::filesystem::path checkpoint;
+  /// The evidence directory: inventory/candidate.json, inventory/reference.json,
+  /// inventory/structure_diff.json, inventory/fingerprints.sha256 (sha256sum -c format),
+  /// integration_state.json.
+  std::filesystem::path out;
+  /// The dtype the port loads the weights in (a checkpoint tensor of another dtype differs).
+  std::string dtype = "float32";
+};
+
+/// The outcome of inspect_hf: the structure diff and how many things differ.
+struct HfInspectResult {
+  nlohmann::json diff;
+  size_t differences = 0;
+  size_t matched = 0;
+};
+
+/// Compares checkpoint directory options.checkpoint with what `spec` loads: the port's
+/// parameters mapped through the key map give the expected external keys, shapes and dtypes;
+/// the directory's safetensors headers and config.json what is there. Reports, each naming
+/// the key (and the FQN it maps from): missing keys, unexpected keys (neither expected nor
+/// inference-only), shape mismatches (with "likely transposed" when the shape is the reverse),
+/// dtype differences, and config fields the spec declares that the directory's config.json
+/// lacks or gives another value (nested, by dotted path; HfConfig::ignored skipped). Writes
+/// the inventory and, when nothing differs, moves the integration state to DISCOVERED (a
+/// directory with differences keeps its state, so a fixed port can be inspected again).
+/// Throws: mih::Error as hf::read_checkpoint, the Trainer and the evidence store.
+HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& options);
+
+}  // namespace mih::cases

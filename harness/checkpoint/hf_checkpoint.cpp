@@ -1,0 +1,188 @@
+// Hugging Face checkpoint directories (see hf_checkpoint.h).
+#include "harness/checkpoint/hf_checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/base/json_fields.h"
+#include "harness/base/sha256.h"
+
+namespace mih::hf {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+// A Git LFS pointer file (what a clone without `git lfs pull` holds in place of the weights).
+bool is_lfs_pointer(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char head[40] = {};
+  in.read(head, sizeof head);
+  return std::string(head, static_cast<size_t>(in.gcount())).rfind("version https://git-lfs", 0) == 0;
+}
+
+AssetFile asset(const fs::path& dir, const std::string& rel) {
+  AssetFile a;
+  a.path = rel;
+  a.bytes = fs::file_size(dir / rel);
+  a.sha256 = file_sha256(dir / rel);
+  return a;
+}
+
+}  // namespace
+
+std::string file_sha256(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  MIH_CHECK_CODE(in.good(), Code::kFailedPrecondition, "cannot read ", file.string(), " to fingerprint it");
+  Sha256 h;
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    h.update(buffer.data(), static_cast<size_t>(in.gcount()));
+  }
+  MIH_CHECK_CODE(in.eof(), Code::kFailedPrecondition, "error reading ", file.string(), " to fingerprint it");
+  return h.hex_digest();
+}
+
+const TensorEntry* Checkpoint::find(const std::string& key) const {
+  auto it = std::lower_bound(tensors.begin(), tensors.end(), key,
+                             [](const TensorEntry& e, const std::string& k) { return e.key < k; });
+  return it != tensors.end() && it->key == key ? &*it : nullptr;
+}
+
+nlohmann::json Checkpoint::to_json() const {
+  nlohmann::json t = nlohmann::json::object();
+  for (const auto& e : tensors) t[e.key] = {{"dtype", e.dtype}, {"shape", e.shape}, {"file", e.file}};
+  nlohmann::json f = nlohmann::json::array();
+  for (const auto& a : files) f.push_back({{"path", a.path}, {"bytes", a.bytes}, {"sha256", a.sha256}});
+  return {{"dir", dir.string()}, {"sharded", sharded}, {"config", config}, {"tensors", t}, {"files", f}};
+}
+
+Checkpoint read_checkpoint(const fs::path& dir) {
+  const std::string text = dir.string();
+  for (const char* scheme : {"http://", "https://", "hf://"}) {
+    MIH_CHECK(text.rfind(scheme, 0) != 0, "checkpoint '", text, "' is a URL: mih never downloads; fetch it yourself "
+              "(e.g. `huggingface-cli download <repo> --local-dir DIR`) and give the local directory");
+  }
+  std::error_code ec;
+  MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, "checkpoint directory ", text,
+                 " does not exist or is not a directory");
+  Checkpoint c;
+  c.dir = dir;
+  MIH_CHECK(fs::exists(dir / "config.json"), "checkpoint directory ", text, " has no config.json: a Hugging Face "
+            "checkpoint carries its architecture there");
+  c.config = read_json_file(dir / "config.json");
+  MIH_CHECK(c.config.is_object(), (dir / "config.json").string(), ": expected a JSON object, got ", c.config.type_name());
+  c.files.push_back(asset(dir, "config.json"));
+
+  // key -> shard, from the index or from the files themselves.
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> shards;
+  if (fs::exists(dir / kIndex)) {
+    c.sharded = true;
+    const nlohmann::json index = read_json_file(dir / kIndex);
+    MIH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              (dir / kIndex).string(), " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps "
+              "each key to its shard)");
+    for (const auto& [key, shard] : index["weight_map"].items()) {
+      MIH_CHECK(shard.is_string(), (dir / kIndex).string(), ": the shard of '", key, "' must be a file name, got ",
+                shard.dump());
+      weight_map[key] = shard.get<std::string>();
+    }
+    std::set<std::string> named;
+    for (const auto& [key, shard] : weight_map) {
+      if (named.insert(shard).second) {
+        MIH_CHECK(fs::exists(dir / shard), "checkpoint ", text, ": the shard ", shard, " named by ", kIndex,
+                  " (for '", key, "' and others) is missing");
+      }
+    }
+    shards.assign(named.begin(), named.end());
+    c.files.push_back(asset(dir, kIndex));
+  } else {
+    // As Hugging Face's loaders: one file named model.safetensors (other safetensors files in
+    // the directory, e.g. mih export's batch and reference, are not weights).
+    std::vector<std::string> others;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name != "model.safetensors" && (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")) {
+        others.push_back(name);
+      }
+    }
+    std::sort(others.begin(), others.end());
+    std::string listed;
+    for (const auto& o : others) listed += " " + o;
+    MIH_CHECK_CODE(fs::exists(dir / "model.safetensors"), Code::kFailedPrecondition, "checkpoint directory ", text,
+                   " has neither model.safetensors nor ", kIndex,
+                   others.empty() ? std::string()
+                                  : " (it holds" + listed + "; mih reads the Hugging Face layout's safetensors only, "
+                                    "never a pickle: convert .bin files with the safetensors library)");
+    shards.push_back("model.safetensors");
+  }
+  std::map<std::string, TensorEntry> entries;
+  for (const auto& shard : shards) {
+    MIH_CHECK(!is_lfs_pointer(dir / shard), "checkpoint ", text, ": ", shard, " is a Git LFS pointer, not the "
+              "weights; run `git lfs pull` in ", text, " (mih never downloads)");
+    const safetensors::Reader reader(dir / shard);
+    for (const auto& key : reader.names()) {
+      const safetensors::TensorInfo& info = reader.info(key);
+      if (c.sharded) {
+        auto it = weight_map.find(key);
+        MIH_CHECK(it != weight_map.end() && it->second == shard, "checkpoint ", text, ": ", shard, " holds '", key,
+                  "', which ", kIndex, it == weight_map.end() ? " does not list" : " places in " + it->second);
+      }
+      auto [slot, fresh] = entries.emplace(key, TensorEntry{key, info.dtype, info.shape, shard});
+      MIH_CHECK(fresh, "checkpoint ", text, ": '", key, "' is in both ", slot->second.file, " and ", shard);
+    }
+    c.files.push_back(asset(dir, shard));
+  }
+  for (const auto& [key, shard] : weight_map) {
+    MIH_CHECK(entries.count(key), "checkpoint ", text, ": ", kIndex, " places '", key, "' in ", shard,
+              ", which does not hold it");
+  }
+  for (auto& [key, e] : entries) c.tensors.push_back(std::move(e));
+  std::sort(c.files.begin(), c.files.end(), [](const AssetFile& a, const AssetFile& b) { return a.path < b.path; });
+  return c;
+}
+
+std::vector<std::string> write_weights(const fs::path& dir, const std::vector<safetensors::TensorView>& tensors,
+                                       uint64_t max_shard_bytes) {
+  MIH_CHECK(max_shard_bytes > 0, "write_weights: the shard size must be > 0 bytes");
+  std::vector<std::vector<safetensors::TensorView>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& t : tensors) {
+    if (in_shard > 0 && in_shard + t.nbytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(t);
+    in_shard += t.nbytes;
+    total += t.nbytes;
+  }
+  std::error_code ec;
+  fs::remove(dir / kIndex, ec);  // a stale index would name shards of another export
+  if (shards.size() == 1) {
+    safetensors::write_file(dir / "model.safetensors", tensors, {{"format", "pt"}});
+    return {"model.safetensors"};
+  }
+  fs::remove(dir / "model.safetensors", ec);  // a loader prefers the index; one file would shadow nothing but mislead
+  std::vector<std::string> written;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    safetensors::write_file(dir / name, shards[i], {{"format", "pt"}});
+    for (const auto& t : shards[i]) weight_map[t.name] = name;
+    written.push_back(name);
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic(dir / kIndex, index.dump(2) + "\n");
+  written.push_back(kIndex);
+  return written;
+}
+
+}  // namespace mih::hf

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Reads a `mih export` directory with nothing but the standard library (json + struct), as an
+outside tool would, knowing only Hugging Face's names: config.json's fields by the names
+LlamaForCausalLM, MixtralForCausalLM and LlavaForConditionalGeneration read, and the tensor
+names and shapes those classes create from them. Checks that every weight the architecture
+expects is in the safetensors files with that shape and that nothing else is (the vision tower
+of a LLaVA export: its layer count and width only), then recomputes the mean cross entropy of
+the reference logits over the labels != -100 in pure Python. Exits 0 when everything agrees
+(the loss to relative 1e-5), printing what it read; 1 otherwise, printing each disagreement."""
+import json
+import math
+import os
+import struct
+import sys
+
+
+def read_header(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    fmt = {"F64": "d", "F32": "f", "I64": "q", "I32": "i"}
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        code = fmt[entry["dtype"]]
+        count = (end - begin) // struct.calcsize(code)
+        out[name] = (entry["shape"], struct.unpack("<%d%s" % (count, code), data[base + begin:base + end]))
+    return out
+
+
+def weight_shapes(directory):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    shapes = {}
+    for f in files:
+        for name, entry in read_header(os.path.join(directory, f)).items():
+            shapes[name] = entry["shape"]
+    return shapes
+
+
+def llama_shapes(cfg, prefix="", moe=False):
+    """LlamaForCausalLM (MixtralForCausalLM with moe) as modeling_llama / modeling_mixtral build it."""
+    h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    d = cfg.get("head_dim", h // heads)
+    f = cfg["intermediate_size"]
+    out = {prefix + "model.embed_tokens.weight": [v, h], prefix + "model.norm.weight": [h]}
+    if not cfg.get("tie_word_embeddings", False):
+        out[prefix + "lm_head.weight"] = [v, h]
+    # Not a Mixtral field: layers with a dense MLP, as Qwen2-MoE names them (mih's moe port).
+    dense = set(cfg.get("mlp_only_layers", [])) if moe else set(range(n))
+    for layer in range(n):
+        p = prefix + "model.layers.%d." % layer
+        out[p + "input_layernorm.weight"] = [h]
+        out[p + "post_attention_layernorm.weight"] = [h]
+        for name, rows in (("q", heads * d), ("k", kv * d), ("v", kv * d)):
+            out[p + "self_attn.%s_proj.weight" % name] = [rows, h]
+            if cfg.get("attention_bias", False):
+                out[p + "self_attn.%s_proj.bias" % name] = [rows]
+        out[p + "self_attn.o_proj.weight"] = [h, heads * d]
+        if cfg.get("attention_bias", False):
+            out[p + "self_attn.o_proj.bias"] = [h]
+        if layer in dense:
+            fd = cfg.get("dense_intermediate_size", f) if moe else f
+            out[p + "mlp.gate_proj.weight"] = [fd, h]
+            out[p + "mlp.up_proj.weight"] = [fd, h]
+            out[p + "mlp.down_proj.weight"] = [h, fd]
+        else:
+            out[p + "block_sparse_moe.gate.weight"] = [cfg["num_local_experts"], h]
+            for e in range(cfg["num_local_experts"]):
+                q = p + "block_sparse_moe.experts.%d." % e
+                out[q + "w1.weight"] = [f, h]
+                out[q + "w3.weight"] = [f, h]
+                out[q + "w2.weight"] = [h, f]
+    return out
+
+
+def check_weights(cfg, shapes):
+    arch = cfg["architectures"][0]
+    problems = []
+    if arch == "LlamaForCausalLM":
+        expected = llama_shapes(cfg)
+    elif arch == "MixtralForCausalLM":
+        expected = llama_shapes(cfg, moe=True)
+    elif arch == "LlavaForConditionalGeneration":
+        text, vision = cfg["text_config"], cfg["vision_config"]
+        expected = llama_shapes(text, prefix="language_model.")
+        bias = cfg.get("multimodal_projector_bias", True)
+        expected["multi_modal_projector.linear_1.weight"] = [text["hidden_size"], vision["hidden_size"]]
+        expected["multi_modal_projector.linear_2.weight"] = [text["hidden_size"], text["hidden_size"]]
+        if bias:
+            expected["multi_modal_projector.linear_1.bias"] = [text["hidden_size"]]
+            expected["multi_modal_projector.linear_2.bias"] = [text["hidden_size"]]
+        tower = {k: s for k, s in shapes.items() if k.startswith("vision_tower.")}
+        layers = {k.split(".")[3] for k in tower if ".layers." in k}
+        if len(layers) != vision["num_hidden_layers"]:
+            problems.append("vision_config.num_hidden_layers = %d, the tower has %d layers"
+                            % (vision["num_hidden_layers"], len(layers)))
+        post = tower.get("vision_tower.vision_model.post_layernorm.weight")
+        if post != [vision["hidden_size"]]:
+            problems.append("vision_config.hidden_size = %d, the tower's post_layernorm is %s" % (vision["hidden_size"], post))
+        expected.update(tower)
+    else:
+        return ["unknown architecture %s" % arch]
+    for key, shape in sorted(expected.items()):
+        if key not in shapes:
+            problems.append("missing %s %s" % (key, shape))
+        elif shapes[key] != shape:
+            problems.append("%s: %s expects %s, the file holds %s" % (key, arch, shape, shapes[key]))
+    for key in sorted(set(shapes) - set(expected)):
+        problems.append("unexpected %s %s" % (key, shapes[key]))
+    return problems
+
+
+def main(directory):
+    cfg = json.load(open(os.path.join(directory, "config.json")))
+    shapes = weight_shapes(directory)
+    problems = check_weights(cfg, shapes)
+    batch = read_safetensors(directory + "/batch.safetensors")
+    ref = read_safetensors(directory + "/reference.safetensors")
+    (b, s, v), logits = ref["logits"]
+    _, labels = batch["labels"]
+    total, count = 0.0, 0
+    for t in range(b * s):
+        if labels[t] == -100:
+            continue
+        row = logits[t * v:(t + 1) * v]
+        m = max(row)
+        total += m + math.log(sum(math.exp(x - m) for x in row)) - row[labels[t]]
+        count += 1
+    loss = total / count
+    exported = ref["loss"][1][0]
+    if abs(loss - exported) > 1e-5 * abs(exported):
+        problems.append("loss recomputed from the logits %.6f, exported %.6f" % (loss, exported))
+    print("%s (%s): %d weight tensors as its config predicts, logits [%d, %d, %d], %d targets: loss %.6f, exported %.6f"
+          % (cfg["architectures"][0], cfg["model_type"], len(shapes), b, s, v, count, loss, exported))
+    for p in problems:
+        print("  " + p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,208 @@
+// Specs against Hugging Face checkpoints: every registered spec's key map round-trips every
+// parameter both ways; the shipped specs export as Hugging Face checkpoints that a reader
+// knowing only Hugging Face's names accepts, and `inspect` finds their exports clean, while a
+// renamed key, a transposed weight or a changed config field is a difference naming it.
+#include <cstdlib>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/json_fields.h"
+#include "harness/cases/hf_interop.h"
+#include "harness/checkpoint/key_map.h"
+#include "harness/checkpoint/safetensors.h"
+#include "harness/spec/model_spec.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/thread_ranks.h"
+
+namespace mih {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+TEST(SpecKeyMapTest, EveryRegisteredSpecRoundTripsEveryParameterBothWays) {
+  for (const std::string& name : spec::SpecRegistry::instance().names()) {
+    SCOPED_TRACE(name);
+    const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
+    const KeyMap map(s.checkpoint.key_map);
+    size_t checked = 0;
+    auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
+      ParallelConfig c;
+      c.dtype = DType::kFloat64;
+      Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(s.trainer));
+      for (const auto& p : t.context().parameters()) {
+        const at::Tensor full = t.gather_full(*p);
+        std::map<std::string, at::Tensor> external;
+        for (auto& [key, tensor] : map.to_external(p->fqn, full)) external[key] = tensor;
+        EXPECT_TRUE(at::equal(map.from_external(p->fqn, external), full)) << p->fqn;
+        std::map<std::string, at::Tensor> random, again;
+        for (auto& [key, tensor] : external) random[key] = at::randn(tensor.sizes(), at::kDouble);
+        for (auto& [key, tensor] : map.to_external(p->fqn, map.from_external(p->fqn, random))) again[key] = tensor;
+        for (auto& [key, tensor] : random) EXPECT_TRUE(at::equal(again.at(key), tensor)) << p->fqn << " -> " << key;
+        ++checked;
+      }
+    });
+    EXPECT_THAT(errors, ::testing::IsEmpty());
+    EXPECT_GT(checked, 5u) << "a spec with almost no parameters checked proves nothing";
+  }
+}
+
+// Every tensor of a safetensors file, rewritten through `edit` (rename, reshape, re-lay out).
+void rewrite(const fs::path& file, const std::function<void(std::string&, std::vector<int64_t>&, std::vector<char>&)>& edit) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<char>> data;
+  std::vector<std::string> dtypes;
+  {
+    safetensors::Reader r(file);
+    for (const auto& n : r.names()) {
+      const auto& info = r.info(n);
+      std::vector<char> bytes(info.nbytes());
+      r.read(n, bytes.data());
+      names.push_back(n);
+      shapes.push_back(info.shape);
+      dtypes.push_back(info.dtype);
+      data.push_back(std::move(bytes));
+    }
+  }
+  std::vector<safetensors::TensorView> views;
+  for (size_t i = 0; i < names.size(); ++i) {
+    edit(names[i], shapes[i], data[i]);
+    views.push_back({names[i], dtypes[i], shapes[i], data[i].data(), data[i].size()});
+  }
+  safetensors::write_file(file, views, {{"format", "pt"}});
+}
+
+fs::path copy_of(const fs::path& dir, const std::string& name) {
+  const fs::path out = dir.parent_path() / (dir.filename().string() + "_" + name);
+  fs::remove_all(out);
+  fs::copy(dir, out, fs::copy_options::recursive);
+  return out;
+}
+
+// Inspects `dir` into a new evidence directory (its path in *evidence when given).
+cases::HfInspectResult inspect(const spec::ModelSpec& s, const fs::path& dir, const std::string& tag,
+                               fs::path* evidence = nullptr) {
+  cases::HfInspectOptions o;
+  o.checkpoint = dir;
+  o.out = testing::temp_dir("inspect_" + s.name + "_" + tag);
+  if (evidence != nullptr) *evidence = o.out;
+  return cases::inspect_hf(s, o);
+}
+
+int python_reader(const fs::path& dir) {
+  const std::string command = std::string("python3 ") + MIH_TEST_SOURCE_DIR + "/check_hf_export.py " + dir.string() +
+                              " > " + (dir.parent_path() / (dir.filename().string() + ".check.txt")).string() + " 2>&1";
+  const int rc = std::system(command.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+class HfExportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfExportTest, ExportInspectsCleanAndEachPlantedDifferenceIsNamed) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get(GetParam());
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("hf_export_" + GetParam());
+  const cases::HfExportResult exported = cases::export_hf(s, o);
+  EXPECT_GT(exported.loss, 4.0) << "an untrained byte-level model is near ln(259) = 5.56";
+  EXPECT_TRUE(exported.logits);
+  const nlohmann::json config = read_json_file(o.out / "config.json");
+  EXPECT_EQ(config["model_type"], s.checkpoint.hf.model_type);
+  EXPECT_EQ(config["torch_dtype"], "float32");
+
+  // Clean: nothing differs, the state is DISCOVERED, the fingerprints are the files'.
+  fs::path evidence;
+  const cases::HfInspectResult clean = inspect(s, o.out, "clean", &evidence);
+  EXPECT_EQ(clean.differences, 0u) << clean.diff.dump(2);
+  EXPECT_EQ(clean.matched, exported.tensors);
+  EXPECT_EQ(read_json_file(evidence / "integration_state.json")["state"], "DISCOVERED");
+  std::string sums;
+  ASSERT_TRUE(read_file(evidence / "inventory" / "fingerprints.sha256", &sums));
+  EXPECT_THAT(sums, HasSubstr(hf::file_sha256(o.out / "model.safetensors") + "  model.safetensors"));
+  EXPECT_TRUE(fs::exists(evidence / "inventory" / "candidate.json"));
+  EXPECT_TRUE(fs::exists(evidence / "inventory" / "reference.json"));
+
+  const bool python = std::system("python3 -c 'import json, struct' > /dev/null 2>&1") == 0;
+  if (python) {
+    EXPECT_EQ(python_reader(o.out), 0) << "the Hugging Face-names reader disagrees; see " << o.out << ".check.txt";
+  }
+
+  const std::string prefix = GetParam() == "vlm" ? "language_model." : "";
+  const std::string down = prefix + "model.layers.0.mlp.down_proj.weight";  // [H, F], not square
+  // A renamed key: missing under its name, unexpected under the new one.
+  const fs::path renamed = copy_of(o.out, "renamed");
+  rewrite(renamed / "model.safetensors", [&](std::string& name, std::vector<int64_t>&, std::vector<char>&) {
+    if (name == down) name = prefix + "model.layers.0.mlp.down_prj.weight";
+  });
+  const cases::HfInspectResult r1 = inspect(s, renamed, "renamed");
+  EXPECT_EQ(r1.differences, 2u);
+  EXPECT_THAT(r1.diff["missing_keys"].dump(), HasSubstr(down));
+  EXPECT_THAT(r1.diff["unexpected_keys"].dump(), HasSubstr("down_prj"));
+  if (python) {
+    EXPECT_NE(python_reader(renamed), 0) << "the reader must be able to fail";
+  }
+
+  // A transposed weight (Conv1D layout where the port reads a Linear's).
+  const fs::path transposed = copy_of(o.out, "transposed");
+  rewrite(transposed / "model.safetensors", [&](std::string& name, std::vector<int64_t>& shape, std::vector<char>& bytes) {
+    if (name != down) return;
+    at::Tensor t = at::from_blob(bytes.data(), shape, at::kFloat).t().contiguous();
+    std::memcpy(bytes.data(), t.data_ptr(), bytes.size());
+    std::swap(shape[0], shape[1]);
+  });
+  const cases::HfInspectResult r2 = inspect(s, transposed, "transposed");
+  EXPECT_EQ(r2.differences, 1u);
+  ASSERT_EQ(r2.diff["shape_mismatches"].size(), 1u);
+  EXPECT_EQ(r2.diff["shape_mismatches"][0]["key"], down);
+  EXPECT_EQ(r2.diff["shape_mismatches"][0]["likely_transposed"], true);
+  EXPECT_THAT(r2.diff["shape_mismatches"][0]["why"].get<std::string>(), HasSubstr("likely transposed"));
+
+  // A config field the loader reads, changed.
+  const fs::path changed = copy_of(o.out, "config");
+  nlohmann::json c = config;
+  const std::string field = GetParam() == "vlm" ? "text_config.rope_theta" : "rope_theta";
+  (GetParam() == "vlm" ? c["text_config"] : c)["rope_theta"] = 500000.0;
+  { std::ofstream(changed / "config.json") << c.dump(2); }
+  fs::path changed_evidence;
+  const cases::HfInspectResult r3 = inspect(s, changed, "config", &changed_evidence);
+  EXPECT_EQ(r3.differences, 1u);
+  ASSERT_EQ(r3.diff["config_differences"].size(), 1u);
+  EXPECT_EQ(r3.diff["config_differences"][0]["field"], field);
+  EXPECT_TRUE(fs::exists(changed_evidence / "inventory" / "structure_diff.json"));
+  EXPECT_FALSE(fs::exists(changed_evidence / "integration_state.json"))
+      << "a directory with differences is not DISCOVERED";
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, HfExportTest, ::testing::Values("llama", "moe", "vlm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST(HfExportTest, ShardsAboveTheSizeWithTheIndexAndInspectsClean) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("hf_export_sharded");
+  o.max_shard_bytes = 64 * 1024;
+  const cases::HfExportResult exported = cases::export_hf(s, o);
+  ASSERT_GT(exported.weight_files.size(), 2u);
+  EXPECT_EQ(exported.weight_files.back(), "model.safetensors.index.json");
+  EXPECT_FALSE(fs::exists(o.out / "model.safetensors"));
+  const cases::HfInspectResult r = inspect(s, o.out, "sharded");
+  EXPECT_EQ(r.differences, 0u) << r.diff.dump(2);
+  EXPECT_EQ(r.matched, exported.tensors);
+}
+
+TEST(HfExportTest, ASpecWithoutAHuggingFaceConfigIsNotExported) {
+  spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  s.checkpoint.hf = {};
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("hf_export_undeclared");
+  EXPECT_THAT([&] { cases::export_hf(s, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("spec 'llama' declares no Hugging Face config")));
+}
+
+}  // namespace
+}  // namespace mih
