@@ -79,6 +79,7 @@ void write_tensors(const fs::path& path, const std::vector<std::pair<std::string
                    std::vector<at::Tensor>* keep) {
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, t] : tensors) {
+    if (!t.defined()) continue;  // e.g. position_ids of a pipeline that leaves them to the runtime
     at::Tensor c = t.detach().cpu().contiguous();
     keep->push_back(c);
     views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});

@@ -40,8 +40,8 @@ struct HfExportResult {
 ///   model.safetensors      every parameter but the training-only ones, under its external
 ///                          key(s) through the key map (sharded with the index above
 ///                          max_shard_bytes)
-///   batch.safetensors      the spec's first global batch: input_ids, labels, position_ids,
-///                          its fields
+///   batch.safetensors      the spec's first global batch: input_ids, labels, position_ids
+///                          (when the pipeline makes them), its fields
 ///   reference.safetensors  logits [B, S, V] when the model exposes them, token_losses [B, S]
 ///                          and loss (the mean over labels != -100)
 ///   mih_export.json        mih's own description: spec, dtype, seed, data pipeline, key map,

@@ -55,8 +55,16 @@ mih::spec::ModelSpec tiny_port_spec() {
   s.data.pipeline = "synthetic tokens from a generator seeded by the step, labels shifted in the pipeline";
   s.data.make_batches = [vocab = o.vocab] { return synthetic_batches(vocab); };
   s.data.labels_are_shifted = true;
-  // Every parameter under "model.<fqn>" in the external checkpoint.
-  s.checkpoint.key_map = {{R"((.+))", {"model.$1"}}};
+  // The external checkpoint keeps its MLP in GPT-2's Conv1D layout ([in, out], the transpose
+  // of a Linear's weight) under GPT-2's names; every other parameter under "model.<fqn>".
+  s.checkpoint.key_map = {{R"(up\.weight)", {"transformer.h.0.mlp.c_fc.weight"}, 0, /*transpose=*/true},
+                          {R"(up\.bias)", {"transformer.h.0.mlp.c_fc.bias"}},
+                          {R"(down\.weight)", {"transformer.h.0.mlp.c_proj.weight"}, 0, /*transpose=*/true},
+                          {R"(down\.bias)", {"transformer.h.0.mlp.c_proj.bias"}},
+                          {R"((.+))", {"model.$1"}}};
+  // What `my_port_conformance export` writes as config.json and `inspect` compares.
+  s.checkpoint.hf = {"tiny_mlp", {"TinyMlpForCausalLM"},
+                     {{"vocab_size", o.vocab}, {"hidden_size", o.hidden}, {"intermediate_size", o.ffn}}};
   s.invariants = {head_not_tied()};
   return s;
 }
