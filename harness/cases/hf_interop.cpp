@@ -16,6 +16,8 @@
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
 #include "harness/compat/store.h"
+#include "harness/parallel/parallel_context.h"
+#include "harness/parallel/placement.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/dtypes.h"
 #include "harness/training/trainer.h"
@@ -129,7 +131,60 @@ void unchecked_fields(const nlohmann::json& port, const nlohmann::json& checkpoi
 
 std::string shape_text(const std::vector<int64_t>& s) { return nlohmann::json(s).dump(); }
 
+at::ScalarType scalar_type_of(const std::string& safetensors_name, const std::string& key) {
+  static const std::map<std::string, at::ScalarType> kTypes = {
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}};
+  auto it = kTypes.find(safetensors_name);
+  MIH_CHECK(it != kTypes.end(), "checkpoint tensor '", key, "' has dtype ", safetensors_name,
+            "; a parameter loads from F64, F32, F16 or BF16");
+  return it->second;
+}
+
 }  // namespace
+
+size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, ParallelContext& ctx) {
+  const hf::Checkpoint checkpoint = hf::read_checkpoint(dir);
+  const KeyMap map(spec.checkpoint.key_map);
+  std::map<std::string, safetensors::Reader> readers;
+  std::vector<std::pair<std::shared_ptr<ShardedParameter>, at::Tensor>> staged;
+  for (const auto& p : ctx.parameters()) {
+    if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
+    std::map<std::string, at::Tensor> external;
+    for (const std::string& key : map.external_keys(p->fqn)) {
+      const hf::TensorEntry* e = checkpoint.find(key);
+      MIH_CHECK(e != nullptr, "init from ", dir.string(), ": the checkpoint has no '", key, "' (needed for '", p->fqn,
+                "'); `mih inspect --spec ", spec.name, " --hf-dir ", dir.string(), "` lists every difference");
+      auto reader = readers.find(e->file);
+      if (reader == readers.end()) reader = readers.emplace(e->file, safetensors::Reader(dir / e->file)).first;
+      at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(scalar_type_of(e->dtype, key)));
+      reader->second.read(key, t.data_ptr());
+      external[key] = t;
+    }
+    at::Tensor full = map.from_external(p->fqn, external);
+    if (full.sizes().vec() != p->global_shape) {
+      std::vector<int64_t> reversed(p->global_shape.rbegin(), p->global_shape.rend());
+      MIH_THROW(Code::kInvalidSpec, "init from ", dir.string(), ": '", p->fqn, "' rebuilt from ",
+                map.external_keys(p->fqn).front(), " has shape ", shape_text(full.sizes().vec()), ", the port's is ",
+                shape_text(p->global_shape),
+                full.dim() == 2 && full.sizes().vec() == reversed ? " (likely transposed: a Conv1D [in, out] weight "
+                                                                    "needs `transpose` in its key-map rule)"
+                                                                  : "");
+    }
+    staged.emplace_back(p, full.to(p->local.scalar_type()));
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [p, full] : staged) {
+    for (const Box& box : ctx.local_boxes(*p)) {
+      at::Tensor dst = p->local, src = full;
+      for (size_t d = 0; d < box.lengths.size(); ++d) {
+        dst = dst.narrow(static_cast<int64_t>(d), box.local_offset[d], box.lengths[d]);
+        src = src.narrow(static_cast<int64_t>(d), box.global_offset[d], box.lengths[d]);
+      }
+      dst.copy_(src);
+    }
+  }
+  return staged.size();
+}
 
 HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options) {
   MIH_CHECK(spec.checkpoint.hf.declared(), "spec '", spec.name, "' declares no Hugging Face config "
@@ -139,6 +194,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
   const KeyMap map(spec.checkpoint.key_map);
   HfExportResult result;
   with_one_rank(spec, options.dtype, options.seed, [&](Trainer& trainer) {
+    if (!options.init_from.empty()) load_hf_weights(spec, options.init_from, trainer.context());
     const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : trainer.context().parameters()) {
@@ -186,6 +242,8 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                         {"description", spec.description},
                                         {"dtype", options.dtype},
                                         {"seed", options.seed},
+                                        {"init_from", options.init_from.empty() ? nlohmann::json()
+                                                                                : nlohmann::json(fs::absolute(options.init_from).string())},
                                         {"data_pipeline", spec.data.pipeline},
                                         {"logits_shape", logits.defined() ? nlohmann::json(logits.sizes().vec())
                                                                           : nlohmann::json()},

@@ -17,6 +17,9 @@ namespace mih::cases {
 
 struct HfExportOptions {
   std::filesystem::path out;
+  /// A Hugging Face checkpoint directory to take the weights from (load_hf_weights) instead of
+  /// the seed's initialization: the export then reproduces that checkpoint's numbers.
+  std::filesystem::path init_from;
   /// float32, float64 or bfloat16: the parameters' dtype, so the file's.
   std::string dtype = "float32";
   uint64_t seed = 0;
@@ -33,8 +36,8 @@ struct HfExportResult {
   bool logits = false;
 };
 
-/// Builds `spec`'s model at world size 1 with its initial weights (seed, dtype) and writes
-/// to options.out:
+/// Builds `spec`'s model at world size 1 with its initial weights (seed, dtype; or the weights
+/// of options.init_from) and writes to options.out:
 ///   config.json            the spec's HfConfig: model_type, architectures, its fields and
 ///                          torch_dtype (what a Hugging Face loader reads)
 ///   model.safetensors      every parameter but the training-only ones, under its external
@@ -50,6 +53,18 @@ struct HfExportResult {
 ///   the fix), a parameter has no key-map rule and is not training-only, or two parameters
 ///   map to one key; as the key map, the Trainer and the writers otherwise.
 HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options);
+
+/// Sets every parameter of `ctx` (the model of `spec`, built under any parallel config:
+/// tp, FSDP, ep pieces alike) from checkpoint directory `dir` through the spec's key map:
+/// each rank reads the external tensors of every parameter but the training-only ones,
+/// rebuilds each full internal tensor (KeyMap::from_external), checks its shape against the
+/// parameter's, converts it to the parameter's dtype, and only when every parameter passed
+/// copies its boxes (ParallelContext::local_boxes) into this rank's piece. Not a collective;
+/// every rank reads the same files. Returns the number of parameters set.
+/// Throws (nothing set on this rank): mih::Error as hf::read_checkpoint; kInvalidSpec naming
+///   the key and the parameter for a key the checkpoint lacks, a dtype it cannot read, or a
+///   rebuilt shape that differs (with "likely transposed" when it is the reverse).
+size_t load_hf_weights(const spec::ModelSpec& spec, const std::filesystem::path& dir, ParallelContext& ctx);
 
 struct HfInspectOptions {
   /// The checkpoint directory (local; URLs are refused).

@@ -47,6 +47,9 @@ CommandRun setup_export(CLI::App& sub, const Invocation&) {
   sub.add_option("--out", f->o.out, "output directory (created)")->required();
   sub.add_option("--dtype", f->o.dtype, "float32, float64 or bfloat16 (the weights' dtype)")->capture_default_str();
   sub.add_option("--seed", f->o.seed, "parameter init seed")->capture_default_str();
+  sub.add_option("--init-from", f->o.init_from,
+                 "take the weights from this Hugging Face checkpoint directory (through the key map) instead of the "
+                 "seed's initialization");
   sub.add_option("--max-shard-size", f->o.max_shard_bytes,
                  "bytes of weights per file; above it model-0000i-of-0000n.safetensors and the index")
       ->check(at_least(1))

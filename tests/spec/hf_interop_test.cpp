@@ -15,6 +15,7 @@
 #include "harness/cases/hf_interop.h"
 #include "harness/checkpoint/key_map.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/parallel/parallel_context.h"
 #include "harness/spec/model_spec.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/thread_ranks.h"
@@ -193,6 +194,105 @@ TEST(HfExportTest, ShardsAboveTheSizeWithTheIndexAndInspectsClean) {
   const cases::HfInspectResult r = inspect(s, o.out, "sharded");
   EXPECT_EQ(r.differences, 0u) << r.diff.dump(2);
   EXPECT_EQ(r.matched, exported.tensors);
+}
+
+std::map<std::string, at::Tensor> read_all(const fs::path& file) {
+  safetensors::Reader r(file);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& n : r.names()) {
+    const auto& info = r.info(n);
+    at::Tensor t = at::empty({static_cast<int64_t>(info.nbytes())}, at::kByte);
+    r.read(n, t.data_ptr());
+    out[n] = t;
+  }
+  return out;
+}
+
+TEST(HfInitFromTest, AnExportFromAnotherSeedInitializedFromTheCheckpointReproducesItBitForBit) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions a, b, c;
+  a.out = testing::temp_dir("init_a");
+  b.out = testing::temp_dir("init_b");
+  c.out = testing::temp_dir("init_c");
+  b.seed = c.seed = 7;
+  b.init_from = a.out;
+  cases::export_hf(s, a);
+  cases::export_hf(s, b);
+  cases::export_hf(s, c);
+  const auto ref_a = read_all(a.out / "reference.safetensors"), ref_b = read_all(b.out / "reference.safetensors"),
+             ref_c = read_all(c.out / "reference.safetensors");
+  EXPECT_TRUE(at::equal(ref_a.at("logits"), ref_b.at("logits"))) << "the logits of the checkpoint's weights";
+  EXPECT_FALSE(at::equal(ref_a.at("logits"), ref_c.at("logits"))) << "another seed without init_from must differ";
+  const auto w_a = read_all(a.out / "model.safetensors"), w_b = read_all(b.out / "model.safetensors");
+  ASSERT_EQ(w_a.size(), w_b.size());
+  for (const auto& [k, t] : w_a) EXPECT_TRUE(at::equal(t, w_b.at(k))) << k;
+}
+
+// Under tp x FSDP (llama) and ep x FSDP (moe) every rank's piece is the checkpoint's: the
+// gathered parameter equals the tensor rebuilt from the files, bit for bit.
+TEST(HfInitFromTest, EveryShardedLayoutLoadsTheCheckpointsValues) {
+  for (const auto& [name, config] : std::vector<std::pair<std::string, ParallelConfig>>{
+           {"llama", [] { ParallelConfig c; c.tp = 2; c.dp_shard = 2; return c; }()},
+           {"moe", [] { ParallelConfig c; c.dp_shard = 2; c.ep = 2; return c; }()}}) {
+    SCOPED_TRACE(name);
+    const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
+    cases::HfExportOptions o;
+    o.out = testing::temp_dir("init_layout_" + name);
+    o.seed = 3;
+    cases::export_hf(s, o);
+    std::map<std::string, at::Tensor> files;
+    {
+      safetensors::Reader r(o.out / "model.safetensors");
+      for (const auto& n : r.names()) {
+        at::Tensor t = at::empty(r.info(n).shape, at::kFloat);
+        r.read(n, t.data_ptr());
+        files[n] = t;
+      }
+    }
+    const KeyMap map(s.checkpoint.key_map);
+    size_t compared = 0;
+    auto errors = testing::run_mesh(config, [&](DeviceMesh& mesh) {
+      Trainer t(mesh, config, s.factory, s.data.make_batches(), s.data.apply_sharding(s.trainer));
+      EXPECT_EQ(cases::load_hf_weights(s, o.out, t.context()), t.context().parameters().size());
+      for (const auto& p : t.context().parameters()) {
+        EXPECT_TRUE(at::equal(t.gather_full(*p), map.from_external(p->fqn, files))) << p->fqn;
+        if (mesh.rank() == 0) ++compared;
+      }
+    });
+    EXPECT_THAT(errors, ::testing::IsEmpty());
+    EXPECT_GT(compared, 10u);
+  }
+}
+
+TEST(HfInitFromTest, AMissingOrTransposedWeightSetsNothing) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("init_bad");
+  cases::export_hf(s, o);
+  const std::string down = "model.layers.1.mlp.down_proj.weight";
+  rewrite(o.out / "model.safetensors", [&](std::string& name, std::vector<int64_t>& shape, std::vector<char>&) {
+    if (name == down) std::swap(shape[0], shape[1]);
+  });
+  auto errors = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
+    ParallelConfig c;
+    c.seed = 9;
+    Trainer t(mesh, c, s.factory, s.data.make_batches(), s.data.apply_sharding(s.trainer));
+    const at::Tensor before = t.context().parameters().front()->local.clone();
+    EXPECT_THAT([&] { cases::load_hf_weights(s, o.out, t.context()); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("'layers.1.mlp.down_proj.weight' rebuilt from " + down +
+                                                          " has shape [128,64], the port's is [64,128] (likely transposed")));
+    EXPECT_TRUE(at::equal(t.context().parameters().front()->local, before)) << "all or nothing: the embedding was set";
+  });
+  EXPECT_THAT(errors, ::testing::IsEmpty());
+  rewrite(o.out / "model.safetensors", [&](std::string& name, std::vector<int64_t>&, std::vector<char>&) {
+    if (name == down) name = "model.layers.1.mlp.down.weight";
+  });
+  auto errors2 = testing::run_mesh(ParallelConfig{}, [&](DeviceMesh& mesh) {
+    Trainer t(mesh, ParallelConfig{}, s.factory, s.data.make_batches(), s.data.apply_sharding(s.trainer));
+    EXPECT_THAT([&] { cases::load_hf_weights(s, o.out, t.context()); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("the checkpoint has no '" + down + "' (needed for 'layers.1.mlp.down_proj.weight')")));
+  });
+  EXPECT_THAT(errors2, ::testing::IsEmpty());
 }
 
 TEST(HfExportTest, ASpecWithoutAHuggingFaceConfigIsNotExported) {
