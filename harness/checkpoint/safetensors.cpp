@@ -441,6 +441,11 @@ std::vector<std::string> checkpoint_keys(const std::filesystem::path& dir) {
     MIH_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
               " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps each key to its shard)");
     for (const auto& [key, shard] : j["weight_map"].items()) keys.push_back(key);
+  } else if (fs::exists(dir / "model.safetensors")) {
+    // Hugging Face's single-file layout: the other safetensors files of the directory (e.g.
+    // mih export's batch and reference) are not weights.
+    const Reader r(dir / "model.safetensors");
+    keys = r.names();
   } else {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir)) {

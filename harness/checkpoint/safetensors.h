@@ -138,7 +138,9 @@ class Reader {
 
 /// The tensor names of a checkpoint directory in Hugging Face layout, sorted:
 /// model.safetensors.index.json's "weight_map" keys when the index exists (the shards are not
-/// opened: this is a key listing), else the names of every *.safetensors file in it.
+/// opened: this is a key listing), else model.safetensors's names when it exists (the other
+/// safetensors files beside it, e.g. an export's batch, are not weights), else the names of
+/// every *.safetensors file in it.
 /// Throws: mih::Error{kFailedPrecondition} naming the directory when it does not exist or
 ///   holds neither; kInvalidSpec naming the file when the index is not JSON or has no
 ///   weight_map object; as Reader for a malformed safetensors file.

@@ -762,6 +762,12 @@ TEST(SourceCheckpointTest, KeysComeFromAnIndexOrSafetensorsFilesAndATypoIsNamed)
   const double x[2] = {1, 2};
   safetensors::write_file(dir / "st" / "model.safetensors", {{"b.weight", "F64", {2}, x, sizeof x}, {"a.weight", "F64", {1}, x, 8}});
   EXPECT_EQ(safetensors::checkpoint_keys(dir / "st"), (std::vector<std::string>{"a.weight", "b.weight"}));
+  // Beside model.safetensors, other safetensors files (an export's batch) are not weights;
+  // without it, every file's names are.
+  safetensors::write_file(dir / "st" / "batch.safetensors", {{"input_ids", "F64", {2}, x, sizeof x}});
+  EXPECT_EQ(safetensors::checkpoint_keys(dir / "st"), (std::vector<std::string>{"a.weight", "b.weight"}));
+  std::filesystem::rename(dir / "st" / "model.safetensors", dir / "st" / "part1.safetensors");
+  EXPECT_EQ(safetensors::checkpoint_keys(dir / "st"), (std::vector<std::string>{"a.weight", "b.weight", "input_ids"}));
   // Bad input: a clear error naming the directory or file.
   try {
     (void)safetensors::checkpoint_keys(dir / "nope");
