@@ -92,7 +92,12 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     for (const auto& [key, shard] : index["weight_map"].items()) {
       MIH_CHECK(shard.is_string(), (dir / kIndex).string(), ": the shard of '", key, "' must be a file name, got ",
                 shard.dump());
-      weight_map[key] = shard.get<std::string>();
+      const fs::path name = shard.get<std::string>();
+      bool inside = !name.empty() && name.is_relative();
+      for (const auto& part : name) inside = inside && part != "..";
+      MIH_CHECK(inside, (dir / kIndex).string(), ": the shard of '", key, "' is ", shard.dump(),
+                "; a shard is a file inside the checkpoint directory (no absolute path, no '..')");
+      weight_map[key] = name.string();
     }
     std::set<std::string> named;
     for (const auto& [key, shard] : weight_map) {

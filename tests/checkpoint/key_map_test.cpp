@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
 #include "harness/checkpoint/hf_checkpoint.h"
@@ -163,6 +164,11 @@ TEST(HfCheckpointTest, AKeyTheIndexDoesNotPlaceThereIsAnError) {
               ThrowsMessage<Error>(HasSubstr("s1.safetensors holds 'b', which model.safetensors.index.json does not list")));
   { std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "z": "s1.safetensors"}})"; }
   EXPECT_THAT([&] { hf::read_checkpoint(dir); }, ThrowsMessage<Error>(HasSubstr("places 'z' in s1.safetensors")));
+  for (const char* shard : {"../s1.safetensors", "/etc/passwd", ""}) {
+    { std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json({{"weight_map", {{"a", shard}}}}).dump(); }
+    EXPECT_THAT([&] { hf::read_checkpoint(dir); },
+                ThrowsMessage<Error>(HasSubstr("a shard is a file inside the checkpoint directory"))) << shard;
+  }
 }
 
 TEST(HfCheckpointTest, PicklesOnlyAreNamed) {
