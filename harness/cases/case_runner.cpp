@@ -23,6 +23,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
+#include "harness/cases/hf_interop.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
@@ -139,6 +140,7 @@ int run_phase(WorkerContext& ctx) {
                     {"matrix", file.matrix},
                     {"pg_backend", c.pg_backend},
                     {"training_backend", file.training_backend},
+                    {"init_from", file.init_from.empty() ? nlohmann::json() : nlohmann::json(file.init_from)},
                     {"launcher", launcher_of(ctx.world(), process_env())},
                     {"run_id", ctx.world().run_id.empty() ? nlohmann::json() : nlohmann::json(ctx.world().run_id)}};
   if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
@@ -149,6 +151,12 @@ int run_phase(WorkerContext& ctx) {
     t = std::chrono::steady_clock::now();
     backend->build(s, mesh, config, so.trainer, session);
     timing["build_s"] = since(t);
+    if (!file.init_from.empty() && phase != "load") {
+      t = std::chrono::steady_clock::now();
+      const size_t loaded = load_hf_weights(s, file.init_from, *backend->state().context);
+      timing["init_from_s"] = since(t);
+      timing["init_from_parameters"] = loaded;
+    }
     if (phase == "load") {
       backend->load(evidence / "checkpoint");
       nlohmann::json hashes = tensor_hashes(*backend);
@@ -209,7 +217,9 @@ fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseR
   fs::remove_all(evidence);
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
-  dir.write_json("run/case.json", case_file_json({s.name, c, o.matrix, o.training_backend, o.fault}));
+  dir.write_json("run/case.json",
+                 case_file_json({s.name, c, o.matrix, o.training_backend, o.fault,
+                                 o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string()}));
   return evidence;
 }
 
@@ -218,7 +228,8 @@ void to_json(nlohmann::json& j, const CaseFile& f) {
        {"case", f.c},
        {"matrix", f.matrix},
        {"training_backend", f.training_backend},
-       {"fault", f.fault}};
+       {"fault", f.fault},
+       {"init_from", f.init_from}};
 }
 
 CaseFile read_case_file(const fs::path& path) {
@@ -237,6 +248,7 @@ CaseFile read_case_file(const fs::path& path) {
       f.matrix = j.at("matrix").get<std::string>();
       f.training_backend = j.at("training_backend").get<std::string>();
       f.fault = j.at("fault").get<std::string>();
+      f.init_from = j.value("init_from", std::string());
       return f;
     } catch (const nlohmann::json::exception& e) {
       MIH_THROW(Code::kFailedPrecondition, e.what());

@@ -39,6 +39,10 @@ struct CaseRunOptions {
   /// A fault of the catalog ("F03"; harness/base/fault.h) the rank processes inject: set as
   /// their MIH_FAULT, which is otherwise cleared (an exported MIH_FAULT never leaks into a case).
   std::string fault;
+  /// A Hugging Face checkpoint directory every rank initializes the port from (load_hf_weights,
+  /// after the build, before the first step; a resume's load phase takes the saved checkpoint
+  /// instead). Empty: the seed's initialization.
+  std::filesystem::path init_from;
 };
 
 struct CaseRunResult {
@@ -104,6 +108,8 @@ struct CaseFile {
   std::string matrix;
   std::string training_backend;
   std::string fault;
+  /// Absolute path of the checkpoint directory the ranks initialize from; "" for none.
+  std::string init_from;
 };
 void to_json(nlohmann::json& j, const CaseFile& f);
 /// Throws: mih::Error{kFailedPrecondition} naming the file when it is missing or malformed.

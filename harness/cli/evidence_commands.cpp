@@ -13,6 +13,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -202,6 +203,9 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--fault", f->options.fault,
                  "inject a fault of the catalog (F01-F26, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
+  sub.add_option("--init-from", f->options.init_from,
+                 "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map) "
+                 "instead of the seed's initialization; its files' SHA-256 are part of the case's fingerprint");
   sub.add_flag("--prepare", f->prepare,
                "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
                "external launcher (torchrun, srun, mpirun)");
@@ -211,6 +215,14 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
     f->options.matrix = f->matrix;
     const spec::Case& c = case_named(matrix, f->case_name);
+    // A checkpoint to initialize from is read here first (a URL, an LFS pointer or a missing
+    // shard fails before any rank starts); its fingerprints tell this run from another's.
+    std::string checkpoint_digest;
+    if (!f->options.init_from.empty()) {
+      Sha256 digest;
+      for (const auto& file : hf::read_checkpoint(f->options.init_from).files) digest.update(file.sha256 + file.path);
+      checkpoint_digest = digest.hex_digest();
+    }
     if (f->prepare) {
       const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
       std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / "run/case.json").c_str());
@@ -225,6 +237,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
     f->options.fingerprint = cases::case_fingerprint(s.name, c, f->options.training_backend, f->options.fault,
                                                      f->options.timeout, f->options.collective_timeout);
+    if (!checkpoint_digest.empty()) f->options.fingerprint += "+init_from:" + checkpoint_digest;
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
     const cases::CaseRunResult r = cases::run_case(s, c, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
