@@ -2,6 +2,7 @@
 #include "harness/cases/hf_interop.h"
 
 #include <fnmatch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -91,7 +92,16 @@ void write_tensors(const fs::path& path, const std::vector<std::pair<std::string
 
 // Equal JSON values, numbers by value (10000 and 10000.0 agree; 1e-6 relative for floats).
 bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
-  if (a.is_number() && b.is_number() && !a.is_boolean() && !b.is_boolean()) {
+  if (a.is_number() && b.is_number()) {
+    // An integer (a size, a count, a token id) must be that integer (2.0 is 2, 2.0000001 is
+    // not); two floats agree to 1e-6 relative (the printing of 1e-06 or 0.000001).
+    if (a.is_number_integer() || b.is_number_integer()) {
+      if (a.is_number_integer() && b.is_number_integer()) {
+        return a.is_number_unsigned() == b.is_number_unsigned() ? a == b : a.get<double>() == b.get<double>();
+      }
+      const double x = a.get<double>(), y = b.get<double>();
+      return x == y && std::floor(x) == x && std::abs(x) < 9007199254740992.0;  // exact below 2^53
+    }
     const double x = a.get<double>(), y = b.get<double>();
     return x == y || std::abs(x - y) <= 1e-6 * std::max(std::abs(x), std::abs(y));
   }
@@ -191,6 +201,33 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
             "(CheckpointSpec::hf: model_type, architectures and the config.json fields from its options), so its "
             "export would not be a Hugging Face checkpoint; declare them in the spec");
   MIH_CHECK(!options.out.empty(), "export: --out DIR is required");
+  MIH_CHECK(options.dtype == "float32" || options.dtype == "float64" || options.dtype == "bfloat16", "export: --dtype ",
+            options.dtype, " is not one the ports compute in on CPU; use float32, float64 or bfloat16");
+  // Everything is written into a staging directory beside --out, which replaces --out only
+  // when the export is complete: a failed export leaves the earlier one whole, and no file
+  // of an earlier export (another shard count, another dtype) survives a new one.
+  fs::path target = fs::absolute(options.out).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  std::error_code ec;
+  const bool exists = fs::exists(target, ec);
+  MIH_CHECK_CODE(!exists || fs::is_directory(target, ec), Code::kFailedPrecondition, "export: --out ", target.string(),
+                 " is a file, not a directory");
+  MIH_CHECK_CODE(!exists || fs::is_empty(target, ec) || fs::exists(target / "mih_export.json", ec),
+                 Code::kFailedPrecondition, "export: --out ", target.string(), " holds files and no mih_export.json, "
+                 "so it is not an earlier mih export; give a new or empty directory (nothing was written)");
+  const fs::path stage = target.parent_path() / ("." + target.filename().string() + ".mih-export-" +
+                                                 std::to_string(::getpid()));
+  fs::remove_all(stage, ec);
+  fs::create_directories(stage, ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot create ", stage.string(), " beside --out: ",
+                 ec.message());
+  struct RemoveStage {
+    fs::path dir;
+    ~RemoveStage() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } cleanup{stage};
   const KeyMap map(spec.checkpoint.key_map);
   HfExportResult result;
   with_one_rank(spec, options.dtype, options.seed, [&](Trainer& trainer) {
@@ -208,7 +245,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
       keep.push_back(c);
       views.push_back({key, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
     }
-    result.weight_files = hf::write_weights(options.out, views, options.max_shard_bytes);
+    result.weight_files = hf::write_weights(stage, views, options.max_shard_bytes);
     result.tensors = weights.size();
 
     BatchSource batches = spec.data.make_batches();
@@ -216,7 +253,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
     std::vector<std::pair<std::string, at::Tensor>> batch_tensors = {
         {"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
     for (const auto& [name, t] : batch.fields) batch_tensors.emplace_back(name, t);
-    write_tensors(options.out / "batch.safetensors", batch_tensors, &keep);
+    write_tensors(stage / "batch.safetensors", batch_tensors, &keep);
 
     at::Tensor logits, token_losses;
     {
@@ -228,13 +265,13 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
     at::Tensor loss = token_losses.sum() / valid;
     std::vector<std::pair<std::string, at::Tensor>> reference = {{"token_losses", token_losses}, {"loss", loss}};
     if (logits.defined()) reference.insert(reference.begin(), {"logits", logits});
-    write_tensors(options.out / "reference.safetensors", reference, &keep);
+    write_tensors(stage / "reference.safetensors", reference, &keep);
     result.loss = loss.item<double>();
     result.logits = logits.defined();
 
     nlohmann::json config = hf_config_json(spec.checkpoint.hf);
     config["torch_dtype"] = options.dtype;
-    write_file_atomic(options.out / "config.json", config.dump(2) + "\n");
+    write_file_atomic(stage / "config.json", config.dump(2) + "\n");
 
     nlohmann::json tensors = nlohmann::json::object();
     for (const auto& [key, e] : expected) tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}};
@@ -251,8 +288,29 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                         {"weight_files", result.weight_files},
                                         {"key_map", map.to_json()},
                                         {"tensors", tensors}};
-    write_file_atomic(options.out / "mih_export.json", description.dump(2) + "\n");
+    write_file_atomic(stage / "mih_export.json", description.dump(2) + "\n");
   });
+  if (exists) {
+    const fs::path old = target.parent_path() / ("." + target.filename().string() + ".mih-export-old-" +
+                                                 std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    fs::rename(target, old, ec);
+    MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot replace the earlier export ", target.string(), ": ",
+                   ec.message(), " (it is left as it was)");
+    fs::rename(stage, target, ec);
+    if (ec) {
+      std::error_code restore;
+      fs::rename(old, target, restore);  // the earlier export back in place
+    } else {
+      fs::remove_all(old, ec);
+      ec.clear();
+    }
+  } else {
+    fs::create_directories(target.parent_path(), ec);
+    fs::rename(stage, target, ec);
+  }
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot move the export into ", target.string(), ": ",
+                 ec.message());
   return result;
 }
 
@@ -320,6 +378,13 @@ HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& 
                  {"config_fields_not_compared", unchecked},
                  {"config_compared", spec.checkpoint.hf.declared()}};
 
+  // Each inspect's verdict stands alone: an earlier inspect's inventory and state in --out
+  // (another spec or checkpoint, or one since fixed) are removed first.
+  {
+    std::error_code ec;
+    fs::remove_all(options.out / "inventory", ec);
+    fs::remove(options.out / "integration_state.json", ec);
+  }
   EvidenceDir out(options.out);
   nlohmann::json candidate_tensors = nlohmann::json::object();
   for (const auto& [key, e] : expected) candidate_tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}, {"dtype", dtype}};

@@ -49,8 +49,13 @@ struct HfExportResult {
 ///                          and loss (the mean over labels != -100)
 ///   mih_export.json        mih's own description: spec, dtype, seed, data pipeline, key map,
 ///                          the external tensors with the FQN each came from, the loss
+/// Everything is written into a staging directory beside `out` that replaces `out` only when
+/// complete, so a failed export leaves an earlier one whole and no file of an earlier export
+/// survives a new one.
 /// Throws: mih::Error{kInvalidSpec} when the spec declares no HfConfig (naming the spec and
-///   the fix), a parameter has no key-map rule and is not training-only, or two parameters
+///   the fix), for a dtype other than float32, float64, bfloat16;
+///   kFailedPrecondition when `out` is a file or a non-empty directory that is not an earlier
+///   mih export (no mih_export.json: nothing is written); a parameter has no key-map rule and is not training-only, or two parameters
 ///   map to one key; as the key map, the Trainer and the writers otherwise.
 HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options);
 
@@ -90,9 +95,11 @@ struct HfInspectResult {
 /// the key (and the FQN it maps from): missing keys, unexpected keys (neither expected nor
 /// inference-only), shape mismatches (with "likely transposed" when the shape is the reverse),
 /// dtype differences, and config fields the spec declares that the directory's config.json
-/// lacks or gives another value (nested, by dotted path; HfConfig::ignored skipped). Writes
-/// the inventory and, when nothing differs, moves the integration state to DISCOVERED (a
-/// directory with differences keeps its state, so a fixed port can be inspected again).
+/// lacks or gives another value (nested, by dotted path; HfConfig::ignored skipped; integers
+/// exactly, floats to 1e-6 relative). Removes an earlier inspect's inventory and state from
+/// options.out, writes the inventory and, when nothing differs, moves the integration state to
+/// DISCOVERED (with differences the directory has no state: each inspect's verdict stands
+/// alone, so a fixed port is inspected again into the same directory).
 /// Throws: mih::Error as hf::read_checkpoint, the Trainer and the evidence store.
 HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& options);
 

@@ -69,6 +69,12 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     MIH_CHECK(text.rfind(scheme, 0) != 0, "checkpoint '", text, "' is a URL: mih never downloads; fetch it yourself "
               "(e.g. `huggingface-cli download <repo> --local-dir DIR`) and give the local directory");
   }
+  try {
+    (void)nlohmann::json(text).dump();  // the evidence names the directory in JSON
+  } catch (const nlohmann::json::type_error&) {
+    MIH_THROW(Code::kInvalidSpec, "checkpoint directory '", text, "': its path is not valid UTF-8; rename it or "
+              "reach it through a symlink whose path is");
+  }
   std::error_code ec;
   MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, "checkpoint directory ", text,
                  " does not exist or is not a directory");
@@ -107,6 +113,16 @@ Checkpoint read_checkpoint(const fs::path& dir) {
       }
     }
     shards.assign(named.begin(), named.end());
+    // A weights file the index does not name would be ignored by every loader: almost always
+    // a shard left out of the index or left behind by an earlier save.
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      const bool weights = name == "model.safetensors" ||
+                           (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors");
+      MIH_CHECK(!weights || named.count(name), "checkpoint ", text, ": ", name, " is not named by ", kIndex,
+                "; loaders ignore it, so its tensors are not part of the checkpoint: add it to the index's "
+                "weight_map or remove it");
+    }
     c.files.push_back(asset(dir, kIndex));
   } else {
     // As Hugging Face's loaders: one file named model.safetensors (other safetensors files in
@@ -168,13 +184,21 @@ std::vector<std::string> write_weights(const fs::path& dir, const std::vector<sa
     in_shard += t.nbytes;
     total += t.nbytes;
   }
+  // Weights files of an earlier write (another shard count) would contradict this one.
   std::error_code ec;
-  fs::remove(dir / kIndex, ec);  // a stale index would name shards of another export
+  if (fs::is_directory(dir, ec)) {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name == kIndex || name == "model.safetensors" ||
+          (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors")) {
+        fs::remove(e.path(), ec);
+      }
+    }
+  }
   if (shards.size() == 1) {
     safetensors::write_file(dir / "model.safetensors", tensors, {{"format", "pt"}});
     return {"model.safetensors"};
   }
-  fs::remove(dir / "model.safetensors", ec);  // a loader prefers the index; one file would shadow nothing but mislead
   std::vector<std::string> written;
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {

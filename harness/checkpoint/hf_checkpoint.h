@@ -56,8 +56,9 @@ struct Checkpoint {
 ///   downloaded; fetch it and give the local directory), config.json is missing or not a JSON
 ///   object, a shard is a Git LFS pointer (naming the file: run `git lfs pull`), a shard the
 ///   index names is missing (naming it and a key it should hold), the index and a shard
-///   disagree on a key, two files hold one key, or a safetensors header is malformed (as
-///   safetensors::Reader); kFailedPrecondition when `dir` is not a directory or has neither
+///   disagree on a key, a weights file (model.safetensors, model-*.safetensors) the index does
+///   not name is there, two files hold one key, the path is not valid UTF-8, or a
+///   safetensors header is malformed (as safetensors::Reader); kFailedPrecondition when `dir` is not a directory or has neither
 ///   model.safetensors nor the index (naming the .bin and other .safetensors files there).
 Checkpoint read_checkpoint(const std::filesystem::path& dir);
 
@@ -67,7 +68,9 @@ inline constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000ull;
 /// Writes `tensors` into `dir` as model.safetensors when their bytes fit in `max_shard_bytes`,
 /// else as model-0000i-of-0000n.safetensors (tensors in the given order, a new shard when the
 /// next one would overflow) plus model.safetensors.index.json ({"metadata": {"total_size"},
-/// "weight_map": {key: shard}}). Returns the files written, relative to `dir`.
+/// "weight_map": {key: shard}}), after removing the weights files of an earlier write
+/// (model.safetensors, model-*.safetensors, the index). Returns the files written, relative
+/// to `dir`.
 /// Throws: as safetensors::write_file; kInvalidSpec if max_shard_bytes is 0.
 std::vector<std::string> write_weights(const std::filesystem::path& dir,
                                        const std::vector<safetensors::TensorView>& tensors,

@@ -147,9 +147,18 @@ TEST(HfCheckpointTest, ReadsShardsThroughTheIndexAndRefusesWhatIsNotThere) {
   std::filesystem::remove(dir / "model-00002-of-00002.safetensors");
   EXPECT_THAT([&] { hf::read_checkpoint(dir); },
               ThrowsMessage<Error>(HasSubstr("the shard model-00002-of-00002.safetensors named by")));
-  // One file again: the writer removes the index it would contradict.
+  // A weights file the index does not name is refused (loaders would ignore it).
+  hf::write_weights(dir, views, 50);
+  EXPECT_NO_THROW(hf::read_checkpoint(dir));
+  write_one(dir / "model-00003-of-00003.safetensors", {"d"});
+  EXPECT_THAT([&] { hf::read_checkpoint(dir); },
+              ThrowsMessage<Error>(HasSubstr("model-00003-of-00003.safetensors is not named by model.safetensors.index.json")));
+  // One file again: the writer removes every weights file of the earlier write.
   EXPECT_EQ(hf::write_weights(dir, views), (std::vector<std::string>{"model.safetensors"}));
   EXPECT_FALSE(std::filesystem::exists(dir / "model.safetensors.index.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "model-00001-of-00002.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "model-00003-of-00003.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "config.json"));
   for (const char* url : {"https://huggingface.co/x", "hf://meta-llama/Llama", "http://x"}) {
     EXPECT_THAT([&] { hf::read_checkpoint(url); }, ThrowsMessage<Error>(HasSubstr("mih never downloads"))) << url;
   }

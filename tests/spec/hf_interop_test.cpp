@@ -295,6 +295,57 @@ TEST(HfInitFromTest, AMissingOrTransposedWeightSetsNothing) {
   EXPECT_THAT(errors2, ::testing::IsEmpty());
 }
 
+TEST(HfExportTest, AnExportReplacesOnlyAnEarlierExportAndOnlyWhenComplete) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("export_replace");
+  o.max_shard_bytes = 64 * 1024;
+  cases::export_hf(s, o);
+  const std::string first_shard = "model-00001-of-00008.safetensors";
+  ASSERT_TRUE(fs::exists(o.out / first_shard));
+  // A failing export (an unsupported dtype) leaves the earlier one as it was.
+  cases::HfExportOptions bad = o;
+  bad.dtype = "float16";
+  EXPECT_THAT([&] { cases::export_hf(s, bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("--dtype float16")));
+  EXPECT_TRUE(fs::exists(o.out / first_shard));
+  // One file now: no shard of the earlier export survives.
+  o.max_shard_bytes = hf::kDefaultMaxShardBytes;
+  cases::export_hf(s, o);
+  EXPECT_FALSE(fs::exists(o.out / first_shard));
+  EXPECT_FALSE(fs::exists(o.out / "model.safetensors.index.json"));
+  EXPECT_EQ(inspect(s, o.out, "replaced").differences, 0u);
+  // A directory mih did not write is never overwritten.
+  const fs::path theirs = testing::temp_dir("export_theirs");
+  { std::ofstream(theirs / "config.json") << "{}"; }
+  o.out = theirs;
+  EXPECT_THAT([&] { cases::export_hf(s, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("holds files and no mih_export.json")));
+  std::string kept;
+  EXPECT_TRUE(read_file(theirs / "config.json", &kept) && kept == "{}");
+}
+
+TEST(HfExportTest, ConfigIntegersCompareExactlyAndEachInspectStandsAlone) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("export_ints");
+  cases::export_hf(s, o);
+  cases::HfInspectOptions io;
+  io.checkpoint = o.out;
+  io.out = testing::temp_dir("inspect_ints");
+  EXPECT_EQ(cases::inspect_hf(s, io).differences, 0u);
+  EXPECT_TRUE(fs::exists(io.out / "integration_state.json"));
+  nlohmann::json c = read_json_file(o.out / "config.json");
+  c["num_hidden_layers"] = 2.0;  // the same integer written as a float
+  { std::ofstream(o.out / "config.json") << c.dump(); }
+  EXPECT_EQ(cases::inspect_hf(s, io).differences, 0u);
+  c["num_hidden_layers"] = 2.0000001;
+  { std::ofstream(o.out / "config.json") << c.dump(); }
+  const cases::HfInspectResult r = cases::inspect_hf(s, io);
+  ASSERT_EQ(r.differences, 1u);
+  EXPECT_EQ(r.diff["config_differences"][0]["field"], "num_hidden_layers");
+  EXPECT_FALSE(fs::exists(io.out / "integration_state.json")) << "the earlier inspect's DISCOVERED must not stand";
+}
+
 TEST(HfExportTest, ASpecWithoutAHuggingFaceConfigIsNotExported) {
   spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
   s.checkpoint.hf = {};
