@@ -51,8 +51,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, faults, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, matrix, list, compare, run, test, check, report, faults, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, matrix, list, compare, run, test, check, report, faults, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, matrix, list, compare, run, test, check, report, faults, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -83,14 +83,14 @@ TEST(CliUsageTest, HelpAndVersionExit0) {
   EXPECT_THAT(version.output, ::testing::ContainsRegex("mih 0\\.2\\.0 \\(build [0-9a-f]{12}; libtorch "));
 }
 
-TEST(CliInputTest, ExportNamesAnUnknownModelOrCorpus) {
+TEST(CliInputTest, ExportNamesAnUnknownSpecOrCheckpoint) {
   const std::string out = " --out " + testing::temp_dir("cli_export").string();
   CliRun model = mih("export --spec gpt2" + out);
   EXPECT_EQ(model.status, exit_status(Code::kInvalidSpec)) << model.output;
-  EXPECT_THAT(model.output, HasSubstr("unknown reference model 'gpt2'; known: llama, moe, vlm"));
-  CliRun corpus = mih("export --spec llama --corpus /nonexistent" + out);
-  EXPECT_EQ(corpus.status, exit_status(Code::kFailedPrecondition)) << corpus.output;
-  EXPECT_THAT(corpus.output, HasSubstr("pass --corpus DIR with text files"));
+  EXPECT_THAT(model.output, HasSubstr("unknown spec 'gpt2'; registered: llama,"));
+  CliRun init = mih("export --spec llama --init-from /nonexistent" + out);
+  EXPECT_EQ(init.status, exit_status(Code::kFailedPrecondition)) << init.output;
+  EXPECT_THAT(init.output, HasSubstr("checkpoint directory /nonexistent does not exist"));
 }
 
 TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
