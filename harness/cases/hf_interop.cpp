@@ -78,16 +78,24 @@ nlohmann::json hf_config_json(const spec::HfConfig& hf) {
   return c;
 }
 
-void write_tensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                   std::vector<at::Tensor>* keep) {
+// Views of (name, tensor) pairs for the safetensors writers; `keep` holds the contiguous CPU
+// copies they point into. Undefined tensors are left out (e.g. position_ids of a pipeline that
+// leaves them to the runtime).
+template <typename Pairs>
+std::vector<safetensors::TensorView> views_of(const Pairs& tensors, std::vector<at::Tensor>* keep) {
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, t] : tensors) {
-    if (!t.defined()) continue;  // e.g. position_ids of a pipeline that leaves them to the runtime
+    if (!t.defined()) continue;
     at::Tensor c = t.detach().cpu().contiguous();
     keep->push_back(c);
     views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
   }
-  safetensors::write_file(path, views, {{"format", "pt"}});
+  return views;
+}
+
+void write_tensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                   std::vector<at::Tensor>* keep) {
+  safetensors::write_file(path, views_of(tensors, keep), {{"format", "pt"}});
 }
 
 // Equal JSON values, numbers by value (10000 and 10000.0 agree; 1e-6 relative for floats).
@@ -239,13 +247,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
       for (auto& [key, tensor] : map.to_external(p->fqn, trainer.gather_full(*p))) weights[key] = tensor;
     }
     std::vector<at::Tensor> keep;
-    std::vector<safetensors::TensorView> views;
-    for (const auto& [key, t] : weights) {
-      at::Tensor c = t.detach().cpu().contiguous();
-      keep.push_back(c);
-      views.push_back({key, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
-    }
-    result.weight_files = hf::write_weights(stage, views, options.max_shard_bytes);
+    result.weight_files = hf::write_weights(stage, views_of(weights, &keep), options.max_shard_bytes);
     result.tensors = weights.size();
 
     BatchSource batches = spec.data.make_batches();
