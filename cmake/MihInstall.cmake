@@ -22,6 +22,8 @@ install(TARGETS ${_mih_package_targets} mih EXPORT mihTargets
   OBJECTS DESTINATION "${CMAKE_INSTALL_LIBDIR}/mih/objects"
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(EXPORT mihTargets NAMESPACE mih:: DESTINATION "${MIH_INSTALL_CMAKEDIR}")
+# The core binary the `mih` front runs, where the front looks for it (bin/../libexec/mih).
+install(TARGETS mih_core RUNTIME DESTINATION "${CMAKE_INSTALL_LIBEXECDIR}/mih")
 
 # Headers keep the source layout: #include "harness/..." and "suites/conformance.h".
 install(DIRECTORY harness/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/harness" FILES_MATCHING PATTERN "*.h"

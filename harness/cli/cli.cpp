@@ -82,6 +82,11 @@ const std::vector<Command>& commands() {
        "--fault ID (repeatable), --json FILE, --out DIR (default build/mih-faults), --case-timeout S, --list. "
        "Exit 0 when every fault is detected by the expected suite and every twin passes.",
        setup_faults},
+      {"warm",
+       "mih warm [status|stop]: list or stop this user's warm servers. The `mih` command forks each command from "
+       "a server that has libtorch loaded already (started on first use, gone after MIH_WARM_IDLE seconds idle, "
+       "default 120); MIH_WARM=0 execs every command instead.",
+       setup_warm},
   };
   return table;
 }

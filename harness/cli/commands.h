@@ -52,6 +52,7 @@ CommandRun setup_test(CLI::App& sub, const Invocation& inv);
 CommandRun setup_check(CLI::App& sub, const Invocation& inv);
 CommandRun setup_report(CLI::App& sub, const Invocation& inv);
 CommandRun setup_faults(CLI::App& sub, const Invocation& inv);
+CommandRun setup_warm(CLI::App& sub, const Invocation& inv);
 
 /// `mih test` / `mih check`: the conformance suites linked into this binary (args after the
 /// command name). Exit status as the README's "Exit codes".

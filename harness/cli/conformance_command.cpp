@@ -36,6 +36,7 @@
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/fork_server.h"
+#include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
 
@@ -602,6 +603,7 @@ int forked_rank_main(int argc, char** argv) { return conformance_main(argc, argv
 
 int conformance_main(int argc, char** argv, bool tests_by_default) {
   if (argc > 1 && std::strcmp(argv[1], "worker") == 0) return worker_main(argc - 1, argv + 1);
+  if (argc > 1 && std::strcmp(argv[1], "__process-state") == 0) return run_process_state_command(argc, argv);
   // A subcommand, --help or --version is the CLI; a conformance or GoogleTest flag runs the
   // suites; no argument runs them in a conformance binary and prints the help in `mih`.
   bool tests = tests_by_default;

@@ -19,6 +19,7 @@
 #include "harness/base/parallel_config.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
+#include "harness/warm/warm.h"
 
 namespace mih::cli {
 namespace {
@@ -229,6 +230,14 @@ CommandRun setup_launch(CLI::App& sub, const Invocation& inv) {
   sub.prefix_command();
   CLI::App* app = &sub;
   return [=] { return run_launch(*flags, *task, app->remaining(), *repeat, inv); };
+}
+
+CommandRun setup_warm(CLI::App& sub, const Invocation&) {
+  auto action = std::make_shared<std::string>("status");
+  sub.add_option("action", *action, "status: list this user's warm servers; stop: stop them (running commands finish)")
+      ->check(CLI::IsMember({"status", "stop"}))
+      ->capture_default_str();
+  return [action] { return warm::warm_command({*action}); };
 }
 
 }  // namespace mih::cli

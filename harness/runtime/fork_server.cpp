@@ -28,6 +28,10 @@
 
 extern char** environ;
 
+#ifdef MIH_COVERAGE
+extern "C" void __gcov_dump(void);  // libgcov, linked by --coverage
+#endif
+
 namespace mih {
 namespace {
 
@@ -318,6 +322,21 @@ void reap_after_server_death() {
   }
 }
 
+// Ends the fork server: it sees end of file and exits; reaped here rather than left to init.
+void stop_server() {
+  if (g_fd >= 0) ::close(g_fd);
+  g_fd = -1;
+  if (g_server <= 0) return;
+  const pid_t server = g_server;
+  g_server = 0;
+  for (int i = 0; i < 1000; ++i) {  // it ends at once; a stopped one is killed after 1 s
+    if (::waitpid(server, nullptr, WNOHANG) != 0) return;
+    ::usleep(1000);
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+}
+
 // The server is gone: later ranks are exec'd.
 void lose_server() {
   ::close(g_fd);
@@ -362,17 +381,7 @@ void start_fork_server(int argc, char** argv, RankEntry entry) {
   ::close(fds[1]);
   g_server = pid;
   // At exit the server sees end of file and ends; reap it, rather than leave it to init.
-  std::atexit([] {
-    if (g_fd >= 0) ::close(g_fd);
-    g_fd = -1;
-    if (g_server <= 0) return;
-    for (int i = 0; i < 1000; ++i) {  // it ends at once; a stopped one is killed after 1 s
-      if (::waitpid(g_server, nullptr, WNOHANG) != 0) return;
-      ::usleep(1000);
-    }
-    ::kill(g_server, SIGKILL);
-    ::waitpid(g_server, nullptr, 0);
-  });
+  std::atexit(stop_server);
   // Ranks are the server's grandchildren: when their middle process exits they come to the
   // nearest subreaper ancestor, this process, which then reaps them like its own children.
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
@@ -421,6 +430,16 @@ pid_t fork_server_spawn(const std::vector<std::string>& argv, const std::vector<
   if (reply == -EDEADLK) lose_server();  // the server is not single-threaded: never fork it again
   if (reply > 0) g_ranks.push_back(static_cast<pid_t>(reply));
   return static_cast<pid_t>(reply);
+}
+
+void end_process(int status) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  stop_server();
+#ifdef MIH_COVERAGE
+  __gcov_dump();
+#endif
+  std::_Exit(status);
 }
 
 int process_thread_count() {

@@ -424,9 +424,7 @@ std::string fd_kind(const std::string& target) {
 
 }  // namespace
 
-int run_state_task(WorkerContext& ctx) {
-  static int task_runs = 0;  // a process-wide counter: a fresh process has run no task yet
-  ++task_runs;
+nlohmann::json process_state() {
   nlohmann::json env = nlohmann::json::object();
   for (char** e = environ; e && *e; ++e) {
     const std::string entry(*e);
@@ -448,11 +446,12 @@ int run_state_task(WorkerContext& ctx) {
   std::sort(fds.begin(), fds.end());
   sigset_t mask;
   ::sigprocmask(SIG_SETMASK, nullptr, &mask);
-  std::vector<int> blocked, not_default;
+  std::vector<int> blocked, not_default, ignored;
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sigismember(&mask, sig) == 1) blocked.push_back(sig);
     struct sigaction sa {};
     if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler != SIG_DFL) not_default.push_back(sig);
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) ignored.push_back(sig);
   }
   const int threads = process_thread_count();
   using GetThreads = int (*)();
@@ -461,32 +460,65 @@ int run_state_task(WorkerContext& ctx) {
   ::umask(mask_bits);
   char cwd[4096] = {0};
   const at::Tensor draws = at::rand({4}, at::kDouble);
-  nlohmann::json state = {{"rank", ctx.world().rank},
-                          {"env", env},
-                          {"fds", fds},
-                          {"blocked_signals", blocked},
-                          {"signals_not_default", not_default},
-                          {"threads", threads},
-                          {"intra_op_threads", at::get_num_threads()},
-                          {"blas_threads", blas ? blas() : -1},
-                          {"rand", std::vector<double>(draws.data_ptr<double>(), draws.data_ptr<double>() + 4)},
-                          {"task_runs", task_runs},
-                          {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
-                          {"umask", static_cast<int>(mask_bits)},
-                          {"own_process_group", ::getpgrp() == ::getpid()}};
+  return {{"env", env},
+          {"fds", fds},
+          {"blocked_signals", blocked},
+          {"signals_not_default", not_default},
+          {"signals_ignored", ignored},
+          {"threads", threads},
+          {"intra_op_threads", at::get_num_threads()},
+          {"blas_threads", blas ? blas() : -1},
+          {"rand", std::vector<double>(draws.data_ptr<double>(), draws.data_ptr<double>() + 4)},
+          {"cwd", ::getcwd(cwd, sizeof cwd) ? cwd : ""},
+          {"umask", static_cast<int>(mask_bits)},
+          {"own_process_group", ::getpgrp() == ::getpid()}};
+}
+
+namespace {
+
+// What --mutate changes after the state was recorded: every field a leak would show in.
+void mutate_process_state() {
+  ::setenv("MIH_STATE_MUTATED", "1", 1);
+  at::manual_seed(1234);
+  at::set_num_threads(2);
+  (void)!::open("/dev/null", O_RDONLY);
+  ::signal(SIGUSR1, SIG_IGN);
+  sigset_t usr2;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  ::sigprocmask(SIG_BLOCK, &usr2, nullptr);
+  ::umask(077);
+  (void)!::chdir("/");
+}
+
+}  // namespace
+
+int run_process_state_command(int argc, char** argv) {
+  static int command_runs = 0;  // a fresh process has run no command yet
+  ++command_runs;
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s __process-state FILE [--mutate]\n", argc > 0 ? argv[0] : "mih-core");
+    return 2;
+  }
+  nlohmann::json state = process_state();
+  state["command_runs"] = command_runs;
+  write_file_atomic(argv[2], state.dump(2) + "\n");
+  if (argc > 3 && std::string(argv[3]) == "--mutate") {
+    mutate_process_state();
+    ++command_runs;
+  }
+  return 0;
+}
+
+int run_state_task(WorkerContext& ctx) {
+  static int task_runs = 0;  // a process-wide counter: a fresh process has run no task yet
+  ++task_runs;
+  nlohmann::json state = process_state();
+  state["rank"] = ctx.world().rank;
+  state["task_runs"] = task_runs;
   write_file_atomic(ctx.run_dir() / ("state_rank" + std::to_string(ctx.world().rank) + ".json"), state.dump(2) + "\n");
   if (ctx.option("mutate") == "1") {
-    ::setenv("MIH_STATE_MUTATED", "1", 1);
-    at::manual_seed(1234);
-    at::set_num_threads(2);
-    (void)!::open("/dev/null", O_RDONLY);
-    ::signal(SIGUSR1, SIG_IGN);
-    sigset_t usr2;
-    sigemptyset(&usr2);
-    sigaddset(&usr2, SIGUSR2);
-    ::sigprocmask(SIG_BLOCK, &usr2, nullptr);
-    ::umask(077);
-    (void)!::chdir("/");
+    mutate_process_state();
     ++task_runs;
   }
   return 0;

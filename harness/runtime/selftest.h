@@ -80,4 +80,13 @@ int run_ping_task(WorkerContext& ctx);
 /// changes all of them, so that a later rank of the same fork server would show any leak.
 int run_state_task(WorkerContext& ctx);
 
+/// What run_state_task records of this process (its "rank" and "task_runs" aside), as JSON.
+nlohmann::json process_state();
+
+/// `mih-core __process-state FILE [--mutate]`: writes process_state() of this command process
+/// to FILE (with "command_runs", a process-wide counter), then with --mutate changes what it
+/// recorded, as the state task does. A test hook (tests/cli/warm.py) for the warm server: a
+/// command it forks must start in an exec'd command's state. Returns the exit status.
+int run_process_state_command(int argc, char** argv);
+
 }  // namespace mih

@@ -22,23 +22,13 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/runtime/cli_support.h"
+#include "harness/runtime/fork_server.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
 #include "harness/runtime/selftest.h"
 
-#ifdef MIH_COVERAGE
-extern "C" void __gcov_dump(void);  // libgcov, linked by --coverage
-#endif
-
 namespace mih {
 namespace {
-
-// Writes the gcov counters of a coverage build (MIH_COVERAGE); nothing otherwise.
-void dump_coverage() {
-#ifdef MIH_COVERAGE
-  __gcov_dump();
-#endif
-}
 
 // A duration as the command line gives it: seconds, exact to the millisecond ("1.5").
 std::string seconds(std::chrono::milliseconds d) {
@@ -123,10 +113,7 @@ std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank)
                e.what(), fault_in_effect && *fault_in_effect ? "\n  (fault " : "",
                fault_in_effect && *fault_in_effect ? fault_in_effect : "",
                fault_in_effect && *fault_in_effect ? " in effect on this rank)" : "");
-  std::fflush(stdout);
-  std::fflush(stderr);
-  dump_coverage();
-  std::_Exit(exit_status(e.code()));
+  end_process(exit_status(e.code()));
 }
 
 // Calls `fn` every `period` on a thread of its own until destroyed (the worker-side case
@@ -311,7 +298,9 @@ int worker_main(int argc, char** argv) {
 
   CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
                "(the rank comes from their environment variables).\nUsage: worker [options] <task> [task options]",
-               self_executable().filename().string() + " worker"};
+               // The core binary is run as `mih` (the front on the PATH): say so.
+               (self_executable().filename() == "mih-core" ? std::string("mih")
+                                                           : self_executable().filename().string()) + " worker"};
   app.footer(exit_status_legend());
   app.add_option("--run-dir", options.run_dir,
                  "run directory: comm/ledger_rank<r>.jsonl, errors/rank<r>.json and the task's files; give it "
@@ -427,14 +416,10 @@ int worker_main(int argc, char** argv) {
     int status = task(ctx);
     launcher_watch.reset();
     if (launcher_store) launcher_store->set("mih/exit/rank" + std::to_string(world.rank), std::to_string(status));
-    std::fflush(stdout);
-    std::fflush(stderr);
     // Skip libtorch's static teardown: it takes long enough that peers of a rank that
     // returned non-zero would fail on its closed sockets before it is seen to exit, and
     // every file the worker writes is already complete (atomic writes, unbuffered ledger).
-    // A coverage build (scripts/coverage) writes its counters first: _Exit skips atexit.
-    dump_coverage();
-    std::_Exit(status);
+    end_process(status);
   } catch (Error& e) {
     e.add_context(where);
     fail_worker(options.run_dir, world.rank, world.world_size, e);

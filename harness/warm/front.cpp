@@ -1,0 +1,368 @@
+// The warm front (warm.h): finds or starts the server of this process's identity, hands it the
+// command with fds 0-2 and the cwd, forwards signals to the command and ends as it ended;
+// execs the core binary whenever the warm path is not certain.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness/warm/warm.h"
+#include "harness/warm/warm_internal.h"
+
+extern char** environ;
+
+namespace mih::warm {
+namespace {
+
+using internal::Header;
+using internal::Kind;
+using internal::Reply;
+using internal::ReplyKind;
+using internal::Why;
+
+// The command's pid once the server said it started, for the signal handlers; signals that
+// arrive before are kept in g_pending and sent then.
+std::atomic<pid_t> g_command{0};
+std::atomic<uint64_t> g_pending{0};
+
+// Signals a user or a supervisor sends to end or poke a command; forwarded as they come.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGWINCH, SIGCONT};
+
+void forward(int sig) {
+  const pid_t pid = g_command.load();
+  if (pid > 0) {
+    ::kill(pid, sig);
+  } else {
+    g_pending.fetch_or(uint64_t{1} << (sig - 1));
+  }
+}
+
+// Ctrl-Z: the command stops, then the front (with the default action, once this returns).
+void on_tstp(int) {
+  const int saved = errno;
+  forward(SIGTSTP);
+  ::signal(SIGTSTP, SIG_DFL);
+  ::raise(SIGTSTP);
+  errno = saved;
+}
+
+void on_forwarded(int sig) {
+  const int saved = errno;
+  if (sig == SIGCONT) {
+    struct sigaction sa {};
+    sa.sa_handler = on_tstp;
+    ::sigaction(SIGTSTP, &sa, nullptr);
+  }
+  forward(sig);
+  errno = saved;
+}
+
+[[noreturn]] void exec_core(const std::string& core, int argc, char** argv) {
+  std::vector<char*> args;
+  args.push_back(const_cast<char*>(core.c_str()));
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execv(core.c_str(), args.data());
+  std::fprintf(stderr, "mih: cannot run the mih core binary '%s': %s (reinstall mih, or rebuild it)\n", core.c_str(),
+               std::strerror(errno));
+  std::exit(12);
+}
+
+int connect_to(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) return -1;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int r;
+  do {
+    r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  } while (r < 0 && errno == EINTR);
+  if (r != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Starts a server for `socket` (exec'd from `core` with this process's environment, in a
+// session of its own, stdio /dev/null, cwd /) and waits until it listens or has died.
+bool start_server(const std::string& core, const std::string& socket) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return false;
+  const pid_t middle = ::fork();
+  if (middle < 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return false;
+  }
+  if (middle == 0) {
+    ::setsid();
+    if (::fork() != 0) ::_exit(0);  // the server is nobody's child here: init reaps it
+    const int null_fd = ::open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
+    if (::chdir("/") != 0) ::_exit(127);
+    ::dup2(ready[1], 3);  // dup2 clears close-on-exec
+    for (int fd = 4; fd < 1024; ++fd) ::close(fd);
+    // Room in argv for each command's title (the server writes it there for `ps`).
+    std::string pad(1024, ' ');
+    char* args[] = {const_cast<char*>(core.c_str()), const_cast<char*>(kServeArg), const_cast<char*>(socket.c_str()),
+                    const_cast<char*>("3"), pad.data(), nullptr};
+    ::execv(core.c_str(), args);
+    ::_exit(127);
+  }
+  ::close(ready[1]);
+  while (::waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  char byte = 0;
+  ssize_t n;
+  do {
+    n = ::read(ready[0], &byte, 1);  // the server writes one byte once it listens; end of file if it died
+  } while (n < 0 && errno == EINTR);
+  ::close(ready[0]);
+  return n == 1;
+}
+
+// A connection to the server of `identity`, started when there is none; -1 when warm start
+// cannot be used (then the caller execs).
+int server_connection(const std::string& core, const std::string& identity, bool restart) {
+  std::string why;
+  const std::string dir = internal::socket_dir(&why);
+  if (dir.empty()) {
+    std::fprintf(stderr, "mih: warm start off: %s\n", why.c_str());
+    return -1;
+  }
+  const std::string base = dir + "/" + internal::key_of(identity);
+  const std::string socket = base + ".sock";
+  if (!restart) {
+    if (const int fd = connect_to(socket); fd >= 0) return fd;
+  }
+  // One front starts the server; the others wait on the lock and then connect to it.
+  const int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0) return -1;
+  while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  int fd = restart ? -1 : connect_to(socket);
+  if (fd < 0) {
+    ::unlink(socket.c_str());  // a dead server's, or a stale one's that would refuse
+    if (start_server(core, socket)) fd = connect_to(socket);
+  }
+  ::close(lock);
+  return fd;
+}
+
+// Sends the run request; returns false when it could not be sent (nothing started).
+bool send_run(int fd, const std::string& core, const std::string& identity, int argc, char** argv) {
+  internal::RunRequest r;
+  r.identity = identity;
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  r.umask = mask;
+  sigset_t blocked;
+  ::sigprocmask(SIG_SETMASK, nullptr, &blocked);
+  for (int sig = 1; sig <= 64 && sig < NSIG; ++sig) {
+    if (sigismember(&blocked, sig) == 1) r.blocked |= uint64_t{1} << (sig - 1);
+    struct sigaction sa {};
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) r.ignored |= uint64_t{1} << (sig - 1);
+  }
+  r.argv.emplace_back(core);  // as exec'ing the core binary would
+  for (int i = 1; i < argc; ++i) r.argv.emplace_back(argv[i]);
+  for (char** e = environ; e && *e; ++e) r.env.emplace_back(*e);
+  Header h;
+  h.kind = static_cast<uint32_t>(Kind::kRun);
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    if (::fcntl(i, F_GETFD) >= 0) {
+      h.fd_bits |= 1u << i;
+      fds.push_back(i);
+    }
+  }
+  const int cwd = ::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (cwd < 0) return false;
+  fds.push_back(cwd);
+  const std::string payload = internal::encode(r);
+  h.payload_bytes = payload.size();
+  const bool ok = internal::send_request(fd, h, fds, payload);
+  ::close(cwd);
+  return ok;
+}
+
+// The command ran in `fd`'s server and is gone; ends this process the way it ended.
+[[noreturn]] void end_as(int status) {
+  if (WIFEXITED(status)) std::exit(WEXITSTATUS(status));
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+  ::signal(sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  ::sigprocmask(SIG_UNBLOCK, &one, nullptr);
+  ::raise(sig);
+  std::exit(128 + sig);
+}
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
+
+std::string core_beside(const std::string& front) {
+  const auto slash = front.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : front.substr(0, slash);
+  return dir + "/../libexec/mih/mih-core";
+}
+
+int front_main(int argc, char** argv, const std::string& core) {
+  if (::access(core.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "mih: the mih core binary '%s' is missing or not executable: %s (reinstall mih, or rebuild "
+                 "it)\n", core.c_str(), std::strerror(errno));
+    return 12;
+  }
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "warm") return warm_command(std::vector<std::string>(argv + 2, argv + argc));
+  // A worker is the process its launcher (torchrun, srun, mpirun) started and watches: never forked elsewhere.
+  if (command == "worker" || internal::switched_off(kWarmVar)) exec_core(core, argc, argv);
+  const std::string id = identity(core);
+  if (id.empty()) exec_core(core, argc, argv);
+
+  // The handlers go in before the request: a signal from now on reaches the command.
+  struct sigaction sa {};
+  sa.sa_handler = on_forwarded;
+  for (int sig : kForwarded) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    if (old.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);  // an ignored signal stays ignored
+  }
+  struct sigaction tstp {};
+  tstp.sa_handler = on_tstp;
+  ::sigaction(SIGTSTP, &tstp, nullptr);
+
+  int fd = -1;
+  Reply reply;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    fd = server_connection(core, id, attempt > 0);
+    if (fd < 0) break;
+    if (!send_run(fd, core, id, argc, argv) || !internal::read_all(fd, &reply, sizeof reply)) {
+      ::close(fd);
+      fd = -1;
+      break;
+    }
+    if (reply.kind == static_cast<uint32_t>(ReplyKind::kStarted)) break;
+    ::close(fd);
+    fd = -1;
+    const bool retry = reply.kind == static_cast<uint32_t>(ReplyKind::kDiffers) &&
+                       (reply.value == static_cast<int64_t>(Why::kStale) ||
+                        reply.value == static_cast<int64_t>(Why::kStopping));
+    if (!retry) break;
+  }
+  if (fd < 0) {
+    // Nothing was started: the command runs exec'd, with the signals as they were; one that
+    // came meanwhile takes its default action first (Ctrl-C before the start ends it here).
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : kForwarded) {
+      struct sigaction old {};
+      ::sigaction(sig, nullptr, &old);
+      if (old.sa_handler == on_forwarded) ::sigaction(sig, &dfl, nullptr);
+    }
+    ::sigaction(SIGTSTP, &dfl, nullptr);
+    const uint64_t pending = g_pending.exchange(0);
+    for (int sig = 1; sig <= 64; ++sig) {
+      if ((pending >> (sig - 1)) & 1) ::raise(sig);
+    }
+    exec_core(core, argc, argv);
+  }
+  const auto pid = static_cast<pid_t>(reply.value);
+  g_command.store(pid);
+  const uint64_t pending = g_pending.exchange(0);
+  for (int sig = 1; sig <= 64; ++sig) {
+    if ((pending >> (sig - 1)) & 1) ::kill(pid, sig);
+  }
+  // The server answers once more, when the command is gone. Should the server die first, the
+  // command (whose parent it was) is sent SIGTERM by its death signal; its status is lost.
+  if (internal::read_all(fd, &reply, sizeof reply) && reply.kind == static_cast<uint32_t>(ReplyKind::kExited)) {
+    end_as(static_cast<int>(reply.value));
+  }
+  const int pidfd = open_pidfd(pid);
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+  }
+  std::fprintf(stderr, "mih: the warm server died while it ran this command (pid %d); its outcome is unknown: rerun "
+               "it, or run it with %s=0\n", static_cast<int>(pid), kWarmVar);
+  return 16;
+}
+
+int warm_command(const std::vector<std::string>& args) {
+  const std::string what = args.empty() ? "status" : args[0];
+  if (args.size() > 1 || (what != "status" && what != "stop")) {
+    std::fprintf(stderr, "mih warm: expected 'status' or 'stop', got '%s'\nUsage: mih warm [status|stop]\n",
+                 what.c_str());
+    return 2;
+  }
+  std::string why;
+  const std::string dir = internal::socket_dir(&why);
+  if (dir.empty()) {
+    std::fprintf(stderr, "mih warm: %s\n", why.c_str());
+    return 12;
+  }
+  std::vector<std::string> sockets;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) sockets.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  std::sort(sockets.begin(), sockets.end());
+  int listed = 0;
+  for (const auto& socket : sockets) {
+    const int fd = connect_to(socket);
+    if (fd < 0) {
+      ::unlink(socket.c_str());  // its server is gone
+      continue;
+    }
+    Header h;
+    h.kind = static_cast<uint32_t>(what == "stop" ? Kind::kStop : Kind::kStatus);
+    Reply reply;
+    std::string text;
+    if (internal::send_request(fd, h, {}, "") && internal::read_all(fd, &reply, sizeof reply) &&
+        reply.kind == static_cast<uint32_t>(ReplyKind::kText) && reply.value >= 0 && reply.value < (1 << 20)) {
+      text.resize(static_cast<size_t>(reply.value));
+      if (!internal::read_all(fd, text.data(), text.size())) text.clear();
+    }
+    ::close(fd);
+    if (text.empty()) continue;
+    std::printf("%s%s %s", what == "stop" ? "stopping " : "", socket.c_str(), text.c_str());
+    ++listed;
+  }
+  if (listed == 0) std::printf("no warm server in %s\n", dir.c_str());
+  return 0;
+}
+
+}  // namespace mih::warm

@@ -1,0 +1,441 @@
+// The warm server (warm.h): one thread, a poll loop over the listening socket, each running
+// command's connection and pidfd. Each command is forked from the state exec left (nothing
+// of mih's has run here but this loop) and made the process an exec would have made.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "harness/warm/warm.h"
+#include "harness/warm/warm_internal.h"
+
+extern char** environ;
+
+namespace mih::warm {
+namespace {
+
+using internal::Header;
+using internal::Kind;
+using internal::Reply;
+using internal::ReplyKind;
+using internal::Why;
+using Clock = std::chrono::steady_clock;
+
+// How long a command whose front died has after SIGTERM before SIGKILL.
+constexpr auto kTermGrace = std::chrono::seconds(10);
+
+struct Job {
+  pid_t pid = 0;
+  int pidfd = -1;
+  int conn = -1;  // the front's connection; -1 once it is gone
+  Clock::time_point kill_at = Clock::time_point::max();
+};
+
+struct Server {
+  std::string socket;
+  ino_t socket_ino = 0;
+  int listen_fd = -1;
+  std::string identity;
+  std::vector<Job> jobs;
+  long served = 0;
+  bool stopping = false;
+  Clock::time_point started = Clock::now(), last_activity = Clock::now();
+  std::chrono::seconds idle{120};
+  char* title = nullptr;  // main's argv text, rewritten as each command's title
+  size_t title_size = 0;
+  int blas_threads = 0;  // OpenBLAS's pool size when it loaded (0: no OpenBLAS)
+  CommandEntry entry = nullptr;
+};
+
+Server* g_server = nullptr;
+volatile sig_atomic_t g_stop = 0;
+
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+int thread_count() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+// A file this process maps was deleted or replaced since it was mapped (a rebuilt binary, an
+// upgraded library): a command forked now would not run what an exec would.
+bool stale() {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const auto path = line.find('/');
+    if (path == std::string::npos || line.size() < 10 || line.compare(line.size() - 10, 10, " (deleted)") != 0) continue;
+    if (line.compare(path, 7, "/memfd:") == 0 || line.compare(path, 5, "/dev/") == 0 ||
+        line.compare(path, 5, "/SYSV") == 0) {
+      continue;
+    }
+    return true;
+  }
+  return false;
+}
+
+void send_reply(int fd, ReplyKind kind, int64_t value) {
+  Reply r;
+  r.kind = static_cast<uint32_t>(kind);
+  r.value = value;
+  (void)internal::write_all(fd, &r, sizeof r);
+}
+
+// OpenBLAS starts its thread pool when it loads; the server stops it (a fork copies threads
+// as held locks, not as threads) and a command gets back the pool size it had at load, which
+// OpenBLAS starts on the command's first BLAS call (as the fork server's ranks do).
+void stop_blas_pool(Server& s) {
+  auto* size = static_cast<int*>(::dlsym(RTLD_DEFAULT, "blas_num_threads"));
+  using Shutdown = int (*)();
+  auto shutdown = reinterpret_cast<Shutdown>(::dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  if (!size || !shutdown) return;
+  s.blas_threads = *size;
+  shutdown();
+  for (int i = 0; i < 500 && thread_count() > 1; ++i) ::usleep(1000);
+}
+
+void restore_blas_pool(const Server& s) {
+  if (s.blas_threads <= 0) return;
+  if (auto* size = static_cast<int*>(::dlsym(RTLD_DEFAULT, "blas_num_threads"))) *size = s.blas_threads;
+}
+
+void set_title(const Server& s, const std::vector<std::string>& argv) {
+  if (!s.title || s.title_size < 2) return;
+  size_t at = 0;
+  for (const auto& a : argv) {
+    if (at + 1 >= s.title_size) break;
+    const size_t take = std::min(a.size(), s.title_size - 1 - at);
+    std::memcpy(s.title + at, a.data(), take);
+    at += take;
+    s.title[at++] = '\0';
+  }
+  std::memset(s.title + at, 0, s.title_size - at);
+}
+
+// In the forked command: becomes the process exec'ing the core binary with the request would
+// have made, then runs the command. Never returns.
+[[noreturn]] void become_command(Server& s, const internal::RunRequest& r, const std::vector<int>& fds,
+                                 uint32_t fd_bits, pid_t server) {
+  // The front's request: its fds 0-2 (those it had open), then its cwd.
+  const int cwd = fds.back();
+  if (::fchdir(cwd) != 0) ::_exit(127);
+  size_t next = 0;
+  int mine[3] = {-1, -1, -1};
+  for (int i = 0; i < 3; ++i) {
+    if ((fd_bits >> i) & 1) mine[i] = fds[next++];
+  }
+  // Above 2 first, so that dup2 onto 0-2 cannot overwrite one not yet placed.
+  for (int& fd : mine) {
+    if (fd >= 0 && fd < 3) fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (mine[i] >= 0) {
+      ::dup2(mine[i], i);
+    } else {
+      ::close(i);
+    }
+  }
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
+#endif
+  {
+    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
+  }
+  ::setpgid(0, 0);
+  // The server's death ends the command (nobody would learn how it ended); its front's death
+  // the server sees, and ends it too.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != server) ::_exit(16);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    const bool in_request = sig <= 64;
+    ::sigaction(sig, in_request && ((r.ignored >> (sig - 1)) & 1) ? &ign : &dfl, nullptr);
+    if (in_request && ((r.blocked >> (sig - 1)) & 1)) sigaddset(&mask, sig);
+  }
+  ::umask(static_cast<mode_t>(r.umask));
+  const std::string exe = r.argv[0];
+  const std::string comm = exe.substr(exe.rfind('/') + 1);
+  ::prctl(PR_SET_NAME, comm.c_str());
+  set_title(s, r.argv);
+  restore_blas_pool(s);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  // Owned by this process until it exits, as exec's copies would be.
+  auto* args = new std::vector<std::string>(r.argv);
+  auto* env = new std::vector<std::string>(r.env);
+  auto* argv = new std::vector<char*>();
+  auto* envp = new std::vector<char*>();
+  for (auto& a : *args) argv->push_back(a.data());
+  argv->push_back(nullptr);
+  for (auto& e : *env) envp->push_back(e.data());
+  envp->push_back(nullptr);
+  environ = envp->data();
+  std::exit(s.entry(static_cast<int>(args->size()), argv->data()));
+}
+
+std::string status_text(const Server& s) {
+  const auto now = Clock::now();
+  char line[512];
+  std::snprintf(line, sizeof line, "pid %d served %ld running %zu idle_s %lld up_s %lld", static_cast<int>(::getpid()),
+                s.served, s.jobs.size(),
+                s.jobs.empty()
+                    ? static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now - s.last_activity).count())
+                    : 0LL,
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(now - s.started).count()));
+  char exe[4096] = {0};
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  return std::string(line) + " core " + (n > 0 ? std::string(exe, static_cast<size_t>(n)) : "?") + "\n";
+}
+
+// Stops taking commands: the socket goes (if it is still this server's), running ones finish.
+void stop_listening(Server& s) {
+  if (s.listen_fd < 0) return;
+  struct stat st {};
+  if (::stat(s.socket.c_str(), &st) == 0 && st.st_ino == s.socket_ino) ::unlink(s.socket.c_str());
+  ::close(s.listen_fd);
+  s.listen_fd = -1;
+  s.stopping = true;
+}
+
+// One accepted connection: a run (forks the command), a status or a stop request.
+void handle(Server& s, int conn) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != ::getuid()) {
+    ::close(conn);
+    return;
+  }
+  timeval timeout{5, 0};  // a front sends its request at once; a silent peer does not hold the loop
+  ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  Header h;
+  std::vector<int> fds;
+  std::string payload;
+  const bool got = internal::receive_header(conn, &h, &fds) && h.magic == internal::kMagic &&
+                   h.version == internal::kVersion && h.payload_bytes < (64u << 20);
+  if (got) {
+    payload.resize(h.payload_bytes);
+    if (!internal::read_all(conn, payload.data(), payload.size())) payload.clear();
+  }
+  auto done = [&] {
+    for (int fd : fds) ::close(fd);
+  };
+  if (!got) {
+    done();
+    ::close(conn);
+    return;
+  }
+  if (h.kind == static_cast<uint32_t>(Kind::kStatus)) {
+    const std::string text = status_text(s);
+    send_reply(conn, ReplyKind::kText, static_cast<int64_t>(text.size()));
+    (void)internal::write_all(conn, text.data(), text.size());
+    done();
+    ::close(conn);
+    return;
+  }
+  if (h.kind == static_cast<uint32_t>(Kind::kStop)) {
+    const std::string text = status_text(s);
+    stop_listening(s);
+    send_reply(conn, ReplyKind::kText, static_cast<int64_t>(text.size()));
+    (void)internal::write_all(conn, text.data(), text.size());
+    done();
+    ::close(conn);
+    return;
+  }
+  internal::RunRequest r;
+  const size_t expected_fds = static_cast<size_t>(__builtin_popcount(h.fd_bits & 7u)) + 1;
+  Why why{};
+  bool refuse = true;
+  if (h.kind != static_cast<uint32_t>(Kind::kRun) || fds.size() != expected_fds || !internal::decode(payload, &r)) {
+    why = Why::kBadRequest;
+  } else if (s.stopping) {
+    why = Why::kStopping;
+  } else if (r.identity != s.identity) {
+    why = Why::kIdentity;
+  } else if (stale()) {
+    why = Why::kStale;
+    stop_listening(s);  // every later command would be refused too: the next front starts a fresh server
+  } else if (thread_count() != 1) {
+    why = Why::kBusy;
+  } else {
+    refuse = false;
+  }
+  if (refuse) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(why));
+    done();
+    ::close(conn);
+    return;
+  }
+  const pid_t server = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) become_command(s, r, fds, h.fd_bits, server);
+  done();
+  if (pid < 0) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
+    ::close(conn);
+    return;
+  }
+  Job job;
+  job.pid = pid;
+  job.pidfd = open_pidfd(pid);
+  job.conn = conn;
+  s.jobs.push_back(job);
+  ++s.served;
+  send_reply(conn, ReplyKind::kStarted, pid);
+}
+
+// A command ended: its front learns how (then ends the same way).
+void reap(Job& job) {
+  int status = 0;
+  pid_t r;
+  do {
+    r = ::waitpid(job.pid, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return;
+  if (job.conn >= 0) {
+    send_reply(job.conn, ReplyKind::kExited, status);
+    ::close(job.conn);
+  }
+  if (job.pidfd >= 0) ::close(job.pidfd);
+  job.pid = 0;
+}
+
+void on_term(int) { g_stop = 1; }
+
+int serve(Server& s) {
+  for (;;) {
+    if (g_stop) stop_listening(s);
+    s.jobs.erase(std::remove_if(s.jobs.begin(), s.jobs.end(), [](const Job& j) { return j.pid == 0; }), s.jobs.end());
+    const auto now = Clock::now();
+    if (!s.jobs.empty()) s.last_activity = now;
+    if (s.jobs.empty() && (s.stopping || now - s.last_activity >= s.idle)) {
+      stop_listening(s);
+      return 0;
+    }
+    // [listening socket], then per job its pidfd and its front's connection (hang-up only).
+    std::vector<pollfd> fds;
+    const size_t first_job = s.listen_fd >= 0 ? 1 : 0;
+    if (s.listen_fd >= 0) fds.push_back({s.listen_fd, POLLIN, 0});
+    for (const Job& j : s.jobs) {
+      fds.push_back({j.pidfd, POLLIN, 0});
+      fds.push_back({j.conn, 0, 0});
+    }
+    auto wait = s.idle - (now - s.last_activity);
+    for (const Job& j : s.jobs) {
+      if (j.kill_at != Clock::time_point::max()) wait = std::min<Clock::duration>(wait, j.kill_at - now);
+    }
+    if (!s.jobs.empty() && wait > std::chrono::seconds(1)) wait = std::chrono::seconds(1);  // kernels without pidfds
+    const int ms = static_cast<int>(
+        std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()));
+    const int n = ::poll(fds.data(), fds.size(), ms);
+    if (n < 0 && errno != EINTR) return 17;
+    const size_t polled = s.jobs.size();
+    for (size_t i = 0; i < polled; ++i) {
+      Job& job = s.jobs[i];
+      reap(job);  // also without a pidfd event: cheap, and covers kernels without pidfds
+      if (job.pid == 0) continue;
+      if (job.conn >= 0 && n > 0 && (fds[first_job + 2 * i + 1].revents & (POLLHUP | POLLERR))) {
+        ::close(job.conn);
+        job.conn = -1;
+        ::kill(job.pid, SIGTERM);
+        job.kill_at = Clock::now() + kTermGrace;
+      }
+      if (job.kill_at <= Clock::now()) {
+        ::kill(job.pid, SIGKILL);
+        job.kill_at = Clock::time_point::max();
+      }
+    }
+    if (first_job == 1 && n > 0 && (fds[0].revents & POLLIN) && s.listen_fd >= 0) {
+      const int conn = ::accept4(s.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn >= 0) {
+        s.last_activity = Clock::now();
+        handle(s, conn);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
+  if (argc < 4 || std::strcmp(argv[1], kServeArg) != 0) return false;
+  *status = 0;
+  Server s;
+  g_server = &s;
+  s.entry = entry;
+  s.socket = argv[2];
+  const int ready = std::atoi(argv[3]);
+  char* end = argv[0] + std::strlen(argv[0]) + 1;
+  for (int i = 1; i < argc && argv[i] == end; ++i) end = argv[i] + std::strlen(argv[i]) + 1;
+  s.title = argv[0];
+  s.title_size = static_cast<size_t>(end - argv[0]);
+  char exe[4096] = {0};
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  // The identity as the front computes it, for the core binary by its path.
+  s.identity = identity(n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(argv[0]));
+  if (const char* idle = std::getenv(kIdleVar)) {
+    const long v = std::atol(idle);
+    if (v > 0 && v <= 86400) s.idle = std::chrono::seconds(v);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+  struct sigaction term {};
+  term.sa_handler = on_term;
+  ::sigaction(SIGTERM, &term, nullptr);
+  ::prctl(PR_SET_NAME, "mih-warm");
+  stop_blas_pool(s);
+
+  s.listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (s.listen_fd < 0 || s.socket.size() >= sizeof addr.sun_path) return true;
+  std::memcpy(addr.sun_path, s.socket.c_str(), s.socket.size() + 1);
+  const mode_t old = ::umask(077);
+  const int bound = ::bind(s.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::umask(old);
+  struct stat st {};
+  if (bound != 0 || ::listen(s.listen_fd, 64) != 0 || ::stat(s.socket.c_str(), &st) != 0) {
+    *status = 12;
+    return true;  // the front sees the ready pipe close and execs
+  }
+  s.socket_ino = st.st_ino;
+  (void)!::write(ready, "1", 1);
+  ::close(ready);
+  *status = serve(s);
+  return true;
+}
+
+}  // namespace mih::warm

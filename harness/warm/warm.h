@@ -1,0 +1,62 @@
+// Warm start: `mih` commands forked from a server that has the binary and libtorch loaded
+// already, so a command does not pay the ~0.35-0.55 s of loading and initializing libtorch.
+//
+// The `mih` on the PATH is a small front that links no torch. It runs each command as the
+// core binary (`<prefix>/libexec/mih/mih-core`) would run it, through that binary's warm
+// server: a process exec'd from the core binary that never runs any of mih's code but the
+// server loop, and forks each command from its state as exec left it. The server is keyed by
+// everything an exec would give the command (the core binary's identity, the whole
+// environment, credentials, resource limits, scheduling, namespaces, cgroup, capabilities):
+// a request is served only when all of it equals the server's, byte for byte; the per-call
+// rest (argv, cwd, umask, signal mask and ignored signals, fds 0-2) travels with the request.
+// The command's exit status or signal is the front's; signals sent to the front reach the
+// command; a front that dies takes its command along (SIGTERM, then SIGKILL after 10 s).
+//
+// Any doubt falls back to exec'ing the core binary (the state exec gives, at exec's cost):
+// MIH_WARM=0, `mih worker` (a launcher's own process), a server that cannot start, is
+// stale (a mapped file replaced, e.g. a rebuilt binary or an upgraded libtorch) or differs.
+// Servers exit after MIH_WARM_IDLE seconds without a command (default 120); `mih warm status`
+// lists this user's servers, `mih warm stop` stops them (running commands finish first).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mih::warm {
+
+/// The variable that turns warm start off ("0", "false", "no", "off"): every command exec'd.
+inline constexpr const char* kWarmVar = "MIH_WARM";
+/// Seconds a server waits for its next command before it exits (default 120; 0 < s <= 86400).
+inline constexpr const char* kIdleVar = "MIH_WARM_IDLE";
+/// The directory of the servers' sockets (default $XDG_RUNTIME_DIR/mih, else /tmp/mih-<uid>);
+/// it must be a directory of this user's that nobody else may enter (mode 0700).
+inline constexpr const char* kDirVar = "MIH_WARM_DIR";
+/// argv[1] of the core binary started as a warm server (`mih-core __warm-serve SOCKET FD`).
+inline constexpr const char* kServeArg = "__warm-serve";
+
+/// The core binary's main() for one command (argv[0] the core binary).
+using CommandEntry = int (*)(int argc, char** argv);
+
+/// The front's main(): runs `argv` (argv[0] the front) as a command of `core`, warm when it
+/// can, else by exec'ing `core` with argv[0] = `core`. Returns only the command's exit status
+/// (a command killed by a signal kills the front with it); exit 12 when `core` is missing.
+int front_main(int argc, char** argv, const std::string& core);
+
+/// The core binary of the front at `front` (its /proc/self/exe): `<dir>/../libexec/mih/mih-core`.
+std::string core_beside(const std::string& front);
+
+/// The core binary's part: when argv[1] is kServeArg, runs the warm server (returns when it
+/// ends: idle, stopped or stale) and returns true with its exit status in *status; false
+/// otherwise (a command: call `entry` as usual). Call it first in main(), before anything else.
+bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status);
+
+/// `mih warm status|stop`: lists this user's warm servers (socket, pid, commands served and
+/// running, seconds idle, core binary) or stops them; returns the exit status (0; 2 on a bad
+/// argument).
+int warm_command(const std::vector<std::string>& args);
+
+/// The identity a request must share with a server (what exec gives a process, see above) of
+/// this process, for `core`: length-prefixed fields, byte-comparable. Exposed for tests.
+std::string identity(const std::string& core);
+
+}  // namespace mih::warm
