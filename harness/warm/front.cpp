@@ -42,6 +42,14 @@ using internal::Why;
 std::atomic<pid_t> g_command{0};
 std::atomic<uint64_t> g_pending{0};
 
+// How long a server has to answer (that it started the command; how it ended, once it is
+// gone): warm.h's kTimeoutVar, default 30 s.
+int answer_seconds() {
+  const char* v = std::getenv(kTimeoutVar);
+  const long s = v ? std::atol(v) : 0;
+  return s > 0 && s <= 3600 ? static_cast<int>(s) : 30;
+}
+
 // Signals a user or a supervisor sends to end or poke a command; forwarded as they come.
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGWINCH, SIGCONT};
 
@@ -83,6 +91,15 @@ void on_forwarded(int sig) {
   std::fprintf(stderr, "mih: cannot run the mih core binary '%s': %s (reinstall mih, or rebuild it)\n", core.c_str(),
                std::strerror(errno));
   std::exit(12);
+}
+
+// Which of fds 0-2 this process has open (bits 0-2).
+uint32_t open_stdio_bits() {
+  uint32_t bits = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (::fcntl(i, F_GETFD) >= 0) bits |= 1u << i;
+  }
+  return bits;
 }
 
 int connect_to(const std::string& path) {
@@ -132,11 +149,20 @@ bool start_server(const std::string& core, const std::string& socket) {
   ::close(ready[1]);
   while (::waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
   }
+  // The server writes one byte once it listens (end of file if it died); one that takes longer
+  // than loading libtorch ever should is left to itself, and this command exec'd.
   char byte = 0;
-  ssize_t n;
+  ssize_t n = -1;
+  pollfd p{ready[0], POLLIN, 0};
+  int r;
   do {
-    n = ::read(ready[0], &byte, 1);  // the server writes one byte once it listens; end of file if it died
-  } while (n < 0 && errno == EINTR);
+    r = ::poll(&p, 1, 60 * 1000);
+  } while (r < 0 && errno == EINTR);
+  if (r > 0) {
+    do {
+      n = ::read(ready[0], &byte, 1);
+    } while (n < 0 && errno == EINTR);
+  }
   ::close(ready[0]);
   return n == 1;
 }
@@ -169,7 +195,7 @@ int server_connection(const std::string& core, const std::string& identity, bool
   return fd;
 }
 
-// Sends the run request; returns false when it could not be sent (nothing started).
+// Sends the run request (the fds go only once the server said it is ready: send_fds).
 bool send_run(int fd, const std::string& core, const std::string& identity, int argc, char** argv) {
   internal::RunRequest r;
   r.identity = identity;
@@ -188,19 +214,25 @@ bool send_run(int fd, const std::string& core, const std::string& identity, int 
   for (char** e = environ; e && *e; ++e) r.env.emplace_back(*e);
   Header h;
   h.kind = static_cast<uint32_t>(Kind::kRun);
+  h.fd_bits = open_stdio_bits();
+  const std::string payload = internal::encode(r);
+  h.payload_bytes = payload.size();
+  return internal::send_request(fd, h, {}, payload);
+}
+
+// Sends this process's open fds of 0-2 and its cwd.
+bool send_fds(int fd) {
+  Header h;
+  h.kind = static_cast<uint32_t>(Kind::kFds);
+  h.fd_bits = open_stdio_bits();
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) {
-    if (::fcntl(i, F_GETFD) >= 0) {
-      h.fd_bits |= 1u << i;
-      fds.push_back(i);
-    }
+    if ((h.fd_bits >> i) & 1) fds.push_back(i);
   }
   const int cwd = ::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (cwd < 0) return false;
   fds.push_back(cwd);
-  const std::string payload = internal::encode(r);
-  h.payload_bytes = payload.size();
-  const bool ok = internal::send_request(fd, h, fds, payload);
+  const bool ok = internal::send_request(fd, h, fds, "");
   ::close(cwd);
   return ok;
 }
@@ -266,12 +298,27 @@ int front_main(int argc, char** argv, const std::string& core) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     fd = server_connection(core, id, attempt > 0);
     if (fd < 0) break;
-    if (!send_run(fd, core, id, argc, argv) || !internal::read_all(fd, &reply, sizeof reply)) {
+    // A server that does not answer in time (stopped, stuck) is given up: the command is
+    // exec'd, and the server, never confirmed, kills the copy it may start later.
+    timeval limit{answer_seconds(), 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    bool sent = send_run(fd, core, id, argc, argv) && internal::read_all(fd, &reply, sizeof reply);
+    if (sent && reply.kind == static_cast<uint32_t>(ReplyKind::kReady)) {
+      sent = send_fds(fd) && internal::read_all(fd, &reply, sizeof reply);
+    }
+    if (!sent) {
       ::close(fd);
       fd = -1;
       break;
     }
-    if (reply.kind == static_cast<uint32_t>(ReplyKind::kStarted)) break;
+    if (reply.kind == static_cast<uint32_t>(ReplyKind::kStarted)) {
+      timeval forever{0, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
+      if (internal::write_all(fd, "g", 1)) break;  // from here on the command is this front's
+      ::close(fd);
+      fd = -1;
+      break;
+    }
     ::close(fd);
     fd = -1;
     const bool retry = reply.kind == static_cast<uint32_t>(ReplyKind::kDiffers) &&
@@ -303,18 +350,28 @@ int front_main(int argc, char** argv, const std::string& core) {
     if ((pending >> (sig - 1)) & 1) ::kill(pid, sig);
   }
   // The server answers once more, when the command is gone. Should the server die first, the
-  // command (whose parent it was) is sent SIGTERM by its death signal; its status is lost.
-  if (internal::read_all(fd, &reply, sizeof reply) && reply.kind == static_cast<uint32_t>(ReplyKind::kExited)) {
-    end_as(static_cast<int>(reply.value));
-  }
+  // command (whose parent it was) is sent SIGTERM by its death signal; should it stop
+  // answering, the command's own end is seen here: either way its status is lost.
   const int pidfd = open_pidfd(pid);
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+  bool command_gone = false;
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, static_cast<short>(command_gone ? 0 : POLLIN), 0}};
+    const int n = ::poll(p, pidfd >= 0 ? 2 : 1, command_gone ? answer_seconds() * 1000 : -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      if (internal::read_all(fd, &reply, sizeof reply) && reply.kind == static_cast<uint32_t>(ReplyKind::kExited)) {
+        end_as(static_cast<int>(reply.value));
+      }
+      break;  // the server died
     }
+    if (n > 0 && (p[1].revents & POLLIN)) {
+      command_gone = true;  // its server has this long to say how it ended
+      continue;
+    }
+    if (n == 0 || n < 0) break;
   }
-  std::fprintf(stderr, "mih: the warm server died while it ran this command (pid %d); its outcome is unknown: rerun "
-               "it, or run it with %s=0\n", static_cast<int>(pid), kWarmVar);
+  std::fprintf(stderr, "mih: the warm server running this command (pid %d) died or stopped answering; its outcome "
+               "is unknown: rerun it, or run it with %s=0\n", static_cast<int>(pid), kWarmVar);
   return 16;
 }
 
@@ -347,6 +404,8 @@ int warm_command(const std::vector<std::string>& args) {
       ::unlink(socket.c_str());  // its server is gone
       continue;
     }
+    timeval limit{5, 0};  // a stopped server is skipped, not waited for
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     Header h;
     h.kind = static_cast<uint32_t>(what == "stop" ? Kind::kStop : Kind::kStatus);
     Reply reply;

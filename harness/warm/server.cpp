@@ -42,10 +42,16 @@ using Clock = std::chrono::steady_clock;
 // How long a command whose front died has after SIGTERM before SIGKILL.
 constexpr auto kTermGrace = std::chrono::seconds(10);
 
+// How long a front has to confirm a command the server started (its 'g'), else the command,
+// which has not run yet, is killed: the front may have given up waiting and exec'd it.
+constexpr auto kGoTimeout = std::chrono::seconds(30);
+
 struct Job {
   pid_t pid = 0;
   int pidfd = -1;
-  int conn = -1;  // the front's connection; -1 once it is gone
+  int conn = -1;   // the front's connection; -1 once it is gone
+  int go_fd = -1;  // until the front confirms: the command waits for one byte here before it runs
+  Clock::time_point go_by = Clock::time_point::max();
   Clock::time_point kill_at = Clock::time_point::max();
 };
 
@@ -144,7 +150,14 @@ void set_title(const Server& s, const std::vector<std::string>& argv) {
 // In the forked command: becomes the process exec'ing the core binary with the request would
 // have made, then runs the command. Never returns.
 [[noreturn]] void become_command(Server& s, const internal::RunRequest& r, const std::vector<int>& fds,
-                                 uint32_t fd_bits, pid_t server) {
+                                 uint32_t fd_bits, pid_t server, int go_fd) {
+  // Nothing runs until the front has confirmed it waits for this command (else it execs it).
+  char go = 0;
+  ssize_t got;
+  do {
+    got = ::read(go_fd, &go, 1);
+  } while (got < 0 && errno == EINTR);
+  if (got != 1 || go != 'g') ::_exit(0);
   // The front's request: its fds 0-2 (those it had open), then its cwd.
   const int cwd = fds.back();
   if (::fchdir(cwd) != 0) ::_exit(127);
@@ -275,10 +288,9 @@ void handle(Server& s, int conn) {
     return;
   }
   internal::RunRequest r;
-  const size_t expected_fds = static_cast<size_t>(__builtin_popcount(h.fd_bits & 7u)) + 1;
   Why why{};
   bool refuse = true;
-  if (h.kind != static_cast<uint32_t>(Kind::kRun) || fds.size() != expected_fds || !internal::decode(payload, &r)) {
+  if (h.kind != static_cast<uint32_t>(Kind::kRun) || !fds.empty() || !internal::decode(payload, &r)) {
     why = Why::kBadRequest;
   } else if (s.stopping) {
     why = Why::kStopping;
@@ -298,11 +310,36 @@ void handle(Server& s, int conn) {
     ::close(conn);
     return;
   }
+  // Only a front that heard this server is ready sends its fds 0-2 and cwd: a stopped server
+  // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile).
+  send_reply(conn, ReplyKind::kReady, 0);
+  Header fd_message;
+  const size_t expected_fds = static_cast<size_t>(__builtin_popcount(h.fd_bits & 7u)) + 1;
+  if (!internal::receive_header(conn, &fd_message, &fds) || fd_message.magic != internal::kMagic ||
+      fd_message.kind != static_cast<uint32_t>(Kind::kFds) || fds.size() != expected_fds) {
+    done();
+    ::close(conn);
+    return;
+  }
+  // Test hook (tests/cli/warm.py): stall after taking the fds and again after answering, as a
+  // server stopped there would; the front gives up meanwhile, and only the 'g' gate stops the
+  // command it forked from running.
+  const char* stall = std::getenv("MIH_WARM_TEST_STALL");
+  if (stall) ::sleep(static_cast<unsigned>(std::atoi(stall)));
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
+    done();
+    ::close(conn);
+    return;
+  }
   const pid_t server = ::getpid();
   const pid_t pid = ::fork();
-  if (pid == 0) become_command(s, r, fds, h.fd_bits, server);
+  if (pid == 0) become_command(s, r, fds, h.fd_bits, server, go[0]);
   done();
+  ::close(go[0]);
   if (pid < 0) {
+    ::close(go[1]);
     send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
     ::close(conn);
     return;
@@ -311,9 +348,34 @@ void handle(Server& s, int conn) {
   job.pid = pid;
   job.pidfd = open_pidfd(pid);
   job.conn = conn;
+  job.go_fd = go[1];
+  job.go_by = Clock::now() + kGoTimeout;
   s.jobs.push_back(job);
   ++s.served;
   send_reply(conn, ReplyKind::kStarted, pid);
+  if (stall) ::sleep(static_cast<unsigned>(std::atoi(stall)));
+}
+
+// The front confirms the command (one 'g') or has gone: the command runs, or dies unstarted.
+void confirm(Job& job, bool readable) {
+  char g = 0;
+  ssize_t n = 0;
+  if (readable) {
+    do {
+      n = ::recv(job.conn, &g, 1, MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+  }
+  if (n == 1 && g == 'g') {
+    (void)!::write(job.go_fd, "g", 1);
+  } else if (readable || Clock::now() >= job.go_by) {
+    ::kill(job.pid, SIGKILL);  // it has run nothing of the command
+    ::close(job.conn);
+    job.conn = -1;
+  } else {
+    return;
+  }
+  ::close(job.go_fd);
+  job.go_fd = -1;
 }
 
 // A command ended: its front learns how (then ends the same way).
@@ -329,6 +391,7 @@ void reap(Job& job) {
     ::close(job.conn);
   }
   if (job.pidfd >= 0) ::close(job.pidfd);
+  if (job.go_fd >= 0) ::close(job.go_fd);
   job.pid = 0;
 }
 
@@ -350,11 +413,12 @@ int serve(Server& s) {
     if (s.listen_fd >= 0) fds.push_back({s.listen_fd, POLLIN, 0});
     for (const Job& j : s.jobs) {
       fds.push_back({j.pidfd, POLLIN, 0});
-      fds.push_back({j.conn, 0, 0});
+      fds.push_back({j.conn, static_cast<short>(j.go_fd >= 0 ? POLLIN : 0), 0});  // the 'g', or a hang-up
     }
     auto wait = s.idle - (now - s.last_activity);
     for (const Job& j : s.jobs) {
       if (j.kill_at != Clock::time_point::max()) wait = std::min<Clock::duration>(wait, j.kill_at - now);
+      if (j.go_fd >= 0) wait = std::min<Clock::duration>(wait, j.go_by - now);
     }
     if (!s.jobs.empty() && wait > std::chrono::seconds(1)) wait = std::chrono::seconds(1);  // kernels without pidfds
     const int ms = static_cast<int>(
@@ -364,9 +428,11 @@ int serve(Server& s) {
     const size_t polled = s.jobs.size();
     for (size_t i = 0; i < polled; ++i) {
       Job& job = s.jobs[i];
+      const short conn_events = n > 0 ? fds[first_job + 2 * i + 1].revents : 0;
+      if (job.go_fd >= 0 && job.conn >= 0) confirm(job, (conn_events & (POLLIN | POLLHUP | POLLERR)) != 0);
       reap(job);  // also without a pidfd event: cheap, and covers kernels without pidfds
       if (job.pid == 0) continue;
-      if (job.conn >= 0 && n > 0 && (fds[first_job + 2 * i + 1].revents & (POLLHUP | POLLERR))) {
+      if (job.conn >= 0 && job.go_fd < 0 && (conn_events & (POLLHUP | POLLERR))) {
         ::close(job.conn);
         job.conn = -1;
         ::kill(job.pid, SIGTERM);

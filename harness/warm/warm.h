@@ -28,6 +28,9 @@ namespace mih::warm {
 inline constexpr const char* kWarmVar = "MIH_WARM";
 /// Seconds a server waits for its next command before it exits (default 120; 0 < s <= 86400).
 inline constexpr const char* kIdleVar = "MIH_WARM_IDLE";
+/// Seconds a front waits for its server to answer (that the command started; how it ended,
+/// once it is gone) before it gives up: exec'ing the command, or exit 16 (default 30).
+inline constexpr const char* kTimeoutVar = "MIH_WARM_TIMEOUT";
 /// The directory of the servers' sockets (default $XDG_RUNTIME_DIR/mih, else /tmp/mih-<uid>);
 /// it must be a directory of this user's that nobody else may enter (mode 0700).
 inline constexpr const char* kDirVar = "MIH_WARM_DIR";

@@ -1,6 +1,9 @@
 // The warm front and server's shared wire format and helpers (warm.h says what they do).
-// One request per connection on a SOCK_STREAM unix socket: a Header (its fds attached), then
-// the payload; the server answers with Reply frames.
+// One request per connection on a SOCK_STREAM unix socket. A run: the front sends a Header
+// and the RunRequest; the server answers kReady (or kDiffers); the front sends a kFds Header
+// with its fds 0-2 and cwd attached; the server forks the command, which waits, and answers
+// kStarted; the front confirms with one byte 'g' (a front that gave up never does, and the
+// unconfirmed command dies unstarted); the server answers kExited when the command is gone.
 #pragma once
 
 #include <sys/types.h>
@@ -14,13 +17,13 @@ namespace mih::warm::internal {
 inline constexpr uint32_t kMagic = 0x7768696d;  // "mihw"
 inline constexpr uint32_t kVersion = 1;
 
-enum class Kind : uint32_t { kRun = 1, kStatus = 2, kStop = 3 };
+enum class Kind : uint32_t { kRun = 1, kStatus = 2, kStop = 3, kFds = 4 };
 
 struct Header {
   uint32_t magic = kMagic;
   uint32_t version = kVersion;
   uint32_t kind = 0;
-  uint32_t fd_bits = 0;  // which of stdin, stdout, stderr are attached (bits 0-2); the cwd always is
+  uint32_t fd_bits = 0;  // which of stdin, stdout, stderr the kFds message carries (bits 0-2); the cwd always
   uint64_t payload_bytes = 0;
 };
 
@@ -29,6 +32,7 @@ enum class ReplyKind : uint32_t {
   kDiffers = 2,  // value: a Why; the front execs (or, for kStale/kStopping, tries a new server)
   kExited = 3,   // value: the command's wait status
   kText = 4,     // value: the byte count of text that follows (status)
+  kReady = 5,    // the request is accepted: send the fds
 };
 
 enum class Why : int64_t {

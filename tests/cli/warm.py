@@ -13,7 +13,8 @@ warm server of the core binary, and the command is the process exec would have m
      replaced on disk, makes it stale: the next command runs in a fresh server, not the stale one
   4. outcomes: exit codes and a death by signal come back as the front's own; SIGINT to the
      front reaches the command (exit 130); SIGKILL of the front takes the command along
-  5. lifetime and safety: a server exits after MIH_WARM_IDLE seconds idle and removes its
+  5. lifetime and safety: a stopped server is given up after MIH_WARM_TIMEOUT (the command
+     exec'd) and, resumed, does not run it again; a server exits after MIH_WARM_IDLE seconds idle and removes its
      socket; `mih warm stop` stops servers; a socket directory others may enter is refused
      (the command still runs, exec'd)
 
@@ -251,6 +252,50 @@ def outcomes(mih, work, warm_dir):
     check(cmd is not None and gone, "4: SIGKILL of the front takes its command along (SIGTERM from the server)")
 
 
+def stopped_server(mih, work, warm_dir):
+    env = base_env(warm_dir, MIH_WARM_TIMEOUT="2")
+    before = {x[0] for x in servers(mih, env)}
+    state(mih, env, os.path.join(work, "stopped0.json"))
+    s = servers(mih, env)
+    mine = [x for x in s if x[0] not in before]
+    pid = mine[0][1] if len(mine) == 1 else None
+    if pid is None:
+        check(False, "5: a server for MIH_WARM_TIMEOUT=2 started", str(s))
+        return
+    os.kill(pid, signal.SIGSTOP)
+    path = os.path.join(work, "stopped1.json")
+    t0 = time.time()
+    try:
+        got = state(mih, env, path)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    took = time.time() - t0
+    ino = os.stat(path).st_ino
+    time.sleep(2)  # the resumed server sees the request whose front gave up: it must not run it
+    check(got.get("command_runs") == 1 and 2 <= took < 20 and os.stat(path).st_ino == ino,
+          f"5: a stopped server is given up after MIH_WARM_TIMEOUT (the command exec'd in {took:.1f} s), and once "
+          f"resumed it does not run the command a second time")
+
+
+def late_server(mih, work, warm_dir):
+    # The server stalls after taking the fds (a test hook), past the front's MIH_WARM_TIMEOUT:
+    # the front execs the command; the command the server forks later is never confirmed.
+    env = base_env(warm_dir, MIH_WARM_TIMEOUT="2", MIH_WARM_TEST_STALL="4")
+    path = os.path.join(work, "late.json")
+    t0 = time.time()
+    # Output to a file: a pipe would stay open (the stalled server holds the fds it took) and
+    # keep this test waiting until the server went on.
+    with open(os.path.join(work, "late.out"), "w") as out:
+        r = subprocess.run([mih, "__process-state", path], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                           stderr=subprocess.STDOUT)
+    took = time.time() - t0
+    ino = os.stat(path).st_ino if os.path.exists(path) else None
+    time.sleep(5)
+    check(r.returncode == 0 and ino is not None and 2 <= took < 10 and os.stat(path).st_ino == ino,
+          f"5: a server that answers after the front gave up (exec'd in {took:.1f} s) never runs the command it "
+          f"forked: unconfirmed, it dies unstarted")
+
+
 def lifetime(mih, work, warm_dir):
     env = base_env(warm_dir)
     r = subprocess.run([mih, "warm", "stop"], env=env, stdout=subprocess.PIPE, text=True)
@@ -288,6 +333,8 @@ def main():
         fresh_state(a.mih, a.work, warm_dir)
         identity(a.mih, a.work, warm_dir)
         outcomes(a.mih, a.work, warm_dir)
+        stopped_server(a.mih, a.work, warm_dir)
+        late_server(a.mih, a.work, warm_dir)
         lifetime(a.mih, a.work, warm_dir)
     finally:
         subprocess.run([a.mih, "warm", "stop"], env=base_env(warm_dir), stdout=subprocess.DEVNULL)
