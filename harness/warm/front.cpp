@@ -250,16 +250,6 @@ bool send_fds(int fd) {
   std::exit(128 + sig);
 }
 
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
 }  // namespace
 
 std::string core_beside(const std::string& front) {
@@ -352,7 +342,7 @@ int front_main(int argc, char** argv, const std::string& core) {
   // The server answers once more, when the command is gone. Should the server die first, the
   // command (whose parent it was) is sent SIGTERM by its death signal; should it stop
   // answering, the command's own end is seen here: either way its status is lost.
-  const int pidfd = open_pidfd(pid);
+  const int pidfd = internal::open_pidfd(pid);
   bool command_gone = false;
   for (;;) {
     pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, static_cast<short>(command_gone ? 0 : POLLIN), 0}};

@@ -74,16 +74,6 @@ struct Server {
 Server* g_server = nullptr;
 volatile sig_atomic_t g_stop = 0;
 
-int open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
 int thread_count() {
   DIR* d = ::opendir("/proc/self/task");
   if (!d) return -1;
@@ -346,7 +336,7 @@ void handle(Server& s, int conn) {
   }
   Job job;
   job.pid = pid;
-  job.pidfd = open_pidfd(pid);
+  job.pidfd = internal::open_pidfd(pid);
   job.conn = conn;
   job.go_fd = go[1];
   job.go_by = Clock::now() + kGoTimeout;

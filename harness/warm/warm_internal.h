@@ -79,6 +79,9 @@ bool send_request(int fd, const Header& header, const std::vector<int>& fds, con
 /// Receives a header and up to 4 attached fds (appended to *fds, close-on-exec).
 bool receive_header(int fd, Header* header, std::vector<int>* fds);
 
+/// A pidfd of `pid` (pidfd_open), or -1 (errno set) where the kernel has none.
+int open_pidfd(pid_t pid);
+
 /// True when the variable is set to 0, false, no or off.
 bool switched_off(const char* var);
 
