@@ -151,6 +151,14 @@ def init_from_tests(a, hf5, exported_loss):
     rc, out = run(a.mih, "test", "--init-from", ckpt, "--evidence-root", os.path.join(a.work, "t0"), "--gtest_filter=" + some)
     check(rc == 11 and "add --only-spec NAME" in out and not os.path.exists(os.path.join(a.work, "t0", "llama")),
           "test --init-from with several specs selected is bad input naming --only-spec, before any case", out)
+    # A spec that names no source checkpoint: from a checkpoint, SourceCheckpoint applies to its cases.
+    listed = {}
+    for extra in ([], ["--init-from", ckpt]):
+        rc, out = run(a.mih, "test", "--only-spec", "llama_tied", *extra, "--gtest_list_tests")
+        listed[bool(extra)] = rc == 0 and "LlamaTied/SourceCheckpoint." in out
+    check(listed == {False: False, True: True},
+          "SourceCheckpoint applies to the cases of a spec without checkpoint.source exactly when they start from "
+          "a checkpoint (%s)" % listed)
     t1 = os.path.join(a.work, "t1")
     test = [a.mih, "test", "--only-spec", "llama", "--init-from", ckpt, "--evidence-root", t1]
     rc, out = run(*test, "--gtest_filter=" + some)
@@ -180,7 +188,8 @@ def init_from_tests(a, hf5, exported_loss):
         seed = step0(seed_root, case) if os.path.exists(os.path.join(seed_root, "llama", case)) else None
         check(seed is not None and abs(seed - step0(t1, case)) > 1e-6,
               "%s without --init-from has another step-0 loss (%s vs %.9f)" % (case, seed, step0(t1, case)))
-    inv = json.load(open(os.path.join(t1, "llama", "Tp2Sp", "check", "loaded_values.json")))
+    values = os.path.join(t1, "llama", "Tp2Sp", "check", "loaded_values.json")
+    inv = json.load(open(values)) if os.path.exists(values) else {}
     check(inv.get("weights", "").startswith("checkpoint " + os.path.abspath(ckpt)) and inv.get("non_finite") == [],
           "the finite check examined the loaded weights, and says which", json.dumps(inv))
     rc, out = run(a.mih, "check", os.path.join(t1, "llama", "Tp2Sp"))
