@@ -12,7 +12,7 @@ std::vector<CaseParam> cases_for(const std::string& prefix, const std::string& s
   if (!cases::run_options().enabled) return out;
   const cases::Registration* r = cases::find_registration(prefix);
   if (!r || !cases::selected(*r)) return out;
-  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(r->spec);
+  const spec::ModelSpec s = cases::spec_of_run(r->spec);  // with the checkpoint its cases start from
   const SuiteRow& row = suite_row(suite);
   for (const spec::Case* c : cases::runnable_cases(*r)) {
     if (row.applies({s, *c})) out.push_back({r->prefix, r->spec, cases::matrix_of(*r), r->training_backend, c->name});

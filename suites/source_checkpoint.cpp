@@ -1,4 +1,5 @@
-// The SourceCheckpoint suite (suites/suite_table.h): the key map against the keys of a source checkpoint (CheckpointSpec::source).
+// The SourceCheckpoint suite (suites/suite_table.h): the key map against the keys of a source
+// checkpoint (CheckpointSpec::source, or the checkpoint the cases are initialized from).
 #include "suites/conformance.h"
 
 namespace mih::conformance {
@@ -6,9 +7,12 @@ namespace mih::conformance {
 using verdicts::no_error_findings;
 
 bool SourceCheckpoint::applies([[maybe_unused]] const SuiteContext& s) {
-  return !s.spec.checkpoint.source.empty();
+  return !s.spec.checkpoint.source.empty() || !s.spec.checkpoint.init_from.empty();
 }
-const char* SourceCheckpoint::where() { return "every case of a spec that names a source checkpoint (checkpoint.source)"; }
+const char* SourceCheckpoint::where() {
+  return "every case of a spec that names a source checkpoint (checkpoint.source) or is initialized from one "
+         "(checkpoint.init_from, --init-from)";
+}
 
 TEST_P(SourceCheckpoint, NoUnexpectedOrMissingSourceKey) {
   MIH_CASE_EVIDENCE(ev);

@@ -105,7 +105,9 @@ int run_phase(WorkerContext& ctx) {
   const fs::path evidence = ctx.option("evidence");
   // The case as the parent resolved it: the matrix is never read again here.
   const CaseFile file = read_case_file(evidence / "run" / "case.json");
-  const spec::ModelSpec s = spec::SpecRegistry::instance().get(file.spec);
+  // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
+  // init_from and --init-from); that checkpoint is then the source the key map is checked on.
+  const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
   const spec::Case& c = file.c;
   const std::string phase = ctx.option("phase");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
@@ -135,6 +137,13 @@ int run_phase(WorkerContext& ctx) {
     device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
   so.trainer.device(device);
+  // Weights set after the build are what the materialization invariants must examine.
+  if (!file.init_from.empty() && phase != "load") {
+    so.weights_loaded_from = "checkpoint " + file.init_from +
+                             (file.init_from_sha256.empty() ? "" : " (SHA-256 " + file.init_from_sha256.substr(0, 16) + "...)");
+  } else if (phase == "load") {
+    so.weights_loaded_from = "the resume checkpoint " + (evidence / "checkpoint").string();
+  }
   so.environment = {{"case", c},
                     {"phase", phase},
                     {"matrix", file.matrix},
@@ -146,6 +155,7 @@ int run_phase(WorkerContext& ctx) {
   if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
   ValidationSession session(s, so, mesh);
   const bool rank0 = mesh.rank() == 0;
+  bool init_failed = false;
   try {
     std::unique_ptr<TrainingBackend> backend = TrainingBackendRegistry::instance().make(file.training_backend);
     t = std::chrono::steady_clock::now();
@@ -153,12 +163,26 @@ int run_phase(WorkerContext& ctx) {
     timing["build_s"] = since(t);
     if (!file.init_from.empty() && phase != "load") {
       t = std::chrono::steady_clock::now();
-      const size_t loaded = load_hf_weights(s, file.init_from, *backend->state().context);
+      size_t loaded = 0;
+      try {
+        loaded = load_hf_weights(s, file.init_from, *backend->state().context, file.init_from_sha256);
+      } catch (const Error& e) {
+        // The parent checked this checkpoint before any rank started: failing here means its
+        // files changed or became unreadable since. Input or environment, not the model's
+        // failure; run_case reads this record.
+        init_failed = true;
+        EvidenceDir(evidence / "run" / phase)
+            .write_json("init_from_failed_rank" + std::to_string(mesh.rank()) + ".json",
+                        {{"checkpoint", file.init_from}, {"code", code_name(e.code())}, {"error", e.what()}});
+        throw;
+      }
       timing["init_from_s"] = since(t);
       timing["init_from_parameters"] = loaded;
+      session.weights_loaded();
     }
     if (phase == "load") {
       backend->load(evidence / "checkpoint");
+      session.weights_loaded();
       nlohmann::json hashes = tensor_hashes(*backend);
       hashes["comm_bytes"] = session.take_comm_bytes();  // the gathers are no step's traffic
       if (rank0) EvidenceDir(evidence).write_json("checkpoint/roundtrip_load.json", hashes);
@@ -176,7 +200,8 @@ int run_phase(WorkerContext& ctx) {
   } catch (const Error& e) {
     // A peer that died or a collective past its timeout is the transport's failure: the
     // launcher reports it as infrastructure; the case is not FAILED on the model's account.
-    if (e.code() != Code::kUnavailable && e.code() != Code::kDeadlineExceeded) {
+    // Nor is a checkpoint that could not be loaded (recorded above).
+    if (!init_failed && e.code() != Code::kUnavailable && e.code() != Code::kDeadlineExceeded) {
       session.fail_case(std::string("training raised: ") + e.what());
     }
     throw;
@@ -219,7 +244,8 @@ fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseR
   // The one resolved copy of the case every rank reads.
   dir.write_json("run/case.json",
                  case_file_json({s.name, c, o.matrix, o.training_backend, o.fault,
-                                 o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string()}));
+                                 o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
+                                 o.init_from_sha256}));
   return evidence;
 }
 
@@ -229,7 +255,8 @@ void to_json(nlohmann::json& j, const CaseFile& f) {
        {"matrix", f.matrix},
        {"training_backend", f.training_backend},
        {"fault", f.fault},
-       {"init_from", f.init_from}};
+       {"init_from", f.init_from},
+       {"init_from_sha256", f.init_from_sha256}};
 }
 
 CaseFile read_case_file(const fs::path& path) {
@@ -249,6 +276,7 @@ CaseFile read_case_file(const fs::path& path) {
       f.training_backend = j.at("training_backend").get<std::string>();
       f.fault = j.at("fault").get<std::string>();
       f.init_from = j.value("init_from", std::string());
+      f.init_from_sha256 = j.value("init_from_sha256", std::string());
       return f;
     } catch (const nlohmann::json::exception& e) {
       MIH_THROW(Code::kFailedPrecondition, e.what());
@@ -303,6 +331,28 @@ std::string environment_failure(const LaunchResult& r) {
   return "";
 }
 
+// A rank that could not initialize the port from the case's checkpoint (run_phase's
+// init_from_failed_rank<r>.json): the first such record of any phase, or null.
+nlohmann::json init_from_failure(const fs::path& evidence) {
+  std::error_code ec;
+  for (const char* phase : {"train", "save"}) {
+    std::vector<fs::path> records;
+    for (auto it = fs::directory_iterator(evidence / "run" / phase, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      if (it->path().filename().string().rfind("init_from_failed_rank", 0) == 0) records.push_back(it->path());
+    }
+    ec.clear();
+    std::sort(records.begin(), records.end());
+    for (const auto& record : records) {
+      std::string text;
+      if (!read_file(record, &text)) continue;
+      nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_object()) return j;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string local_launch_warning(const std::string& spec, const spec::Case& c) {
@@ -335,8 +385,9 @@ CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
 
 CaseLock::~CaseLock() { ::close(fd_); }
 
-CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
+CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& given) {
   // Bad input is rejected here, before any rank starts.
+  CaseRunOptions o = given;
   if (!o.fault.empty()) (void)fault::parse(o.fault);
   s.validate();
   MIH_CHECK(c.device == "cpu", "case '", c.name, "' runs on ", c.device,
@@ -347,6 +398,11 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
             ": ", unsupported);
   if (const std::string w = local_launch_warning(s.name, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
+  if (!o.init_from.empty() && o.init_from_sha256.empty()) {
+    const InitSource checked = check_init_from(s, o.init_from);
+    o.init_from = checked.dir;
+    o.init_from_sha256 = checked.sha256;
+  }
   std::optional<CaseLock> lock;
   if (!o.lock_held) lock.emplace(o.evidence_root / s.name / ("." + c.name + ".lock"), false, s.name + "/" + c.name);
   CaseRunResult result;
@@ -362,7 +418,10 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
                            {"matrix", o.matrix},
                            {"training_backend", o.training_backend},
                            {"fingerprint", o.fingerprint},
-                           {"fault", o.fault}};
+                           {"fault", o.fault},
+                           {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from.string())},
+                           {"init_from_sha256", o.init_from_sha256.empty() ? nlohmann::json()
+                                                                           : nlohmann::json(o.init_from_sha256)}};
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
@@ -404,6 +463,13 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     result.outcome = "interrupted";
     result.error = r.report();
     result.code = Code::kAborted;
+  } else if (const nlohmann::json failed = init_from_failure(result.evidence); !failed.is_null()) {
+    // The checkpoint changed or became unreadable after it was checked: no verdict on the model.
+    result.outcome = "not_run";
+    result.error = "the port could not be initialized from checkpoint " + failed.value("checkpoint", "") + ": " +
+                   failed.value("error", "");
+    result.code = failed.value("code", "") == code_name(Code::kInvalidSpec) ? Code::kInvalidSpec
+                                                                            : Code::kFailedPrecondition;
   } else if (const std::string why = environment_failure(r); !why.empty()) {
     // A full or read-only disk under the evidence: the environment, never a model failure.
     result.outcome = "environment_failure";

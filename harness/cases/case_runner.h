@@ -43,6 +43,10 @@ struct CaseRunOptions {
   /// after the build, before the first step; a resume's load phase takes the saved checkpoint
   /// instead). Empty: the seed's initialization.
   std::filesystem::path init_from;
+  /// The checkpoint_digest of init_from as the caller checked it (check_init_from); each
+  /// rank refuses files that no longer match it. Empty with init_from set: run_case checks
+  /// the checkpoint itself before any rank starts.
+  std::string init_from_sha256;
 };
 
 struct CaseRunResult {
@@ -88,11 +92,15 @@ class CaseLock {
 /// is outcome "transport_failure" with the launcher's report, not an exception, so the suites
 /// can report it as such.
 /// A launch that timed out, a rank killed by a signal, or a rank that failed in a collective
-/// (kUnavailable, kDeadlineExceeded) is "transport_failure" whatever the session wrote.
+/// (kUnavailable, kDeadlineExceeded) is "transport_failure" whatever the session wrote. A
+/// rank that could not initialize the port from options.init_from (the files changed since
+/// they were checked, or became unreadable) is "not_run" with that rank's code: bad input or
+/// environment, never the model's failure.
 /// case_run.json also holds the SHA-256 of every evidence file ("files").
 /// Throws: mih::Error{kInvalidSpec} for an unknown training backend or a case it cannot run
 ///   (before any rank starts); kFailedPrecondition for an unwritable evidence root, or a
-///   case another process is running on this evidence root (nothing of it is touched).
+///   case another process is running on this evidence root (nothing of it is touched); as
+///   check_init_from for an init_from checkpoint without init_from_sha256 that does not fit.
 CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
 
 /// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes its
@@ -110,6 +118,8 @@ struct CaseFile {
   std::string fault;
   /// Absolute path of the checkpoint directory the ranks initialize from; "" for none.
   std::string init_from;
+  /// Its checkpoint_digest when the parent checked it; every rank checks the files against it.
+  std::string init_from_sha256;
 };
 void to_json(nlohmann::json& j, const CaseFile& f);
 /// Throws: mih::Error{kFailedPrecondition} naming the file when it is missing or malformed.

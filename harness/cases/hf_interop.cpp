@@ -14,6 +14,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
 #include "harness/compat/store.h"
@@ -160,8 +161,61 @@ at::ScalarType scalar_type_of(const std::string& safetensors_name, const std::st
 
 }  // namespace
 
-size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, ParallelContext& ctx) {
+std::string checkpoint_digest(const hf::Checkpoint& checkpoint) {
+  Sha256 digest;
+  for (const auto& file : checkpoint.files) digest.update(file.sha256 + file.path);
+  return digest.hex_digest();
+}
+
+InitSource check_init_from(const spec::ModelSpec& spec, const fs::path& dir) {
   const hf::Checkpoint checkpoint = hf::read_checkpoint(dir);
+  const KeyMap map(spec.checkpoint.key_map);
+  std::map<std::string, ExternalTensor> expected;
+  with_one_rank(spec, "float32", 0, [&](Trainer& trainer) { expected = expected_external(spec, map, trainer.context()); });
+  static const std::set<std::string> kLoadable = {"F64", "F32", "F16", "BF16"};
+  std::vector<std::string> problems;
+  for (const auto& [key, e] : expected) {
+    const hf::TensorEntry* t = checkpoint.find(key);
+    if (t == nullptr) {
+      problems.push_back("the checkpoint has no '" + key + "' (needed for '" + e.fqn + "')");
+      continue;
+    }
+    if (t->shape != e.shape) {
+      std::vector<int64_t> reversed(e.shape.rbegin(), e.shape.rend());
+      const bool transposed = e.shape.size() == 2 && t->shape == reversed && e.shape[0] != e.shape[1];
+      problems.push_back("'" + key + "' (for '" + e.fqn + "') has shape " + shape_text(t->shape) + ", the port loads " +
+                         shape_text(e.shape) +
+                         (transposed ? " (likely transposed: a Conv1D [in, out] weight needs `transpose` in its "
+                                       "key-map rule)"
+                                     : ""));
+    }
+    if (!kLoadable.count(t->dtype)) {
+      problems.push_back("'" + key + "' (for '" + e.fqn + "') has dtype " + t->dtype +
+                         "; a parameter loads from F64, F32, F16 or BF16");
+    }
+  }
+  if (!problems.empty()) {
+    constexpr size_t kShown = 8;
+    std::string listed;
+    for (size_t i = 0; i < problems.size() && i < kShown; ++i) listed += "\n  " + problems[i];
+    if (problems.size() > kShown) listed += "\n  and " + std::to_string(problems.size() - kShown) + " more";
+    MIH_THROW(Code::kInvalidSpec, "init from ", dir.string(), ": the checkpoint does not fit the port of spec '",
+              spec.name, "' (", problems.size(), " problem(s), nothing was run):", listed, "\n`mih inspect --spec ",
+              spec.name, " --hf-dir ", dir.string(), "` lists every difference");
+  }
+  return {fs::absolute(dir).lexically_normal(), checkpoint_digest(checkpoint)};
+}
+
+size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, ParallelContext& ctx,
+                       const std::string& expected_sha256) {
+  const hf::Checkpoint checkpoint = hf::read_checkpoint(dir);
+  if (!expected_sha256.empty()) {
+    const std::string now = checkpoint_digest(checkpoint);
+    MIH_CHECK_CODE(now == expected_sha256, Code::kFailedPrecondition, "init from ", dir.string(),
+                   ": the checkpoint's files changed after the run checked them (SHA-256 ",
+                   expected_sha256.substr(0, 16), "... then, ", now.substr(0, 16),
+                   "... now); leave the directory as it is while cases run from it, and rerun");
+  }
   const KeyMap map(spec.checkpoint.key_map);
   std::map<std::string, safetensors::Reader> readers;
   std::vector<std::pair<std::shared_ptr<ShardedParameter>, at::Tensor>> staged;

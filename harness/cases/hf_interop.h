@@ -10,6 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/cases/registrations.h"
 #include "harness/checkpoint/hf_checkpoint.h"
 #include "harness/spec/model_spec.h"
 
@@ -66,10 +67,32 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
 /// parameter's, converts it to the parameter's dtype, and only when every parameter passed
 /// copies its boxes (ParallelContext::local_boxes) into this rank's piece. Not a collective;
 /// every rank reads the same files. Returns the number of parameters set.
-/// Throws (nothing set on this rank): mih::Error as hf::read_checkpoint; kInvalidSpec naming
-///   the key and the parameter for a key the checkpoint lacks, a dtype it cannot read, or a
-///   rebuilt shape that differs (with "likely transposed" when it is the reverse).
-size_t load_hf_weights(const spec::ModelSpec& spec, const std::filesystem::path& dir, ParallelContext& ctx);
+/// `expected_sha256`, when not empty, is the digest the run checked before any rank started
+/// (InitSource::sha256): files that differ now are refused, so a case's fingerprint always
+/// names the weights it trained from.
+/// Throws (nothing set on this rank): mih::Error as hf::read_checkpoint; kFailedPrecondition
+///   when the files' digest is not `expected_sha256`; kInvalidSpec naming the key and the
+///   parameter for a key the checkpoint lacks, a dtype it cannot read, or a rebuilt shape that
+///   differs (with "likely transposed" when it is the reverse).
+size_t load_hf_weights(const spec::ModelSpec& spec, const std::filesystem::path& dir, ParallelContext& ctx,
+                       const std::string& expected_sha256 = "");
+
+/// SHA-256 (64 hex digits) over a checkpoint's files: each file's SHA-256 and its path
+/// relative to the directory, in path order (so one changed byte of any weight, the config or
+/// the index changes it, and a copy of the directory elsewhere keeps it).
+std::string checkpoint_digest(const hf::Checkpoint& checkpoint);
+
+/// Checks checkpoint directory `dir` against `spec`'s port before any rank starts, from the
+/// safetensors headers (no tensor is read): every key the port loads through the key map is
+/// there with the shape the port's parameter needs and a dtype a parameter loads from (F64,
+/// F32, F16, BF16). The port's shapes come from its model built at world size 1. Keys the
+/// port does not load are left to the SourceCheckpoint suite (check_checkpoint_coverage).
+/// Returns the absolute directory and its checkpoint_digest.
+/// Throws: mih::Error as hf::read_checkpoint (a URL, a Git LFS pointer, a missing shard...:
+///   kInvalidSpec; a missing directory: kFailedPrecondition); kInvalidSpec listing every
+///   missing key, shape mismatch (with "likely transposed") and unreadable dtype, each with
+///   the parameter it is for, and naming `mih inspect` for the full diff.
+InitSource check_init_from(const spec::ModelSpec& spec, const std::filesystem::path& dir);
 
 struct HfInspectOptions {
   /// The checkpoint directory (local; URLs are refused).

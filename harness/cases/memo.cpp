@@ -42,9 +42,10 @@ void note_infrastructure(Code code) {
 
 std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
                              const std::string& fault, std::chrono::milliseconds case_timeout,
-                             std::chrono::milliseconds collective_timeout) {
+                             std::chrono::milliseconds collective_timeout, const std::string& init_from_sha256) {
   std::string id = spec + "|" + json(c).dump() + "|" + training_backend + "|" + fault + "|" +
                    std::to_string(case_timeout.count()) + "ms|" + std::to_string(collective_timeout.count()) + "ms";
+  if (!init_from_sha256.empty()) id += "|init_from:" + init_from_sha256;
   struct stat st {};
   if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
   return sha256_hex(id).substr(0, 16);
@@ -53,8 +54,9 @@ std::string case_fingerprint(const std::string& spec, const spec::Case& c, const
 namespace {
 
 std::string fingerprint(const CaseParam& p) {
+  const InitSource* init = init_source_of(p.spec);
   return case_fingerprint(p.spec, case_of(p), p.training_backend, fault_of(p), run_options().case_timeout,
-                          run_options().collective_timeout);
+                          run_options().collective_timeout, init ? init->sha256 : std::string());
 }
 
 CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
@@ -118,7 +120,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
 // Why the evidence in `dir` cannot stand for a run with fingerprint `fp`, or "" when it can:
 // only a case that completed ("ran"), with this fingerprint, and whose every evidence file is
 // still the one its run wrote (case_run.json's digests) is reused.
-std::string why_not_reusable(const fs::path& dir, const std::string& fp) {
+std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256) {
   json run;
   try {
     run = read_json_file(dir / "case_run.json");
@@ -131,8 +133,17 @@ std::string why_not_reusable(const fs::path& dir, const std::string& fp) {
     return "its last run did not complete (outcome '" + outcome + "'" +
            (run.value("error", "").empty() ? std::string() : ": " + run.value("error", "").substr(0, 200)) + ")";
   }
+  const std::string started_from =
+      run.contains("init_from_sha256") && run["init_from_sha256"].is_string() ? run["init_from_sha256"].get<std::string>() : "";
+  if (started_from != init_from_sha256) {
+    auto weights = [](const std::string& sha) {
+      return sha.empty() ? std::string("the seed's weights") : "a checkpoint with SHA-256 " + sha.substr(0, 16) + "...";
+    };
+    return "it started from " + weights(started_from) + ", this run starts from " + weights(init_from_sha256);
+  }
   if (run.value("fingerprint", "") != fp) {
-    return "its evidence was produced by another binary, case definition, backend, fault or timeout";
+    return "its evidence was produced by another binary, case definition, backend, fault, timeout or checkpoint to "
+           "start from";
   }
   if (!run.contains("files") || !run["files"].is_object()) return "its case_run.json lists no evidence digests";
   for (const auto& [relative, digest] : run["files"].items()) {
@@ -201,7 +212,8 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     const CaseLock case_lock(root / p.spec / ("." + p.case_name + ".lock"), /*wait=*/true, p.spec + "/" + p.case_name);
     bool reused = false;
     if (fs::exists(dir / "case_run.json")) {
-      const std::string why = why_not_reusable(dir, fp);
+      const InitSource* init = init_source_of(p.spec);
+      const std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string());
       if (why.empty()) {
         const json run = read_json_file(dir / "case_run.json");
         out.evidence = dir;
@@ -228,6 +240,10 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
       o.timeout = options.case_timeout;
       o.collective_timeout = options.collective_timeout;
       o.lock_held = true;
+      if (const InitSource* init = init_source_of(p.spec)) {
+        o.init_from = init->dir;
+        o.init_from_sha256 = init->sha256;
+      }
       try {
         const CaseRunResult r = run_case(spec::SpecRegistry::instance().get(p.spec), c, o);
         out.evidence = r.evidence;

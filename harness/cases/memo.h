@@ -35,18 +35,21 @@ struct CaseOutcome {
 };
 
 /// The case's evidence: launched (under the case lock) unless this evidence root already
-/// holds a run of it with the same fingerprint (binary, matrix, training backend, fault).
+/// holds a run of it with the same fingerprint (binary, matrix, training backend, fault, the
+/// checkpoint it starts from: RunOptions::init_sources, the reference's as every other's).
 /// Throws: mih::Error{kInvalidSpec} for an unknown spec, matrix or case;
 ///   kFailedPrecondition when verify-only evidence is missing or belongs to another case.
 const CaseOutcome& ensure_case(const CaseParam& p);
 
 /// What produced a case's evidence, as a short hex digest: this binary (size and mtime), the
 /// spec, the resolved case (config, steps, kind, what it is compared with), the training
-/// backend, the fault and both timeouts. Evidence with another fingerprint is relaunched,
-/// never reused; `mih run` writes the same one as `mih test`, so either reuses the other's.
+/// backend, the fault, both timeouts and the checkpoint the port was initialized from
+/// (`init_from_sha256`, its checkpoint_digest; "" for the seed's weights). Evidence with
+/// another fingerprint is relaunched, never reused; `mih run` writes the same one as `mih
+/// test`, so either reuses the other's.
 std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
                              const std::string& fault, std::chrono::milliseconds case_timeout,
-                             std::chrono::milliseconds collective_timeout);
+                             std::chrono::milliseconds collective_timeout, const std::string& init_from_sha256);
 
 /// The fault of the catalog injected in the case's ranks ("" for none: the case is not
 /// one of --fault-cases).

@@ -57,6 +57,17 @@ bool selected(const Registration& r) {
   return (o.only_spec.empty() || o.only_spec == r.spec) && (named || (o.prefixes.empty() && !r.on_request));
 }
 
+const InitSource* init_source_of(const std::string& spec) {
+  const auto& sources = run_options().init_sources;
+  auto it = sources.find(spec);
+  return it == sources.end() ? nullptr : &it->second;
+}
+
+spec::ModelSpec spec_of_run(const std::string& name) {
+  const InitSource* source = init_source_of(name);
+  return spec::initialized_from(spec::SpecRegistry::instance().get(name), source ? source->dir.string() : "");
+}
+
 std::string matrix_of(const Registration& r) { return run_options().matrix.empty() ? r.matrix : run_options().matrix; }
 
 const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std::string& source) {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,6 +35,17 @@ const std::vector<Registration>& registrations();
 const Registration* find_registration(const std::string& prefix);
 /// The prefixes registered twice (a binary with any refuses to run: exit 11).
 const std::vector<std::string>& duplicate_prefixes();
+
+/// The checkpoint a run initializes a spec's port from (CheckpointSpec::init_from or
+/// `--init-from`), as the run checked it before any rank started.
+struct InitSource {
+  /// Absolute path of the Hugging Face checkpoint directory.
+  std::filesystem::path dir;
+  /// SHA-256 (64 hex digits) over its files (cases::checkpoint_digest): part of every
+  /// fingerprint of the spec's cases, and what each rank checks the files against. Empty in
+  /// verify-only runs, which read no checkpoint.
+  std::string sha256;
+};
 
 /// What one conformance run does; set by the command line before any test runs.
 struct RunOptions {
@@ -65,6 +77,12 @@ struct RunOptions {
   /// MIH_FAULT=<fault> in their rank processes; every other case runs fault-free.
   std::string fault;
   std::set<std::string> fault_cases;
+  /// `--init-from DIR`: the checkpoint the run's one selected spec initializes from,
+  /// overriding its CheckpointSpec::init_from. Empty: each spec's own (if any).
+  std::filesystem::path init_from;
+  /// Spec name -> the checkpoint its cases (the reference included) initialize from, resolved
+  /// and checked once before any test runs. A spec not here trains from the seed's weights.
+  std::map<std::string, InitSource> init_sources;
   /// Set by the runner when the run's tests are instantiated (a harness test binary that
   /// links the specs without running them instantiates nothing).
   bool enabled = false;
@@ -73,6 +91,13 @@ RunOptions& run_options();
 
 /// Whether the run instantiates `r`'s tests (only_spec, prefixes, on_request).
 bool selected(const Registration& r);
+/// The checkpoint spec `spec`'s cases initialize from in this run, or null (the seed's).
+const InitSource* init_source_of(const std::string& spec);
+/// The spec `name` as this run's cases see it: spec::initialized_from its init source (what
+/// the suites' applies() decide on).
+/// Throws: as spec::SpecRegistry::get.
+spec::ModelSpec spec_of_run(const std::string& name);
+
 /// The matrix source `r` runs (RunOptions::matrix when set).
 std::string matrix_of(const Registration& r);
 /// The case matrix of `spec` from `source`, resolved on first use and kept for the process:

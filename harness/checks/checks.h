@@ -37,6 +37,13 @@ struct CheckOutput {
 /// "buffers", "fsdp_units"}.
 CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec);
 
+/// The structure check's finite values again (rank-local), on parameters set after the build
+/// (a Hugging Face or resume checkpoint loaded into the built model): a parameter with NaN or
+/// Inf elements on this rank's piece is MIH-STRUCT finding kStructNonFinite naming it,
+/// `weights` (where the values came from, in words) and the count. Records no run of its own
+/// (check_structure's covers the code). Evidence: {"weights", "parameters", "non_finite"}.
+CheckOutput check_loaded_values(const ParallelContext& ctx, const std::string& weights);
+
 /// check/parameter_ownership.csv: fqn,owner,aliases,grad_domain,placements,global_shape,
 /// local_shape,dtype,device,fsdp_unit (one row per logical parameter, this rank's view).
 std::string parameter_ownership_csv(const ParallelContext& ctx);

@@ -108,6 +108,24 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
+CheckOutput check_loaded_values(const ParallelContext& ctx, const std::string& weights) {
+  CheckOutput out;
+  json non_finite = json::array();
+  for (const auto& p : ctx.parameters()) {
+    if (all_finite(p->local)) continue;
+    const int64_t count = p->local.numel() - at::isfinite(p->local.detach()).sum().item<int64_t>();
+    non_finite.push_back(p->fqn);
+    out.findings.add(error(codes::kStructNonFinite, "materialization", p->fqn,
+                           "parameter holds " + std::to_string(count) + " NaN or Inf element(s) in the weights of " +
+                               weights,
+                           {{"weights", weights}, {"non_finite_elements", count}},
+                           "a corrupted weight poisons every later step",
+                           "fix the checkpoint (a NaN or an overflow of its conversion) or the load"));
+  }
+  out.evidence = {{"weights", weights}, {"parameters", ctx.parameters().size()}, {"non_finite", non_finite}};
+  return out;
+}
+
 CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec) {
   const ParallelContext& ctx = *state.context;
   const int64_t tp = ctx.tp_size();

@@ -26,6 +26,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/faults.h"
+#include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
 #include "harness/cli/cli.h"
@@ -244,6 +245,14 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
     if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
+    // A case that started from a checkpoint is checked as one (its source keys included).
+    if (ev.has("run/case.json")) {
+      const json& case_file = ev.json("run/case.json");
+      const json init = case_file.value("init_from", json());
+      if (init.is_string() && !init.get<std::string>().empty()) {
+        args.insert(args.end(), {"--init-from", init.get<std::string>()});
+      }
+    }
     // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
     std::string prefixes;
     for (const auto& r : cases::registrations()) {
@@ -256,6 +265,17 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     if (fs::exists(target / "run.json")) {
       const json run = read_json_file(target / "run.json");
       if (!run.value("matrix", "").empty()) args.insert(args.end(), {"--matrix", run.value("matrix", "")});
+      // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
+      const json init = run.value("init_from", json::object());
+      if (init.is_object() && init.size() == 1 && fs::is_directory(target / init.begin().key())) {
+        std::set<std::string> spec_dirs;
+        for (const auto& r : cases::registrations()) {
+          if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
+        }
+        if (spec_dirs.size() == 1 && init.begin().value().contains("dir")) {
+          args.insert(args.end(), {"--init-from", init.begin().value()["dir"].get<std::string>()});
+        }
+      }
     }
     // Only the specs with evidence under this root.
     std::string specs, prefixes;
@@ -352,7 +372,7 @@ std::string what_exists() {
 // The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
 // --gtest_* flag and is a usage error otherwise.
 struct RunFlags {
-  std::string evidence_root, matrix, only_spec, fault;
+  std::string evidence_root, matrix, only_spec, fault, init_from;
   std::vector<std::string> prefixes, fault_cases;
   bool verify_only = false, allow_edited_evidence = false, allow_other_version = false, no_progress = false,
        list_cases = false;
@@ -384,6 +404,11 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
               "case timeout)");
   app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
   app.add_option("--only-spec", f->only_spec, "only this spec's cases");
+  app.add_option("--init-from", f->init_from,
+                 "every case of the run's one spec (select it with --only-spec), its reference included, starts from "
+                 "this local Hugging Face checkpoint directory (through the key map; checked before any case "
+                 "starts; its files' SHA-256 join each case's fingerprint; it is the source checkpoint too), "
+                 "instead of the spec's checkpoint.init_from or the seed's weights");
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
   app.add_option("--fault", f->fault, "fault of the catalog (F01-F26) the --fault-cases run with")
@@ -430,6 +455,39 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   return gtest;
 }
 
+// The checkpoint each selected spec's cases start from: --init-from for the run's one spec,
+// else the spec's CheckpointSpec::init_from. Checked here, before any test runs: a URL, an
+// LFS pointer, a missing shard, a key or shape that does not fit the port is bad input (exit
+// 11, 12 for a missing directory), never a failing case. Verify-only runs and listings read
+// no checkpoint (the evidence was produced elsewhere): the directory only decides where the
+// SourceCheckpoint suite applies.
+void resolve_init_sources(cases::RunOptions& o, bool read_checkpoints) {
+  std::set<std::string> specs;
+  for (const auto& r : cases::registrations()) {
+    if (cases::selected(r)) specs.insert(r.spec);
+  }
+  if (!o.init_from.empty()) {
+    std::string names;
+    for (const auto& n : specs) names += (names.empty() ? "'" : ", '") + n + "'";
+    MIH_CHECK(specs.size() == 1, "--init-from ", o.init_from.string(), ": a checkpoint initializes the port of one "
+              "spec, and this run selects ", specs.size(), " (", names.empty() ? "none" : names,
+              "); add --only-spec NAME");
+  }
+  for (const auto& name : specs) {
+    const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
+    const fs::path dir = o.init_from.empty() ? fs::path(s.checkpoint.init_from) : o.init_from;
+    if (dir.empty()) continue;
+    if (!read_checkpoints) {
+      o.init_sources[name] = {fs::absolute(dir).lexically_normal(), ""};
+      continue;
+    }
+    cases::progress(name + ": checking checkpoint " + dir.string() + ", which its cases start from");
+    o.init_sources[name] = with_context(
+        o.init_from.empty() ? "spec '" + name + "': checkpoint.init_from" : std::string("--init-from"),
+        [&] { return cases::check_init_from(s, dir); });
+  }
+}
+
 int run_tests(const std::vector<std::string>& args) {
   RunFlags f;
   auto parsed = parse_run_flags(args, &f);
@@ -447,6 +505,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
   o.only_spec = f.only_spec;
+  o.init_from = f.init_from;
   if (!o.only_spec.empty()) static_cast<void>(spec::SpecRegistry::instance().get(o.only_spec));  // unknown: exit 11
   for (const auto& x : f.prefixes) {
     MIH_CHECK(cases::find_registration(x) != nullptr, "--prefixes: no MIH_CONFORMANCE_SUITES registration '", x,
@@ -499,6 +558,7 @@ int run_tests(const std::vector<std::string>& args) {
     for (const auto& k : known_cases) list += (list.empty() ? "" : ", ") + k;
     MIH_THROW(Code::kInvalidSpec, "--fault-cases: no selected case is named '", name, "' (the cases: ", list, ")");
   }
+  resolve_init_sources(o, !o.verify_only && !listing);
   o.enabled = true;
   std::vector<std::string> gargs = {"mih"};
   gargs.insert(gargs.end(), gtest_flags.begin(), gtest_flags.end());
@@ -519,7 +579,12 @@ int run_tests(const std::vector<std::string>& args) {
                       {"matrix", cases::matrix_of(r)},
                       {"training_backend", r.training_backend}});
     }
-    std::ofstream(o.evidence_root / "run.json") << json({{"matrix", o.matrix}, {"registrations", regs}}).dump(2);
+    json init_from = json::object();
+    for (const auto& [name, source] : o.init_sources) {
+      init_from[name] = {{"dir", source.dir.string()}, {"sha256", source.sha256}};
+    }
+    std::ofstream(o.evidence_root / "run.json")
+        << json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2);
   }
   cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
   if (listing) return RUN_ALL_TESTS();

@@ -13,7 +13,6 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
-#include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -204,8 +203,10 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
                  "inject a fault of the catalog (F01-F26, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
   sub.add_option("--init-from", f->options.init_from,
-                 "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map) "
-                 "instead of the seed's initialization; its files' SHA-256 are part of the case's fingerprint");
+                 "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "
+                 "checked before any rank starts; it is the source checkpoint too) instead of the spec's "
+                 "checkpoint.init_from or the seed's initialization; its files' SHA-256 are part of the case's "
+                 "fingerprint");
   sub.add_flag("--prepare", f->prepare,
                "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
                "external launcher (torchrun, srun, mpirun)");
@@ -215,13 +216,14 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
     f->options.matrix = f->matrix;
     const spec::Case& c = case_named(matrix, f->case_name);
-    // A checkpoint to initialize from is read here first (a URL, an LFS pointer or a missing
-    // shard fails before any rank starts); its fingerprints tell this run from another's.
-    std::string checkpoint_digest;
+    // A checkpoint to initialize from (--init-from, else the spec's) is checked here first: a
+    // URL, an LFS pointer, a missing shard, a key or shape that does not fit fails before any
+    // rank starts. Its digest tells this run from another's.
+    if (f->options.init_from.empty()) f->options.init_from = s.checkpoint.init_from;
     if (!f->options.init_from.empty()) {
-      Sha256 digest;
-      for (const auto& file : hf::read_checkpoint(f->options.init_from).files) digest.update(file.sha256 + file.path);
-      checkpoint_digest = digest.hex_digest();
+      const cases::InitSource checked = cases::check_init_from(s, f->options.init_from);
+      f->options.init_from = checked.dir;
+      f->options.init_from_sha256 = checked.sha256;
     }
     if (f->prepare) {
       const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
@@ -235,9 +237,9 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     }
     // The fingerprint `mih test` computes for this case, so a later `mih test` on this root
     // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
-    f->options.fingerprint = cases::case_fingerprint(s.name, c, f->options.training_backend, f->options.fault,
-                                                     f->options.timeout, f->options.collective_timeout);
-    if (!checkpoint_digest.empty()) f->options.fingerprint += "+init_from:" + checkpoint_digest;
+    f->options.fingerprint =
+        cases::case_fingerprint(s.name, c, f->options.training_backend, f->options.fault, f->options.timeout,
+                                f->options.collective_timeout, f->options.init_from_sha256);
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
     const cases::CaseRunResult r = cases::run_case(s, c, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
@@ -246,6 +248,10 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       std::fprintf(stderr, "mih: %s; the case is recorded as interrupted and relaunched by the next run\n",
                    r.error.c_str());
       return 128 + interrupt_signal();
+    }
+    if (r.outcome == "not_run") {
+      std::fprintf(stderr, "mih: the case could not run (not a conformance verdict):\n%s\n", r.error.c_str());
+      return exit_status(r.code == Code::kOk ? Code::kFailedPrecondition : r.code);
     }
     if (r.outcome == "environment_failure") {
       std::fprintf(stderr, "mih: environment failure (not a conformance verdict):\n%s\n", r.error.c_str());

@@ -447,8 +447,12 @@ Verdict state_invariants(const CaseEvidence& ev) {
     for (const auto& [name, result] : ev.json(file).items()) {
       ++checked;
       if (result.value("passed", false)) continue;
-      return Verdict::fail("invariant '" + name + "' failed: " + short_json(result.value("facts", json::object()), 500) +
-                           " (open " + rel_path(ev, file) + ")");
+      // A materialization invariant names the weights it examined (the build's or a loaded checkpoint's).
+      const std::string weights = result.contains("weights") && result["weights"].is_string()
+                                      ? " on the weights of " + result["weights"].get<std::string>()
+                                      : "";
+      return Verdict::fail("invariant '" + name + "' failed" + weights + ": " +
+                           short_json(result.value("facts", json::object()), 500) + " (open " + rel_path(ev, file) + ")");
     }
   }
   Verdict v = no_error_findings(ev, {codes::kInvarFailed, codes::kInvarThrew});

@@ -120,7 +120,8 @@ Verdict resume_continues_step_count(const CaseEvidence& ev);
 Verdict modality_gradients(const CaseEvidence& ev);
 
 /// StateInvariants: every invariants_<phase>.json entry passed, naming the failed ones with
-/// their facts; skip when the spec declares none.
+/// their facts (and, for a materialization invariant, the weights it examined: the build's
+/// or a loaded checkpoint's); skip when the spec declares none.
 Verdict state_invariants(const CaseEvidence& ev);
 
 /// ModuleParity: skip unless the case ran the spec's parity cases (the reference does);

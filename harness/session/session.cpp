@@ -241,15 +241,41 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     take(local, coverage.findings);
     write("checkpoint/coverage.json", coverage.evidence);
 
-    for (spec::Phase phase : {spec::Phase::kStructure, spec::Phase::kMaterialization}) {
-      checks::CheckOutput inv = checks::run_invariants(spec_->invariants, phase, state);
-      take(local, inv.findings);
-      write("check/invariants_" + spec::phase_name(phase) + ".json", inv.evidence);
+    checks::CheckOutput structure_inv = checks::run_invariants(spec_->invariants, spec::Phase::kStructure, state);
+    take(local, structure_inv.findings);
+    write("check/invariants_structure.json", structure_inv.evidence);
+    // Weights loaded after the build are examined once they are there (weights_loaded()).
+    if (options_.weights_loaded_from.empty()) {
+      materialization_invariants(local, "the build's initialization (seed " + std::to_string(options_.config.seed) + ")");
     }
 
     watchlist_ = probes::build_watchlist(ctx, options_.watch);
     ctx.activation_probes().configure(spec_->activation_watch, options_.watch.projections);
     write("check/parameter_watchlist.json", probes::to_json(watchlist_));
+    for (const auto& f : local.findings()) pending_.add(f);
+  });
+}
+
+void ValidationSession::materialization_invariants(FindingReport& into, const std::string& weights) {
+  checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kMaterialization, state_);
+  take(into, inv.findings);
+  json evidence = inv.evidence.is_object() ? inv.evidence : json::object();
+  for (auto& [name, result] : evidence.items()) result["weights"] = weights;
+  write("check/invariants_materialization.json", evidence);
+  materialized_ = true;
+}
+
+void ValidationSession::weights_loaded() {
+  guarded("weights_loaded", [&] {
+    MIH_CHECK(!options_.weights_loaded_from.empty(), "weights_loaded: the session was not told that weights are set "
+              "after the build (SessionOptions::weights_loaded_from), so its materialization invariants already ran");
+    MIH_CHECK(!materialized_, "weights_loaded: called twice; call it once, after the load and before the first step");
+    FindingReport local;
+    // What the structure check found finite at the build is replaced: the loaded values again.
+    checks::CheckOutput values = checks::check_loaded_values(*state_.context, options_.weights_loaded_from);
+    take(local, values.findings);
+    write("check/loaded_values.json", values.evidence);
+    materialization_invariants(local, options_.weights_loaded_from);
     for (const auto& f : local.findings()) pending_.add(f);
   });
 }
@@ -549,6 +575,11 @@ bool ValidationSession::finish() {
   for (const auto& f : pending_.findings()) findings_.add(f);  // rank-local leftovers
   pending_ = FindingReport();
   if (failed_) return false;
+  if (!materialized_ && !options_.weights_loaded_from.empty() && state_.context) {
+    fail_case("the materialization invariants never ran: weights were to be loaded after the build (" +
+              options_.weights_loaded_from + ") and weights_loaded() was not called after the load");
+    return false;
+  }
   if (findings_.failed()) {
     fail_case("findings with errors:\n" + findings_.summary());
     return false;

@@ -14,7 +14,7 @@
 //   environment.json, integration_state.json, spec.resolved.json, config.resolved.json,
 //   check/{findings.json, structure.json, parameter_ownership.csv, fsdp_units.json,
 //          optimizer_layout_initial.json, activation_checkpoint.json, parameter_watchlist.json,
-//          invariants_<phase>.json},
+//          invariants_<phase>.json, loaded_values.json (weights set after the build)},
 //   data/{field_ownership.json, observed_forward_fields.json, input_identity.jsonl},
 //   checkpoint/{coverage.json, <event>_rank<r>.json},
 //   cases/runtime/{metrics.jsonl, performance_rank<r>.jsonl, shared_state_step<k>.json,
@@ -64,6 +64,11 @@ struct SessionOptions {
   int64_t last_step = -1;
   /// Keys of an external checkpoint to check against the spec's key map.
   std::optional<std::vector<std::string>> source_checkpoint_keys;
+  /// Where the weights the case trains from come from when they are set after the build (a
+  /// Hugging Face checkpoint, a resume checkpoint), in words for the evidence. Then the
+  /// materialization invariants wait for weights_loaded() instead of running when the
+  /// optimizer is attached. Empty: the build's initialization is what they examine.
+  std::string weights_loaded_from;
   /// Added to environment.json (torch version, backend, CUDA...).
   nlohmann::json environment = nlohmann::json::object();
   /// The source tree whose git revision environment.json records.
@@ -92,6 +97,15 @@ class ValidationSession : public TrainingHooks {
   void record_fsdp_trace(int64_t step) override;
   void capture_checkpoint_payload(const std::string& event, const std::filesystem::path& dir,
                                   const nlohmann::json& index) override;
+
+  /// The weights were set after the build, from SessionOptions::weights_loaded_from: runs the
+  /// materialization invariants on them (check/invariants_materialization.json; each result
+  /// names the weights it examined) and checks their values are finite again
+  /// (check/loaded_values.json; MIH-STRUCT-003 naming the parameter and the weights). Call on
+  /// every rank once the load is done, before the first step; finish() fails the case when it
+  /// was never called.
+  /// Throws: mih::Error{kInvalidSpec} when weights_loaded_from is empty or on a second call.
+  void weights_loaded();
 
   /// The findings merged over every rank so far (the same on every rank).
   const FindingReport& findings() const { return findings_; }
@@ -138,6 +152,9 @@ class ValidationSession : public TrainingHooks {
   void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
   bool runtime() const { return options_.mode == SessionMode::kRuntime; }
   void probe(probes::Stage stage, int64_t step);
+  // The materialization invariants on the weights as they are now, which came from `weights`
+  // (named in each result): their findings into `into`, their results to the evidence.
+  void materialization_invariants(FindingReport& into, const std::string& weights);
   // The activation probes of the step (collective): two probe lines, forward_output and
   // output_grad.
   void probe_activations(int64_t step);
@@ -167,6 +184,8 @@ class ValidationSession : public TrainingHooks {
   // cost, written to performance_rank<r>.jsonl).
   std::map<std::string, double> hook_ms_;
   bool failed_ = false;
+  // The materialization invariants ran (at attach, or at weights_loaded()).
+  bool materialized_ = false;
   // This step probes everything (the first two steps and the last): activations, clipped
   // gradients, optimizer state.
   bool full_probe_step_ = true;

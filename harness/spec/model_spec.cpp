@@ -156,7 +156,8 @@ nlohmann::json ModelSpec::to_json() const {
             {"training_only", checkpoint.training_only},
             {"inference_only", checkpoint.inference_only},
             {"tied", checkpoint.tied},
-            {"source", checkpoint.source}}},
+            {"source", checkpoint.source},
+            {"init_from", checkpoint.init_from}}},
           {"trainer",
            {{"lr", trainer.lr()},
             {"beta1", trainer.beta1()},
@@ -173,6 +174,12 @@ nlohmann::json ModelSpec::to_json() const {
           {"invariants", inv},
           {"module_parity_cases", parity},
           {"tolerances", tolerances_json}};
+}
+
+ModelSpec initialized_from(ModelSpec spec, const std::string& dir) {
+  spec.checkpoint.init_from = dir;
+  if (!dir.empty()) spec.checkpoint.source = dir;
+  return spec;
 }
 
 SpecRegistry& SpecRegistry::instance() {

@@ -107,6 +107,13 @@ struct CheckpointSpec {
   /// opened) or *.safetensors files (their headers). Empty: none (the SourceCheckpoint suite
   /// is not instantiated).
   std::string source;
+  /// A local Hugging Face checkpoint directory every case of the spec, its reference
+  /// included, initializes the port from (cases::load_hf_weights through key_map, after the
+  /// build, before step 0) instead of the seed's initialization. The run checks it before any
+  /// rank starts (keys, shapes, readable dtypes), its files' SHA-256 join every case's
+  /// fingerprint, and it is then also the source checkpoint (initialized_from). `mih test
+  /// --init-from DIR` and `mih run --init-from DIR` override it. Empty: the seed's weights.
+  std::string init_from;
 };
 
 /// State one layer publishes in forward and others consume (a rotary table, vision features,
@@ -209,6 +216,12 @@ struct ModelSpec {
   void validate_against(const std::vector<std::string>& fqns) const;
   nlohmann::json to_json() const;
 };
+
+/// `spec` as a case initialized from checkpoint directory `dir` sees it: checkpoint.init_from
+/// is `dir`, and `dir` is also checkpoint.source (the keys the port loads are that
+/// directory's, so the SourceCheckpoint suite checks the key map against them). An empty
+/// `dir`: init_from cleared, source left as the spec declares it (a case from the seed).
+ModelSpec initialized_from(ModelSpec spec, const std::string& dir);
 
 /// Specs register themselves by name (specs/*.cpp, an OBJECT library).
 class SpecRegistry {

@@ -4,6 +4,7 @@
 // of one global batch; probe statistics do not depend on the sharding; the evidence layout is
 // written; a check that raises sets the case FAILED with the reason.
 #include <fstream>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -554,6 +555,90 @@ TEST(InvariantsCheckTest, AFailingAndAThrowingInvariantAreFindings) {
     EXPECT_FALSE(r.evidence["inv_freq_matches_formula"]["passed"]);
   });
   EXPECT_THAT(errors, IsEmpty());
+}
+
+// ---- weights set after the build ----
+
+// A materialization invariant and the finite check examine the weights the case trains from.
+// The same planted NaN (what a broken checkpoint loads after the build): with
+// weights_loaded_from they wait for weights_loaded() and see it, naming the weights; without
+// it they ran at the build, on the build's weights, and saw nothing.
+TEST(SessionTest, MaterializationChecksExamineWeightsLoadedAfterTheBuild) {
+  spec::ModelSpec s = get("llama");
+  s.invariants.push_back({"norm_weight_finite", spec::Phase::kMaterialization,
+                          [](const TrainingState& t) -> spec::CheckResult {
+                            for (const auto& p : t.context->parameters()) {
+                              if (p->fqn == "norm.weight") return {at::isfinite(p->local).all().item<bool>(), {{"fqn", p->fqn}}};
+                            }
+                            return {false, {{"missing", "norm.weight"}}};
+                          }});
+  for (const bool loaded : {true, false}) {
+    SCOPED_TRACE(loaded ? "weights loaded after the build" : "the build's weights");
+    const fs::path dir = testing::temp_dir(loaded ? "weights_loaded" : "weights_built");
+    FindingReport findings;
+    auto errors = testing::run_mesh(config(), [&](DeviceMesh& mesh) {
+      SessionOptions so;
+      so.mode = SessionMode::kBuild;
+      so.evidence_dir = dir;
+      so.config = config();
+      so.trainer = s.data.apply_sharding(s.trainer);
+      if (loaded) so.weights_loaded_from = "checkpoint /planted";
+      ValidationSession session(s, so, mesh);
+      Trainer t(mesh, config(), s.factory, s.data.make_batches(), so.trainer, &session);
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& p : t.context().parameters()) {
+          if (p->fqn == "norm.weight") p->local.fill_(std::numeric_limits<double>::quiet_NaN());
+        }
+      }
+      if (loaded) session.weights_loaded();
+      session.finish();
+      if (mesh.rank() == 0) findings = session.findings();
+    });
+    ASSERT_THAT(errors, IsEmpty());
+    const json inv = EvidenceDir(dir).read_json("check/invariants_materialization.json");
+    EXPECT_EQ(inv["norm_weight_finite"]["passed"], !loaded);
+    EXPECT_EQ(inv["norm_weight_finite"]["weights"], loaded ? "checkpoint /planted" : "the build's initialization (seed 0)");
+    EXPECT_EQ(has_code(findings, "MIH-INVAR-001"), loaded);
+    EXPECT_EQ(has_code(findings, "MIH-STRUCT-003"), loaded);
+    if (loaded) {
+      EXPECT_THAT(codes(findings), Contains("MIH-STRUCT-003 norm.weight"));
+      EXPECT_THAT(findings.summary(), HasSubstr("in the weights of checkpoint /planted"));
+      EXPECT_EQ(EvidenceDir(dir).read_json("check/loaded_values.json")["non_finite"], json::array({"norm.weight"}));
+    }
+  }
+}
+
+// A session told that weights come after the build fails its case when it never hears they
+// came (its materialization checks would never have run), and refuses the call otherwise.
+TEST(SessionTest, WeightsLoadedIsRequiredExactlyWhenDeclared) {
+  spec::ModelSpec s = get("llama");
+  const fs::path dir = testing::temp_dir("weights_never_loaded");
+  auto errors = testing::run_mesh(config(), [&](DeviceMesh& mesh) {
+    SessionOptions so;
+    so.mode = SessionMode::kBuild;
+    so.evidence_dir = dir;
+    so.config = config();
+    so.trainer = s.data.apply_sharding(s.trainer);
+    so.weights_loaded_from = "checkpoint /never";
+    ValidationSession session(s, so, mesh);
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), so.trainer, &session);
+    EXPECT_FALSE(session.finish());
+  });
+  ASSERT_THAT(errors, IsEmpty());
+  const json state = EvidenceDir(dir).read_json("integration_state.json");
+  EXPECT_EQ(state["state"], "FAILED");
+  EXPECT_THAT(state["reason"].get<std::string>(), HasSubstr("the materialization invariants never ran"));
+  auto errors2 = testing::run_mesh(config(), [&](DeviceMesh& mesh) {
+    SessionOptions so;
+    so.mode = SessionMode::kBuild;
+    so.config = config();
+    so.trainer = s.data.apply_sharding(s.trainer);
+    ValidationSession session(s, so, mesh);
+    Trainer t(mesh, config(), s.factory, s.data.make_batches(), so.trainer, &session);
+    EXPECT_THAT([&] { session.weights_loaded(); }, ::testing::ThrowsMessage<Error>(HasSubstr("already ran")));
+  });
+  ASSERT_THAT(errors2, IsEmpty());
 }
 
 // ---- probes ----

@@ -1,7 +1,8 @@
 // Specs against Hugging Face checkpoints: every registered spec's key map round-trips every
 // parameter both ways; the shipped specs export as Hugging Face checkpoints that a reader
 // knowing only Hugging Face's names accepts, and `inspect` finds their exports clean, while a
-// renamed key, a transposed weight or a changed config field is a difference naming it.
+// renamed key, a transposed weight or a changed config field is a difference naming it. A
+// port initialized from a checkpoint: checked before any rank, fingerprinted by its bytes.
 #include <cstdlib>
 #include <fstream>
 
@@ -12,7 +13,9 @@
 
 #include "harness/base/error.h"
 #include "harness/base/json_fields.h"
+#include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
+#include "harness/cases/memo.h"
 #include "harness/checkpoint/key_map.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/parallel/parallel_context.h"
@@ -293,6 +296,98 @@ TEST(HfInitFromTest, AMissingOrTransposedWeightSetsNothing) {
                 ::testing::ThrowsMessage<Error>(HasSubstr("the checkpoint has no '" + down + "' (needed for 'layers.1.mlp.down_proj.weight')")));
   });
   EXPECT_THAT(errors2, ::testing::IsEmpty());
+}
+
+// One byte of a weight changed in place: the lowest byte of the first tensor's first element
+// (a tiny change of its value, a different file).
+void flip_first_weight_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), sizeof header);
+  const std::streamoff at = static_cast<std::streamoff>(sizeof header + header);
+  f.seekg(at);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 1);
+  f.seekp(at);
+  f.write(&byte, 1);
+}
+
+// What a run checks before any rank starts from a checkpoint: the port's keys, shapes and
+// dtypes from the headers (every misfit listed, nothing run), and the digest of its bytes,
+// which every case's fingerprint carries (one changed byte: another fingerprint).
+TEST(HfInitFromTest, TheRunChecksTheCheckpointBeforeAnyRankAndItsBytesJoinTheFingerprint) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("init_check");
+  cases::export_hf(s, o);
+  const cases::InitSource a = cases::check_init_from(s, o.out);
+  EXPECT_EQ(a.dir, fs::absolute(o.out).lexically_normal());
+  EXPECT_EQ(a.sha256.size(), 64u);
+  EXPECT_EQ(a.sha256, cases::checkpoint_digest(hf::read_checkpoint(o.out)));
+  const spec::Case c = spec::resolve_matrix_source(s, "cpu-smoke").at("Reference");
+  auto fingerprint = [&](const std::string& sha) {
+    return cases::case_fingerprint("llama", c, "trainer", "", std::chrono::minutes(5), std::chrono::milliseconds(0), sha);
+  };
+  EXPECT_NE(fingerprint(a.sha256), fingerprint("")) << "a case from the checkpoint is not the case from the seed";
+  flip_first_weight_byte(o.out / "model.safetensors");
+  const cases::InitSource b = cases::check_init_from(s, o.out);
+  EXPECT_NE(b.sha256, a.sha256) << "one changed byte of a weight";
+  EXPECT_NE(fingerprint(b.sha256), fingerprint(a.sha256));
+  const fs::path copy = copy_of(o.out, "copy");
+  EXPECT_EQ(cases::check_init_from(s, copy).sha256, b.sha256) << "the same bytes elsewhere are the same checkpoint";
+
+  // A key the port loads is missing and another weight is transposed: both named, nothing run.
+  rewrite(copy / "model.safetensors", [](std::string& name, std::vector<int64_t>& shape, std::vector<char>&) {
+    if (name == "model.layers.1.mlp.down_proj.weight") name = "model.layers.1.mlp.down.weight";
+    if (name == "model.layers.0.mlp.down_proj.weight") std::swap(shape[0], shape[1]);
+  });
+  try {
+    (void)cases::check_init_from(s, copy);
+    ADD_FAILURE() << "a checkpoint that does not fit the port was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidSpec);
+    EXPECT_THAT(e.what(), HasSubstr("(2 problem(s), nothing was run)"));
+    EXPECT_THAT(e.what(), HasSubstr("the checkpoint has no 'model.layers.1.mlp.down_proj.weight' (needed for "
+                                    "'layers.1.mlp.down_proj.weight')"));
+    EXPECT_THAT(e.what(), HasSubstr("'model.layers.0.mlp.down_proj.weight' (for 'layers.0.mlp.down_proj.weight') has "
+                                    "shape [128,64], the port loads [64,128] (likely transposed"));
+    EXPECT_THAT(e.what(), HasSubstr("`mih inspect --spec llama --hf-dir "));
+  }
+}
+
+// A rank that finds the checkpoint changed since the run checked it stops before training:
+// the case is "not_run" (bad input or environment, exit 12), never FAILED on the model's
+// account; run_case, given no digest, checks the checkpoint itself and the case runs from it.
+TEST(HfInitFromCaseTest, ACheckpointChangedAfterTheCheckIsNotRunNeverTheModelsFailure) {
+  const spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
+  cases::HfExportOptions e;
+  e.out = testing::temp_dir("init_changed");
+  e.seed = 4;
+  cases::export_hf(s, e);
+  const cases::InitSource checked = cases::check_init_from(s, e.out);
+  flip_first_weight_byte(e.out / "model.safetensors");
+  const spec::Case c = spec::resolve_matrix_source(s, "cpu-smoke").at("Reference");
+  cases::CaseRunOptions o;
+  o.evidence_root = testing::temp_dir("init_changed_root");
+  o.init_from = checked.dir;
+  o.init_from_sha256 = checked.sha256;
+  const cases::CaseRunResult r = cases::run_case(s, c, o);
+  EXPECT_EQ(r.outcome, "not_run");
+  EXPECT_EQ(r.code, Code::kFailedPrecondition);
+  EXPECT_THAT(r.error, HasSubstr("the checkpoint's files changed after the run checked them"));
+  EXPECT_NE(r.state, "FAILED") << "the model was never run: no verdict on it";
+  EXPECT_EQ(read_json_file(r.evidence / "case_run.json")["outcome"], "not_run");
+
+  o.init_from_sha256.clear();
+  const cases::CaseRunResult again = cases::run_case(s, c, o);
+  EXPECT_EQ(again.outcome, "ran") << again.error;
+  const nlohmann::json case_file = read_json_file(again.evidence / "run/case.json");
+  EXPECT_EQ(case_file["init_from"], checked.dir.string());
+  EXPECT_EQ(case_file["init_from_sha256"], cases::checkpoint_digest(hf::read_checkpoint(e.out)));
+  const nlohmann::json spec_file = read_json_file(again.evidence / "spec.resolved.json");
+  EXPECT_EQ(spec_file["checkpoint"]["init_from"], checked.dir.string());
+  EXPECT_EQ(spec_file["checkpoint"]["source"], checked.dir.string()) << "the checkpoint is the source checked";
 }
 
 TEST(HfExportTest, AnExportReplacesOnlyAnEarlierExportAndOnlyWhenComplete) {
