@@ -79,7 +79,7 @@ const std::vector<Command>& commands() {
       {"faults",
        "Run the fault catalog (docs/fault-catalog.md, F01-F26): each fault on the case where it manifests and its "
        "fault-free twin; report the suites that caught it, the finding codes, the first divergence. Options: "
-       "--fault ID (repeatable), --json FILE, --out DIR (default build/mih-faults), --case-timeout S, --list. "
+       "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "
        "Exit 0 when every fault is detected by the expected suite and every twin passes.",
        setup_faults},
   };

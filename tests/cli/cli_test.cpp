@@ -1,9 +1,11 @@
 // Runs the `mih` binary as a user would and checks exit statuses, messages and evidence.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <map>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <cstdio>
 #include <sstream>
@@ -32,9 +34,11 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-// Runs `mih <args>` through the shell (args are shell words) and captures everything it prints.
-CliRun mih(const std::string& args) {
+// Runs `mih <args>` through the shell (args are shell words), in directory `cwd` when given,
+// and captures everything it prints.
+CliRun mih(const std::string& args, const std::filesystem::path& cwd = {}) {
   std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " " + args + " 2>&1";
+  if (!cwd.empty()) command = "cd " + shell_quote(cwd.string()) + " && " + command;
   CliRun run;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return run;
@@ -91,6 +95,25 @@ TEST(CliInputTest, ExportNamesAnUnknownSpecOrCheckpoint) {
   CliRun init = mih("export --spec llama --init-from /nonexistent" + out);
   EXPECT_EQ(init.status, exit_status(Code::kFailedPrecondition)) << init.output;
   EXPECT_THAT(init.output, HasSubstr("checkpoint directory /nonexistent does not exist"));
+}
+
+// A conformance run without --evidence-root writes mih-evidence/<run id> under the directory
+// it runs in: run from a build folder, <build>/mih-evidence, never <build>/build/mih-evidence.
+TEST(CliConformanceTest, EvidenceGoesUnderTheDirectoryItRunsIn) {
+  namespace fs = std::filesystem;
+  const fs::path build = testing::temp_dir("cli_evidence_default") / "build";
+  fs::create_directories(build);
+  ::unsetenv("MIH_EVIDENCE_ROOT");  // the default, whatever the caller's environment says
+  CliRun run = mih("test --no-progress --gtest_filter='Llama/*.*/Reference' --gtest_brief=1", build);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_FALSE(fs::exists(build / "build")) << "the evidence nested under a build/ of its own";
+  std::vector<fs::path> runs;
+  if (fs::is_directory(build / "mih-evidence")) {
+    for (const auto& entry : fs::directory_iterator(build / "mih-evidence")) runs.push_back(entry.path());
+  }
+  ASSERT_EQ(runs.size(), 1u) << "expected one run under " << build / "mih-evidence";
+  EXPECT_TRUE(fs::exists(runs[0] / "llama" / "Reference" / "integration_state.json")) << runs[0];
+  EXPECT_TRUE(fs::exists(runs[0] / "results.jsonl")) << runs[0];
 }
 
 TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
