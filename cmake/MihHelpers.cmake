@@ -29,8 +29,18 @@
 # Warnings as errors on our own code only; imported targets' headers are SYSTEM.
 # RelWithDebInfo keeps line tables only (-g1 after CMake's -g): backtraces of a crashed rank
 # stay readable, while full debug info makes the torch precompiled header 1.5x slower.
+# __FILE__ (GoogleTest's failure locations, MIH_INTERNAL_ASSERT, comm ledger call sites) is
+# relative to the source tree ("suites/numeric_parity.cpp"), never the absolute path of the
+# machine that built mih: the source dir, and the relative path ccache's base dir rewrites it
+# to, are both mapped away (the debug line tables keep the real paths).
+file(RELATIVE_PATH _mih_source_from_build "${PROJECT_BINARY_DIR}" "${PROJECT_SOURCE_DIR}")
+string(REGEX REPLACE "/+$" "" _mih_source_from_build "${_mih_source_from_build}")
+set(MIH_FILE_PREFIX_MAPS "-fmacro-prefix-map=${PROJECT_SOURCE_DIR}/=")
+if(_mih_source_from_build AND NOT IS_ABSOLUTE "${_mih_source_from_build}")
+  list(APPEND MIH_FILE_PREFIX_MAPS "-fmacro-prefix-map=${_mih_source_from_build}/=")
+endif()
 function(mih_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror $<$<CONFIG:RelWithDebInfo>:-g1>)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror $<$<CONFIG:RelWithDebInfo>:-g1> ${MIH_FILE_PREFIX_MAPS})
   target_compile_features(${target} PUBLIC cxx_std_20)
 endfunction()
 

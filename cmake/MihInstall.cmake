@@ -1,7 +1,8 @@
 # The installed CMake package, so that an outside project can use mih: `cmake --install build
 # --prefix <p>` installs every mih_add_library target (static archives; the OBJECT libraries'
 # object files, whose GoogleTest and spec registrations an archive would drop), the headers,
-# the `mih` command, harness/cli/conformance_main.cpp and <p>/lib/cmake/mih/mihConfig.cmake.
+# the `mih` command, harness/cli/conformance_main.cpp, the reference ports and specs as
+# examples (<p>/share/mih/examples) and <p>/lib/cmake/mih/mihConfig.cmake.
 #
 # How an outside project uses it (tests/external_project is one, run by the ctest test
 # `external_project`):
@@ -33,6 +34,15 @@ install(FILES specs/spec_support.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/spec
 install(FILES suites/conformance.h suites/suite_table.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
 install(FILES harness/cli/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
 install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
+# The reference ports and their specs, as examples for authors (docs/examples.md is their
+# README): read and copied, not built by the package.
+install(FILES reference_models/llama.h reference_models/llama.cpp reference_models/vlm.h reference_models/vlm.cpp
+              reference_models/registry.h reference_models/registry.cpp
+        DESTINATION "${MIH_INSTALL_DATADIR}/examples/reference_models")
+install(FILES specs/llama_spec.cpp specs/moe_spec.cpp specs/vlm_spec.cpp specs/spec_support.h
+        DESTINATION "${MIH_INSTALL_DATADIR}/examples/specs")
+install(DIRECTORY specs/sources/ DESTINATION "${MIH_INSTALL_DATADIR}/examples/specs/sources")
+install(FILES docs/examples.md DESTINATION "${MIH_INSTALL_DATADIR}/examples" RENAME README.md)
 
 configure_package_config_file(cmake/mihConfig.cmake.in "${PROJECT_BINARY_DIR}/mihConfig.cmake"
   INSTALL_DESTINATION "${MIH_INSTALL_CMAKEDIR}"

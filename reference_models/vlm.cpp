@@ -131,8 +131,7 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
   // Each placeholder token takes its patch's feature; under sequence parallelism this tp rank
   // holds a contiguous S/TP chunk of the sequence, and of the index with it.
-  at::Tensor local_index = index;
-  if (ctx_->sequence_parallel()) local_index = index.chunk(ctx_->tp_size(), 1)[ctx_->tp_rank()];
+  const at::Tensor local_index = ctx_->sequence_parallel_chunk(index, 1);
   at::Tensor is_image = local_index.ge(0).unsqueeze(-1);  // [B, S, 1]
   at::Tensor gathered = features.gather(1, local_index.clamp_min(0).unsqueeze(-1).expand({-1, -1, x.size(-1)}));
   x = at::where(is_image, gathered, x);

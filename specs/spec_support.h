@@ -1,5 +1,10 @@
-// What the reference specs share: the parts of a spec every reference model has, and the
-// module parity case and invariants the llama spec lends the moe and vlm specs.
+// What the reference specs (llama_spec.cpp, moe_spec.cpp, vlm_spec.cpp) share, installed for
+// authors of Llama-, Mixtral- or LLaVA-style ports (<prefix>/include/specs/spec_support.h; the
+// specs themselves under <prefix>/share/mih/examples/specs): the Hugging Face config fields of
+// those architectures from the reference models' options, the parts of a spec every reference
+// language model has, and the invariants and module parity case the llama spec lends the moe
+// and vlm specs. A port of another architecture needs none of it: a spec includes
+// harness/spec/model_spec.h and suites/conformance.h (`mih scaffold` writes one).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -83,8 +88,12 @@ inline spec::HfConfig hf_llava_config(const models::VlmOptions& o) {
            {"tie_word_embeddings", o.text().tie_word_embeddings()}}};
 }
 
-/// A reference model's spec with the parts every language model declares: its factory, the
-/// text data contract, the checkpoint map, and the rotary table as shared state.
+/// A reference model's spec with the parts every language model declares: its factory
+/// (models::reference_model(name)), the text data contract (byte-level text of
+/// /usr/share/common-licenses, 8 x 64 tokens, labels shifted in the pipeline, loss_mask and
+/// attention_mask sharded on the sequence under cp), the checkpoint map with `o`'s Llama
+/// config, and the rotary table as shared state. Throws: mih::Error{kInvalidSpec} for a name
+/// that is not a reference model.
 inline spec::ModelSpec language_model_spec(const std::string& name, const models::LlamaOptions& o) {
   const models::ReferenceModel m = models::reference_model(name);
   spec::ModelSpec s;
@@ -109,8 +118,9 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
 }
 
 /// From llama_spec.cpp: the key listing of reference model `name` in Hugging Face layout
-/// (specs/sources/<name>/, see its README), or "" when this build's source tree is not there
-/// (a relocated install): then the SourceCheckpoint suite is not instantiated.
+/// (<MIH_SPECS_DIR>/sources/<name>/, see its README; MIH_SPECS_DIR is the specs folder the
+/// binary was built from), or "" when that folder is not there (a relocated install): then
+/// the SourceCheckpoint suite is not instantiated.
 std::string reference_source_checkpoint(const std::string& name);
 
 /// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer) after the

@@ -132,9 +132,18 @@ MIH_SUITES(MIH_DECLARE_SUITE_, _)
   }  /* namespace mih::conformance */                                                         \
   static_assert(true, "")
 
+/// Like MIH_CONFORMANCE_SUITES, trained by the TrainingBackend registered as
+/// `training_backend` (MIH_REGISTER_TRAINING_BACKEND, harness/session/backend.h) instead of
+/// mih's Trainer.
 #define MIH_CONFORMANCE_SUITES_WITH_BACKEND(Prefix, spec, matrix, training_backend) \
   MIH_CONFORMANCE_SUITES_REGISTER_(Prefix, spec, matrix, training_backend, false)
 
+/// Instantiates every suite of the suite table for the registered spec named `spec` (a
+/// string: ModelSpec::name, registered with MIH_REGISTER_SPEC) over `matrix` (a preset such as
+/// "cpu-smoke", or a JSON matrix file; `--matrix` overrides it at run time), trained by mih's
+/// Trainer. `Prefix` (an identifier, UpperCamelCase by convention) starts every test name:
+/// `Prefix/<Suite>.<Invariant>/<Case>`. Once per spec, at global namespace scope.
+/// Example: MIH_CONFORMANCE_SUITES(MyPort, "my_port", "cpu-smoke");
 #define MIH_CONFORMANCE_SUITES(Prefix, spec, matrix) MIH_CONFORMANCE_SUITES_WITH_BACKEND(Prefix, spec, matrix, "trainer")
 
 /// Like MIH_CONFORMANCE_SUITES, but the suites are instantiated only when the run names the

@@ -50,8 +50,9 @@ struct FaultsOptions {
   std::vector<std::string> only;
   /// The detection matrix's JSON (a Markdown table next to it); default <out>/faults.json.
   std::string json_out;
-  /// Evidence: fault-free/ (the twins), <ID>/ per fault, matrices/.
-  std::filesystem::path out = "build/mih-faults";
+  /// Evidence: fault-free/ (the twins), <ID>/ per fault, matrices/. Relative paths are
+  /// relative to the working directory.
+  std::filesystem::path out = "mih-faults";
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   /// Print the catalog and return.
   bool list = false;

@@ -313,9 +313,15 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
 
     at::Tensor logits, token_losses;
     {
+      // The model gets the batch as the Trainer hands it over: position_ids 0..S-1 when the
+      // pipeline leaves them to the runtime (a port with learned positions reads them).
+      Batch model_batch = batch;
+      if (!model_batch.position_ids.defined()) {
+        model_batch.position_ids = at::arange(batch.input_ids.size(1), at::kLong).unsqueeze(0).expand_as(batch.input_ids);
+      }
       at::NoGradGuard no_grad;
-      logits = trainer.model().logits(batch);
-      token_losses = trainer.model().token_losses(batch);
+      logits = trainer.model().logits(model_batch);
+      token_losses = trainer.model().token_losses(model_batch);
     }
     const double valid = batch.labels.ne(-100).sum().item<double>();
     at::Tensor loss = token_losses.sum() / valid;

@@ -48,6 +48,13 @@ const std::vector<Command>& commands() {
        "declares. Writes inventory/{candidate,reference,structure_diff}.json and fingerprints.sha256 under --out; "
        "never downloads. Exit 0 only when nothing differs (the state becomes DISCOVERED), 1 otherwise.",
        setup_inspect},
+      {"scaffold",
+       "Write a new port's project into --out: a small working port on the harness layers (model.h, a tiny "
+       "GPT-2-style decoder), its spec with every part filled and commented (spec.cpp), a CMakeLists.txt with "
+       "find_package(mih) and its conformance binary, and a README; it builds and passes its cpu-smoke matrix as "
+       "written. --out must be new, empty or an unedited earlier scaffold: mih never overwrites a file it did "
+       "not write.",
+       setup_scaffold},
       {"matrix",
        "Print the cases a conformance run would train a spec under, resolved from a preset or a JSON matrix file, "
        "without running them; cases the spec's topology cannot take are listed with the arithmetic.",
@@ -79,7 +86,7 @@ const std::vector<Command>& commands() {
       {"faults",
        "Run the fault catalog (docs/fault-catalog.md, F01-F26): each fault on the case where it manifests and its "
        "fault-free twin; report the suites that caught it, the finding codes, the first divergence. Options: "
-       "--fault ID (repeatable), --json FILE, --out DIR (default build/mih-faults), --case-timeout S, --list. "
+       "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "
        "Exit 0 when every fault is detected by the expected suite and every twin passes.",
        setup_faults},
       {"warm",

@@ -389,7 +389,8 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                "mih test"};
   app.footer(exit_status_legend());
   app.add_option("--evidence-root", f->evidence_root,
-                 "where the run's evidence goes (default: build/mih-evidence/<run id>, or MIH_EVIDENCE_ROOT)");
+                 "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
+                 "directory)");
   app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-full) or JSON matrix file; overrides every spec's");
   app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
   app.add_flag("--allow-edited-evidence", f->allow_edited_evidence,
@@ -523,7 +524,9 @@ int run_tests(const std::vector<std::string>& args) {
             "reference first, run fault-free)");
   if (o.evidence_root.empty()) {
     const char* env = std::getenv("MIH_EVIDENCE_ROOT");
-    o.evidence_root = env && *env ? fs::path(env) : fs::path("build/mih-evidence") / run_id();
+    // Relative to the working directory: a conformance binary run from its build folder
+    // writes <build>/mih-evidence, not <build>/build/mih-evidence.
+    o.evidence_root = env && *env ? fs::path(env) : fs::path("mih-evidence") / run_id();
   }
   o.evidence_root = fs::absolute(o.evidence_root);
   bool listing = false;

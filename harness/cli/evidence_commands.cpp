@@ -188,11 +188,12 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     bool prepare = false;
   };
   auto f = std::make_shared<Flags>();
-  f->options.evidence_root = "build/mih-evidence/manual";
+  // Relative to where mih runs, like every default of mih (never nested under a build/ of its own).
+  f->options.evidence_root = "mih-evidence/manual";
   sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
   sub.add_option("--case", f->case_name, "case name (see `mih matrix`)")->required();
   sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
-  sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case>")
+  sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case> (relative: to the current directory)")
       ->capture_default_str();
   add_seconds(sub, "--timeout", f->options.timeout, "how long the whole case may take", 1.0);
   add_seconds(sub, "--collective-timeout", f->options.collective_timeout,

@@ -63,19 +63,13 @@ at::Tensor global_element_index(const ParallelContext& ctx, at::IntArrayRef size
   for (size_t d = 2; d < sizes.size(); ++d) f *= sizes[d];
   const int64_t tp = ctx.tp_size();
   const int64_t tp_rank = ctx.tp_rank();
-  // Tokens: this cp rank's global positions, this tp rank's chunk of them under Shard(seq).
-  at::Tensor tokens;
-  int64_t seq_global = s;
+  // Tokens: this cp rank's global positions (or all, for a field every cp rank holds whole),
+  // this tp rank's chunk of them under Shard(seq).
   const int64_t seq_tp = layout.sequence_sharded_over_tp ? tp : 1;
-  if (layout.sequence_over_cp) {
-    const CpShard cp = ctx.cp_shard();
-    tokens = cp.query_ids(s * seq_tp);
-    seq_global = s * seq_tp * cp.size();
-  } else {
-    tokens = at::arange(s * seq_tp, at::kLong);
-    seq_global = s * seq_tp;
-  }
-  if (seq_tp > 1) tokens = tokens.narrow(0, tp_rank * s, s);
+  const CpShard cp = layout.sequence_over_cp ? ctx.cp_shard() : CpShard{};
+  const int64_t seq_global = s * seq_tp * cp.size();
+  const at::Tensor tokens =
+      sequence_token_ids(seq_global, cp.size(), cp.rank(), cp.layout, seq_tp, seq_tp > 1 ? tp_rank : 0);
   // Features: this tp rank's chunk of each partition.
   at::Tensor features = at::arange(f, at::kLong);
   int64_t f_global = f;

@@ -33,7 +33,8 @@ class ParallelContext;
 /// rows of the micro-batch (ParallelContext::begin_micro_batch gives the first one). The
 /// sequence is this cp rank's tokens (CpShard::query_ids) unless `sequence_over_cp` is
 /// false (a field every cp rank holds whole: vision patches), cut to this tp rank's
-/// contiguous chunk when `sequence_sharded_over_tp` (Shard(seq) under sequence parallelism).
+/// contiguous chunk when `sequence_sharded_over_tp` (Shard(seq) under sequence parallelism;
+/// sequence_token_ids in context_parallel.h places them).
 /// The features are this tp rank's contiguous chunk when `features_sharded_over_tp`
 /// (Shard(hidden): a column-parallel output, attention heads), in `feature_partitions` equal
 /// parts each split over tp (a fused [gate; up] output); `logical_features` > 0 drops the

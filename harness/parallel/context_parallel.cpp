@@ -60,6 +60,25 @@ at::Tensor cp_unshard_sequence(const at::Tensor& gathered, int64_t dim, int64_t 
   return gathered.index_select(d, at::argsort(ids).to(gathered.device()));
 }
 
+at::Tensor sequence_token_ids(int64_t seq, int64_t cp, int64_t cp_rank, CpLayout layout, int64_t sp_tp,
+                              int64_t tp_rank) {
+  const at::Tensor ids = cp_token_ids(seq, cp, cp_rank, layout);
+  return sp_shard_sequence(ids, 0, sp_tp, tp_rank);
+}
+
+at::Tensor sp_shard_sequence(const at::Tensor& x, int64_t dim, int64_t sp_tp, int64_t tp_rank) {
+  MIH_CHECK(sp_tp >= 1 && tp_rank >= 0 && tp_rank < sp_tp, "sequence parallelism: tp rank ", tp_rank,
+            " is outside [0, tp=", sp_tp, ")");
+  if (sp_tp == 1) return x;
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  MIH_CHECK(d >= 0 && d < x.dim(), "sequence parallelism: sequence dim ", dim, " is out of range for a ", x.dim(),
+            "-d tensor");
+  MIH_CHECK(x.size(d) % sp_tp == 0, "sequence parallelism: ", x.size(d), " tokens (dim ", d, " of ", x.sizes(),
+            ") do not split into tp=", sp_tp, " equal chunks; use a sequence length divisible by cp * tp");
+  const int64_t n = x.size(d) / sp_tp;
+  return x.narrow(d, tp_rank * n, n);
+}
+
 at::Tensor CpShard::query_ids(int64_t local_seq) const {
   return cp_token_ids(local_seq * size(), size(), rank(), layout);
 }

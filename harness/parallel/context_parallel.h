@@ -1,12 +1,17 @@
-// Context parallelism (CP): the sequence dim of every activation is sharded over the cp axis,
-// and attention all-gathers K and V over cp so each rank's queries see every key
-// (spike_ac_cp.md section 2; Megatron-LM's context parallelism without the ring). Which
-// tokens a rank holds is the layout:
+// Which tokens of a sequence a rank holds, and context-parallel attention. Context
+// parallelism (CP) shards the sequence dim of every activation over the cp axis, and attention
+// all-gathers K and V over cp so each rank's queries see every key (spike_ac_cp.md section 2;
+// Megatron-LM's context parallelism without the ring). Which tokens a cp rank holds is the
+// layout:
 //   contiguous: rank r holds tokens [r*S/CP, (r+1)*S/CP);
 //   zigzag:     the sequence is cut into 2*CP chunks and rank r holds chunks r and 2*CP-1-r,
 //               which balances causal attention work (Megatron-LM / TransformerEngine).
-// Masks and rotary positions are computed from global token ids, never from a rank offset:
-// an offset formula is right for one layout only (spike_ac_cp.md section 2.3).
+// Sequence parallelism (SP: tp > 1 with ParallelConfig::sequence_parallel) then cuts a cp
+// rank's tokens once more between the tensor-parallel layers: tp rank t holds the t-th of TP
+// contiguous chunks of them (sequence_token_ids, sp_shard_sequence; in a model,
+// ParallelContext::sequence_parallel_chunk and local_token_ids).
+// Masks and positions are computed from global token ids, never from a rank offset: an offset
+// formula is right for one layout only (spike_ac_cp.md section 2.3).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,28 @@ at::Tensor cp_shard_sequence(const at::Tensor& x, int64_t dim, int64_t cp, int64
 /// Puts a rank-major gathered sequence back in global token order along `dim` (the inverse
 /// of sharding then all-gathering). Shape: [.., S, ..] -> [.., S, ..].
 at::Tensor cp_unshard_sequence(const at::Tensor& gathered, int64_t dim, int64_t cp, CpLayout layout);
+
+/// The global indices of the tokens one rank holds of a sequence of `seq` tokens, in local
+/// order: cp rank `cp_rank`'s tokens (cp_token_ids), and of those, with `sp_tp` > 1 (sequence
+/// parallelism over tp ranks, in the regions between tensor-parallel layers), the
+/// `tp_rank`-th of `sp_tp` contiguous chunks: what sequence_reduce_scatter (regions.h) leaves
+/// that rank, e.g. the output of VocabParallelEmbedding, of RowParallelLinear and of a norm
+/// on the residual stream. Example: seq 16, cp 2 zigzag, sp_tp 2: cp rank 0 holds tokens
+/// {0..3, 12..15}; its tp rank 0 holds {0, 1, 2, 3}, tp rank 1 {12, 13, 14, 15}.
+/// The one implementation of this layout: the activation probes and dropout masks place
+/// elements with it (activations.h) and ports line batch fields up with it.
+/// Shape: [S / (CP * sp_tp)] int64 (CPU).
+/// Throws: mih::Error{kInvalidSpec} if S does not split over cp (as cp_token_ids), if a cp
+///   rank's S/CP tokens do not split into sp_tp chunks, or a rank is out of range.
+at::Tensor sequence_token_ids(int64_t seq, int64_t cp, int64_t cp_rank, CpLayout layout, int64_t sp_tp = 1,
+                              int64_t tp_rank = 0);
+
+/// The `tp_rank`-th of `sp_tp` contiguous chunks of `x` along `dim`: a sequence-parallel rank's
+/// tokens of a tensor that holds its cp rank's whole local sequence on `dim` (a batch field as
+/// the Trainer hands it to the model). Identity when sp_tp == 1.
+/// Shape: [.., S/CP, ..] -> [.., S/(CP*sp_tp), ..].
+/// Throws: mih::Error{kInvalidSpec} if dim `dim` does not split into sp_tp equal chunks.
+at::Tensor sp_shard_sequence(const at::Tensor& x, int64_t dim, int64_t sp_tp, int64_t tp_rank);
 
 /// Where a rank's local tokens sit in the sequence: what CP attention and rotary embeddings
 /// need. At cp = 1 the ids are 0..S-1 and attention is plain causal attention.

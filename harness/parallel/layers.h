@@ -1,11 +1,15 @@
 // Tensor-parallel layers (Megatron-Core's names): each is plain single-device code at tp=1
 // and shards its parameters over tp otherwise; parameters are made by the ParallelContext, so
 // FSDP and the gradient synchronization know their layout. Activations are [B, S, H]; under
-// sequence parallelism the tensors between regions are [B, S/TP, H].
+// sequence parallelism the tensors between regions are [B, S/TP, H]: this tp rank's
+// contiguous chunk of its cp rank's tokens (ParallelContext::sequence_parallel_chunk lines a
+// batch field up with them, local_token_ids gives their global positions).
 //
 // How to write a model with them: hold a ParallelContext&, build every parameterized piece
 // from these layers (or make_parameter + ctx.use for your own), and call the layers from
-// forward as you would torch::nn ones. tests/parallel/tiny_block.h is a complete example.
+// forward as you would torch::nn ones. `mih scaffold --name my_port --out DIR` writes a
+// complete small port (model.h: a GPT-2-style decoder with a learned position embedding of
+// its own) with its spec; reference_models/llama.cpp is a larger one.
 #pragma once
 
 #include <cstdint>

@@ -148,6 +148,27 @@ class ParallelContext {
   bool sequence_parallel() const { return config_.sequence_parallel && tp_size() > 1; }
   /// The cp axis and layout: what CP attention and rotary positions need.
   CpShard cp_shard() const { return CpShard{&mesh_->comm(MeshAxis::kCp), config_.cp_layout}; }
+  /// This rank's tokens of `x`, a tensor that holds its cp rank's whole local sequence on
+  /// `dim` (a batch field as the Trainer hands it to the model: position_ids, an image-token
+  /// index): under sequence parallelism the tp_rank()-th of tp_size() contiguous chunks, the
+  /// tokens an activation between tensor-parallel layers holds on this rank (the output of
+  /// VocabParallelEmbedding or RowParallelLinear, the residual stream); `x` itself otherwise.
+  /// Shape: [.., S/CP, ..] -> [.., S/(CP*TP), ..] under sequence parallelism.
+  /// Throws: mih::Error{kInvalidSpec} as sp_shard_sequence (context_parallel.h).
+  at::Tensor sequence_parallel_chunk(const at::Tensor& x, int64_t dim = 1) const {
+    return sequence_parallel() ? sp_shard_sequence(x, dim, tp_size(), tp_rank()) : x;
+  }
+  /// The global indices of the tokens this rank holds of an activation with `local_seq`
+  /// tokens on its sequence dim: cp rank's tokens (its layout), cut to this tp rank's chunk
+  /// when `sequence_sharded_over_tp` (an activation between tensor-parallel layers under
+  /// sequence parallelism; see sequence_token_ids in context_parallel.h for an example).
+  /// Shape: [local_seq] int64 (CPU).
+  at::Tensor local_token_ids(int64_t local_seq, bool sequence_sharded_over_tp) const {
+    const int64_t sp_tp = sequence_sharded_over_tp ? tp_size() : 1;
+    const CpShard cp = cp_shard();
+    return sequence_token_ids(local_seq * sp_tp * cp.size(), cp.size(), cp.rank(), cp.layout, sp_tp,
+                              sp_tp > 1 ? tp_rank() : 0);
+  }
 
   /// Runs `forward(inputs)` as the activation-checkpoint region `name` (one decoder layer,
   /// say) when activation checkpointing is on, else plainly; either way the region is listed

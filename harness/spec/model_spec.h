@@ -4,9 +4,11 @@
 // callables; validate() rejects a malformed one before any rank starts, naming the spec and
 // the field, and to_json() is its evidence form.
 //
-// How to add one (the complete small example is tests/external_project/tiny_spec.cpp): a
-// function returning the spec, registered in its own namespace, and its suites at global
-// scope, in a file of an OBJECT library or of the conformance binary itself:
+// How to add one (`mih scaffold --name my_port --out DIR` writes a complete project whose
+// spec.cpp fills every part below, commented; tests/external_project/tiny_spec.cpp is a
+// smaller one; specs/*.cpp, installed under <prefix>/share/mih/examples, are the reference
+// ports'): a function returning the spec, registered in its own namespace, and its suites at
+// global scope, in a file of an OBJECT library or of the conformance binary itself:
 //
 //   mih::spec::ModelSpec my_port_spec() {
 //     mih::spec::ModelSpec s;

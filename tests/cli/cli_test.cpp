@@ -1,9 +1,11 @@
 // Runs the `mih` binary as a user would and checks exit statuses, messages and evidence.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <map>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <cstdio>
 #include <sstream>
@@ -32,9 +34,11 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-// Runs `mih <args>` through the shell (args are shell words) and captures everything it prints.
-CliRun mih(const std::string& args) {
+// Runs `mih <args>` through the shell (args are shell words), in directory `cwd` when given,
+// and captures everything it prints.
+CliRun mih(const std::string& args, const std::filesystem::path& cwd = {}) {
   std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " " + args + " 2>&1";
+  if (!cwd.empty()) command = "cd " + shell_quote(cwd.string()) + " && " + command;
   CliRun run;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return run;
@@ -51,8 +55,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -72,7 +76,7 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
 
 TEST(CliUsageTest, HelpAndVersionExit0) {
   for (const char* args :
-       {"--help", "selftest --help", "launch --help", "export --help", "matrix --help", "list --help", "compare --help", "run --help", "worker --help",
+       {"--help", "selftest --help", "launch --help", "export --help", "scaffold --help", "matrix --help", "list --help", "compare --help", "run --help", "worker --help",
         "worker selftest --help", "test --help", "check --help"}) {
     CliRun run = mih(args);
     EXPECT_EQ(run.status, 0) << args << "\n" << run.output;
@@ -91,6 +95,150 @@ TEST(CliInputTest, ExportNamesAnUnknownSpecOrCheckpoint) {
   CliRun init = mih("export --spec llama --init-from /nonexistent" + out);
   EXPECT_EQ(init.status, exit_status(Code::kFailedPrecondition)) << init.output;
   EXPECT_THAT(init.output, HasSubstr("checkpoint directory /nonexistent does not exist"));
+}
+
+// The text of a file, "" when it cannot be read.
+std::string text_of(const std::filesystem::path& path) {
+  std::string text;
+  return read_file(path, &text) ? text : std::string();
+}
+
+TEST(CliScaffoldTest, ABadNameIsAUsageErrorThatSaysWhatIsAllowed) {
+  const std::string out = " --out " + testing::temp_dir("cli_scaffold_names").string() + "/p";
+  for (const char* name : {"My-Port", "MyPort", "1port", "gpt__x", "port_", "'a b'", "''",
+                           "a_name_that_is_much_too_long_for_a_port_of_any_kind_x"}) {
+    CliRun run = mih(std::string("scaffold --name ") + name + out);
+    EXPECT_EQ(run.status, 2) << name << "\n" << run.output;
+    EXPECT_THAT(run.output, AllOf(HasSubstr("--name"), HasSubstr("is not a port name: a port name is a lower-case "
+                                                                 "C++ identifier: a letter a-z, then letters a-z")))
+        << name;
+  }
+  for (const char* name : {"class", "mih", "std", "torch"}) {
+    CliRun run = mih(std::string("scaffold --name ") + name + out);
+    EXPECT_EQ(run.status, 2) << name << "\n" << run.output;
+    EXPECT_THAT(run.output, HasSubstr("is a C++ keyword or a namespace the project already uses")) << name;
+  }
+  CliRun missing = mih("scaffold --name tiny");
+  EXPECT_EQ(missing.status, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("--out is required"));
+  EXPECT_FALSE(std::filesystem::exists(testing::temp_dir("cli_scaffold_names") / "p")) << "nothing is written";
+}
+
+TEST(CliScaffoldTest, WritesTheProjectAndNeverOverwritesWhatItDidNotWrite) {
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::temp_dir("cli_scaffold");
+  const fs::path templates = fs::path(MIH_TEST_SOURCE_DIR) / ".." / ".." / "harness" / "cli" / "scaffold";
+  const std::vector<std::string> files = {"CMakeLists.txt", "README.md", "model.h", "spec.cpp"};
+
+  // --name my_port writes the templates verbatim; another name replaces my_port and MyPort.
+  CliRun verbatim = mih("scaffold --name my_port --out " + (dir / "verbatim").string());
+  ASSERT_EQ(verbatim.status, 0) << verbatim.output;
+  for (const auto& f : files) {
+    EXPECT_TRUE(text_of(dir / "verbatim" / f) == text_of(templates / f)) << f << " differs from its template in " << templates;
+  }
+  CliRun fresh = mih("scaffold --name gpt2_tiny --out " + (dir / "new" / "gpt2_tiny").string());
+  ASSERT_EQ(fresh.status, 0) << fresh.output;
+  EXPECT_THAT(fresh.output, AllOf(HasSubstr("mih scaffold: wrote port 'gpt2_tiny' in " + (dir / "new/gpt2_tiny").string() +
+                                            ": CMakeLists.txt, README.md, model.h, spec.cpp, mih_scaffold.json"),
+                                  HasSubstr("cmake --build " + (dir / "new/gpt2_tiny").string() + "/build")));
+  const fs::path p = dir / "new" / "gpt2_tiny";
+  for (const auto& f : files) {
+    const std::string text = text_of(p / f);
+    EXPECT_FALSE(text.empty()) << f;
+    EXPECT_THAT(text, AllOf(Not(HasSubstr("my_port")), Not(HasSubstr("MyPort")))) << f;
+  }
+  EXPECT_THAT(text_of(p / "spec.cpp"), AllOf(HasSubstr("MIH_CONFORMANCE_SUITES(Gpt2Tiny, \"gpt2_tiny\", \"cpu-smoke\");"),
+                                             HasSubstr("namespace gpt2_tiny {")));
+  EXPECT_THAT(text_of(p / "CMakeLists.txt"), HasSubstr("mih_add_conformance_suite(gpt2_tiny_conformance SPECS spec.cpp"));
+  const nlohmann::json record = nlohmann::json::parse(text_of(p / "mih_scaffold.json"));
+  EXPECT_EQ(record["name"], "gpt2_tiny");
+  EXPECT_EQ(record["files"].size(), files.size());
+
+  // An unedited scaffold is mih's to rewrite; an edited file is never overwritten.
+  CliRun again = mih("scaffold --name gpt2_tiny --out " + p.string());
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("rewrote port 'gpt2_tiny'"));
+  write_file_atomic(p / "spec.cpp", text_of(p / "spec.cpp") + "// my edit\n");
+  write_file_atomic(p / "notes.txt", "mine\n");
+  CliRun edited = mih("scaffold --name gpt2_tiny --out " + p.string());
+  EXPECT_EQ(edited.status, exit_status(Code::kFailedPrecondition)) << edited.output;
+  EXPECT_THAT(edited.output, HasSubstr("'spec.cpp' in " + p.string() + " was edited since mih wrote it; mih never "
+                                       "overwrites an edit"));
+  EXPECT_THAT(text_of(p / "spec.cpp"), HasSubstr("// my edit"));
+
+  // A folder mih did not write, a file, and a folder that cannot be made: exit 12, nothing written.
+  write_file_atomic(dir / "foreign" / "train.py", "print('mine')\n");
+  CliRun foreign = mih("scaffold --name gpt2_tiny --out " + (dir / "foreign").string());
+  EXPECT_EQ(foreign.status, exit_status(Code::kFailedPrecondition)) << foreign.output;
+  EXPECT_THAT(foreign.output, HasSubstr("holds files and no mih_scaffold.json of an earlier `mih scaffold`, so mih did "
+                                        "not write it; give a new or empty directory (nothing was written)"));
+  EXPECT_FALSE(fs::exists(dir / "foreign" / "model.h"));
+  EXPECT_EQ(text_of(dir / "foreign" / "train.py"), "print('mine')\n");
+  CliRun file = mih("scaffold --name gpt2_tiny --out " + (dir / "foreign" / "train.py").string());
+  EXPECT_EQ(file.status, exit_status(Code::kFailedPrecondition)) << file.output;
+  EXPECT_THAT(file.output, HasSubstr("train.py is a file, not a directory"));
+  // Under /sys nothing can be made (as root too); a read-only folder where permissions apply.
+  CliRun unwritable = mih("scaffold --name gpt2_tiny --out /sys/mih-scaffold-test/p");
+  EXPECT_EQ(unwritable.status, exit_status(Code::kFailedPrecondition)) << unwritable.output;
+  EXPECT_THAT(unwritable.output, AllOf(HasSubstr("cannot create --out /sys/mih-scaffold-test/p: "),
+                                       HasSubstr("give a directory you can write")));
+  if (::geteuid() != 0) {
+    fs::create_directories(dir / "read-only");
+    fs::permissions(dir / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+    CliRun read_only = mih("scaffold --name gpt2_tiny --out " + (dir / "read-only").string());
+    EXPECT_EQ(read_only.status, exit_status(Code::kFailedPrecondition)) << read_only.output;
+    EXPECT_THAT(read_only.output, HasSubstr("cannot write into --out"));
+    fs::permissions(dir / "read-only", fs::perms::owner_all);
+  }
+}
+
+// The README's quickstart shows exactly what `mih scaffold` writes: its file listing is the
+// scaffold's files, and its build commands are the ones mih scaffold prints for --out my_port.
+TEST(CliScaffoldTest, TheReadmeQuickstartShowsTheScaffoldsFilesAndCommands) {
+  namespace fs = std::filesystem;
+  const std::string readme = text_of(fs::path(MIH_TEST_SOURCE_DIR) / ".." / ".." / "README.md");
+  const size_t quickstart = readme.find("## A model author's quickstart");
+  ASSERT_NE(quickstart, std::string::npos);
+  const std::string section = readme.substr(quickstart, readme.find("\n## ", quickstart + 1) - quickstart);
+  ASSERT_NE(section.find("<prefix>/bin/mih scaffold --name my_port --out my_port\n"), std::string::npos);
+  // The listing: "my_port/" then one "  <file>  <what>" line per file.
+  const size_t tree = section.find("\nmy_port/\n");
+  ASSERT_NE(tree, std::string::npos) << "no file listing 'my_port/' in the quickstart";
+  std::set<std::string> listed;
+  std::istringstream lines(section.substr(tree + 10, section.find("```", tree) - tree - 10));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  ", 0) == 0) listed.insert(line.substr(2, line.find(' ', 2) - 2));
+  }
+  const fs::path dir = testing::temp_dir("cli_scaffold_readme");
+  CliRun run = mih("scaffold --name my_port --out my_port", dir);
+  ASSERT_EQ(run.status, 0) << run.output;
+  std::set<std::string> written;
+  for (const auto& entry : fs::directory_iterator(dir / "my_port")) written.insert(entry.path().filename().string());
+  EXPECT_EQ(listed, written) << "the quickstart's listing vs the files mih scaffold writes";
+  for (const char* command : {"cmake -S my_port -B my_port/build -DCMAKE_PREFIX_PATH=<prefix>\n",
+                              "cmake --build my_port/build\n", "ctest --test-dir my_port/build --output-on-failure\n"}) {
+    EXPECT_NE(section.find(std::string("\n") + command), std::string::npos) << "the quickstart lacks: " << command;
+    EXPECT_THAT(run.output, HasSubstr(std::string("  ") + command)) << "mih scaffold does not print: " << command;
+  }
+}
+
+// A conformance run without --evidence-root writes mih-evidence/<run id> under the directory
+// it runs in: run from a build folder, <build>/mih-evidence, never <build>/build/mih-evidence.
+TEST(CliConformanceTest, EvidenceGoesUnderTheDirectoryItRunsIn) {
+  namespace fs = std::filesystem;
+  const fs::path build = testing::temp_dir("cli_evidence_default") / "build";
+  fs::create_directories(build);
+  ::unsetenv("MIH_EVIDENCE_ROOT");  // the default, whatever the caller's environment says
+  CliRun run = mih("test --no-progress --gtest_filter='Llama/*.*/Reference' --gtest_brief=1", build);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_FALSE(fs::exists(build / "build")) << "the evidence nested under a build/ of its own";
+  std::vector<fs::path> runs;
+  if (fs::is_directory(build / "mih-evidence")) {
+    for (const auto& entry : fs::directory_iterator(build / "mih-evidence")) runs.push_back(entry.path());
+  }
+  ASSERT_EQ(runs.size(), 1u) << "expected one run under " << build / "mih-evidence";
+  EXPECT_TRUE(fs::exists(runs[0] / "llama" / "Reference" / "integration_state.json")) << runs[0];
+  EXPECT_TRUE(fs::exists(runs[0] / "results.jsonl")) << runs[0];
 }
 
 TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {

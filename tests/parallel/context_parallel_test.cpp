@@ -46,6 +46,25 @@ TEST(CpLayoutTest, ShardThenGatherThenUnshardIsTheIdentity) {
   }
 }
 
+// Values written out by hand: sequence parallelism cuts each cp rank's tokens (in their
+// layout's order) into tp contiguous chunks.
+TEST(CpLayoutTest, SequenceParallelRanksHoldContiguousChunksOfTheirCpRanksTokens) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(ids(sequence_token_ids(16, 2, 0, CpLayout::kZigzag, 2, 0)), (V{0, 1, 2, 3}));
+  EXPECT_EQ(ids(sequence_token_ids(16, 2, 0, CpLayout::kZigzag, 2, 1)), (V{12, 13, 14, 15}));
+  EXPECT_EQ(ids(sequence_token_ids(16, 2, 1, CpLayout::kZigzag, 2, 0)), (V{4, 5, 6, 7}));
+  EXPECT_EQ(ids(sequence_token_ids(16, 2, 1, CpLayout::kZigzag, 2, 1)), (V{8, 9, 10, 11}));
+  EXPECT_EQ(ids(sequence_token_ids(8, 1, 0, CpLayout::kContiguous, 2, 1)), (V{4, 5, 6, 7}));
+  EXPECT_EQ(ids(sequence_token_ids(12, 2, 1, CpLayout::kContiguous, 3, 2)), (V{10, 11}));
+  EXPECT_EQ(ids(sequence_token_ids(8, 2, 1, CpLayout::kZigzag)), (V{2, 3, 4, 5})) << "no sequence parallelism";
+  const at::Tensor x = at::arange(12, at::kLong).reshape({2, 6});
+  EXPECT_EQ(ids(sp_shard_sequence(x, 1, 3, 2).contiguous()), (V{4, 5, 10, 11}));
+  EXPECT_EQ(ids(sp_shard_sequence(x, -1, 1, 0).contiguous()), ids(x));
+  EXPECT_THAT([] { sequence_token_ids(12, 2, 0, CpLayout::kZigzag, 4, 0); },
+              ThrowsMessage<Error>(HasSubstr("6 tokens (dim 0 of [6]) do not split into tp=4 equal chunks")));
+  EXPECT_THAT([&] { sp_shard_sequence(x, 1, 2, 2); }, ThrowsMessage<Error>(HasSubstr("tp rank 2 is outside [0, tp=2)")));
+}
+
 TEST(CpLayoutTest, SequenceThatDoesNotSplitIsNamed) {
   EXPECT_THAT([] { cp_token_ids(6, 2, 0, CpLayout::kZigzag); },
               ThrowsMessage<Error>(HasSubstr("a sequence of 6 tokens does not split into 4 zigzag chunks")));

@@ -149,6 +149,25 @@ TEST(TensorParallelLayerTest, VocabParallelEmbeddingPadsAndMasksAVocabOf37) {
   }
 }
 
+// The documented chunk of a sequence-parallel rank (ParallelContext::sequence_parallel_chunk,
+// local_token_ids) is the one the layers' reduce-scatter leaves it: each rank's embedding
+// output is the table's rows of exactly those tokens.
+TEST(TensorParallelLayerTest, SequenceParallelChunkIsTheTokensTheEmbeddingLeavesEachRank) {
+  EXPECT_THAT(on_tp2(true, [&](ParallelContext& ctx) {
+                VocabParallelEmbedding embed(ctx, 37, 5);
+                const ShardedParameter& p = named(ctx, *embed, "weight");
+                const at::Tensor table = ctx.gather_full(p, p.local);
+                const at::Tensor ids = at::remainder(at::arange(16, at::kLong) * 7 + 3, 37).reshape({2, 8});
+                const at::Tensor out = embed(ids);  // [2, 4, 5]: this rank's tokens
+                const at::Tensor positions = ctx.local_token_ids(out.size(1), /*sequence_sharded_over_tp=*/true);
+                EXPECT_TRUE(at::equal(positions, at::arange(4 * ctx.tp_rank(), 4 * ctx.tp_rank() + 4, at::kLong)));
+                EXPECT_TRUE(Close(out, at::embedding(table, ctx.sequence_parallel_chunk(ids, 1))));
+                EXPECT_TRUE(Close(out, at::embedding(table, ids.index_select(1, positions))));
+                EXPECT_TRUE(at::equal(ctx.local_token_ids(8, /*sequence_sharded_over_tp=*/false), at::arange(8, at::kLong)));
+              }),
+              IsEmpty());
+}
+
 TEST(TensorParallelLayerTest, VocabParallelCrossEntropyEqualsCrossEntropy) {
   EXPECT_THAT(on_tp2(false, [&](ParallelContext& ctx) {
                 const int64_t vocab = 37, padded = 38;
