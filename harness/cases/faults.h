@@ -53,6 +53,9 @@ struct FaultsOptions {
   /// Evidence: fault-free/ (the twins), <ID>/ per fault, matrices/.
   std::filesystem::path out = "build/mih-faults";
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// The precision lane the catalog runs in: "float64" (the oracle lane), "float32" or
+  /// "bfloat16" (each case against the lane's reference at calibrated tolerances).
+  std::string dtype = "float64";
   /// Print the catalog and return.
   bool list = false;
   bool progress = true;

@@ -57,7 +57,11 @@ bool selected(const Registration& r) {
   return (o.only_spec.empty() || o.only_spec == r.spec) && (named || (o.prefixes.empty() && !r.on_request));
 }
 
-std::string matrix_of(const Registration& r) { return run_options().matrix.empty() ? r.matrix : run_options().matrix; }
+std::string matrix_of(const Registration& r) {
+  const RunOptions& o = run_options();
+  const std::string base = o.matrix.empty() ? r.matrix : o.matrix;
+  return o.lane.empty() ? base : base + "@" + o.lane;
+}
 
 const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std::string& source) {
   static std::mutex mu;

@@ -65,6 +65,11 @@ struct RunOptions {
   /// MIH_FAULT=<fault> in their rank processes; every other case runs fault-free.
   std::string fault;
   std::set<std::string> fault_cases;
+  /// The precision lane every matrix runs in ("bfloat16", "float32,seed=2"; `--dtype`,
+  /// `--seed`): matrix_of appends "@<lane>" (spec::resolve_matrix_source). Empty: the matrix's.
+  std::string lane;
+  /// Reduced-precision lanes: replaces the spec's noise_k when >= 0 (`--noise-k`).
+  double noise_k = -1;
   /// Set by the runner when the run's tests are instantiated (a harness test binary that
   /// links the specs without running them instantiates nothing).
   bool enabled = false;
@@ -73,7 +78,8 @@ RunOptions& run_options();
 
 /// Whether the run instantiates `r`'s tests (only_spec, prefixes, on_request).
 bool selected(const Registration& r);
-/// The matrix source `r` runs (RunOptions::matrix when set).
+/// The matrix source `r` runs (RunOptions::matrix when set), with "@<lane>" when
+/// RunOptions::lane is set.
 std::string matrix_of(const Registration& r);
 /// The case matrix of `spec` from `source`, resolved on first use and kept for the process:
 /// every later question about a case (its config, compare_to, kind) reads this one value.
