@@ -280,7 +280,7 @@ json calibration_evidence(const Calibration& cal, const Comparison& c) {
 }
 
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
-               int64_t first_step, const Calibration* calibration) {
+               int64_t first_step, const Calibration* calibration, bool record) {
   CompareOptions o;
   o.tolerance = tolerance;
   o.first_step = first_step;
@@ -288,7 +288,7 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   const std::string reason = not_comparable_reason(candidate);
   if (!reason.empty()) return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
   const Comparison c = compare_evidence(reference.dir(), candidate.dir(), o);
-  if (calibration) {
+  if (calibration && record) {
     json j = calibration_evidence(*calibration, c);
     j["reference"] = reference.dir().filename().string();
     EvidenceDir(candidate.dir()).write_json("compare/calibration.json", j);

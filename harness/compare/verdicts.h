@@ -88,11 +88,11 @@ enum class Quantity { kInput, kLoss, kGradNorms, kLr, kTensors };
 /// Compares the case with `reference` (compare_evidence, from step `first_step`) and fails
 /// on the first divergence of kind `quantity`, with its message and the number of others.
 /// With a `calibration` each quantity has its calibrated tolerance (`tolerance` is unused),
-/// every message reports error / noise, and the whole comparison is written to the
-/// candidate's compare/calibration.json (calibration_evidence).
+/// every message reports error / noise, and (`record`) the whole comparison is written to
+/// the candidate's compare/calibration.json (calibration_evidence).
 /// Throws: as compare_evidence; kFailedPrecondition when calibration.json cannot be written.
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
-               int64_t first_step = 0, const Calibration* calibration = nullptr);
+               int64_t first_step = 0, const Calibration* calibration = nullptr, bool record = true);
 
 /// Whether `candidate` is a case of a reduced-precision lane (its dtype is not float64), whose
 /// parity is judged at calibrated tolerances.
