@@ -198,8 +198,12 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
                                             per_expert.data_ptr<int64_t>() + local_experts);
   at::Tensor y = experts->forward(received.index_select(0, regroup), by_expert_rows).index_select(0, undo);
   // Combine: back to the ranks the slots came from, weighted by their gates, summed per token.
-  at::Tensor returned = all_to_all_rows(y, ep, send, recv);  // [N k, H], in sorted slot order
-  at::Tensor out = at::zeros_like(tokens).index_add(0, slot_token, returned * gates);
+  // In the residual stream's dtype, as dispatched (under autocast the experts compute in
+  // bfloat16): the combine moves what the dispatch did.
+  at::Tensor returned = all_to_all_rows(y.to(tokens.scalar_type()), ep, send, recv);  // [N k, H], in sorted slot order
+  // Summed in the residual stream's dtype: under autocast the gates are bfloat16 and
+  // index_add is no autocast op.
+  at::Tensor out = at::zeros_like(tokens).index_add(0, slot_token, (returned * gates).to(tokens.scalar_type()));
   // Load balancing over the global batch: token counts from every rank holding other tokens.
   at::Tensor global_counts = counts.to(x.device());
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();

@@ -62,6 +62,20 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
 
 const spec::Case& ConformanceTest::resolved_case() { return cases::case_of(GetParam()); }
 
+verdicts::Verdict ConformanceTest::parity(const verdicts::CaseEvidence& target, const verdicts::CaseEvidence& candidate,
+                                          verdicts::Quantity quantity, int64_t first_step, bool record) {
+  if (!verdicts::calibrated_lane(candidate)) {
+    return verdicts::parity(target, candidate, quantity, verdicts::case_tolerance(candidate), first_step);
+  }
+  const verdicts::CaseEvidence* lane_reference = other(spec::kLaneReference);
+  const verdicts::CaseEvidence* noise_twin = other(spec::kNoiseTwin);
+  if (!lane_reference || !noise_twin) {
+    return verdicts::Verdict::fail("the lane's reference or noise twin did not run, so no tolerance is calibrated");
+  }
+  const Calibration cal = verdicts::lane_calibration(*lane_reference, *noise_twin, candidate, cases::run_options().noise_k);
+  return verdicts::parity(target, candidate, quantity, 0, first_step, &cal, record);
+}
+
 const verdicts::CaseEvidence* ConformanceTest::compared() {
   const std::string target = resolved_case().compare_to;
   if (target.empty()) {

@@ -68,6 +68,14 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
   std::string without_activation_checkpointing();
   /// The resolved case.
   const spec::Case& resolved_case();
+  /// verdicts::parity of `quantity` of `candidate` against `target` from step `first_step`: at
+  /// the spec's tolerance for the dtype, or in a reduced-precision lane at the tolerances
+  /// calibrated from the lane's reference and noise twin (launched if needed; a failure when
+  /// either could not run). `record`: write the comparison to the candidate's
+  /// compare/calibration.json (the comparison with its compare_to case only).
+  /// Throws: as verdicts::parity and verdicts::lane_calibration.
+  verdicts::Verdict parity(const verdicts::CaseEvidence& target, const verdicts::CaseEvidence& candidate,
+                           verdicts::Quantity quantity, int64_t first_step = 0, bool record = true);
 
  private:
   std::optional<::testing::ScopedTrace> fault_trace_;

@@ -14,27 +14,19 @@ bool NumericParity::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* NumericParity::where() { return "every case compared with another, except gradient accumulation the spec declares not comparable"; }
 
-TEST_P(NumericParity, LossMatchesReference) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_COMPARED_EVIDENCE(ref);
-  MIH_ASSERT_VERDICT(verdicts::parity(*ref, *ev, Quantity::kLoss, verdicts::case_tolerance(*ev), resolved_case().resume_at));
-}
-TEST_P(NumericParity, GradNormsMatchReference) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_COMPARED_EVIDENCE(ref);
-  MIH_ASSERT_VERDICT(
-      verdicts::parity(*ref, *ev, Quantity::kGradNorms, verdicts::case_tolerance(*ev), resolved_case().resume_at));
-}
-TEST_P(NumericParity, LearningRateMatchesReference) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_COMPARED_EVIDENCE(ref);
-  MIH_ASSERT_VERDICT(verdicts::parity(*ref, *ev, Quantity::kLr, verdicts::case_tolerance(*ev), resolved_case().resume_at));
-}
+// The parity of `quantity` against the compared case (ConformanceTest::parity: in a
+// reduced-precision lane at calibrated tolerances; the lane's reference and twin themselves
+// against the float64 Reference at the oracle factor).
+#define MIH_NUMERIC_PARITY_(quantity) \
+  MIH_CASE_EVIDENCE(ev);              \
+  MIH_COMPARED_EVIDENCE(ref);         \
+  MIH_ASSERT_VERDICT(parity(*ref, *ev, quantity, resolved_case().resume_at))
+
+TEST_P(NumericParity, LossMatchesReference) { MIH_NUMERIC_PARITY_(Quantity::kLoss); }
+TEST_P(NumericParity, GradNormsMatchReference) { MIH_NUMERIC_PARITY_(Quantity::kGradNorms); }
+TEST_P(NumericParity, LearningRateMatchesReference) { MIH_NUMERIC_PARITY_(Quantity::kLr); }
 TEST_P(NumericParity, WatchedTensorsMatchReferenceAtEveryStage) {
-  MIH_CASE_EVIDENCE(ev);
-  MIH_COMPARED_EVIDENCE(ref);
-  MIH_ASSERT_VERDICT(
-      verdicts::parity(*ref, *ev, Quantity::kTensors, verdicts::case_tolerance(*ev), resolved_case().resume_at));
+  MIH_NUMERIC_PARITY_(Quantity::kTensors);
 }
 
 }  // namespace mih::conformance

@@ -18,10 +18,9 @@ TEST_P(Resume, StepsAfterLoadMatchUninterruptedRun) {
   MIH_CASE_EVIDENCE(ev);
   MIH_COMPARED_EVIDENCE(twin);
   const int64_t at = resolved_case().resume_at;
-  const double tolerance = verdicts::case_tolerance(*ev);
-  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kLoss, tolerance, at));
-  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kGradNorms, tolerance, at));
-  MIH_ASSERT_VERDICT(verdicts::parity(*twin, *ev, Quantity::kTensors, tolerance, at));
+  MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kLoss, at));
+  MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kGradNorms, at));
+  MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kTensors, at));
 }
 
 }  // namespace mih::conformance

@@ -109,6 +109,7 @@ std::string ParallelConfig::name() const {
   if (sequence_parallel) add("sp");
   if (activation_checkpointing) add("ac");
   if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
+  if (noise_twin) add("nt");
   return out.empty() ? "single" : out;
 }
 
@@ -217,6 +218,7 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
   j["sequence_parallel"] = c.sequence_parallel;
   j["activation_checkpointing"] = c.activation_checkpointing;
   j["micro_batches"] = c.micro_batches;
+  j["noise_twin"] = c.noise_twin;
   j["dtype"] = dtype_name(c.dtype);
   j["seed"] = c.seed;
   j["name"] = c.name();
@@ -225,8 +227,8 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
 void from_json(const nlohmann::json& j, ParallelConfig& c) {
   std::vector<std::string> fields;
   for (const auto& d : kMeshDims) fields.emplace_back(d.name);
-  for (const char* f : {"ep", "cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "dtype", "seed",
-                        "name"}) {
+  for (const char* f : {"ep", "cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "noise_twin", "dtype",
+                        "seed", "name"}) {
     fields.emplace_back(f);
   }
   check_known_fields(j, "parallel config", fields);
@@ -241,6 +243,7 @@ void from_json(const nlohmann::json& j, ParallelConfig& c) {
     out.activation_checkpointing = read_bool(j.at("activation_checkpointing"), "activation_checkpointing");
   }
   if (j.contains("micro_batches")) out.micro_batches = read_int(j.at("micro_batches"), "micro_batches", 1);
+  if (j.contains("noise_twin")) out.noise_twin = read_bool(j.at("noise_twin"), "noise_twin");
   if (j.contains("dtype")) out.dtype = parse_dtype_name(read_string(j.at("dtype"), "dtype"));
   if (j.contains("seed")) {
     MIH_CHECK(j.at("seed").is_number_unsigned() || (j.at("seed").is_number_integer() && j.at("seed").get<int64_t>() >= 0),

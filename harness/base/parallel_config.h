@@ -69,14 +69,20 @@ struct ParallelConfig {
   bool activation_checkpointing = false;
   /// Micro-batches per step (gradient accumulation); divides the local batch.
   int micro_batches = 1;
-  /// dtype of the parameters and of compute.
+  /// The precision lane: float64 (the oracle) and float32 train and compute in that dtype;
+  /// bfloat16 and float16 compute the forward under autocast with float32 master weights,
+  /// gradients, reductions and optimizer states (ParallelContext::master_dtype).
   DType dtype = DType::kFloat32;
+  /// The noise twin of a reduced-precision lane (DESIGN.md section 7): every linear layer of
+  /// degree 1 sums its contraction in two halves, a mathematically equivalent reduction
+  /// order that rounds differently, so the run measures the lane's rounding noise.
+  bool noise_twin = false;
   /// Seed of parameter init and of the run.
   uint64_t seed = 0;
 
   /// The product of the mesh degrees.
   int world_size() const;
-  /// "dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2": the case-name part ("single" when all are 1).
+  /// "dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2_nt": the case-name part ("single" when all are 1).
   std::string name() const;
   /// The mesh degrees only: "dp_shard=2,tp=2,ep=2" (degree-1 axes omitted; "1" if all are).
   std::string mesh_str() const;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -60,10 +61,16 @@ std::vector<TestResult> run_tests_of(const fs::path& root) {
   return fs::exists(root / "results.jsonl") ? read_run_results(root).tests : std::vector<TestResult>();
 }
 
-// The JSON of a matrix of `cases` (cpu-smoke's lane: float64 on CPU, 3 steps).
-json matrix_json(const std::string& name, const std::vector<json>& cases) {
-  return {{"name", name}, {"dtype", "float64"},        {"device", "cpu"}, {"pg_backend", "gloo"},
+// The JSON of a matrix of `cases` (cpu-smoke's settings: CPU, 3 steps) in lane `dtype`.
+json matrix_json(const std::string& name, const std::vector<json>& cases, const std::string& dtype) {
+  return {{"name", name}, {"dtype", dtype},        {"device", "cpu"}, {"pg_backend", "gloo"},
           {"steps", 3},   {"max_world_size", 4}, {"cases", cases}};
+}
+
+// The case a fault's matrix entry resolves to: not one the matrix adds (the references, the
+// noise twin).
+bool added_case(const std::string& name) {
+  return name == "Reference" || name == spec::kLaneReference || name == spec::kNoiseTwin;
 }
 
 bool expected_test(const FaultEntry& f, const TestResult& result) {
@@ -180,7 +187,7 @@ int run_faults(const FaultsOptions& options) {
   std::map<std::string, fs::path> matrix_file;
   std::map<std::string, spec::CaseMatrix> matrices;
   for (const auto& [spec_name, cases] : entries) {
-    const json m = matrix_json("faults-" + spec_name, cases);
+    const json m = matrix_json("faults-" + spec_name, cases, options.dtype);
     matrix_file[spec_name] = out / "matrices" / (spec_name + ".json");
     // Rewritten only when it changes: its content is part of every case's fingerprint.
     std::string old;
@@ -190,10 +197,11 @@ int run_faults(const FaultsOptions& options) {
   std::map<const FaultEntry*, std::string> case_of;
   for (const auto* f : faults) {
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
-    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}));
-    MIH_CHECK(one.cases.size() >= 2, "fault ", f->id, ": its case ", f->case_entry.dump(), " does not fit spec ", f->spec,
+    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}, options.dtype));
+    const auto it = std::find_if(one.cases.begin(), one.cases.end(), [](const spec::Case& c) { return !added_case(c.name); });
+    MIH_CHECK(it != one.cases.end(), "fault ", f->id, ": its case ", f->case_entry.dump(), " does not fit spec ", f->spec,
               (one.rejected.empty() ? std::string() : ": " + one.rejected.front().reason));
-    case_of[f] = one.cases[1].name;
+    case_of[f] = it->name;
   }
 
   // The fault-free twins: every case of each spec's matrix, with the reference, once.
@@ -277,11 +285,19 @@ int run_faults(const FaultsOptions& options) {
         CompareOptions o;
         o.tolerance = verdicts::case_tolerance(ev);
         o.first_step = ev.case_info().value("resume_at", int64_t{0});
+        // A reduced lane: at the calibrated tolerances NumericParity judged it by.
+        std::optional<Calibration> cal;
+        const fs::path lane = root / f->spec / spec::kLaneReference, twin = root / f->spec / spec::kNoiseTwin;
+        if (verdicts::calibrated_lane(ev) && fs::exists(lane) && fs::exists(twin)) {
+          cal = verdicts::lane_calibration(verdicts::CaseEvidence(lane), verdicts::CaseEvidence(twin), ev);
+          o.calibration = &*cal;
+        }
         const Comparison c = compare_evidence(root / f->spec / target, ev.dir(), o);
         if (!c.divergences.empty()) {
           const Divergence& d = c.divergences.front();
           first = {{"kind", d.kind}, {"name", d.name}, {"step", d.step}, {"stage", d.stage},
-                   {"relative_error", d.relative_error}, {"compared_with", target}};
+                   {"relative_error", d.relative_error}, {"tolerance", d.tolerance}, {"compared_with", target}};
+          if (d.noise > 0) first["error_over_noise"] = d.relative_error / d.noise;
         }
       }
     } catch (const std::exception& e) {
@@ -342,6 +358,7 @@ int run_faults(const FaultsOptions& options) {
   }
 
   const json report = {{"faults", rows},
+                       {"dtype", options.dtype},
                        {"total", rows.size()},
                        {"detected", detected},
                        {"localized", localized},
@@ -362,9 +379,9 @@ int run_faults(const FaultsOptions& options) {
                 r["twin_passed"].get<bool>() ? "passed" : "FAILED",
                 (r["localized"].get<bool>() ? blamed : blamed + " (expected " + expected + ")").c_str());
   }
-  std::printf("%d of %zu faults detected, %d localized to the expected place; %d fault-free twin(s) failed; %.1f s; "
-              "matrix: %s\n",
-              detected, rows.size(), localized, twin_failures, elapsed(), json_path.c_str());
+  std::printf("%s lane: %d of %zu faults detected, %d localized to the expected place; %d fault-free twin(s) failed; "
+              "%.1f s; matrix: %s\n",
+              options.dtype.c_str(), detected, rows.size(), localized, twin_failures, elapsed(), json_path.c_str());
   if (infrastructure) return infrastructure;
   return detected == static_cast<int>(rows.size()) && twin_failures == 0 ? 0 : 1;
 }

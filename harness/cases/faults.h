@@ -54,6 +54,9 @@ struct FaultsOptions {
   /// relative to the working directory.
   std::filesystem::path out = "mih-faults";
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// The precision lane the catalog runs in: "float64" (the oracle lane), "float32" or
+  /// "bfloat16" (each case against the lane's reference at calibrated tolerances).
+  std::string dtype = "float64";
   /// Print the catalog and return.
   bool list = false;
   bool progress = true;

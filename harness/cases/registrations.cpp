@@ -68,7 +68,11 @@ spec::ModelSpec spec_of_run(const std::string& name) {
   return spec::initialized_from(spec::SpecRegistry::instance().get(name), source ? source->dir.string() : "");
 }
 
-std::string matrix_of(const Registration& r) { return run_options().matrix.empty() ? r.matrix : run_options().matrix; }
+std::string matrix_of(const Registration& r) {
+  const RunOptions& o = run_options();
+  const std::string base = o.matrix.empty() ? r.matrix : o.matrix;
+  return o.lane.empty() ? base : base + "@" + o.lane;
+}
 
 const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std::string& source) {
   static std::mutex mu;

@@ -83,6 +83,11 @@ struct RunOptions {
   /// Spec name -> the checkpoint its cases (the reference included) initialize from, resolved
   /// and checked once before any test runs. A spec not here trains from the seed's weights.
   std::map<std::string, InitSource> init_sources;
+  /// The precision lane every matrix runs in ("bfloat16", "float32,seed=2"; `--dtype`,
+  /// `--seed`): matrix_of appends "@<lane>" (spec::resolve_matrix_source). Empty: the matrix's.
+  std::string lane;
+  /// Reduced-precision lanes: replaces the spec's noise_k when >= 0 (`--noise-k`).
+  double noise_k = -1;
   /// Set by the runner when the run's tests are instantiated (a harness test binary that
   /// links the specs without running them instantiates nothing).
   bool enabled = false;
@@ -98,7 +103,8 @@ const InitSource* init_source_of(const std::string& spec);
 /// Throws: as spec::SpecRegistry::get.
 spec::ModelSpec spec_of_run(const std::string& name);
 
-/// The matrix source `r` runs (RunOptions::matrix when set).
+/// The matrix source `r` runs (RunOptions::matrix when set), with "@<lane>" when
+/// RunOptions::lane is set.
 std::string matrix_of(const Registration& r);
 /// The case matrix of `spec` from `source`, resolved on first use and kept for the process:
 /// every later question about a case (its config, compare_to, kind) reads this one value.

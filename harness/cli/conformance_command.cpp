@@ -372,7 +372,9 @@ std::string what_exists() {
 // The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
 // --gtest_* flag and is a usage error otherwise.
 struct RunFlags {
-  std::string evidence_root, matrix, only_spec, fault, init_from;
+  std::string evidence_root, matrix, only_spec, fault, init_from, dtype;
+  int64_t seed = -1;
+  double noise_k = -1;
   std::vector<std::string> prefixes, fault_cases;
   bool verify_only = false, allow_edited_evidence = false, allow_other_version = false, no_progress = false,
        list_cases = false;
@@ -391,7 +393,16 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
                  "directory)");
-  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-full) or JSON matrix file; overrides every spec's");
+  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
+  app.add_option("--dtype", f->dtype,
+                 "the precision lane: float64, float32 or bfloat16 (appends @<dtype> to every matrix; a reduced lane "
+                 "compares each case with its own reference at tolerances calibrated from a noise twin)")
+      ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
+  app.add_option("--seed", f->seed, "parameter-init seed of every case, the reference's included (appends seed=N)")
+      ->check(CLI::Range(int64_t{0}, (int64_t{1} << 53) - 1));
+  app.add_option("--noise-k", f->noise_k,
+                 "reduced lanes: the multiple of the measured noise each tolerance is (default: the spec's noise_k)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
   app.add_flag("--allow-edited-evidence", f->allow_edited_evidence,
                "verify-only and check: check evidence whose files differ from the SHA-256 digests its case_run.json "
@@ -499,6 +510,9 @@ int run_tests(const std::vector<std::string>& args) {
   cases::RunOptions& o = run_options();
   o.evidence_root = f.evidence_root;
   o.matrix = f.matrix;
+  if (!f.dtype.empty()) o.lane = f.dtype;
+  if (f.seed >= 0) o.lane += (o.lane.empty() ? "" : ",") + std::string("seed=") + std::to_string(f.seed);
+  o.noise_k = f.noise_k;
   o.verify_only = f.verify_only;
   o.allow_edited_evidence = f.allow_edited_evidence;
   o.allow_other_version = f.allow_other_version;
@@ -652,12 +666,19 @@ CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   auto quiet = std::make_shared<bool>(false);
   sub.add_option("--fault", o->only, "only these faults (F01 ... F26; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
-  sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault")->capture_default_str();
+  auto out_given = sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault "
+                                                    "(default build/mih-faults, build/mih-faults-<dtype> in a reduced lane)");
+  sub.add_option("--dtype", o->dtype,
+                 "the precision lane: float64 (the oracle), float32 or bfloat16 (each case against the lane's reference "
+                 "at tolerances calibrated from its noise twin)")
+      ->check(CLI::IsMember({"float64", "float32", "bfloat16"}))
+      ->capture_default_str();
   add_seconds(sub, "--case-timeout", o->case_timeout, "how long one case may take");
   sub.add_flag("--list", o->list, "print the catalog and exit");
   sub.add_flag("--no-progress", *quiet, "no progress lines on stderr");
-  return [o, quiet] {
+  return [o, quiet, out_given] {
     o->progress = !*quiet;
+    if (out_given->count() == 0 && o->dtype != "float64") o->out = "build/mih-faults-" + o->dtype;
     return cases::run_faults(*o);
   };
 }

@@ -46,6 +46,65 @@ std::vector<json> read_required(const EvidenceDir& dir, const std::string& file)
 
 }  // namespace
 
+std::string Measurement::key() const { return kind + "|" + name + "|" + std::to_string(step) + "|" + stage; }
+
+std::string Measurement::group() const { return kind + "|" + std::to_string(step) + "|" + stage; }
+
+double dtype_epsilon(const std::string& dtype) {
+  if (dtype == "float64") return std::ldexp(1.0, -52);
+  if (dtype == "float32") return std::ldexp(1.0, -23);
+  if (dtype == "bfloat16") return std::ldexp(1.0, -7);
+  if (dtype == "float16") return std::ldexp(1.0, -10);
+  MIH_THROW(Code::kInvalidSpec, "no machine epsilon for dtype '", dtype, "'; valid: float64, float32, bfloat16, float16");
+}
+
+bool Calibration::updated_parameter(const Measurement& m) {
+  return m.kind == "tensor" && (m.stage == "after_optimizer" || (m.stage == "model_before" && m.step > 0));
+}
+
+double Calibration::noise_of(const Measurement& m) const {
+  const auto own = noise.find(m.key());
+  if (own == noise.end()) return -1;
+  const auto& groups = updated_parameter(m) ? group_max : group_noise;
+  const auto group = groups.find(m.group());
+  return std::max(own->second, group == groups.end() ? 0.0 : group->second);
+}
+
+double Calibration::tolerance_of(const Measurement& m) const {
+  const double multiple = updated_parameter(m) ? k_update : k;
+  return factor * std::max(multiple * std::max(noise_of(m), 0.0), floor_eps * floor_epsilon(m));
+}
+
+Calibration calibrate(const Comparison& twin, const std::string& dtype, const Calibration& settings) {
+  for (const auto& [name, value] : {std::pair{"k", settings.k}, std::pair{"k_update", settings.k_update},
+                                    std::pair{"floor_eps", settings.floor_eps}}) {
+    MIH_CHECK(std::isfinite(value) && value >= 0, "calibration: ", name, " must be a finite number >= 0, got ", value);
+  }
+  MIH_CHECK(std::isfinite(settings.factor) && settings.factor > 0, "calibration: the oracle factor must be a finite ",
+            "number > 0, got ", settings.factor);
+  Calibration c = settings;
+  c.noise.clear();
+  c.group_noise.clear();
+  c.group_max.clear();
+  c.dtype = dtype;
+  c.epsilon = dtype_epsilon(dtype);
+  c.master_epsilon = dtype == "bfloat16" || dtype == "float16" ? dtype_epsilon("float32") : c.epsilon;
+  std::map<std::string, std::vector<double>> groups;
+  for (const auto& m : twin.measurements) {
+    // A quantity the twin cannot compare (not finite) has no noise to calibrate from.
+    if (!std::isfinite(m.relative_error)) continue;
+    c.noise[m.key()] = m.relative_error;
+    if (m.relative_error > 0) groups[m.group()].push_back(m.relative_error);
+  }
+  for (auto& [group, values] : groups) {
+    std::sort(values.begin(), values.end());
+    const size_t n = values.size();
+    c.group_noise[group] = n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+    c.group_max[group] = values.back();
+  }
+  return c;
+}
+
 json Comparison::to_json() const {
   json d = json::array();
   for (const auto& x : divergences) {
@@ -59,6 +118,7 @@ json Comparison::to_json() const {
                  {"tolerance", x.tolerance},
                  {"evidence", x.evidence},
                  {"message", x.message}});
+    if (x.noise != 0) d.back()["noise"] = x.noise;
   }
   return {{"passed", passed()}, {"compared", compared}, {"divergences", d}};
 }
@@ -199,7 +259,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
            side;
   };
   auto add = [&](Divergence d) {
-    d.tolerance = o.tolerance;
+    if (!o.calibration) d.tolerance = o.tolerance;
     const std::string what = d.kind == "input"    ? "input field '"
                              : d.kind == "metric" ? "metric '"
                              : d.kind == "activation" ? (d.stage == "forward_output" ? "forward output of module '"
@@ -214,7 +274,19 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
       why = missing_text(d.missing_from);
     } else {
       why = "max abs error " + fmt(d.max_abs_error) + ", relative error " + fmt(d.relative_error) + " > tolerance " +
-            fmt(o.tolerance);
+            fmt(d.tolerance);
+      if (o.calibration) {
+        const Calibration& cal = *o.calibration;
+        const Measurement m{d.kind, d.name, d.step, d.stage, d.relative_error, d.max_abs_error};
+        const std::string rule = "tolerance = " + (cal.factor != 1 ? fmt(cal.factor) + " x " : std::string()) + "max(" +
+                                 fmt(Calibration::updated_parameter(m) ? cal.k_update : cal.k) + " x noise, " +
+                                 fmt(cal.floor_eps) + " x " +
+                                 (cal.floor_epsilon(m) == cal.epsilon ? cal.dtype : std::string("float32")) + " epsilon)";
+        why += d.noise > 0 ? " (error / noise " + fmt(d.relative_error / d.noise) + ": noise " + fmt(d.noise) +
+                                 " between the lane's reference and its noise twin; " + rule + ")"
+               : d.noise == 0 ? " (the twin measured no noise here, so the floor decides; " + rule + ")"
+                              : " (the noise twin did not record this quantity, so the floor decides; " + rule + ")";
+      }
     }
     d.message = what + d.name + "' at step " + std::to_string(d.step) +
                 (d.stage == "metrics" ? "" : ", stage " + d.stage) + ": " + why + " (open " + d.evidence + ")";
@@ -225,6 +297,21 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
     Divergence d{kind, name, step, stage, 0, std::numeric_limits<double>::infinity(), 0, file, "", ""};
     d.missing_from = side;
     add(std::move(d));
+  };
+  // Records a measurement and, beyond its tolerance (the calibration's, or the one given), a
+  // divergence.
+  auto check = [&](Measurement m, const std::string& file, const std::string& counts) {
+    double tolerance = o.tolerance, noise = 0;
+    if (o.calibration) {
+      noise = o.calibration->noise_of(m);
+      tolerance = o.calibration->tolerance_of(m);
+    }
+    if (!(m.relative_error <= tolerance)) {
+      Divergence d{m.kind, m.name, m.step, m.stage, m.max_abs_error, m.relative_error, tolerance, file, counts, ""};
+      d.noise = noise;
+      add(std::move(d));
+    }
+    out.measurements.push_back(std::move(m));
   };
   for (const auto& [step, row] : ref_metrics) {
     if (step >= o.first_step && !cand_metrics.count(step)) {
@@ -280,7 +367,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
       ++out.compared;
       const double x = a.at(m).get<double>(), y = b.at(m).get<double>();
       const double abs = std::abs(x - y), rel = abs / std::max(std::abs(y), 1e-300);
-      if (!(rel <= o.tolerance)) add({"metric", m, step, "metrics", abs, rel, 0, metrics_path, "", ""});
+      check({"metric", m, step, "metrics", rel, abs}, metrics_path, "");
     }
     for (const auto& stage : kStages) {
       auto ia = cand_probes.find({step, stage});
@@ -370,7 +457,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
           }
         }
         if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
-        if (!(rel <= o.tolerance)) add({kind, name, step, stage, max_abs, rel, 0, probes_path, counts, ""});
+        check({kind, name, step, stage, rel, max_abs}, probes_path, counts);
       }
     }
   }

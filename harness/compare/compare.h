@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,11 +17,87 @@
 
 namespace mih {
 
+/// One compared quantity (a metric, or a watched tensor or module activation at one step and
+/// stage) and its error against the reference: relative to the reference's scale (its
+/// absolute value for a metric, its L2 norm for a tensor; the largest over a tensor's
+/// statistics when it is compared by its sketch).
+struct Measurement {
+  std::string kind;  ///< "metric", "tensor" or "activation"
+  std::string name;
+  int64_t step = 0;
+  std::string stage;  ///< the probe stage, or "metrics"
+  double relative_error = 0;
+  double max_abs_error = 0;
+  /// "metric|loss|0|metrics": what a calibration is keyed by.
+  std::string key() const;
+  /// "metric|0|metrics": the quantities of one kind at one step and stage.
+  std::string group() const;
+};
+
+/// The calibration of a reduced-precision lane (DESIGN.md section 7, docs/precision.md): the
+/// rounding noise of every quantity, measured between the lane's world-size-1 reference and
+/// its noise twin, and from it each quantity's tolerance
+///   tolerance = factor x max(k x noise, floor_eps x epsilon)
+/// noise = max(the quantity's own noise, the median noise of its kind at that step and
+/// stage): one pair of runs gives one sample of each quantity's noise, and a sample can happen
+/// to be tiny (two roundings that agree), so the median of its stage guards it. A parameter
+/// after an update (after_optimizer; model_before from step 1) takes k_update and the largest
+/// noise of its stage instead: AdamW's first updates are nearly the sign of the gradient, so an
+/// element whose gradient is within noise of zero moves by +-lr depending on the rounding, a
+/// discrete event one twin may not sample. The floor is the dtype's epsilon times the tensor's
+/// scale (errors are relative to it): two runs may differ by a rounding the twin's reduction
+/// order did not reach. `factor` is 1 for a case against its lane's reference and
+/// noise_oracle_factor for the lane's reference and twin against the float64 Reference, whose
+/// difference includes the lane's systematic rounding (identical in the twin, so not in its
+/// noise). The floor's epsilon is that of the dtype the quantity is held in: the lane's for
+/// activations, float32 for the rest in the autocast lanes (bfloat16, float16), whose master
+/// weights, gradients, loss and grad norm are float32. Failure messages and evidence divide
+/// each error by its noise (error / noise).
+struct Calibration {
+  std::string dtype;       ///< "float32", "bfloat16"
+  double epsilon = 0;      ///< the dtype's machine epsilon (2^-23, 2^-7): the floor of activations
+  /// The epsilon of the dtype every other quantity is held in: float32 in the autocast lanes
+  /// (master weights, gradients, optimizer states, the loss and grad norm), else `epsilon`.
+  double master_epsilon = 0;
+  double k = 0;            ///< tolerance multiple of the noise
+  double k_update = 0;     ///< the same for a parameter after an update
+  double floor_eps = 0;    ///< the floor, in epsilons
+  double factor = 1;       ///< 1, or the oracle factor (the lane's anchors against float64)
+  std::map<std::string, double> noise;        ///< Measurement::key() -> the twin's relative error
+  std::map<std::string, double> group_noise;  ///< Measurement::group() -> median nonzero noise
+  std::map<std::string, double> group_max;    ///< Measurement::group() -> largest noise
+  /// A parameter after an update: after_optimizer, or model_before from step 1.
+  static bool updated_parameter(const Measurement& m);
+  /// `epsilon` for an activation (computed in the lane's dtype), `master_epsilon` otherwise.
+  double floor_epsilon(const Measurement& m) const { return m.kind == "activation" ? epsilon : master_epsilon; }
+  /// max(own noise, its group's median, or for an updated parameter its group's largest); -1
+  /// when the twin did not record the quantity.
+  double noise_of(const Measurement& m) const;
+  /// factor x max(k (or k_update) x noise_of, floor_eps x floor_epsilon); the floor alone
+  /// for a quantity without noise.
+  double tolerance_of(const Measurement& m) const;
+};
+
+/// The machine epsilon of a dtype name: float64 2^-52, float32 2^-23, bfloat16 2^-7, float16
+/// 2^-10. Throws: mih::Error{kInvalidSpec} for another name.
+double dtype_epsilon(const std::string& dtype);
+
+struct Comparison;
+
+/// The calibration from `twin` (compare_evidence of the noise twin against the lane's
+/// reference, any tolerance) with `settings`' k, k_update, floor_eps and factor.
+/// Throws: mih::Error{kInvalidSpec} for a setting negative or not finite (factor <= 0), or an
+///   unknown dtype.
+Calibration calibrate(const Comparison& twin, const std::string& dtype, const Calibration& settings);
+
 struct CompareOptions {
   /// Relative tolerance (float64 oracle lane: 1e-10; see spec::Tolerances).
   double tolerance = 1e-10;
   /// Compare only steps >= first_step (a resume against its uninterrupted twin).
   int64_t first_step = 0;
+  /// A reduced-precision lane: each quantity's tolerance is the calibration's (tolerance is
+  /// then unused), and a divergence reports its error / noise.
+  const Calibration* calibration = nullptr;
 };
 
 struct Divergence {
@@ -35,11 +112,16 @@ struct Divergence {
   std::string message;
   /// "candidate" or "reference" when the quantity is recorded by one side only.
   std::string missing_from;
+  /// The calibrated noise of the quantity (0 without a calibration; -1 not measured).
+  double noise = 0;
 };
 
 struct Comparison {
   std::vector<Divergence> divergences;  ///< the first divergence first
   int64_t compared = 0;                 ///< quantities compared
+  /// Every metric, tensor and activation compared, in comparison order (inputs and what one
+  /// side lacks are divergences only).
+  std::vector<Measurement> measurements;
   /// The modules the activation probes recorded, in forward order (localize() walks it).
   std::vector<std::string> activation_order;
   bool passed() const { return divergences.empty(); }

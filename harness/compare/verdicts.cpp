@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/evidence_store.h"
 
 namespace mih::verdicts {
 namespace fs = std::filesystem;
@@ -202,14 +204,95 @@ std::string not_comparable_reason(const CaseEvidence& ev) {
   return tol.value("grad_accumulation_reason", "");
 }
 
+bool calibrated_lane(const CaseEvidence& candidate) { return candidate.config().dtype != DType::kFloat64; }
+
+Calibration lane_calibration(const CaseEvidence& lane_reference, const CaseEvidence& noise_twin,
+                             const CaseEvidence& candidate, double k_override) {
+  const std::string dtype = dtype_name(candidate.config().dtype);
+  for (const CaseEvidence* side : {&lane_reference, &noise_twin}) {
+    MIH_CHECK(side->config().dtype == candidate.config().dtype, "calibration of ", candidate.dir().string(), ": ",
+              side->dir().string(), " is a ", dtype_name(side->config().dtype), " case, the candidate ", dtype,
+              ": calibrate from the lane reference and noise twin of the candidate's own matrix");
+  }
+  const auto& tol = candidate.json("spec.resolved.json").at("tolerances");
+  Calibration settings;
+  for (const auto& [key, field] : {std::pair{"noise_k", &Calibration::k}, std::pair{"noise_k_update", &Calibration::k_update},
+                                   std::pair{"noise_floor_eps", &Calibration::floor_eps}}) {
+    MIH_CHECK(tol.contains(key) && tol[key].is_number(), "spec.resolved.json of ", candidate.dir().string(),
+              " declares no tolerances.", key, ": the evidence predates calibrated lanes; rerun the case");
+    settings.*field = tol[key].get<double>();
+  }
+  if (k_override >= 0) settings.k = settings.k_update = k_override;
+  // The lane's own reference and twin are compared with the float64 oracle.
+  if (candidate.case_info().value("compare_to", "") == "Reference") {
+    MIH_CHECK(tol.contains("noise_oracle_factor") && tol["noise_oracle_factor"].is_number(), "spec.resolved.json of ",
+              candidate.dir().string(), " declares no tolerances.noise_oracle_factor; rerun the case");
+    settings.factor = tol["noise_oracle_factor"].get<double>();
+  }
+  CompareOptions o;
+  o.tolerance = std::numeric_limits<double>::max();  // every quantity measured, none diverges
+  const Comparison twin = compare_evidence(lane_reference.dir(), noise_twin.dir(), o);
+  return calibrate(twin, dtype, settings);
+}
+
+json calibration_evidence(const Calibration& cal, const Comparison& c) {
+  json rows = json::array();
+  double worst = 0;
+  std::string worst_at;
+  for (const auto& m : c.measurements) {
+    const double noise = cal.noise_of(m), tolerance = cal.tolerance_of(m);
+    const double margin = tolerance > 0 ? m.relative_error / tolerance : (m.relative_error > 0 ? INFINITY : 0);
+    json row = {{"kind", m.kind},
+                {"name", m.name},
+                {"step", m.step},
+                {"stage", m.stage},
+                {"error", m.relative_error},
+                {"noise", noise < 0 ? json() : json(noise)},
+                {"own_noise", cal.noise.count(m.key()) ? json(cal.noise.at(m.key())) : json()},
+                {"tolerance", tolerance},
+                {"error_over_noise", noise > 0 ? json(m.relative_error / noise) : json()},
+                {"error_over_tolerance", std::isfinite(margin) ? json(margin) : json()},
+                {"passed", m.relative_error <= tolerance}};
+    rows.push_back(std::move(row));
+    if (!(margin <= worst)) {
+      worst = margin;
+      worst_at = m.kind + " '" + m.name + "' at step " + std::to_string(m.step) + ", " + m.stage;
+    }
+  }
+  return {{"dtype", cal.dtype},
+          {"epsilon", cal.epsilon},
+          {"k", cal.k},
+          {"k_update", cal.k_update},
+          {"floor_eps", cal.floor_eps},
+          {"master_epsilon", cal.master_epsilon},
+          {"floor", cal.floor_eps * cal.epsilon},
+          {"master_floor", cal.floor_eps * cal.master_epsilon},
+          {"factor", cal.factor},
+          {"rule", "tolerance = factor x max(k x noise, floor_eps x epsilon); epsilon: the lane dtype's for activations, "
+                   "master_epsilon (float32 in the autocast lanes) for the rest; noise = max(the quantity's own noise "
+                   "between the lane's reference and its noise twin, the median noise of its kind at that step and "
+                   "stage); a parameter after an update (after_optimizer, model_before from step 1): k_update and the "
+                   "stage's largest noise; errors and noise relative to the reference's scale"},
+          {"passed", c.passed()},
+          {"quantities", rows},
+          {"max_error_over_tolerance", std::isfinite(worst) ? json(worst) : json()},
+          {"worst", worst_at}};
+}
+
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
-               int64_t first_step) {
+               int64_t first_step, const Calibration* calibration, bool record) {
   CompareOptions o;
   o.tolerance = tolerance;
   o.first_step = first_step;
+  o.calibration = calibration;
   const std::string reason = not_comparable_reason(candidate);
   if (!reason.empty()) return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
   const Comparison c = compare_evidence(reference.dir(), candidate.dir(), o);
+  if (calibration && record) {
+    json j = calibration_evidence(*calibration, c);
+    j["reference"] = reference.dir().filename().string();
+    EvidenceDir(candidate.dir()).write_json("compare/calibration.json", j);
+  }
   auto wanted = [&](const Divergence& d) {
     // A step one side lacks is missing from every quantity of that step.
     if (d.kind == "metric" && d.name == "step" && quantity != Quantity::kTensors) return true;
@@ -608,12 +691,14 @@ Verdict comm_volume(const CaseEvidence& ev) {
   if (world > 1) expected["world"] = 16;
   if (dp_shard > 1) {
     // The FSDP count (verdicts.h), from this rank's parameter table (rank 0 writes it).
-    const int64_t e = element_size(dtype_name(cfg.dtype));
+    // The element size of each parameter as recorded (the master weights: float32 in the
+    // autocast lanes, whose FSDP gathers move float32).
     const int mb = cfg.micro_batches;
     double bytes = 0;
     for (const auto& p : ev.json("check/structure.json").at("parameters")) {
       if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;
       if (p.value("fsdp_axis", "dp_shard") != "dp_shard") continue;  // experts under ep: over edp
+      const int64_t e = element_size(p.value("dtype", dtype_name(cfg.dtype)));
       const int64_t chunk = p["fsdp_rows"].value("chunk", int64_t{0});
       const auto& shape = p.at("tp_local_shape");
       const int64_t cols = shape.size() > 1 ? numel(shape) / shape[0].get<int64_t>() : 1;

@@ -87,8 +87,32 @@ enum class Quantity { kInput, kLoss, kGradNorms, kLr, kTensors };
 
 /// Compares the case with `reference` (compare_evidence, from step `first_step`) and fails
 /// on the first divergence of kind `quantity`, with its message and the number of others.
+/// With a `calibration` each quantity has its calibrated tolerance (`tolerance` is unused),
+/// every message reports error / noise, and (`record`) the whole comparison is written to
+/// the candidate's compare/calibration.json (calibration_evidence).
+/// Throws: as compare_evidence; kFailedPrecondition when calibration.json cannot be written.
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
-               int64_t first_step = 0);
+               int64_t first_step = 0, const Calibration* calibration = nullptr, bool record = true);
+
+/// Whether `candidate` is a case of a reduced-precision lane (its dtype is not float64), whose
+/// parity is judged at calibrated tolerances.
+bool calibrated_lane(const CaseEvidence& candidate);
+
+/// The calibration of `candidate`'s lane: the noise of every quantity between
+/// `lane_reference` and `noise_twin` (compare_evidence), with the settings of the candidate's
+/// spec.resolved.json (tolerances noise_k, noise_k_update, noise_floor_eps and, for a
+/// candidate compared with the float64 Reference, noise_oracle_factor); k_override >= 0
+/// replaces noise_k and noise_k_update (e.g. 0 to show that an uncalibrated tolerance fails a
+/// correct port).
+/// Throws: as compare_evidence; kInvalidSpec when the spec declares none of these settings
+///   (evidence of an older harness), or the two are not cases of the candidate's dtype.
+Calibration lane_calibration(const CaseEvidence& lane_reference, const CaseEvidence& noise_twin,
+                             const CaseEvidence& candidate, double k_override = -1);
+
+/// The evidence of a calibrated comparison (compare/calibration.json): the lane's dtype,
+/// epsilon, k and floor, and per quantity (kind, name, step, stage) its error, noise,
+/// tolerance, error / noise and error / tolerance; the largest error / tolerance and where.
+nlohmann::json calibration_evidence(const Calibration& calibration, const Comparison& comparison);
 
 /// Where a failed test of `suite` on case `ev` puts the fault (the `blamed` of `mih faults`):
 /// the localization a parity verdict's `message` opens with ("localized to '<place>': ...");

@@ -4,6 +4,7 @@
 #include "harness/evidence/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -171,6 +172,48 @@ std::string case_facts(const CaseResult& c) {
   if (!c.error.empty()) facts.push_back("error: " + c.error);
   std::string out;
   for (const auto& f : facts) out += (out.empty() ? "" : "; ") + f;
+  return out;
+}
+
+std::string calibration_line(const CaseCalibration& c) {
+  std::string out = c.dtype + " lane against " + (c.reference.empty() ? std::string("its reference") : c.reference) +
+                    ": tolerance = " + (c.factor != 1 ? short_number(c.factor) + " x " : std::string()) + "max(" +
+                    short_number(c.k) + " x noise (" + short_number(c.k_update) + " for updated parameters), " +
+                    short_number(c.floor_eps) + " x epsilon = " + short_number(c.floor_eps * c.epsilon) +
+                    (c.master_epsilon != c.epsilon && c.master_epsilon > 0
+                         ? " for activations, " + short_number(c.floor_eps * c.master_epsilon) + " for the float32 rest"
+                         : std::string()) +
+                    ")";
+  out += "; largest error / tolerance " +
+         (std::isfinite(c.max_error_over_tolerance) ? fixed(c.max_error_over_tolerance, 3) : std::string("not finite"));
+  if (!c.worst.empty()) out += " (" + c.worst + ")";
+  return out + "; " + std::to_string(c.rows.size()) + " quantities";
+}
+
+std::vector<std::string> calibration_stages(const CaseCalibration& c) {
+  static const std::vector<std::string> kOrder = {"metrics",          "model_before",    "forward_output",
+                                                  "output_grad",      "grad_before_clip", "grad_after_clip",
+                                                  "after_optimizer", "optimizer_state"};
+  std::set<std::string> present;
+  for (const auto& r : c.rows) present.insert(r.stage);
+  std::vector<std::string> out;
+  for (const auto& s : kOrder) {
+    if (present.erase(s)) out.push_back(s);
+  }
+  out.insert(out.end(), present.begin(), present.end());
+  return out;
+}
+
+std::map<std::pair<std::string, int64_t>, CalibrationCell> calibration_cells(const CaseCalibration& c) {
+  std::map<std::pair<std::string, int64_t>, CalibrationCell> out;
+  for (const auto& r : c.rows) {
+    CalibrationCell& cell = out[{r.stage, r.step}];
+    const double margin = r.tolerance > 0 ? r.error / r.tolerance : (r.error > 0 ? INFINITY : 0);
+    // NaN never wins a max: an error that is not finite is infinitely past its tolerance.
+    cell.margin = std::max(cell.margin, std::isnan(margin) ? INFINITY : margin);
+    if (r.noise > 0) cell.ratio = std::max(cell.ratio, std::isnan(r.error) ? INFINITY : r.error / r.noise);
+    ++cell.rows;
+  }
   return out;
 }
 

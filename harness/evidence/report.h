@@ -41,6 +41,26 @@ struct StepPoint {
   double grad_norm_pre_clip = std::numeric_limits<double>::quiet_NaN();
 };
 
+/// One quantity of a calibrated comparison (a reduced-precision lane's compare/calibration.json,
+/// verdicts.h calibration_evidence): errors relative to the reference's scale; NaN where the
+/// file has null (a noise the twin did not record).
+struct CalibrationRow {
+  std::string kind;  ///< "metric", "tensor", "activation"
+  std::string name;
+  int64_t step = 0;
+  std::string stage;
+  double error = 0, noise = 0, tolerance = 0;
+};
+
+/// A case's calibration in a reduced-precision lane; `present` false for every other case.
+struct CaseCalibration {
+  bool present = false;
+  std::string dtype, reference, worst;
+  double epsilon = 0, master_epsilon = 0, k = 0, k_update = 0, floor_eps = 0, factor = 1;
+  double max_error_over_tolerance = 0;
+  std::vector<CalibrationRow> rows;
+};
+
 /// One case of the run, from its evidence directory. Every field read from a file is empty
 /// (or 0) when that file is missing: a case that failed early has only some of them.
 struct CaseResult {
@@ -63,6 +83,9 @@ struct CaseResult {
   /// cases/runtime/metrics.jsonl, ascending by step; the last line of a step wins (a resume
   /// that repeats a step). Empty when the file is missing (the case failed before training).
   std::vector<StepPoint> steps;
+  /// compare/calibration.json (a case of a reduced-precision lane compared at calibrated
+  /// tolerances); not present otherwise.
+  CaseCalibration calibration;
   /// What could not be read, each "<path>: <why>": an evidence file that is not JSON (or a
   /// metrics line), an evidence directory that does not exist or that no test names. The
   /// report shows them instead of failing as a whole.
@@ -121,6 +144,11 @@ RunResults read_run_results(const std::filesystem::path& root);
 ///    totals, the colored tables, per case its facts and two SVG line charts (loss and
 ///    grad_norm_pre_clip per step, min/max on the axes), with the `compare_to` case's curve
 ///    dashed when that case is in the run, then the failures and the skipped tests.
+///  A case of a reduced-precision lane (compare/calibration.json) adds its calibration: the
+///  dtype, k and floor and the largest error / tolerance, then in Markdown a stage x step
+///  table of the largest error / tolerance and error / noise, and in HTML a heat map of error /
+///  tolerance per quantity (rows) and step and stage (columns), each cell titled with its
+///  error, noise and tolerance.
 std::string render_report(const RunResults& run, ReportFormat format);
 
 }  // namespace mih

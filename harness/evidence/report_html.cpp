@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,6 +122,60 @@ std::string html_id(const std::string& spec, const std::string& name) {
   return id;
 }
 
+// The heat map of a calibrated case: a row per quantity, a column per step and stage, each
+// cell its error / tolerance (colored from green, far inside, to red, past it) and titled
+// with the error, noise and tolerance.
+std::string calibration_heat_map(const CaseCalibration& cal) {
+  const std::vector<std::string> stages = calibration_stages(cal);
+  std::set<int64_t> steps;
+  std::vector<std::string> quantities;
+  std::map<std::string, std::map<std::pair<int64_t, std::string>, const CalibrationRow*>> by;
+  for (const auto& r : cal.rows) {
+    const std::string q = r.kind + " " + r.name;
+    if (!by.count(q)) quantities.push_back(q);
+    by[q][{r.step, r.stage}] = &r;
+    steps.insert(r.step);
+  }
+  std::vector<std::pair<int64_t, std::string>> columns;
+  for (int64_t step : steps) {
+    for (const auto& stage : stages) {
+      for (const auto& q : quantities) {
+        if (by[q].count({step, stage})) {
+          columns.emplace_back(step, stage);
+          break;
+        }
+      }
+    }
+  }
+  std::string out = "<p class=\"facts\">" + markup_escape(calibration_line(cal)) +
+                    "</p>\n<div class=\"heat\"><table class=\"heat\">\n<tr><th>error / tolerance</th>";
+  for (const auto& [step, stage] : columns) {
+    out += "<th title=\"" + attr("step " + std::to_string(step) + ", " + stage) + "\">" + std::to_string(step) + "<br>" +
+           markup_escape(stage) + "</th>";
+  }
+  out += "</tr>\n";
+  for (const auto& q : quantities) {
+    out += "<tr><th class=\"q\">" + markup_escape(q) + "</th>";
+    for (const auto& col : columns) {
+      const auto it = by[q].find(col);
+      if (it == by[q].end()) {
+        out += "<td></td>";
+        continue;
+      }
+      const CalibrationRow& r = *it->second;
+      const double m = r.tolerance > 0 ? r.error / r.tolerance : (r.error > 0 ? INFINITY : 0);
+      const char* level = !(m <= 1) ? "h4" : m > 0.5 ? "h3" : m > 0.1 ? "h2" : "h1";
+      out += "<td class=\"" + std::string(level) + "\" title=\"" +
+             attr("error " + short_number(r.error) + ", noise " + (std::isnan(r.noise) ? "not measured" : short_number(r.noise)) +
+                  ", tolerance " + short_number(r.tolerance) +
+                  (r.noise > 0 ? ", error / noise " + short_number(r.error / r.noise) : std::string())) +
+             "\">" + (std::isfinite(m) ? fixed(m, 2) : std::string("inf")) + "</td>";
+    }
+    out += "</tr>\n";
+  }
+  return out + "</table></div>\n";
+}
+
 const char* kCss = R"(body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 h1{font-size:1.5em}.root{font-family:monospace;color:#555}
 table.matrix{border-collapse:collapse;margin:0.5em 0 1em}
@@ -132,6 +188,10 @@ section.case.attention{border-left-color:#dc3545}.facts{color:#555}.problem{colo
 svg.chart{margin-right:1em;font-size:11px}svg.chart .title{font-weight:bold}
 pre{background:#f6f8fa;padding:0.8em;overflow-x:auto;white-space:pre-wrap}
 .tag{background:#6c757d;color:white;border-radius:3px;padding:0 0.4em;font-size:0.8em}
+div.heat{overflow-x:auto}table.heat{border-collapse:collapse;font-size:10px}
+table.heat th,table.heat td{border:1px solid #ddd;padding:1px 3px;text-align:center}
+table.heat th.q{text-align:left;font-family:monospace;white-space:nowrap}
+td.h1{background:#c3e6cb}td.h2{background:#e2f0d9}td.h3{background:#fff3cd}td.h4{background:#f5c6cb;font-weight:bold}
 )";
 
 }  // namespace
@@ -180,6 +240,7 @@ std::string render_html(const RunResults& run) {
         }
         out += "</div>\n";
       }
+      if (c.calibration.present) out += calibration_heat_map(c.calibration);
       out += "</section>\n";
     }
   }

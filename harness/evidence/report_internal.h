@@ -79,6 +79,25 @@ std::string totals_line(const RunResults& run);
 std::string case_facts(const CaseResult& c);
 
 // ---------------------------------------------------------------------------------------
+// A reduced-precision lane's calibration (report.cpp)
+
+/// "float32 lane against LaneReference: tolerance = max(10 x noise, 4 x epsilon = 4.77e-07);
+/// largest error / tolerance 0.31 (tensor 'norm.weight' at step 2, grad_before_clip)".
+std::string calibration_line(const CaseCalibration& c);
+
+/// The stages of a calibration in the order a step computes them ("metrics" first), each
+/// present one once.
+std::vector<std::string> calibration_stages(const CaseCalibration& c);
+
+/// The largest error / tolerance and error / noise over the rows of one step and stage (NaN
+/// when none; error / noise NaN when no row had a noise).
+struct CalibrationCell {
+  double margin = 0, ratio = 0;
+  int rows = 0;
+};
+std::map<std::pair<std::string, int64_t>, CalibrationCell> calibration_cells(const CaseCalibration& c);
+
+// ---------------------------------------------------------------------------------------
 // The formats (see render_report in report.h)
 
 std::string render_markdown(const RunResults& run);  // report_md.cpp

@@ -2,7 +2,9 @@
 // failures, skipped tests) and as JUnit XML for CI (render_report in report.h).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -71,6 +73,47 @@ std::string time_section(const RunResults& run) {
   return out;
 }
 
+// Each calibrated case of a reduced-precision lane: its rule and margin, and per stage and step
+// the largest error / tolerance (what the verdict needs below 1) and error / noise.
+std::string precision_section(const RunResults& run) {
+  std::string out;
+  for (const CaseResult& c : run.cases) {
+    const CaseCalibration& cal = c.calibration;
+    if (!cal.present) continue;
+    if (out.empty()) {
+      out = "\n## Precision lanes\n\nEach case of a reduced-precision lane against its lane's reference, every "
+            "quantity at its calibrated tolerance (compare/calibration.json). Cells: the largest error / tolerance "
+            "at that step and stage (below 1 passes), then the largest error / noise.\n";
+    }
+    out += "\n### " + md_cell(spec_title(c.spec) + " / " + c.name) + "\n\n" + md_cell(calibration_line(cal)) + "\n\n";
+    std::set<int64_t> steps;
+    for (const auto& r : cal.rows) steps.insert(r.step);
+    out += "| stage |";
+    for (int64_t s : steps) out += " step " + std::to_string(s) + " |";
+    out += "\n|---|";
+    for (size_t i = 0; i < steps.size(); ++i) out += "---|";
+    out += "\n";
+    const auto cells = calibration_cells(cal);
+    for (const auto& stage : calibration_stages(cal)) {
+      out += "| " + md_cell(stage) + " |";
+      for (int64_t s : steps) {
+        const auto it = cells.find({stage, s});
+        if (it == cells.end()) {
+          out += " - |";
+          continue;
+        }
+        const CalibrationCell& cell = it->second;
+        out += " " + (std::isfinite(cell.margin) ? fixed(cell.margin, 2) : std::string("inf")) +
+               (cell.margin > 1 ? " **FAIL**" : "") + " (" +
+               (cell.ratio > 0 ? (std::isfinite(cell.ratio) ? fixed(cell.ratio, 1) : std::string("inf")) : std::string("-")) +
+               ") |";
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_markdown(const RunResults& run) {
@@ -97,6 +140,7 @@ std::string render_markdown(const RunResults& run) {
     }
   }
   if (run.tests.empty()) out += "\nNo test has finished in this run.\n";
+  out += precision_section(run);
   out += time_section(run);
   if (run.failed() > 0) {
     out += "\n## Failures\n";

@@ -162,6 +162,37 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     take(j, "state", &c->state, state, &c->problems);
     take(j, "reason", &c->state_reason, state, &c->problems);
   }
+  const fs::path calibration = dir / "compare" / "calibration.json";
+  if (fs::exists(calibration, ec) && read_json_object(calibration, &j, &c->problems)) {
+    CaseCalibration& cal = c->calibration;
+    cal.present = true;
+    take(j, "dtype", &cal.dtype, calibration, &c->problems);
+    take(j, "reference", &cal.reference, calibration, &c->problems);
+    take(j, "worst", &cal.worst, calibration, &c->problems);
+    take(j, "epsilon", &cal.epsilon, calibration, &c->problems);
+    cal.master_epsilon = cal.epsilon;
+    take(j, "master_epsilon", &cal.master_epsilon, calibration, &c->problems);
+    take(j, "k", &cal.k, calibration, &c->problems);
+    take(j, "k_update", &cal.k_update, calibration, &c->problems);
+    take(j, "factor", &cal.factor, calibration, &c->problems);
+    take(j, "floor_eps", &cal.floor_eps, calibration, &c->problems);
+    cal.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
+    for (const auto& q : j.value("quantities", json::array())) {
+      if (!q.is_object() || !q.contains("step") || !q["step"].is_number_integer()) {
+        c->problems.push_back(calibration.string() + ": a quantity without an integer 'step'");
+        break;
+      }
+      CalibrationRow row;
+      row.kind = q.value("kind", "");
+      row.name = q.value("name", "");
+      row.stage = q.value("stage", "");
+      row.step = q["step"].get<int64_t>();
+      row.error = metric_value(q, "error");
+      row.noise = metric_value(q, "noise");
+      row.tolerance = metric_value(q, "tolerance");
+      cal.rows.push_back(std::move(row));
+    }
+  }
   const fs::path metrics = dir / "cases" / "runtime" / "metrics.jsonl";
   if (!fs::exists(metrics, ec)) return;
   std::string text;

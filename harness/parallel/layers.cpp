@@ -33,6 +33,18 @@ void expect_partial_sum(ParallelContext& ctx, const at::Tensor& weight, const at
   }
 }
 
+// x W^T (+ b). In the noise twin (ParallelConfig::noise_twin) a layer of degree 1 sums its
+// contraction as two halves, as a row-parallel layer's two tp ranks would: the same value in
+// exact arithmetic, rounded differently, so the twin measures the lane's rounding noise.
+at::Tensor linear(const ParallelContext& ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const int64_t k = w.size(-1);
+  if (!ctx.config().noise_twin || ctx.tp_size() > 1 || k < 2) return at::linear(x, w, b);
+  const int64_t half = k / 2;
+  at::Tensor y = at::linear(x.narrow(-1, 0, half), w.narrow(-1, 0, half)) +
+                 at::linear(x.narrow(-1, half, k - half), w.narrow(-1, half, k - half));
+  return b.defined() ? y + b : y;
+}
+
 }  // namespace
 namespace {
 
@@ -104,7 +116,7 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
     }
   }
   at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
-  at::Tensor y = at::linear(input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
+  at::Tensor y = linear(*ctx_, input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
   if (!options.gather_output()) return y;
   if (tp.size() > 1) tp.expect("region.all_gather", y.numel() * static_cast<int64_t>(y.element_size()), layer);
   // Padded outputs (pad_to_tp) are the last ones of the last rank: drop them after the gather.
@@ -131,7 +143,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   // F08 (FAULTS.md): the bias folded into the local matmul, so each of the tp partial sums
   // carries it and the reduction adds it tp times.
   const bool bias_before_reduce = bias.defined() && fault::active(fault::Fault::kF08);
-  at::Tensor partial = at::linear(x, ctx_->use(weight), bias_before_reduce ? ctx_->use(bias) : at::Tensor());
+  at::Tensor partial = linear(*ctx_, x, ctx_->use(weight), bias_before_reduce ? ctx_->use(bias) : at::Tensor());
   expect_partial_sum(*ctx_, weight, partial);
   at::Tensor y = ctx_->sequence_parallel() ? sequence_reduce_scatter(partial, tp, kSeqDim) : reduce_from_region(partial, tp);
   return bias.defined() && !bias_before_reduce ? y + ctx_->use(bias) : y;

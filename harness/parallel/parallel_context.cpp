@@ -129,7 +129,7 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
 }
 
 ParallelContext::ParallelContext(DeviceMesh& mesh, const ParallelConfig& config, c10::Device device)
-    : mesh_(&mesh), config_(config), param_dtype_(scalar_type(config.dtype)), device_(device) {
+    : mesh_(&mesh), config_(config), param_dtype_(master_dtype(config.dtype)), device_(device) {
   MIH_CHECK(config_.same_mesh(mesh.config()), "parallel context: config '", config_.name(), "' (", config_.mesh_str(),
             ") does not match the mesh (", mesh.config().mesh_str(), ")");
   dropout_gen_ = at::make_generator<at::CPUGeneratorImpl>(config_.seed * 0x9E3779B97F4A7C15ULL + 0x5EEDULL);

@@ -129,8 +129,8 @@ struct BufferEntry {
 class ParallelContext {
  public:
   /// `mesh` must outlive the context. What the context reads of `config`: the knobs
-  /// sequence_parallel, cp_layout, activation_checkpointing, dtype (of the parameters, the
-  /// master weights) and seed (of parameter init and dropout); its mesh degrees must be the
+  /// sequence_parallel, cp_layout, activation_checkpointing, noise_twin (the linear layers'
+  /// reduction order), dtype (master_dtype: of the parameters, the master weights) and seed (of parameter init and dropout); its mesh degrees must be the
   /// mesh's. Parameters live on `device`.
   /// Throws: mih::Error{kInvalidSpec} if the config's mesh degrees differ from the mesh's.
   ParallelContext(DeviceMesh& mesh, const ParallelConfig& config,
@@ -138,7 +138,7 @@ class ParallelContext {
 
   DeviceMesh& mesh() const { return *mesh_; }
   const ParallelConfig& config() const { return config_; }
-  /// dtype and device of the parameters.
+  /// dtype and device of the parameters (float32 in the autocast lanes, bfloat16 and float16).
   c10::ScalarType param_dtype() const { return param_dtype_; }
   c10::Device device() const { return device_; }
   /// The tensor-parallel group (tp_size ranks; the ShardedParameter.tp placement is along it).

@@ -52,6 +52,12 @@ c10::ScalarType scalar_type(DType dtype) {
   return c10::ScalarType::Float;
 }
 
+c10::ScalarType master_dtype(DType dtype) {
+  return autocast_lane(dtype) ? c10::ScalarType::Float : scalar_type(dtype);
+}
+
+bool autocast_lane(DType dtype) { return dtype == DType::kBFloat16 || dtype == DType::kFloat16; }
+
 DType case_dtype(c10::ScalarType type) { return parse_dtype_name(dtype_name(type)); }
 
 }  // namespace mih

@@ -21,6 +21,12 @@ c10::ScalarType parse_dtype(std::string_view name);
 
 /// The c10 type of a case dtype (ParallelConfig::dtype).
 c10::ScalarType scalar_type(DType dtype);
+/// The dtype of a case's master weights, gradients, reductions and optimizer states: float32
+/// for the mixed-precision lanes (bfloat16, float16), else the case dtype itself.
+c10::ScalarType master_dtype(DType dtype);
+/// Whether the case computes its forward under autocast (bfloat16, float16: their
+/// scalar_type is the autocast dtype).
+bool autocast_lane(DType dtype);
 /// The case dtype of `type`. Throws: mih::Error{kInvalidSpec} for a type that is not a
 ///   floating case dtype (float32, float64, bfloat16, float16).
 DType case_dtype(c10::ScalarType type);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -50,6 +51,19 @@ const char* kCpuSmokeVariants = R"({
     {"dp_shard": 2},
     {"tp": 2},
     {"tp": 2, "sequence_parallel": true}
+  ]})";
+
+// The reduced-precision lane's CI cases (float32 unless `@bfloat16` or --dtype says otherwise):
+// the lane's reference and noise twin are added by resolve_matrix; one case per way a
+// parallel run reorders the reductions (the batch over FSDP ranks, the contraction over tp,
+// the sequence over cp).
+const char* kCpuPrecision = R"({
+  "name": "cpu-precision", "dtype": "float32", "device": "cpu", "pg_backend": "gloo", "steps": 3,
+  "max_world_size": 4,
+  "cases": [
+    {"dp_shard": 2},
+    {"tp": 2, "sequence_parallel": true},
+    {"cp": 2, "cp_layout": "zigzag"}
   ]})";
 
 const char* kCpuFull = R"({
@@ -219,14 +233,15 @@ std::string CaseMatrix::table() const {
   return os.str();
 }
 
-std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-smoke-variants", "cpu-full"}; }
+std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-smoke-variants", "cpu-precision", "cpu-full"}; }
 
 json preset_json(const std::string& name) {
   if (name == "cpu-smoke") return json::parse(kCpuSmoke);
   if (name == "cpu-smoke-variants") return json::parse(kCpuSmokeVariants);
+  if (name == "cpu-precision") return json::parse(kCpuPrecision);
   if (name == "cpu-full") return json::parse(kCpuFull);
   MIH_THROW(Code::kInvalidSpec, "unknown preset '", name,
-            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-full (or a JSON matrix file)");
+            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full (or a JSON matrix file)");
 }
 
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {
@@ -273,7 +288,8 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
 
 CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   MIH_CHECK(m.is_object(), "case matrix: expected a JSON object, got ", m.type_name());
-  check_known_fields(m, "case matrix", {"name", "dtype", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
+  check_known_fields(m, "case matrix",
+                     {"name", "dtype", "seed", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
   CaseMatrix out;
   out.name = json_string(m, "name", "matrix", "case matrix");
   // The name heads tables, reports and JUnit suites: a control character (a NUL cuts a C
@@ -291,7 +307,15 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const int max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
   MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
   MIH_CHECK(!m["cases"].empty(), where, ": 'cases' is empty; list at least one parallel case (the Reference is implicit)");
-  const json defaults = {{"dtype", json_string(m, "dtype", "float32", where)}};
+  const std::string dtype = json_string(m, "dtype", "float32", where);
+  const uint64_t seed = static_cast<uint64_t>(json_int(m, "seed", 0, where, 0, int64_t{1} << 53));
+  const DType lane = with_context(where, [&] { return parse_dtype_name(dtype); });
+  json defaults = {{"dtype", dtype}};
+  if (m.contains("seed")) defaults["seed"] = seed;
+  // A reduced-precision lane compares its cases with the lane's own world-size-1 reference,
+  // at tolerances calibrated from that reference's noise twin (DESIGN.md section 7).
+  const bool reduced = lane != DType::kFloat64 && json_bool(m, "reference", true, where);
+  const std::string lane_target = reduced ? kLaneReference : "Reference";
   const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
 
   auto add = [&](Case c) {
@@ -319,7 +343,27 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     ref.kind = CaseKind::kReference;
     ref.group = "reference";
     ref.config.dtype = DType::kFloat64;  // the oracle lane, always on CPU
+    ref.config.seed = seed;
     add(ref);
+  }
+  if (reduced) {
+    // The lane's reference (world size 1, the lane's dtype, on the matrix's device) and its
+    // noise twin (the same with the linear layers' contractions summed in two halves): both
+    // compared with the float64 oracle at the spec's dtype tolerance; their difference is the
+    // noise every other case's tolerance is calibrated from.
+    for (const bool twin : {false, true}) {
+      Case c;
+      c.name = twin ? kNoiseTwin : kLaneReference;
+      c.kind = CaseKind::kTrain;
+      c.group = twin ? "noise_twin" : "lane_reference";
+      c.config.dtype = lane;
+      c.config.seed = seed;
+      c.config.noise_twin = twin;
+      c.device = device;
+      c.pg_backend = backend;
+      c.compare_to = "Reference";
+      add(c);
+    }
   }
   for (size_t i = 0; i < m["cases"].size(); ++i) {
     const json& j = m["cases"][i];
@@ -330,7 +374,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     c.kind = kind;
     c.device = device;
     c.pg_backend = backend;
-    c.compare_to = "Reference";
+    c.compare_to = lane_target;
     if (kind == CaseKind::kTrain) {
       json cfg = j;
       cfg.erase("kind");
@@ -370,7 +414,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     twin.config = c.config;
     twin.device = c.device;
     twin.pg_backend = c.pg_backend;
-    twin.compare_to = "Reference";
+    twin.compare_to = lane_target;
     twins.push_back(twin);
   }
   for (auto& t : twins) add(std::move(t));
@@ -392,14 +436,61 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     control.config = plain;
     control.device = c.device;
     control.pg_backend = c.pg_backend;
-    control.compare_to = "Reference";
+    control.compare_to = lane_target;
     controls.push_back(control);
   }
   for (auto& c : controls) add(std::move(c));
   return out;
 }
 
-CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& preset_or_path) {
+namespace {
+
+// "cpu-smoke@bfloat16,seed=2" -> ("cpu-smoke", {"dtype": "bfloat16", "seed": 2}); a source
+// without a lane suffix (or whose text after the last '@' is no lane) is returned whole.
+std::pair<std::string, json> split_lane(const std::string& source) {
+  const auto at = source.rfind('@');
+  if (at == std::string::npos) return {source, json::object()};
+  const std::string lane = source.substr(at + 1);
+  for (const unsigned char ch : lane) {
+    if (!(std::isalnum(ch) || ch == '=' || ch == ',' || ch == '_')) return {source, json::object()};
+  }
+  json over = json::object();
+  const std::string where = "matrix source '" + source + "'";
+  std::istringstream items(lane);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = eq == std::string::npos ? "dtype" : item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? item : item.substr(eq + 1);
+    MIH_CHECK(key == "dtype" || key == "seed", where, ": unknown lane setting '", key,
+              "'; after '@' give a dtype and optionally seed=N (e.g. cpu-smoke@bfloat16,seed=2)");
+    MIH_CHECK(!over.contains(key), where, ": '", key, "' is given twice");
+    if (key == "dtype") {
+      (void)with_context(where, [&] { return parse_dtype_name(value); });
+      over["dtype"] = value;
+    } else {
+      uint64_t seed = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seed);
+      MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && seed < (uint64_t{1} << 53), where,
+                ": seed '", value, "' is not an integer in [0, 2^53)");
+      over["seed"] = seed;
+    }
+  }
+  MIH_CHECK(!over.empty(), where, ": nothing after '@'; give a dtype (e.g. cpu-smoke@float32)");
+  return {source.substr(0, at), over};
+}
+
+}  // namespace
+
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source) {
+  const auto [preset_or_path, lane] = split_lane(source);
+  CaseMatrix out = resolve_matrix_base(spec, preset_or_path, lane);
+  if (!lane.empty()) out.name = source;
+  return out;
+}
+
+CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path, const json& lane) {
   const std::vector<std::string> presets = preset_names();
   const bool preset = std::find(presets.begin(), presets.end(), preset_or_path) != presets.end();
   std::error_code ec;
@@ -407,15 +498,18 @@ CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& prese
                   preset_or_path.find(".json") != std::string::npos)) {
     const std::string where = "case matrix file " + preset_or_path;
     MIH_CHECK(std::filesystem::exists(preset_or_path, ec), where, " does not exist; give a JSON matrix file or a preset (",
-              "cpu-smoke, cpu-smoke-variants, cpu-full)");
+              "cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full)");
     MIH_CHECK(std::filesystem::is_regular_file(preset_or_path, ec), where, " is not a file (a directory?); give a JSON ",
               "matrix file or a preset");
     std::string text;
     MIH_CHECK(read_file(preset_or_path, &text), where, " cannot be read");
-    const json j = parse_json_strict(text, where);
+    json j = parse_json_strict(text, where);
+    if (j.is_object()) j.update(lane);
     return with_context(where, [&] { return resolve_matrix(spec, j); });
   }
-  return resolve_matrix(spec, preset_json(preset_or_path));
+  json j = preset_json(preset_or_path);
+  j.update(lane);
+  return resolve_matrix(spec, j);
 }
 
 }  // namespace mih::spec

@@ -19,6 +19,11 @@
 
 namespace mih::spec {
 
+/// The names of a reduced-precision lane's world-size-1 reference and of its noise twin
+/// (resolve_matrix adds both to a matrix whose dtype is not float64).
+inline constexpr const char* kLaneReference = "LaneReference";
+inline constexpr const char* kNoiseTwin = "NoiseTwin";
+
 /// What a case does. kTrain covers one-axis, combined, activation-checkpoint and
 /// gradient-accumulation cases (the config says which).
 enum class CaseKind { kReference, kTrain, kResume, kCrossResume };
@@ -85,19 +90,30 @@ std::vector<std::string> preset_names();
 nlohmann::json preset_json(const std::string& name);
 
 /// Resolves a matrix (a preset's JSON or a file's) for `spec`:
-///   {"name", "dtype": "float32", "device": "cpu", "pg_backend": "gloo", "steps": 3,
+///   {"name", "dtype": "float32", "seed": 0, "device": "cpu", "pg_backend": "gloo", "steps": 3,
 ///    "max_world_size": 4, "reference": true,
 ///    "cases": [{"dp_shard": 2, ...ParallelConfig fields},
 ///              {"kind": "resume", "config": {...}, "resume_at": 2},
 ///              {"kind": "cross_resume", "save": {...}, "load": {...}, "resume_at": 2}]}
-/// The reference is always world size 1, float64, on CPU. Cases the spec's topology cannot
+/// The reference is always world size 1, float64, on CPU. A matrix of another dtype (a
+/// reduced-precision lane) also gets kLaneReference (world size 1, that dtype, the matrix's
+/// device) and kNoiseTwin (the same with ParallelConfig::noise_twin), both compared with the
+/// Reference; its other cases are compared with kLaneReference. "seed" (default 0) is every
+/// case's parameter-init seed, the Reference's included. Cases the spec's topology cannot
 /// take go to `rejected` with the arithmetic.
 /// Throws: mih::Error{kInvalidSpec} naming the case index and field for malformed JSON (an
 ///   unknown field or kind, a degree < 1, a resume without resume_at in (0, steps)).
 CaseMatrix resolve_matrix(const ModelSpec& spec, const nlohmann::json& matrix);
-/// resolve_matrix of a preset name or, when `preset_or_path` names a readable file, of its
-/// JSON. Throws: as resolve_matrix; kInvalidSpec naming the file for unparsable JSON.
-CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& preset_or_path);
+/// resolve_matrix of a preset name or, when the source names a readable file, of its JSON.
+/// A lane suffix "@<dtype>[,seed=N]" ("cpu-smoke@bfloat16,seed=2") sets the matrix's dtype and
+/// seed (the resolved matrix is named by the whole source).
+/// Throws: as resolve_matrix; kInvalidSpec naming the file for unparsable JSON, and for a
+///   lane suffix with an unknown dtype or setting or a seed that is no integer.
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source);
+/// resolve_matrix_source without the lane suffix: `lane` ({"dtype", "seed"}) overrides the
+/// matrix's fields. Throws: as resolve_matrix_source.
+CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path,
+                               const nlohmann::json& lane = nlohmann::json::object());
 
 /// Why `config` cannot run `spec` on at most `max_world_size` ranks with a global batch of
 /// `global_batch` rows, or "" when it can: tp must divide every spec.tp_divides, cp must

@@ -138,7 +138,11 @@ nlohmann::json ModelSpec::to_json() const {
   nlohmann::json parity = nlohmann::json::array();
   for (const auto& c : parity_cases) parity.push_back(c.to_json());
   nlohmann::json tolerances_json = {{"same_topology", tolerances.same_topology},
-                                    {"cross_topology", tolerances.cross_topology}};
+                                    {"cross_topology", tolerances.cross_topology},
+                                    {"noise_k", tolerances.noise_k},
+                                    {"noise_k_update", tolerances.noise_k_update},
+                                    {"noise_floor_eps", tolerances.noise_floor_eps},
+                                    {"noise_oracle_factor", tolerances.noise_oracle_factor}};
   if (!tolerances.grad_accumulation.empty()) tolerances_json["grad_accumulation"] = tolerances.grad_accumulation;
   if (!tolerances.grad_accumulation_reason.empty()) {
     tolerances_json["grad_accumulation_reason"] = tolerances.grad_accumulation_reason;

@@ -165,6 +165,17 @@ struct Tolerances {
   /// such cases use cross_topology.
   std::map<std::string, double> grad_accumulation;
   std::string grad_accumulation_reason;
+  /// Reduced-precision lanes (a matrix whose dtype is not float64; DESIGN.md section 7): a
+  /// case is compared with the lane's world-size-1 reference, each quantity at
+  ///   max(noise_k x noise, noise_floor_eps x epsilon of the dtype)
+  /// (noise_k_update for a parameter after an update), where noise is measured between that
+  /// reference and its noise twin (compare.h Calibration); the lane's reference and twin are
+  /// compared with the float64 Reference at noise_oracle_factor times that. The defaults'
+  /// reasoning and measurements: docs/precision.md.
+  double noise_k = 20;
+  double noise_k_update = 50;
+  double noise_floor_eps = 4;
+  double noise_oracle_factor = 8;
 };
 
 struct ModelSpec {

@@ -14,6 +14,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/json_fields.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
+#include "harness/compat/autocast.h"
 #include "harness/compat/optim.h"
 #include "harness/runtime/dtypes.h"
 
@@ -210,7 +211,20 @@ StepMetrics Trainer::step() {
     // Dropout masks and activation probes in global coordinates: this micro-batch's first row.
     context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
     context_->shared_state().begin_forward();
-    const at::Tensor token_losses = model_->token_losses(micro);
+    // The mixed-precision lanes: the forward under autocast (float32 master weights, casts for
+    // the matmuls), the per-token losses summed in float32 as a user's loss would be.
+    at::Tensor token_losses;
+    if (autocast_lane(config_.dtype)) {
+      compat::AutocastState mixed;
+      const bool cuda = device.is_cuda();
+      (cuda ? mixed.cuda_enabled : mixed.cpu_enabled) = true;
+      (cuda ? mixed.cuda_dtype : mixed.cpu_dtype) = scalar_type(config_.dtype);
+      const compat::AutocastScope scope(mixed);
+      token_losses = model_->token_losses(micro);
+    } else {
+      token_losses = model_->token_losses(micro);
+    }
+    if (token_losses.scalar_type() != context_->param_dtype()) token_losses = token_losses.to(context_->param_dtype());
     hooks_->record_token_losses(step, mb, token_losses.detach(), micro);
     at::Tensor loss = token_losses.sum() / normalizers[mb];
     loss.backward();

@@ -273,7 +273,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_THAT(broken.output, HasSubstr("broken.json is not JSON"));
   CliRun preset = mih("matrix --spec llama --preset gpu-smoke");
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
-  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-smoke-variants, cpu-full"));
+  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
   EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm"));

@@ -3,6 +3,7 @@
 // leave it: each verdict passes on the first and fails on the second, naming what broke. Also:
 // the plain backend's reference equals the Trainer's, and a rank that dies is a transport
 // failure, not a verdict.
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -102,6 +103,50 @@ class VerdictsTest : public ::testing::Test {
   int copies_ = 0;
 };
 fs::path* VerdictsTest::root_ = nullptr;
+
+// The calibration of a reduced lane from a twin comparison: each quantity's noise is its own
+// or its stage's median (an updated parameter: the stage's largest), its tolerance k (or
+// k_update) times that, floored by the dtype's epsilon, times the oracle factor.
+TEST(CalibrationTest, ToleranceIsKTimesTheNoiseFlooredByEpsilon) {
+  Comparison twin;
+  auto m = [](const char* kind, const char* name, int64_t step, const char* stage, double rel) {
+    return Measurement{kind, name, step, stage, rel, 0};
+  };
+  twin.measurements = {m("tensor", "a", 0, "grad_before_clip", 1e-7), m("tensor", "b", 0, "grad_before_clip", 4e-6),
+                       m("tensor", "c", 0, "grad_before_clip", 2e-6), m("tensor", "a", 0, "after_optimizer", 1e-8),
+                       m("tensor", "b", 0, "after_optimizer", 3e-6), m("metric", "lr", 0, "metrics", 0)};
+  Calibration settings;
+  settings.k = 10;
+  settings.k_update = 50;
+  settings.floor_eps = 4;
+  const Calibration c = calibrate(twin, "float32", settings);
+  EXPECT_EQ(c.epsilon, std::ldexp(1.0, -23));
+  // a's own noise (1e-7) is below its stage's median (2e-6): the median is its noise.
+  EXPECT_DOUBLE_EQ(c.noise_of(m("tensor", "a", 0, "grad_before_clip", 0)), 2e-6);
+  EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "a", 0, "grad_before_clip", 0)), 2e-5);
+  EXPECT_DOUBLE_EQ(c.noise_of(m("tensor", "b", 0, "grad_before_clip", 0)), 4e-6);
+  // An updated parameter: the stage's largest noise and k_update.
+  EXPECT_DOUBLE_EQ(c.noise_of(m("tensor", "a", 0, "after_optimizer", 0)), 3e-6);
+  EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "a", 0, "after_optimizer", 0)), 1.5e-4);
+  // No noise (lr is the same in both): the floor, 4 epsilons.
+  EXPECT_DOUBLE_EQ(c.tolerance_of(m("metric", "lr", 0, "metrics", 0)), 4 * std::ldexp(1.0, -23));
+  // Not recorded by the twin: noise -1, the floor.
+  EXPECT_EQ(c.noise_of(m("tensor", "z", 0, "grad_before_clip", 0)), -1);
+  EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "z", 0, "grad_before_clip", 0)), 4 * std::ldexp(1.0, -23));
+  settings.factor = 4;
+  EXPECT_DOUBLE_EQ(calibrate(twin, "float32", settings).tolerance_of(m("tensor", "a", 0, "grad_before_clip", 0)), 8e-5);
+  // k = 0 leaves the floor alone.
+  settings.k = settings.k_update = 0;
+  // In bfloat16 (autocast) the floor is float32's for what is held in float32, bfloat16's for
+  // activations.
+  const Calibration bf16 = calibrate(twin, "bfloat16", settings);
+  EXPECT_DOUBLE_EQ(bf16.tolerance_of(m("tensor", "b", 0, "grad_before_clip", 0)), 4 * 4 * std::ldexp(1.0, -23));
+  EXPECT_DOUBLE_EQ(bf16.tolerance_of(m("activation", "layers.0", 0, "forward_output", 0)), 4 * 4 * std::ldexp(1.0, -7));
+  settings.k = -1;
+  EXPECT_THROW(calibrate(twin, "float32", settings), Error);
+  settings.k = 1;
+  EXPECT_THROW(calibrate(twin, "int8", settings), Error);
+}
 
 void expect_fail(const Verdict& v, const std::string& needle) {
   EXPECT_EQ(v.status, Verdict::Status::kFail) << v.message;

@@ -364,5 +364,45 @@ TEST(HtmlReportTest, ChartsPerCaseAndEscapedFailures) {
   EXPECT_THAT(html, Not(HasSubstr("href=\"http")));
 }
 
+// A reduced-precision lane's case: compare/calibration.json as verdicts::calibration_evidence
+// writes it, one quantity at half its tolerance and one past it.
+TEST(PrecisionReportTest, ShowsTheCalibrationAsATableAndAHeatMap) {
+  const fs::path root = write_fixture("report_precision");
+  auto q = [](const char* kind, const char* name, int step, const char* stage, double error, json noise, double tol) {
+    return json{{"kind", kind}, {"name", name}, {"step", step}, {"stage", stage}, {"error", error}, {"noise", noise},
+                {"tolerance", tol}};
+  };
+  write_file_atomic(root / "llama" / "DpShard2" / "compare" / "calibration.json",
+                    json{{"dtype", "float32"}, {"epsilon", 1.1920928955078125e-07}, {"k", 10}, {"k_update", 50},
+                         {"floor_eps", 4}, {"factor", 1}, {"reference", "LaneReference"},
+                         {"max_error_over_tolerance", 2.0}, {"worst", "tensor 'norm.weight' at step 1, grad_before_clip"},
+                         {"quantities", {q("metric", "loss", 0, "metrics", 5e-8, 1e-8, 1e-7),
+                                         q("tensor", "norm.weight", 1, "grad_before_clip", 2e-5, 1e-6, 1e-5),
+                                         q("tensor", "norm.weight", 0, "model_before", 0, nullptr, 4.8e-7)}}}
+                        .dump());
+  const RunResults run = read_run_results(root);
+  const CaseResult* dp = run.find_case("llama", "DpShard2");
+  ASSERT_NE(dp, nullptr);
+  ASSERT_TRUE(dp->calibration.present);
+  EXPECT_FALSE(run.find_case("llama", "Tp2")->calibration.present);
+  ASSERT_EQ(dp->calibration.rows.size(), 3u);
+  EXPECT_TRUE(std::isnan(dp->calibration.rows[2].noise));  // null: the twin did not record it
+  const std::string md = render_report(run, ReportFormat::kMarkdown);
+  const std::string section = between(md, "## Precision lanes", "## Time");
+  EXPECT_THAT(section, HasSubstr("### llama / DpShard2"));
+  EXPECT_THAT(section, HasSubstr("float32 lane against LaneReference: tolerance = max(10 x noise (50 for updated "
+                                 "parameters), 4 x epsilon = 4.768e-07); largest error / tolerance 2.000"));
+  EXPECT_THAT(section, HasSubstr("| metrics | 0.50 (5.0) | - |"));
+  EXPECT_THAT(section, HasSubstr("| grad_before_clip | - | 2.00 **FAIL** (20.0) |"));
+  EXPECT_THAT(section, HasSubstr("| model_before | 0.00 (-) | - |"));
+  EXPECT_THAT(md, Not(HasSubstr("### llama / Tp2\n")));
+  const std::string html = between(render_report(run, ReportFormat::kHtml), "id=\"case-llama-DpShard2\"", "</section>");
+  EXPECT_THAT(html, HasSubstr("<table class=\"heat\">"));
+  EXPECT_THAT(html, HasSubstr("<th class=\"q\">tensor norm.weight</th>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"h4\" title=\"error 2e-05, noise 1e-06, tolerance 1e-05, error / noise 20\">2.00</td>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"h2\" title=\"error 5e-08, noise 1e-08, tolerance 1e-07, error / noise 5\">0.50</td>"));
+  EXPECT_THAT(html, HasSubstr("noise not measured"));
+}
+
 }  // namespace
 }  // namespace mih

@@ -108,6 +108,7 @@ TEST(CaseMatrixTest, ExpertParallelCasesGetTheirEp1Control) {
 TEST(CaseMatrixTest, RejectsWhatTheTopologyCannotTakeWithTheArithmetic) {
   const ModelSpec llama = SpecRegistry::instance().get("llama");
   const json matrix = {{"name", "t"},
+                       {"dtype", "float64"},
                        {"max_world_size", 8},
                        {"cases",
                         {{{"tp", 3}},
@@ -141,6 +142,40 @@ TEST(CaseMatrixTest, MalformedMatricesNameTheCaseAndField) {
   rejected({{{"kind", "reference"}}}, "the reference case is implicit");
   EXPECT_THAT([&] { resolve_matrix(llama, json{{"cases", json::array()}, {"device", "tpu"}}); },
               ThrowsMessage<Error>(HasSubstr("device must be cpu or cuda, got 'tpu'")));
+}
+
+TEST(CaseMatrixTest, AReducedPrecisionLaneGetsItsReferenceAndNoiseTwin) {
+  const ModelSpec llama = SpecRegistry::instance().get("llama");
+  const CaseMatrix m = resolve_matrix_source(llama, "cpu-precision@bfloat16,seed=3");
+  EXPECT_EQ(m.name, "cpu-precision@bfloat16,seed=3");
+  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", kLaneReference, kNoiseTwin, "DpShard2", "Tp2Sp", "Cp2Zz"));
+  EXPECT_EQ(m.cases[0].config.dtype, DType::kFloat64);
+  EXPECT_EQ(m.cases[0].config.seed, 3u);  // the seed is every case's, the oracle's included
+  for (size_t i = 1; i < m.cases.size(); ++i) {
+    const Case& c = m.cases[i];
+    EXPECT_EQ(c.config.dtype, DType::kBFloat16) << c.name;
+    EXPECT_EQ(c.config.seed, 3u) << c.name;
+    EXPECT_EQ(c.config.noise_twin, c.name == kNoiseTwin) << c.name;
+    EXPECT_EQ(c.compare_to, i <= 2 ? "Reference" : kLaneReference) << c.name;
+  }
+  EXPECT_EQ(m.at(kNoiseTwin).world_size(), 1);
+  EXPECT_EQ(m.at(kNoiseTwin).config.name(), "nt");
+  // The float64 lane has no lane reference: every case against the oracle.
+  const CaseMatrix oracle = resolve_matrix_source(llama, "cpu-precision@float64");
+  EXPECT_THAT(names(oracle), ::testing::ElementsAre("Reference", "DpShard2", "Tp2Sp", "Cp2Zz"));
+  EXPECT_EQ(oracle.at("Tp2Sp").compare_to, "Reference");
+  // A resume in a reduced lane: its uninterrupted twin is compared with the lane's reference.
+  const CaseMatrix resume = resolve_matrix(
+      llama, json{{"dtype", "float32"}, {"cases", {{{"kind", "resume"}, {"config", {{"dp_shard", 2}}}, {"resume_at", 2}}}}});
+  EXPECT_EQ(resume.at("ResumeDpShard2").compare_to, "DpShard2");
+  EXPECT_EQ(resume.at("DpShard2").compare_to, kLaneReference);
+  for (const auto& [source, message] : std::vector<std::pair<std::string, std::string>>{
+           {"cpu-smoke@int8", "unknown dtype 'int8'"},
+           {"cpu-smoke@bfloat16,seed=x", "seed 'x' is not an integer"},
+           {"cpu-smoke@bfloat16,k=2", "unknown lane setting 'k'"},
+           {"cpu-smoke@float32,float32", "'dtype' is given twice"}}) {
+    EXPECT_THAT([&] { resolve_matrix_source(llama, source); }, ThrowsMessage<Error>(HasSubstr(message))) << source;
+  }
 }
 
 TEST(CaseMatrixTest, TheGpuNightlyExampleFileResolves) {
