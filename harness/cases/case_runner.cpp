@@ -422,6 +422,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
                            {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from.string())},
                            {"init_from_sha256", o.init_from_sha256.empty() ? nlohmann::json()
                                                                            : nlohmann::json(o.init_from_sha256)}};
+  nlohmann::json started_by = nlohmann::json::object();  // phase -> how each rank started (fork_server, exec)
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
@@ -436,6 +437,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     lo.extra_env["MIH_FAULT"] = "";
     lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
     const LaunchResult r = launch(lo);
+    for (const auto& rank : r.ranks) started_by[phase].push_back(rank.started_by);
     result.seconds += r.seconds;
     result.launch_seconds.push_back(r.seconds);
     return r;
@@ -511,6 +513,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   record.update({{"seconds", result.seconds},
                  {"timing", timing},
                  {"launch_seconds", result.launch_seconds},
+                 {"started_by", started_by},
                  {"state", result.state},
                  {"outcome", result.outcome},
                  {"error", result.error},

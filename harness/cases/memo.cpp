@@ -2,10 +2,12 @@
 #include "harness/cases/memo.h"
 
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,7 +32,33 @@ bool g_infrastructure_failed = false;
 Code g_infrastructure_code = Code::kOk;
 Code g_input_code = Code::kOk;  // bad input or evidence (kInvalidSpec, kFailedPrecondition)
 int g_cases_launched = 0;
-const auto g_start = std::chrono::steady_clock::now();
+
+// Seconds since this process started (/proc/self/stat's starttime against CLOCK_BOOTTIME): the
+// command's own start also when the warm server forked it long after the binary loaded (a
+// static taken at load time would count from the server's start).
+double seconds_since_process_start() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (!f) return 0;
+  char buf[1024] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* p = std::strrchr(buf, ')');
+  if (!p || static_cast<size_t>(p - buf) >= n) return 0;
+  // After ") ": field 3 (state) ... field 22 (starttime, clock ticks after boot).
+  unsigned long long start = 0;
+  int field = 2;
+  for (const char* q = p + 1; *q && field < 22; ++q) {
+    if (*q == ' ') {
+      ++field;
+      if (field == 22) start = std::strtoull(q + 1, nullptr, 10);
+    }
+  }
+  timespec now {};
+  ::clock_gettime(CLOCK_BOOTTIME, &now);
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double s = static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - static_cast<double>(start) / ticks;
+  return s > 0 ? s : 0;
+}
 
 void note_infrastructure(Code code) {
   g_infrastructure_failed = true;
@@ -174,7 +202,7 @@ const spec::Case& case_of(const CaseParam& p) { return resolved_matrix(p.spec, p
 
 void progress(const std::string& line) {
   if (!run_options().progress) return;
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+  const double s = seconds_since_process_start();
   std::fprintf(stderr, "[mih %6.1fs] %s\n", s, line.c_str());
 }
 

@@ -420,7 +420,8 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                  "every case of the run's one spec (select it with --only-spec), its reference included, starts from "
                  "this local Hugging Face checkpoint directory (through the key map; checked before any case "
                  "starts; its files' SHA-256 join each case's fingerprint; it is the source checkpoint too), "
-                 "instead of the spec's checkpoint.init_from or the seed's weights");
+                 "instead of the spec's checkpoint.init_from or the seed's weights")
+      ->check(cli::non_empty_path());
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
   app.add_option("--fault", f->fault, "fault of the catalog (F01-F26) the --fault-cases run with")
@@ -703,7 +704,8 @@ int conformance_main(int argc, char** argv, bool tests_by_default) {
   // Before anything else runs, for the commands that launch local ranks: the fork server is
   // a copy of this process as exec left it.
   const std::string command = argc > 1 ? argv[1] : "";
-  if (tests || command == "launch" || command == "selftest" || command == "run" || command == "faults") {
+  if (tests || command == "test" || command == "launch" || command == "selftest" || command == "run" ||
+      command == "faults") {
     start_fork_server(argc, argv, forked_rank_main);
   }
   if (!tests) return cli_main(argc, argv);

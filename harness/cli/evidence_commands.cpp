@@ -49,7 +49,8 @@ CommandRun setup_export(CLI::App& sub, const Invocation&) {
   sub.add_option("--seed", f->o.seed, "parameter init seed")->capture_default_str();
   sub.add_option("--init-from", f->o.init_from,
                  "take the weights from this Hugging Face checkpoint directory (through the key map) instead of the "
-                 "seed's initialization");
+                 "seed's initialization")
+      ->check(cli::non_empty_path());
   sub.add_option("--max-shard-size", f->o.max_shard_bytes,
                  "bytes of weights per file; above it model-0000i-of-0000n.safetensors and the index")
       ->check(at_least(1))
@@ -207,7 +208,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "
                  "checked before any rank starts; it is the source checkpoint too) instead of the spec's "
                  "checkpoint.init_from or the seed's initialization; its files' SHA-256 are part of the case's "
-                 "fingerprint");
+                 "fingerprint")
+      ->check(cli::non_empty_path());
   sub.add_flag("--prepare", f->prepare,
                "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
                "external launcher (torchrun, srun, mpirun)");

@@ -44,7 +44,12 @@ const std::set<std::string>& reserved_names() {
       "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename",
       "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq",
       // namespaces of the libraries a conformance binary links, and main
-      "std", "mih", "torch", "at", "c10", "c10d", "caffe2", "gloo", "testing", "nlohmann", "main"};
+      "std", "mih", "torch", "at", "c10", "c10d", "caffe2", "gloo", "testing", "nlohmann", "main",
+      // macros the compiler predefines, and C library names the generated code's headers
+      // declare at global scope or as macros (the name becomes a namespace)
+      "linux", "unix", "i386", "errno", "signal", "assert", "stdin", "stdout", "stderr", "environ", "exit",
+      "abort", "printf", "time", "clock", "select", "poll", "read", "write", "open", "close", "pipe", "fork",
+      "kill", "sleep", "div", "abs", "index", "rand", "random", "isnan", "isinf", "math"};
   return names;
 }
 
@@ -62,7 +67,11 @@ fs::path installed_prefix() {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return {};
-  const fs::path prefix = exe.parent_path().parent_path();
+  // <prefix>/bin/mih, or the core binary the `mih` front runs, <prefix>/libexec/mih/mih-core.
+  const fs::path dir = exe.parent_path();
+  const fs::path prefix = dir.filename() == "mih" && dir.parent_path().filename() == "libexec"
+                              ? dir.parent_path().parent_path()
+                              : dir.parent_path();
   for (const char* libdir : {"lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"}) {
     if (fs::exists(prefix / libdir / "cmake" / "mih" / "mihConfig.cmake", ec)) return prefix;
   }
@@ -121,7 +130,8 @@ std::string scaffold_name_problem(const std::string& name) {
   }
   if (reserved_names().count(name)) {
     return "'" + name + "' is a C++ keyword or a namespace the project already uses (std, mih, torch, at, c10, "
-           "testing, ...); choose another name, e.g. '" + name + "_port'";
+           "testing, ...), or a name the compiler or the C library already gives a meaning (linux, errno, "
+           "signal, ...); choose another name, e.g. '" + name + "_port'";
   }
   return "";
 }

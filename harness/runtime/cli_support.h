@@ -84,6 +84,14 @@ inline CLI::Validator integer_in(int64_t min, int64_t max) {
       internal::str("INT in [", min, ", ", max, "]"));
 }
 
+/// A path option that may not be empty: "--init-from: an empty path; give a directory" (an
+/// empty value would otherwise mean "not given").
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string { return value.empty() ? "an empty path; give a directory" : ""; },
+      "DIR");
+}
+
 /// A duration option given in seconds ("--case-timeout 1.5"), kept as milliseconds in
 /// `target` (its value is the default shown). The value must be a finite number >= `min_s`.
 inline CLI::Option* add_seconds(CLI::App& app, const std::string& name, std::chrono::milliseconds& target,

@@ -218,6 +218,26 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
+std::string bad_settings() {
+  if (const char* v = std::getenv(kWarmVar)) {
+    const std::string s = v;
+    if (s != "0" && s != "1" && s != "false" && s != "true" && s != "no" && s != "yes" && s != "off" && s != "on") {
+      return std::string(kWarmVar) + "='" + s + "': expected 0, 1, false, true, no, yes, off or on";
+    }
+  }
+  for (const auto& [var, max] : {std::pair<const char*, long>{kIdleVar, 86400}, {kTimeoutVar, 3600}}) {
+    const char* v = std::getenv(var);
+    if (!v) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (!*v || *end || errno != 0 || n < 1 || n > max) {
+      return std::string(var) + "='" + v + "': expected whole seconds from 1 to " + std::to_string(max);
+    }
+  }
+  return "";
+}
+
 bool switched_off(const char* var) {
   const char* v = std::getenv(var);
   if (!v) return false;
@@ -277,7 +297,9 @@ std::string identity(const std::string& core) {
   for (char** e = environ; e && *e; ++e) {
     const std::string_view entry(*e);
     const std::string_view name = entry.substr(0, entry.find('='));
-    if (name == "_" || name == "PWD" || name == "OLDPWD" || name == "SHLVL") continue;
+    if (name == "_" || name == "PWD" || name == "OLDPWD" || name == "SHLVL" || name.rfind("MIH_WARM", 0) == 0) {
+      continue;  // MIH_WARM*: read by the front, or by a server when it starts (its creator's)
+    }
     field(&env, "", *e);
     ++count;
   }

@@ -101,6 +101,13 @@ uint32_t open_stdio_bits() {
   return bits;
 }
 
+// The pid of the process at the other end of a unix socket (0 if unknown).
+pid_t peer_pid(int fd) {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 ? peer.pid : 0;
+}
+
 int connect_to(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof addr.sun_path) return -1;
@@ -166,6 +173,14 @@ bool start_server(const std::string& core, const std::string& socket) {
   return n == 1;
 }
 
+// Removes the socket of the server of `identity` (one that stopped answering: its connections
+// still queue, so no front would start another), so that a later front starts a fresh server.
+void retire_socket(const std::string& identity) {
+  std::string why;
+  const std::string dir = internal::socket_dir(&why);
+  if (!dir.empty()) ::unlink((dir + "/" + internal::key_of(identity) + ".sock").c_str());
+}
+
 // A connection to the server of `identity`, started when there is none; -1 when warm start
 // cannot be used (then the caller execs).
 int server_connection(const std::string& core, const std::string& identity, bool restart) {
@@ -180,8 +195,9 @@ int server_connection(const std::string& core, const std::string& identity, bool
   if (!restart) {
     if (const int fd = connect_to(socket); fd >= 0) return fd;
   }
-  // One front starts the server; the others wait on the lock and then connect to it.
-  const int lock = ::open((base + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // One front starts a server at a time (one lock file for the directory); the others wait on
+  // the lock and then connect to it.
+  const int lock = ::open((dir + "/.start.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock < 0) return -1;
   while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
   }
@@ -194,36 +210,63 @@ int server_connection(const std::string& core, const std::string& identity, bool
   return fd;
 }
 
+// What this process had when it started, before the front changed anything: which of fds 0-2
+// were open (the closed ones are then held by /dev/null, close-on-exec, so that no socket of the
+// front's takes their place), its umask, blocked and ignored signals, and each forwarded
+// signal's disposition (restored before an exec).
+struct Caller {
+  uint32_t stdio_bits = 0;
+  uint32_t umask = 022;
+  uint64_t blocked = 0, ignored = 0;
+  struct sigaction forwarded[sizeof kForwarded / sizeof kForwarded[0]] = {};
+  struct sigaction tstp {};
+};
+Caller g_caller;
+
+void capture_caller() {
+  g_caller.stdio_bits = open_stdio_bits();
+  for (int i = 0; i < 3; ++i) {
+    if (!((g_caller.stdio_bits >> i) & 1)) (void)::open("/dev/null", O_RDWR | O_CLOEXEC);  // takes slot i
+  }
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  g_caller.umask = mask;
+  sigset_t blocked;
+  ::sigprocmask(SIG_SETMASK, nullptr, &blocked);
+  for (int sig = 1; sig <= 64 && sig < NSIG; ++sig) {
+    if (sigismember(&blocked, sig) == 1) g_caller.blocked |= uint64_t{1} << (sig - 1);
+    struct sigaction sa {};
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) g_caller.ignored |= uint64_t{1} << (sig - 1);
+  }
+  for (size_t i = 0; i < sizeof kForwarded / sizeof kForwarded[0]; ++i) {
+    ::sigaction(kForwarded[i], nullptr, &g_caller.forwarded[i]);
+  }
+  ::sigaction(SIGTSTP, nullptr, &g_caller.tstp);
+}
+
 // Sends the run request (the fds go only once the server said it is ready: send_fds).
 bool send_run(int fd, const std::string& core, const std::string& identity, int argc, char** argv) {
   internal::RunRequest r;
   r.identity = identity;
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  r.umask = mask;
-  sigset_t blocked;
-  ::sigprocmask(SIG_SETMASK, nullptr, &blocked);
-  for (int sig = 1; sig <= 64 && sig < NSIG; ++sig) {
-    if (sigismember(&blocked, sig) == 1) r.blocked |= uint64_t{1} << (sig - 1);
-    struct sigaction sa {};
-    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) r.ignored |= uint64_t{1} << (sig - 1);
-  }
+  r.umask = g_caller.umask;
+  r.blocked = g_caller.blocked;
+  r.ignored = g_caller.ignored;
   r.argv.emplace_back(core);  // as exec'ing the core binary would
   for (int i = 1; i < argc; ++i) r.argv.emplace_back(argv[i]);
   for (char** e = environ; e && *e; ++e) r.env.emplace_back(*e);
   Header h;
   h.kind = static_cast<uint32_t>(Kind::kRun);
-  h.fd_bits = open_stdio_bits();
+  h.fd_bits = g_caller.stdio_bits;
   const std::string payload = internal::encode(r);
   h.payload_bytes = payload.size();
   return internal::send_request(fd, h, {}, payload);
 }
 
-// Sends this process's open fds of 0-2 and its cwd.
+// Sends the caller's open fds of 0-2 and its cwd.
 bool send_fds(int fd) {
   Header h;
   h.kind = static_cast<uint32_t>(Kind::kFds);
-  h.fd_bits = open_stdio_bits();
+  h.fd_bits = g_caller.stdio_bits;
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) {
     if ((h.fd_bits >> i) & 1) fds.push_back(i);
@@ -263,6 +306,10 @@ int front_main(int argc, char** argv, const std::string& core) {
                  "it)\n", core.c_str(), std::strerror(errno));
     return 12;
   }
+  if (const std::string bad = internal::bad_settings(); !bad.empty()) {
+    std::fprintf(stderr, "mih: %s\n", bad.c_str());
+    return 2;
+  }
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "warm") return warm_command(std::vector<std::string>(argv + 2, argv + argc));
   // A worker is the process its launcher (torchrun, srun, mpirun) started and watches: never forked elsewhere.
@@ -270,14 +317,12 @@ int front_main(int argc, char** argv, const std::string& core) {
   const std::string id = identity(core);
   if (id.empty()) exec_core(core, argc, argv);
 
-  // The handlers go in before the request: a signal from now on reaches the command.
+  capture_caller();
+  // The handlers go in before the request: a signal from now on reaches the command, whose own
+  // dispositions (the caller's ignored ones included) decide what it does, as when exec'd.
   struct sigaction sa {};
   sa.sa_handler = on_forwarded;
-  for (int sig : kForwarded) {
-    struct sigaction old {};
-    ::sigaction(sig, nullptr, &old);
-    if (old.sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);  // an ignored signal stays ignored
-  }
+  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
   struct sigaction tstp {};
   tstp.sa_handler = on_tstp;
   ::sigaction(SIGTSTP, &tstp, nullptr);
@@ -296,6 +341,13 @@ int front_main(int argc, char** argv, const std::string& core) {
       sent = send_fds(fd) && internal::read_all(fd, &reply, sizeof reply);
     }
     if (!sent) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // Said, and its socket taken away, so that the next command starts a fresh server.
+        std::fprintf(stderr, "mih: the warm server (pid %d) did not answer within %d s (%s; stopped or stuck?): "
+                     "running this command without it; the next one starts a fresh server\n",
+                     static_cast<int>(peer_pid(fd)), answer_seconds(), kTimeoutVar);
+        retire_socket(id);
+      }
       ::close(fd);
       fd = -1;
       break;
@@ -318,14 +370,10 @@ int front_main(int argc, char** argv, const std::string& core) {
   if (fd < 0) {
     // Nothing was started: the command runs exec'd, with the signals as they were; one that
     // came meanwhile takes its default action first (Ctrl-C before the start ends it here).
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int sig : kForwarded) {
-      struct sigaction old {};
-      ::sigaction(sig, nullptr, &old);
-      if (old.sa_handler == on_forwarded) ::sigaction(sig, &dfl, nullptr);
+    for (size_t i = 0; i < sizeof kForwarded / sizeof kForwarded[0]; ++i) {
+      ::sigaction(kForwarded[i], &g_caller.forwarded[i], nullptr);
     }
-    ::sigaction(SIGTSTP, &dfl, nullptr);
+    ::sigaction(SIGTSTP, &g_caller.tstp, nullptr);
     const uint64_t pending = g_pending.exchange(0);
     for (int sig = 1; sig <= 64; ++sig) {
       if ((pending >> (sig - 1)) & 1) ::raise(sig);
@@ -339,28 +387,35 @@ int front_main(int argc, char** argv, const std::string& core) {
     if ((pending >> (sig - 1)) & 1) ::kill(pid, sig);
   }
   // The server answers once more, when the command is gone. Should the server die first, the
-  // command (whose parent it was) is sent SIGTERM by its death signal; should it stop
-  // answering, the command's own end is seen here: either way its status is lost.
+  // command (whose parent it was) is sent SIGTERM by its death signal, and this front waits for
+  // it to end (its interrupted run recorded) before it ends; should the server stop answering,
+  // the command's own end is seen here. Either way the command's status is lost.
+  const pid_t server = peer_pid(fd);
   const int pidfd = internal::open_pidfd(pid);
-  bool command_gone = false;
+  bool command_gone = false, server_gone = false;
   for (;;) {
-    pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, static_cast<short>(command_gone ? 0 : POLLIN), 0}};
-    const int n = ::poll(p, pidfd >= 0 ? 2 : 1, command_gone ? answer_seconds() * 1000 : -1);
+    pollfd p[2] = {{server_gone ? -1 : fd, POLLIN, 0}, {command_gone ? -1 : pidfd, POLLIN, 0}};
+    const int wait_ms = command_gone ? answer_seconds() * 1000 : server_gone ? 30 * 1000 : -1;
+    const int n = ::poll(p, pidfd >= 0 ? 2 : 1, wait_ms);
     if (n < 0 && errno == EINTR) continue;
-    if (n > 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    if (n > 0 && !server_gone && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
       if (internal::read_all(fd, &reply, sizeof reply) && reply.kind == static_cast<uint32_t>(ReplyKind::kExited)) {
         end_as(static_cast<int>(reply.value));
       }
-      break;  // the server died
+      server_gone = true;
+      if (pidfd < 0 || command_gone) break;
+      continue;
     }
     if (n > 0 && (p[1].revents & POLLIN)) {
       command_gone = true;  // its server has this long to say how it ended
+      if (server_gone) break;
       continue;
     }
-    if (n == 0 || n < 0) break;
+    break;  // a wait above ran out
   }
-  std::fprintf(stderr, "mih: the warm server running this command (pid %d) died or stopped answering; its outcome "
-               "is unknown: rerun it, or run it with %s=0\n", static_cast<int>(pid), kWarmVar);
+  std::fprintf(stderr, "mih: the warm server (pid %d) running this command (pid %d) %s; the command's outcome is "
+               "unknown: rerun it, or run it with %s=0\n", static_cast<int>(server), static_cast<int>(pid),
+               server_gone ? "died" : "stopped answering", kWarmVar);
   return 16;
 }
 

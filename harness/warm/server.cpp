@@ -314,7 +314,7 @@ void handle(Server& s, int conn) {
   // Test hook (tests/cli/warm.py): stall after taking the fds and again after answering, as a
   // server stopped there would; the front gives up meanwhile, and only the 'g' gate stops the
   // command it forked from running.
-  const char* stall = std::getenv("MIH_WARM_TEST_STALL");
+  const char* stall = std::getenv("MIH_TEST_WARM_STALL");
   if (stall) ::sleep(static_cast<unsigned>(std::atoi(stall)));
   int go[2];
   if (::pipe2(go, O_CLOEXEC) != 0) {
@@ -472,6 +472,7 @@ bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
   term.sa_handler = on_term;
   ::sigaction(SIGTERM, &term, nullptr);
   ::prctl(PR_SET_NAME, "mih-warm");
+  set_title(s, {argv[0], kServeArg, s.socket});  // the front's padding, left for the commands' titles
   stop_blas_pool(s);
 
   s.listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -26,7 +26,9 @@ namespace mih::warm {
 
 /// The variable that turns warm start off ("0", "false", "no", "off"): every command exec'd.
 inline constexpr const char* kWarmVar = "MIH_WARM";
-/// Seconds a server waits for its next command before it exits (default 120; 0 < s <= 86400).
+/// Seconds a server waits for its next command before it exits (default 120; 1 to 86400). The
+/// MIH_WARM* variables are not part of a server's identity: a server keeps its creator's idle
+/// time. A malformed value of any of them is a usage error of the front (exit 2).
 inline constexpr const char* kIdleVar = "MIH_WARM_IDLE";
 /// Seconds a front waits for its server to answer (that the command started; how it ended,
 /// once it is gone) before it gives up: exec'ing the command, or exit 16 (default 30).

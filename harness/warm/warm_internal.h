@@ -82,6 +82,10 @@ bool receive_header(int fd, Header* header, std::vector<int>* fds);
 /// A pidfd of `pid` (pidfd_open), or -1 (errno set) where the kernel has none.
 int open_pidfd(pid_t pid);
 
+/// What is wrong with MIH_WARM, MIH_WARM_IDLE or MIH_WARM_TIMEOUT ("" when nothing: unset or
+/// well-formed), naming the variable, its value and what it takes.
+std::string bad_settings();
+
 /// True when the variable is set to 0, false, no or off.
 bool switched_off(const char* var);
 

@@ -113,7 +113,7 @@ TEST(CliScaffoldTest, ABadNameIsAUsageErrorThatSaysWhatIsAllowed) {
                                                                  "C++ identifier: a letter a-z, then letters a-z")))
         << name;
   }
-  for (const char* name : {"class", "mih", "std", "torch"}) {
+  for (const char* name : {"class", "mih", "std", "torch", "linux", "errno", "signal"}) {
     CliRun run = mih(std::string("scaffold --name ") + name + out);
     EXPECT_EQ(run.status, 2) << name << "\n" << run.output;
     EXPECT_THAT(run.output, HasSubstr("is a C++ keyword or a namespace the project already uses")) << name;

@@ -74,7 +74,11 @@ def alive(pid):
         return False
 
 
-def state(mih, env, path, extra_args=(), cwd=None, umask=None, ignore=(), block=(), stdin=subprocess.DEVNULL):
+LAST_OUTPUT = [""]
+
+
+def state(mih, env, path, extra_args=(), cwd=None, umask=None, ignore=(), block=(), stdin=subprocess.DEVNULL,
+          close=()):
     def setup():
         if umask is not None:
             os.umask(umask)
@@ -82,9 +86,13 @@ def state(mih, env, path, extra_args=(), cwd=None, umask=None, ignore=(), block=
             signal.signal(sig, signal.SIG_IGN)
         if block:
             signal.pthread_sigmask(signal.SIG_BLOCK, block)
+        for fd in close:
+            os.close(fd)
     r = subprocess.run([mih, "__process-state", path] + list(extra_args), env=env, cwd=cwd, preexec_fn=setup,
-                       stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    check(r.returncode == 0, f"__process-state {os.path.basename(path)} exits 0 (got {r.returncode})", r.stdout[-800:])
+                       stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    LAST_OUTPUT[0] = r.stdout + r.stderr
+    check(r.returncode == 0, f"__process-state {os.path.basename(path)} exits 0 (got {r.returncode})",
+          LAST_OUTPUT[0][-800:])
     try:
         return json.load(open(path))
     except (OSError, ValueError) as e:
@@ -176,10 +184,10 @@ def fresh_state(mih, work, warm_dir):
 def identity(mih, work, warm_dir):
     env = base_env(warm_dir)
     before = servers(mih, env)
-    a = state(mih, dict(env, MIH_WARM_TEST_VAR="a"), os.path.join(work, "a.json"))
-    b = state(mih, dict(env, MIH_WARM_TEST_VAR="b"), os.path.join(work, "b.json"))
+    a = state(mih, dict(env, MIH_IDENTITY_TEST_VAR="a"), os.path.join(work, "a.json"))
+    b = state(mih, dict(env, MIH_IDENTITY_TEST_VAR="b"), os.path.join(work, "b.json"))
     s = servers(mih, env)
-    check(a.get("env", {}).get("MIH_WARM_TEST_VAR") == "a" and b.get("env", {}).get("MIH_WARM_TEST_VAR") == "b" and
+    check(a.get("env", {}).get("MIH_IDENTITY_TEST_VAR") == "a" and b.get("env", {}).get("MIH_IDENTITY_TEST_VAR") == "b" and
           len(s) == len(before) + 2,
           f"3: each other environment gets a server of its own, and its command its environment ({before} -> {s})")
     # A library the server has mapped, replaced on disk (as an upgrade replaces libtorch).
@@ -254,19 +262,21 @@ def outcomes(mih, work, warm_dir):
 
 def stopped_server(mih, work, warm_dir):
     env = base_env(warm_dir, MIH_WARM_TIMEOUT="2")
-    before = {x[0] for x in servers(mih, env)}
+    before = dict((x[0], x[2]) for x in servers(mih, env))
     state(mih, env, os.path.join(work, "stopped0.json"))
-    s = servers(mih, env)
-    mine = [x for x in s if x[0] not in before]
+    mine = [x for x in servers(mih, env) if x[2] != before.get(x[0])]
     pid = mine[0][1] if len(mine) == 1 else None
     if pid is None:
-        check(False, "5: a server for MIH_WARM_TIMEOUT=2 started", str(s))
+        check(False, "5: the server that ran a command is found", str(mine))
         return
     os.kill(pid, signal.SIGSTOP)
     path = os.path.join(work, "stopped1.json")
     t0 = time.time()
     try:
         got = state(mih, env, path)
+        said = LAST_OUTPUT[0]
+        after = state(mih, env, os.path.join(work, "stopped2.json"))
+        fresh = [x for x in servers(mih, env) if x[1] != pid]
     finally:
         os.kill(pid, signal.SIGCONT)
     took = time.time() - t0
@@ -275,12 +285,16 @@ def stopped_server(mih, work, warm_dir):
     check(got.get("command_runs") == 1 and 2 <= took < 20 and os.stat(path).st_ino == ino,
           f"5: a stopped server is given up after MIH_WARM_TIMEOUT (the command exec'd in {took:.1f} s), and once "
           f"resumed it does not run the command a second time")
+    check(f"warm server (pid {pid}) did not answer within 2 s" in said and after.get("command_runs") == 1 and
+          any(x[2] == 1 for x in fresh),
+          "5: giving up is said, naming the server, and the next command runs in a fresh server (no second wait)",
+          said + str(fresh))
 
 
 def late_server(mih, work, warm_dir):
     # The server stalls after taking the fds (a test hook), past the front's MIH_WARM_TIMEOUT:
     # the front execs the command; the command the server forks later is never confirmed.
-    env = base_env(warm_dir, MIH_WARM_TIMEOUT="2", MIH_WARM_TEST_STALL="4")
+    env = base_env(warm_dir, MIH_WARM_TIMEOUT="2", MIH_TEST_WARM_STALL="4")
     path = os.path.join(work, "late.json")
     t0 = time.time()
     # Output to a file: a pipe would stay open (the stalled server holds the fds it took) and
@@ -294,6 +308,62 @@ def late_server(mih, work, warm_dir):
     check(r.returncode == 0 and ino is not None and 2 <= took < 10 and os.stat(path).st_ino == ino,
           f"5: a server that answers after the front gave up (exec'd in {took:.1f} s) never runs the command it "
           f"forked: unconfirmed, it dies unstarted")
+
+
+def caller_quirks(mih, work, warm_dir):
+    env = base_env(warm_dir)
+    # A closed stdout or stderr stays closed in the command (no socket of the front's in its place).
+    for fds in ((1,), (2,), (0, 1, 2)):
+        name = "closed" + "".join(map(str, fds))
+        ref = state(mih, dict(env, MIH_WARM="0"), os.path.join(work, name + "-exec.json"), close=fds)
+        warm = state(mih, env, os.path.join(work, name + "-warm.json"), close=fds)
+        check("fds" in ref and ref.get("fds") == warm.get("fds"),
+              f"5: fds {fds} closed by the caller are closed in the warm command as exec'd "
+              f"(exec'd {ref.get('fds')}, warm {warm.get('fds')})")
+    # SIGINT ignored by the caller (a script's background job): `mih test` installs its own
+    # handler when exec'd, so an interrupt still ends it; warm, the same.
+    for label, extra in (("exec'd", {"MIH_WARM": "0"}), ("warm", {})):
+        root = os.path.join(work, "ign-" + label.replace("'", ""))
+        p = subprocess.Popen([mih, "test", "--gtest_filter=Llama/*.*/DpShard2*:Llama/*.*/Tp2*", "--evidence-root", root,
+                              "--no-progress"], env=dict(env, **extra), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                                                   signal.SIG_IGN))
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+        check(p.returncode == 130, f"5: SIGINT ignored by the caller, then sent: `mih test` {label} exits 130 "
+              f"(got {p.returncode})", out[-500:])
+    # Malformed settings are usage errors, naming the variable.
+    for var, value in (("MIH_WARM", "maybe"), ("MIH_WARM_IDLE", "0"), ("MIH_WARM_TIMEOUT", "abc")):
+        r = subprocess.run([mih, "list"], env=dict(env, **{var: value}), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        check(r.returncode == 2 and f"{var}='{value}'" in r.stdout, f"5: {var}={value} is a usage error naming it "
+              f"(got {r.returncode})", r.stdout[-300:])
+    # The progress clock counts from the command's start, not the server's.
+    time.sleep(3)
+    r = subprocess.run([mih, "test", "--gtest_filter=Llama/*.*/Reference", "--evidence-root",
+                        os.path.join(work, "clock")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    # `mih test` forks its ranks from its fork server (case_run.json says how each started).
+    run = os.path.join(work, "clock", "llama", "Reference", "case_run.json")
+    how = json.load(open(run)).get("started_by", {}) if os.path.exists(run) else {}
+    check(how == {"train": ["fork_server"]}, f"5: the ranks of `mih test` are forked by its fork server ({how})")
+    first = next((line for line in r.stderr.splitlines() if line.startswith("[mih")), "")
+    secs = float(first.split("]")[0].split()[-1].rstrip("s")) if first else 99
+    check(r.returncode == 0 and secs < 2.5, f"5: a warm command's progress clock starts with it ({first!r})")
+
+
+def server_killed(mih, work, warm_dir):
+    env = base_env(warm_dir)
+    p, cmd = long_command(mih, env, os.path.join(work, "server-killed"))
+    server = next((x[1] for x in servers(mih, env) if cmd in children_of(x[1])), None)
+    if server:
+        os.kill(server, signal.SIGKILL)
+    out, _ = p.communicate(timeout=120)
+    check(server is not None and p.returncode == 16 and f"warm server (pid {server}) running this command (pid {cmd}) "
+          f"died" in out and not alive(cmd),
+          f"4: a killed server: the front waits for its command to end, then exits 16 naming the server "
+          f"(got {p.returncode})", out[-500:])
 
 
 def lifetime(mih, work, warm_dir):
@@ -335,6 +405,8 @@ def main():
         outcomes(a.mih, a.work, warm_dir)
         stopped_server(a.mih, a.work, warm_dir)
         late_server(a.mih, a.work, warm_dir)
+        caller_quirks(a.mih, a.work, warm_dir)
+        server_killed(a.mih, a.work, warm_dir)
         lifetime(a.mih, a.work, warm_dir)
     finally:
         subprocess.run([a.mih, "warm", "stop"], env=base_env(warm_dir), stdout=subprocess.DEVNULL)

@@ -176,6 +176,11 @@ mih::spec::ModelSpec my_port_spec() {
   s.checkpoint.training_only = {};
   s.checkpoint.tied = {};
   s.checkpoint.source = "";
+  // A local Hugging Face checkpoint every case and its reference start from instead of the
+  // seed's weights (through the key map; checked before any rank starts; it is then also the
+  // source checkpoint). Empty: the seed's. For one run:
+  // `my_port_conformance test --init-from DIR`.
+  s.checkpoint.init_from = "";
 
   // Shared state: values one layer publishes in forward and others consume
   // (ctx.shared_state(): a rotary table, routing statistics, vision features), checked for one
