@@ -668,7 +668,7 @@ CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   sub.add_option("--fault", o->only, "only these faults (F01 ... F26; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
   auto out_given = sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault "
-                                                    "(default build/mih-faults, build/mih-faults-<dtype> in a reduced lane)");
+                                                    "(default mih-faults, mih-faults-<dtype> in a reduced lane, in the current directory)");
   sub.add_option("--dtype", o->dtype,
                  "the precision lane: float64 (the oracle), float32 or bfloat16 (each case against the lane's reference "
                  "at tolerances calibrated from its noise twin)")
@@ -679,7 +679,7 @@ CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   sub.add_flag("--no-progress", *quiet, "no progress lines on stderr");
   return [o, quiet, out_given] {
     o->progress = !*quiet;
-    if (out_given->count() == 0 && o->dtype != "float64") o->out = "build/mih-faults-" + o->dtype;
+    if (out_given->count() == 0 && o->dtype != "float64") o->out = "mih-faults-" + o->dtype;
     return cases::run_faults(*o);
   };
 }

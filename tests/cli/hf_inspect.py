@@ -20,15 +20,8 @@ import struct
 import subprocess
 import sys
 
-FAILURES = []
-
-
-def check(ok, what, detail=""):
-    print(("ok    " if ok else "FAIL  ") + what)
-    if not ok:
-        FAILURES.append(what)
-        if detail:
-            print("      " + detail.replace("\n", "\n      ")[-3000:])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from outcomes import FAILURES, check  # noqa: E402
 
 
 def run(mih, *args, cwd=None):
