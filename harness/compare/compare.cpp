@@ -62,12 +62,22 @@ bool Calibration::updated_parameter(const Measurement& m) {
   return m.kind == "tensor" && (m.stage == "after_optimizer" || (m.stage == "model_before" && m.step > 0));
 }
 
+bool Calibration::gradient_norm(const Measurement& m) {
+  return m.kind == "metric" && (m.name == "grad_norm_pre_clip" || m.name == "grad_norm_post_clip");
+}
+
 double Calibration::noise_of(const Measurement& m) const {
   const auto own = noise.find(m.key());
   if (own == noise.end()) return -1;
   const auto& groups = updated_parameter(m) ? group_max : group_noise;
   const auto group = groups.find(m.group());
-  return std::max(own->second, group == groups.end() ? 0.0 : group->second);
+  double n = std::max(own->second, group == groups.end() ? 0.0 : group->second);
+  if (gradient_norm(m)) {
+    // | |a| - |b| | <= |a - b|: the norm's error is bounded by its gradients'.
+    const auto grads = group_noise.find(Measurement{"tensor", "", m.step, "grad_before_clip", 0, 0}.group());
+    if (grads != group_noise.end()) n = std::max(n, grads->second);
+  }
+  return n;
 }
 
 double Calibration::tolerance_of(const Measurement& m) const {

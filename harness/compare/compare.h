@@ -44,7 +44,12 @@ struct Measurement {
 /// after an update (after_optimizer; model_before from step 1) takes k_update and the largest
 /// noise of its stage instead: AdamW's first updates are nearly the sign of the gradient, so an
 /// element whose gradient is within noise of zero moves by +-lr depending on the rounding, a
-/// discrete event one twin may not sample. The floor is the dtype's epsilon times the tensor's
+/// discrete event one twin may not sample. A gradient norm's noise is at least the median
+/// noise of the gradients at its step: the norm's error is bounded by theirs (| |a| - |b| | <=
+/// |a - b|), and the twin's sample of the norm alone is unrepresentative: the twin's rounding
+/// differences are unbiased and average out over the norm's elements (vlm, bfloat16: 1.1e-5),
+/// while a parallel configuration's can be biased (Tp2Sp: 3.2e-4, 28 of those noises; the
+/// gradients' median noise was 3.7e-3). The floor is the dtype's epsilon times the tensor's
 /// scale (errors are relative to it): two runs may differ by a rounding the twin's reduction
 /// order did not reach. `factor` is 1 for a case against its lane's reference and
 /// noise_oracle_factor for the lane's reference and twin against the float64 Reference, whose
@@ -68,10 +73,13 @@ struct Calibration {
   std::map<std::string, double> group_max;    ///< Measurement::group() -> largest noise
   /// A parameter after an update: after_optimizer, or model_before from step 1.
   static bool updated_parameter(const Measurement& m);
+  /// The metrics grad_norm_pre_clip and grad_norm_post_clip: L2 norms of every gradient.
+  static bool gradient_norm(const Measurement& m);
   /// `epsilon` for an activation (computed in the lane's dtype), `master_epsilon` otherwise.
   double floor_epsilon(const Measurement& m) const { return m.kind == "activation" ? epsilon : master_epsilon; }
-  /// max(own noise, its group's median, or for an updated parameter its group's largest); -1
-  /// when the twin did not record the quantity.
+  /// max(own noise, its group's median, or for an updated parameter its group's largest); for
+  /// a gradient norm also the median noise of the gradients (stage grad_before_clip) at that
+  /// step; -1 when the twin did not record the quantity.
   double noise_of(const Measurement& m) const;
   /// factor x max(k (or k_update) x noise_of, floor_eps x floor_epsilon); the floor alone
   /// for a quantity without noise.

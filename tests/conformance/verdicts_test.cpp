@@ -130,6 +130,16 @@ TEST(CalibrationTest, ToleranceIsKTimesTheNoiseFlooredByEpsilon) {
   EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "a", 0, "after_optimizer", 0)), 1.5e-4);
   // No noise (lr is the same in both): the floor, 4 epsilons.
   EXPECT_DOUBLE_EQ(c.tolerance_of(m("metric", "lr", 0, "metrics", 0)), 4 * std::ldexp(1.0, -23));
+  // A gradient norm: at least the median noise of the gradients at its step (2e-6), however
+  // small its own sample; at a step without gradients its own noise.
+  twin.measurements.push_back(m("metric", "grad_norm_pre_clip", 0, "metrics", 1e-9));
+  twin.measurements.push_back(m("metric", "grad_norm_post_clip", 1, "metrics", 3e-9));
+  const Calibration norms = calibrate(twin, "float32", settings);
+  EXPECT_DOUBLE_EQ(norms.noise_of(m("metric", "grad_norm_pre_clip", 0, "metrics", 0)), 2e-6);
+  EXPECT_DOUBLE_EQ(norms.tolerance_of(m("metric", "grad_norm_pre_clip", 0, "metrics", 0)), 2e-5);
+  EXPECT_DOUBLE_EQ(norms.noise_of(m("metric", "grad_norm_post_clip", 1, "metrics", 0)), 3e-9);
+  EXPECT_DOUBLE_EQ(norms.noise_of(m("metric", "lr", 0, "metrics", 0)), 1e-9);
+  twin.measurements.resize(twin.measurements.size() - 2);
   // Not recorded by the twin: noise -1, the floor.
   EXPECT_EQ(c.noise_of(m("tensor", "z", 0, "grad_before_clip", 0)), -1);
   EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "z", 0, "grad_before_clip", 0)), 4 * std::ldexp(1.0, -23));
