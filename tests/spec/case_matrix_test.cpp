@@ -211,7 +211,9 @@ TEST(CaseMatrixTest, TheGpuSmokeLaneRunsOnOneGpuAgainstTheCpuOracle) {
         EXPECT_EQ(c.pg_backend, "nccl") << c.name;
         EXPECT_EQ(c.config.dtype, dtype) << c.name;
         EXPECT_EQ(c.world_size(), 1) << c.name;
-        if (c.save_config) EXPECT_EQ(c.save_config->world_size(), 1) << c.name;
+        if (c.save_config) {
+          EXPECT_EQ(c.save_config->world_size(), 1) << c.name;
+        }
       }
       EXPECT_EQ(m.at(kLaneReference).compare_to, "Reference");
       EXPECT_EQ(m.at(kNoiseTwin).compare_to, "Reference");
