@@ -26,7 +26,8 @@
 # mih_add_executable(<name> SRCS <files...> [DEPS <targets...>])
 #   Creates `build/bin/<name>` with our warnings.
 
-# Warnings as errors on our own code only; imported targets' headers are SYSTEM.
+# Warnings as errors on our own code only (MIH_WERROR, on by default); imported targets' headers
+# are SYSTEM.
 # RelWithDebInfo keeps line tables only (-g1 after CMake's -g): backtraces of a crashed rank
 # stay readable, while full debug info makes the torch precompiled header 1.5x slower.
 # __FILE__ (GoogleTest's failure locations, MIH_INTERNAL_ASSERT, comm ledger call sites) is
@@ -40,7 +41,8 @@ if(_mih_source_from_build AND NOT IS_ABSOLUTE "${_mih_source_from_build}")
   list(APPEND MIH_FILE_PREFIX_MAPS "-fmacro-prefix-map=${_mih_source_from_build}/=")
 endif()
 function(mih_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror $<$<CONFIG:RelWithDebInfo>:-g1> ${MIH_FILE_PREFIX_MAPS})
+  target_compile_options(${target} PRIVATE -Wall -Wextra $<$<BOOL:${MIH_WERROR}>:-Werror> $<$<CONFIG:RelWithDebInfo>:-g1>
+                         ${MIH_FILE_PREFIX_MAPS})
   target_compile_features(${target} PUBLIC cxx_std_20)
 endfunction()
 

@@ -24,6 +24,7 @@
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/hf_interop.h"
+#include "harness/compat/collectives.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
@@ -130,11 +131,9 @@ int run_phase(WorkerContext& ctx) {
   so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
   c10::Device device(c10::DeviceType::CPU);
   if (c.device == "cuda") {
-    // One GPU per rank (launch with `mih worker --backend nccl` under torchrun or srun).
-    const char* local = std::getenv("LOCAL_RANK");
-    const char* slurm = std::getenv("SLURM_LOCALID");
-    const int local_rank = std::atoi(local ? local : slurm ? slurm : "0");
-    device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank));
+    // One GPU per rank, the one the NCCL group was built on (WorkerContext::build_mesh): the
+    // local rank (LOCAL_RANK from mih's launcher or torchrun, SLURM_LOCALID under srun).
+    device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ctx.world().local_rank));
   }
   so.trainer.device(device);
   // Weights set after the build are what the materialization invariants must examine.
@@ -364,6 +363,28 @@ std::string local_launch_warning(const std::string& spec, const spec::Case& c) {
          "launcher's practical maximum is about 2 per core)";
 }
 
+void check_launchable_here(const std::string& spec, const spec::Case& c) {
+  const int ranks = std::max(c.world_size(), c.save_config ? c.save_config->world_size() : 0);
+  const std::string what = "case " + spec + "/" + c.name;
+  const compat::BackendKind backend = compat::parse_backend(c.pg_backend);
+  // A one-rank mesh needs no backend (DeviceMesh gives it a self group where this build lacks
+  // it): the float64 CPU Reference of a GPU lane runs on a build without Gloo (a pip wheel's).
+  MIH_CHECK_CODE(compat::backend_available(backend) || ranks == 1, Code::kUnimplemented, what, " runs ", ranks,
+                 " ranks on process-group backend '", c.pg_backend, "', which this build lacks (libtorch ",
+                 compat::torch_version(), c.pg_backend == "nccl" ? ", not a CUDA build" : ", no gloo headers at build time",
+                 "); build mih against a libtorch that has it (docs/libtorch2.md)");
+  if (c.device != "cuda") return;
+  // Rank r of the local launcher runs on cuda:r (its LOCAL_RANK).
+  const int gpus = compat::cuda_device_count();
+  MIH_CHECK_CODE(ranks <= gpus, Code::kFailedPrecondition, what, " runs ", ranks, " rank", ranks == 1 ? "" : "s",
+                 " on CUDA, one GPU each, and this process sees ", gpus, " CUDA device", gpus == 1 ? "" : "s",
+                 compat::backend_available(compat::BackendKind::kNccl)
+                     ? std::string()
+                     : " (this mih is built against libtorch " + compat::torch_version() + " without CUDA)",
+                 "; run it on a machine with ", ranks, " GPU", ranks == 1 ? "" : "s", " and a CUDA build of mih ",
+                 "(scripts/gpu-smoke builds one), or under torchrun or srun across hosts (docs/gpu-nightly.md)");
+}
+
 CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
@@ -390,9 +411,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   CaseRunOptions o = given;
   if (!o.fault.empty()) (void)fault::parse(o.fault);
   s.validate();
-  MIH_CHECK(c.device == "cpu", "case '", c.name, "' runs on ", c.device,
-            "; the local launcher starts CPU cases; run GPU cases under torchrun or srun (docs/gpu-nightly.md) "
-            "and assert them with --verify-only");
+  check_launchable_here(s.name, c);
   const std::string unsupported =
       TrainingBackendRegistry::instance().make(o.training_backend)->unsupported(c.config, c.save_config.has_value());
   MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
@@ -426,6 +445,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / "run" / phase;
+    w.pg_backend = compat::parse_backend(c.pg_backend);
     w.gloo_hostname = "127.0.0.1";
     // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
     w.collective_timeout = o.collective_timeout.count() > 0 ? o.collective_timeout : o.timeout;

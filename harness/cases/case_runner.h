@@ -66,15 +66,24 @@ struct CaseRunResult {
   Code code = Code::kOk;
 };
 
+/// Whether this process can launch case `c` of `spec` with the local launcher, before any rank
+/// starts: its process-group backend is in this build (a one-rank case needs none), and a
+/// CUDA case has a GPU per rank (rank r runs on cuda:r). A CUDA case initializes CUDA's
+/// driver here (compat::cuda_device_count).
+/// Throws: mih::Error{kUnimplemented} for a multi-rank case whose backend this build lacks;
+///   kFailedPrecondition for a CUDA case with more ranks than this process sees GPUs, naming
+///   both counts.
+void check_launchable_here(const std::string& spec, const spec::Case& c);
+
+/// A warning when case `c` starts more rank processes than the local launcher carries on
+/// this machine (more than 2 per CPU core), else "".
+std::string local_launch_warning(const std::string& spec, const spec::Case& c);
+
 /// An exclusive flock on <root>/<spec>/.<case>.lock for as long as it lives: one run of a
 /// case at a time over every process sharing the evidence root. `wait`: block until it is
 /// free (the conformance runner); otherwise refuse a case that is running.
 /// Throws: mih::Error{kFailedPrecondition} naming `what` (spec/case) when it is held and
 ///   !wait, or when the lock file cannot be created.
-/// A warning when case `c` starts more rank processes than the local launcher carries on
-/// this machine (more than 2 per CPU core), else "".
-std::string local_launch_warning(const std::string& spec, const spec::Case& c);
-
 class CaseLock {
  public:
   CaseLock(const std::filesystem::path& file, bool wait, const std::string& what);
@@ -100,7 +109,8 @@ class CaseLock {
 /// Throws: mih::Error{kInvalidSpec} for an unknown training backend or a case it cannot run
 ///   (before any rank starts); kFailedPrecondition for an unwritable evidence root, or a
 ///   case another process is running on this evidence root (nothing of it is touched); as
-///   check_init_from for an init_from checkpoint without init_from_sha256 that does not fit.
+///   check_init_from for an init_from checkpoint without init_from_sha256 that does not fit;
+///   as check_launchable_here (a CUDA case on a machine with fewer GPUs than ranks).
 CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
 
 /// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes its

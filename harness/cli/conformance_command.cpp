@@ -393,7 +393,7 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
                  "directory)");
-  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
+  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
   app.add_option("--dtype", f->dtype,
                  "the precision lane: float64, float32 or bfloat16 (appends @<dtype> to every matrix; a reduced lane "
                  "compares each case with its own reference at tolerances calibrated from a noise twin)")

@@ -139,6 +139,11 @@ std::string cuda_version() {
   return config.substr(begin, config.find_first_of(" \n", begin) - begin);
 }
 
+int cuda_device_count() {
+  // at::getNumGPUs: the CUDA hooks' device count, 0 without CUDA support or a driver (1.13 and 2.x).
+  return static_cast<int>(at::getNumGPUs());
+}
+
 std::string nccl_version() {
 #ifdef USE_C10D_NCCL
   return c10d::getNcclVersion();

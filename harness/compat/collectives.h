@@ -48,6 +48,12 @@ std::string torch_version();
 /// The CUDA runtime libtorch was built with ("12.4"), "" on a CPU-only libtorch.
 std::string cuda_version();
 
+/// The CUDA devices this process sees (CUDA_VISIBLE_DEVICES applied): 0 on a CPU-only
+/// libtorch or without a driver. Initializes CUDA's driver in this process (no context): a
+/// process that forks ranks afterwards must exec them (mih's launcher does, or forks them
+/// from its fork server, which never called this).
+int cuda_device_count();
+
 /// The NCCL version c10d's NCCL backend was built with ("2.21.5"), "" without that backend.
 std::string nccl_version();
 

@@ -132,7 +132,10 @@ DeviceMesh::DeviceMesh(const ParallelConfig& config, const compat::Store& store,
       const std::vector<int>& members = groups[i];
       bool member = std::find(members.begin(), members.end(), rank) != members.end();
       if (!member) continue;  // only members construct a group
-      if (members.size() == 1 && axis != MeshAxis::kWorld) {
+      // The world group is built on the backend even for one rank (a one-rank selftest
+      // exercises it), except where this build lacks the backend: a one-rank group needs none
+      // (the float64 CPU Reference of a GPU lane on a build without Gloo, a pip wheel's).
+      if (members.size() == 1 && (axis != MeshAxis::kWorld || !compat::backend_available(options.group.backend))) {
         mine = compat::self_group(axis_name, rank);
       } else if (auto it = built.find(members); it != built.end()) {
         mine = it->second.renamed(axis_name);

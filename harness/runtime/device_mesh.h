@@ -133,8 +133,10 @@ struct MeshOptions {
 /// The mesh as seen by one rank: its coordinates and a Communicator per MeshAxis.
 /// Groups are created in one global order on every rank (world, dp_replicate, dp_shard,
 /// cp, tp, dp, dp_shard_cp, dp_cp, ep, edp; within an axis by first rank), so construction cannot
-/// deadlock. An axis whose group is this rank alone gets a backend-less self group; an axis
-/// whose members equal an earlier axis's shares that axis's backend.
+/// deadlock. An axis whose group is this rank alone gets a backend-less self group (the
+/// world axis only where this build lacks options.group.backend: a one-rank world is built
+/// on its backend otherwise); an axis whose members equal an earlier axis's shares that
+/// axis's backend.
 class DeviceMesh {
  public:
   /// Builds the groups; returns when every rank has built all of its groups (a barrier on

@@ -20,7 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-// The presets. Every lane is float64 on CPU: the oracle lane, where parity holds to 1e-10.
+// The presets. cpu-smoke, cpu-smoke-variants and cpu-full are float64 on CPU: the oracle lane,
+// where parity holds to 1e-10.
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
@@ -64,6 +65,19 @@ const char* kCpuPrecision = R"({
     {"dp_shard": 2},
     {"tp": 2, "sequence_parallel": true},
     {"cp": 2, "cp_layout": "zigzag"}
+  ]})";
+
+// The GPU smoke lane (scripts/gpu-smoke; docs/gpu-nightly.md): world size 1 on one GPU, float32
+// unless `@bfloat16` or --dtype says otherwise. resolve_matrix adds the float64 Reference (on
+// the CPU, the oracle) and the lane's reference and noise twin (on the GPU, compared with the
+// oracle at the oracle factor); the cases below are compared with the lane's reference at the
+// calibrated tolerances: activation checkpointing (recomputation restores the CUDA RNG state)
+// and a resume (a checkpoint of CUDA tensors saved and loaded), with its uninterrupted twin.
+const char* kGpuSmoke = R"({
+  "name": "gpu-smoke", "dtype": "float32", "device": "cuda", "pg_backend": "nccl", "steps": 2, "max_world_size": 1,
+  "cases": [
+    {"activation_checkpointing": true},
+    {"kind": "resume", "config": {}, "resume_at": 1}
   ]})";
 
 const char* kCpuFull = R"({
@@ -212,9 +226,13 @@ std::string CaseMatrix::table() const {
   std::ostringstream os;
   os << "matrix " << name << " for spec " << spec << ": " << cases.size() << " cases, " << rejected.size()
      << " rejected\n";
+  // A matrix with a case off the CPU says where every case runs (the float64 Reference stays
+  // on the CPU when the lane runs on a GPU).
+  const bool devices = std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.device != "cpu"; });
   for (const auto& c : cases) {
     char line[256];
     std::string what = c.config.name() + " " + dtype_name(c.config.dtype);
+    if (devices) what += " on " + c.device + " (" + c.pg_backend + ")";
     if (c.save_config) what = c.save_config->name() + " -> " + what + ", save at step " + std::to_string(c.resume_at);
     std::string vs = c.compare_to.empty() ? "-" : c.compare_to;
     if (const std::string control = ep1_control(c); !control.empty()) vs += "; EP=1 control " + control;
@@ -233,15 +251,18 @@ std::string CaseMatrix::table() const {
   return os.str();
 }
 
-std::vector<std::string> preset_names() { return {"cpu-smoke", "cpu-smoke-variants", "cpu-precision", "cpu-full"}; }
+std::vector<std::string> preset_names() {
+  return {"cpu-smoke", "cpu-smoke-variants", "cpu-precision", "cpu-full", "gpu-smoke"};
+}
 
 json preset_json(const std::string& name) {
   if (name == "cpu-smoke") return json::parse(kCpuSmoke);
   if (name == "cpu-smoke-variants") return json::parse(kCpuSmokeVariants);
   if (name == "cpu-precision") return json::parse(kCpuPrecision);
   if (name == "cpu-full") return json::parse(kCpuFull);
+  if (name == "gpu-smoke") return json::parse(kGpuSmoke);
   MIH_THROW(Code::kInvalidSpec, "unknown preset '", name,
-            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full (or a JSON matrix file)");
+            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke (or a JSON matrix file)");
 }
 
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {
@@ -498,7 +519,7 @@ CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_
                   preset_or_path.find(".json") != std::string::npos)) {
     const std::string where = "case matrix file " + preset_or_path;
     MIH_CHECK(std::filesystem::exists(preset_or_path, ec), where, " does not exist; give a JSON matrix file or a preset (",
-              "cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full)");
+              "cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke)");
     MIH_CHECK(std::filesystem::is_regular_file(preset_or_path, ec), where, " is not a file (a directory?); give a JSON ",
               "matrix file or a preset");
     std::string text;

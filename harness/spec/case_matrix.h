@@ -79,11 +79,14 @@ struct CaseMatrix {
   const Case& at(const std::string& name) const;
   nlohmann::json to_json() const;
   /// The table `mih matrix` prints: one line per case (name, kind, world size, config,
-  /// compared with), then the rejected cases with their reasons.
+  /// compared with; in a matrix with a case off the CPU also each case's device and process-
+  /// group backend, "on cuda (nccl)"), then the rejected cases with their reasons.
   std::string table() const;
 };
 
-/// The names of the built-in presets: cpu-smoke (CI, <= 4 ranks), cpu-full.
+/// The names of the built-in presets: cpu-smoke (CI, <= 4 ranks), cpu-smoke-variants,
+/// cpu-precision (a float32 lane), cpu-full, gpu-smoke (world size 1 on one GPU, NCCL; the
+/// float64 Reference on the CPU).
 std::vector<std::string> preset_names();
 /// The JSON of a built-in preset. Throws: mih::Error{kInvalidSpec} for an unknown name,
 /// listing the presets.

@@ -271,9 +271,10 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   CliRun broken = mih("matrix --spec llama --matrix " + dir + "/broken.json");
   EXPECT_EQ(broken.status, exit_status(Code::kInvalidSpec)) << broken.output;
   EXPECT_THAT(broken.output, HasSubstr("broken.json is not JSON"));
-  CliRun preset = mih("matrix --spec llama --preset gpu-smoke");
+  CliRun preset = mih("matrix --spec llama --preset gpu-full");
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
-  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full"));
+  EXPECT_THAT(preset.output,
+              HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
   EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm"));
@@ -686,9 +687,9 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   EXPECT_EQ(absent.status, exit_status(Code::kFailedPrecondition)) << absent.output;
   EXPECT_THAT(absent.output, HasSubstr("verify-only: no evidence for case vlm/"));
   // An unknown preset and a malformed matrix file: bad input before any test runs.
-  CliRun preset = mih("test --matrix gpu-smoke" + r);
+  CliRun preset = mih("test --matrix gpu-full" + r);
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
-  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-smoke'"));
+  EXPECT_THAT(preset.output, HasSubstr("unknown preset 'gpu-full'"));
   const std::filesystem::path bad = root / "bad_matrix.json";
   write_file_atomic(bad, "{\"name\": \"x\", \"cases\": [{\"dp_shard\": 2,}]}");
   CliRun malformed = mih("test --matrix " + bad.string() + r);

@@ -189,5 +189,42 @@ TEST(CaseMatrixTest, TheGpuNightlyExampleFileResolves) {
   EXPECT_EQ(m.cases[0].device, "cpu");  // the reference stays the CPU float64 oracle
 }
 
+// scripts/gpu-smoke's lane: every case on one GPU with NCCL, except the float64 Reference,
+// which stays the CPU oracle (world size 1, Gloo) that the lane's reference and noise twin
+// are compared with; the GPU cases are compared with the lane's reference.
+TEST(CaseMatrixTest, TheGpuSmokeLaneRunsOnOneGpuAgainstTheCpuOracle) {
+  for (const std::string spec : {"llama", "moe", "vlm"}) {
+    for (const auto& [lane, dtype] : {std::pair{"float32", DType::kFloat32}, std::pair{"bfloat16", DType::kBFloat16}}) {
+      const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get(spec), std::string("gpu-smoke@") + lane);
+      SCOPED_TRACE(spec + " " + lane + "\n" + m.table());
+      EXPECT_TRUE(m.rejected.empty());
+      ASSERT_THAT(names(m), ::testing::ElementsAre("Reference", kLaneReference, kNoiseTwin, "Ac", "ResumeSingle", "Single"));
+      const Case& oracle = m.cases[0];
+      EXPECT_EQ(oracle.kind, CaseKind::kReference);
+      EXPECT_EQ(oracle.device, "cpu");
+      EXPECT_EQ(oracle.pg_backend, "gloo");
+      EXPECT_EQ(oracle.config.dtype, DType::kFloat64);
+      EXPECT_EQ(oracle.world_size(), 1);
+      for (size_t i = 1; i < m.cases.size(); ++i) {
+        const Case& c = m.cases[i];
+        EXPECT_EQ(c.device, "cuda") << c.name;
+        EXPECT_EQ(c.pg_backend, "nccl") << c.name;
+        EXPECT_EQ(c.config.dtype, dtype) << c.name;
+        EXPECT_EQ(c.world_size(), 1) << c.name;
+        if (c.save_config) {
+          EXPECT_EQ(c.save_config->world_size(), 1) << c.name;
+        }
+      }
+      EXPECT_EQ(m.at(kLaneReference).compare_to, "Reference");
+      EXPECT_EQ(m.at(kNoiseTwin).compare_to, "Reference");
+      EXPECT_EQ(m.at("Ac").compare_to, kLaneReference);
+      EXPECT_EQ(m.at("Single").compare_to, kLaneReference);
+      EXPECT_EQ(m.at("ResumeSingle").compare_to, "Single");
+      EXPECT_THAT(m.table(), HasSubstr("single float64 on cpu (gloo)"));
+      EXPECT_THAT(m.table(), HasSubstr(std::string("single ") + lane + " on cuda (nccl)"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mih::spec
