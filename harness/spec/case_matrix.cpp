@@ -255,14 +255,22 @@ std::vector<std::string> preset_names() {
   return {"cpu-smoke", "cpu-smoke-variants", "cpu-precision", "cpu-full", "gpu-smoke"};
 }
 
+namespace {
+// "cpu-smoke, cpu-smoke-variants, ...": the presets for a message.
+std::string preset_list() {
+  std::string out;
+  for (const auto& n : preset_names()) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
+
 json preset_json(const std::string& name) {
   if (name == "cpu-smoke") return json::parse(kCpuSmoke);
   if (name == "cpu-smoke-variants") return json::parse(kCpuSmokeVariants);
   if (name == "cpu-precision") return json::parse(kCpuPrecision);
   if (name == "cpu-full") return json::parse(kCpuFull);
   if (name == "gpu-smoke") return json::parse(kGpuSmoke);
-  MIH_THROW(Code::kInvalidSpec, "unknown preset '", name,
-            "'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke (or a JSON matrix file)");
+  MIH_THROW(Code::kInvalidSpec, "unknown preset '", name, "'; presets: ", preset_list(), " (or a JSON matrix file)");
 }
 
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int64_t global_batch, int max_world_size) {
@@ -519,7 +527,7 @@ CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_
                   preset_or_path.find(".json") != std::string::npos)) {
     const std::string where = "case matrix file " + preset_or_path;
     MIH_CHECK(std::filesystem::exists(preset_or_path, ec), where, " does not exist; give a JSON matrix file or a preset (",
-              "cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke)");
+              preset_list(), ")");
     MIH_CHECK(std::filesystem::is_regular_file(preset_or_path, ec), where, " is not a file (a directory?); give a JSON ",
               "matrix file or a preset");
     std::string text;
