@@ -74,8 +74,10 @@ struct ParallelConfig {
   /// gradients, reductions and optimizer states (ParallelContext::master_dtype).
   DType dtype = DType::kFloat32;
   /// The noise twin of a reduced-precision lane (DESIGN.md section 7): every linear layer of
-  /// degree 1 sums its contraction in two halves, a mathematically equivalent reduction
-  /// order that rounds differently, so the run measures the lane's rounding noise.
+  /// degree 1 sums each of its three contractions in two halves (the forward's over the input
+  /// features, the input gradient's over the output features, the weight and bias gradients'
+  /// over the tokens), mathematically equivalent reduction orders that round differently, so
+  /// the run measures the lane's rounding noise in the forward and in the gradients.
   bool noise_twin = false;
   /// Seed of parameter init and of the run.
   uint64_t seed = 0;

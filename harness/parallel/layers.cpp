@@ -2,6 +2,8 @@
 #include "harness/parallel/layers.h"
 
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -33,16 +35,43 @@ void expect_partial_sum(ParallelContext& ctx, const at::Tensor& weight, const at
   }
 }
 
-// x W^T (+ b). In the noise twin (ParallelConfig::noise_twin) a layer of degree 1 sums its
-// contraction as two halves, as a row-parallel layer's two tp ranks would: the same value in
-// exact arithmetic, rounded differently, so the twin measures the lane's rounding noise.
+// x W^T (+ b), x: [..., in], w: [out, in], b: [out] or undefined. In the noise twin
+// (ParallelConfig::noise_twin) a layer of degree 1 sums each of its three contractions in two
+// halves, as the parallel configurations do: the forward's over the input features (a
+// row-parallel layer's tp ranks), the input gradient's over the output features (a column-
+// parallel layer's), and the weight and bias gradients' over the tokens (two data-parallel or
+// context-parallel ranks). The same values in exact arithmetic, rounded differently, so the twin
+// measures the lane's rounding noise in the forward and in both gradients; a twin that split
+// the forward alone sampled none of the gradients' own rounding, and a case that reordered the
+// tokens' sum differed from the lane's reference by up to 80 of its noises (docs/precision.md).
 at::Tensor linear(const ParallelContext& ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   const int64_t k = w.size(-1);
   if (!ctx.config().noise_twin || ctx.tp_size() > 1 || k < 2) return at::linear(x, w, b);
+  const int64_t out = w.size(0);
   const int64_t half = k / 2;
-  at::Tensor y = at::linear(x.narrow(-1, 0, half), w.narrow(-1, 0, half)) +
-                 at::linear(x.narrow(-1, half, k - half), w.narrow(-1, half, k - half));
-  return b.defined() ? y + b : y;
+  // [tokens, in] -> [tokens, out]: the output features in two halves (each use of x adds its
+  // part of the input gradient), each a sum of two halves of the input features.
+  auto rows = [&](const at::Tensor& xr) {
+    std::vector<at::Tensor> parts;
+    const int64_t split = out >= 2 ? out / 2 : out;
+    for (const auto& [first, count] : {std::pair{int64_t{0}, split}, std::pair{split, out - split}}) {
+      if (count == 0) continue;
+      const at::Tensor wo = w.narrow(0, first, count);
+      parts.push_back(at::linear(xr.narrow(-1, 0, half), wo.narrow(-1, 0, half)) +
+                      at::linear(xr.narrow(-1, half, k - half), wo.narrow(-1, half, k - half)));
+    }
+    at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts, -1);
+    return b.defined() ? y + b : y;
+  };
+  // The tokens in two halves: each half's use of w and b adds its part of their gradients.
+  const at::Tensor flat = x.reshape({-1, k});
+  const int64_t tokens = flat.size(0);
+  at::Tensor y = tokens >= 2 ? at::cat({rows(flat.narrow(0, 0, tokens / 2)),
+                                        rows(flat.narrow(0, tokens / 2, tokens - tokens / 2))}, 0)
+                             : rows(flat);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  return y.reshape(shape);
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ class ParallelContext {
  public:
   /// `mesh` must outlive the context. What the context reads of `config`: the knobs
   /// sequence_parallel, cp_layout, activation_checkpointing, noise_twin (the linear layers'
-  /// reduction order), dtype (master_dtype: of the parameters, the master weights) and seed (of parameter init and dropout); its mesh degrees must be the
+  /// reduction orders), dtype (master_dtype: of the parameters, the master weights) and seed (of parameter init and dropout); its mesh degrees must be the
   /// mesh's. Parameters live on `device`.
   /// Throws: mih::Error{kInvalidSpec} if the config's mesh degrees differ from the mesh's.
   ParallelContext(DeviceMesh& mesh, const ParallelConfig& config,

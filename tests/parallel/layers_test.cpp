@@ -1,6 +1,9 @@
 // Tensor-parallel layers on tp=2 thread ranks against plain single-device ops on the gathered
 // full weights: forward outputs and gradients, sequence parallel, vocab 37 padded to 38, the
 // fused gate/up layout, and the vocab-parallel cross entropy.
+#include <tuple>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -211,6 +214,54 @@ TEST(TensorParallelLayerTest, NormsUnderSequenceParallelSumTheirPartialGradients
                 EXPECT_TRUE(Close(m.ln->bias.grad(), lb.grad()));
               }),
               IsEmpty());
+}
+
+// The noise twin (ParallelConfig::noise_twin) sums each of a degree-1 linear layer's three
+// contractions in two halves: in float64 it is the plain layer (values and every gradient), in
+// float32 it rounds each of them differently: the forward (over the input features), the input
+// gradient (over the output features) and the weight and bias gradients (over the tokens). A
+// twin that split the forward alone left the weight and bias gradients bitwise equal to the
+// plain layer's, so it sampled none of their rounding (docs/precision.md).
+TEST(TensorParallelLayerTest, NoiseTwinRoundsEachContractionOfALinearDifferently) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    SCOPED_TRACE(dtype == DType::kFloat64 ? "float64" : "float32");
+    ParallelConfig one;
+    EXPECT_THAT(testing::run_mesh(one, [&](DeviceMesh& mesh) {
+                  ParallelConfig config = f64(mesh);
+                  config.dtype = dtype;
+                  config.noise_twin = true;
+                  ParallelContext ctx(mesh, config);
+                  ColumnParallelLinear twin(ctx, ColumnParallelLinearOptions(37, 29));
+                  const auto options = twin->weight.options();
+                  // [batch 3, seq 7, in 37]: 21 tokens, halves of 10 and 11.
+                  at::Tensor x0 = at::sin(at::arange(3 * 7 * 37, options).reshape({3, 7, 37}) * 0.37);
+                  at::Tensor gy = at::cos(at::arange(3 * 7 * 29, options).reshape({3, 7, 29}) * 0.91);
+                  at::Tensor x = x0.clone().requires_grad_(true);
+                  at::Tensor y = twin(x);
+                  y.backward(gy);
+                  at::Tensor rx = x0.clone().requires_grad_(true);
+                  at::Tensor rw = twin->weight.detach().clone().requires_grad_(true);
+                  at::Tensor rb = twin->bias.detach().clone().requires_grad_(true);
+                  at::Tensor ry = at::linear(rx, rw, rb);
+                  ry.backward(gy);
+                  const std::vector<std::tuple<const char*, at::Tensor, at::Tensor>> pairs = {
+                      {"forward", y.detach(), ry.detach()},
+                      {"input gradient", x.grad(), rx.grad()},
+                      {"weight gradient", twin->weight.grad(), rw.grad()},
+                      {"bias gradient", twin->bias.grad(), rb.grad()}};
+                  for (const auto& [what, a, b] : pairs) {
+                    SCOPED_TRACE(what);
+                    if (dtype == DType::kFloat64) {
+                      EXPECT_TRUE(Close(a, b, 1e-12));
+                    } else {
+                      // Equal up to float32 rounding, and rounded differently.
+                      EXPECT_TRUE(Close(a.to(at::kDouble), b.to(at::kDouble), 1e-4));
+                      EXPECT_FALSE(at::equal(a, b)) << "the twin summed this contraction in the plain order";
+                    }
+                  }
+                }),
+                IsEmpty());
+  }
 }
 
 TEST(TensorParallelLayerTest, IndivisibleShardIsAClearError) {
