@@ -42,6 +42,10 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
                   << o->error << "\n  (logs: " << (o->evidence / "run").string() << ")";
     return nullptr;
   }
+  if (o->outcome == "fault_not_reached") {
+    ADD_FAILURE() << "BAD INPUT (not a conformance verdict): " << o->error;
+    return nullptr;
+  }
   if (o->outcome == "environment_failure" || o->outcome == "not_run" || o->outcome == "interrupted") {
     ADD_FAILURE() << "ENVIRONMENT (not a conformance verdict): case " << p.spec << "/" << case_name
                   << (o->outcome == "interrupted" ? " was interrupted" : " could not run") << ":\n"

@@ -10,6 +10,7 @@ namespace mih::fault {
 namespace detail {
 
 std::atomic<int> g_active{kUnread};
+std::atomic<bool> g_reached{false};
 
 namespace {
 
@@ -74,7 +75,11 @@ Fault current() {
 
 void check_environment() { (void)current(); }
 
-ScopedFault::ScopedFault(Fault f) : previous_(detail::g_active.exchange(static_cast<int>(f))) {}
+bool reached() noexcept { return detail::g_reached.load(std::memory_order_relaxed); }
+
+ScopedFault::ScopedFault(Fault f) : previous_(detail::g_active.exchange(static_cast<int>(f))) {
+  detail::g_reached.store(false, std::memory_order_relaxed);
+}
 ScopedFault::~ScopedFault() { detail::g_active.store(previous_); }
 
 }  // namespace mih::fault

@@ -8,7 +8,11 @@
 // The conformance runner sets MIH_FAULT only in the rank processes of the cases it is asked
 // to break (`mih test --fault F03 --fault-cases DpShard2`); the reference and every other
 // case run the correct code. When off, a fault point costs one relaxed atomic load and a
-// compare (bench/fault_switch.cpp measures it). No torch here.
+// compare (bench/fault_switch.cpp measures it). A fault point that fires records it
+// (reached()): a case whose ranks never reached their fault's point ran the correct code
+// throughout and checked nothing about the fault, which the runner reports as bad input
+// (exit 11), never as a pass. Write a fault point's condition so that active() is evaluated
+// only where the faulty code then runs. No torch here.
 #pragma once
 
 #include <atomic>
@@ -37,15 +41,23 @@ namespace detail {
 /// MIH_FAULT names no fault (check_environment() throws on it).
 inline constexpr int kUnread = -1, kUnknown = 1000;
 extern std::atomic<int> g_active;
+extern std::atomic<bool> g_reached;
 int load_from_environment() noexcept;
 }  // namespace detail
 
-/// True when this process injects `f`. MIH_FAULT is read on the first call (thread-safe).
+/// True when this process injects `f` (and then reached() is true). MIH_FAULT is read on the
+/// first call (thread-safe).
 inline bool active(Fault f) noexcept {
   int a = detail::g_active.load(std::memory_order_relaxed);
   if (a == detail::kUnread) [[unlikely]] a = detail::load_from_environment();
-  return a == static_cast<int>(f);
+  if (a != static_cast<int>(f)) return false;
+  detail::g_reached.store(true, std::memory_order_relaxed);
+  return true;
 }
+
+/// Whether a fault point of this process's fault fired (active() returned true) since the
+/// process started or the last ScopedFault was made: the faulty code ran. False without a fault.
+bool reached() noexcept;
 
 /// The fault of this process (kNone when MIH_FAULT is unset or empty).
 /// Throws: mih::Error{kInvalidSpec} when MIH_FAULT names no catalogued fault, listing them.
@@ -63,7 +75,7 @@ Fault parse(std::string_view text);
 std::vector<Fault> all();
 
 /// Sets this process's fault for its lifetime, then puts the previous one back (unit tests
-/// of a fault point in one process: threads as ranks).
+/// of a fault point in one process: threads as ranks); clears reached() when made.
 class ScopedFault {
  public:
   explicit ScopedFault(Fault f);

@@ -23,6 +23,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
+#include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/compat/collectives.h"
 #include "harness/evidence/evidence_store.h"
@@ -216,7 +217,14 @@ int run_phase(WorkerContext& ctx) {
   double session_s = 0;  // the checks and probes inside build and steps
   for (const auto& row : session.metrics()) session_s += row.value("session_ms", 0.0) / 1e3;
   timing["session_s"] = session_s;
-  EvidenceDir(evidence / "run" / phase).write_json("timing_rank" + std::to_string(mesh.rank()) + ".json", timing);
+  EvidenceDir run_dir(evidence / "run" / phase);
+  run_dir.write_json("timing_rank" + std::to_string(mesh.rank()) + ".json", timing);
+  // Whether this rank ran the fault's code (run_case reads it: a fault no rank reached is
+  // bad input, not a pass).
+  if (!file.fault.empty()) {
+    run_dir.write_json("fault_rank" + std::to_string(mesh.rank()) + ".json",
+                       {{"fault", file.fault}, {"reached", fault::reached()}});
+  }
   return 0;
 }
 
@@ -406,6 +414,43 @@ CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
 
 CaseLock::~CaseLock() { ::close(fd_); }
 
+namespace {
+
+// Whether any rank of any phase of the case ran its fault's code (run/<phase>/fault_rank<R>.json).
+bool fault_reached(const fs::path& evidence) {
+  std::error_code ec;
+  for (const char* phase : {"train", "save", "load"}) {
+    const fs::path dir = evidence / "run" / phase;
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("fault_rank", 0) != 0) continue;
+      std::string text;
+      if (!read_file(entry.path(), &text)) continue;
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_object() && j.value("reached", false)) return true;
+    }
+  }
+  return false;
+}
+
+// Why a case whose fault was never reached checked nothing, and where the fault does manifest.
+std::string fault_not_reached_message(const spec::ModelSpec& s, const spec::Case& c, const std::string& fault) {
+  std::string where, pairs;
+  for (const FaultEntry& f : fault_catalog()) {
+    if (f.id != fault) continue;
+    where = f.where;
+    pairs = f.spec + " (" + f.case_entry.dump() + ")";
+  }
+  return internal::str("fault ", fault, " was injected into case ", s.name, "/", c.name, " (", c.config.name(),
+                       "), but no rank reached its fault point (", where.empty() ? std::string("?") : where,
+                       "): this spec and configuration never run the faulty code, so the case ran the correct code and "
+                       "its tests checked nothing about the fault. Inject it where that code runs: the catalog runs ",
+                       fault, " on ", pairs.empty() ? std::string("?") : pairs, " (`mih faults --fault ", fault, "`)");
+}
+
+}  // namespace
+
 CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& given) {
   // Bad input is rejected here, before any rank starts.
   CaseRunOptions o = given;
@@ -511,6 +556,16 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     result.outcome = "transport_failure";
     result.error = r.report();
     result.code = r.code();
+  }
+  if (!o.fault.empty()) {
+    const bool reached = fault_reached(result.evidence);
+    record["fault_reached"] = reached;
+    if (result.outcome == "ran" && !reached) {
+      // Every test of this case would pass on the correct code it ran: a green that lies.
+      result.outcome = "fault_not_reached";
+      result.error = fault_not_reached_message(s, c, o.fault);
+      result.code = Code::kInvalidSpec;
+    }
   }
   // Rank 0's time by kind, over the phases: process start, rendezvous, training (build and
   // steps less the session's checks), checks (the session's, and the end of the run), and

@@ -19,6 +19,7 @@
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/report.h"
@@ -335,7 +336,16 @@ int run_faults(const FaultsOptions& options) {
       }
     }
     const bool twin_clean = twin_tests > 0 && twin_failed.empty();
-    const bool ok = !caught_by.empty();
+    // A fault no rank reached ran the correct code: nothing about it was checked, whatever failed.
+    bool reached = true;
+    try {
+      const json run = read_json_file(root / f->spec / case_name / "case_run.json");
+      reached = run.value("fault_reached", true) && run.value("outcome", "") != "fault_not_reached";
+    } catch (const std::exception&) {
+      // No record: the launch failed, which rc reports.
+    }
+    row["fault_reached"] = reached;
+    const bool ok = reached && !caught_by.empty();
     row["detected"] = ok;
     row["caught_by"] = caught_by;
     row["message"] = first_lines(message, 4);
@@ -351,7 +361,7 @@ int run_faults(const FaultsOptions& options) {
     twin_failures += !twin_clean;
     std::string suites;
     for (const auto& s : suites_failed) suites += (suites.empty() ? "" : ", ") + s;
-    say(progress, std::string("  ") + (ok ? "DETECTED by " + caught_by : "NOT DETECTED") +
+    say(progress, std::string("  ") + (ok ? "DETECTED by " + caught_by : reached ? "NOT DETECTED" : "NOT REACHED (its code never ran)") +
                       (suites.empty() ? "" : "; failed: " + suites) + (twin_clean ? "" : "; FAULT-FREE TWIN FAILED") +
                       " (" + std::to_string(row["seconds"].get<double>()).substr(0, 4) + " s)");
     rows.push_back(std::move(row));

@@ -294,6 +294,12 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     }
   }
   if (out.outcome == "transport_failure") note_infrastructure(out.code == Code::kOk ? Code::kAborted : out.code);
+  if (out.outcome == "fault_not_reached") {
+    // Bad input, also in a verify-only run of its evidence: the case ran the correct code and
+    // checked nothing (a rerun relaunches it: only "ran" is reused).
+    if (out.error.empty()) out.error = "its fault was injected, but no rank reached the fault's point";
+    note_error(Code::kInvalidSpec);
+  }
   if (out.outcome == "environment_failure" || out.outcome == "not_run" || out.outcome == "interrupted") {
     note_error(out.code == Code::kOk ? Code::kFailedPrecondition : out.code);
   }

@@ -256,6 +256,10 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       std::fprintf(stderr, "mih: the case could not run (not a conformance verdict):\n%s\n", r.error.c_str());
       return exit_status(r.code == Code::kOk ? Code::kFailedPrecondition : r.code);
     }
+    if (r.outcome == "fault_not_reached") {
+      std::fprintf(stderr, "mih: bad input (not a conformance verdict): %s\n", r.error.c_str());
+      return exit_status(Code::kInvalidSpec);
+    }
     if (r.outcome == "environment_failure") {
       std::fprintf(stderr, "mih: environment failure (not a conformance verdict):\n%s\n", r.error.c_str());
       return exit_status(Code::kFailedPrecondition);

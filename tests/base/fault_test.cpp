@@ -68,5 +68,22 @@ TEST_F(FaultTest, ScopedFaultSetsAndRestores) {
   EXPECT_FALSE(active(Fault::kF13));
 }
 
+// reached() says whether the fault's code ran: evaluating another fault's point, or none,
+// leaves it false; the fault's own point sets it.
+TEST_F(FaultTest, ReachedOnlyOnceAPointOfTheFaultFires) {
+  reread(nullptr);
+  {
+    ScopedFault f(Fault::kF26);
+    EXPECT_FALSE(reached());
+    EXPECT_FALSE(active(Fault::kF03));
+    EXPECT_FALSE(reached()) << "another fault's point does not reach F26";
+    EXPECT_TRUE(active(Fault::kF26));
+    EXPECT_TRUE(reached());
+  }
+  ScopedFault none(Fault::kNone);
+  for (Fault f : all()) EXPECT_FALSE(active(f));
+  EXPECT_FALSE(reached()) << "no fault, nothing reached";
+}
+
 }  // namespace
 }  // namespace mih::fault

@@ -483,6 +483,22 @@ def exposure(mih, work):
     check(t.returncode == 1 and failed and all("fault F03 is injected" in row["message"] for row in failed),
           f"8: every failing test of the faulty case names the fault ({len(failed)} failed, exit {t.returncode})",
           t.stdout[-1500:])
+    # A fault whose code the case never runs (F26 is in dropout; the llama has none) checked
+    # nothing: bad input (exit 11) naming where the catalog runs it, never a pass. Rerun, the
+    # case is relaunched, not reused, and says it again.
+    root = os.path.join(work, "unreached")
+    for attempt in ("first run", "rerun"):
+        t = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress", "--fault", "F26",
+                      "--fault-cases", "DpShard2", LLAMA_TWO])
+        record = os.path.join(root, "llama", "DpShard2", "case_run.json")
+        rec = json.load(open(record)) if os.path.exists(record) else {}
+        check(t.returncode == 11 and "no rank reached its fault point" in t.stdout and "llama_dropout" in t.stdout
+              and "BAD INPUT" in t.stdout and rec.get("fault_reached") is False
+              and rec.get("outcome") == "fault_not_reached",
+              f"8: an unreached fault is exit 11 naming where it runs, recorded in case_run.json ({attempt}: exit "
+              f"{t.returncode}, fault_reached {rec.get('fault_reached')})", t.stdout[-1500:])
+    rec = json.load(open(os.path.join(work, "fault", "llama", "DpShard2", "case_run.json")))
+    check(rec.get("fault_reached") is True, "8: a fault that fired is recorded as reached", str(rec.get("fault_reached")))
 
 
 def main():
