@@ -49,7 +49,9 @@ struct Measurement {
 /// |a - b|), and the twin's sample of the norm alone is unrepresentative: the twin's rounding
 /// differences are unbiased and average out over the norm's elements (vlm, bfloat16: 1.1e-5),
 /// while a parallel configuration's can be biased (Tp2Sp: 3.2e-4, 28 of those noises; the
-/// gradients' median noise was 3.7e-3). The floor is the dtype's epsilon times the tensor's
+/// gradients' median noise was 3.7e-3). The loss's noise at a step is at least its noise at
+/// every earlier step: one number gives one sample per step, and a later one can be small by
+/// chance while the runs' difference only compounds. The floor is the dtype's epsilon times the tensor's
 /// scale (errors are relative to it): two runs may differ by a rounding the twin's reduction
 /// order did not reach. `factor` is 1 for a case against its lane's reference and
 /// noise_oracle_factor for the lane's reference and twin against the float64 Reference, whose
@@ -79,7 +81,8 @@ struct Calibration {
   double floor_epsilon(const Measurement& m) const { return m.kind == "activation" ? epsilon : master_epsilon; }
   /// max(own noise, its group's median, or for an updated parameter its group's largest); for
   /// a gradient norm also the median noise of the gradients (stage grad_before_clip) at that
-  /// step; -1 when the twin did not record the quantity.
+  /// step; for the loss also its noise at every earlier step; -1 when the twin did not record
+  /// the quantity.
   double noise_of(const Measurement& m) const;
   /// factor x max(k (or k_update) x noise_of, floor_eps x floor_epsilon); the floor alone
   /// for a quantity without noise.

@@ -140,6 +140,15 @@ TEST(CalibrationTest, ToleranceIsKTimesTheNoiseFlooredByEpsilon) {
   EXPECT_DOUBLE_EQ(norms.noise_of(m("metric", "grad_norm_post_clip", 1, "metrics", 0)), 3e-9);
   EXPECT_DOUBLE_EQ(norms.noise_of(m("metric", "lr", 0, "metrics", 0)), 1e-9);
   twin.measurements.resize(twin.measurements.size() - 2);
+  // The loss: its noise at a step is at least its noise at every earlier step (one sample
+  // each; a small later one does not shrink the tolerance).
+  twin.measurements.push_back(m("metric", "loss", 0, "metrics", 5e-6));
+  twin.measurements.push_back(m("metric", "loss", 2, "metrics", 1e-9));
+  const Calibration loss = calibrate(twin, "float32", settings);
+  EXPECT_DOUBLE_EQ(loss.noise_of(m("metric", "loss", 0, "metrics", 0)), 5e-6);
+  EXPECT_DOUBLE_EQ(loss.noise_of(m("metric", "loss", 2, "metrics", 0)), 5e-6);
+  EXPECT_DOUBLE_EQ(loss.tolerance_of(m("metric", "loss", 2, "metrics", 0)), 5e-5);
+  twin.measurements.resize(twin.measurements.size() - 2);
   // Not recorded by the twin: noise -1, the floor.
   EXPECT_EQ(c.noise_of(m("tensor", "z", 0, "grad_before_clip", 0)), -1);
   EXPECT_DOUBLE_EQ(c.tolerance_of(m("tensor", "z", 0, "grad_before_clip", 0)), 4 * std::ldexp(1.0, -23));
