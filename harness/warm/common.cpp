@@ -1,26 +1,20 @@
-// What the warm front and server share: the identity a request must match, the socket
-// directory, the request encoding and fd passing.
-#include <dirent.h>
+// What the warm front and server share: the identity of a process as the kernel reports it, the
+// socket directory, the request encoding and fd passing.
 #include <fcntl.h>
-#include <sched.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 
 #include "harness/warm/warm.h"
 #include "harness/warm/warm_internal.h"
-
-extern char** environ;
 
 namespace mih::warm {
 namespace internal {
@@ -35,12 +29,52 @@ void field(std::string* out, const std::string& name, const std::string& value) 
   *out += '\n';
 }
 
-std::string file_text(const char* path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+// What a file under a /proc/<pid> directory says (at most 64 MiB: an environment is far
+// smaller); false with *err = errno when it cannot be read.
+bool read_at(int dir, const char* name, std::string* out, int* err) {
+  const int fd = ::openat(dir, name, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *err = errno;
+    return false;
+  }
+  out->clear();
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || out->size() > (64u << 20)) {
+      *err = n < 0 ? errno : EFBIG;
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    out->append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return true;
 }
+
+// The value of a `Key:\tvalue` line of /proc/<pid>/status, or "(absent)".
+std::string status_value(const std::string& status, const std::string& key) {
+  for (size_t at = 0; at < status.size();) {
+    const size_t end = std::min(status.find('\n', at), status.size());
+    if (status.compare(at, key.size(), key) == 0 && at + key.size() < end && status[at + key.size()] == ':') {
+      size_t v = at + key.size() + 1;
+      while (v < end && (status[v] == ' ' || status[v] == '\t')) ++v;
+      return status.substr(v, end - v);
+    }
+    at = end + 1;
+  }
+  return "(absent)";
+}
+
+// Fields of /proc/<pid>/status that exec passes on (Seccomp_filters: the kernel shows how many
+// filters, not which; securebits it does not show another process at all).
+constexpr const char* kStatusKeys[] = {"Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                                       "NoNewPrivs", "Seccomp", "Seccomp_filters", "Cpus_allowed_list",
+                                       "Mems_allowed_list"};
+constexpr const char* kNamespaces[] = {"cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time",
+                                       "time_for_children", "user", "uts"};
 
 void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
 void put_u64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof v); }
@@ -153,9 +187,10 @@ bool read_all(int fd, void* data, size_t n) {
 
 bool send_request(int fd, const Header& header, const std::vector<int>& fds, const std::string& payload) {
   msghdr msg{};
-  iovec iov{const_cast<Header*>(&header), sizeof header};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  iovec iov[2] = {{const_cast<Header*>(&header), sizeof header},
+                  {const_cast<char*>(payload.data()), payload.size()}};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = payload.empty() ? 1 : 2;
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
   if (!fds.empty()) {
     msg.msg_control = control;
@@ -171,40 +206,181 @@ bool send_request(int fd, const Header& header, const std::vector<int>& fds, con
     w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
   } while (w < 0 && errno == EINTR);
   if (w < 0) return false;
-  if (static_cast<size_t>(w) < sizeof header &&
-      !write_all(fd, reinterpret_cast<const char*>(&header) + w, sizeof header - static_cast<size_t>(w))) {
+  const size_t sent = static_cast<size_t>(w);
+  if (sent < sizeof header &&
+      !write_all(fd, reinterpret_cast<const char*>(&header) + sent, sizeof header - sent)) {
     return false;
   }
-  return write_all(fd, payload.data(), payload.size());
+  const size_t payload_sent = sent > sizeof header ? sent - sizeof header : 0;
+  return write_all(fd, payload.data() + payload_sent, payload.size() - payload_sent);
 }
 
-bool receive_header(int fd, Header* header, std::vector<int>* fds) {
+namespace {
+
+// One recvmsg into `iov`: the attached fds appended to *fds (close-on-exec), the sender's
+// credentials in *sender when the message carried them (pid 0 otherwise). The byte count, or -1.
+ssize_t receive_message(int fd, iovec* iov, size_t iov_count, std::vector<int>* fds, ucred* sender) {
   msghdr msg{};
-  iovec iov{header, sizeof *header};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = iov_count;
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(ucred))] = {};
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t r;
   do {
     r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
   } while (r < 0 && errno == EINTR);
-  if (r <= 0) return false;
+  if (r <= 0) return -1;
+  if (sender) *sender = ucred{};
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < n; ++i) {
-      int v;
-      std::memcpy(&v, CMSG_DATA(c) + i * sizeof(int), sizeof v);
-      fds->push_back(v);
+    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_type == SCM_CREDENTIALS && sender && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+      std::memcpy(sender, CMSG_DATA(c), sizeof *sender);
+    } else if (c->cmsg_type == SCM_RIGHTS) {
+      const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < n; ++i) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c) + i * sizeof(int), sizeof v);
+        fds->push_back(v);
+      }
     }
   }
-  if ((msg.msg_flags & MSG_CTRUNC) != 0) return false;
+  return (msg.msg_flags & MSG_CTRUNC) != 0 ? -1 : r;
+}
+
+}  // namespace
+
+bool receive_header(int fd, Header* header, std::vector<int>* fds) {
+  iovec iov{header, sizeof *header};
+  const ssize_t r = receive_message(fd, &iov, 1, fds, nullptr);
+  if (r < 0) return false;
   if (static_cast<size_t>(r) < sizeof *header &&
       !read_all(fd, reinterpret_cast<char*>(header) + r, sizeof *header - static_cast<size_t>(r))) {
     return false;
   }
+  return true;
+}
+
+bool receive_echo(int fd, Header* header, uint64_t* nonce, std::vector<int>* fds, ucred* sender) {
+  // One piece: a unix stream socket that passes credentials never joins bytes of two senders
+  // in one read, so the nonce and the credentials are the same sender's.
+  iovec iov[2] = {{header, sizeof *header}, {nonce, sizeof *nonce}};
+  const ssize_t r = receive_message(fd, iov, 2, fds, sender);
+  return r == static_cast<ssize_t>(sizeof *header + sizeof *nonce) && sender->pid > 0;
+}
+
+std::string serialize(const Fields& fields) {
+  std::string out;
+  for (const auto& [name, value] : fields) field(&out, name, value);
+  return out;
+}
+
+bool parse(const std::string& text, Fields* fields) {
+  fields->clear();
+  for (size_t at = 0; at < text.size();) {
+    const size_t space = text.find(' ', at), colon = text.find(':', at);
+    if (space == std::string::npos || colon == std::string::npos || colon < space || colon - space < 2 ||
+        colon - space > 10) {
+      return false;
+    }
+    size_t n = 0;
+    for (size_t i = space + 1; i < colon; ++i) {
+      if (text[i] < '0' || text[i] > '9') return false;
+      n = n * 10 + static_cast<size_t>(text[i] - '0');
+    }
+    if (text.size() - colon - 1 < n + 1 || text[colon + 1 + n] != '\n') return false;
+    fields->emplace_back(text.substr(at, space - at), text.substr(colon + 1, n));
+    at = colon + 2 + n;
+  }
+  return true;
+}
+
+std::string differing(const Fields& a, const Fields& b) {
+  std::string out;
+  auto add = [&](const std::string& name) {
+    if (out.find(name) == std::string::npos) out += (out.empty() ? "" : ", ") + name;
+  };
+  for (const auto& [name, value] : a) {
+    const auto it = std::find_if(b.begin(), b.end(), [&](const auto& f) { return f.first == name; });
+    if (it == b.end() || it->second != value) add(name);
+  }
+  for (const auto& f : b) {
+    if (std::find_if(a.begin(), a.end(), [&](const auto& g) { return g.first == f.first; }) == a.end()) add(f.first);
+  }
+  return out;
+}
+
+bool read_process(int proc, Fields* fields, std::vector<std::string>* environ_out, std::string* why) {
+  fields->clear();
+  int err = 0;
+  std::string text;
+  auto fail = [&](const std::string& what) {
+    *why = "cannot read " + what + ": " + std::strerror(err);
+    return false;
+  };
+  if (!read_at(proc, "status", &text, &err)) return fail("status");
+  for (const char* key : kStatusKeys) fields->emplace_back(key, status_value(text, key));
+  // nice (field 19), rt_priority (40), policy (41) of `pid (comm) state ...`, comm being anything.
+  if (!read_at(proc, "stat", &text, &err)) return fail("stat");
+  std::vector<std::string> stat;
+  for (size_t at = text.rfind(')') == std::string::npos ? text.size() : text.rfind(')') + 1; at < text.size();) {
+    const size_t start = text.find_first_not_of(" \n", at);
+    if (start == std::string::npos) break;
+    const size_t end = std::min(text.find_first_of(" \n", start), text.size());
+    stat.push_back(text.substr(start, end - start));
+    at = end;
+  }
+  if (stat.size() < 39) {
+    err = EPROTO;
+    return fail("stat");
+  }
+  fields->emplace_back("sched", "nice " + stat[16] + " rt_priority " + stat[37] + " policy " + stat[38]);
+  if (!read_at(proc, "oom_score_adj", &text, &err)) return fail("oom_score_adj");
+  fields->emplace_back("oom_score_adj", text);
+  if (!read_at(proc, "limits", &text, &err)) return fail("limits");
+  fields->emplace_back("limits", text);
+  for (const char* ns : kNamespaces) {
+    char link[256] = {0};
+    const std::string path = std::string("ns/") + ns;
+    const ssize_t n = ::readlinkat(proc, path.c_str(), link, sizeof link - 1);
+    if (n < 0 && errno != ENOENT) {  // ENOENT: a kind this kernel does not have
+      err = errno;
+      return fail(path);
+    }
+    fields->emplace_back(path, n > 0 ? std::string(link, static_cast<size_t>(n)) : "(absent)");
+  }
+  if (!read_at(proc, "cgroup", &text, &err)) return fail("cgroup");
+  fields->emplace_back("cgroup", text);
+  for (const char* attr : {"attr/current", "attr/apparmor/current"}) {
+    if (read_at(proc, attr, &text, &err)) {
+      fields->emplace_back(attr, text);
+    } else if (err == ENOENT || err == EINVAL || err == EOPNOTSUPP) {  // no such LSM
+      fields->emplace_back(attr, "(none)");
+    } else {
+      return fail(attr);
+    }
+  }
+  // The environment as libraries read it when they load (OPENBLAS_NUM_THREADS, OMP_*, LD_*,
+  // MALLOC_*...): all of it but what a shell changes from one command to the next and no
+  // library reads; the command gets all of it, these included. The kernel keeps what exec
+  // was given, whatever the process did with its `environ` since.
+  if (!read_at(proc, "environ", &text, &err)) return fail("environ");
+  if (environ_out) environ_out->clear();
+  std::string env;
+  size_t count = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\0', at), text.size());
+    const std::string_view entry(text.data() + at, end - at);
+    at = end + 1;
+    if (environ_out) environ_out->emplace_back(entry);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name == "_" || name == "PWD" || name == "OLDPWD" || name == "SHLVL" || name.rfind("MIH_WARM", 0) == 0) {
+      continue;  // MIH_WARM*: read by the front, or by a server when it starts (its creator's)
+    }
+    field(&env, "", std::string(entry));
+    ++count;
+  }
+  fields->emplace_back("environ", std::to_string(count) + "\n" + env);
   return true;
 }
 
@@ -215,6 +391,15 @@ int open_pidfd(pid_t pid) {
   (void)pid;
   errno = ENOSYS;
   return -1;
+#endif
+}
+
+bool pidfd_alive(int pidfd) {
+#ifdef SYS_pidfd_send_signal
+  return pidfd >= 0 && ::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) == 0;
+#else
+  (void)pidfd;
+  return false;
 #endif
 }
 
@@ -248,63 +433,20 @@ bool switched_off(const char* var) {
 }  // namespace internal
 
 std::string identity(const std::string& core) {
-  using internal::field;
-  std::string out;
   struct stat st {};
   if (::stat(core.c_str(), &st) != 0) return "";
-  field(&out, "core", std::to_string(st.st_dev) + " " + std::to_string(st.st_ino) + " " + std::to_string(st.st_size) +
-                          " " + std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec));
-  std::string creds = std::to_string(::getuid()) + " " + std::to_string(::geteuid()) + " " +
-                      std::to_string(::getgid()) + " " + std::to_string(::getegid());
-  gid_t groups[256];
-  const int ngroups = ::getgroups(256, groups);
-  for (int i = 0; i < ngroups; ++i) creds += " " + std::to_string(groups[i]);
-  field(&out, "creds", creds);
-  errno = 0;
-  field(&out, "nice", std::to_string(::getpriority(PRIO_PROCESS, 0)));
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  if (::sched_getaffinity(0, sizeof cpus, &cpus) == 0) {
-    std::string mask;
-    for (int c = 0; c < CPU_SETSIZE; ++c) mask += CPU_ISSET(c, &cpus) ? '1' : '0';
-    field(&out, "affinity", mask.substr(0, mask.find_last_of('1') + 1));
-  }
-  for (int r = 0; r < RLIM_NLIMITS; ++r) {
-    rlimit lim{};
-    if (::getrlimit(static_cast<__rlimit_resource>(r), &lim) == 0) {
-      field(&out, "rlimit" + std::to_string(r), std::to_string(lim.rlim_cur) + " " + std::to_string(lim.rlim_max));
-    }
-  }
-  for (const char* ns : {"cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time", "time_for_children", "user",
-                         "uts"}) {
-    char link[256] = {0};
-    const std::string path = std::string("/proc/self/ns/") + ns;
-    const ssize_t n = ::readlink(path.c_str(), link, sizeof link - 1);
-    field(&out, std::string("ns ") + ns, n > 0 ? std::string(link, static_cast<size_t>(n)) : "");
-  }
-  field(&out, "cgroup", internal::file_text("/proc/self/cgroup"));
-  std::istringstream status(internal::file_text("/proc/self/status"));
-  for (std::string line; std::getline(status, line);) {
-    for (const char* key : {"Cap", "NoNewPrivs:", "Seccomp:"}) {
-      if (line.rfind(key, 0) == 0) field(&out, "status", line);
-    }
-  }
-  // The environment as libraries read it when they load (OPENBLAS_NUM_THREADS, OMP_*, LD_*,
-  // MALLOC_*...): all of it but what a shell changes from one command to the next and no
-  // library reads; the command gets the request's environment, these included.
-  std::string env;
-  size_t count = 0;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string_view entry(*e);
-    const std::string_view name = entry.substr(0, entry.find('='));
-    if (name == "_" || name == "PWD" || name == "OLDPWD" || name == "SHLVL" || name.rfind("MIH_WARM", 0) == 0) {
-      continue;  // MIH_WARM*: read by the front, or by a server when it starts (its creator's)
-    }
-    field(&env, "", *e);
-    ++count;
-  }
-  field(&out, "environ " + std::to_string(count), env);
-  return out;
+  internal::Fields fields = {
+      {"core", std::to_string(st.st_dev) + " " + std::to_string(st.st_ino) + " " + std::to_string(st.st_size) + " " +
+                   std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec)}};
+  const int proc = ::open("/proc/self", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return "";
+  internal::Fields process;
+  std::string why;
+  const bool read = internal::read_process(proc, &process, nullptr, &why);
+  ::close(proc);
+  if (!read) return "";
+  fields.insert(fields.end(), process.begin(), process.end());
+  return internal::serialize(fields);
 }
 
 }  // namespace mih::warm

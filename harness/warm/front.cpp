@@ -262,11 +262,15 @@ bool send_run(int fd, const std::string& core, const std::string& identity, int 
   return internal::send_request(fd, h, {}, payload);
 }
 
-// Sends the caller's open fds of 0-2 and its cwd.
-bool send_fds(int fd) {
+// Sends the caller's open fds of 0-2 and its cwd, with the nonce of the server's kReady (none
+// when it gave 0), in one message: it proves that this process, the one the server examined,
+// is the one that sends them.
+bool send_fds(int fd, uint64_t nonce) {
   Header h;
   h.kind = static_cast<uint32_t>(Kind::kFds);
   h.fd_bits = g_caller.stdio_bits;
+  const std::string echo = nonce ? std::string(reinterpret_cast<const char*>(&nonce), sizeof nonce) : "";
+  h.payload_bytes = echo.size();
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) {
     if ((h.fd_bits >> i) & 1) fds.push_back(i);
@@ -274,9 +278,24 @@ bool send_fds(int fd) {
   const int cwd = ::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (cwd < 0) return false;
   fds.push_back(cwd);
-  const bool ok = internal::send_request(fd, h, fds, "");
+  const bool ok = internal::send_request(fd, h, fds, echo);
   ::close(cwd);
   return ok;
+}
+
+// A server refused this process as a caller of another identity: said (it would otherwise cost
+// every command an exec without a word), with the server's reason; the command runs exec'd.
+void say_refused(int fd, const Reply& reply) {
+  if (reply.kind != static_cast<uint32_t>(ReplyKind::kDiffers) || reply.value != static_cast<int64_t>(Why::kIdentity)) {
+    return;
+  }
+  std::string why(std::min(reply.text_bytes, internal::kMaxWhyBytes), '\0');
+  if (why.empty() || !internal::read_all(fd, why.data(), why.size())) why = "no reason given";
+  for (char& c : why) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  std::fprintf(stderr, "mih: the warm server (pid %d) does not serve this process: %s; running the command without "
+               "it (%s=0 skips warm start)\n", static_cast<int>(peer_pid(fd)), why.c_str(), kWarmVar);
 }
 
 // The command ran in `fd`'s server and is gone; ends this process the way it ended.
@@ -314,6 +333,12 @@ int front_main(int argc, char** argv, const std::string& core) {
   if (command == "warm") return warm_command(std::vector<std::string>(argv + 2, argv + argc));
   // A worker is the process its launcher (torchrun, srun, mpirun) started and watches: never forked elsewhere.
   if (command == "worker" || internal::switched_off(kWarmVar)) exec_core(core, argc, argv);
+  // A server pins its caller with a pidfd (Linux 5.3+); without one it would refuse every caller.
+  if (const int self = internal::open_pidfd(::getpid()); self >= 0) {
+    ::close(self);
+  } else {
+    exec_core(core, argc, argv);
+  }
   const std::string id = identity(core);
   if (id.empty()) exec_core(core, argc, argv);
 
@@ -338,8 +363,9 @@ int front_main(int argc, char** argv, const std::string& core) {
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     bool sent = send_run(fd, core, id, argc, argv) && internal::read_all(fd, &reply, sizeof reply);
     if (sent && reply.kind == static_cast<uint32_t>(ReplyKind::kReady)) {
-      sent = send_fds(fd) && internal::read_all(fd, &reply, sizeof reply);
+      sent = send_fds(fd, static_cast<uint64_t>(reply.value)) && internal::read_all(fd, &reply, sizeof reply);
     }
+    if (sent) say_refused(fd, reply);
     if (!sent) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         // Said, and its socket taken away, so that the next command starts a fresh server.

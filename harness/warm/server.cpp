@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -59,7 +60,9 @@ struct Server {
   std::string socket;
   ino_t socket_ino = 0;
   int listen_fd = -1;
-  std::string identity;
+  std::string identity;       // as a front of this server computes it (its socket's key)
+  int self_proc = -1;         // /proc/self, to read the server's own account as the kernel gives it now
+  internal::Fields self;      // that account when the server started (the identity less "core")
   std::vector<Job> jobs;
   long served = 0;
   bool stopping = false;
@@ -99,11 +102,55 @@ bool stale() {
   return false;
 }
 
-void send_reply(int fd, ReplyKind kind, int64_t value) {
+void send_reply(int fd, ReplyKind kind, int64_t value, const std::string& text = "") {
   Reply r;
   r.kind = static_cast<uint32_t>(kind);
   r.value = value;
+  const std::string why = text.substr(0, internal::kMaxWhyBytes);
+  r.text_bytes = static_cast<uint32_t>(why.size());
   (void)internal::write_all(fd, &r, sizeof r);
+  if (!why.empty()) (void)internal::write_all(fd, why.data(), why.size());
+}
+
+// The server's own account as the kernel gives it now differs from when it started (a cgroup
+// move, a prlimit or renice from outside): fronts keyed by the old one would be refused.
+bool changed_since_start(const Server& s) {
+  internal::Fields now;
+  std::string why;
+  return !internal::read_process(s.self_proc, &now, nullptr, &why) || now != s.self;
+}
+
+// Why the process `pid` that sent `r` is not served ("" when it is): what the kernel reports of
+// it (through /proc/<pid>, opened while `pidfd` pins the pid) must be the server's own account,
+// its request's identity the server's, and its request's environment the one it has (then in
+// *env). The pidfd is checked again once its fds arrive (see handle).
+std::string examine_caller(const Server& s, pid_t pid, int pidfd, int pidfd_error, const internal::RunRequest& r,
+                           std::vector<std::string>* env) {
+  const std::string who = "the calling process (pid " + std::to_string(pid) + ")";
+  if (pidfd < 0) {
+    return "cannot pin " + who + " with a pidfd: " + std::strerror(pidfd_error) +
+           " (warm start needs Linux 5.3 or later)";
+  }
+  const int proc = ::open(("/proc/" + std::to_string(pid)).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return "cannot open /proc/" + std::to_string(pid) + ": " + std::strerror(errno);
+  internal::Fields caller;
+  std::string why;
+  const bool read = internal::read_process(proc, &caller, env, &why);
+  ::close(proc);
+  if (!read) return "cannot examine " + who + ": " + why;
+  if (!internal::pidfd_alive(pidfd)) return who + " is gone";
+  if (const std::string d = internal::differing(caller, s.self); !d.empty()) {
+    return "the kernel reports " + who + " other than the server in: " + d;
+  }
+  internal::Fields claimed, mine;
+  if (!internal::parse(r.identity, &claimed) || !internal::parse(s.identity, &mine)) {
+    return "its request's identity is malformed";
+  }
+  if (const std::string d = internal::differing(claimed, mine); !d.empty()) {
+    return "its request's identity differs from the server's in: " + d;
+  }
+  if (r.env != *env) return "its request's environment is not the one the kernel reports for it";
+  return "";
 }
 
 // OpenBLAS starts its thread pool when it loads; the server stops it (a fork copies threads
@@ -237,10 +284,23 @@ void stop_listening(Server& s) {
 void handle(Server& s, int conn) {
   ucred peer{};
   socklen_t len = sizeof peer;
-  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != ::getuid()) {
+  const int one = 1;
+  // Its messages carry their sender's credentials from now on (the echo of kReady's nonce).
+  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != ::getuid() || peer.pid <= 0 ||
+      ::setsockopt(conn, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) {
     ::close(conn);
     return;
   }
+  // The caller's pid is pinned from now on: a process that reuses it later is not the caller
+  // (see examine_caller and the echo below).
+  const int caller_pidfd = internal::open_pidfd(peer.pid);
+  const int pidfd_error = errno;
+  struct PidfdCloser {
+    int fd;
+    ~PidfdCloser() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{caller_pidfd};
   timeval timeout{5, 0};  // a front sends its request at once; a silent peer does not hold the loop
   ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   Header h;
@@ -278,35 +338,61 @@ void handle(Server& s, int conn) {
     return;
   }
   internal::RunRequest r;
+  std::vector<std::string> caller_env;
+  std::string text;
   Why why{};
   bool refuse = true;
   if (h.kind != static_cast<uint32_t>(Kind::kRun) || !fds.empty() || !internal::decode(payload, &r)) {
     why = Why::kBadRequest;
   } else if (s.stopping) {
     why = Why::kStopping;
-  } else if (r.identity != s.identity) {
-    why = Why::kIdentity;
-  } else if (stale()) {
+  } else if (stale() || changed_since_start(s)) {
     why = Why::kStale;
     stop_listening(s);  // every later command would be refused too: the next front starts a fresh server
+  } else if (text = examine_caller(s, peer.pid, caller_pidfd, pidfd_error, r, &caller_env); !text.empty()) {
+    why = Why::kIdentity;
   } else if (thread_count() != 1) {
     why = Why::kBusy;
   } else {
     refuse = false;
   }
   if (refuse) {
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(why));
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(why), text);
     done();
     ::close(conn);
     return;
   }
   // Only a front that heard this server is ready sends its fds 0-2 and cwd: a stopped server
   // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile).
-  send_reply(conn, ReplyKind::kReady, 0);
+  uint64_t nonce = 0;
+  while (nonce == 0) {
+    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) nonce = 0;
+  }
+  send_reply(conn, ReplyKind::kReady, static_cast<int64_t>(nonce));
   Header fd_message;
+  uint64_t echo = 0;
+  ucred sender{};
   const size_t expected_fds = static_cast<size_t>(__builtin_popcount(h.fd_bits & 7u)) + 1;
-  if (!internal::receive_header(conn, &fd_message, &fds) || fd_message.magic != internal::kMagic ||
+  if (!internal::receive_echo(conn, &fd_message, &echo, &fds, &sender) || fd_message.magic != internal::kMagic ||
       fd_message.kind != static_cast<uint32_t>(Kind::kFds) || fds.size() != expected_fds) {
+    done();
+    ::close(conn);
+    return;
+  }
+  // The message that echoes the nonce was sent after kReady by the process with the caller's
+  // pid; the caller's pidfd, alive still, held that pid since before /proc/<pid> was read: the
+  // process examined is the one asking, not a later one with its pid.
+  const std::string examined = "the process examined (pid " + std::to_string(peer.pid) + ")";
+  std::string unproven;
+  if (echo != nonce) {
+    unproven = "its fds did not echo this server's nonce";
+  } else if (sender.pid != peer.pid) {
+    unproven = "its fds came from pid " + std::to_string(sender.pid) + ", not from " + examined;
+  } else if (!internal::pidfd_alive(caller_pidfd)) {
+    unproven = examined + " is gone";
+  }
+  if (!unproven.empty()) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kIdentity), unproven);
     done();
     ::close(conn);
     return;
@@ -461,6 +547,12 @@ bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   // The identity as the front computes it, for the core binary by its path.
   s.identity = identity(n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(argv[0]));
+  s.self_proc = ::open("/proc/self", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (!internal::parse(s.identity, &s.self) || s.self.empty() || s.self_proc < 0) {
+    *status = 12;
+    return true;  // the front sees the ready pipe close and execs
+  }
+  s.self.erase(s.self.begin());  // "core": the binary, not the process
   if (const char* idle = std::getenv(kIdleVar)) {
     const long v = std::atol(idle);
     if (v > 0 && v <= 86400) s.idle = std::chrono::seconds(v);

@@ -6,15 +6,18 @@
 // server: a process exec'd from the core binary that never runs any of mih's code but the
 // server loop, and forks each command from its state as exec left it. The server is keyed by
 // everything an exec would give the command (the core binary's identity, the whole
-// environment, credentials, resource limits, scheduling, namespaces, cgroup, capabilities):
-// a request is served only when all of it equals the server's, byte for byte; the per-call
-// rest (argv, cwd, umask, signal mask and ignored signals, fds 0-2) travels with the request.
+// environment, credentials, resource limits, scheduling, namespaces, cgroup, capabilities,
+// no_new_privs, seccomp, LSM label): a request is served only when the calling process, as
+// the kernel reports it (the server reads /proc/<pid> of its socket's peer, never trusting
+// what the front says), equals the server's in all of it, byte for byte; the per-call rest
+// (argv, cwd, umask, signal mask and ignored signals, fds 0-2) travels with the request.
 // The command's exit status or signal is the front's; signals sent to the front reach the
 // command; a front that dies takes its command along (SIGTERM, then SIGKILL after 10 s).
 //
 // Any doubt falls back to exec'ing the core binary (the state exec gives, at exec's cost):
 // MIH_WARM=0, `mih worker` (a launcher's own process), a server that cannot start, is
-// stale (a mapped file replaced, e.g. a rebuilt binary or an upgraded libtorch) or differs.
+// stale (a mapped file replaced, e.g. a rebuilt binary or an upgraded libtorch) or differs
+// (then the front says what differs, on stderr).
 // Servers exit after MIH_WARM_IDLE seconds without a command (default 120); `mih warm status`
 // lists this user's servers, `mih warm stop` stops them (running commands finish first).
 #pragma once
@@ -61,7 +64,8 @@ bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status);
 int warm_command(const std::vector<std::string>& args);
 
 /// The identity a request must share with a server (what exec gives a process, see above) of
-/// this process, for `core`: length-prefixed fields, byte-comparable. Exposed for tests.
+/// this process as the kernel reports it in /proc/self, for `core`: length-prefixed fields,
+/// byte-comparable; "" when /proc/self cannot be read. Exposed for tests.
 std::string identity(const std::string& core);
 
 }  // namespace mih::warm
