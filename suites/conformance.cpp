@@ -33,7 +33,8 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
     o = &cases::ensure_case(p);
   } catch (const Error& e) {
     cases::note_error(e.code());
-    ADD_FAILURE() << "case " << p.spec << "/" << case_name << " could not run: " << e.what();
+    ADD_FAILURE() << "case " << p.spec << "/" << case_name
+                  << (cases::run_options().verify_only ? " cannot be checked: " : " could not run: ") << e.what();
     return nullptr;
   }
   if (o->outcome == "transport_failure") {
@@ -77,7 +78,8 @@ verdicts::Verdict ConformanceTest::parity(const verdicts::CaseEvidence& target, 
     return verdicts::Verdict::fail("the lane's reference or noise twin did not run, so no tolerance is calibrated");
   }
   const Calibration cal = verdicts::lane_calibration(*lane_reference, *noise_twin, candidate, cases::run_options().noise_k);
-  return verdicts::parity(target, candidate, quantity, 0, first_step, &cal, record);
+  // `mih check` writes nothing into the evidence it judges.
+  return verdicts::parity(target, candidate, quantity, 0, first_step, &cal, record && !cases::run_options().read_only);
 }
 
 const verdicts::CaseEvidence* ConformanceTest::compared() {

@@ -14,6 +14,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/owned_files.h"
 #include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
@@ -27,6 +28,9 @@
 namespace mih::cases {
 namespace fs = std::filesystem;
 namespace {
+
+// An export's own record: what it describes, and the SHA-256 of each file it wrote.
+constexpr const char* kExportRecord = "mih_export.json";
 
 bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
   for (const auto& g : globs) {
@@ -267,16 +271,15 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
             options.dtype, " is not one the ports compute in on CPU; use float32, float64 or bfloat16");
   // Everything is written into a staging directory beside --out, which replaces --out only
   // when the export is complete: a failed export leaves the earlier one whole, and no file
-  // of an earlier export (another shard count, another dtype) survives a new one.
+  // of an earlier export (another shard count, another dtype) survives a new one. So --out
+  // must hold nothing but the files an earlier export wrote, as it wrote them (its
+  // mih_export.json lists each with its SHA-256): a tokenizer.json put beside it, or an
+  // edited config.json, is refused and left as it is.
   fs::path target = fs::absolute(options.out).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   std::error_code ec;
   const bool exists = fs::exists(target, ec);
-  MIH_CHECK_CODE(!exists || fs::is_directory(target, ec), Code::kFailedPrecondition, "export: --out ", target.string(),
-                 " is a file, not a directory");
-  MIH_CHECK_CODE(!exists || fs::is_empty(target, ec) || fs::exists(target / "mih_export.json", ec),
-                 Code::kFailedPrecondition, "export: --out ", target.string(), " holds files and no mih_export.json, "
-                 "so it is not an earlier mih export; give a new or empty directory (nothing was written)");
+  check_owned(target, kExportRecord, entries_under(target, kExportRecord), "export");
   const fs::path stage = target.parent_path() / ("." + target.filename().string() + ".mih-export-" +
                                                  std::to_string(::getpid()));
   fs::remove_all(stage, ec);
@@ -349,8 +352,9 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                         {"loss", result.loss},
                                         {"weight_files", result.weight_files},
                                         {"key_map", map.to_json()},
-                                        {"tensors", tensors}};
-    write_file_atomic(stage / "mih_export.json", description.dump(2) + "\n");
+                                        {"tensors", tensors},
+                                        {"files", file_digests(stage, kExportRecord)}};
+    write_file_atomic(stage / kExportRecord, description.dump(2) + "\n");
   });
   if (exists) {
     const fs::path old = target.parent_path() / ("." + target.filename().string() + ".mih-export-old-" +

@@ -49,15 +49,20 @@ struct HfExportResult {
 ///   reference.safetensors  logits [B, S, V] when the model exposes them, token_losses [B, S]
 ///                          and loss (the mean over labels != -100)
 ///   mih_export.json        mih's own description: spec, dtype, seed, data pipeline, key map,
-///                          the external tensors with the FQN each came from, the loss
+///                          the external tensors with the FQN each came from, the loss, and
+///                          "files": the SHA-256 of every other file it wrote
 /// Everything is written into a staging directory beside `out` that replaces `out` only when
 /// complete, so a failed export leaves an earlier one whole and no file of an earlier export
-/// survives a new one.
+/// survives a new one; `out` must therefore hold only what an earlier export wrote, unedited
+/// (check_owned in harness/base/owned_files.h).
 /// Throws: mih::Error{kInvalidSpec} when the spec declares no HfConfig (naming the spec and
 ///   the fix), for a dtype other than float32, float64, bfloat16;
-///   kFailedPrecondition when `out` is a file or a non-empty directory that is not an earlier
-///   mih export (no mih_export.json: nothing is written); a parameter has no key-map rule and is not training-only, or two parameters
-///   map to one key; as the key map, the Trainer and the writers otherwise.
+///   kFailedPrecondition, with nothing written or removed, when `out` is a file, or a
+///   non-empty directory that is not an earlier mih export (no mih_export.json listing its
+///   files), or holds a file that export's mih_export.json does not list (a tokenizer.json put
+///   beside it) or one edited since (naming the file); a parameter has no key-map rule and is
+///   not training-only, or two parameters map to one key; as the key map, the Trainer and the
+///   writers otherwise.
 HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options);
 
 /// Sets every parameter of `ctx` (the model of `spec`, built under any parallel config:

@@ -12,6 +12,8 @@
 #include <map>
 #include <mutex>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +89,120 @@ std::string fingerprint(const CaseParam& p) {
                           run_options().collective_timeout, init ? init->sha256 : std::string());
 }
 
+// Whether `j` nests deeper than `limit` levels (counted without recursion: evidence is hostile).
+bool deeper_than(const json& j, int limit) {
+  std::vector<std::pair<const json*, int>> stack = {{&j, 0}};
+  while (!stack.empty()) {
+    const auto [at, depth] = stack.back();
+    stack.pop_back();
+    if (depth > limit) return true;
+    if (at->is_structured()) {
+      for (const auto& child : *at) stack.emplace_back(&child, depth + 1);
+    }
+  }
+  return false;
+}
+
+// A value of the evidence as it reads in a message: short, and never dumped when deep.
+std::string shown(const json& j) {
+  if (deeper_than(j, 8)) return "(a value nested more than 8 levels)";
+  std::string s = j.dump();
+  return s.size() > 120 ? s.substr(0, 120) + "..." : s;
+}
+
+// "tolerances.cross_topology.float64" for the JSON pointer "/tolerances/cross_topology/float64".
+std::string field_name(const std::string& pointer) {
+  std::string out;
+  for (size_t i = 0; i < pointer.size(); ++i) {
+    if (pointer[i] == '/') {
+      if (i > 0) out += '.';
+    } else if (pointer[i] == '~' && i + 1 < pointer.size()) {
+      out += pointer[++i] == '1' ? '/' : '~';
+    } else {
+      out += pointer[i];
+    }
+  }
+  return out.empty() ? "the whole value" : out;
+}
+
+// Appends "<file>: <field> is <x> in the evidence, <y> in this mih" for each field where
+// `evidence` differs from `compiled` (a JSON Patch from one to the other, nlohmann::json::diff;
+// its recursion is bounded by the compiled value's depth).
+void add_differences(const std::string& file, const json& evidence, const json& compiled, std::vector<std::string>* out) {
+  for (const auto& op : json::diff(evidence, compiled)) {
+    const std::string path = op.value("path", "");
+    std::string theirs = "absent", ours = "absent";
+    try {
+      const json::json_pointer pointer(path);
+      if (evidence.contains(pointer)) theirs = shown(evidence.at(pointer));
+      if (compiled.contains(pointer)) ours = shown(compiled.at(pointer));
+    } catch (const json::exception&) {
+      theirs = ours = "(see the file)";
+    }
+    if (op.contains("value") && ours == "absent") ours = shown(op["value"]);  // an element this mih adds
+    out->push_back(file + ": " + field_name(path) + " is " + theirs + " in the evidence, " + ours + " in this mih");
+  }
+}
+
+// Where the case's evidence in `ev` disagrees with what this binary compiled and this run
+// gives the case: the spec (spec.resolved.json, of each phase), the case of the matrix
+// (environment.json "case", run/case.json "case", case_run.json's copy of it), the parallel
+// config (config.resolved.json's ParallelConfig fields; the save phase's before_save/), and
+// the fault its records name against the fault this run injects into the case (fault_of).
+// Every verdict reads its tolerances, spec and case from these files, so evidence that
+// passes here is judged by the compiled ones.
+std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseEvidence& ev) {
+  std::vector<std::string> out;
+  const spec::Case& c = case_of(p);
+  const json spec_json = spec_of_run(p.spec).to_json();
+  const json case_json = c;
+  const std::string fault = fault_of(p);
+  auto fault_of_record = [&](const std::string& file) {
+    const json& record = ev.json(file);
+    const json named = record.is_object() ? record.value("fault", json("")) : json();
+    if (named != json(fault)) {
+      out.push_back(file + ": fault is " + shown(named) + " in the evidence, " +
+                    (fault.empty() ? std::string("and this run checks the case fault-free") : "\"" + fault + "\" in this run") +
+                    (named.is_string() && !named.get<std::string>().empty()
+                         ? " (the evidence is of the catalog's bug " + named.get<std::string>() + ", not of the port: check "
+                           "it as the fault run it is, --fault " + named.get<std::string>() + " --fault-cases " + p.case_name +
+                           ", which `mih check` passes from the record)"
+                         : std::string()));
+    }
+  };
+  if (ev.has("case_run.json")) {
+    fault_of_record("case_run.json");
+    const json& record = ev.json("case_run.json");
+    json recorded = json::object(), compiled = json::object();
+    for (const char* key : {"kind", "group", "world_size", "config", "compare_to"}) {
+      recorded[key] = record.is_object() && record.contains(key) ? record[key] : json();
+      compiled[key] = case_json.contains(key) ? case_json[key] : json();
+    }
+    add_differences("case_run.json", recorded, compiled, &out);
+  }
+  if (ev.has("run/case.json")) {
+    fault_of_record("run/case.json");
+    const json& file = ev.json("run/case.json");
+    add_differences("run/case.json: case", file.is_object() && file.contains("case") ? file["case"] : json(), case_json,
+                    &out);
+  }
+  for (const std::string phase : {"", "before_save/"}) {
+    if (!phase.empty() && !ev.has(phase + "environment.json")) continue;
+    add_differences(phase + "spec.resolved.json", ev.json(phase + "spec.resolved.json"), spec_json, &out);
+    const json& env = ev.json(phase + "environment.json");
+    add_differences(phase + "environment.json: case", env.is_object() && env.contains("case") ? env["case"] : json(),
+                    case_json, &out);
+    const json config = phase.empty() || !c.save_config ? json(c.config) : json(*c.save_config);
+    const json& file = ev.json(phase + "config.resolved.json");
+    json recorded = json::object();
+    for (const auto& item : config.items()) {
+      if (file.is_object() && file.contains(item.key())) recorded[item.key()] = file[item.key()];
+    }
+    add_differences(phase + "config.resolved.json", recorded, config, &out);
+  }
+  return out;
+}
+
 CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   CaseOutcome out;
   out.evidence = dir;
@@ -138,6 +254,20 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
     out.outcome = run.value("outcome", "ran");
     out.error = run.value("error", "");
     out.seconds = run.value("seconds", 0.0);
+  }
+  // The tolerances, the spec, the case and the fault a verdict applies are the compiled ones
+  // (and this run's): evidence that says otherwise is not this case's to judge by them. (A
+  // case that did not complete gets no verdict: its outcome is reported.)
+  const std::vector<std::string> differ =
+      out.outcome == "ran" || out.outcome == "verify_only" ? disagreements(p, ev) : std::vector<std::string>();
+  if (!differ.empty()) {
+    std::string list;
+    for (size_t i = 0; i < differ.size() && i < 12; ++i) list += "\n  " + differ[i];
+    if (differ.size() > 12) list += "\n  ... and " + std::to_string(differ.size() - 12) + " more";
+    MIH_THROW(Code::kFailedPrecondition, "evidence ", dir.string(), " of case ", p.spec, "/", p.case_name,
+              " disagrees with the spec, matrix and fault this mih compiled and this run checks it with, and a "
+              "verdict applies only those:", list,
+              "\n  rerun the case with this mih, or check it with the matrix and --fault it ran under");
   }
   if (out.outcome != "ran" && out.outcome != "verify_only" && out.outcome != "failed") {
     out.code = Code::kAborted;
@@ -241,7 +371,17 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     bool reused = false;
     if (fs::exists(dir / "case_run.json")) {
       const InitSource* init = init_source_of(p.spec);
-      const std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string());
+      std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string());
+      if (why.empty()) {
+        // Digests recomputed after an edit pass the check above: the evidence must still say
+        // what this mih compiled.
+        try {
+          const std::vector<std::string> differ = disagreements(p, verdicts::CaseEvidence(dir));
+          if (!differ.empty()) why = "its evidence disagrees with this mih: " + differ.front();
+        } catch (const Error& e) {
+          why = std::string("its evidence cannot be read: ") + e.what();
+        }
+      }
       if (why.empty()) {
         const json run = read_json_file(dir / "case_run.json");
         out.evidence = dir;

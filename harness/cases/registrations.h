@@ -61,6 +61,9 @@ struct RunOptions {
   /// Verify-only: check evidence whose environment.json names another harness version
   /// (versions.mih) than this binary's. Off: such a case is exit 12, naming both versions.
   bool allow_other_version = false;
+  /// `mih check`: judge the evidence without writing into it: no results.jsonl line, no
+  /// compare/calibration.json (the verdicts are the output and the exit status).
+  bool read_only = false;
   /// How long one case may take (all its launches), then every rank is stopped.
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
   /// How long one collective may wait before its rank fails (a transport failure, never a

@@ -10,7 +10,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
-#include "harness/base/sha256.h"
+#include "harness/base/owned_files.h"
 
 namespace mih::hf {
 namespace fs = std::filesystem;
@@ -36,18 +36,7 @@ AssetFile asset(const fs::path& dir, const std::string& rel) {
 
 }  // namespace
 
-std::string file_sha256(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  MIH_CHECK_CODE(in.good(), Code::kFailedPrecondition, "cannot read ", file.string(), " to fingerprint it");
-  Sha256 h;
-  std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    h.update(buffer.data(), static_cast<size_t>(in.gcount()));
-  }
-  MIH_CHECK_CODE(in.eof(), Code::kFailedPrecondition, "error reading ", file.string(), " to fingerprint it");
-  return h.hex_digest();
-}
+std::string file_sha256(const fs::path& file) { return sha256_of_file(file); }
 
 const TensorEntry* Checkpoint::find(const std::string& key) const {
   auto it = std::lower_bound(tensors.begin(), tensors.end(), key,

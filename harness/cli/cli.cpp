@@ -76,8 +76,9 @@ const std::vector<Command>& commands() {
        setup_test, /*pass_through=*/true},
       {"check",
        "mih check <evidence> [--gtest_* ...]: assert the conformance suites on existing evidence without "
-       "launching anything: a case directory (<root>/<spec>/<case>) or a whole run root. Exit 1 when a suite "
-       "fails, 12 when evidence is missing or of another run.",
+       "launching anything or writing into it: a case directory (<root>/<spec>/<case>) or a whole "
+       "run root (the tests its results.jsonl records its run ran). Exit 1 when a suite fails, 12 when evidence is "
+       "missing, of another run, or disagrees with the spec, tolerances, case or fault this mih compiled.",
        setup_check, /*pass_through=*/true},
       {"report",
        "Write the report of a conformance run: md (suites x cases tables and failures), junit (XML for CI) or "

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <variant>
@@ -124,8 +125,10 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
     return stamp;
   }
 
-  // One whole line, or nothing and a message (once) that makes the run exit 12.
+  // One whole line, or nothing and a message (once) that makes the run exit 12. `mih check`
+  // writes nothing into the evidence it judges.
   bool append(const json& line) {
+    if (run_options().read_only) return true;
     try {
       append_whole(run_options().evidence_root / "results.jsonl", line.dump() + "\n");
       return true;
@@ -141,10 +144,14 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
     append({{"run",
              {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_},
               {"interrupted", signal_name(sig)}}}});
-    std::fprintf(stderr,
-                 "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is not); "
-                 "rerun the same command to finish: complete cases are reused\n",
-                 signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
+    if (run_options().read_only) {
+      std::fprintf(stderr, "mih: interrupted by %s after %d of %d tests\n", signal_name(sig), written_, expected_);
+    } else {
+      std::fprintf(stderr,
+                   "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is "
+                   "not); rerun the same command to finish: complete cases are reused\n",
+                   signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
+    }
     std::fflush(nullptr);
     std::_Exit(128 + sig);
   }
@@ -225,6 +232,73 @@ std::string run_id() {
   return std::string(stamp) + "-" + std::to_string(::getpid());
 }
 
+// `mih check` of a run root: the tests its run recorded it would run, which the check must
+// find among its own (run_tests); empty when the check is of one case or the root records none.
+std::vector<std::string> g_recorded_tests;
+
+// "<Prefix>/<Suite>.<Test>/<Case>", the name of a conformance test (GoogleTest's for a
+// value-parameterized test): no character GoogleTest's filter would read as a pattern.
+bool conformance_test_name(const std::string& name) {
+  static const std::regex kName("[A-Za-z0-9_]+/[A-Za-z0-9_]+\\.[A-Za-z0-9_]+/[A-Za-z0-9_]+");
+  return name.size() < 512 && std::regex_match(name, kName);
+}
+
+// The tests the run of `root` recorded it would run: the start line of each of its processes
+// in results.jsonl (ResultsWriter), in order, once each; empty when there is none.
+// Throws: mih::Error{kFailedPrecondition} naming the file and line for a line that is not
+//   JSON (but a torn last one) or a start line whose tests are not conformance test names.
+std::vector<std::string> recorded_tests(const fs::path& root) {
+  const fs::path file = root / "results.jsonl";
+  std::error_code ec;
+  if (fs::symlink_status(file, ec).type() == fs::file_type::not_found) return {};
+  std::string text;
+  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "mih check: ", file.string(),
+                 " cannot be read as a file: it is not the record of a run mih wrote");
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  size_t start = 0;
+  for (int line_number = 1; start < text.size(); ++line_number) {
+    size_t end = text.find('\n', start);
+    const bool terminated = end != std::string::npos;
+    if (!terminated) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() && !terminated) break;  // a writer died mid-line
+    const std::string where = file.string() + " line " + std::to_string(line_number);
+    MIH_CHECK_CODE(!j.is_discarded(), Code::kFailedPrecondition, "mih check: ", where,
+                   " is not JSON: the run's record was truncated or edited, so what it ran cannot be read; rerun it");
+    if (!j.is_object() || !j.contains("run") || !j["run"].is_object() || j["run"].value("event", json()) != "start") continue;
+    const json& tests = j["run"].value("tests", json());
+    MIH_CHECK_CODE(tests.is_array(), Code::kFailedPrecondition, "mih check: ", where, ": a start line lists no 'tests'");
+    for (const auto& t : tests) {
+      MIH_CHECK_CODE(t.is_string() && conformance_test_name(t.get<std::string>()), Code::kFailedPrecondition,
+                     "mih check: ", where, ": ", t.is_string() ? "'" + t.get<std::string>().substr(0, 200) + "'" : t.type_name(),
+                     " is not a conformance test name mih wrote (<Prefix>/<Suite>.<Test>/<Case>)");
+      if (seen.insert(t.get<std::string>()).second) out.push_back(t.get<std::string>());
+    }
+  }
+  return out;
+}
+
+// The fault of the catalog the record of `case_dir` names: its case_run.json, or the run/case.json
+// of a case launched by torchrun or srun (which has no case_run.json); "" for none, no record,
+// or a name that is no fault (the verify-only run then refuses the record, naming the field).
+std::string recorded_fault(const fs::path& case_dir) {
+  std::string text;
+  if (!read_file(case_dir / "case_run.json", &text) && !read_file(case_dir / "run" / "case.json", &text)) return "";
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("fault") || !j["fault"].is_string() || j["fault"].get<std::string>().empty()) {
+    return "";
+  }
+  try {
+    return fault::name(fault::parse(j["fault"].get<std::string>()));
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 // `mih check <dir>`: a case directory (<root>/<spec>/<case>) or a run root.
 std::vector<std::string> check_arguments(const fs::path& target, std::string* filter) {
   MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
@@ -259,12 +333,42 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
     }
     if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
+    // A case run with a fault of the catalog is checked as that fault run, never as the port.
+    if (const std::string fault = recorded_fault(dir); !fault.empty()) {
+      args.insert(args.end(), {"--fault", fault, "--fault-cases", case_name});
+      std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked as "
+                   "that fault run, never as the fault-free port\n", spec_name.c_str(), case_name.c_str(), fault.c_str());
+    }
     *filter = "*/*.*/" + ev.case_info().value("name", "");
   } else {
     args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
+    // What the run ran: the tests its processes recorded in results.jsonl's start lines. A
+    // check of a filtered run judges those, never the whole default matrix (whose other cases
+    // were never asked for); a root without that record (cases launched by torchrun or srun)
+    // is checked over the matrix of every spec with evidence there.
+    const std::vector<std::string> recorded = recorded_tests(target);
+    std::set<std::string> recorded_prefixes, recorded_cases;  // "<prefix>", "<prefix>/<case>"
+    for (const auto& name : recorded) {
+      const std::string prefix = name.substr(0, name.find('/'));
+      recorded_cases.insert(prefix + "/" + name.substr(name.rfind('/') + 1));
+      MIH_CHECK_CODE(cases::find_registration(prefix) != nullptr, Code::kFailedPrecondition, "mih check: ",
+                     (target / "results.jsonl").string(), " records test ", name, " of registration '", prefix,
+                     "', which this mih does not link; check the run with the conformance binary that ran it");
+      recorded_prefixes.insert(prefix);
+    }
+    std::string matrix;
     if (fs::exists(target / "run.json")) {
       const json run = read_json_file(target / "run.json");
-      if (!run.value("matrix", "").empty()) args.insert(args.end(), {"--matrix", run.value("matrix", "")});
+      matrix = run.value("matrix", "");
+      // The matrix each recorded registration ran, its lane included (run.json's registrations).
+      std::set<std::string> ran;
+      for (const auto& r : run.value("registrations", json::array())) {
+        if (r.is_object() && r.value("prefix", json()).is_string() && recorded_prefixes.count(r["prefix"].get<std::string>()) &&
+            r.value("matrix", json()).is_string()) {
+          ran.insert(r["matrix"].get<std::string>());
+        }
+      }
+      if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
       // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
       const json init = run.value("init_from", json::object());
       if (init.is_object() && init.size() == 1 && fs::is_directory(target / init.begin().key())) {
@@ -277,10 +381,11 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
         }
       }
     }
+    if (!matrix.empty()) args.insert(args.end(), {"--matrix", matrix});
     // Only the specs with evidence under this root.
     std::string specs, prefixes;
     for (const auto& r : cases::registrations()) {
-      if (!fs::is_directory(target / r.spec)) continue;
+      if (recorded.empty() ? !fs::is_directory(target / r.spec) : !recorded_prefixes.count(r.prefix)) continue;
       specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
       prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
     }
@@ -304,7 +409,37 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       }
     }
     args.insert(args.end(), {"--prefixes", prefixes});
-    *filter = specs;
+    // The cases run with a fault of the catalog (their case_run.json) are checked as that
+    // fault run, never as the port: `mih test --fault F --fault-cases ...` as the run was.
+    std::map<std::string, std::set<std::string>> fault_cases;  // fault -> case names
+    for (const auto& r : cases::registrations()) {
+      std::error_code ec;
+      if (!(recorded.empty() ? fs::is_directory(target / r.spec, ec) : recorded_prefixes.count(r.prefix) > 0)) continue;
+      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
+        if (!recorded.empty() && !recorded_cases.count(r.prefix + "/" + entry.path().filename().string())) continue;
+        const std::string fault = recorded_fault(entry.path());
+        if (fault.empty()) continue;
+        fault_cases[fault].insert(entry.path().filename().string());
+        std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked "
+                     "as that fault run, never as the fault-free port\n", r.spec.c_str(),
+                     entry.path().filename().string().c_str(), fault.c_str());
+      }
+    }
+    MIH_CHECK_CODE(fault_cases.size() <= 1, Code::kFailedPrecondition, "mih check: the cases of ", target.string(),
+                   " ran with different faults of the catalog (", fault_cases.begin()->first, " and ",
+                   std::next(fault_cases.begin())->first, "), which no one run injects; check each case directory");
+    if (!fault_cases.empty()) {
+      std::string names;
+      for (const auto& n : fault_cases.begin()->second) names += (names.empty() ? "" : ",") + n;
+      args.insert(args.end(), {"--fault", fault_cases.begin()->first, "--fault-cases", names});
+    }
+    if (recorded.empty()) {
+      *filter = specs;
+    } else {
+      g_recorded_tests = recorded;
+      *filter = "";
+      for (const auto& name : recorded) *filter += (filter->empty() ? "" : ":") + name;
+    }
   }
   return args;
 }
@@ -584,6 +719,29 @@ int run_tests(const std::vector<std::string>& args) {
   for (auto& a : gargs) gargv.push_back(a.data());
   int gargc = static_cast<int>(gargv.size());
   ::testing::InitGoogleTest(&gargc, gargv.data());
+  if (!g_recorded_tests.empty()) {
+    // `mih check` of a run root: every test the run recorded is one of this binary's under the
+    // run's matrix, or the check would judge less than the run ran.
+    std::set<std::string> here;
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+      // Every instantiated test (should_run is decided later, in RUN_ALL_TESTS; the filter
+      // is exactly the recorded names).
+      for (int j = 0; j < suite.total_test_count(); ++j) {
+        here.insert(std::string(suite.name()) + "." + suite.GetTestInfo(j)->name());
+      }
+    }
+    std::vector<std::string> missing;
+    for (const auto& name : g_recorded_tests) {
+      if (!here.count(name)) missing.push_back(name);
+    }
+    MIH_CHECK_CODE(missing.empty(), Code::kFailedPrecondition, "mih check: ", o.evidence_root.string(),
+                   "/results.jsonl records ", g_recorded_tests.size(), " tests of its run, and ", missing.size(),
+                   " of them (", missing.front(), missing.size() > 1 ? ", ..." : "", ") are no test of this mih under "
+                   "the run's matrix", o.matrix.empty() ? std::string() : " '" + o.matrix + "'",
+                   ": the run used another binary, matrix or lane; check it with the conformance binary that ran it");
+  }
   if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
   if (::testing::UnitTest::GetInstance()->total_test_count() == 0) {
     std::fprintf(stderr, "mih: no conformance test is linked (MIH_CONFORMANCE_SUITES in a spec file of an OBJECT library)\n");
@@ -629,6 +787,9 @@ int run_conformance_tests(const std::vector<std::string>& args) {
   std::vector<std::string> all;
   if (!args.empty() && args[0] == "--check") {
     MIH_CHECK(args.size() >= 2, "mih check needs an evidence directory");
+    // A check judges the evidence and writes nothing into it (its verdict: the output and the
+    // exit status; --gtest_output=json:FILE for a machine-readable copy).
+    run_options().read_only = true;
     std::string filter;
     for (auto& a : check_arguments(args[1], &filter)) all.push_back(a);
     for (size_t i = 2; i < args.size(); ++i) all.push_back(args[i]);

@@ -16,6 +16,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/owned_files.h"
 #include "harness/base/sha256.h"
 #include "harness/base/version.h"
 #include "harness/cli/commands.h"
@@ -78,42 +79,6 @@ fs::path installed_prefix() {
   return {};
 }
 
-// Refuses (naming the path) a target mih may not write into; see write_scaffold.
-void check_target(const fs::path& dir) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(dir, ec);
-  if (status.type() == fs::file_type::not_found) return;
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "scaffold: cannot read --out ", dir.string(), ": ", ec.message());
-  MIH_CHECK_CODE(fs::is_directory(status), Code::kFailedPrecondition, "scaffold: --out ", dir.string(),
-                 " is a file, not a directory; give a new or empty directory");
-  if (fs::is_empty(dir, ec) && !ec) return;
-  std::string record_text;
-  json record;
-  const bool has_record = read_file(dir / kScaffoldRecord, &record_text);
-  if (has_record) {
-    record = json::parse(record_text, nullptr, /*allow_exceptions=*/false);
-  }
-  MIH_CHECK_CODE(has_record && record.is_object() && record.contains("files") && record["files"].is_object(),
-                 Code::kFailedPrecondition, "scaffold: --out ", dir.string(), " holds files and no ", kScaffoldRecord,
-                 " of an earlier `mih scaffold`, so mih did not write it; give a new or empty directory (nothing "
-                 "was written)");
-  for (const auto& file : scaffold_templates()) {
-    const fs::path path = dir / file.path;
-    if (!fs::exists(path, ec)) continue;
-    const auto listed = record["files"].find(file.path);
-    MIH_CHECK_CODE(listed != record["files"].end(), Code::kFailedPrecondition, "scaffold: --out ", dir.string(),
-                   " holds '", file.path, "', which ", kScaffoldRecord,
-                   " does not list: it is not mih's to overwrite; give a new or empty directory (nothing was "
-                   "written)");
-    std::string text;
-    MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "scaffold: cannot read ", path.string());
-    MIH_CHECK_CODE(listed->is_string() && sha256_hex(text) == listed->get<std::string>(), Code::kFailedPrecondition,
-                   "scaffold: '", file.path, "' in ", dir.string(), " was edited since mih wrote it; mih never "
-                   "overwrites an edit: scaffold into a new directory, or delete the file first (nothing was "
-                   "written)");
-  }
-}
-
 }  // namespace
 
 std::string scaffold_name_problem(const std::string& name) {
@@ -158,7 +123,11 @@ ScaffoldResult write_scaffold(const std::string& name, const fs::path& out) {
   if (result.dir.filename().empty()) result.dir = result.dir.parent_path();
   std::error_code ec;
   result.replaced = fs::exists(result.dir / kScaffoldRecord, ec);
-  check_target(result.dir);
+  // An earlier scaffold is rewritten only where each file mih would replace is still as mih
+  // wrote it; other files in the folder (a build folder, notes) are left alone.
+  std::vector<std::string> paths;
+  for (const auto& file : scaffold_templates()) paths.push_back(file.path);
+  check_owned(result.dir, kScaffoldRecord, paths, "scaffold");
   fs::create_directories(result.dir, ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "scaffold: cannot create --out ", result.dir.string(), ": ",
                  ec.message(), "; give a directory you can write");

@@ -564,8 +564,27 @@ Verdict module_parity(const CaseEvidence& ev) {
     }
     const json observations = r.value("observations", json::array());
     if (observations.empty()) return Verdict::fail(where + " recorded no observation" + open);
+    // Each observation is judged at the declared tolerance (the spec's, which the runner has
+    // checked against the compiled one), never at the one the file carries.
+    const json declared_tolerance = name.is_object() ? name.value("tolerance", json()) : json();
+    const json declared_grad = name.is_object() ? name.value("grad_tolerance", declared_tolerance) : json();
     for (const auto& o : observations) {
       ++observed;
+      const std::string observation = o.value("name", "?");
+      const json& want = observation == "output" || observation == "aux_loss" ? declared_tolerance : declared_grad;
+      const json recorded = o.value("tolerance", json());
+      const json error = o.value("relative_error", json());
+      if (want.is_number()) {
+        MIH_CHECK_CODE(recorded.is_number() && recorded.get<double>() == want.get<double>(), Code::kFailedPrecondition,
+                       where, ": observation '", observation, "' was judged at tolerance ", number(recorded),
+                       ", and the spec declares ", number(want), ": ", rel_path(ev, file),
+                       " is not what this spec's run writes; rerun the case");
+        const bool within = error.is_number() && std::isfinite(error.get<double>()) && error.get<double>() <= want.get<double>();
+        MIH_CHECK_CODE(within == o.value("passed", false), Code::kFailedPrecondition, where, ": observation '",
+                       observation, "' says passed ", o.value("passed", false) ? "true" : "false", " at relative error ",
+                       number(error), " and tolerance ", number(want), ": ", rel_path(ev, file),
+                       " contradicts itself; rerun the case");
+      }
       if (o.value("passed", false)) continue;
       return Verdict::fail(where + ": observation '" + o.value("name", "?") + "' relative error " +
                            number(o.value("relative_error", json())) + " > tolerance " + number(o.value("tolerance", json())) +

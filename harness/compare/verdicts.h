@@ -151,8 +151,12 @@ Verdict state_invariants(const CaseEvidence& ev);
 /// ModuleParity: skip unless the case ran the spec's parity cases (the reference does);
 /// every declared case in check/module_parity.json raised nothing, left no trainable parameter
 /// of its candidate unmapped, and passed each observation (output, input and parameter
-/// gradients). The failure names the case and the first failing observation with its relative
-/// error, tolerance and max abs error, and the file.
+/// gradients) at the tolerance the spec declares for it (spec.resolved.json's
+/// module_parity_cases: tolerance for output and aux_loss, grad_tolerance for the gradients).
+/// The failure names the case and the first failing observation with its relative error,
+/// tolerance and max abs error, and the file.
+/// Throws: mih::Error{kFailedPrecondition} when an observation records another tolerance than
+///   the declared one, or a `passed` its error and tolerance contradict (edited evidence).
 Verdict module_parity(const CaseEvidence& ev);
 
 /// ActivationCheckpointEquivalence: skip unless activation checkpointing is on; regions

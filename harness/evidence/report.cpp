@@ -148,7 +148,8 @@ bool transport_failure(const RunResults& run, const TestResult& t) {
 }
 
 bool case_needs_attention(const CaseResult& c) {
-  return (!c.outcome.empty() && c.outcome != "ran") || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty();
+  return (!c.outcome.empty() && c.outcome != "ran") || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty() ||
+         !c.fault.empty();
 }
 
 std::string evidence_path(const RunResults& run, const std::string& evidence) {
@@ -170,9 +171,31 @@ std::string case_facts(const CaseResult& c) {
   if (!c.state.empty()) facts.push_back("state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
   if (!c.compare_to.empty()) facts.push_back("compared to " + c.compare_to);
   if (!c.error.empty()) facts.push_back("error: " + c.error);
+  if (!c.fault.empty()) facts.push_back("fault " + c.fault + " injected (the catalog's bug, not the port's)");
   std::string out;
   for (const auto& f : facts) out += (out.empty() ? "" : "; ") + f;
   return out;
+}
+
+std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run) {
+  std::vector<const CaseResult*> out;
+  for (const CaseResult& c : run.cases) {
+    if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault.empty()) continue;
+    const bool a_test_failed = std::any_of(run.tests.begin(), run.tests.end(), [&](const TestResult& t) {
+      return t.spec == c.spec && t.case_name == c.name && t.status == "failed";
+    });
+    if (!a_test_failed) out.push_back(&c);
+  }
+  return out;
+}
+
+std::string case_record_failure(const CaseResult& c) {
+  if (!c.fault.empty()) {
+    return "case " + c.spec + "/" + c.name + " ran with fault " + c.fault + " of the catalog injected (its case " +
+           "record): its tests judge the catalog's bug, never the fault-free port";
+  }
+  return "case " + c.spec + "/" + c.name + " is in state " + c.state + " (integration_state.json" +
+         (c.state_reason.empty() ? std::string() : ": " + c.state_reason) + ") though no test of it failed in this run";
 }
 
 std::string calibration_line(const CaseCalibration& c) {
@@ -224,6 +247,28 @@ ReportFormat parse_report_format(const std::string& name) {
   if (name == "junit") return ReportFormat::kJunit;
   if (name == "html") return ReportFormat::kHtml;
   MIH_THROW(Code::kInvalidSpec, "report format: expected one of md, junit, html; got '", name, "'");
+}
+
+std::vector<std::string> not_passed_reasons(const RunResults& run) {
+  std::vector<std::string> out;
+  if (run.tests.empty()) out.push_back("no test has finished in this run");
+  if (!run.incomplete.empty()) out.push_back(run.incomplete);
+  if (run.failed() > 0) out.push_back(std::to_string(run.failed()) + " test" + (run.failed() == 1 ? "" : "s") + " failed");
+  for (const CaseResult& c : run.cases) {
+    const std::string name = report_internal::spec_title(c.spec) + "/" + c.name;
+    if (!c.fault.empty()) {
+      out.push_back(name + ": ran with fault " + c.fault + " of the catalog injected (its case record): a check of " +
+                    "the catalog's bug, not of the fault-free port");
+    }
+    if (c.state == "FAILED" || c.state == "BLOCKED") {
+      out.push_back(name + ": integration state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
+    }
+    if (!c.outcome.empty() && c.outcome != "ran" && c.outcome != "verify_only") {
+      out.push_back(name + ": outcome " + c.outcome + (c.error.empty() ? "" : " (" + report_internal::first_line(c.error) + ")"));
+    }
+    if (!c.problems.empty()) out.push_back(name + ": evidence that cannot be read: " + c.problems.front());
+  }
+  return out;
 }
 
 int RunResults::passed() const {

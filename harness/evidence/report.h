@@ -72,6 +72,9 @@ struct CaseResult {
   std::string compare_to;  ///< the case of the same spec this one is compared with ("Reference"); "" for none
   std::string outcome;     ///< "ran", "transport_failure" or "verify_only"
   std::string error;       ///< why the case did not run to the end
+  /// The fault of the catalog injected into the case's ranks ("F20"; case_run.json, else
+  /// run/case.json "fault"); "" for a fault-free case. Such a case is never a pass of the port.
+  std::string fault;
   int world_size = 0;
   double seconds = 0;
   /// Rank 0's launch time by kind, seconds: process_start_s, rendezvous_s, training_s,
@@ -125,9 +128,19 @@ struct RunResults {
 ///   others strings). A case file that cannot be read is recorded in CaseResult::problems.
 RunResults read_run_results(const std::filesystem::path& root);
 
+/// Why `run` is not a pass, one line each; empty when it is one: some test finished, none
+/// failed, the run is complete, and every case ran fault-free (no fault in its record) to an
+/// integration state other than FAILED or BLOCKED, with readable evidence and an outcome of
+/// "ran" or "verify_only" (or no case_run.json: launched by an outside launcher).
+std::vector<std::string> not_passed_reasons(const RunResults& run);
+
 /// Renders `run`. Text is made safe for the format: invalid UTF-8 and the control characters
 /// XML 1.0 forbids (all below U+0020 but tab, newline and carriage return) become U+FFFD;
-/// markup characters are escaped.
+/// markup characters are escaped. Every format states the verdict (not_passed_reasons): the
+/// Markdown and HTML pages under the totals ("Verdict: PASSED", or "Verdict: NOT PASSED"
+/// and each reason), and JUnit as a failed <testcase name="<case>"> of <testsuite
+/// name="<spec>.CaseRecord"> for each case whose record says FAILED, BLOCKED or names a
+/// fault while no test of it failed, so that a CI reading only JUnit is not green either.
 ///  - kMarkdown: title with the root, totals, per spec a suites x cases table ("pass", "FAIL",
 ///    "skip", "-" when the suite has no test for the case; a cell is FAIL if any of its tests
 ///    failed, else pass if any passed), the cases to look at (an outcome other than "ran", state

@@ -185,6 +185,7 @@ td.pass{background:#d4edda;color:#155724}td.FAIL{background:#f8d7da;color:#721c2
 td.skip{background:#fff3cd;color:#856404}td.none{color:#aaa}
 section.case{margin:1em 0;padding:0.5em 1em;border-left:4px solid #ccc}
 section.case.attention{border-left-color:#dc3545}.facts{color:#555}.problem{color:#a00}
+p.verdict{font-weight:bold}p.verdict.pass{color:#155724}p.verdict.fail{color:#721c24}
 svg.chart{margin-right:1em;font-size:11px}svg.chart .title{font-weight:bold}
 pre{background:#f6f8fa;padding:0.8em;overflow-x:auto;white-space:pre-wrap}
 .tag{background:#6c757d;color:white;border-radius:3px;padding:0 0.4em;font-size:0.8em}
@@ -201,6 +202,10 @@ std::string render_html(const RunResults& run) {
                     markup_escape(run.root.string()) + "</title>\n<style>\n" + kCss + "</style>\n</head>\n<body>\n";
   out += "<h1>Conformance report</h1>\n<p class=\"root\">" + markup_escape(run.root.string()) + "</p>\n";
   out += "<p class=\"totals\">" + markup_escape(totals_line(run)) + "</p>\n";
+  const std::vector<std::string> reasons = not_passed_reasons(run);
+  out += reasons.empty() ? "<p class=\"verdict pass\">Verdict: PASSED</p>\n" : "<p class=\"verdict fail\">Verdict: NOT PASSED</p>\n<ul class=\"verdict\">\n";
+  for (const auto& r : reasons) out += "<li>" + markup_escape(r) + "</li>\n";
+  if (!reasons.empty()) out += "</ul>\n";
   const auto tables = spec_tables(run);
   for (const auto& [spec, table] : tables) {
     out += "<h2>" + markup_escape(spec_title(spec)) + "</h2>\n<table class=\"matrix\">\n<tr><th class=\"suite\">suite</th>";

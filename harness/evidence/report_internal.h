@@ -75,8 +75,14 @@ bool case_needs_attention(const CaseResult& c);
 std::string evidence_path(const RunResults& run, const std::string& evidence);
 /// "<n> tests: <p> passed, <f> failed, <s> skipped; <c> cases".
 std::string totals_line(const RunResults& run);
-/// The case's facts joined by "; ": kind, world size, seconds, outcome, state, compare_to, error.
+/// The case's facts joined by "; ": kind, world size, seconds, outcome, state, compare_to, error,
+/// the fault injected.
 std::string case_facts(const CaseResult& c);
+/// The cases whose record fails them (state FAILED or BLOCKED, or a fault injected) while no
+/// test of theirs failed: JUnit adds a failed testcase for each.
+std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run);
+/// The failure message of such a case.
+std::string case_record_failure(const CaseResult& c);
 
 // ---------------------------------------------------------------------------------------
 // A reduced-precision lane's calibration (report.cpp)

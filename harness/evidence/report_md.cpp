@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -118,6 +119,9 @@ std::string precision_section(const RunResults& run) {
 
 std::string render_markdown(const RunResults& run) {
   std::string out = "# Conformance report: " + md_code(run.root.string()) + "\n\n" + totals_line(run) + "\n";
+  const std::vector<std::string> reasons = not_passed_reasons(run);
+  out += reasons.empty() ? "\n**Verdict: PASSED**\n" : "\n**Verdict: NOT PASSED**\n\n";
+  for (const auto& r : reasons) out += "- " + md_cell(r) + "\n";
   const auto tables = spec_tables(run);
   for (const auto& [spec, table] : tables) {
     out += "\n## " + md_cell(spec_title(spec)) + "\n\n| suite |";
@@ -196,7 +200,26 @@ std::string render_junit(const RunResults& run) {
   std::map<std::string, Suite> suites;  // by classname
   int failures = 0, errors = 0;
   double seconds = 0;
-  for (const TestResult& t : run.tests) {
+  // A case whose record fails it (FAILED, BLOCKED, a fault injected) while its tests passed
+  // is a failed testcase of its own: JUnit must not be green where the report is not.
+  std::deque<TestResult> records;
+  for (const CaseResult* c : cases_failed_by_record(run)) {
+    TestResult t;
+    t.spec = c->spec;
+    t.case_name = c->name;
+    t.suite = "CaseRecord";
+    t.test = "Record";
+    t.name = c->spec + ".CaseRecord.Record/" + c->name;
+    t.status = "failed";
+    t.message = case_record_failure(*c);
+    t.evidence = c->evidence;
+    records.push_back(std::move(t));
+  }
+  std::vector<const TestResult*> all;
+  for (const TestResult& t : run.tests) all.push_back(&t);
+  for (const TestResult& t : records) all.push_back(&t);
+  for (const TestResult* each : all) {
+    const TestResult& t = *each;
     Suite& s = suites[t.spec.empty() ? t.suite : t.spec + "." + t.suite];
     s.tests.push_back(&t);
     s.seconds += t.seconds;
@@ -212,7 +235,7 @@ std::string render_junit(const RunResults& run) {
   out += "<testsuites name=\"" +
          attr("mih conformance " + run.root.string() + (run.incomplete.empty() ? "" : " (" + run.incomplete + ")")) +
          "\" tests=\"" +
-         std::to_string(run.tests.size()) + "\" failures=\"" + std::to_string(failures) + "\" errors=\"" +
+         std::to_string(all.size()) + "\" failures=\"" + std::to_string(failures) + "\" errors=\"" +
          std::to_string(errors) + "\" time=\"" + fixed(seconds) + "\">\n";
   for (const auto& [classname, s] : suites) {
     out += "  <testsuite name=\"" + attr(classname) + "\" tests=\"" + std::to_string(s.tests.size()) +

@@ -149,6 +149,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     take(j, "compare_to", &c->compare_to, case_run, &c->problems);
     take(j, "outcome", &c->outcome, case_run, &c->problems);
     take(j, "error", &c->error, case_run, &c->problems);
+    take(j, "fault", &c->fault, case_run, &c->problems);
     take(j, "world_size", &c->world_size, case_run, &c->problems);
     take(j, "seconds", &c->seconds, case_run, &c->problems);
     if (j.contains("timing") && j["timing"].is_object()) {
@@ -157,6 +158,9 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       }
     }
   }
+  // A case launched by an outside launcher has no case_run.json; its case file names the fault.
+  const fs::path case_file = dir / "run" / "case.json";
+  if (c->fault.empty() && read_json_object(case_file, &j, &c->problems)) take(j, "fault", &c->fault, case_file, &c->problems);
   const fs::path state = dir / "integration_state.json";
   if (read_json_object(state, &j, &c->problems)) {
     take(j, "state", &c->state, state, &c->problems);

@@ -6,7 +6,7 @@ An input is either a fault of the catalog (the `mih faults` detection matrix, fa
 tests that failed on the faulty run) or a copy of real evidence broken the way the bug would
 break it: a clean base run of a few cases is made here with `mih test`, each mutation copies one
 spec's evidence, breaks one file and runs `mih check` (verify-only) on the case, and the target
-test must fail. Mutations that add a finding write the one the check emits for that bug (the
+test must fail (read from GoogleTest's JSON report: `mih check` writes nothing into the evidence). Mutations that add a finding write the one the check emits for that bug (the
 checks themselves are proven on failing inputs in tests/session); the others break what a bug
 would: a step missing after a resume, a parameter outside every FSDP unit, recomputation off, a
 module parity case's gradient observation failed.
@@ -181,6 +181,28 @@ def all_tests(mih):
     return tests
 
 
+def gtest_results(path):
+    """The tests of a GoogleTest JSON report (--gtest_output=json:FILE) as results.jsonl rows
+    (suite, test, case, status, message): `mih check` writes nothing into the evidence it
+    judges, so its results come back this way."""
+    try:
+        with open(path) as f:
+            j = json.load(f)
+    except (OSError, ValueError):
+        return []
+    rows = []
+    for s in j.get("testsuites", []):
+        suite = s.get("name", "").split("/")[-1]
+        for t in s.get("testsuite", []):
+            if t.get("status") == "NOTRUN":
+                continue
+            test, _, case = t.get("name", "").partition("/")
+            failures = [f.get("failure", "") for f in t.get("failures", [])]
+            status = "failed" if failures else "skipped" if t.get("result") == "SKIPPED" else "passed"
+            rows.append({"suite": suite, "test": test, "case": case, "status": status, "message": "\n".join(failures)})
+    return rows
+
+
 def results(root):
     path = os.path.join(root, "results.jsonl")
     if not os.path.exists(path):
@@ -228,9 +250,10 @@ def main():
         root = os.path.join(a.work, f"m{i:02d}")
         shutil.copytree(os.path.join(base, spec), os.path.join(root, spec))
         mutate(os.path.join(root, spec, case))
+        report = os.path.join(a.work, f"m{i:02d}.json")
         out = run([a.mih, "check", os.path.join(root, spec, case), "--allow-edited-evidence", "--no-progress",
-                   "--gtest_brief=1"])
-        mine = [r for r in results(root) if f"{r['suite']}.{r['test']}" == test and r["case"] == case]
+                   "--gtest_brief=1", "--gtest_output=json:" + report])
+        mine = [r for r in gtest_results(report) if f"{r['suite']}.{r['test']}" == test and r["case"] == case]
         if not mine:
             problems.append(f"{test}: not run by `mih check` on {spec}/{case} (exit {out.returncode}):\n{out.stdout[-1500:]}")
         elif mine[0]["status"] != "failed":

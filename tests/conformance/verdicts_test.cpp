@@ -389,6 +389,19 @@ TEST_F(VerdictsTest, StateInvariantsAndModuleParityNameTheFailedOne) {
   expect_fail(verdicts::module_parity(ev),
               "module parity case 'fused_swiglu_vs_unfused': observation 'grad:down_proj.weight' relative error 0.5 > "
               "tolerance 1e-12 (max abs error 0.25) (open " + (dir / "check/module_parity.json").string() + ")");
+  // An observation the file says passed at a tolerance the spec does not declare: the
+  // declared one decides, and the evidence is refused.
+  json loosened = parity;
+  loosened["fused_swiglu_vs_unfused"]["observations"][3]["relative_error"] = 0.5;
+  loosened["fused_swiglu_vs_unfused"]["observations"][3]["tolerance"] = 1e6;
+  write(dir / "check/module_parity.json", loosened);
+  EXPECT_THAT([&] { verdicts::module_parity(CaseEvidence(dir)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("observation 'grad:down_proj.weight' was judged at tolerance "
+                                                        "1e+06, and the spec declares 1e-12")));
+  loosened["fused_swiglu_vs_unfused"]["observations"][3]["tolerance"] = 1e-12;
+  write(dir / "check/module_parity.json", loosened);
+  EXPECT_THAT([&] { verdicts::module_parity(CaseEvidence(dir)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("says passed true at relative error 0.5 and tolerance 1e-12")));
   // A parameter the adapter left unmapped.
   broken = parity;
   broken["fused_swiglu_vs_unfused"] = {{"passed", false}, {"trainable", {"gate_up_proj.weight", "down_proj.weight"}},

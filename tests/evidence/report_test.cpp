@@ -325,6 +325,48 @@ TEST(JunitReportTest, SchemaRejectsATestcaseWithoutName) {
   EXPECT_THAT(r.output, HasSubstr("The attribute 'name' is required but missing"));
 }
 
+// Every test line passed, and yet: DpShard2's record names fault F20 and Tp2's state is FAILED.
+TEST(ReportVerdictTest, AFaultOrAFailedStateIsNeverAPass) {
+  const fs::path root = testing::temp_dir("report_verdict");
+  write_file_atomic(root / "results.jsonl",
+                    jsonl({result("llama", "NumericParity", "LossMatchesReference", "DpShard2", "passed"),
+                           result("llama", "NumericParity", "LossMatchesReference", "Tp2", "passed"),
+                           result("llama", "Structure", "ParametersMatch", "Reference", "passed")}));
+  const json train = {{"spec", "llama"}, {"kind", "train"}, {"world_size", 2}, {"outcome", "ran"}, {"fault", ""}};
+  json reference = train, dp = train, tp = train;
+  reference.update({{"case", "Reference"}});
+  dp.update({{"case", "DpShard2"}, {"fault", "F20"}});
+  tp.update({{"case", "Tp2"}});
+  write_case(root / "llama" / "Reference", reference, "STRUCTURE_VALIDATED", metrics(5.5));
+  write_case(root / "llama" / "DpShard2", dp, "STRUCTURE_VALIDATED", metrics(5.5));
+  write_case(root / "llama" / "Tp2", tp, "FAILED", metrics(5.5));
+  const RunResults run = read_run_results(root);
+  EXPECT_EQ(run.failed(), 0);
+  const std::vector<std::string> reasons = not_passed_reasons(run);
+  ASSERT_EQ(reasons.size(), 2u) << ::testing::PrintToString(reasons);
+  EXPECT_THAT(reasons[0], HasSubstr("llama/DpShard2: ran with fault F20 of the catalog injected"));
+  EXPECT_THAT(reasons[1], HasSubstr("llama/Tp2: integration state FAILED"));
+  const std::string md = render_report(run, ReportFormat::kMarkdown);
+  EXPECT_THAT(md, HasSubstr("3 tests: 3 passed, 0 failed, 0 skipped; 3 cases\n\n**Verdict: NOT PASSED**\n\n- llama/DpShard2: "));
+  EXPECT_THAT(md, HasSubstr("`DpShard2`: train; world size 2; outcome ran; state STRUCTURE_VALIDATED; fault F20 injected"));
+  EXPECT_THAT(render_report(run, ReportFormat::kHtml), HasSubstr("<p class=\"verdict fail\">Verdict: NOT PASSED</p>"));
+  // JUnit: a failed CaseRecord testcase for each case, valid against the schema.
+  const std::string xml = render_report(run, ReportFormat::kJunit);
+  EXPECT_THAT(xml, HasSubstr("tests=\"5\" failures=\"2\" errors=\"0\""));
+  EXPECT_THAT(xml, HasSubstr("<testcase classname=\"llama.CaseRecord\" name=\"Record/DpShard2\""));
+  EXPECT_THAT(xml, HasSubstr("ran with fault F20 of the catalog injected"));
+  const CommandResult valid = validate_junit(xml, root);
+  EXPECT_EQ(valid.status, 0) << valid.output;
+  // The same run without the fault and the FAILED state is a pass.
+  dp["fault"] = "";
+  write_case(root / "llama" / "DpShard2", dp, "STRUCTURE_VALIDATED", metrics(5.5));
+  write_case(root / "llama" / "Tp2", tp, "MATRIX_PASSED", metrics(5.5));
+  const RunResults clean = read_run_results(root);
+  EXPECT_TRUE(not_passed_reasons(clean).empty()) << ::testing::PrintToString(not_passed_reasons(clean));
+  EXPECT_THAT(render_report(clean, ReportFormat::kMarkdown), HasSubstr("\n**Verdict: PASSED**\n"));
+  EXPECT_THAT(render_report(clean, ReportFormat::kJunit), HasSubstr("tests=\"3\" failures=\"0\""));
+}
+
 TEST(JunitReportTest, EscapesMarkupAndDropsControlCharacters) {
   const std::string xml = render_report(read_run_results(write_fixture("report_junit_escape")), ReportFormat::kJunit);
   const std::string failure = between(xml, "<failure ", "</failure>");

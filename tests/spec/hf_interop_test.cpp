@@ -409,6 +409,23 @@ TEST(HfExportTest, AnExportReplacesOnlyAnEarlierExportAndOnlyWhenComplete) {
   EXPECT_FALSE(fs::exists(o.out / first_shard));
   EXPECT_FALSE(fs::exists(o.out / "model.safetensors.index.json"));
   EXPECT_EQ(inspect(s, o.out, "replaced").differences, 0u);
+  // A file put beside an export is never deleted, an edited one never overwritten.
+  write_file_atomic(o.out / "tokenizer.json", "{}");
+  EXPECT_THAT([&] { cases::export_hf(s, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("holds 'tokenizer.json', which mih_export.json does not list")));
+  std::string tokenizer;
+  EXPECT_TRUE(read_file(o.out / "tokenizer.json", &tokenizer) && tokenizer == "{}");
+  fs::remove(o.out / "tokenizer.json");
+  std::string config;
+  ASSERT_TRUE(read_file(o.out / "config.json", &config));
+  write_file_atomic(o.out / "config.json", config + " ");
+  EXPECT_THAT([&] { cases::export_hf(s, o); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'config.json' in " + fs::absolute(o.out).lexically_normal().string() +
+                                                        " was edited since mih wrote it")));
+  std::string kept_config;
+  EXPECT_TRUE(read_file(o.out / "config.json", &kept_config) && kept_config == config + " ");
+  write_file_atomic(o.out / "config.json", config);
+  cases::export_hf(s, o);
   // A directory mih did not write is never overwritten.
   const fs::path theirs = testing::temp_dir("export_theirs");
   { std::ofstream(theirs / "config.json") << "{}"; }
