@@ -17,7 +17,8 @@ TEST_P(FsdpUnits, EveryShardedParameterInOneUnit) {
 }
 TEST_P(FsdpUnits, UnitsHoldOneDtypeAndMesh) {
   MIH_CASE_EVIDENCE(ev);
-  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructUnitMixed}));
+  // The root unit is one of them: routed experts (reduced over edp) never join it (over dp_shard).
+  MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructUnitMixed, codes::kStructExpertInRoot}));
 }
 
 }  // namespace mih::conformance

@@ -64,8 +64,9 @@ struct FaultsOptions {
 
 /// Runs the detection matrix: each case through `<this binary> test` (a child process), so
 /// every case is the same black box a user runs.
-/// Returns: 0 every fault detected and every fault-free twin clean; 1 otherwise; 14-17 a case
-///   that could not run (infrastructure). Throws: mih::Error{kInvalidSpec} for an unknown
+/// Returns: 0 every fault detected, each blamed where the catalog expects (expected_blame),
+///   and every fault-free twin clean; 1 otherwise (a fault detected but blamed elsewhere is
+///   named on a NOT LOCALIZED line); 14-17 a case that could not run (infrastructure). Throws: mih::Error{kInvalidSpec} for an unknown
 ///   fault.
 int run_faults(const FaultsOptions& options);
 

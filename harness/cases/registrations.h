@@ -119,4 +119,11 @@ const spec::CaseMatrix& resolved_matrix(const std::string& spec, const std::stri
 ///   for an unknown training backend.
 std::vector<const spec::Case*> runnable_cases(const Registration& r);
 
+/// Why `r` runs none of the cases its matrix lists (spec::CaseMatrix::listed), or "" when it
+/// runs one: each listed case the spec rejected, with the arithmetic, and each one its training
+/// backend cannot run, with the backend's reason. The cases resolve_matrix adds (the
+/// references, the noise twin, a resume's twin, an EP=1 control) check nothing the matrix asked
+/// for, so a run of them alone is bad input, never a pass. Throws: as runnable_cases.
+std::string why_no_listed_case(const Registration& r);
+
 }  // namespace mih::cases

@@ -160,17 +160,45 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
   bool write_failed_ = false;
 };
 
-// The integration state of every case whose tests all ran in this run (none left out by a
-// filter): MATRIX_PASSED when every one passed and the spec's module parity cases (tests of
-// its reference) all ran and passed in this run too, or it declares none (the gates advance
-// one at a time, through MODULE_PARITY_PASSED); a case whose tests passed without that proof
-// keeps its state. FAILED naming the failed tests otherwise. Verify-only runs read evidence
-// they did not produce and leave it as it is; a case already FAILED or BLOCKED stays so.
-void record_case_states() {
-  if (run_options().verify_only) return;
+// Whether the module parity of registration `r`'s spec holds on its Reference's evidence (what
+// ModuleParity asserts there), for a run that judges a case without running ModuleParity
+// (ctest runs one case per process): "" when it holds, else why not. The Reference is the
+// memoized case every other test of the run reads (launched if this run has not yet).
+std::string module_parity_on_evidence(const cases::Registration& r) {
+  const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
+  const auto ref = std::find_if(m.cases.begin(), m.cases.end(),
+                                [](const spec::Case& c) { return c.kind == spec::CaseKind::kReference; });
+  if (ref == m.cases.end()) {
+    return "matrix '" + m.name + "' has no Reference case, which the spec's module parity cases run with";
+  }
+  try {
+    const cases::CaseOutcome& o =
+        cases::ensure_case({r.prefix, r.spec, cases::matrix_of(r), r.training_backend, ref->name});
+    if (o.outcome != "ran") return "its " + ref->name + " did not complete (" + o.outcome + ": " + o.error + ")";
+    const verdicts::Verdict v = verdicts::module_parity(verdicts::CaseEvidence(o.evidence));
+    return v.passed() ? "" : "ModuleParity fails on " + r.spec + "/" + ref->name + ": " + v.message;
+  } catch (const std::exception& e) {
+    return std::string("its Reference's module parity could not be read: ") + e.what();
+  }
+}
+
+// The integration state of every case whose tests all ran in this run (a case a filter left
+// tests of out is not judged, and keeps its state), and the rule that makes it agree with the
+// exit status (README "Exit codes"):
+//   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
+//     tests in this run, or, when the run did not run them, the same verdict on the Reference's
+//     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
+//   - a test failed: FAILED, naming the failed tests (the run exits non-zero for the test);
+//   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
+//     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
+//     module parity does not hold; no state was written): returned, and the run exits 1.
+// Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
+// BLOCKED is returned when its tests passed.
+std::vector<std::string> record_case_states() {
   struct Tally {
     int total = 0, ran = 0;
     std::vector<std::string> failed;
+    const cases::Registration* registration = nullptr;
   };
   std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
   std::map<std::string, Tally> parity;   // spec -> its ModuleParity tests
@@ -190,6 +218,7 @@ void record_case_states() {
       const bool module_parity = full.substr(slash + 1) == "ModuleParity";
       for (Tally* t : {&by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &parity[r->spec] : nullptr}) {
         if (!t) continue;
+        if (!t->registration) t->registration = r;
         ++t->total;
         if (!test.should_run()) continue;
         ++t->ran;
@@ -197,22 +226,48 @@ void record_case_states() {
       }
     }
   }
+  const bool verify_only = run_options().verify_only;
+  std::vector<std::string> disagree;
   for (const auto& [key, t] : by_case) {
+    if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
     const fs::path dir = run_options().evidence_root / key;
-    if (t.ran < t.total || !fs::exists(dir / "integration_state.json")) continue;
     try {
-      const EvidenceDir evidence(dir);
+      if (!fs::exists(dir / "integration_state.json")) {
+        // Launched here, a case whose tests passed has its state; evidence of a loop of one's
+        // own (verify-only) may have none, and its tests are the verdict.
+        if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
+        continue;
+      }
+      const EvidenceDir evidence = verify_only ? EvidenceDir::open_existing(dir) : EvidenceDir(dir);
       IntegrationStateMachine machine(evidence);
-      IntegrationState now;
-      if (!machine.current(&now) || now == IntegrationState::kFailed || now == IntegrationState::kBlocked) continue;
+      IntegrationState now = IntegrationState::kDiscovered;
+      machine.current(&now);
+      if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
+        if (t.failed.empty()) {
+          disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
+                             evidence.read_json("integration_state.json").value("reason", "") +
+                             "); a failed case stays failed: relaunch it into a new evidence root");
+        }
+        continue;
+      }
+      if (verify_only) continue;
       if (t.failed.empty()) {
         const std::string spec_name = key.substr(0, key.find('/'));
-        const bool declares_parity = !spec::SpecRegistry::instance().get(spec_name).parity_cases.empty();
-        const auto p = parity.find(spec_name);
-        const bool parity_proven =
-            !declares_parity || (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total &&
-                                 p->second.failed.empty());
-        if (parity_proven) machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
+        std::string parity_problem;
+        if (!spec::SpecRegistry::instance().get(spec_name).parity_cases.empty()) {
+          const auto p = parity.find(spec_name);
+          if (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total) {
+            if (!p->second.failed.empty()) parity_problem = "the spec's ModuleParity failed in this run";
+          } else {
+            parity_problem = module_parity_on_evidence(*t.registration);
+          }
+        }
+        if (!parity_problem.empty()) {
+          disagree.push_back(key + ": every test passed, but the spec's module parity does not hold (" +
+                             parity_problem + "); it stays " + state_name(now) + ", never MATRIX_PASSED");
+          continue;
+        }
+        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
         continue;
       }
       std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
@@ -220,9 +275,13 @@ void record_case_states() {
       if (t.failed.size() > 5) reason += ", ...";
       machine.fail(reason + " (see results.jsonl of the run)", {"check/findings.json"});
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "mih: the integration state of %s was not updated: %s\n", dir.c_str(), e.what());
+      // The state could not be read or written: the environment, and the run says so (exit 12).
+      cases::note_error(Code::kFailedPrecondition);
+      std::fprintf(stderr, "mih: the integration state of %s was not %s: %s\n", dir.c_str(),
+                   verify_only ? "read" : "updated", e.what());
     }
   }
+  return disagree;
 }
 
 std::string run_id() {
@@ -473,13 +532,6 @@ void print_cases() {
   }
 }
 
-// ": rejected Tp4 (tp=4 does not divide 2 ...)" for each rejected case of `m`.
-std::string rejected_list(const spec::CaseMatrix& m) {
-  std::string out;
-  for (const auto& r : m.rejected) out += (out.empty() ? "; rejected: " : "; ") + r.name + " (" + r.reason + ")";
-  return out;
-}
-
 // " (--gtest_filter=...)" when the flags hold a filter.
 std::string filter_text(const std::vector<std::string>& gtest_flags) {
   for (const auto& f : gtest_flags) {
@@ -689,20 +741,32 @@ int run_tests(const std::vector<std::string>& args) {
     static_cast<void>(EvidenceDir(o.evidence_root));  // created and writable, or exit 12 naming the path and the OS error
   }
   // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
-  // 11) before any test runs, not 160 failing tests. A matrix with no runnable case is bad
-  // input too, and a rejected case is said, with its arithmetic, before anything launches.
+  // 11) before any test runs, not 160 failing tests. A rejected case is said, with its
+  // arithmetic, before anything launches. A selected spec that runs none of the cases its
+  // matrix lists is bad input too, whatever references, noise twin or controls mih adds
+  // beside them: those check nothing the matrix asked for (every such spec named, with every
+  // rejection).
   std::set<std::string> known_cases;
+  std::vector<std::string> nothing_listed;
   for (const auto& r : cases::registrations()) {
     if (!cases::selected(r)) continue;
     const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
     for (const auto& rejected : m.rejected) {
       cases::progress(r.spec + "/" + rejected.name + ": not run, the spec cannot take it: " + rejected.reason);
     }
-    const bool runnable = std::any_of(m.cases.begin(), m.cases.end(),
-                                      [](const spec::Case& c) { return c.kind != spec::CaseKind::kReference; });
-    MIH_CHECK(runnable, "matrix '", m.name, "' has no parallel case spec '", r.spec, "' can run", rejected_list(m),
-              "; `mih matrix --spec ", r.spec, " --matrix ", cases::matrix_of(r), "` shows the arithmetic");
+    if (const std::string why = cases::why_no_listed_case(r); !why.empty()) {
+      nothing_listed.push_back(why + "; `mih matrix --spec " + r.spec + " --matrix " + cases::matrix_of(r) +
+                               "` shows the arithmetic");
+    }
     for (const auto& c : m.cases) known_cases.insert(c.name);
+  }
+  if (!nothing_listed.empty()) {
+    std::string text;
+    for (const auto& line : nothing_listed) text += "\n  " + line;
+    MIH_THROW(Code::kInvalidSpec, nothing_listed.size() == 1 ? "" : std::to_string(nothing_listed.size()) + " specs: ",
+              "no case the matrix lists can run", text,
+              "\n  change the cases (or max_world_size), or leave the spec out of the run (--only-spec NAME, "
+              "--prefixes P)");
   }
   // A --fault-cases name that is no selected case would run the fault nowhere: a green that lies.
   for (const auto& name : o.fault_cases) {
@@ -774,11 +838,14 @@ int run_tests(const std::vector<std::string>& args) {
                  what_exists().c_str());
     return exit_status(Code::kInvalidSpec);
   }
-  record_case_states();
+  const std::vector<std::string> disagree = record_case_states();
+  for (const auto& line : disagree) std::fprintf(stderr, "mih: conformance failure: %s\n", line.c_str());
   cases::progress(std::to_string(cases::cases_launched()) + " case(s) launched; results in " +
                   (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
                   " --format md` for the table");
-  return cases::run_exit_status(rc);
+  const int status = cases::run_exit_status(rc);
+  // The state and the exit status agree: a case that cannot be MATRIX_PASSED is no pass.
+  return status == 0 && !disagree.empty() ? 1 : status;
 }
 
 }  // namespace

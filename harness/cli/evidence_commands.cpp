@@ -138,11 +138,12 @@ CommandRun setup_matrix(CLI::App& sub, const Invocation&) {
     for (const auto& c : m.cases) {
       if (const std::string w = cases::local_launch_warning(f->spec, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
     }
-    const bool runnable = std::any_of(m.cases.begin(), m.cases.end(),
-                                      [](const spec::Case& c) { return c.kind != spec::CaseKind::kReference; });
-    if (!runnable) {
-      std::fprintf(stderr, "mih matrix: invalid_spec error: matrix '%s' has no parallel case spec '%s' can run (see the "
-                   "rejections above); change the cases or max_world_size\n", m.name.c_str(), f->spec.c_str());
+    // The references, noise twin and controls mih adds check nothing the matrix asked for.
+    if (m.listed.empty()) {
+      std::string rejected;
+      for (const auto& r : m.rejected) rejected += (rejected.empty() ? "" : "; ") + r.name + " (" + r.reason + ")";
+      std::fprintf(stderr, "mih matrix: invalid_spec error: matrix '%s' lists no case spec '%s' can run; rejected: %s; "
+                   "change the cases or max_world_size\n", m.name.c_str(), f->spec.c_str(), rejected.c_str());
       return exit_status(Code::kInvalidSpec);
     }
     return 0;

@@ -609,7 +609,43 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
     return Verdict::fail("activation checkpointing is on and the model declares no region to recompute (open " +
                          rel_path(ev, file) + ")");
   }
-  return Verdict::pass();
+  // The runtime's count, not the config's claim: every forward that ran under checkpointing
+  // with an output that needs a gradient was recomputed once in backward.
+  const json steps = ac.value("steps", json());
+  if (!steps.is_array() || steps.empty()) {
+    return Verdict::fail("activation checkpointing is on and " + rel_path(ev, file) +
+                         " records no step of what the runtime recomputed, so nothing shows a region was recomputed "
+                         "in backward (evidence of a runtime that does not count recomputes: rerun the case)");
+  }
+  int64_t checkpointed = 0, recomputed = 0;
+  std::set<std::string> regions;
+  std::vector<std::string> problems;
+  for (const auto& s : steps) {
+    for (const auto& [region, c] : s.at("regions").items()) {
+      const int64_t ran = c.at("checkpointed").get<int64_t>(), again = c.at("recomputed").get<int64_t>();
+      checkpointed += ran;
+      recomputed += again;
+      if (again > 0) regions.insert(region);
+      if (ran != again) {
+        problems.push_back("step " + std::to_string(s.at("step").get<int64_t>()) + ": region '" + region + "' ran " +
+                           std::to_string(ran) + " time(s) under checkpointing and backward recomputed it " +
+                           std::to_string(again) + " time(s)");
+      }
+    }
+  }
+  if (checkpointed == 0) {
+    return Verdict::fail("activation checkpointing is on, yet over " + std::to_string(steps.size()) +
+                         " step(s) no region ran under it and backward recomputed nothing: the regions ran plainly and "
+                         "backward read stored activations (open " + rel_path(ev, file) + ")");
+  }
+  if (!problems.empty()) {
+    std::string msg = problems[0];
+    for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
+    return Verdict::fail("a checkpointed forward without its recompute (backward read stored activations, or skipped "
+                         "the region): " + msg + "\n  (open " + rel_path(ev, file) + ")");
+  }
+  return Verdict::pass(std::to_string(recomputed) + " recomputes of " + std::to_string(regions.size()) +
+                       " region(s) over " + std::to_string(steps.size()) + " step(s), one per checkpointed forward");
 }
 
 namespace {

@@ -160,7 +160,10 @@ Verdict state_invariants(const CaseEvidence& ev);
 Verdict module_parity(const CaseEvidence& ev);
 
 /// ActivationCheckpointEquivalence: skip unless activation checkpointing is on; regions
-/// declared and enabled in check/activation_checkpoint.json.
+/// declared and enabled in check/activation_checkpoint.json, and recomputed as the runtime
+/// counted it ("steps": per step and region, the forwards run under checkpointing whose output
+/// needs a gradient, and the recomputes backward ran): some region ran under checkpointing, and
+/// each such forward was recomputed once. Passes saying how many recomputes it examined.
 Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
 
 /// CommVolume: the bytes each mesh axis moved per step (metrics comm_bytes, and per call site

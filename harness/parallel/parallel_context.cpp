@@ -380,6 +380,11 @@ void ParallelContext::fully_shard(torch::nn::Module& module, const std::string& 
   }
 }
 
+struct ParallelContext::CheckpointLedger {
+  std::mutex mu;
+  std::map<std::string, RegionCounts> counts;
+};
+
 at::Tensor ParallelContext::checkpoint_region(const std::string& name, const RegionForward& forward,
                                              const std::vector<at::Tensor>& inputs,
                                              const std::vector<at::Tensor>& params) {
@@ -387,7 +392,30 @@ at::Tensor ParallelContext::checkpoint_region(const std::string& name, const Reg
     checkpoint_regions_.push_back(name);
   }
   if (!config_.activation_checkpointing) return forward(inputs);
-  return checkpoint(name, forward, inputs, params, {dropout_gen_});
+  if (!checkpoint_ledger_) checkpoint_ledger_ = std::make_shared<CheckpointLedger>();
+  // Counted where it happens: mih::checkpoint's backward reruns this forward on a thread it
+  // marks as recomputing this region (a nested region's first forward inside that recompute
+  // is not this region's recompute). The ledger outlives the context if the graph does.
+  RegionForward counted = [forward, name, ledger = checkpoint_ledger_](const std::vector<at::Tensor>& in) {
+    at::Tensor out = forward(in);
+    if (in_recompute() && recompute_region() == name) {
+      std::lock_guard<std::mutex> lock(ledger->mu);
+      ++ledger->counts[name].recomputed;
+    }
+    return out;
+  };
+  at::Tensor out = checkpoint(name, counted, inputs, params, {dropout_gen_});
+  if (out.requires_grad()) {
+    std::lock_guard<std::mutex> lock(checkpoint_ledger_->mu);
+    ++checkpoint_ledger_->counts[name].checkpointed;
+  }
+  return out;
+}
+
+std::map<std::string, ParallelContext::RegionCounts> ParallelContext::checkpoint_counts() const {
+  if (!checkpoint_ledger_) return {};
+  std::lock_guard<std::mutex> lock(checkpoint_ledger_->mu);
+  return checkpoint_ledger_->counts;
 }
 
 void ParallelContext::mark_non_persistent(const at::Tensor& buffer, std::function<void()> rebuild) {

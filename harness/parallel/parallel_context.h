@@ -204,6 +204,17 @@ class ParallelContext {
 
   /// The activation-checkpoint regions the model declared, in first-run order.
   const std::vector<std::string>& checkpoint_regions() const { return checkpoint_regions_; }
+  /// What activation checkpointing did to one region on this rank since the build.
+  struct RegionCounts {
+    /// Forwards run under checkpointing whose output needs a gradient: each owes a recompute.
+    int64_t checkpointed = 0;
+    /// Recomputes of the region in backward (counted as mih::checkpoint's backward reruns it).
+    int64_t recomputed = 0;
+  };
+  /// Per region name, what ran under activation checkpointing and what backward recomputed
+  /// (empty when it is off): the runtime's own record, not the config's claim. The session
+  /// writes it per step to check/activation_checkpoint.json.
+  std::map<std::string, RegionCounts> checkpoint_counts() const;
 
   /// Declares a buffer the model registered as non-persistent: rebuilt from the config, not
   /// saved in or loaded from checkpoints (PyTorch's register_buffer(persistent=False)).
@@ -320,6 +331,8 @@ class ParallelContext {
   std::vector<std::pair<const torch::nn::Module*, std::string>> unit_modules_;
   std::string root_unit_;
   std::vector<std::string> checkpoint_regions_;
+  struct CheckpointLedger;  // checkpoint_counts(), shared with the recomputes in backward
+  std::shared_ptr<CheckpointLedger> checkpoint_ledger_;
   std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;
   std::map<std::string, std::set<std::string>> reductions_;

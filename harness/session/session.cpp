@@ -484,10 +484,20 @@ void ValidationSession::end_step(const StepMetrics& m) {
 
 void ValidationSession::record_fsdp_trace(int64_t step) {
   guarded("record_fsdp_trace", [&] {
-    if (step != 0) return;
     ParallelContext& ctx = *state_.context;
-    write("check/activation_checkpoint.json", {{"enabled", ctx.config().activation_checkpointing},
-                                               {"regions", ctx.checkpoint_regions()}});
+    // What the runtime did this step (the config only asks): per region, the forwards that ran
+    // under checkpointing and the recomputes backward ran (ActivationCheckpointEquivalence).
+    json regions = json::object();
+    for (const auto& [name, counts] : ctx.checkpoint_counts()) {
+      auto& seen = checkpoint_seen_[name];
+      regions[name] = {{"checkpointed", counts.checkpointed - seen.first}, {"recomputed", counts.recomputed - seen.second}};
+      seen = {counts.checkpointed, counts.recomputed};
+    }
+    checkpoint_steps_.push_back(json{{"step", step}, {"regions", regions}});
+    write_step("check/activation_checkpoint.json", {{"enabled", ctx.config().activation_checkpointing},
+                                                    {"regions", ctx.checkpoint_regions()},
+                                                    {"steps", checkpoint_steps_}});
+    if (step != 0) return;
     write("check/fsdp_trace.json", ctx.to_json());
   });
 }

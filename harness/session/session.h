@@ -13,7 +13,8 @@
 // own rank<r> files):
 //   environment.json, integration_state.json, spec.resolved.json, config.resolved.json,
 //   check/{findings.json, structure.json, parameter_ownership.csv, fsdp_units.json,
-//          optimizer_layout_initial.json, activation_checkpoint.json, parameter_watchlist.json,
+//          optimizer_layout_initial.json, activation_checkpoint.json (per step: what ran under
+//          checkpointing and what backward recomputed), parameter_watchlist.json,
 //          invariants_<phase>.json, loaded_values.json (weights set after the build)},
 //   data/{field_ownership.json, observed_forward_fields.json, input_identity.jsonl},
 //   checkpoint/{coverage.json, <event>_rank<r>.json},
@@ -180,6 +181,10 @@ class ValidationSession : public TrainingHooks {
   // checks of the first micro-batch run on it.
   int64_t first_step_ = -1;
   size_t ledger_seen_ = 0;
+  // Activation checkpointing as it happened: each step's checkpointed forwards and recomputes
+  // per region (check/activation_checkpoint.json "steps"), and the running totals seen so far.
+  nlohmann::json checkpoint_steps_ = nlohmann::json::array();
+  std::map<std::string, std::pair<int64_t, int64_t>> checkpoint_seen_;
   // Wall time spent in each hook since the last end_step, milliseconds (the session's own
   // cost, written to performance_rank<r>.jsonl).
   std::map<std::string, double> hook_ms_;

@@ -215,7 +215,7 @@ static std::string ep1_control(const Case& c) {
 json CaseMatrix::to_json() const {
   json rej = json::array();
   for (const auto& r : rejected) rej.push_back({{"name", r.name}, {"reason", r.reason}});
-  json out = {{"name", name}, {"spec", spec}, {"cases", cases}, {"rejected", rej}};
+  json out = {{"name", name}, {"spec", spec}, {"cases", cases}, {"rejected", rej}, {"listed", listed}};
   for (size_t i = 0; i < cases.size(); ++i) {
     if (const std::string control = ep1_control(cases[i]); !control.empty()) out["cases"][i]["ep1_control"] = control;
   }
@@ -248,7 +248,15 @@ std::string CaseMatrix::table() const {
     os << line;
   }
   for (const auto& r : rejected) os << "  rejected " << r.name << ": " << r.reason << "\n";
+  if (listed.empty()) {
+    os << "  no case the matrix lists can run spec " << spec << ": the cases it adds (the references, a noise twin, "
+       << "twins and controls) check nothing it asked for\n";
+  }
   return os.str();
+}
+
+bool CaseMatrix::is_listed(const std::string& case_name) const {
+  return std::find(listed.begin(), listed.end(), case_name) != listed.end();
 }
 
 std::vector<std::string> preset_names() {
@@ -336,7 +344,9 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const int max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
   MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
   MIH_CHECK(!m["cases"].empty(), where, ": 'cases' is empty; list at least one parallel case (the Reference is implicit)");
-  const std::string dtype = json_string(m, "dtype", "float32", where);
+  // float64 unless the matrix names a reduced lane: a user's file without "dtype" is compared
+  // with the float64 reference as the presets are, never silently a float32 lane.
+  const std::string dtype = json_string(m, "dtype", "float64", where);
   const uint64_t seed = static_cast<uint64_t>(json_int(m, "seed", 0, where, 0, int64_t{1} << 53));
   const DType lane = with_context(where, [&] { return parse_dtype_name(dtype); });
   json defaults = {{"dtype", dtype}};
@@ -347,6 +357,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const std::string lane_target = reduced ? kLaneReference : "Reference";
   const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
 
+  // Adds `c` unless the spec cannot take it; returns whether the matrix holds it now.
   auto add = [&](Case c) {
     c.steps = steps;  // the matrix's: a case has no steps of its own
     for (const auto& existing : out.cases) {
@@ -355,15 +366,16 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
       MIH_CHECK(json(existing) == json(c), where, ": two cases are both named ", c.name, " but differ (",
                 json(existing).dump(), " vs ", json(c).dump(), "); a name comes from the mesh and its knobs, not ",
                 "the seed or dtype: give them distinct configs or drop one");
-      return;
+      return true;
     }
     std::string problem = topology_problem(spec, c.config, global_batch, max_world);
     if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
     if (!problem.empty()) {
       out.rejected.push_back({c.name, problem});
-      return;
+      return false;
     }
     out.cases.push_back(std::move(c));
+    return true;
   };
 
   if (json_bool(m, "reference", true, where)) {
@@ -428,7 +440,8 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     } else {
       MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
     }
-    add(std::move(c));
+    const std::string name = c.name;
+    if (add(std::move(c)) && !out.is_listed(name)) out.listed.push_back(name);
   }
   // A resume is compared with its uninterrupted twin: add the twin when the matrix lacks it.
   std::vector<Case> twins;

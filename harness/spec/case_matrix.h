@@ -74,13 +74,23 @@ struct CaseMatrix {
   std::string spec;
   std::vector<Case> cases;  ///< the reference first
   std::vector<RejectedCase> rejected;
+  /// The names of the cases the matrix's "cases" list asks for that the spec can take, in
+  /// list order: what a run is asked to check. The cases resolve_matrix adds beside them (the
+  /// Reference, LaneReference and NoiseTwin, a resume's uninterrupted twin, an EP=1 control)
+  /// are not listed unless the list names them too; a run checks them only beside a listed one.
+  std::vector<std::string> listed;
+
+  /// Whether `name` is one of `listed`.
+  bool is_listed(const std::string& name) const;
 
   /// The case named `name`. Throws: mih::Error{kInvalidSpec} listing the names.
   const Case& at(const std::string& name) const;
+  /// {"name", "spec", "cases", "rejected": [{"name", "reason"}], "listed": [names]}.
   nlohmann::json to_json() const;
   /// The table `mih matrix` prints: one line per case (name, kind, world size, config,
   /// compared with; in a matrix with a case off the CPU also each case's device and process-
-  /// group backend, "on cuda (nccl)"), then the rejected cases with their reasons.
+  /// group backend, "on cuda (nccl)"), then the rejected cases with their reasons, and a last
+  /// line when no listed case remains.
   std::string table() const;
 };
 
@@ -93,7 +103,7 @@ std::vector<std::string> preset_names();
 nlohmann::json preset_json(const std::string& name);
 
 /// Resolves a matrix (a preset's JSON or a file's) for `spec`:
-///   {"name", "dtype": "float32", "seed": 0, "device": "cpu", "pg_backend": "gloo", "steps": 3,
+///   {"name", "dtype": "float64", "seed": 0, "device": "cpu", "pg_backend": "gloo", "steps": 3,
 ///    "max_world_size": 4, "reference": true,
 ///    "cases": [{"dp_shard": 2, ...ParallelConfig fields},
 ///              {"kind": "resume", "config": {...}, "resume_at": 2},
@@ -101,9 +111,11 @@ nlohmann::json preset_json(const std::string& name);
 /// The reference is always world size 1, float64, on CPU. A matrix of another dtype (a
 /// reduced-precision lane) also gets kLaneReference (world size 1, that dtype, the matrix's
 /// device) and kNoiseTwin (the same with ParallelConfig::noise_twin), both compared with the
-/// Reference; its other cases are compared with kLaneReference. "seed" (default 0) is every
-/// case's parameter-init seed, the Reference's included. Cases the spec's topology cannot
-/// take go to `rejected` with the arithmetic.
+/// Reference; its other cases are compared with kLaneReference. "dtype" defaults to float64
+/// (the oracle lane, like the float64 presets): a reduced lane is asked for by name. "seed"
+/// (default 0) is every case's parameter-init seed, the Reference's included. Cases the
+/// spec's topology cannot take go to `rejected` with the arithmetic; the names of the listed
+/// cases it can take go to `listed`.
 /// Throws: mih::Error{kInvalidSpec} naming the case index and field for malformed JSON (an
 ///   unknown field or kind, a degree < 1, a resume without resume_at in (0, steps)).
 CaseMatrix resolve_matrix(const ModelSpec& spec, const nlohmann::json& matrix);

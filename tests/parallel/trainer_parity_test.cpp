@@ -147,6 +147,48 @@ TEST(ActivationCheckpointTrainingTest, BitExactWithDropoutUnderTpAndDpShard) {
   }
 }
 
+// What activation checkpointing did, as the runtime counts it (the session writes it to
+// check/activation_checkpoint.json): every layer's forward under checkpointing once per
+// micro-batch, every recompute in backward once; a forward whose output needs no gradient owes
+// no recompute; with checkpointing off nothing is counted.
+TEST(ActivationCheckpointTrainingTest, RuntimeCountsEachCheckpointedForwardAndItsRecompute) {
+  for (const bool ac : {true, false}) {
+    ParallelConfig c = cfg(1, 1, 1, false, /*micro_batches=*/2, 1, CpLayout::kContiguous, ac);
+    c.dtype = DType::kFloat64;
+    std::map<std::string, ParallelContext::RegionCounts> after_forward, after_steps, after_no_grad;
+    const BatchSource batches = testing::tiny_batches(8, 8, 37);
+    auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
+      Trainer t(mesh, c, testing::tiny_block_factory({}), batches, options());
+      t.step();
+      t.step();
+      after_steps = t.context().checkpoint_counts();
+      Batch b = batches(0);  // as the trainer gives it to the model (world size 1: whole)
+      b.position_ids = at::arange(b.input_ids.size(1), at::kLong).unsqueeze(0).expand_as(b.input_ids);
+      {
+        at::NoGradGuard no_grad;
+        (void)t.model().token_losses(b);
+      }
+      after_no_grad = t.context().checkpoint_counts();
+      // A forward whose backward never runs: counted as owed, not as recomputed.
+      (void)t.model().token_losses(b);
+      after_forward = t.context().checkpoint_counts();
+    });
+    ASSERT_THAT(errors, IsEmpty());
+    if (!ac) {
+      EXPECT_THAT(after_forward, IsEmpty());
+      continue;
+    }
+    ASSERT_EQ(after_steps.size(), 2u);  // layers.0, layers.1
+    for (const auto& [region, n] : after_steps) {
+      EXPECT_EQ(n.checkpointed, 4) << region << ": 2 steps x 2 micro-batches";
+      EXPECT_EQ(n.recomputed, 4) << region;
+      EXPECT_EQ(after_no_grad.at(region).checkpointed, 4) << region << ": no gradient, no recompute owed";
+      EXPECT_EQ(after_forward.at(region).checkpointed, 5) << region;
+      EXPECT_EQ(after_forward.at(region).recomputed, 4) << region;
+    }
+  }
+}
+
 // Dropout 0.1 whose masks depend only on each element's global position: every split of the
 // batch over dp, tp (heads and sequence), cp (zigzag) and micro-batches, with and without
 // activation checkpointing, matches the one-rank run to 1e-10 at every step. With F26 (the

@@ -30,6 +30,21 @@ endforeach()
 outside_configure("${work}/tiny_gpt" "${work}/build")
 step(build COMMAND "${CMAKE_COMMAND}" --build "${work}/build")
 step(test COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${work}/build" --output-on-failure)
+# ctest ran one case per process and every one passed: each case's state says so (a case that
+# passed everything yet ended short of MATRIX_PASSED would disagree with the green).
+file(GLOB states "${work}/build/mih-evidence/tiny_gpt_conformance/*/*/integration_state.json")  # <root>/<spec>/<case>
+list(LENGTH states cases)
+if(cases LESS 12)
+  message(FATAL_ERROR "scaffold_project: its ctest run left ${cases} integration_state.json under "
+                      "${work}/build/mih-evidence/tiny_gpt_conformance, not one per case of cpu-smoke")
+endif()
+foreach(state_file IN LISTS states)
+  file(READ "${state_file}" state_json)
+  string(JSON state GET "${state_json}" state)
+  if(NOT state STREQUAL "MATRIX_PASSED")
+    message(FATAL_ERROR "scaffold_project: every ctest test passed, yet ${state_file} is ${state}, not MATRIX_PASSED")
+  endif()
+endforeach()
 
 # The planted bug: a scaffold of its own, edited, copied over the last one only where it
 # differs (an unchanged bug build is not rebuilt).

@@ -126,6 +126,35 @@ TEST(CaseMatrixTest, RejectsWhatTheTopologyCannotTakeWithTheArithmetic) {
   EXPECT_EQ(names(m), std::vector<std::string>{"Reference"});
 }
 
+// A user's file without "dtype" is the float64 lane the presets are (the README's float64
+// reference comparison), and `listed` holds only what its "cases" asked for: never the
+// references, noise twin, resume twins or EP=1 controls resolve_matrix adds beside them.
+TEST(CaseMatrixTest, AFileWithoutDtypeIsFloat64AndListsOnlyWhatItAskedFor) {
+  const ModelSpec llama = SpecRegistry::instance().get("llama");
+  const CaseMatrix tp4 = resolve_matrix(llama, json{{"name", "tp4"}, {"cases", {{{"tp", 4}}}}});
+  EXPECT_EQ(names(tp4), std::vector<std::string>{"Reference"}) << tp4.table();
+  EXPECT_TRUE(tp4.listed.empty());
+  ASSERT_EQ(tp4.rejected.size(), 1u);
+  EXPECT_EQ(tp4.rejected[0].name, "Tp4");
+  EXPECT_THAT(tp4.table(), HasSubstr("no case the matrix lists can run spec llama"));
+  EXPECT_EQ(tp4.to_json()["listed"], json::array());
+
+  const CaseMatrix resume = resolve_matrix(
+      llama, json{{"cases", {{{"kind", "resume"}, {"config", {{"dp_shard", 2}}}, {"resume_at", 2}}, {{"tp", 2}}, {{"tp", 2}}}}});
+  EXPECT_EQ(names(resume), (std::vector<std::string>{"Reference", "ResumeDpShard2", "Tp2", "DpShard2"}));
+  EXPECT_EQ(resume.listed, (std::vector<std::string>{"ResumeDpShard2", "Tp2"}));  // the twin DpShard2 is added
+  EXPECT_FALSE(resume.is_listed("DpShard2"));
+  for (const auto& c : resume.cases) EXPECT_EQ(c.config.dtype, DType::kFloat64) << c.name;
+
+  const CaseMatrix ep = resolve_matrix(SpecRegistry::instance().get("moe"), json{{"cases", {{{"dp_shard", 2}, {"ep", 2}}}}});
+  EXPECT_EQ(names(ep), (std::vector<std::string>{"Reference", "DpShard2Ep2", "DpShard2"}));
+  EXPECT_EQ(ep.listed, std::vector<std::string>{"DpShard2Ep2"});  // its EP=1 control is added
+
+  const CaseMatrix lane = resolve_matrix(llama, json{{"dtype", "float32"}, {"cases", {{{"tp", 4}}}}});
+  EXPECT_EQ(names(lane), (std::vector<std::string>{"Reference", kLaneReference, kNoiseTwin}));
+  EXPECT_TRUE(lane.listed.empty()) << "the lane's reference and noise twin are no case the matrix asked for";
+}
+
 TEST(CaseMatrixTest, MalformedMatricesNameTheCaseAndField) {
   const ModelSpec llama = SpecRegistry::instance().get("llama");
   auto rejected = [&](const json& cases, const std::string& says) {
