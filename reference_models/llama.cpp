@@ -30,6 +30,13 @@ struct AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
   }
 };
 
+// `out`, declared the forward output of `module` to the activation probes unless the port is
+// built as one that never declares any (LlamaOptions::observe_activations).
+at::Tensor observed(ParallelContext& ctx, const LlamaOptions& o, const torch::nn::Module& module, const at::Tensor& out,
+                    const ActivationLayout& layout) {
+  return o.observe_activations() ? ctx.observe(module, out, layout) : out;
+}
+
 ParamSpec replicated(std::vector<int64_t> shape, double std, bool partial_over_tp) {
   ParamSpec s;
   s.shape = std::move(shape);
@@ -264,12 +271,12 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
   // The residual stream is replicated over tp, or sharded on the sequence under sequence
   // parallelism: the dropout masks and the activation probes follow.
   const ActivationLayout residual = ActivationLayout::residual(*ctx_);
-  const at::Tensor attn_in = ctx_->observe(*input_layernorm, input_layernorm(x), residual);
-  const at::Tensor attn = ctx_->observe(*self_attn, self_attn(attn_in, cos, sin), residual);
+  const at::Tensor attn_in = observed(*ctx_, o_, *input_layernorm, input_layernorm(x), residual);
+  const at::Tensor attn = observed(*ctx_, o_, *self_attn, self_attn(attn_in, cos, sin), residual);
   at::Tensor h = x + ctx_->dropout(attn, o_.dropout(), is_training(), residual);
-  const at::Tensor mlp_in = ctx_->observe(*post_attention_layernorm, post_attention_layernorm(h), residual);
-  const at::Tensor mlp_out = ctx_->observe(*mlp, mlp_forward(mlp_in), residual);
-  return ctx_->observe(*this, h + ctx_->dropout(mlp_out, o_.dropout(), is_training(), residual), residual);
+  const at::Tensor mlp_in = observed(*ctx_, o_, *post_attention_layernorm, post_attention_layernorm(h), residual);
+  const at::Tensor mlp_out = observed(*ctx_, o_, *mlp, mlp_forward(mlp_in), residual);
+  return observed(*ctx_, o_, *this, h + ctx_->dropout(mlp_out, o_.dropout(), is_training(), residual), residual);
 }
 
 LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
@@ -301,7 +308,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
 }
 
 at::Tensor LlamaForCausalLM::embed(const Batch& batch) {
-  return ctx_->observe(*embed_tokens, embed_tokens(batch.input_ids), ActivationLayout::residual(*ctx_));
+  return observed(*ctx_, o_, *embed_tokens, embed_tokens(batch.input_ids), ActivationLayout::residual(*ctx_));
 }
 
 at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
@@ -325,11 +332,11 @@ at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& b
           {x, cos, sin}, layer->parameters());
     });
   }
-  const at::Tensor normed = ctx_->observe(*norm, norm(x), ActivationLayout::residual(*ctx_));
+  const at::Tensor normed = observed(*ctx_, o_, *norm, norm(x), ActivationLayout::residual(*ctx_));
   // The logits: gathered over tp, or Shard(vocab) for the vocab-parallel loss (padded to tp).
   const ActivationLayout logits = o_.loss_parallel() ? ActivationLayout::column_parallel(o_.vocab_size())
                                                      : ActivationLayout::replicated();
-  return ctx_->observe(*lm_head, lm_head(normed), logits);
+  return observed(*ctx_, o_, *lm_head, lm_head(normed), logits);
 }
 
 at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(batch), batch); }

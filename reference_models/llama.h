@@ -63,6 +63,11 @@ struct LlamaOptions {
   TORCH_ARG(int64_t, expert_intermediate_size) = 64;
   /// Weight alpha of the load-balancing loss (Switch Transformer, Fedus et al. 2021, eq. 4).
   TORCH_ARG(double, router_aux_loss_coef) = 0.01;
+  /// Declares each module's forward output to the activation probes (ParallelContext::observe),
+  /// which localize a parity failure to a module. false: a port that never does (the
+  /// `llama_unobserved` spec), whose failures mih can localize no further than the loss.
+  /// Default true.
+  TORCH_ARG(bool, observe_activations) = true;
 
  public:
   /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do

@@ -137,10 +137,20 @@ spec::ModelSpec llama_dropout_spec() {
   return s;
 }
 
+// A port that never declares a module's output to the activation probes (no
+// ParallelContext::observe call): what mih can say of its failures without them (the
+// localization names the loss, and says why it can go no further).
+spec::ModelSpec llama_unobserved_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_unobserved", models::LlamaOptions().observe_activations(false));
+  s.description = "llama that never calls ParallelContext::observe (no activation probes)";
+  return s;
+}
+
 MIH_REGISTER_SPEC(llama_spec);
 MIH_REGISTER_SPEC(llama_tied_spec);
 MIH_REGISTER_SPEC(llama_bias_spec);
 MIH_REGISTER_SPEC(llama_dropout_spec);
+MIH_REGISTER_SPEC(llama_unobserved_spec);
 
 }  // namespace
 
@@ -166,3 +176,5 @@ MIH_CONFORMANCE_SUITES(LlamaBias, "llama_bias", "cpu-smoke-variants");
 // Dropout 0.1 on every case: its masks depend only on each element's global position
 // (ParallelContext::dropout), so every split of the batch matches the one-rank reference.
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");
+// No activation probes: on request only (`--prefixes LlamaUnobserved`; tests/cli/honest_blame.py).
+MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaUnobserved, "llama_unobserved", "cpu-smoke");

@@ -41,7 +41,9 @@ spec::ModelSpec vlm_spec() {
   s.data.fields.push_back({"image_token_index", true, false, spec::CpSharding::kSequence});
   s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});
   s.modalities = {{"pixel_values", {"vision_tower.*", "multi_modal_projector.*"}}};
-  s.shared_state.push_back({"vision.features", "vision_tower", {"multi_modal_projector"}});
+  // Published only when images reach the model: a text-only batch (mixed instruction data)
+  // runs no vision tower.
+  s.shared_state.push_back({"vision.features", "vision_tower", {"multi_modal_projector"}, "pixel_values"});
   s.invariants = llama_inv_freq_invariants("language_model.rotary_emb.inv_freq", o.text().rope_theta());
   s.parity_cases = {patch_embedding_case(), llama_attention_case()};
   return s;
@@ -59,8 +61,27 @@ spec::ModelSpec vlm_frozen_vision_spec() {
   return s;
 }
 
+// Mixed instruction data: every third global batch (steps 1, 4, ...) is text only, with no
+// pixel_values and no image placeholders, as when a step draws only text samples. The vision
+// tower and projector get no gradient then and the optimizer must leave them as they are;
+// their FSDP unit is not gathered; the vision features are not published.
+spec::ModelSpec vlm_mixed_spec() {
+  spec::ModelSpec s = vlm_spec();
+  s.name = "vlm_mixed";
+  s.description = "vlm on mixed data: the global batch of steps 1, 4, 7, ... is text only";
+  s.data.pipeline += "; the global batch of every step k with k % 3 == 1 is text only (no pixel_values, no placeholders)";
+  s.data.make_batches = [] {
+    const data::TextPipelineOptions text = data::TextPipelineOptions().seq_len(64).global_batch(8);
+    const BatchSource with_images = models::reference_model("vlm").batches(text);
+    const BatchSource text_only = data::TextPipeline(text).source();
+    return BatchSource([with_images, text_only](int64_t step) { return step % 3 == 1 ? text_only(step) : with_images(step); });
+  };
+  return s;
+}
+
 MIH_REGISTER_SPEC(vlm_spec);
 MIH_REGISTER_SPEC(vlm_frozen_vision_spec);
+MIH_REGISTER_SPEC(vlm_mixed_spec);
 
 }  // namespace
 }  // namespace mih::specs
@@ -69,3 +90,5 @@ MIH_REGISTER_SPEC(vlm_frozen_vision_spec);
 MIH_CONFORMANCE_SUITES(Vlm, "vlm", "cpu-smoke");
 // The frozen-tower variant on the variants lane (FSDP, TP, TP with SP).
 MIH_CONFORMANCE_SUITES(VlmFrozenVision, "vlm_frozen_vision", "cpu-smoke-variants");
+// Mixed data (a text-only step): on request only (`--prefixes VlmMixed`; tests/cli/correct_ports.py).
+MIH_CONFORMANCE_SUITES_ON_REQUEST(VlmMixed, "vlm_mixed", "cpu-smoke");

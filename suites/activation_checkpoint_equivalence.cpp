@@ -21,10 +21,12 @@ TEST_P(ActivationCheckpointEquivalence, MatchesTheRunWithoutCheckpointing) {
   const verdicts::CaseEvidence* base = other(twin);
   if (!base) return;
   // The gradients first: a recompute that differs from the forward shows there, one step
-  // before the loss moves.
+  // before the loss moves. A resume into checkpointing trains from its resume step on: the
+  // steps it ran.
   const bool record = twin == resolved_case().compare_to;
-  MIH_ASSERT_VERDICT(parity(*base, *ev, Quantity::kTensors, 0, record));
-  MIH_ASSERT_VERDICT(parity(*base, *ev, Quantity::kLoss, 0, record));
+  const int64_t from = resolved_case().resume_at;
+  MIH_ASSERT_VERDICT(parity(*base, *ev, Quantity::kTensors, from, record));
+  MIH_ASSERT_VERDICT(parity(*base, *ev, Quantity::kLoss, from, record));
 }
 
 }  // namespace mih::conformance

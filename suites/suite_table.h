@@ -48,6 +48,7 @@
   X(arg, ModuleParity) \
   X(arg, NumericParity) \
   X(arg, GradientSync) \
+  X(arg, GradientPresence) \
   X(arg, TensorParallelGradients) \
   X(arg, ReplicaConsistency) \
   X(arg, ActivationCheckpointEquivalence) \

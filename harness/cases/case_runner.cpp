@@ -129,6 +129,9 @@ int run_phase(WorkerContext& ctx) {
   so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
   so.config = config;
   so.last_step = (phase == "save" ? c.resume_at : c.steps) - 1;
+  // A resume's load phase continues the save phase's run (the run-level gradient check).
+  if (phase == "load") so.continues_evidence = evidence / "before_save";
+  so.run_continues = phase == "save";
   so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
   c10::Device device(c10::DeviceType::CPU);
   if (c.device == "cuda") {

@@ -135,9 +135,13 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
 /// Shared state of one step's forwards (rank-local) against the spec: every declared key
 /// published by its producer and consumed by each declared consumer, no consume before its
 /// publish, no key published twice in one forward (an activation-checkpoint recompute
-/// included), no undeclared key. Evidence: {"events": [...]}.
+/// included), no undeclared key. A key that requires a field (SharedStateSpec::requires_field)
+/// need not be published nor consumed in a step whose micro-batches on this rank did not hold
+/// it (`fields_seen`: the fields this rank's micro-batches held; null: every field).
+/// Evidence: {"events": [...], "not_required": [keys whose field the step lacked]}.
 CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
-                               const std::vector<spec::SharedStateSpec>& declared, int64_t step);
+                               const std::vector<spec::SharedStateSpec>& declared, int64_t step,
+                               const std::set<std::string>* fields_seen = nullptr);
 
 /// Modality gradients (collective over the world), after backward: for each modality whose
 /// field reached the model this step, every parameter of its group has a defined, finite,
@@ -160,6 +164,40 @@ CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step);
 /// into tp times the gradient). Gradients zero on every tp rank are not examined.
 /// Evidence: {"step", "parameters": {fqn: {partial_over_tp, declared_partial, relative_spread}}}.
 CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step);
+
+/// The trainable parameters no rank's backward gave a gradient this step (collective over
+/// the world), after synchronization: on every rank the gradient is undefined or was
+/// zero-filled only for the collectives (ParallelContext::kNoGradient in
+/// gradient_reductions()). Canonical FQNs, in parameter order. Measured here, not taken from
+/// the runtime's parameters_without_gradient().
+std::vector<std::string> parameters_without_gradient(const ParallelContext& ctx);
+
+/// What the optimizer step did to the parameters no rank gave a gradient (rank-local): each
+/// must hold exactly the value it had before the step (`before`: canonical FQN -> this rank's
+/// piece before it), as PyTorch's optimizers skip a grad of None; a changed one (zeros fed to
+/// AdamW, which decays the parameter and moves it by its momentum) is MIH-OPTIM-008 naming it,
+/// the step and the largest change. Records a run over `trainable` parameters (every
+/// trainable parameter's presence was examined). Evidence: {"step", "without_gradient":
+/// [fqn...], "moved": {fqn: max_abs_change}}.
+CheckOutput check_update_without_gradient(const ParallelContext& ctx, const std::map<std::string, at::Tensor>& before,
+                                          int64_t step, int64_t trainable);
+
+/// A parameter by its names: the canonical FQN and its tied aliases (ShardedParameter's), kept
+/// where the parameters themselves may be gone (a session's finish, after the backend).
+struct ParameterNames {
+  std::string fqn;
+  std::vector<std::string> aliases;
+};
+
+/// Over a whole run (rank-local; run on every rank with the same inputs): every parameter of
+/// `trainable` (in parameter order) not in `received` (those some rank's backward gave a
+/// gradient at some step of `steps`) is MIH-GRAD-004 unless a pattern of `unused`
+/// (ModelSpec::unused_parameters, FQN globs over the FQN and tied aliases) names it. Records a
+/// run over the trainable parameters. Evidence: {"steps", "trainable", "never_received":
+/// [every trainable parameter without a gradient in all of `steps`], "declared_unused": [those
+/// `unused` names]}.
+CheckOutput check_gradients_received(const std::vector<ParameterNames>& trainable, const std::set<std::string>& received,
+                                     const std::vector<int64_t>& steps, const std::vector<std::string>& unused);
 
 /// Runs the spec's invariants of `phase` (rank-local; an invariant that throws is a failed
 /// invariant with the exception's message). Evidence: {name: {passed, facts}}.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
+#include <sstream>
 
 #include <ATen/ATen.h>
 
@@ -21,7 +23,8 @@ bool any_match(const std::vector<std::string>& patterns, const std::string& name
 }  // namespace
 
 CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
-                               const std::vector<spec::SharedStateSpec>& declared, int64_t step) {
+                               const std::vector<spec::SharedStateSpec>& declared, int64_t step,
+                               const std::set<std::string>* fields_seen) {
   CheckOutput out;
   const std::string where = " at step " + std::to_string(step);
   auto add = [&](const char* code, const std::string& owner, const std::string& message, json facts,
@@ -62,7 +65,15 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
         "a second publication overwrites the state (routing statistics counted twice, a cache rebuilt mid-backward)",
         "publish once per forward: skip the publication when in_recompute() is true");
   }
+  json not_required = json::array();
   for (const auto& d : declared) {
+    // The step had no batch with the field the state depends on (vision features without
+    // pixel_values): the producer has nothing to publish, unless it does anyway.
+    if (!d.requires_field.empty() && fields_seen && !fields_seen->count(d.requires_field) && !producers.count(d.key) &&
+        !consumers.count(d.key)) {
+      not_required.push_back(d.key);
+      continue;
+    }
     if (!producers.count(d.key)) {
       add(codes::kSharedNoProducer, d.key, "declared shared state '" + d.key + "' was never published (producer '" + d.producer + "')",
           {{"declared", {{"producer", d.producer}, {"consumers", d.consumers}}}},
@@ -94,7 +105,7 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
   out.findings.ran(codes::kCheckSharedState, static_cast<int64_t>(declared.size()), "declared shared-state keys");
   out.findings.ran(codes::kCheckSharedEvents, static_cast<int64_t>(events.size()), "shared-state events");
   out.findings.ran(codes::kCheckUndeclared, 1, "steps whose shared-state events were read");
-  out.evidence = {{"step", step}, {"events", events}};
+  out.evidence = {{"step", step}, {"events", events}, {"not_required", not_required}};
   return out;
 }
 
@@ -284,6 +295,102 @@ CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step)
   }
   out.findings.ran(codes::kCheckTpPartial, examined, "tp-replicated parameters with a gradient");
   out.evidence = {{"step", step}, {"parameters", evidence}};
+  return out;
+}
+
+std::vector<std::string> parameters_without_gradient(const ParallelContext& ctx) {
+  std::vector<const ShardedParameter*> trainable;
+  for (const auto& p : ctx.parameters()) {
+    if (p->local.requires_grad()) trainable.push_back(p.get());
+  }
+  const auto& record = ctx.gradient_reductions();
+  std::vector<double> had(trainable.size(), 0.0);
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    const ShardedParameter& p = *trainable[i];
+    const auto it = record.find(p.fqn);
+    const bool zero_filled = it != record.end() && it->second.count(ParallelContext::kNoGradient);
+    if (p.local.grad().defined() && !zero_filled) had[i] = 1;
+  }
+  if (!trainable.empty()) {
+    at::Tensor t = at::from_blob(had.data(), {static_cast<int64_t>(had.size())}, at::kDouble)
+                       .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
+    ctx.mesh().comm(MeshAxis::kWorld).all_reduce(t, ReduceOp::kSum, "mih.session.gradient_presence");
+    t = t.cpu().contiguous();
+    std::copy(t.data_ptr<double>(), t.data_ptr<double>() + t.numel(), had.begin());
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    if (had[i] == 0) out.push_back(trainable[i]->fqn);
+  }
+  return out;
+}
+
+CheckOutput check_update_without_gradient(const ParallelContext& ctx, const std::map<std::string, at::Tensor>& before,
+                                          int64_t step, int64_t trainable) {
+  CheckOutput out;
+  json moved = json::object(), without = json::array();
+  for (const auto& p : ctx.parameters()) {
+    const auto it = before.find(p->fqn);
+    if (it == before.end()) continue;
+    without.push_back(p->fqn);
+    const at::Tensor now = p->local.detach();
+    if (now.sizes() == it->second.sizes() && at::equal(now, it->second)) continue;
+    double change = std::numeric_limits<double>::infinity();
+    if (now.sizes() == it->second.sizes() && now.numel() > 0) {
+      change = (now.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>();
+    }
+    moved[p->fqn] = std::isfinite(change) ? json(change) : json("shape or non-finite change");
+    std::ostringstream amount;
+    amount << change;
+    out.findings.add({codes::kOptimMovedWithoutGradient, "runtime", p->fqn, Severity::kError,
+                      "'" + p->fqn + "' had no gradient on any rank at step " + std::to_string(step) +
+                          " and the optimizer step changed it (largest change " + amount.str() +
+                          " on this rank's piece)",
+                      {{"step", step}, {"max_abs_change", moved[p->fqn]}},
+                      "a parameter the step never reached is decayed by weight decay and moved by its stale momentum "
+                      "(a vision tower shrinks on every text-only step), and the single-rank reference, with the same "
+                      "optimizer, moves it alike, so parity cannot see it",
+                      "leave the gradient of a parameter no rank's backward reached undefined after the "
+                      "synchronization (None in PyTorch), so the optimizer skips it: zero-fill it only for the "
+                      "collectives, on the ranks without one while others have one"});
+  }
+  out.findings.ran(codes::kCheckUpdateWithoutGradient, trainable,
+                   "trainable parameters (those without a gradient held unchanged by the optimizer)");
+  out.evidence = {{"step", step}, {"without_gradient", without}, {"moved", moved}};
+  return out;
+}
+
+CheckOutput check_gradients_received(const std::vector<ParameterNames>& trainable, const std::set<std::string>& received,
+                                     const std::vector<int64_t>& steps, const std::vector<std::string>& unused) {
+  CheckOutput out;
+  json never = json::array(), declared = json::array();
+  std::string span;
+  if (!steps.empty()) {
+    span = steps.size() == 1 ? "step " + std::to_string(steps.front())
+                             : std::to_string(steps.size()) + " steps (" + std::to_string(steps.front()) + " to " +
+                                   std::to_string(steps.back()) + ")";
+  }
+  for (const auto& p : trainable) {
+    if (received.count(p.fqn)) continue;
+    bool allowed = any_match(unused, p.fqn);
+    for (const auto& a : p.aliases) allowed = allowed || any_match(unused, a);
+    never.push_back(p.fqn);
+    if (allowed) {
+      declared.push_back(p.fqn);
+      continue;
+    }
+    out.findings.add({codes::kGradNeverReceived, "runtime", p.fqn, Severity::kError,
+                      "'" + p.fqn + "' is trainable and no rank's backward gave it a gradient in any of the " + span +
+                          " of the run",
+                      {{"steps", steps}},
+                      "it is registered, optimized, saved and exported, and never learns: a branch the forward "
+                      "skips, an input detached before it, or a module left out of the loss",
+                      "connect it to the loss; freeze it (ModelSpec::frozen) if it is not to train; or, when only "
+                      "some data reaches it, declare it in ModelSpec::unused_parameters"});
+  }
+  const auto count = static_cast<int64_t>(trainable.size());
+  out.findings.ran(codes::kCheckGradientsReceived, count, "trainable parameters");
+  out.evidence = {{"steps", steps}, {"trainable", count}, {"never_received", never}, {"declared_unused", declared}};
   return out;
 }
 

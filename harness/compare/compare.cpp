@@ -165,6 +165,27 @@ Localization localize(const Comparison& c, bool resumed) {
     if (d.step == step) at.push_back(&d);
   }
   const std::string when = " at step " + std::to_string(step);
+  // What the activation probes could not see. Nothing observed: every statement about module
+  // outputs would be vacuous. Some modules unobserved: a fault in one shows first in a later
+  // observed output, or in the loss.
+  const bool blind = c.activation_order.empty();
+  const std::string no_activations =
+      "no module outputs were observed (the port never calls ParallelContext::observe)";
+  const std::string how_to_observe =
+      "add ctx.observe(module, output, layout) to each module's forward (as the scaffold's model.h does) to "
+      "localize the first module that diverges";
+  std::string partly;
+  if (!blind && !c.unobserved_modules.empty()) {
+    std::string names;
+    for (size_t i = 0; i < c.unobserved_modules.size() && i < 3; ++i) {
+      names += (i ? ", '" : "'") + c.unobserved_modules[i] + "'";
+    }
+    if (c.unobserved_modules.size() > 3) names += ", ...";
+    partly = "; only some modules were observed: " + std::to_string(c.unobserved_modules.size()) + " of the " +
+             std::to_string(c.parameter_modules) + " modules with parameters are under no observed module (" + names +
+             "), so a fault in them shows first in a later observed output or the loss (observe them with "
+             "ctx.observe to localize it)";
+  }
   // "; its parameters whose gradients diverge: 'm.router', ..." for the module `m` blamed.
   auto diverging_parameters = [&](const std::string& module) {
     std::string names;
@@ -198,10 +219,18 @@ Localization localize(const Comparison& c, bool resumed) {
   if (const Divergence* d = find("activation", "forward_output")) {
     const bool first = !c.activation_order.empty() && c.activation_order.front() == d->name;
     return {d->name, "its forward output is the first to diverge" + when + " in forward order; " +
-                         (first ? std::string("it is the first module observed") : "every module before it matches")};
+                         (first ? std::string("it is the first module observed")
+                                : partly.empty() ? "every module before it matches"
+                                                 : "every observed module before it matches") +
+                         partly};
   }
   if (find("metric", "loss")) {
-    return {"loss", "every module's forward output matches" + when + " and the loss differs"};
+    if (blind) {
+      return {"loss", no_activations + ": the blame cannot go below 'loss'; the loss differs" + when + "; " +
+                          how_to_observe};
+    }
+    return {"loss", (partly.empty() ? "every module's" : "every observed module's") +
+                        std::string(" forward output matches") + when + " and the loss differs" + partly};
   }
   const Divergence* grad = find("activation", "output_grad");
   if (grad) {
@@ -217,21 +246,23 @@ Localization localize(const Comparison& c, bool resumed) {
       if (divergent.count(*it)) {
         if (previous.empty()) {
           return {"loss", "every forward output matches" + when + " up to the head, and the gradient of the loss "
-                          "with respect to the head's output ('" + *it + "') differs: the loss or its normalization"};
+                          "with respect to the head's output ('" + *it + "') differs: the loss or its normalization" +
+                          partly};
         }
         return {previous, "the forward outputs match" + when + "; walking backward, its output gradient is the last "
                           "that matches and the next one, of '" + *it + "', is the first to diverge: the gradient its "
-                          "backward passes on is wrong" + diverging_parameters(previous)};
+                          "backward passes on is wrong" + diverging_parameters(previous) + partly};
       }
       previous = *it;
     }
     return {grad->name, "its output gradient is the first to diverge" + when};
   }
   if (const Divergence* d = find("tensor", "grad_before_clip")) {
-    return {module_of_parameter(d->name), "the activations and their gradients match" + when +
+    return {module_of_parameter(d->name), (blind ? no_activations + "; the loss matches" + when
+                                                 : "the activations and their gradients match" + when) +
                                               "; the gradient of parameter '" + d->name +
                                               "' is the first to diverge: its module's weight gradient or its "
-                                              "reduction"};
+                                              "reduction" + (blind ? "; " + how_to_observe : partly)};
   }
   if (find("metric", "grad_norm_pre_clip") || find("metric", "grad_norm_post_clip")) {
     return {"grad_norm", "every gradient matches" + when + " and the global grad norm differs"};
@@ -480,6 +511,31 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
         check({kind, name, step, stage, rel, max_abs}, probes_path, counts);
       }
     }
+  }
+  // The modules with parameters, and those no observed module is or contains.
+  std::vector<std::string> parameters;
+  std::string structure_text;
+  if (read_file(cand.root() / "check/structure.json", &structure_text)) {
+    const json structure = json::parse(structure_text, nullptr, /*allow_exceptions=*/false);
+    if (structure.is_object() && structure.contains("parameters") && structure["parameters"].is_array()) {
+      for (const auto& p : structure["parameters"]) {
+        if (p.is_object() && p.contains("fqn") && p["fqn"].is_string()) parameters.push_back(p["fqn"].get<std::string>());
+      }
+    }
+  }
+  if (parameters.empty()) {
+    for (const auto& fqn : order) {
+      if (fqn.find('/') == std::string::npos) parameters.push_back(fqn);
+    }
+  }
+  std::set<std::string> modules;
+  for (const auto& p : parameters) modules.insert(module_of_parameter(p));
+  out.parameter_modules = static_cast<int64_t>(modules.size());
+  for (const auto& m : modules) {
+    const bool seen = std::any_of(out.activation_order.begin(), out.activation_order.end(), [&](const std::string& o) {
+      return m == o || m.rfind(o + ".", 0) == 0;
+    });
+    if (!seen) out.unobserved_modules.push_back(m);
   }
   return out;
 }

@@ -134,7 +134,13 @@ struct Comparison {
   /// side lacks are divergences only).
   std::vector<Measurement> measurements;
   /// The modules the activation probes recorded, in forward order (localize() walks it).
+  /// Empty when the port observes none (it never calls ParallelContext::observe).
   std::vector<std::string> activation_order;
+  /// The modules that own the candidate's parameters (check/structure.json, else the
+  /// watchlist), and those of them no observed module is or contains: where a fault shows
+  /// first in a later observed output or in the loss, so localize() says the blame is coarse.
+  int64_t parameter_modules = 0;
+  std::vector<std::string> unobserved_modules;
   bool passed() const { return divergences.empty(); }
   nlohmann::json to_json() const;
   /// "match: N quantities within tolerance T", or where localize() puts the fault, the first
@@ -160,7 +166,9 @@ struct Localization {
 /// reversed), the module whose backward produced the first divergent output gradient (the
 /// one before it; the loss when it is the head's); else the module of the first parameter
 /// whose gradient diverges; the grad norm; the optimizer. `resumed`: the candidate starts from
-/// a checkpoint.
+/// a checkpoint. The reason says what the activation probes could not see: when no module
+/// output was observed, that the blame cannot go below the loss and how to observe them;
+/// when only some modules with parameters were, which ones were not.
 Localization localize(const Comparison& comparison, bool resumed = false);
 
 /// The module of a parameter FQN: "layers.0.mlp.down_proj.weight" -> "layers.0.mlp.down_proj"

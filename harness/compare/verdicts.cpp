@@ -744,12 +744,11 @@ Verdict comm_volume(const CaseEvidence& ev) {
   std::map<std::string, double> expected;
   if (dp_cp > 1) expected["dp_cp"] = 16;
   if (world > 1) expected["world"] = 16;
+  // The FSDP count (verdicts.h) per forward that uses each parameter, from this rank's
+  // parameter table (rank 0 writes it). The element size of each parameter as recorded (the
+  // master weights: float32 in the autocast lanes, whose FSDP gathers move float32).
+  std::map<std::string, double> fsdp_bytes;
   if (dp_shard > 1) {
-    // The FSDP count (verdicts.h), from this rank's parameter table (rank 0 writes it).
-    // The element size of each parameter as recorded (the master weights: float32 in the
-    // autocast lanes, whose FSDP gathers move float32).
-    const int mb = cfg.micro_batches;
-    double bytes = 0;
     for (const auto& p : ev.json("check/structure.json").at("parameters")) {
       if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;
       if (p.value("fsdp_axis", "dp_shard") != "dp_shard") continue;  // experts under ep: over edp
@@ -759,21 +758,32 @@ Verdict comm_volume(const CaseEvidence& ev) {
       const int64_t cols = shape.size() > 1 ? numel(shape) / shape[0].get<int64_t>() : 1;
       // One forward gather of each rank's padded shard; the reduce-scatter of the padded full
       // gradient only for a parameter that has one (a frozen one has none).
+      double& bytes = fsdp_bytes[p.value("fqn", "")];
       bytes += static_cast<double>(chunk * cols * e);
       if (p.value("requires_grad", true)) bytes += static_cast<double>(dp_shard * chunk * cols * e);
     }
-    expected["dp_shard"] = bytes * mb;
   }
   std::optional<json> first;
+  json first_gathers;
   for (const auto& r : rows) {
     const json bytes = r.value("comm_bytes", json::object());
     const int64_t step = r.value("step", int64_t{-1});
-    // The gathers for backward of the units whose output needed a gradient, as the runtime
-    // declared them (ParallelContext::fsdp_forward).
     std::map<std::string, double> expected_here = expected;
+    // Each parameter in every forward (micro-batch) that used it: a step that never uses one
+    // (a vision tower on a text-only batch) moves nothing for it. The runtime records which
+    // parameters its forwards gathered (metrics fsdp_gather_forwards); without that record,
+    // every parameter in every micro-batch.
+    const json gathers = r.value("fsdp_gather_forwards", json());
     if (dp_shard > 1) {
+      double& fsdp = expected_here["dp_shard"];
+      for (const auto& [fqn, b] : fsdp_bytes) {
+        const int64_t forwards = gathers.is_object() ? gathers.value(fqn, int64_t{0}) : cfg.micro_batches;
+        fsdp += b * static_cast<double>(forwards);
+      }
+      // The gathers for backward of the units whose output needed a gradient, as the runtime
+      // declared them (ParallelContext::fsdp_forward).
       const json declared = r.value("comm_expected", json::object()).value("dp_shard", json::object());
-      for (const auto& [site, b] : declared.items()) expected_here["dp_shard"] += b.get<double>();
+      for (const auto& [site, b] : declared.items()) fsdp += b.get<double>();
     }
     for (const auto& [axis, b] : bytes.items()) {
       const double got = b.get<double>();
@@ -804,14 +814,21 @@ Verdict comm_volume(const CaseEvidence& ev) {
       }
     }
     if (Verdict v = sites_as_declared(ev, r, grad_sync); !v.passed()) return v;
-    // The expert all-to-alls move what the routing sends, which changes from step to step.
+    // The expert all-to-alls move what the routing sends, which changes from step to step;
+    // dp_shard changes with the parameters a step uses (checked exactly above).
     json steady = bytes;
     steady.erase("ep");
-    if (first && (*first) != steady) {
-      return Verdict::fail("the bytes per axis change between steps: " + first->dump() + " then " + steady.dump() +
+    if (first && gathers != first_gathers) steady.erase("dp_shard");
+    json earlier = first ? *first : json();
+    if (first && gathers != first_gathers) earlier.erase("dp_shard");
+    if (first && earlier != steady) {
+      return Verdict::fail("the bytes per axis change between steps: " + earlier.dump() + " then " + steady.dump() +
                            " at step " + std::to_string(step) + " (open " + file + ")");
     }
-    if (!first) first = steady;
+    if (!first) {
+      first = steady;
+      first_gathers = gathers;
+    }
   }
   return Verdict::pass();
 }

@@ -170,7 +170,9 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
 /// comm_sites) against the config and the model: nothing on an axis of degree 1; dp_shard
 /// exactly the FSDP count from the parameter table (per FSDP parameter with chunk c rows of k
 /// elements, W = dp_shard, e the element size: all-gather c*k in forward and, when it has a
-/// gradient (not frozen), reduce-scatter W*c*k in backward; per micro-batch) plus the
+/// gradient (not frozen), reduce-scatter W*c*k in backward; per forward that uses it: every
+/// micro-batch, less those that never used it, a vision tower on a text-only batch, as the
+/// metrics' fsdp_gather_forwards record) plus the
 /// gathers for backward each non-root unit whose output needed a gradient declared
 /// (ParallelContext::fsdp_forward: c*k per parameter of the unit); on tp, cp and
 /// dp_replicate every call site exactly what the layers declare (comm_expected: each
@@ -181,7 +183,7 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
 /// tp; every gradient over dp_replicate and cp; none of a frozen parameter), naming the site and the layers on a
 /// mismatch; dp_cp and world at least 16 bytes (the valid-token count and the loss; the grad
 /// norm before and after clipping; a model may add its own, e.g. an MoE's global expert
-/// counts); every step the same. A checkpoint load's traffic is recorded apart
+/// counts); every step the same (dp_shard between steps that used the same parameters). A checkpoint load's traffic is recorded apart
 /// (checkpoint/load_rank<r>.json), not in a step's.
 Verdict comm_volume(const CaseEvidence& ev);
 

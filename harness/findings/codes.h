@@ -24,6 +24,8 @@ inline constexpr const char* kOptimMissing = "MIH-OPTIM-004";          ///< trai
 inline constexpr const char* kOptimWeightDecay = "MIH-OPTIM-005";      ///< weight decay not as declared
 inline constexpr const char* kOptimStateShape = "MIH-OPTIM-006";       ///< state shape != local shape
 inline constexpr const char* kOptimDecayOnNorm = "MIH-OPTIM-007";      ///< weight decay on a 1-D parameter (norm, bias)
+// Gradient presence (checks/runtime_checks.cpp).
+inline constexpr const char* kOptimMovedWithoutGradient = "MIH-OPTIM-008";  ///< optimizer moved a parameter no rank gave a gradient
 // Data contract (checks/data.cpp).
 inline constexpr const char* kDataNoOwner = "MIH-DATA-001";            ///< field without an owner
 inline constexpr const char* kDataNotProduced = "MIH-DATA-002";        ///< declared field not produced
@@ -62,6 +64,7 @@ inline constexpr const char* kFrozenOptimizerState = "MIH-FROZEN-004"; ///< froz
 inline constexpr const char* kGradReduction = "MIH-GRAD-001";          ///< reduced over axes other than its domain
 inline constexpr const char* kGradTpPartialUndeclared = "MIH-GRAD-002";///< partial over tp, domain omits tp
 inline constexpr const char* kGradTpPartialWhole = "MIH-GRAD-003";     ///< whole on every tp rank, domain has tp
+inline constexpr const char* kGradNeverReceived = "MIH-GRAD-004";      ///< trainable, no gradient at any step, not declared unused
 // Probes (probes/probes.cpp).
 inline constexpr const char* kProbeReplicas = "MIH-PROBE-001";         ///< replicas disagree after a step
 
@@ -88,6 +91,8 @@ inline constexpr const char* kCheckReplicas = "replica_consistency";         ///
 inline constexpr const char* kCheckFrozen = "frozen_parameters";             ///< parameters
 inline constexpr const char* kCheckGradReduction = "grad_reduction";         ///< trainable parameters
 inline constexpr const char* kCheckTpPartial = "tp_partial_gradients";       ///< tp-replicated parameters
+inline constexpr const char* kCheckUpdateWithoutGradient = "update_without_gradient";  ///< trainable parameters
+inline constexpr const char* kCheckGradientsReceived = "gradients_received";  ///< trainable parameters
 
 struct CodeRow {
   const char* code;
@@ -96,7 +101,7 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 45> kAllCodes = {{
+inline constexpr std::array<CodeRow, 47> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
@@ -121,6 +126,8 @@ inline constexpr std::array<CodeRow, 45> kAllCodes = {{
     {kFrozenGradient, kCheckFrozen},            {kFrozenOptimizerState, kCheckFrozen},
     {kGradReduction, kCheckGradReduction},      {kGradTpPartialUndeclared, kCheckTpPartial},
     {kGradTpPartialWhole, kCheckTpPartial},
+    {kOptimMovedWithoutGradient, kCheckUpdateWithoutGradient},
+    {kGradNeverReceived, kCheckGradientsReceived},
 }};
 
 /// The check that emits `code`, or "" for a code not in kAllCodes.

@@ -137,6 +137,8 @@ ParallelContext::ParallelContext(DeviceMesh& mesh, const ParallelConfig& config,
 }
 
 void ParallelContext::begin_micro_batch(int64_t step, int64_t first_row) {
+  if (step != step_) gathers_.clear();
+  step_ = step;
   first_row_ = first_row;
   ++micro_batch_;
   std::lock_guard<std::mutex> lock(dropout_gen_.mutex());
@@ -256,6 +258,7 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
     }
   }
   at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(p.fsdp_axis), p.tp_local_shape[0]);
+  gathers_.insert({p.fqn, forward});
   if (full.requires_grad()) {
     // The gradient of the gathered tensor goes straight into the gather's backward, which
     // reduce-scatters it over dp_shard (edp for experts).
@@ -349,6 +352,12 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
       return grad;
     });
   }
+  return out;
+}
+
+std::map<std::string, int64_t> ParallelContext::fsdp_gather_forwards() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [fqn, forward] : gathers_) ++out[fqn];
   return out;
 }
 
@@ -572,6 +581,22 @@ bool ParallelContext::writes_piece(const ShardedParameter& p) const {
 
 void ParallelContext::synchronize_gradients() {
   root_gathers_.clear();
+  // Whether backward gave each trainable parameter a gradient on some rank: one flag per
+  // parameter, summed over the world (the same decision on every rank, so every replica of a
+  // piece skips or takes the update alike).
+  std::vector<const ShardedParameter*> trainable;
+  for (const auto& p : ordered_) {
+    if (p->local.requires_grad()) trainable.push_back(p.get());
+  }
+  at::Tensor present = at::zeros({static_cast<int64_t>(trainable.size())}, at::TensorOptions().dtype(at::kFloat));
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    if (trainable[i]->local.grad().defined()) present[static_cast<int64_t>(i)] = 1;
+  }
+  present = present.to(device_);
+  Communicator& world = mesh_->comm(MeshAxis::kWorld);
+  if (world.size() > 1 && !trainable.empty()) world.all_reduce(present, ReduceOp::kSum, "grad_sync.presence");
+  present = present.cpu().contiguous();
+  const auto ranks_with_gradient = present.accessor<float, 1>();
   // A trainable parameter without a gradient on this rank joins with zeros, so every rank's
   // buckets have the same layout (a different layout would make the collectives disagree).
   // A frozen one (requires_grad false, the same on every rank) has none and joins no bucket.
@@ -609,6 +634,17 @@ void ParallelContext::synchronize_gradients() {
       if (mesh_->comm(axis).size() > 1) reductions_[p->fqn].insert(std::string(mesh_axis_name(axis)));
     }
     all_reduce_bucketed(grads, mesh_->comm(axis), "grad_sync.data_parallel");
+  }
+  // PyTorch's semantics: a parameter no rank's backward reached keeps no gradient, and the
+  // optimizers skip it (torch.optim steps only parameters whose grad is not None; DDP leaves
+  // a globally unused parameter's grad None). Zeros would let AdamW decay it and move it by
+  // its momentum. One with a gradient on some ranks only took the others' zeros in the sum
+  // above, as DDP does.
+  without_gradient_.clear();
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    if (ranks_with_gradient[static_cast<int64_t>(i)] > 0) continue;
+    trainable[i]->local.mutable_grad() = at::Tensor();
+    without_gradient_.insert(trainable[i]->fqn);
   }
 }
 

@@ -287,13 +287,24 @@ class ParallelContext {
   /// over tp, then every gradient over dp_replicate and cp, and over dp_shard for parameters
   /// not sharded by FSDP (whose backward already reduce-scattered them); expert_parallel()
   /// ones over dp_replicate, and over edp unless FSDP reduce-scattered them. Flat buckets,
-  /// one all-reduce per axis and dtype.
+  /// one all-reduce per axis and dtype. A trainable parameter that backward gave no gradient
+  /// on this rank joins them with zeros; one that no rank's backward gave a gradient (a
+  /// vision tower on a text-only batch) is left without one afterwards (grad undefined, and
+  /// listed in parameters_without_gradient()), so the optimizer skips it as PyTorch's do for
+  /// a grad of None (DDP leaves a globally unused parameter's grad None too). Which is decided
+  /// on every rank alike from one all-reduce of a flag per parameter over the world
+  /// ("grad_sync.presence").
   void synchronize_gradients();
+
+  /// The trainable parameters (canonical FQNs) that no rank's backward gave a gradient before
+  /// the last synchronize_gradients(): their grad is undefined until the next backward.
+  const std::set<std::string>& parameters_without_gradient() const { return without_gradient_; }
 
   /// The mesh axes (of degree > 1) each parameter's gradient was reduced over since
   /// reset_gradient_reductions(), by canonical FQN: dp_shard when FSDP's backward
   /// reduce-scattered it, and the axes of synchronize_gradients' all-reduces; kNoGradient
-  /// when backward left it no gradient on this rank (zero-filled for the synchronization).
+  /// when backward left it no gradient on this rank (zero-filled for the synchronization,
+  /// and undefined after it when no rank had one).
   /// What the GradientSync suite holds against each parameter's grad_domain().
   const std::map<std::string, std::set<std::string>>& gradient_reductions() const { return reductions_; }
   static constexpr const char* kNoGradient = "(no gradient)";
@@ -312,6 +323,11 @@ class ParallelContext {
 
   /// The FSDP units, in declaration order.
   const std::vector<std::string>& fsdp_units() const { return units_; }
+  /// The FSDP-sharded parameters (canonical FQNs) all-gathered (use()) in the forwards of the
+  /// current step (since its first begin_micro_batch), each with the number of forwards
+  /// (micro-batches) that gathered it: what FSDP moved this step. A parameter the step never
+  /// used (a vision tower, a projector on a text-only batch) is absent.
+  std::map<std::string, int64_t> fsdp_gather_forwards() const;
   /// The unit fully_shard made of the model's root module (the one finalize names), whose
   /// parameters FSDP never reshards after forward; "" if none.
   const std::string& root_unit() const { return root_unit_; }
@@ -336,9 +352,13 @@ class ParallelContext {
   std::map<const void*, std::function<void()>> non_persistent_;
   std::vector<BufferEntry> buffers_;
   std::map<std::string, std::set<std::string>> reductions_;
+  std::set<std::string> without_gradient_;
   SharedState shared_state_;
   at::Generator dropout_gen_;  // the per-call dropout keys (see dropout())
   int64_t first_row_ = 0, micro_batch_ = 0;
+  int64_t step_ = -1;
+  // (parameter, forward index) of every FSDP gather of the current step: fsdp_gather_forwards().
+  std::set<std::pair<std::string, int64_t>> gathers_;
   std::unique_ptr<ActivationProbes> activation_probes_;
   // fsdp_forward: the unit whose forward runs, and the parameters gathered in it, in the
   // order of their first use, the same on every rank (the regathers are collectives).

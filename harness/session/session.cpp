@@ -10,6 +10,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/compat/collectives.h"
@@ -362,6 +363,22 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
     take(pending_, modal.findings);
     if (!spec_->modalities.empty()) write_step("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterBackward, step).findings);
+    // Which parameters no rank's backward reached (collective), and their values before the
+    // optimizer, which must leave them as they are.
+    without_gradient_before_.clear();
+    const std::vector<std::string> absent = checks::parameters_without_gradient(*state_.context);
+    const std::set<std::string> absent_set(absent.begin(), absent.end());
+    trainable_.clear();
+    for (const auto& p : state_.context->parameters()) {
+      if (!p->local.requires_grad()) continue;
+      trainable_.push_back({p->fqn, p->aliases});
+      if (absent_set.count(p->fqn)) {
+        without_gradient_before_[p->fqn] = p->local.detach().clone();
+      } else {
+        gradient_received_.insert(p->fqn);
+      }
+    }
+    presence_steps_.push_back(step);
     probe(probes::Stage::kGradBeforeClip, step);
     probe_activations(step);
   });
@@ -385,6 +402,13 @@ void ValidationSession::after_optimizer(int64_t step) {
     probe(probes::Stage::kAfterOptimizer, step);
     if (full_probe_step_) probe(probes::Stage::kOptimizerState, step);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterOptimizer, step).findings);
+    int64_t trainable = 0;
+    for (const auto& p : state_.context->parameters()) trainable += p->local.requires_grad() ? 1 : 0;
+    checks::CheckOutput presence =
+        checks::check_update_without_gradient(*state_.context, without_gradient_before_, step, trainable);
+    without_gradient_before_.clear();
+    take(pending_, presence.findings);
+    write_step("cases/runtime/gradient_presence_step" + std::to_string(step) + ".json", presence.evidence);
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
     take(pending_, r);
@@ -437,7 +461,8 @@ void ValidationSession::end_step(const StepMetrics& m) {
     input_identity_.push_back(identity);
     if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("data/input_identity.jsonl", identity);
 
-    checks::CheckOutput shared = checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step);
+    checks::CheckOutput shared =
+        checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step, &fields_seen_);
     take(local, shared.findings);
     write_step("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
 
@@ -460,6 +485,8 @@ void ValidationSession::end_step(const StepMetrics& m) {
     // Per axis and call site: what the collectives moved, and what the layers declared.
     row["comm_sites"] = sites;
     row["comm_expected"] = expected;
+    // The FSDP parameters this step's forwards gathered (CommVolume counts their traffic).
+    row["fsdp_gather_forwards"] = ctx.fsdp_gather_forwards();
     metrics_.push_back(row);
     json perf = {{"step", step},
                  {"step_ms", m.step_ms},
@@ -497,7 +524,9 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
     write_step("check/activation_checkpoint.json", {{"enabled", ctx.config().activation_checkpointing},
                                                     {"regions", ctx.checkpoint_regions()},
                                                     {"steps", checkpoint_steps_}});
-    if (step != 0) return;
+    // At the first step this session trains: step 0, or the first after a resume's load (whose
+    // evidence directory is the case's own).
+    if (step != first_step_) return;
     write("check/fsdp_trace.json", ctx.to_json());
   });
 }
@@ -590,6 +619,14 @@ bool ValidationSession::finish() {
               options_.weights_loaded_from + ") and weights_loaded() was not called after the load");
     return false;
   }
+  if (runtime() && !presence_steps_.empty()) {
+    try {
+      gradients_received();
+    } catch (const std::exception& e) {
+      fail_case(std::string("the session's finish raised: ") + e.what());
+      return false;
+    }
+  }
   if (findings_.failed()) {
     fail_case("findings with errors:\n" + findings_.summary());
     return false;
@@ -599,6 +636,42 @@ bool ValidationSession::finish() {
     machine_->advance_if_before(IntegrationState::kStructureValidated, {"check/findings.json"});
   }
   return !failed_;
+}
+
+void ValidationSession::gradients_received() {
+  // The whole run: this session's steps, and those of the run it continues (a resume's save
+  // phase), whose record rank 0 wrote where it writes (the other ranks judge this session's
+  // steps alone; only rank 0's findings are written).
+  std::set<std::string> received = gradient_received_;
+  std::vector<int64_t> steps = presence_steps_;
+  json earlier;
+  if (!options_.continues_evidence.empty() && mesh_->rank() == 0) {
+    const std::filesystem::path file = options_.continues_evidence / "check/gradients_received.json";
+    earlier = read_json_file(file);
+    auto all_of = [](const json& list, bool (json::*is)() const noexcept) {
+      return list.is_array() && std::all_of(list.begin(), list.end(), [&](const json& v) { return (v.*is)(); });
+    };
+    MIH_CHECK_CODE(earlier.is_object() && all_of(earlier.value("never_received", json()), &json::is_string) &&
+                       all_of(earlier.value("steps", json()), &json::is_number_integer),
+                   Code::kFailedPrecondition, "evidence file ", file.string(),
+                   " has no list never_received of names or steps of integers: it was edited or written by another "
+                   "version; rerun the case");
+    std::set<std::string> never_before;
+    for (const auto& f : earlier["never_received"]) never_before.insert(f.get<std::string>());
+    for (const auto& p : trainable_) {
+      if (!never_before.count(p.fqn)) received.insert(p.fqn);
+    }
+    const std::vector<int64_t> before = earlier["steps"].get<std::vector<int64_t>>();
+    steps.insert(steps.begin(), before.begin(), before.end());
+  }
+  checks::CheckOutput out = checks::check_gradients_received(trainable_, received, steps, spec_->unused_parameters);
+  // Not the end of the run: a later step may still reach a parameter.
+  if (!options_.run_continues) {
+    for (const auto& f : out.findings.findings()) findings_.add(f);
+    for (const auto& r : out.findings.runs()) findings_.ran(r.check, r.examined, r.unit);
+  }
+  // The whole run so far, which a later phase continues from.
+  write("check/gradients_received.json", out.evidence);
 }
 
 std::unique_ptr<TrainingHooks> make_session(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh) {

@@ -20,7 +20,9 @@
 //   checkpoint/{coverage.json, <event>_rank<r>.json},
 //   cases/runtime/{metrics.jsonl, performance_rank<r>.jsonl, shared_state_step<k>.json,
 //                  modality_gradients_step<k>.json, optimizer_layout_step<k>.json,
-//                  replicas_step<k>.json},
+//                  replicas_step<k>.json, gradient_presence_step<k>.json},
+//   check/gradients_received.json (at finish: the trainable parameters no rank gave a
+//   gradient at any step of the run),
 //   probes/rank0.jsonl (one line per stage and step; values are global, so rank 0 writes; the
 //   stages forward_output and output_grad, per module the model observes, at the first two
 //   steps and the last; model_before at the first step only, grad_after_clip and
@@ -70,6 +72,15 @@ struct SessionOptions {
   /// materialization invariants wait for weights_loaded() instead of running when the
   /// optimizer is attached. Empty: the build's initialization is what they examine.
   std::string weights_loaded_from;
+  /// The evidence directory of the run this session continues (a resume's save phase,
+  /// `<case>/before_save`): the steps its check/gradients_received.json records join this
+  /// session's in the run-level gradient check (MIH-GRAD-004: a trainable parameter without a
+  /// gradient at every step of the run). Empty: this session is the whole run.
+  std::filesystem::path continues_evidence;
+  /// A later session continues this run (a resume's save phase): the run-level gradient
+  /// check records this session's steps in check/gradients_received.json and leaves the
+  /// verdict to the session that ends the run.
+  bool run_continues = false;
   /// Added to environment.json (torch version, backend, CUDA...).
   nlohmann::json environment = nlohmann::json::object();
   /// The source tree whose git revision environment.json records.
@@ -159,6 +170,9 @@ class ValidationSession : public TrainingHooks {
   // The activation probes of the step (collective): two probe lines, forward_output and
   // output_grad.
   void probe_activations(int64_t step);
+  // At finish: the run-level gradient check (MIH-GRAD-004) over this session's steps and
+  // those of the run it continues; writes check/gradients_received.json.
+  void gradients_received();
 
 
   const spec::ModelSpec* spec_;
@@ -194,6 +208,14 @@ class ValidationSession : public TrainingHooks {
   // This step probes everything (the first two steps and the last): activations, clipped
   // gradients, optimizer state.
   bool full_probe_step_ = true;
+  // Gradient presence: this step's pieces, before the optimizer, of the parameters no rank
+  // gave a gradient; the parameters some rank gave one at some step; the steps examined.
+  std::map<std::string, at::Tensor> without_gradient_before_;
+  std::set<std::string> gradient_received_;
+  std::vector<int64_t> presence_steps_;
+  // The trainable parameters' names, as of the last backward: finish() runs when the backend,
+  // and the parameters with it, may be gone.
+  std::vector<checks::ParameterNames> trainable_;
 };
 
 /// The session for `options.mode`: hooks that do nothing when off, else a

@@ -65,6 +65,8 @@ void ModelSpec::validate() const {
     MIH_CHECK(keys.insert(s.key).second, where, ": shared_state key '", s.key, "' is declared twice");
     MIH_CHECK(!s.producer.empty() && !s.consumers.empty(), where, ": shared_state '", s.key,
               "' needs a producer and at least one consumer");
+    MIH_CHECK(s.requires_field.empty() || fields.count(s.requires_field), where, ": shared_state '", s.key,
+              "' requires field '", s.requires_field, "', which is not a data field; declare it in data.fields");
   }
   std::set<std::string> names;
   for (const auto& inv : invariants) {
@@ -82,6 +84,7 @@ void ModelSpec::validate() const {
             ": trainer.weight_decay must be >= 0, got ", trainer.weight_decay());
   for (const auto& p : decayed_1d) MIH_CHECK(!p.empty(), where, ": decayed_1d has an empty pattern");
   for (const auto& p : frozen) MIH_CHECK(!p.empty(), where, ": frozen has an empty pattern");
+  for (const auto& p : unused_parameters) MIH_CHECK(!p.empty(), where, ": unused_parameters has an empty pattern");
   for (const auto& p : activation_watch) MIH_CHECK(!p.empty(), where, ": activation_watch has an empty pattern");
   if (!checkpoint.source.empty()) {
     with_context(where + ": checkpoint.source", [&] { (void)safetensors::checkpoint_keys(checkpoint.source); });
@@ -108,6 +111,7 @@ void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {
     require(b, "checkpoint.tied");
   }
   for (const auto& p : frozen) require(p, "frozen");
+  for (const auto& p : unused_parameters) require(p, "unused_parameters");
   for (const auto& p : activation_watch) require(p, "activation_watch");
   // A frozen parameter gets no gradient: a modality that must train it can never hold.
   for (const auto& m : modalities) {
@@ -130,7 +134,10 @@ nlohmann::json ModelSpec::to_json() const {
                       {"cp", f.cp == CpSharding::kSequence ? "sequence" : "replicated"}});
   }
   nlohmann::json shared = nlohmann::json::array();
-  for (const auto& s : shared_state) shared.push_back({{"key", s.key}, {"producer", s.producer}, {"consumers", s.consumers}});
+  for (const auto& s : shared_state) {
+    shared.push_back({{"key", s.key}, {"producer", s.producer}, {"consumers", s.consumers}});
+    if (!s.requires_field.empty()) shared.back()["requires_field"] = s.requires_field;
+  }
   nlohmann::json modal = nlohmann::json::array();
   for (const auto& m : modalities) modal.push_back({{"field", m.field}, {"parameters", m.parameter_patterns}});
   nlohmann::json inv = nlohmann::json::array();
@@ -172,6 +179,7 @@ nlohmann::json ModelSpec::to_json() const {
             {"no_weight_decay", trainer.no_weight_decay()}}},
           {"decayed_1d", decayed_1d},
           {"frozen", frozen},
+          {"unused_parameters", unused_parameters},
           {"activation_watch", activation_watch},
           {"shared_state", shared},
           {"modalities", modal},

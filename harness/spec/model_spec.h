@@ -124,6 +124,11 @@ struct SharedStateSpec {
   std::string key;
   std::string producer;
   std::vector<std::string> consumers;
+  /// A data field the state depends on (a modality: "pixel_values" for vision features): in
+  /// a step none of whose micro-batches holds it (a text-only batch of mixed instruction
+  /// data) the key need not be published nor consumed. Empty: every step must publish and
+  /// consume it. The rules of a step that holds the field, and of any publication, are the same.
+  std::string requires_field = {};
 };
 
 /// A modality field and the parameters that must receive finite, non-zero gradients when it
@@ -205,6 +210,13 @@ struct ModelSpec {
   /// 1-D parameters (norm scales, biases) the port decays on purpose (FQN globs); any other
   /// 1-D parameter with weight decay is a finding (MIH-OPTIM-007).
   std::vector<std::string> decayed_1d;
+  /// Trainable parameters the port may leave without a gradient for a whole run (FQN globs,
+  /// e.g. an embedding row block only some data reaches): any other trainable parameter that
+  /// no rank's backward gives a gradient at any step of a case is a finding (MIH-GRAD-004: it
+  /// is registered, optimized and saved, and never learns). A step without a gradient is no
+  /// finding (a vision tower on a text-only batch): the optimizer must leave the parameter as
+  /// it is then (MIH-OPTIM-008), as PyTorch's optimizers skip a grad of None.
+  std::vector<std::string> unused_parameters;
   /// Parameters the port does not train (FQN globs, e.g. "vision_tower.*" for a frozen vision
   /// encoder): the runner passes them to the Trainer (TrainerOptions::frozen). On every rank,
   /// after sharding, each must have requires_grad false, no gradient after backward and no
@@ -221,10 +233,11 @@ struct ModelSpec {
   ///   fields, a modality or training-only pattern that is empty, a shared-state key declared
   ///   twice or without producer or consumer, duplicate invariant or parity case names, an
   ///   invariant without a check, a malformed parity case (ModuleParityCase::validate), an
-  ///   empty frozen pattern.
+  ///   empty frozen or unused_parameters pattern, a shared-state requires_field that is not a
+  ///   data field.
   void validate() const;
   /// Throws: as validate, plus every FQN glob (modality, training-only, shared-state
-  ///   producer/consumer, tied, frozen, activation_watch) that matches none of `fqns` (a module's parameter and module
+  ///   producer/consumer, tied, frozen, unused_parameters, activation_watch) that matches none of `fqns` (a module's parameter and module
   ///   names), naming the pattern.
   void validate_against(const std::vector<std::string>& fqns) const;
   nlohmann::json to_json() const;

@@ -503,8 +503,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // every case of more than one rank, TensorParallelGradients where tp > 1.
   // Then 1999 on 60 cases: llama_dropout on every cpu-smoke case (its masks match the one-rank
   // run's now). Then 2241 on 67 cases: moe's six expert-parallel cases and the EP=1 control
-  // DpShard4 (the ep cases are rejected on the dense specs).
-  EXPECT_EQ(total, 2241) << list.output;
+  // DpShard4 (the ep cases are rejected on the dense specs). Then 2375: GradientPresence (2
+  // tests) on every case.
+  EXPECT_EQ(total, 2375) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
@@ -514,6 +515,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   compared.erase("Reference");
   EXPECT_EQ(cases_of["Llama/Structure"], all);
   EXPECT_EQ(cases_of["Llama/CommVolume"], all);
+  EXPECT_EQ(cases_of["Llama/GradientPresence"], all);
   EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Tp2Sp", "DpReplicate2DpShard2",
                                                                 "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2"}));
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
@@ -555,7 +557,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   ASSERT_EQ(labels.status, 0) << labels.output;
   EXPECT_THAT(labels.output, HasSubstr("Llama llama Reference conformance,llama,reference,Structure,OptimizerLayout,"
                                        "DataContract,CheckpointCoverage,SourceCheckpoint,SharedState,UndeclaredSharedState,"
-                                       "StateInvariants,ModuleParity,CommVolume\n"));
+                                       "StateInvariants,ModuleParity,GradientPresence,CommVolume\n"));
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
 }
 
@@ -631,13 +633,13 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   // The process's start line (the tests it will run) first, its end line last.
   ASSERT_GE(results.size(), 2u);
   EXPECT_EQ(results.front()["run"]["event"], "start");
-  EXPECT_EQ(results.front()["run"]["tests"].size(), 34u);
+  EXPECT_EQ(results.front()["run"]["tests"].size(), 36u);
   EXPECT_EQ(results.back()["run"]["event"], "end");
-  EXPECT_EQ(results.back()["run"]["completed"], 34);
+  EXPECT_EQ(results.back()["run"]["completed"], 36);
   results = std::vector<nlohmann::json>(results.begin() + 1, results.end() - 1);
   // The TEST_Ps of the suites the suite table applies to Tp2Sp (llama declares no modality;
   // no FSDP, resume or activation checkpointing here), and nothing skipped.
-  ASSERT_EQ(results.size(), 34u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests
+  ASSERT_EQ(results.size(), 36u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests, then GradientPresence's two
   std::set<std::string> suites;
   for (const auto& line : results) {
     EXPECT_EQ(line["status"], "passed") << line.dump();
@@ -646,7 +648,8 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   EXPECT_EQ(suites, (std::set<std::string>{"CheckpointCoverage", "CommVolume", "DataContract", "InputIdentity",
                                            "NumericParity", "OptimizerLayout", "ReplicaConsistency", "SharedState",
                                            "SourceCheckpoint", "StateInvariants", "Structure", "UndeclaredSharedState",
-                                           "TensorParallelInputs", "GradientSync", "TensorParallelGradients"}));
+                                           "TensorParallelInputs", "GradientSync", "TensorParallelGradients",
+                                           "GradientPresence"}));
   // Every findings-based test says what its check examined.
   for (const auto& line : results) {
     if (line["suite"] == "Structure") {

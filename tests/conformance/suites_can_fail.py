@@ -114,6 +114,14 @@ MUTATIONS = {
         ("vlm_frozen_vision", "DpShard2", "an optimizer built over every parameter, frozen ones too",
          finding("MIH-FROZEN-004", "vision_tower.patch_embedding",
                  "declared frozen and has AdamW state 'exp_avg' at step 0")),
+    "GradientPresence.OptimizerLeavesParametersWithoutGradient":
+        ("llama", "DpShard2", "zeros fed to AdamW for a parameter no rank gave a gradient (decayed and moved)",
+         finding("MIH-OPTIM-008", "norm.weight",
+                 "'norm.weight' had no gradient on any rank at step 1 and the optimizer step changed it")),
+    "GradientPresence.EveryTrainableParameterGetsAGradient":
+        ("llama", "DpShard2", "a head the forward never reaches (registered, optimized, never trained)",
+         finding("MIH-GRAD-004", "lm_head.weight",
+                 "'lm_head.weight' is trainable and no rank's backward gave it a gradient in any of the 3 steps")),
     "GradientSync.EachGradientReducedOverItsDomain":
         ("llama", "DpShard2", "a gradient hook that skips the reduce-scatter of one parameter",
          finding("MIH-GRAD-001", "norm.weight", "gradient never reduced over {dp_shard} at step 0")),

@@ -73,7 +73,11 @@ struct Tamper : TrainingHooks {
     if (before_grad_checks) before_grad_checks(step, state);
     inner->after_backward_before_clip(step);
   }
-  void after_clip(int64_t step, double norm) override { inner->after_clip(step, norm); }
+  std::function<void(int64_t, const TrainingState&)> after_clip_checks;
+  void after_clip(int64_t step, double norm) override {
+    inner->after_clip(step, norm);
+    if (after_clip_checks) after_clip_checks(step, state);
+  }
   void after_optimizer(int64_t step) override {
     if (before_optimizer_checks) before_optimizer_checks(step, state);
     inner->after_optimizer(step);
@@ -520,6 +524,27 @@ TEST(SharedStateCheckTest, NamesMissingProducersAndConsumersEarlyConsumesAndRepu
               Contains("MIH-SHARED-002 vision.features"));
 }
 
+TEST(SharedStateCheckTest, AStateThatRequiresAFieldIsNotRequiredInAStepWithoutIt) {
+  spec::SharedStateSpec vision{"vision.features", "vision_tower", {"multi_modal_projector"}, "pixel_values"};
+  const std::set<std::string> text_only = {"attention_mask", "loss_mask"};
+  const std::set<std::string> with_images = {"attention_mask", "loss_mask", "image_token_index", "pixel_values"};
+  // A text-only step (mixed instruction data): no vision tower ran, nothing to publish.
+  checks::CheckOutput none = checks::check_shared_state({}, {vision}, 1, &text_only);
+  EXPECT_THAT(codes(none.findings), IsEmpty());
+  EXPECT_EQ(none.evidence["not_required"], json::array({"vision.features"}));
+  // With images the rules hold as before; without the declaration too.
+  EXPECT_THAT(codes(checks::check_shared_state({}, {vision}, 0, &with_images).findings),
+              Contains("MIH-SHARED-001 vision.features"));
+  vision.requires_field.clear();
+  EXPECT_THAT(codes(checks::check_shared_state({}, {vision}, 1, &text_only).findings),
+              Contains("MIH-SHARED-001 vision.features"));
+  // Published anyway in a step without the field: the rules of a publication hold (here its consumer).
+  vision.requires_field = "pixel_values";
+  const std::vector<SharedStateEvent> published = {{"vision.features", "publish", "vision_tower", "vision_tower", 0, 0, ""}};
+  EXPECT_THAT(codes(checks::check_shared_state(published, {vision}, 1, &text_only).findings),
+              Contains("MIH-SHARED-002 vision.features"));
+}
+
 // ---- modality gradients ----
 
 TEST(ModalityGradientsCheckTest, NamesTheVisionParametersWhenTheirGradientsAreCut) {
@@ -532,7 +557,10 @@ TEST(ModalityGradientsCheckTest, NamesTheVisionParametersWhenTheirGradientsAreCu
                                                }});
   ASSERT_THAT(r.errors, IsEmpty());
   ASSERT_TRUE(has_code(r.findings, "MIH-MODAL-001"));
+  // A one-step run in which the tower never got a gradient: the run-level check names it too.
+  EXPECT_THAT(codes(r.findings), Contains("MIH-GRAD-004 vision_tower.patch_embedding"));
   for (const auto& f : r.findings.findings()) {
+    if (f.code == "MIH-GRAD-004") continue;
     EXPECT_EQ(f.code, "MIH-MODAL-001") << f.message;
     EXPECT_THAT(f.owner, HasSubstr("vision_tower."));
     EXPECT_THAT(f.message, HasSubstr("has no gradient on 2 rank(s) at step 0 although 'pixel_values' reached the model"));
@@ -758,7 +786,8 @@ TEST(CheckRecordsTest, EveryCheckOfARuntimeSessionRecordsWhatItExamined) {
                             codes::kCheckCoverage, codes::kCheckSource, codes::kCheckSharedState,
                             codes::kCheckSharedEvents, codes::kCheckUndeclared, codes::kCheckInvariants,
                             codes::kCheckFsdpUnits, codes::kCheckLossNormalizer, codes::kCheckFrozen,
-                            codes::kCheckGradReduction}) {
+                            codes::kCheckGradReduction, codes::kCheckUpdateWithoutGradient,
+                            codes::kCheckGradientsReceived}) {
     const CheckRun* run = run_of(r.findings, check);
     ASSERT_NE(run, nullptr) << check << " left no record";
     EXPECT_GT(run->examined, 0) << check << " examined nothing";
@@ -974,6 +1003,72 @@ TEST(GradientSyncCheckTest, PartialSumsOverTpAreMeasuredNotTakenFromTheDeclarati
                                                             };
                                                           }});
   EXPECT_THAT(codes(doubled.findings), Contains("MIH-GRAD-003 norm.weight"));
+}
+
+// ---- gradient presence ----
+
+// The vlm's batches with the images of the steps `text_only` says removed (pixel_values and
+// image_token_index: the model runs text-only, as on a text-only batch of mixed data).
+std::function<BatchSource(BatchSource)> without_images(std::function<bool(int64_t)> text_only) {
+  return [text_only](BatchSource inner) {
+    return BatchSource([inner, text_only](int64_t step) {
+      Batch b = inner(step);
+      if (text_only(step)) {
+        b.fields.erase("pixel_values");
+        b.fields.erase("image_token_index");
+      }
+      return b;
+    });
+  };
+}
+
+// Zeros for every trainable parameter without a gradient, before the optimizer (what the
+// runtime did before it followed PyTorch's semantics): AdamW then decays and moves them.
+void zero_fill_absent_gradients(Tamper& t) {
+  t.after_clip_checks = [](int64_t, const TrainingState& s) {
+    for (const auto& p : s.context->parameters()) {
+      if (p->local.requires_grad() && !p->local.grad().defined()) p->local.mutable_grad() = at::zeros_like(p->local);
+    }
+  };
+}
+
+TEST(GradientPresenceCheckTest, AnOptimizerThatMovesAParameterWithoutGradientIsNamed) {
+  // Step 1 text-only: the tower and projector get no gradient on any rank.
+  const auto step1 = without_images([](int64_t step) { return step == 1; });
+  CaseRun clean = run_case(get("vlm"), config(2), {.steps = 2, .batches = step1});
+  ASSERT_THAT(clean.errors, IsEmpty());
+  EXPECT_THAT(codes(clean.findings), IsEmpty());
+  ASSERT_NE(run_of(clean.findings, codes::kCheckUpdateWithoutGradient), nullptr);
+  EXPECT_GT(run_of(clean.findings, codes::kCheckUpdateWithoutGradient)->examined, 0);
+  CaseRun moved = run_case(get("vlm"), config(2), {.steps = 2, .tamper = zero_fill_absent_gradients, .batches = step1});
+  ASSERT_THAT(moved.errors, IsEmpty());
+  EXPECT_THAT(codes(moved.findings), Contains("MIH-OPTIM-008 vision_tower.patch_embedding"));
+  EXPECT_THAT(codes(moved.findings), Contains("MIH-OPTIM-008 multi_modal_projector.linear_1"));
+  for (const auto& f : moved.findings.findings()) {
+    EXPECT_EQ(f.code, "MIH-OPTIM-008") << f.message;
+    EXPECT_THAT(f.message, HasSubstr("had no gradient on any rank at step 1 and the optimizer step changed it"));
+  }
+}
+
+TEST(GradientPresenceCheckTest, ATrainableParameterThatNeverGetsAGradientIsNamedUnlessDeclared) {
+  const auto never = without_images([](int64_t) { return true; });
+  spec::ModelSpec s = get("vlm");
+  CaseRun r = run_case(s, config(2), {.steps = 2, .batches = never});
+  ASSERT_THAT(r.errors, IsEmpty());
+  EXPECT_THAT(codes(r.findings), Contains("MIH-GRAD-004 vision_tower.patch_embedding"));
+  EXPECT_THAT(codes(r.findings), Contains("MIH-GRAD-004 multi_modal_projector.linear_2"));
+  EXPECT_FALSE(has_code(r.findings, "MIH-OPTIM-008"));
+  for (const auto& f : r.findings.findings()) {
+    if (f.code != "MIH-GRAD-004") continue;
+    EXPECT_THAT(f.owner, ::testing::AnyOf(HasSubstr("vision_tower."), HasSubstr("multi_modal_projector.")));
+    EXPECT_THAT(f.message, HasSubstr("no rank's backward gave it a gradient in any of the 2 steps (0 to 1) of the run"));
+  }
+  // Declared: the port knows some data never reaches them.
+  s.unused_parameters = {"vision_tower.*", "multi_modal_projector.*"};
+  CaseRun declared = run_case(s, config(2), {.steps = 2, .batches = never});
+  ASSERT_THAT(declared.errors, IsEmpty());
+  EXPECT_FALSE(has_code(declared.findings, "MIH-GRAD-004"));
+  EXPECT_GT(run_of(declared.findings, codes::kCheckGradientsReceived)->examined, 0);
 }
 
 }  // namespace

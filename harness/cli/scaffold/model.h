@@ -113,7 +113,8 @@ TORCH_MODULE(Mlp);
 
 /// One pre-norm decoder block: x + attn(ln_1(x)), then + mlp(ln_2(.)). Each module's output is
 /// declared to the activation probes (ctx.observe, with its layout), so a parity failure names
-/// the first module whose output diverges.
+/// the first module whose output diverges; keep the calls in your own modules (without them
+/// mih can blame no module, only the loss, and says so).
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(mih::ParallelContext& ctx, const Options& o) : ctx_(&ctx) {

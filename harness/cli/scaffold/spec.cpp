@@ -186,7 +186,9 @@ mih::spec::ModelSpec my_port_spec() {
   // (ctx.shared_state(): a rotary table, routing statistics, vision features), checked for one
   // producer and one publication per forward, also under activation checkpointing. This port
   // has none; specs/llama_spec.cpp declares its rotary table, e.g.
-  // {"rotary.cos", "*rotary_emb", {"*layers.*"}}.
+  // {"rotary.cos", "*rotary_emb", {"*layers.*"}}; a fourth member names a field the state
+  // needs (vision features only when pixel_values reach the model: a text-only step
+  // publishes none).
   s.shared_state = {};
   // Modalities: a batch field and the parameters that must receive finite, non-zero
   // gradients when it reaches the model (a vision tower for pixel_values). Text only here;
@@ -208,10 +210,14 @@ mih::spec::ModelSpec my_port_spec() {
   // LayerNorms (GPT-2 names them ln_*: a norm outside these patterns is a finding), global
   // gradient clipping. The OptimizerLayout suite checks the groups against them.
   s.trainer.lr(1e-3).beta1(0.9).beta2(0.95).weight_decay(0.1).max_grad_norm(1.0).no_weight_decay({"*bias", "*ln_*"});
-  // 1-D parameters decayed on purpose, frozen parameters, and the modules whose outputs the
-  // activation probes record (empty: every module the model observes).
+  // 1-D parameters decayed on purpose, frozen parameters, trainable parameters some runs may
+  // never reach (any other that gets no gradient at any step of a case is a finding), and the
+  // modules whose outputs the activation probes record (empty: every module the model declares
+  // with ctx.observe(module, output, layout), as model.h does for each of its modules; a port
+  // that declares none gets failures blamed no further than the loss).
   s.decayed_1d = {};
   s.frozen = {};
+  s.unused_parameters = {};
   s.activation_watch = {};
   return s;
 }
