@@ -370,7 +370,7 @@ void LlamaForCausalLM::apply_fsdp(ParallelContext& ctx) {
     }
     ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
   }
-  ctx.fully_shard(*this, "root");
+  if (o_.fsdp_root()) ctx.fully_shard(*this, "root");
 }
 
 std::vector<MoeMlpImpl*> LlamaForCausalLM::moe_mlps() const {

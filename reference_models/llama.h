@@ -54,6 +54,11 @@ struct LlamaOptions {
   /// ordinary cross entropy on them, as TorchTitan with --training.disable_loss_parallel and
   /// most ports that keep Hugging Face's loss. Default true.
   TORCH_ARG(bool, loss_parallel) = true;
+  /// Make the root module (token embedding, final norm, head) FSDP unit "root". false leaves
+  /// its parameters whole on every dp_shard rank, outside every unit, their gradients
+  /// all-reduced over dp_shard (a port that fully_shards only its decoder layers; reduction
+  /// path dense.unsharded.dp_shard). Default true.
+  TORCH_ARG(bool, fsdp_root) = true;
   /// Layers whose MLP is a mixture of experts (the moe model); empty: dense llama.
   TORCH_ARG(std::vector<int64_t>, moe_layers) = {};
   /// Experts E per MoE layer, and how many each token is routed to.
@@ -197,7 +202,7 @@ class LlamaForCausalLM : public ParallelModel {
   at::Tensor decode(const at::Tensor& x, const Batch& batch);
   /// Per-token cross entropy of logits from decode(): -> [B, S].
   at::Tensor losses(const at::Tensor& logits, const Batch& batch);
-  /// Each decoder layer an FSDP unit, the rest the root.
+  /// Each decoder layer an FSDP unit, the rest the root (left out of FSDP when fsdp_root is off).
   void apply_fsdp(ParallelContext& ctx) override;
 
   const LlamaOptions& options() const { return o_; }

@@ -166,6 +166,28 @@ BatchSource vlm_batches(const VlmOptions& o, data::TextPipeline text, data::Imag
     at::Tensor index = at::full({rows, seq}, -1, at::kLong);
     index.narrow(1, 0, p).copy_(at::arange(p, at::kLong).unsqueeze(0).expand({rows, p}));
     b.fields["image_token_index"] = index;
+    // Positions count from the row's start through the placeholders: a document start they
+    // cover is no boundary any more (the text after them continues the image's sample).
+    if (b.position_ids.defined()) {
+      b.position_ids = b.position_ids.clone().contiguous();
+      const at::Tensor ids = b.input_ids.contiguous();
+      int64_t* pos = b.position_ids.data_ptr<int64_t>();
+      const int64_t* in = ids.data_ptr<int64_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t t = 0; t < seq; ++t) {
+          const int64_t i = r * seq + t;
+          pos[i] = t < p ? t : in[i] == data::ByteTokenizer::kBos ? 0 : pos[i - 1] + 1;
+        }
+      }
+    }
+    // What the check of the pipeline's outputs recomputes the placeholders from.
+    if (b.provenance) {
+      auto provenance = std::make_shared<BatchProvenance>(*b.provenance);
+      provenance->prefix_tokens = p;
+      provenance->prefix_token = o.image_token_id();
+      provenance->prefix_index_field = "image_token_index";
+      b.provenance = std::move(provenance);
+    }
     at::Tensor pixels = images.images(step);
     MIH_CHECK(pixels.size(0) == rows && pixels.size(2) == o.image_size() && pixels.size(3) == o.image_size(),
               "vlm_batches: images ", pixels.sizes(), " do not fit ", rows, " rows of ", o.image_size(), "-pixel images");

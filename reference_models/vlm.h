@@ -108,6 +108,9 @@ ModelFactory make_vlm(VlmOptions o = {});
 
 /// The vlm's global batches: text from `text` (byte tokens) with the first P positions of
 /// every row made image placeholders (no loss on them), and one image per row from `images`.
+/// position_ids count from the row's start through the placeholders and restart at every
+/// document start after them; the text's provenance gains the placeholders
+/// (BatchProvenance::prefix_tokens), so the PipelineOutputs suite recomputes the row.
 /// Throws (when called): mih::Error{kInvalidSpec} if seq_len <= P or the image size differs.
 BatchSource vlm_batches(const VlmOptions& o, data::TextPipeline text, data::ImagePipeline images);
 

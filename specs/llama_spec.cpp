@@ -131,6 +131,14 @@ spec::ModelSpec llama_bias_spec() {
   return s;
 }
 
+spec::ModelSpec llama_unsharded_root_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_unsharded_root", models::LlamaOptions().fsdp_root(false));
+  s.description =
+      "llama whose root module (token embedding, final norm, head) stays out of FSDP: whole on every dp_shard rank, "
+      "its gradients all-reduced over dp_shard (fsdp_root off)";
+  return s;
+}
+
 spec::ModelSpec llama_dropout_spec() {
   spec::ModelSpec s = llama_spec_with("llama_dropout", models::LlamaOptions().dropout(0.1));
   s.description = "llama with dropout 0.1 on the attention context and the residual branches";
@@ -149,6 +157,7 @@ spec::ModelSpec llama_unobserved_spec() {
 MIH_REGISTER_SPEC(llama_spec);
 MIH_REGISTER_SPEC(llama_tied_spec);
 MIH_REGISTER_SPEC(llama_bias_spec);
+MIH_REGISTER_SPEC(llama_unsharded_root_spec);
 MIH_REGISTER_SPEC(llama_dropout_spec);
 MIH_REGISTER_SPEC(llama_unobserved_spec);
 
@@ -170,9 +179,11 @@ spec::ModuleParityCase llama_attention_case() { return attention_case(); }
 // Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
 MIH_CONFORMANCE_SUITES(Llama, "llama", "cpu-smoke");
 // The variants whose features change the parallel layout (a tie across the vocab-parallel
-// embedding and head, row-parallel biases) run in the main job on their own lane.
+// embedding and head, row-parallel biases, parameters FSDP leaves whole) run in the main job
+// on their own lane.
 MIH_CONFORMANCE_SUITES(LlamaTied, "llama_tied", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaBias, "llama_bias", "cpu-smoke-variants");
+MIH_CONFORMANCE_SUITES(LlamaUnshardedRoot, "llama_unsharded_root", "cpu-smoke-variants");
 // Dropout 0.1 on every case: its masks depend only on each element's global position
 // (ParallelContext::dropout), so every split of the batch matches the one-rank reference.
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");

@@ -91,8 +91,8 @@ inline spec::HfConfig hf_llava_config(const models::VlmOptions& o) {
 /// A reference model's spec with the parts every language model declares: its factory
 /// (models::reference_model(name)), the text data contract (byte-level text of
 /// /usr/share/common-licenses, 8 x 64 tokens, labels shifted in the pipeline, loss_mask and
-/// attention_mask sharded on the sequence under cp), the checkpoint map with `o`'s Llama
-/// config, and the rotary table as shared state. Throws: mih::Error{kInvalidSpec} for a name
+/// attention_mask sharded on the sequence under cp, every field recomputed from the documents),
+/// the checkpoint map with `o`'s Llama config, and the rotary table as shared state. Throws: mih::Error{kInvalidSpec} for a name
 /// that is not a reference model.
 inline spec::ModelSpec language_model_spec(const std::string& name, const models::LlamaOptions& o) {
   const models::ReferenceModel m = models::reference_model(name);
@@ -107,6 +107,7 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
     return batches(data::TextPipelineOptions().seq_len(64).global_batch(8));
   };
   s.data.labels_are_shifted = true;
+  s.data.rows_from_documents = true;  // a TextPipeline: every field is recomputed from the documents
   s.data.fields = {{"loss_mask", /*forward=*/false, /*loss=*/true, spec::CpSharding::kSequence},
                    {"attention_mask", false, false, spec::CpSharding::kSequence}};
   s.checkpoint.key_map = m.key_map.rules();

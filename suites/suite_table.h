@@ -34,6 +34,7 @@
   X(arg, OptimizerLayout) \
   X(arg, FrozenParameters) \
   X(arg, DataContract) \
+  X(arg, PipelineOutputs) \
   X(arg, InputIdentity) \
   X(arg, TensorParallelInputs) \
   X(arg, CpReplicatedInputs) \

@@ -82,6 +82,29 @@ CheckOutput check_frozen_parameters(const TrainingState& state, const std::vecto
 /// declared shifted (the same token when not). Evidence: data/field_ownership.json.
 CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& global_batch);
 
+/// The pipeline's outputs against the raw documents (rank-local), on the global batch of step
+/// 0, with code that shares nothing with the pipeline: from Batch::provenance (the spans each
+/// row's window of S + 1 tokens was cut from, and the documents' bytes) it rebuilds each row as
+/// the model should get it and compares input_ids, labels, position_ids, loss_mask,
+/// attention_mask and a placeholder index field (BatchProvenance::prefix_index_field):
+///  - tokens: a document is BOS + its bytes + EOS; a packed window is its spans back to back,
+///    each one after the first starting a document and each before the last ending one; a
+///    padded row is one document from its start, then PAD;
+///  - labels: the next token when it is in the same document, else -100 (a label never crosses
+///    a document boundary; padding takes no loss);
+///  - position_ids: tokens since the later of the row's start and the start of the token's
+///    document (packed), 0..S-1 (padded); placeholders count like tokens, and a document start
+///    they cover is no boundary;
+///  - loss_mask: labels != -100; attention_mask: 1 on every input but padding (packed rows hold
+///    no padding: they attend across their documents, and a port that masks by document takes
+///    the boundaries from position_ids);
+///  - placeholders (prefix_tokens): the placeholder token, label -100, index 0.. there, -1 elsewhere.
+/// A field that differs is MIH-DATA-009 naming the field, how many positions differ, and the
+/// first (row, position, recomputed value, the pipeline's); a batch without provenance when
+/// `data.rows_from_documents` declares it, or a span that does not fit its document, too.
+/// Records a run over the batch's positions. Evidence: data/batch_documents.json.
+CheckOutput check_batch_documents(const spec::DataSpec& data, const Batch& global_batch);
+
 /// The first micro-batch as the model receives it holds every forward field the spec
 /// declares. Evidence: data/observed_forward_fields.json.
 CheckOutput check_forward_fields(const spec::DataSpec& data, const Batch& micro_batch);

@@ -1,6 +1,9 @@
-// The data checks: the data contract, the forward fields of the first micro-batch, and the
-// input identity hash (see checks.h).
+// The data checks: the data contract, the batch recomputed from its documents, the forward
+// fields of the first micro-batch, and the input identity hash (see checks.h).
 #include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -151,6 +154,211 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& batch) 
   }
   out.findings.ran(codes::kCheckDataContract, static_cast<int64_t>(owners.size()), "fields of the global batch");
   out.evidence = {{"owners", owners}, {"labels_shift", shift}, {"declared", declared}};
+  return out;
+}
+
+namespace {
+
+// One row as the model should get it, rebuilt from the documents (check_batch_documents).
+struct ExpectedRow {
+  std::map<std::string, std::vector<int64_t>> fields;
+};
+
+// The token at `j` of a document whose bytes are `bytes`, counted as BOS + bytes + EOS.
+int64_t document_token(const BatchProvenance& pv, const std::string& bytes, int64_t j) {
+  if (j == 0) return pv.bos;
+  if (j == static_cast<int64_t>(bytes.size()) + 1) return pv.eos;
+  return static_cast<unsigned char>(bytes[static_cast<size_t>(j - 1)]);
+}
+
+// Row `r` of S inputs rebuilt from its spans; "" or why the spans cannot be the row's.
+std::string expected_row(const BatchProvenance& pv, int64_t r, int64_t s, ExpectedRow* out) {
+  // The window of S + 1 tokens, each with the span (one document's occurrence) it came from
+  // (-1: padding) and whether it is its document's first token.
+  std::vector<int64_t> token, span_of;
+  std::vector<bool> starts_document;
+  const auto& spans = pv.rows[static_cast<size_t>(r)];
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const DocumentSpan& span = spans[k];
+    const std::string bytes = pv.document_bytes(span.document);
+    const int64_t length = static_cast<int64_t>(bytes.size()) + 2;
+    const std::string at = "span " + std::to_string(k) + " (document " + std::to_string(span.document) + ", tokens " +
+                           std::to_string(span.offset) + ".." + std::to_string(span.offset + span.length - 1) + ")";
+    if (span.offset < 0 || span.length < 1 || span.offset + span.length > length) {
+      return at + " does not fit the document's " + std::to_string(length) + " tokens (BOS + bytes + EOS)";
+    }
+    if (pv.packed && k > 0 && span.offset != 0) {
+      return at + " starts inside its document: the window skips its first tokens";
+    }
+    if (pv.packed && k + 1 < spans.size() && span.offset + span.length != length) {
+      return at + " ends inside its document: the window skips its last tokens";
+    }
+    if (!pv.packed && (k > 0 || span.offset != 0)) return at + ": a padded row holds one document from its start";
+    for (int64_t j = span.offset; j < span.offset + span.length; ++j) {
+      token.push_back(document_token(pv, bytes, j));
+      span_of.push_back(static_cast<int64_t>(k));
+      starts_document.push_back(j == 0);
+    }
+  }
+  const auto n = static_cast<int64_t>(token.size());
+  if (pv.packed ? n != s + 1 : n > s + 1) {
+    return "its spans hold " + std::to_string(n) + " tokens, the window of a row " + std::to_string(s + 1) +
+           " (S inputs and the last one's target)";
+  }
+  for (int64_t t = n; t < s + 1; ++t) {
+    token.push_back(pv.pad);
+    span_of.push_back(-1);
+    starts_document.push_back(false);
+  }
+  const int64_t p = pv.prefix_tokens;
+  auto& f = out->fields;
+  for (const char* name : {"input_ids", "labels", "position_ids", "loss_mask", "attention_mask"}) f[name].assign(s, 0);
+  if (!pv.prefix_index_field.empty()) f[pv.prefix_index_field].assign(s, -1);
+  for (int64_t t = 0; t < s; ++t) {
+    const bool placeholder = t < p;
+    const bool padding = span_of[t] < 0;
+    f["input_ids"][t] = placeholder ? pv.prefix_token : token[t];
+    // The target of t is the next token of t's own document: -100 across a boundary, at and
+    // after padding, and at and just before placeholders (no loss on them or from them).
+    const bool same_document = !padding && span_of[t + 1] == span_of[t];
+    f["labels"][t] = placeholder || !same_document ? -100 : token[t + 1];
+    f["loss_mask"][t] = f["labels"][t] != -100;
+    f["attention_mask"][t] = placeholder || !padding;
+    if (pv.packed) {
+      const bool restart = t == 0 || (starts_document[t] && t >= p);
+      f["position_ids"][t] = restart ? 0 : f["position_ids"][t - 1] + 1;
+    } else {
+      f["position_ids"][t] = t;
+    }
+    if (placeholder && !pv.prefix_index_field.empty()) f[pv.prefix_index_field][t] = t;
+  }
+  return "";
+}
+
+// "document 12 tokens 40..63, document 7 tokens 0..41": a row's spans for a message.
+std::string spans_text(const std::vector<DocumentSpan>& spans) {
+  std::string out;
+  for (const auto& sp : spans) {
+    out += (out.empty() ? "" : ", ") + std::string("document ") + std::to_string(sp.document) + " tokens " +
+           std::to_string(sp.offset) + ".." + std::to_string(sp.offset + sp.length - 1);
+  }
+  return out;
+}
+
+// What a field that differs from its recomputation most likely means, and the fix.
+std::pair<std::string, std::string> document_field_advice(const std::string& field) {
+  if (field == "position_ids") {
+    return {"every document after the first of a packed row is placed as the continuation of the one before it (or a "
+            "position jumps), so rotary positions and any mask derived from them cross document boundaries",
+            "restart position_ids at 0 at every document start (and at the row's start), count up by one otherwise"};
+  }
+  if (field == "labels") {
+    return {"the model is trained to predict across a document boundary (or not trained where it should be)",
+            "label each input with the next token of its own document; -100 where the next token starts another "
+            "document, is padding, or is a placeholder"};
+  }
+  if (field == "input_ids") {
+    return {"the model reads other tokens than the documents hold (a dropped, repeated or misplaced token)",
+            "cut each row as the documents' tokens back to back (BOS + bytes + EOS each), in the order of the spans"};
+  }
+  return {"the model or the loss reads a mask that does not follow the documents",
+          "derive the field from the labels and the padding: loss_mask = (labels != -100), attention_mask 1 on every "
+          "input but padding, a placeholder index 0.. on the placeholders and -1 elsewhere"};
+}
+
+}  // namespace
+
+CheckOutput check_batch_documents(const spec::DataSpec& data, const Batch& batch) {
+  CheckOutput out;
+  if (!data.rows_from_documents) return out;
+  const BatchProvenance* pv = batch.provenance.get();
+  const bool shaped = batch.input_ids.defined() && batch.input_ids.dim() == 2;
+  const int64_t rows = shaped ? batch.input_ids.size(0) : 0, s = shaped ? batch.input_ids.size(1) : 0;
+  auto problem = [&](const std::string& owner, const std::string& message, const json& facts) {
+    out.findings.add({codes::kDataNotFromDocuments, "structure", owner, Severity::kError, message, facts,
+                      "nothing else compares the batch with its documents: the reference is fed by the same pipeline",
+                      "attach the spans each row was cut from (Batch::provenance, as TextPipeline does), or clear "
+                      "DataSpec::rows_from_documents for a pipeline without documents"});
+  };
+  if (pv == nullptr || !shaped || static_cast<int64_t>(pv->rows.size()) != rows || !pv->document_bytes) {
+    problem("provenance",
+            pv == nullptr ? "the spec declares rows_from_documents, but the pipeline's batch carries no provenance"
+                          : "the batch's provenance does not describe its " + std::to_string(rows) + " rows (" +
+                                std::to_string(pv->rows.size()) + " rows of spans" +
+                                (pv->document_bytes ? "" : ", no document_bytes") + ")",
+            json::object());
+    out.findings.ran(codes::kCheckBatchDocuments, std::max<int64_t>(rows * s, 1),
+                     "positions recomputed from the documents");
+    out.evidence = {{"rows", rows}, {"provenance", pv != nullptr}};
+    return out;
+  }
+  // The pipeline's fields as the model gets them; position_ids the Trainer's 0..S-1 when the
+  // pipeline leaves them out.
+  std::map<std::string, at::Tensor> got = {{"input_ids", batch.input_ids}, {"labels", batch.labels}};
+  got["position_ids"] = batch.position_ids.defined() ? batch.position_ids
+                                                     : at::arange(s, at::kLong).unsqueeze(0).expand({rows, s});
+  std::vector<std::string> names = {"input_ids", "labels", "position_ids"};
+  for (const std::string& name : std::vector<std::string>{"loss_mask", "attention_mask", pv->prefix_index_field}) {
+    if (name.empty()) continue;
+    if (auto it = batch.fields.find(name); it != batch.fields.end()) {
+      got[name] = it->second;
+      names.push_back(name);
+    } else if (name == pv->prefix_index_field) {
+      problem(name, "the provenance names placeholder index field '" + name + "', which the batch does not hold",
+              json::object());
+    }
+  }
+  for (auto& [name, t] : got) t = t.detach().to(at::kCPU).to(at::kLong).contiguous();
+  json fields = json::object(), spans = json::array();
+  for (const auto& name : names) fields[name] = {{"differing", 0}};
+  for (int64_t r = 0; r < rows; ++r) {
+    json row_spans = json::array();
+    for (const auto& sp : pv->rows[static_cast<size_t>(r)]) row_spans.push_back({sp.document, sp.offset, sp.length});
+    spans.push_back(row_spans);
+    ExpectedRow want;
+    if (const std::string why = expected_row(*pv, r, s, &want); !why.empty()) {
+      problem("input_ids", "row " + std::to_string(r) + " cannot be rebuilt from its provenance: " + why,
+              {{"row", r}, {"spans", row_spans}});
+      continue;
+    }
+    for (const auto& name : names) {
+      const at::Tensor& t = got[name];
+      if (t.dim() != 2 || t.size(0) != rows || t.size(1) != s) continue;  // the data contract names the shape
+      const int64_t* values = t.data_ptr<int64_t>() + r * s;
+      json& f = fields[name];
+      for (int64_t i = 0; i < s; ++i) {
+        if (values[i] == want.fields[name][i]) continue;
+        f["differing"] = f["differing"].get<int64_t>() + 1;
+        if (!f.contains("first")) {
+          f["first"] = {{"row", r}, {"position", i}, {"recomputed", want.fields[name][i]}, {"pipeline", values[i]},
+                        {"spans", row_spans}};
+        }
+      }
+    }
+  }
+  for (const auto& name : names) {
+    const json& f = fields[name];
+    if (f["differing"].get<int64_t>() == 0) continue;
+    const json& first = f["first"];
+    const auto [why, fix] = document_field_advice(name);
+    out.findings.add({codes::kDataNotFromDocuments, "structure", name, Severity::kError,
+                      "field '" + name + "' differs from its recomputation from the raw documents at " +
+                          std::to_string(f["differing"].get<int64_t>()) + " of " + std::to_string(rows * s) +
+                          " positions; first at row " + std::to_string(first["row"].get<int64_t>()) + ", position " +
+                          std::to_string(first["position"].get<int64_t>()) + ": recomputed " +
+                          std::to_string(first["recomputed"].get<int64_t>()) + ", the pipeline gave " +
+                          std::to_string(first["pipeline"].get<int64_t>()) + " (the row holds " +
+                          spans_text(pv->rows[static_cast<size_t>(first["row"].get<int64_t>())]) + ")",
+                      f, why + "; the reference is fed by the same pipeline, so the comparison with it cannot see it",
+                      fix});
+  }
+  out.findings.ran(codes::kCheckBatchDocuments, rows * s, "positions recomputed from the documents");
+  out.evidence = {{"rows", rows},
+                  {"seq_len", s},
+                  {"packed", pv->packed},
+                  {"prefix_tokens", pv->prefix_tokens},
+                  {"fields", fields},
+                  {"spans", spans}};
   return out;
 }
 

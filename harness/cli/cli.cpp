@@ -84,6 +84,12 @@ const std::vector<Command>& commands() {
        "Write the report of a conformance run: md (suites x cases tables and failures), junit (XML for CI) or "
        "html (tables, loss and grad-norm curves per case as inline SVG).",
        setup_report},
+      {"reach",
+       "mih reach <root> [--require-all]: which reduction paths of the runtime (how a gradient or loss term is "
+       "summed across ranks: dense or expert, whole or an FSDP shard, over which axis) the run's cases took, from "
+       "their evidence, and the smallest mesh that takes each one no case took. --require-all: exit 1 when a path "
+       "the run's largest mesh could take was taken by no case, 12 when cases of the run have no evidence.",
+       setup_reach},
       {"faults",
        "Run the fault catalog (docs/fault-catalog.md, F01-F26): each fault on the case where it manifests and its "
        "fault-free twin; report the suites that caught it, the finding codes, the first divergence. Options: "

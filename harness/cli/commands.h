@@ -4,7 +4,7 @@
 //
 // How to add a command: write `CommandRun setup_<name>(CLI::App& sub, const Invocation& inv)`
 // in the file of its kind (launch_commands.cpp, evidence_commands.cpp, conformance_command.cpp,
-// scaffold_command.cpp),
+// scaffold_command.cpp, reach_command.cpp),
 // declare it below and add a row to commands() in cli.cpp.
 #pragma once
 
@@ -53,6 +53,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation& inv);
 CommandRun setup_test(CLI::App& sub, const Invocation& inv);
 CommandRun setup_check(CLI::App& sub, const Invocation& inv);
 CommandRun setup_report(CLI::App& sub, const Invocation& inv);
+CommandRun setup_reach(CLI::App& sub, const Invocation& inv);
 CommandRun setup_faults(CLI::App& sub, const Invocation& inv);
 CommandRun setup_warm(CLI::App& sub, const Invocation& inv);
 

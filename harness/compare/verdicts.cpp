@@ -16,6 +16,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/reduction_paths.h"
 #include "harness/evidence/evidence_store.h"
 
 namespace mih::verdicts {
@@ -661,12 +662,15 @@ std::map<std::string, std::map<std::string, double>> grad_sync_bytes(const CaseE
     if (!p.value("requires_grad", true)) continue;
     const double bytes = static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", "float32")));
     const auto& domain = p.value("grad_domain", json::array());
-    if (cfg.tp > 1 && std::find(domain.begin(), domain.end(), "tp") != domain.end()) {
-      out["tp"]["grad_sync.tp_partial"] += bytes;
-    }
-    if (cfg.dp_replicate > 1) out["dp_replicate"]["grad_sync.data_parallel"] += bytes;
+    // Each bucket is labelled with its reduction path (reduction_paths.h): what the parameter
+    // is (dense or expert) and whether FSDP shards it.
+    const GradientKind kind = p.value("gradient_kind", "DENSE") == "EXPERT" ? GradientKind::kExpert : GradientKind::kDense;
+    const GradientLayout layout = p.contains("fsdp_rows") ? GradientLayout::kFsdp : GradientLayout::kUnsharded;
+    auto site = [&](std::string_view axis) { return std::string(gradient_path(kind, layout, axis).site); };
+    if (cfg.tp > 1 && std::find(domain.begin(), domain.end(), "tp") != domain.end()) out["tp"][site("tp")] += bytes;
+    if (cfg.dp_replicate > 1) out["dp_replicate"][site("dp_replicate")] += bytes;
     // Experts under ep are reduced over edp (and dp_replicate), not cp.
-    if (cfg.cp > 1 && p.value("gradient_kind", "DENSE") != "EXPERT") out["cp"]["grad_sync.data_parallel"] += bytes;
+    if (cfg.cp > 1 && kind == GradientKind::kDense) out["cp"][site("cp")] += bytes;
   }
   return out;
 }
@@ -762,6 +766,14 @@ Verdict comm_volume(const CaseEvidence& ev) {
       bytes += static_cast<double>(chunk * cols * e);
       if (p.value("requires_grad", true)) bytes += static_cast<double>(dp_shard * chunk * cols * e);
     }
+    // Once a step, the all-reduce of every trainable dense gradient FSDP left whole (a 0-d
+    // parameter, one outside every unit: reduction path dense.unsharded.dp_shard).
+    double unsharded = 0;
+    for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+      if (p.contains("fsdp_rows") || !p.value("requires_grad", true) || p.value("gradient_kind", "DENSE") == "EXPERT") continue;
+      unsharded += static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", dtype_name(cfg.dtype))));
+    }
+    if (unsharded > 0) expected["dp_shard"] = unsharded;
   }
   std::optional<json> first;
   json first_gathers;

@@ -6,11 +6,44 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
 namespace mih {
+
+/// Tokens [offset, offset + length) of one document, the document counted as its tokens
+/// BOS + bytes + EOS (offset 0 is its BOS).
+struct DocumentSpan {
+  int64_t document = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+/// Where the rows of a batch came from, for a pipeline that cuts them out of documents
+/// (TextPipeline): enough to recompute every field of the batch from the documents' raw bytes
+/// without the pipeline's code (checks::check_batch_documents, the PipelineOutputs suite).
+struct BatchProvenance {
+  /// Packed rows (documents concatenated, rows cut from the stream) or padded rows (one
+  /// document per row, truncated or right-padded with `pad`).
+  bool packed = true;
+  /// Per row, the spans of its window of S + 1 tokens (the S inputs and the last one's
+  /// target), in order; a padded row's one span may be shorter (the rest is padding).
+  std::vector<std::vector<DocumentSpan>> rows;
+  /// The raw bytes of a document, as the corpus holds them (before tokenization).
+  std::function<std::string(int64_t document)> document_bytes;
+  /// Token ids: byte b is token b; these specials start, end and pad a document.
+  int64_t bos = 256, eos = 257, pad = 258;
+  /// A modality's placeholders written over the first `prefix_tokens` inputs of every row (a
+  /// VLM's image patches, in order): input `prefix_token`, no loss on predicting them or from
+  /// them, positions counting on through them, and field `prefix_index_field` (if not empty)
+  /// the patch index there and -1 elsewhere. 0: none.
+  int64_t prefix_tokens = 0;
+  int64_t prefix_token = 0;
+  std::string prefix_index_field;
+};
 
 /// A batch of token sequences. `labels` are already shifted (labels[:, t] is the target of
 /// input_ids[:, t]) and equal -100 where no loss is taken. `position_ids` are the rotary
@@ -25,6 +58,8 @@ struct Batch {
   at::Tensor labels;
   at::Tensor position_ids;
   std::map<std::string, at::Tensor> fields;
+  /// Set by a pipeline that cuts rows out of documents (global batches only); null otherwise.
+  std::shared_ptr<const BatchProvenance> provenance;
 };
 
 /// Returns the global batch of step `step` (0-based); the same whatever the parallel config.

@@ -257,6 +257,20 @@ Batch TextPipeline::batch(int64_t step) const {
   int64_t* loss = loss_mask.data_ptr<int64_t>();
   int64_t* attn = attention_mask.data_ptr<int64_t>();
 
+  // Where each row's window came from, for the check that recomputes the batch from the raw
+  // documents (Batch::provenance).
+  auto provenance = std::make_shared<BatchProvenance>();
+  provenance->packed = options_.packing();
+  provenance->rows.resize(static_cast<size_t>(b));
+  provenance->document_bytes = [corpus = corpus_](int64_t d) {
+    MIH_CHECK(d >= 0 && d < corpus->num_documents(), "text pipeline: document ", d, " is not in [0, ",
+              corpus->num_documents(), ")");
+    return corpus->bytes.substr(static_cast<size_t>(corpus->doc_begin[d]), static_cast<size_t>(corpus->doc_bytes[d]));
+  };
+  provenance->bos = ByteTokenizer::kBos;
+  provenance->eos = ByteTokenizer::kEos;
+  provenance->pad = ByteTokenizer::kPad;
+
   std::vector<int64_t> window(static_cast<size_t>(s + 1));
   for (int64_t r = 0; r < b; ++r) {
     const int64_t row = r * s;
@@ -271,6 +285,7 @@ Batch TextPipeline::batch(int64_t step) const {
         const int64_t j = in_pass - pass.start[k];
         const int64_t n = std::min(corpus.doc_tokens(doc) - j, s + 1 - filled);
         for (int64_t t = 0; t < n; ++t) window[filled + t] = corpus.token(doc, j + t);
+        provenance->rows[r].push_back({doc, j, n});
         filled += n;
         offset += n;
       }
@@ -287,6 +302,7 @@ Batch TextPipeline::batch(int64_t step) const {
       const int64_t doc = passes.get(index / corpus.num_documents()).order[index % corpus.num_documents()];
       const int64_t n = std::min(corpus.doc_tokens(doc), s + 1);
       for (int64_t t = 0; t < n; ++t) window[t] = corpus.token(doc, t);
+      provenance->rows[r].push_back({doc, 0, n});
       std::fill(window.begin() + n, window.end(), ByteTokenizer::kPad);
       for (int64_t t = 0; t < s; ++t) {
         const bool target_is_pad = window[t + 1] == ByteTokenizer::kPad;
@@ -304,6 +320,7 @@ Batch TextPipeline::batch(int64_t step) const {
   batch.position_ids = std::move(position_ids);
   batch.fields["loss_mask"] = std::move(loss_mask);
   batch.fields["attention_mask"] = std::move(attention_mask);
+  batch.provenance = std::move(provenance);
   return batch;
 }
 

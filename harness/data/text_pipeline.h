@@ -105,6 +105,14 @@ struct TextCorpus;
 /// Shapes: input_ids, labels, position_ids, fields["loss_mask"], fields["attention_mask"]
 ///   [B, S] int64 on the CPU.
 ///
+/// Every batch carries its provenance (Batch::provenance): per row the (document, offset,
+/// length) spans its window was cut from, and each document's raw bytes, so the data contract
+/// recomputes every field above from the documents with code of its own
+/// (checks::check_batch_documents). Packed rows attend across the documents they hold (no
+/// document mask: attention_mask is the padding mask); position_ids restart at every document
+/// start, so a port that masks by document derives the boundaries from them (Hugging Face's
+/// packing with position_ids and flash-attention varlen).
+///
 /// Copies share the loaded corpus (immutable), so copies and source() are cheap and
 /// thread-safe.
 class TextPipeline {

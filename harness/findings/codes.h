@@ -35,6 +35,7 @@ inline constexpr const char* kDataForwardField = "MIH-DATA-005";       ///< requ
 inline constexpr const char* kDataLossLabels = "MIH-DATA-006";         ///< per-token loss not where labels are valid
 inline constexpr const char* kDataValidTokens = "MIH-DATA-007";        ///< trainer's valid-token count != the labels seen
 inline constexpr const char* kDataLossNormalizer = "MIH-DATA-008";     ///< a rank's loss divided by another count
+inline constexpr const char* kDataNotFromDocuments = "MIH-DATA-009";   ///< a field differs from its recomputation from the raw documents
 // Input identity (checks/data.cpp).
 inline constexpr const char* kInputCpReplicated = "MIH-INPUT-001";     ///< cp-replicated field differs over cp
 inline constexpr const char* kInputTpRanks = "MIH-INPUT-002";          ///< tp ranks saw other inputs
@@ -78,6 +79,7 @@ inline constexpr const char* kCheckForwardFields = "forward_fields";         ///
 inline constexpr const char* kCheckTokenLosses = "token_losses";             ///< tokens
 inline constexpr const char* kCheckValidTokens = "valid_tokens";             ///< steps
 inline constexpr const char* kCheckLossNormalizer = "loss_normalizer";       ///< normalizers reported
+inline constexpr const char* kCheckBatchDocuments = "batch_documents";       ///< rows recomputed from documents
 inline constexpr const char* kCheckInputTp = "input_identity_tp";           ///< tp ranks compared
 inline constexpr const char* kCheckInputCp = "input_identity_cp";           ///< cp-replicated fields compared
 inline constexpr const char* kCheckCoverage = "checkpoint_coverage";         ///< parameters and buffers
@@ -101,7 +103,7 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 47> kAllCodes = {{
+inline constexpr std::array<CodeRow, 48> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
@@ -113,7 +115,7 @@ inline constexpr std::array<CodeRow, 47> kAllCodes = {{
     {kDataNotProduced, kCheckDataContract},     {kDataTwoOwners, kCheckDataContract},
     {kDataLabelsShift, kCheckDataContract},     {kDataForwardField, kCheckForwardFields},
     {kDataLossLabels, kCheckTokenLosses},       {kDataValidTokens, kCheckValidTokens},
-    {kDataLossNormalizer, kCheckLossNormalizer},
+    {kDataLossNormalizer, kCheckLossNormalizer}, {kDataNotFromDocuments, kCheckBatchDocuments},
     {kInputCpReplicated, kCheckInputCp},        {kInputTpRanks, kCheckInputTp},
     {kCkptTargetKey, kCheckCoverage},           {kCkptRoundTrip, kCheckCoverage},
     {kCkptUnexpectedSource, kCheckSource},      {kCkptMissingSource, kCheckSource},

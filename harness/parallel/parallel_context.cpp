@@ -37,16 +37,27 @@ at::Tensor tp_piece(const at::Tensor& full, const Placement& tp, int64_t n, int6
   return at::cat(pieces, d);
 }
 
-// Sums every tensor of `grads` over `comm` in place, one flat bucket per dtype.
-void all_reduce_bucketed(const std::vector<at::Tensor>& grads, Communicator& comm, const char* label) {
+// A gradient and the reduction path it takes.
+struct PathGrad {
+  at::Tensor grad;
+  const ReductionPath* path;
+};
+
+// Sums every gradient of `grads` over `comm` in place, one flat bucket per reduction path and
+// dtype (the same order on every rank), each all-reduce labelled with its path's site.
+void all_reduce_bucketed(const std::vector<PathGrad>& grads, Communicator& comm) {
   if (comm.size() == 1 || grads.empty()) return;
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (const auto& g : grads) by_dtype[g.scalar_type()].push_back(g);
-  for (auto& [dtype, list] : by_dtype) {
+  std::map<std::pair<std::string_view, at::ScalarType>, std::vector<at::Tensor>> buckets;
+  std::map<std::string_view, const char*> sites;
+  for (const auto& g : grads) {
+    buckets[{g.path->name, g.grad.scalar_type()}].push_back(g.grad);
+    sites[g.path->name] = g.path->site;
+  }
+  for (auto& [key, list] : buckets) {
     std::vector<at::Tensor> flat;
     for (const auto& g : list) flat.push_back(g.reshape(-1));
     at::Tensor bucket = at::cat(flat);
-    comm.all_reduce(bucket, ReduceOp::kSum, label);
+    comm.all_reduce(bucket, ReduceOp::kSum, sites.at(key.first));
     int64_t offset = 0;
     for (auto& g : list) {
       g.copy_(bucket.narrow(0, offset, g.numel()).view_as(g));
@@ -257,13 +268,20 @@ at::Tensor ParallelContext::use(const at::Tensor& leaf) {
       if (g.impl == leaf.unsafeGetTensorImpl() && g.forward == forward) return g.full;
     }
   }
-  at::Tensor full = fsdp_all_gather(leaf, mesh_->comm(p.fsdp_axis), p.tp_local_shape[0]);
+  const ReductionPath& path =
+      gradient_path(p.expert_parallel() ? GradientKind::kExpert : GradientKind::kDense, GradientLayout::kFsdp,
+                    mesh_axis_name(p.fsdp_axis));
+  Communicator& over = mesh_->comm(p.fsdp_axis);
+  at::Tensor full = fsdp_all_gather(leaf, over, p.tp_local_shape[0], c10::nullopt, c10::nullopt, path.site);
   gathers_.insert({p.fqn, forward});
   if (full.requires_grad()) {
     // The gradient of the gathered tensor goes straight into the gather's backward, which
     // reduce-scatters it over dp_shard (edp for experts).
-    full.register_hook([record = &reductions_, fqn = p.fqn, axis = std::string(mesh_axis_name(p.fsdp_axis))](
-                           const at::Tensor&) { (*record)[fqn].insert(axis); });
+    full.register_hook([this, record = &reductions_, fqn = p.fqn, axis = std::string(mesh_axis_name(p.fsdp_axis)),
+                        path = &path, size = over.size()](const at::Tensor&) {
+      (*record)[fqn].insert(axis);
+      record_reduction_path(*path, size, fqn);
+    });
   }
   if (in_unit) unit_gathers_.emplace_back(leaf.unsafeGetTensorImpl(), full);
   if (in_root) {
@@ -606,34 +624,42 @@ void ParallelContext::synchronize_gradients() {
       reductions_[p->fqn].insert(kNoGradient);
     }
   }
-  std::vector<at::Tensor> partial_over_tp;
-  for (const auto& p : ordered_) {
-    if (p->tp_partial_grad && p->local.requires_grad()) partial_over_tp.push_back(p->local.grad());
-  }
-  all_reduce_bucketed(partial_over_tp, tp_group(), "grad_sync.tp_partial");
-  if (tp_size() > 1) {
-    for (const auto& p : ordered_) {
-      if (p->tp_partial_grad && p->local.requires_grad()) reductions_[p->fqn].insert("tp");
-    }
-  }
-  // Whether synchronize_gradients all-reduces `p`'s gradient over `axis`: experts under ep
-  // over dp_replicate and edp, dense ones over dp_replicate, cp and dp_shard; not over the
-  // axis whose FSDP backward already reduce-scattered it.
-  auto all_reduced_over = [](const ShardedParameter& p, MeshAxis axis) {
-    // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
-    // over the ep ranks, which hold other experts), not over edp.
-    const bool expert = p.expert_parallel() && !fault::active(fault::Fault::kF23);
-    if (p.fsdp && axis == (expert ? MeshAxis::kEdp : MeshAxis::kDpShard)) return false;
-    return expert ? axis == MeshAxis::kDpReplicate || axis == MeshAxis::kEdp : axis != MeshAxis::kEdp;
+  auto layout_of = [](const ShardedParameter& p) {
+    return p.fsdp ? GradientLayout::kFsdp : GradientLayout::kUnsharded;
   };
-  for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kEdp}) {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : ordered_) {
-      if (!p->local.requires_grad() || !all_reduced_over(*p, axis)) continue;
-      grads.push_back(p->local.grad());
-      if (mesh_->comm(axis).size() > 1) reductions_[p->fqn].insert(std::string(mesh_axis_name(axis)));
+  std::vector<PathGrad> partial_over_tp;
+  for (const auto& p : ordered_) {
+    if (!p->tp_partial_grad || !p->local.requires_grad()) continue;
+    const GradientKind kind = p->expert_parallel() ? GradientKind::kExpert : GradientKind::kDense;
+    const ReductionPath& path = gradient_path(kind, layout_of(*p), "tp");
+    partial_over_tp.push_back({p->local.grad(), &path});
+    if (tp_size() > 1) {
+      reductions_[p->fqn].insert("tp");
+      record_reduction_path(path, tp_size(), p->fqn);
     }
-    all_reduce_bucketed(grads, mesh_->comm(axis), "grad_sync.data_parallel");
+  }
+  all_reduce_bucketed(partial_over_tp, tp_group());
+  // Over each data-parallel axis, by the rule of reduction_paths.h (all_reduced_over): experts
+  // under ep over dp_replicate and edp, dense ones over dp_replicate, cp and dp_shard; not over
+  // the axis whose FSDP backward already reduce-scattered it.
+  for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kEdp}) {
+    const std::string_view axis_name = mesh_axis_name(axis);
+    std::vector<PathGrad> grads;
+    for (const auto& p : ordered_) {
+      if (!p->local.requires_grad()) continue;
+      // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
+      // over the ep ranks, which hold other experts), not over edp.
+      const bool expert = p->expert_parallel() && !fault::active(fault::Fault::kF23);
+      const GradientKind kind = expert ? GradientKind::kExpert : GradientKind::kDense;
+      if (!all_reduced_over(kind, layout_of(*p), axis_name)) continue;
+      const ReductionPath& path = gradient_path(kind, layout_of(*p), axis_name);
+      grads.push_back({p->local.grad(), &path});
+      if (mesh_->comm(axis).size() > 1) {
+        reductions_[p->fqn].insert(std::string(axis_name));
+        record_reduction_path(path, mesh_->comm(axis).size(), p->fqn);
+      }
+    }
+    all_reduce_bucketed(grads, mesh_->comm(axis));
   }
   // PyTorch's semantics: a parameter no rank's backward reached keeps no gradient, and the
   // optimizers skip it (torch.optim steps only parameters whose grad is not None; DDP leaves
@@ -648,6 +674,13 @@ void ParallelContext::synchronize_gradients() {
   }
 }
 
+void ParallelContext::record_reduction_path(const ReductionPath& path, int64_t axis_size, const std::string& fqn) {
+  if (axis_size <= 1) return;
+  ReachedPath& reached = reached_paths_[std::string(path.name)];
+  reached.axis_size = axis_size;
+  if (!fqn.empty()) reached.parameters.insert(fqn);
+}
+
 double ParallelContext::grad_norm() {
   double local = 0;
   for (const auto& p : ordered_) {
@@ -660,7 +693,12 @@ double ParallelContext::grad_norm() {
   }
   at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(device_));
   // F03 (FAULTS.md): the norm of this rank's shards only, never summed over the mesh.
-  if (!fault::active(fault::Fault::kF03)) mesh_->comm(MeshAxis::kWorld).all_reduce(total, ReduceOp::kSum, "grad_norm");
+  if (!fault::active(fault::Fault::kF03)) {
+    const ReductionPath& path = reduction_path("grad_norm.world");
+    Communicator& world = mesh_->comm(MeshAxis::kWorld);
+    world.all_reduce(total, ReduceOp::kSum, path.site);
+    record_reduction_path(path, world.size());
+  }
   return std::sqrt(total.item<double>());
 }
 

@@ -24,6 +24,7 @@
 #include "harness/parallel/activations.h"
 #include "harness/parallel/context_parallel.h"
 #include "harness/parallel/placement.h"
+#include "harness/base/reduction_paths.h"
 #include "harness/parallel/shared_state.h"
 #include "harness/runtime/device_mesh.h"
 
@@ -287,7 +288,8 @@ class ParallelContext {
   /// over tp, then every gradient over dp_replicate and cp, and over dp_shard for parameters
   /// not sharded by FSDP (whose backward already reduce-scattered them); expert_parallel()
   /// ones over dp_replicate, and over edp unless FSDP reduce-scattered them. Flat buckets,
-  /// one all-reduce per axis and dtype. A trainable parameter that backward gave no gradient
+  /// one all-reduce per axis, reduction path (reduction_paths.h: its site labels the
+  /// collective) and dtype. A trainable parameter that backward gave no gradient
   /// on this rank joins them with zeros; one that no rank's backward gave a gradient (a
   /// vision tower on a text-only batch) is left without one afterwards (grad undefined, and
   /// listed in parameters_without_gradient()), so the optimizer skips it as PyTorch's do for
@@ -310,6 +312,22 @@ class ParallelContext {
   static constexpr const char* kNoGradient = "(no gradient)";
   /// Starts a step's record of gradient_reductions() (the Trainer calls it before backward).
   void reset_gradient_reductions() { reductions_.clear(); }
+
+  /// A reduction path (reduction_paths.h) taken with its axis of more than one rank: the
+  /// axis size, and the canonical FQNs of the parameters whose gradients took it (empty for a
+  /// per-step path: grad_norm, the loss normalizers).
+  struct ReachedPath {
+    int64_t axis_size = 0;
+    std::set<std::string> parameters;
+  };
+  /// The reduction paths taken since the context was made, by path name: what the runtime's
+  /// collectives did (each labelled with its path's site), not what the layout predicts.
+  const std::map<std::string, ReachedPath>& reached_reduction_paths() const { return reached_paths_; }
+  /// Records that `path` ran over an axis of `axis_size` ranks (nothing when it is 1: the
+  /// collective moved nothing), for the gradient of parameter `fqn` ("" for a per-step path).
+  /// synchronize_gradients, the FSDP reduce-scatter and grad_norm call it; a training loop
+  /// calls it for the loss normalizers (the Trainer does).
+  void record_reduction_path(const ReductionPath& path, int64_t axis_size, const std::string& fqn = "");
 
   /// The global L2 norm of the gradients: every element of every logical parameter counted
   /// exactly once whatever its placements (local sums of squares weighted by 1 / replicas,
@@ -353,6 +371,7 @@ class ParallelContext {
   std::vector<BufferEntry> buffers_;
   std::map<std::string, std::set<std::string>> reductions_;
   std::set<std::string> without_gradient_;
+  std::map<std::string, ReachedPath> reached_paths_;
   SharedState shared_state_;
   at::Generator dropout_gen_;  // the per-call dropout keys (see dropout())
   int64_t first_row_ = 0, micro_batch_ = 0;

@@ -138,8 +138,9 @@ struct AllToAllRows : public torch::autograd::Function<AllToAllRows> {
 
 struct FsdpAllGather : public torch::autograd::Function<FsdpAllGather> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& shard, int64_t comm_id, int64_t full_rows,
-                            int64_t compute_dtype, int64_t reduce_dtype) {
+                            int64_t compute_dtype, int64_t reduce_dtype, int64_t reduce_site) {
     save_comm(ctx, comm_id);
+    ctx->saved_data["reduce_site"] = reduce_site;  // a string literal's address (see regions.h)
     ctx->saved_data["full_rows"] = full_rows;
     ctx->saved_data["rows"] = shard.size(0);
     ctx->saved_data["reduce_dtype"] = reduce_dtype;
@@ -170,9 +171,11 @@ struct FsdpAllGather : public torch::autograd::Function<FsdpAllGather> {
     padded.narrow(0, 0, grads[0].size(0)).copy_(grads[0]);
     sizes[0] = chunk;
     at::Tensor mine = at::empty(sizes, padded.options());
-    comm.reduce_scatter_tensor(mine, padded, ReduceOp::kSum, "fsdp.reduce_scatter");
+    const auto* site = reinterpret_cast<const char*>(static_cast<intptr_t>(ctx->saved_data["reduce_site"].toInt()));
+    comm.reduce_scatter_tensor(mine, padded, ReduceOp::kSum, site);
     // A fresh tensor: a view would keep the whole padded buffer alive as the leaf's .grad.
-    return {mine.narrow(0, 0, rows).to(shard_dtype).clone(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {mine.narrow(0, 0, rows).to(shard_dtype).clone(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -206,12 +209,15 @@ at::Tensor sequence_reduce_scatter(const at::Tensor& x, Communicator& comm, int6
 }
 
 at::Tensor fsdp_all_gather(const at::Tensor& shard, Communicator& comm, int64_t full_rows,
-                           c10::optional<c10::ScalarType> compute_dtype, c10::optional<c10::ScalarType> reduce_dtype) {
+                           c10::optional<c10::ScalarType> compute_dtype, c10::optional<c10::ScalarType> reduce_dtype,
+                           const char* reduce_site) {
   if (comm.size() == 1) return compute_dtype && *compute_dtype != shard.scalar_type() ? shard.to(*compute_dtype) : shard;
   MIH_CHECK(shard.dim() >= 1, "fsdp_all_gather: a parameter shard needs a dim 0, got a 0-d tensor");
   const auto compute = static_cast<int64_t>(compute_dtype.value_or(shard.scalar_type()));
   const auto reduce = static_cast<int64_t>(reduce_dtype.value_or(shard.scalar_type()));
-  return FsdpAllGather::apply(shard, id_of(comm), full_rows, compute, reduce);
+  MIH_CHECK(reduce_site != nullptr, "fsdp_all_gather: reduce_site is null; give the reduce-scatter a label");
+  return FsdpAllGather::apply(shard, id_of(comm), full_rows, compute, reduce,
+                              static_cast<int64_t>(reinterpret_cast<intptr_t>(reduce_site)));
 }
 
 at::Tensor all_to_all_rows(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& output_splits,

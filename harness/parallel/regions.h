@@ -44,10 +44,13 @@ at::Tensor sequence_reduce_scatter(const at::Tensor& x, Communicator& comm, int6
 /// (uneven: chunks of ceil(rows / N), the last ones shorter or empty) into the full tensor of
 /// `full_rows` rows, cast to `compute_dtype`; backward reduce-scatters (sum) the gradient in
 /// `reduce_dtype` and returns this rank's rows, in the shard's dtype, as a fresh tensor.
+/// `reduce_site` labels the reduce-scatter in the comm ledger (a string literal: the ledger
+/// keeps the pointer; ParallelContext passes its reduction path's site, reduction_paths.h).
 /// Shape: shard [rows_r, ...] -> [full_rows, ...].
 at::Tensor fsdp_all_gather(const at::Tensor& shard, Communicator& comm, int64_t full_rows,
                            c10::optional<c10::ScalarType> compute_dtype = c10::nullopt,
-                           c10::optional<c10::ScalarType> reduce_dtype = c10::nullopt);
+                           c10::optional<c10::ScalarType> reduce_dtype = c10::nullopt,
+                           const char* reduce_site = "fsdp.reduce_scatter");
 
 /// Expert-parallel token exchange (dispatch and combine): forward sends input_splits[j]
 /// rows of `x` (dim 0, in order) to axis rank j and returns the rows received,

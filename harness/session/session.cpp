@@ -283,8 +283,12 @@ void ValidationSession::weights_loaded() {
 
 void ValidationSession::attach_data_pipeline(const BatchSource& batches) {
   guarded("attach_data_pipeline", [&] {
-    checks::CheckOutput data = checks::check_data_contract(spec_->data, batches(0));
+    const Batch first = batches(0);
+    checks::CheckOutput data = checks::check_data_contract(spec_->data, first);
     write("data/field_ownership.json", data.evidence);
+    checks::CheckOutput documents = checks::check_batch_documents(spec_->data, first);
+    if (spec_->data.rows_from_documents) write("data/batch_documents.json", documents.evidence);
+    data.findings.absorb(documents.findings);
     identity_ = std::make_unique<checks::InputIdentity>(options_.trainer.sequence_fields(),
                                                         options_.trainer.cp_replicated_fields());
     merge(std::move(data.findings));
@@ -469,6 +473,15 @@ void ValidationSession::end_step(const StepMetrics& m) {
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kRuntime, state_);
     take(local, inv.findings);
     if (!inv.evidence.empty()) write_step("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
+
+    // The reduction paths the runtime took so far (reduction_paths.h), for `mih reach`.
+    json paths = json::object();
+    for (const auto& [name, reached] : ctx.reached_reduction_paths()) {
+      const ReductionPath& path = reduction_path(name);
+      paths[name] = {{"axis", path.axis}, {"axis_size", reached.axis_size}, {"op", path.op},
+                     {"site", path.site}, {"parameters", reached.parameters}};
+    }
+    write_step("cases/runtime/reduction_paths.json", {{"through_step", step}, {"paths", paths}});
 
     // Communication of training (not of the session) since the last step, per axis.
     json sites, expected_by_layer;

@@ -22,12 +22,22 @@ using nlohmann::json;
 
 // The presets. cpu-smoke, cpu-smoke-variants and cpu-full are float64 on CPU: the oracle lane,
 // where parity holds to 1e-10.
+// cpu-smoke, the main job's matrix: each axis alone at degree 2 (dp_shard, dp_replicate, tp
+// without and with sequence parallelism, cp), the combinations and features, and, with the
+// variants' lane, every reduction path of the runtime a mesh of 4 ranks can take
+// (reduction_paths.h; `mih reach` and ctest `reference/reach` check it): plain DDP
+// (DpReplicate2), FSDP shards summed over cp (DpShard2Cp2, also the contiguous cp layout),
+// expert gradients over dp_replicate (DpReplicate2DpShard2Ep2) and over edp without FSDP
+// (Cp4ZzEp2: ep carved out of cp).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
     {"dp_shard": 2},
+    {"dp_replicate": 2},
+    {"tp": 2},
     {"tp": 2, "sequence_parallel": true},
     {"cp": 2, "cp_layout": "zigzag"},
+    {"dp_shard": 2, "cp": 2},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
     {"dp_replicate": 2, "dp_shard": 2},
     {"cp": 2, "cp_layout": "zigzag", "tp": 2},
@@ -39,6 +49,8 @@ const char* kCpuSmoke = R"({
     {"dp_shard": 4, "ep": 2},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true, "ep": 2},
     {"dp_shard": 2, "ep": 2, "activation_checkpointing": true},
+    {"dp_replicate": 2, "dp_shard": 2, "ep": 2},
+    {"cp": 4, "cp_layout": "zigzag", "ep": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2, "ep": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"dp_shard": 2, "ep": 2}, "resume_at": 2}
   ]})";

@@ -159,7 +159,7 @@ nlohmann::json ModelSpec::to_json() const {
           {"tp_divides", tp_divides},
           {"seq_len", seq_len},
           {"data", {{"pipeline", data.pipeline}, {"labels_are_shifted", data.labels_are_shifted},
-                    {"causal_lm", data.causal_lm},
+                    {"causal_lm", data.causal_lm}, {"rows_from_documents", data.rows_from_documents},
                     {"runtime_fields", data.runtime_fields},
                     {"fields", fields}}},
           {"checkpoint",

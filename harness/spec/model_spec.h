@@ -64,6 +64,11 @@ struct DataSpec {
   /// Causal language-model data: the data contract checks that labels are the next input
   /// token (labels_are_shifted) or the same token (not shifted) on every valid position.
   bool causal_lm = true;
+  /// The pipeline cuts its rows out of documents and attaches how (Batch::provenance; every
+  /// TextPipeline batch does): the PipelineOutputs suite recomputes input_ids, labels,
+  /// position_ids, loss_mask and attention_mask of step 0's batch from the documents' raw bytes
+  /// (checks::check_batch_documents). Default false (a synthetic pipeline has no documents).
+  bool rows_from_documents = false;
   /// Fields the runtime fills rather than the pipeline (e.g. position_ids when the
   /// Trainer computes them); a pipeline that also produces one gives it two owners.
   std::vector<std::string> runtime_fields;

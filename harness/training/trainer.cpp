@@ -36,7 +36,7 @@ bool matches_any(const std::vector<std::string>& patterns, const ShardedParamete
 
 Batch rows(const Batch& b, int64_t start, int64_t count) {
   Batch out{b.input_ids.narrow(0, start, count), b.labels.narrow(0, start, count),
-            b.position_ids.narrow(0, start, count), {}};
+            b.position_ids.narrow(0, start, count), {}, nullptr};
   for (const auto& [name, t] : b.fields) out.fields[name] = t.narrow(0, start, count);
   return out;
 }
@@ -178,7 +178,10 @@ StepMetrics Trainer::step() {
   // The loss is normalized by the global count of valid targets, so every split of the
   // global batch over ranks and micro-batches gives the same gradients.
   at::Tensor valid = local.labels.ne(kIgnoreIndex).sum().to(at::kLong).reshape({1});
-  mesh_->comm(MeshAxis::kDpCp).all_reduce(valid, ReduceOp::kSum, "trainer.valid_tokens");
+  const ReductionPath& valid_path = reduction_path("loss.valid_tokens.dp_cp");
+  mesh_->comm(MeshAxis::kDpCp).all_reduce(valid, ReduceOp::kSum, valid_path.site);
+  context_->record_reduction_path(valid_path, mesh_->comm(MeshAxis::kDpCp).size());
+  context_->record_reduction_path(reduction_path("loss.micro_batches"), config_.micro_batches);
   const int64_t global_valid = valid.item<int64_t>();
   MIH_CHECK(global_valid > 0, "step ", step, ": the global batch has no valid target (every label is -100)");
 
@@ -197,7 +200,7 @@ StepMetrics Trainer::step() {
       counts[mb] = rows(local, mb * mb_rows, mb_rows).labels.ne(kIgnoreIndex).sum();
     }
     counts = counts.to(device);
-    mesh_->comm(MeshAxis::kDpCp).all_reduce(counts, ReduceOp::kSum, "trainer.valid_tokens");
+    mesh_->comm(MeshAxis::kDpCp).all_reduce(counts, ReduceOp::kSum, valid_path.site);
     counts = counts.cpu();
     for (int mb = 0; mb < config_.micro_batches; ++mb) {
       normalizers[mb] = static_cast<double>(counts[mb].item<int64_t>()) * config_.micro_batches;
@@ -245,7 +248,9 @@ StepMetrics Trainer::step() {
   hooks_->after_optimizer(step);
 
   at::Tensor loss = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));
-  mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, "trainer.loss");
+  const ReductionPath& loss_path = reduction_path("loss.sum.dp_cp");
+  mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, loss_path.site);
+  context_->record_reduction_path(loss_path, mesh_->comm(MeshAxis::kDpCp).size());
   m.loss = loss.item<double>();
   m.lr = options_.lr();
   m.valid_tokens = global_valid;

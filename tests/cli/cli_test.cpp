@@ -55,8 +55,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, faults, warm, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -248,8 +248,9 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                                  HasSubstr("cpu-full")));
   CliRun smoke = mih("matrix --spec moe --preset cpu-smoke");
   EXPECT_EQ(smoke.status, 0) << smoke.output;
-  // moe: the 12 cases of every spec, its 6 expert-parallel ones and the EP=1 control DpShard4.
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 19 cases, 0 rejected"),
+  // moe: the 14 cases of every spec, its 8 expert-parallel ones and the EP=1 controls DpShard4
+  // and Cp4Zz.
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 24 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
                                   HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),
@@ -277,7 +278,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
               HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unsharded_root, moe, vlm"));
 }
 
 // Reads a JSONL file's lines.
@@ -504,20 +505,27 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // Then 1999 on 60 cases: llama_dropout on every cpu-smoke case (its masks match the one-rank
   // run's now). Then 2241 on 67 cases: moe's six expert-parallel cases and the EP=1 control
   // DpShard4 (the ep cases are rejected on the dense specs). Then 2375: GradientPresence (2
-  // tests) on every case.
-  EXPECT_EQ(total, 2375) << list.output;
+  // tests) on every case. Then 2977 on 82 cases: each axis
+  // alone (DpReplicate2 and DpShard2Cp2 on every cpu-smoke spec), moe's DpReplicate2DpShard2Ep2,
+  // Cp4ZzEp2 and its control Cp4Zz, llama_unsharded_root on the variants lane, and
+  // PipelineOutputs on every case: every reduction path a mesh of 4 ranks can take.
+  EXPECT_EQ(total, 2977) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
-  const std::set<std::string> all = {"Reference",     "DpShard2",      "Tp2Sp",      "Cp2Zz",
-                                     "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac",
-                                     "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"};
+  const std::set<std::string> all = {"Reference",     "DpShard2",      "DpReplicate2", "Tp2",      "Tp2Sp",
+                                     "Cp2Zz",         "DpShard2Cp2",   "DpShard2Tp2Sp", "DpReplicate2DpShard2",
+                                     "Cp2ZzTp2",      "DpShard2Ac",    "DpShard2Mb2",  "ResumeDpShard2",
+                                     "ResumeDpShard2ToTp2"};
   std::set<std::string> compared = all;
   compared.erase("Reference");
   EXPECT_EQ(cases_of["Llama/Structure"], all);
   EXPECT_EQ(cases_of["Llama/CommVolume"], all);
   EXPECT_EQ(cases_of["Llama/GradientPresence"], all);
-  EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Tp2Sp", "DpReplicate2DpShard2",
-                                                                "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2"}));
+  EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Cp2", "DpShard2Tp2Sp",
+                                                                "DpReplicate2DpShard2", "DpShard2Ac", "DpShard2Mb2",
+                                                                "ResumeDpShard2"}));
+  // Every case of a spec whose pipeline cuts rows out of documents (every reference spec).
+  EXPECT_EQ(cases_of["Llama/PipelineOutputs"], all);
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
   EXPECT_EQ(cases_of["Llama/GradientSync"], compared);
   EXPECT_EQ(cases_of["Llama/TensorParallelGradients"],
@@ -526,12 +534,12 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
   EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
-            (std::set<std::string>{"Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2",
-                                   "ResumeDpShard2ToTp2", "Tp2"}));
+            (std::set<std::string>{"DpReplicate2", "Tp2Sp", "Cp2Zz", "DpShard2Cp2", "DpShard2Tp2Sp",
+                                   "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
   EXPECT_EQ(cases_of["Llama/TensorParallelInputs"],
             (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
   EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
-  EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "Cp2ZzTp2"}));  // pixel_values
+  EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "DpShard2Cp2", "Cp2ZzTp2"}));  // pixel_values
   EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
@@ -546,7 +554,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   std::set<std::string> moe_parity = compared;
   moe_parity.erase("DpShard2Mb2");
   moe_parity.insert({"DpShard2Ep2", "DpShard2Ep2Ac", "DpShard2Tp2Ep2Sp", "DpShard4", "DpShard4Ep2",
-                     "ResumeDpShard2Ep2ToDpShard2", "ResumeDpShard2ToDpShard2Ep2"});
+                     "DpReplicate2DpShard2Ep2", "Cp4ZzEp2", "Cp4Zz", "ResumeDpShard2Ep2ToDpShard2",
+                     "ResumeDpShard2ToDpShard2Ep2"});
   EXPECT_EQ(cases_of["Moe/NumericParity"], moe_parity);
   // Only the vlm declares a modality.
   EXPECT_EQ(cases_of.count("Llama/ModalityGradients"), 0u);
@@ -556,8 +565,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   CliRun labels = mih("test --mih-list-cases");
   ASSERT_EQ(labels.status, 0) << labels.output;
   EXPECT_THAT(labels.output, HasSubstr("Llama llama Reference conformance,llama,reference,Structure,OptimizerLayout,"
-                                       "DataContract,CheckpointCoverage,SourceCheckpoint,SharedState,UndeclaredSharedState,"
-                                       "StateInvariants,ModuleParity,GradientPresence,CommVolume\n"));
+                                       "DataContract,PipelineOutputs,CheckpointCoverage,SourceCheckpoint,SharedState,"
+                                       "UndeclaredSharedState,StateInvariants,ModuleParity,GradientPresence,CommVolume\n"));
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
 }
 
@@ -633,13 +642,13 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   // The process's start line (the tests it will run) first, its end line last.
   ASSERT_GE(results.size(), 2u);
   EXPECT_EQ(results.front()["run"]["event"], "start");
-  EXPECT_EQ(results.front()["run"]["tests"].size(), 36u);
+  EXPECT_EQ(results.front()["run"]["tests"].size(), 37u);
   EXPECT_EQ(results.back()["run"]["event"], "end");
-  EXPECT_EQ(results.back()["run"]["completed"], 36);
+  EXPECT_EQ(results.back()["run"]["completed"], 37);
   results = std::vector<nlohmann::json>(results.begin() + 1, results.end() - 1);
   // The TEST_Ps of the suites the suite table applies to Tp2Sp (llama declares no modality;
   // no FSDP, resume or activation checkpointing here), and nothing skipped.
-  ASSERT_EQ(results.size(), 36u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests, then GradientPresence's two
+  ASSERT_EQ(results.size(), 37u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests, then GradientPresence's two, then PipelineOutputs
   std::set<std::string> suites;
   for (const auto& line : results) {
     EXPECT_EQ(line["status"], "passed") << line.dump();
@@ -649,7 +658,8 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
                                            "NumericParity", "OptimizerLayout", "ReplicaConsistency", "SharedState",
                                            "SourceCheckpoint", "StateInvariants", "Structure", "UndeclaredSharedState",
                                            "TensorParallelInputs", "GradientSync", "TensorParallelGradients",
-                                           "GradientPresence"}));
+                                           "GradientPresence",
+                                           "PipelineOutputs"}));
   // Every findings-based test says what its check examined.
   for (const auto& line : results) {
     if (line["suite"] == "Structure") {

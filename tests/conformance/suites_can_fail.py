@@ -24,6 +24,7 @@ import sys
 
 SPECS_OF_PREFIX = {"Llama": "llama", "Moe": "moe", "Vlm": "vlm", "LlamaTied": "llama_tied",
                    "LlamaBias": "llama_bias", "LlamaDropout": "llama_dropout",
+                   "LlamaUnshardedRoot": "llama_unsharded_root",
                    "VlmFrozenVision": "vlm_frozen_vision"}
 # The cases of the clean base run: where every mutation's test applies.
 BASE = ["Llama/*.*/Reference", "Llama/*.*/DpShard2", "Llama/*.*/DpShard2Ac", "Llama/*.*/Tp2Sp",
@@ -97,6 +98,10 @@ MUTATIONS = {
     "DataContract.EveryFieldHasOneOwner":
         ("llama", "DpShard2", "position_ids written by the pipeline and by the runtime",
          finding("MIH-DATA-003", "position_ids", "field 'position_ids' is produced by the pipeline and declared runtime-owned")),
+    "PipelineOutputs.FieldsRecomputedFromTheRawDocuments":
+        ("llama", "DpShard2", "packed positions that do not restart at a document start (the reference shares them)",
+         finding("MIH-DATA-009", "position_ids", "field 'position_ids' differs from its recomputation from the raw "
+                 "documents at 40 of 512 positions; first at row 0, position 12: recomputed 0, the pipeline gave 12")),
     "DataContract.LabelsShiftedAsDeclared":
         ("llama", "DpShard2", "labels shifted twice by the pipeline",
          finding("MIH-DATA-004", "labels", "labels are declared shifted, but on 500 of 512 valid positions they are not the next input token")),

@@ -5,6 +5,7 @@
 // ranks, tied embeddings.
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -254,7 +255,76 @@ TEST(TrainerLayoutTest, FsdpUnitsGatherAgainForBackward) {
       }
       EXPECT_EQ(by_site["fsdp.all_gather"], 2 * 10 + 3 + (ac ? 2 * 10 : 0)) << c.name();
       EXPECT_EQ(by_site["fsdp.regather_for_backward"], ac ? 0 : 2 * 10) << c.name();
-      EXPECT_EQ(by_site["fsdp.reduce_scatter"], 2 * 10 + 3) << c.name();
+      EXPECT_EQ(by_site["grad_sync.dense.fsdp.dp_shard"], 2 * 10 + 3) << c.name();
+    }
+  }
+}
+
+// Every gradient collective is labelled with its reduction path (reduction_paths.h), and the
+// runtime records exactly the paths whose collectives ran, with their parameters: plain DDP's
+// whole gradients over dp_replicate, HSDP's shards, FSDP's reduce-scatter, the tp-partial sums
+// of sequence parallelism, cp; grad_norm and the loss normalizers over every mesh.
+TEST(TrainerLayoutTest, EveryGradientCollectiveIsLabelledWithTheReductionPathItRecords) {
+  struct Want {
+    ParallelConfig config;
+    std::set<std::string> paths;
+  };
+  const std::vector<Want> cases = {
+      {cfg(2, 1, 1), {"dense.unsharded.dp_replicate", "grad_norm.world", "loss.valid_tokens.dp_cp", "loss.sum.dp_cp"}},
+      {cfg(2, 2, 1, false, 2),
+       {"dense.fsdp.dp_replicate", "dense.fsdp.dp_shard", "grad_norm.world", "loss.valid_tokens.dp_cp",
+        "loss.sum.dp_cp", "loss.micro_batches"}},
+      {cfg(1, 2, 2, true), {"dense.fsdp.tp", "dense.fsdp.dp_shard", "grad_norm.world", "loss.valid_tokens.dp_cp",
+                            "loss.sum.dp_cp"}},
+      {cfg(1, 1, 1, false, 1, 2), {"dense.unsharded.cp", "grad_norm.world", "loss.valid_tokens.dp_cp", "loss.sum.dp_cp"}},
+  };
+  for (const Want& want : cases) {
+    ParallelConfig c = want.config;
+    c.dtype = DType::kFloat64;
+    const int world = c.world_size();
+    MeshOptions mesh_options;
+    mesh_options.group = testing::thread_group_options();
+    std::mutex mutex;
+    std::vector<std::set<std::string>> labelled, recorded;
+    std::map<std::string, std::set<std::string>> parameters;
+    compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
+    auto errors = testing::run_ranks(world, [&](int rank) {
+      MeshOptions o = mesh_options;
+      o.ledger = std::make_shared<CommLedger>();
+      DeviceMesh mesh(c, store, rank, world, o);
+      Trainer t(mesh, c, testing::tiny_block_factory(), testing::tiny_batches(8, 8, 37), options());
+      t.step();
+      std::set<std::string> sites, paths;
+      for (const auto& r : o.ledger->completed()) sites.insert(r.site.substr(0, r.site.find(' ')));
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& [name, reached] : t.context().reached_reduction_paths()) {
+        paths.insert(name);
+        if (rank == 0) parameters[name] = reached.parameters;
+        const char* site = reduction_path(name).site;
+        // A path that moves data left a collective with its site in the ledger.
+        if (*site != '\0') {
+          EXPECT_TRUE(sites.count(site)) << c.name() << ": " << name << " recorded, no '" << site << "'";
+        }
+      }
+      std::set<std::string> from_sites;
+      for (const ReductionPath& path : reduction_paths()) {
+        if (*path.site != '\0' && sites.count(path.site)) from_sites.insert(std::string(path.name));
+      }
+      labelled.push_back(from_sites);
+      recorded.push_back(paths);
+    });
+    ASSERT_THAT(errors, IsEmpty()) << c.name();
+    // The accumulation over micro-batches moves nothing: no site, recorded all the same.
+    std::set<std::string> with_site;
+    for (const auto& name : want.paths) {
+      if (*reduction_path(name).site != '\0') with_site.insert(name);
+    }
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(recorded[r], want.paths) << c.name() << " rank " << r;
+      EXPECT_EQ(labelled[r], with_site) << c.name() << " rank " << r << ": the ledger's sites";
+    }
+    for (const auto& name : want.paths) {
+      EXPECT_EQ(parameters[name].empty(), !reduction_path(name).per_parameter) << c.name() << " " << name;
     }
   }
 }

@@ -197,9 +197,17 @@ TEST(SessionTest, WritesTheEvidenceLayoutAndValidatesTheCase) {
         "data/field_ownership.json", "data/observed_forward_fields.json", "data/input_identity.jsonl",
         "checkpoint/coverage.json", "cases/runtime/metrics.jsonl", "cases/runtime/performance_rank0.jsonl",
         "cases/runtime/performance_rank1.jsonl", "cases/runtime/shared_state_step1.json",
-        "cases/runtime/optimizer_layout_step1.json", "cases/runtime/replicas_step1.json", "probes/rank0.jsonl"}) {
+        "cases/runtime/optimizer_layout_step1.json", "cases/runtime/replicas_step1.json", "probes/rank0.jsonl",
+        "data/batch_documents.json", "cases/runtime/reduction_paths.json"}) {
     EXPECT_TRUE(fs::exists(ev.root() / f)) << f;
   }
+  // The reduction paths the runtime took, with their parameters (what `mih reach` reads).
+  const json paths = ev.read_json("cases/runtime/reduction_paths.json")["paths"];
+  ASSERT_TRUE(paths.contains("dense.fsdp.dp_shard")) << paths.dump();
+  EXPECT_EQ(paths["dense.fsdp.dp_shard"]["axis_size"], 2);
+  EXPECT_EQ(paths["dense.fsdp.dp_shard"]["site"], "grad_sync.dense.fsdp.dp_shard");
+  EXPECT_THAT(paths["dense.fsdp.dp_shard"]["parameters"], Contains("norm.weight"));
+  EXPECT_EQ(ev.read_json("data/batch_documents.json")["fields"]["position_ids"]["differing"], 0);
   EXPECT_EQ(ev.read_json("integration_state.json")["state"], "STRUCTURE_VALIDATED");
   EXPECT_EQ(ev.read_json("check/findings.json")["status"], "PASS");
   const std::vector<json> metrics = ev.read_jsonl("cases/runtime/metrics.jsonl");

@@ -56,9 +56,11 @@ INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("cpu-smoke", "cp
 
 TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
-  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "Tp2Sp", "Cp2Zz", "DpShard2Tp2Sp",
-                                               "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac", "DpShard2Mb2",
-                                               "ResumeDpShard2", "ResumeDpShard2ToTp2", "Tp2"));
+  EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "DpReplicate2", "Tp2", "Tp2Sp", "Cp2Zz",
+                                               "DpShard2Cp2", "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2",
+                                               "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2"));
+  EXPECT_EQ(m.at("DpReplicate2").group, "axis");
+  EXPECT_EQ(m.at("DpShard2Cp2").config.cp_layout, CpLayout::kContiguous);
   EXPECT_EQ(m.at("DpShard2Tp2Sp").group, "combined");
   EXPECT_EQ(m.at("DpReplicate2DpShard2").group, "combined");
   EXPECT_EQ(m.at("Cp2ZzTp2").group, "combined");
@@ -76,18 +78,44 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   EXPECT_THAT(m.table(), HasSubstr("ResumeDpShard2ToTp2"));
 }
 
+// The main job's matrix holds each mesh axis alone at degree 2 (tp without sequence
+// parallelism too): a bug on a plain single-axis path (DDP over dp_replicate alone, say) is not
+// hidden behind a combination that happens to compensate it.
+TEST(CaseMatrixTest, CpuSmokeHoldsEachAxisAloneAtDegreeTwo) {
+  const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
+  for (const auto& d : kMeshDims) {
+    bool alone = false;
+    for (const auto& c : m.cases) {
+      if (c.kind != CaseKind::kTrain || c.config.sequence_parallel || c.config.activation_checkpointing ||
+          c.config.micro_batches > 1) {
+        continue;
+      }
+      int others = 0;
+      for (const auto& e : kMeshDims) others += e.name != d.name && c.config.*e.degree > 1;
+      alone = alone || (c.config.*d.degree == 2 && others == 0);
+    }
+    EXPECT_TRUE(alone) << "no cpu-smoke case has " << d.name << "=2 alone:\n" << m.table();
+  }
+}
+
 // The moe spec's cpu-smoke: its ep cases, each with its EP=1 control (the same config with the
 // experts replicated), added when the matrix lacks it; the cross-topology resumes ep=2 <-> 1.
 TEST(CaseMatrixTest, ExpertParallelCasesGetTheirEp1Control) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("moe"), "cpu-smoke");
-  for (const char* c : {"DpShard2Ep2", "DpShard4Ep2", "DpShard2Tp2Ep2Sp", "DpShard2Ep2Ac", "ResumeDpShard2Ep2ToDpShard2",
-                        "ResumeDpShard2ToDpShard2Ep2"}) {
+  for (const char* c : {"DpShard2Ep2", "DpShard4Ep2", "DpShard2Tp2Ep2Sp", "DpShard2Ep2Ac", "DpReplicate2DpShard2Ep2",
+                        "Cp4ZzEp2", "ResumeDpShard2Ep2ToDpShard2", "ResumeDpShard2ToDpShard2Ep2"}) {
     EXPECT_THAT(names(m), Contains(std::string(c))) << m.table();
   }
   EXPECT_EQ(m.at("DpShard2Ep2").group, "expert_parallel");
   EXPECT_EQ(m.at("DpShard2Ep2").config.ep, 2);
-  // The controls: DpShard2, DpShard2Tp2Sp and DpShard2Ac were listed; DpShard4 is added.
+  // The expert gradients over dp_replicate (edp = 1: whole) and over edp without FSDP (ep
+  // carved out of cp, dp_shard = 1).
+  EXPECT_EQ(m.at("DpReplicate2DpShard2Ep2").config.dp_replicate, 2);
+  EXPECT_EQ(m.at("Cp4ZzEp2").config.cp, 4);
+  // The controls: DpShard2, DpShard2Tp2Sp, DpShard2Ac and DpReplicate2DpShard2 were listed;
+  // DpShard4 and Cp4Zz are added.
   ASSERT_THAT(names(m), Contains(std::string("DpShard4")));
+  ASSERT_THAT(names(m), Contains(std::string("Cp4Zz")));
   EXPECT_EQ(m.at("DpShard4").config.ep, 1);
   EXPECT_EQ(m.at("DpShard4").config.dp_shard, 4);
   EXPECT_EQ(m.at("DpShard4").compare_to, "Reference");

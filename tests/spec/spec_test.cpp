@@ -44,9 +44,11 @@ void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>&
 }
 
 TEST(ReferenceSpecsTest, AllAreRegistered) {
-  // The three reference ports, and the llama variants the fault catalog needs.
+  // The three reference ports, the llama variants the fault catalog needs, and the variants of
+  // the main job's layouts (the root module outside FSDP, a frozen vision tower).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "moe", "vlm", "vlm_frozen_vision"));
+              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unsharded_root", "moe", "vlm",
+                          "vlm_frozen_vision"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -83,7 +85,8 @@ TEST_P(ReferenceSpecTest, ModuleParityCasesPass) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout", "vlm_frozen_vision"),
+INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout",
+                                                                  "llama_unsharded_root", "vlm_frozen_vision"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceSpecsTest, InvariantsCanFail) {
@@ -131,7 +134,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, moe, vlm")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unsharded_root, moe, vlm")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
