@@ -10,6 +10,7 @@
 #include "harness/base/fault.h"
 #include "harness/parallel/activation_checkpoint.h"
 #include "harness/parallel/context_parallel.h"
+#include "harness/parallel/expert_parallel.h"
 #include "harness/parallel/regions.h"
 
 namespace mih::models {
@@ -155,64 +156,18 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   at::Tensor tokens = x.reshape({-1, h});  // [N, H]: this rank's tokens
   const int64_t n = tokens.size(0);
   at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
-  auto [top_p, top_i] = probs.topk(k, -1);                                        // [N, k]
-  at::Tensor weights = top_p / top_p.sum(-1, /*keepdim=*/true);
-  // Token slots per expert [E].
-  at::Tensor counts = at::bincount(top_i.reshape(-1), /*weights=*/{}, n_experts).to(at::kLong);
-
-  // Dispatch: the N * k token slots sorted by expert (stably: by token within an expert), so
-  // the slots of each ep rank's experts are one block of rows.
-  const at::Tensor slot_expert = top_i.reshape(-1);                                   // [N k]
-  const at::Tensor order = std::get<1>(slot_expert.sort(/*stable=*/true, 0, false));  // [N k]
-  const at::Tensor slot_token = order.div(k, "floor");                               // token of each sorted slot
+  TopKRouting routing = top_k_routing(probs, k, /*normalize_top_k=*/true);       // [N, k] experts and gates
   Communicator& ep = ctx_->mesh().comm(MeshAxis::kEp);
   // F24 (FAULTS.md): the gates detached under ep, so the router learns only from its aux loss.
-  const at::Tensor gate_weights = ep.size() > 1 && fault::active(fault::Fault::kF24) ? weights.detach() : weights;
-  const at::Tensor gates = gate_weights.reshape(-1).index_select(0, order).unsqueeze(-1);  // [N k, 1]
-  const int64_t ep_size = ep.size(), local_experts = n_experts / ep_size;
-  // counts_to[j][l]: slots this rank sends ep rank j for its local expert l; counts_from[j][l]:
-  // slots ep rank j sends this rank for expert l of ours (one all-to-all of the counts).
-  at::Tensor counts_to = counts.view({ep_size, local_experts}).contiguous();
-  at::Tensor counts_from = counts_to;
-  if (ep_size > 1) {
-    counts_from = at::empty_like(counts_to);
-    ep.all_to_all_single(counts_from, counts_to, {}, {}, "moe.dispatch_counts");
-  }
-  const at::Tensor to_cpu = counts_to.cpu().contiguous(), from_cpu = counts_from.cpu().contiguous();
-  const at::Tensor send_t = to_cpu.sum(1), recv_t = from_cpu.sum(1);  // [ep]: rows to and from each ep rank
-  const std::vector<int64_t> send(send_t.data_ptr<int64_t>(), send_t.data_ptr<int64_t>() + ep_size),
-      recv(recv_t.data_ptr<int64_t>(), recv_t.data_ptr<int64_t>() + ep_size);
-  const int64_t received_rows = recv_t.sum().item<int64_t>();
-  if (ep_size > 1) {
-    // What the ledger records over ep (each all-to-all's input on this rank): the counts
-    // [ep, E / ep] int64; the dispatch sends all N k slots and the combine the R received
-    // rows, H values each; their backwards the same rows the other way, when there is one
-    // (not in the no-grad first forward of an activation-checkpoint region).
-    const int64_t element = static_cast<int64_t>(tokens.element_size());
-    const int64_t rows_bytes = (n * k + received_rows) * h * element;
-    ep.expect("moe.dispatch_counts", counts_to.numel() * 8, name_);
-    ep.expect("region.all_to_all", rows_bytes, name_);
-    if (at::GradMode::is_enabled() && tokens.requires_grad()) ep.expect("region.all_to_all.backward", rows_bytes, name_);
-  }
-  at::Tensor received = all_to_all_rows(tokens.index_select(0, slot_token), ep, recv, send);  // [R, H]
-  // The received rows come by source rank, each source's by local expert: a stable sort by
-  // local expert regroups them (by source within an expert), its inverse puts them back.
-  const at::Tensor row_expert = at::arange(local_experts, at::kLong).repeat({ep_size}).repeat_interleave(from_cpu.reshape(-1));
-  const at::Tensor regroup = std::get<1>(row_expert.sort(/*stable=*/true, 0, false)).to(x.device());  // [R]
-  const at::Tensor undo = std::get<1>(regroup.sort(/*stable=*/true, 0, false));                       // inverse
-  const at::Tensor per_expert = from_cpu.sum(0);  // [E / ep]: rows of each local expert
-  const std::vector<int64_t> by_expert_rows(per_expert.data_ptr<int64_t>(),
-                                            per_expert.data_ptr<int64_t>() + local_experts);
-  at::Tensor y = experts->forward(received.index_select(0, regroup), by_expert_rows).index_select(0, undo);
-  // Combine: back to the ranks the slots came from, weighted by their gates, summed per token.
-  // In the residual stream's dtype, as dispatched (under autocast the experts compute in
-  // bfloat16): the combine moves what the dispatch did.
-  at::Tensor returned = all_to_all_rows(y.to(tokens.scalar_type()), ep, send, recv);  // [N k, H], in sorted slot order
-  // Summed in the residual stream's dtype: under autocast the gates are bfloat16 and
-  // index_add is no autocast op.
-  at::Tensor out = at::zeros_like(tokens).index_add(0, slot_token, (returned * gates).to(tokens.scalar_type()));
+  if (ep.size() > 1 && fault::active(fault::Fault::kF24)) routing.gates = routing.gates.detach();
+  // Dispatch to the ep ranks of the experts, this rank's experts on what they received,
+  // combine back (expert_parallel.h).
+  const TokenDispatcher dispatcher(*ctx_, TokenDispatcherOptions(n_experts).layer(name_));
+  const DispatchedTokens dispatched = dispatcher.dispatch(tokens, routing);  // [R, H]
+  const at::Tensor out = dispatcher.combine(experts->forward(dispatched.expert_input, dispatched.rows_per_expert),
+                                            dispatched);  // [N, H]
   // Load balancing over the global batch: token counts from every rank holding other tokens.
-  at::Tensor global_counts = counts.to(x.device());
+  at::Tensor global_counts = dispatched.slots_per_expert.to(x.device());  // [E]
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
   if (ep.size() > 1 && fault::active(fault::Fault::kF25)) {
     // F25 (FAULTS.md): reduced over every data-parallel rank but the ep group's, so each ep

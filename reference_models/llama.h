@@ -144,7 +144,9 @@ TORCH_MODULE(MoeExperts);
 /// token slots are sorted by expert, the per-expert counts exchanged over ep, the tokens sent
 /// to the ep rank owning their expert with a variable-split all-to-all, processed, sent back
 /// (the reverse all-to-all), weighted by their gates and summed per token (TorchTitan's
-/// token dispatch and combine); both all-to-alls are differentiable. Shape: [B, S, H] -> the same.
+/// token dispatch and combine): top_k_routing and TokenDispatcher (harness/parallel/
+/// expert_parallel.h), which a port of its own calls the same way; both all-to-alls are
+/// differentiable. Shape: [B, S, H] -> the same.
 class MoeMlpImpl : public torch::nn::Module {
  public:
   /// `name`: the module's FQN, the producer of its routing statistics.

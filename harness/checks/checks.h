@@ -181,8 +181,9 @@ CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step);
 
 /// Tensor-parallel partial gradients (collective over tp), before synchronization: for each
 /// trainable parameter replicated over tp, whether its local gradients differ across the tp
-/// ranks (a partial sum: each rank saw a share of the tokens) is measured, independently of
-/// the declaration, and held against ParamSpec::tp_partial_grad: partial but undeclared is
+/// ranks (a partial sum: each rank saw only its tokens under sequence parallelism, or only its
+/// heads, as a per-head QK norm at any tp > 1) is measured, independently of the
+/// declaration, and held against ParamSpec::tp_partial_grad: partial but undeclared is
 /// MIH-GRAD-002 (never all-reduced over tp), whole but declared is MIH-GRAD-003 (all-reduced
 /// into tp times the gradient). Gradients zero on every tp rank are not examined.
 /// Evidence: {"step", "parameters": {fqn: {partial_over_tp, declared_partial, relative_spread}}}.

@@ -222,7 +222,8 @@ CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step) 
                       "an axis left out leaves each rank with its own partial gradient (replicas drift apart); an "
                       "extra one multiplies the gradient by the axis degree",
                       "reduce every gradient over exactly its grad_domain: the data-parallel axes (dp_replicate, "
-                      "dp_shard, cp), and tp where the parameter sees only this rank's share of the tokens"});
+                      "dp_shard, cp), and tp where the parameter sees only this tp rank's share of the tokens (sequence "
+                      "parallelism) or of the heads (a per-head norm at tp > 1)"});
   }
   out.findings.ran(codes::kCheckGradReduction, examined, "trainable parameters");
   out.evidence = {{"step", step}, {"parameters", evidence}};
@@ -280,8 +281,10 @@ CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step)
                             ": each holds a partial sum, and its grad domain leaves tp out, so it is never all-reduced "
                             "over tp",
                         facts, "each tp rank updates its copy with its own share of the gradient: the copies drift apart",
-                        "declare the gradient partial over tp (ParamSpec::tp_partial_grad) for a parameter that sees "
-                        "only this rank's tokens (a norm or a router under sequence parallelism)"});
+                        "declare the gradient partial over tp (ParamSpec::tp_partial_grad) for a parameter replicated "
+                        "over tp that sees only this tp rank's share of the input: only its tokens (a norm or a router "
+                        "under sequence parallelism: RMSNorm, LayerNorm) or only its heads (a per-head QK norm at any "
+                        "tp > 1, with or without sequence parallelism: HeadRMSNorm)"});
     } else {
       out.findings.add({codes::kGradTpPartialWhole, "runtime", p.fqn, Severity::kError,
                         "replicated over tp, its local gradient before synchronization is the same on all " +
@@ -290,7 +293,7 @@ CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step)
                             std::to_string(tp.size()),
                         facts, "the parameter trains with a gradient tp times too large",
                         "declare the gradient partial over tp only where each tp rank sees a share of the tokens "
-                        "(sequence parallelism)"});
+                        "(sequence parallelism) or of the heads (a per-head norm at tp > 1)"});
     }
   }
   out.findings.ran(codes::kCheckTpPartial, examined, "tp-replicated parameters with a gradient");

@@ -63,7 +63,7 @@ inline constexpr const char* kFrozenGradient = "MIH-FROZEN-003";       ///< froz
 inline constexpr const char* kFrozenOptimizerState = "MIH-FROZEN-004"; ///< frozen parameter has optimizer state
 // Gradient synchronization (checks/runtime_checks.cpp).
 inline constexpr const char* kGradReduction = "MIH-GRAD-001";          ///< reduced over axes other than its domain
-inline constexpr const char* kGradTpPartialUndeclared = "MIH-GRAD-002";///< partial over tp, domain omits tp
+inline constexpr const char* kGradTpPartialUndeclared = "MIH-GRAD-002";///< partial over tp (this rank's tokens or heads), domain omits tp
 inline constexpr const char* kGradTpPartialWhole = "MIH-GRAD-003";     ///< whole on every tp rank, domain has tp
 inline constexpr const char* kGradNeverReceived = "MIH-GRAD-004";      ///< trainable, no gradient at any step, not declared unused
 // Probes (probes/probes.cpp).

@@ -215,6 +215,20 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * ctx_->use(weight);
 }
 
+HeadRMSNormImpl::HeadRMSNormImpl(ParallelContext& ctx, int64_t head_dim, double eps)
+    : head_dim(head_dim), eps(eps), ctx_(&ctx) {
+  MIH_CHECK(head_dim > 0, "HeadRMSNorm: head_dim must be positive, got ", head_dim);
+  // Each tp rank normalizes only its own heads: the gradient is partial over tp at any tp > 1.
+  weight = register_parameter("weight",
+                              ctx.make_parameter(vector_spec(head_dim, Placement::replicate(), 1.0, ctx.tp_size() > 1)));
+}
+
+at::Tensor HeadRMSNormImpl::forward(const at::Tensor& x) {
+  MIH_CHECK(x.dim() >= 1 && x.size(-1) == head_dim, "HeadRMSNorm: the input's last dim must be head_dim(", head_dim,
+            "), got shape ", x.sizes());
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * ctx_->use(weight);
+}
+
 LayerNormImpl::LayerNormImpl(ParallelContext& ctx, int64_t hidden, double eps) : eps(eps), ctx_(&ctx) {
   MIH_CHECK(hidden > 0, "LayerNorm: hidden must be positive, got ", hidden);
   weight = register_parameter(

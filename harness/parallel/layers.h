@@ -134,6 +134,32 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+/// RMSNorm over the head dim of every attention head, one weight [D] shared by all heads
+/// (Qwen3's q_norm and k_norm, OLMo-style per-head QK norm; Megatron-Core's qk_layernorm).
+/// The weight is replicated over tp but sees only this rank's heads (heads/TP of them, after
+/// the column-parallel q or k projection), so its gradient is partial over tp whenever
+/// tp > 1, with or without sequence parallelism (inside attention the sequence is whole): it
+/// is declared so (ParamSpec::tp_partial_grad) and all-reduced over tp before the optimizer,
+/// as Megatron-Core's finalize_model_grads all-reduces qk_layernorm weights over tp. A plain
+/// RMSNorm here declares its gradient partial only under sequence parallelism: at tp > 1 each
+/// rank would update its copy with its own heads' share (finding MIH-GRAD-002). For heads that
+/// every tp rank holds whole (replicated KV heads), use RMSNorm.
+/// Shape: [.., D] -> [.., D], e.g. [B, Hq/TP, S, D].
+class HeadRMSNormImpl : public torch::nn::Module {
+ public:
+  HeadRMSNormImpl(ParallelContext& ctx, int64_t head_dim, double eps = 1e-6);
+  /// Throws: mih::Error{kInvalidSpec} if x's last dim is not head_dim.
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;  // [D]
+  int64_t head_dim;
+  double eps;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(HeadRMSNorm);
+
 /// LayerNorm with weight and bias [H], replicated over tp, gradients partial over tp under
 /// sequence parallelism (as RMSNorm). Shape: [.., H] -> [.., H].
 class LayerNormImpl : public torch::nn::Module {

@@ -55,8 +55,9 @@ struct ParamSpec {
   /// vocabulary of 37 shards over tp=2 as 19 + 19. 1 = no padding.
   int64_t pad_dim0_to_multiple = 1;
   /// The gradient is a partial sum over tp (a parameter replicated over tp that sees only
-  /// this rank's tokens, e.g. a norm weight under sequence parallelism): it is all-reduced
-  /// over tp after backward.
+  /// this rank's tokens, e.g. a norm weight under sequence parallelism, or only this rank's
+  /// heads, e.g. a per-head QK norm at any tp > 1: HeadRMSNorm): it is all-reduced over tp
+  /// after backward.
   bool tp_partial_grad = false;
   /// Routed experts stacked on dim 0: dim 0 is `experts` equal blocks, one per expert (e.g.
   /// [E * 2F, H] for every expert's fused gate/up projection). Under ep > 1 each ep rank holds
