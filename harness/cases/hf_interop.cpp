@@ -14,6 +14,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
@@ -130,7 +131,7 @@ void diff_config(const nlohmann::json& port, const nlohmann::json& checkpoint, c
       diff_config(value, checkpoint[name], path, ignored, out);
     } else if (!same_value(value, checkpoint[name])) {
       out->push_back({{"field", path}, {"port", value}, {"checkpoint", checkpoint[name]},
-                      {"why", "the port has " + value.dump() + ", config.json " + checkpoint[name].dump()}});
+                      {"why", "the port has " + json_summary(value) + ", config.json " + json_summary(checkpoint[name])}});
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/sha256.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/cli/commands.h"
 #include "harness/runtime/cli_support.h"
@@ -91,7 +92,7 @@ void check_target(const fs::path& dir) {
   json record;
   const bool has_record = read_file(dir / kScaffoldRecord, &record_text);
   if (has_record) {
-    record = json::parse(record_text, nullptr, /*allow_exceptions=*/false);
+    record = parse_json_lenient(record_text);
   }
   MIH_CHECK_CODE(has_record && record.is_object() && record.contains("files") && record["files"].is_object(),
                  Code::kFailedPrecondition, "scaffold: --out ", dir.string(), " holds files and no ", kScaffoldRecord,
