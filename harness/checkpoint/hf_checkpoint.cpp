@@ -105,6 +105,7 @@ AssetFile asset(const std::string& rel, const fs::path& real) {
   a.bytes = fs::file_size(real, ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot read the size of ", real.string(), ": ", ec.message());
   a.sha256 = file_sha256(real);
+  a.resolved = real;
   return a;
 }
 

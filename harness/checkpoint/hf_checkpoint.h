@@ -32,6 +32,9 @@ struct AssetFile {
   uint64_t bytes = 0;
   /// SHA-256, 64 lower-case hex digits.
   std::string sha256;
+  /// The file read_checkpoint read: every symlink resolved, inside the directory. Readers of
+  /// the tensors open this path, never `path` again (a symlink swapped since is not followed).
+  std::filesystem::path resolved;
 };
 
 struct Checkpoint {

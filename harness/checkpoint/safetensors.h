@@ -30,10 +30,12 @@ static_assert(std::endian::native == std::endian::little, "mih::safetensors assu
 /// Largest header a Reader accepts, in bytes (a guard against a corrupt length field).
 inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-/// Most tensors one header may list (2^18): more than any open checkpoint holds in one file.
-/// A header listing more is refused as corrupt or hostile: a million empty tensors fit in
-/// kMaxHeaderBytes. The header is read in one linear pass (a SAX parse, no JSON tree).
-inline constexpr size_t kMaxTensors = size_t{1} << 18;
+/// Most tensors one header may list (2^16): a Hugging Face shard holds a few thousand at
+/// most (a 5 GB shard of 65,536 tensors would average 80 KB a tensor). A header listing more
+/// is refused as corrupt or hostile: a million empty tensors fit in kMaxHeaderBytes, and
+/// every tensor costs the inventory, the diff and the evidence of `mih inspect` their entries.
+/// The header is read in one linear pass (a SAX parse, no JSON tree).
+inline constexpr size_t kMaxTensors = size_t{1} << 16;
 
 /// Most dims one tensor's shape may have (NumPy 2's NPY_MAXDIMS).
 inline constexpr size_t kMaxDims = 64;
