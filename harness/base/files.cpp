@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "harness/base/error.h"
@@ -86,14 +87,60 @@ std::string free_space_text(const std::filesystem::path& path) {
   return text;
 }
 
+int open_regular_file(const std::filesystem::path& path, std::string* why, bool* special) {
+  if (special != nullptr) *special = false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
+    if (why != nullptr) *why = std::strerror(errno);
+    return -1;
+  }
+  struct stat st {};
+  const char* kind = nullptr;
+  if (::fstat(fd, &st) != 0) {
+    if (why != nullptr) *why = std::strerror(errno);
+    kind = "";
+  } else if (S_ISFIFO(st.st_mode)) {
+    kind = "a FIFO";
+  } else if (S_ISDIR(st.st_mode)) {
+    kind = "a directory";
+  } else if (S_ISCHR(st.st_mode)) {
+    kind = "a character device";
+  } else if (S_ISBLK(st.st_mode)) {
+    kind = "a block device";
+  } else if (!S_ISREG(st.st_mode)) {
+    kind = "a socket or another special file";
+  }
+  if (kind == nullptr) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0) return fd;
+    if (why != nullptr) *why = std::strerror(errno);
+  } else if (*kind != '\0') {
+    if (why != nullptr) *why = std::string("it is ") + kind + ", not a regular file";
+    if (special != nullptr) *special = true;
+  }
+  ::close(fd);
+  return -1;
+}
+
 bool read_file(const std::filesystem::path& path, std::string* contents) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;  // a FIFO or a device would block
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  *contents = buffer.str();
+  const int fd = open_regular_file(path);
+  if (fd < 0) return false;
+  std::string text;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) text.reserve(static_cast<size_t>(st.st_size));
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  *contents = std::move(text);
   return true;
 }
 

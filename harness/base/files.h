@@ -38,8 +38,16 @@ void append_whole(const std::filesystem::path& path, std::string_view text);
 /// parent); "" if it cannot be asked.
 std::string free_space_text(const std::filesystem::path& path);
 
+/// Opens `path` read-only without ever blocking on what it names: the open itself is
+/// non-blocking (a FIFO with no writer would block a plain open forever), then fstat refuses
+/// anything but a regular file. Returns the descriptor (O_CLOEXEC, back in blocking mode) or
+/// -1 with *why (may be null) set: the OS error ("No such file or directory") or "it is a
+/// FIFO, not a regular file" (a directory, a character device, a block device likewise; then
+/// *special, when given, is set to true: the path exists but names no regular file).
+int open_regular_file(const std::filesystem::path& path, std::string* why = nullptr, bool* special = nullptr);
+
 /// Reads the whole file into *contents; returns false if it cannot be read or is not a
-/// regular file (a FIFO, a device, a directory).
+/// regular file (a FIFO, a device, a directory: open_regular_file, so never blocks).
 bool read_file(const std::filesystem::path& path, std::string* contents);
 
 /// Returns the last `lines` lines of the file (all of it if shorter; "" if unreadable),

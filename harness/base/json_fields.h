@@ -1,14 +1,19 @@
 // Strict JSON objects for options and specs: an unknown field (a typo) is an error that lists
-// the valid ones, never silently ignored; and the one reader of a whole JSON file.
+// the valid ones, never silently ignored; the one reader of a whole JSON file; and the bounds
+// every reader of JSON from outside (checkpoints, matrices, evidence) applies: nesting depth
+// on parsing, length when a value is printed in a message.
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <limits>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,15 +48,50 @@ class DuplicateKeyCheck {
 };
 }  // namespace json_detail
 
-/// Parses `text` strictly: not JSON, or an object repeating a key, is an error naming `where`
-/// (the file).
-/// Throws: mih::Error{kInvalidSpec} "<where> is not JSON: ..." or "<where>: the key 'x'
+/// Deepest nesting of arrays and objects mih reads from outside: serde_json's recursion limit
+/// (the parser of the safetensors library). nlohmann's parser is iterative, but copying,
+/// comparing and dumping a value recurse once per level, so a value 100000 levels deep would
+/// overflow the stack; no file mih reads nests more than about 10 levels.
+inline constexpr int kMaxJsonDepth = 128;
+
+/// True when the arrays and objects of `text` nest at most `max_depth` levels (brackets
+/// inside strings do not count). One linear pass with no recursion; stops at the first level
+/// too deep. Text that is not JSON may pass (the parser then says what is wrong).
+bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth);
+
+/// The message of a nlohmann exception without the excerpt of the input it quotes ("; last
+/// read: '...'"): the bytes of a file that failed to parse are never echoed.
+std::string json_error_text(const std::exception& e);
+
+/// Parses `text` as one JSON value, nested at most kMaxJsonDepth levels (json_depth_within).
+/// Returns false, *out untouched, and sets *problem (nlohmann's message without the input
+/// excerpt, or "arrays and objects nested deeper than 128 levels") when it is not JSON or
+/// nests deeper. Every reader of JSON that mih did not just write in the same process parses
+/// through here, parse_json_strict or parse_json_lenient.
+bool parse_json_bounded(std::string_view text, nlohmann::json* out, std::string* problem);
+
+/// parse_json_bounded for readers that treat a bad file as absent: the value, or a discarded
+/// one (is_discarded()) when `text` is not JSON or nests deeper than kMaxJsonDepth.
+nlohmann::json parse_json_lenient(std::string_view text);
+
+/// A bounded rendering of `value` for a message: compact JSON as dump() writes it, strings
+/// longer than 64 bytes cut, arrays and objects 4 levels down shown as [...] / {...}, and the
+/// whole cut after about `max_chars` characters (then "..."). Linear in what it prints, however
+/// large or deep the value.
+std::string json_summary(const nlohmann::json& value, size_t max_chars = 160);
+
+/// Parses `text` strictly: not JSON, an object repeating a key, or arrays and objects nested
+/// deeper than kMaxJsonDepth is an error naming `where` (the file) and quoting none of it.
+/// Throws: mih::Error{kInvalidSpec} "<where> is not JSON: ...", "<where> is not JSON mih
+///   reads: arrays and objects nested deeper than 128 levels" or "<where>: the key 'x'
 ///   appears twice in one object".
 inline nlohmann::json parse_json_strict(const std::string& text, const std::string& where) {
+  MIH_CHECK(json_depth_within(text), where, " is not JSON mih reads: arrays and objects nested deeper than ",
+            kMaxJsonDepth, " levels (no file mih reads nests that deep: is it the right file?)");
   try {
     return nlohmann::json::parse(text, json_detail::DuplicateKeyCheck(&where));
   } catch (const nlohmann::json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", e.what());
+    MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", json_error_text(e));
   }
 }
 
@@ -80,7 +120,7 @@ inline int64_t json_int(const nlohmann::json& j, const std::string& field, int64
                                                                          : true);
   const int64_t x = integer ? (v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>()) : 0;
   MIH_CHECK(integer && x >= min && x <= max, where, ": '", field, "' must be an integer in [", min, ", ", max, "], got ",
-            v.dump());
+            json_summary(v));
   return x;
 }
 
@@ -89,7 +129,7 @@ inline int64_t json_int(const nlohmann::json& j, const std::string& field, int64
 inline std::string json_string(const nlohmann::json& j, const std::string& field, const std::string& fallback,
                                const std::string& where) {
   if (!j.contains(field)) return fallback;
-  MIH_CHECK(j.at(field).is_string(), where, ": '", field, "' must be a string, got ", j.at(field).dump());
+  MIH_CHECK(j.at(field).is_string(), where, ": '", field, "' must be a string, got ", json_summary(j.at(field)));
   return j.at(field).get<std::string>();
 }
 
@@ -97,14 +137,14 @@ inline std::string json_string(const nlohmann::json& j, const std::string& field
 /// Throws: mih::Error{kInvalidSpec} "<where>: 'reference' must be true or false, got 1".
 inline bool json_bool(const nlohmann::json& j, const std::string& field, bool fallback, const std::string& where) {
   if (!j.contains(field)) return fallback;
-  MIH_CHECK(j.at(field).is_boolean(), where, ": '", field, "' must be true or false, got ", j.at(field).dump());
+  MIH_CHECK(j.at(field).is_boolean(), where, ": '", field, "' must be true or false, got ", json_summary(j.at(field)));
   return j.at(field).get<bool>();
 }
 
 /// Throws: mih::Error{kInvalidSpec} "<what>: expected a JSON object, got ..." if `j` is not an
 ///   object, or "<what>: unknown field 'x'; valid: a, b, c" for a key not in `fields`.
 inline void check_known_fields(const nlohmann::json& j, const std::string& what, const std::vector<std::string>& fields) {
-  MIH_CHECK(j.is_object(), what, ": expected a JSON object, got ", j.dump());
+  MIH_CHECK(j.is_object(), what, ": expected a JSON object, got ", json_summary(j));
   for (const auto& item : j.items()) {
     if (std::find(fields.begin(), fields.end(), item.key()) != fields.end()) continue;
     std::string valid;

@@ -45,21 +45,21 @@ constexpr std::array<std::pair<std::string_view, DType>, 4> kDTypes = {{
 // Strict typed reads: an integer is a JSON integer in range (2.5, true and 2^31 are errors),
 // a boolean a JSON boolean, a string a JSON string.
 int read_int(const nlohmann::json& v, const std::string& field, int min) {
-  MIH_CHECK(v.is_number_integer(), "parallel config: '", field, "' must be an integer, got ", v.dump());
+  MIH_CHECK(v.is_number_integer(), "parallel config: '", field, "' must be an integer, got ", json_summary(v));
   const auto wide = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX))
                                            : v.get<int64_t>();
   MIH_CHECK(wide >= min && wide <= std::numeric_limits<int>::max(), "parallel config: '", field, "' must be an integer >= ",
-            min, " that fits in 32 bits, got ", v.dump());
+            min, " that fits in 32 bits, got ", json_summary(v));
   return static_cast<int>(wide);
 }
 
 bool read_bool(const nlohmann::json& v, const std::string& field) {
-  MIH_CHECK(v.is_boolean(), "parallel config: '", field, "' must be true or false, got ", v.dump());
+  MIH_CHECK(v.is_boolean(), "parallel config: '", field, "' must be true or false, got ", json_summary(v));
   return v.get<bool>();
 }
 
 std::string read_string(const nlohmann::json& v, const std::string& field) {
-  MIH_CHECK(v.is_string(), "parallel config: '", field, "' must be a string, got ", v.dump());
+  MIH_CHECK(v.is_string(), "parallel config: '", field, "' must be a string, got ", json_summary(v));
   return v.get<std::string>();
 }
 
@@ -247,7 +247,7 @@ void from_json(const nlohmann::json& j, ParallelConfig& c) {
   if (j.contains("dtype")) out.dtype = parse_dtype_name(read_string(j.at("dtype"), "dtype"));
   if (j.contains("seed")) {
     MIH_CHECK(j.at("seed").is_number_unsigned() || (j.at("seed").is_number_integer() && j.at("seed").get<int64_t>() >= 0),
-              "parallel config: 'seed' must be a non-negative integer, got ", j.at("seed").dump());
+              "parallel config: 'seed' must be a non-negative integer, got ", json_summary(j.at("seed")));
     out.seed = j.at("seed").get<uint64_t>();
   }
   c = out;

@@ -22,6 +22,7 @@
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
@@ -274,7 +275,7 @@ CaseFile read_case_file(const fs::path& path) {
   MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "case file ", path.string(),
                  " is missing: the parent (mih run, mih test) writes it before any rank starts; launch the case "
                  "with `mih run`, or write it as case_runner.h describes");
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  const nlohmann::json j = parse_json_lenient(text);
   MIH_CHECK_CODE(!j.is_discarded() && j.is_object(), Code::kFailedPrecondition, "case file ", path.string(),
                  " is not a JSON object");
   return with_context("case file " + path.string(), [&] {
@@ -356,7 +357,7 @@ nlohmann::json init_from_failure(const fs::path& evidence) {
     for (const auto& record : records) {
       std::string text;
       if (!read_file(record, &text)) continue;
-      nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      nlohmann::json j = parse_json_lenient(text);
       if (j.is_object()) return j;
     }
   }
@@ -430,7 +431,7 @@ bool fault_reached(const fs::path& evidence) {
       if (name.rfind("fault_rank", 0) != 0) continue;
       std::string text;
       if (!read_file(entry.path(), &text)) continue;
-      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      const nlohmann::json j = parse_json_lenient(text);
       if (j.is_object() && j.value("reached", false)) return true;
     }
   }
@@ -578,7 +579,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     nlohmann::json rank0;
     std::string text;
     if (!read_file(result.evidence / "run" / phase / "timing_rank0.json", &text)) continue;
-    rank0 = nlohmann::json::parse(text, nullptr, false);
+    rank0 = parse_json_lenient(text);
     if (rank0.is_discarded()) continue;
     timing["process_start_s"] = timing["process_start_s"].get<double>() + rank0.value("process_start_s", 0.0);
     timing["rendezvous_s"] = timing["rendezvous_s"].get<double>() + rank0.value("rendezvous_s", 0.0);

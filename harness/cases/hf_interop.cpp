@@ -8,12 +8,14 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/owned_files.h"
 #include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
@@ -134,7 +136,7 @@ void diff_config(const nlohmann::json& port, const nlohmann::json& checkpoint, c
       diff_config(value, checkpoint[name], path, ignored, out);
     } else if (!same_value(value, checkpoint[name])) {
       out->push_back({{"field", path}, {"port", value}, {"checkpoint", checkpoint[name]},
-                      {"why", "the port has " + value.dump() + ", config.json " + checkpoint[name].dump()}});
+                      {"why", "the port has " + json_summary(value) + ", config.json " + json_summary(checkpoint[name])}});
     }
   }
 }
@@ -221,6 +223,9 @@ size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, Paralle
                    "... now); leave the directory as it is while cases run from it, and rerun");
   }
   const KeyMap map(spec.checkpoint.key_map);
+  // Each shard is opened where read_checkpoint resolved it inside the directory.
+  std::map<std::string, fs::path> resolved;
+  for (const auto& f : checkpoint.files) resolved[f.path] = f.resolved;
   std::map<std::string, safetensors::Reader> readers;
   std::vector<std::pair<std::shared_ptr<ShardedParameter>, at::Tensor>> staged;
   for (const auto& p : ctx.parameters()) {
@@ -231,7 +236,10 @@ size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, Paralle
       MIH_CHECK(e != nullptr, "init from ", dir.string(), ": the checkpoint has no '", key, "' (needed for '", p->fqn,
                 "'); `mih inspect --spec ", spec.name, " --hf-dir ", dir.string(), "` lists every difference");
       auto reader = readers.find(e->file);
-      if (reader == readers.end()) reader = readers.emplace(e->file, safetensors::Reader(dir / e->file)).first;
+      if (reader == readers.end()) {
+        MIH_INTERNAL_ASSERT(resolved.count(e->file), "the shard ", e->file, " of '", key, "' is not in the inventory");
+        reader = readers.emplace(e->file, safetensors::Reader(resolved.at(e->file))).first;
+      }
       at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(scalar_type_of(e->dtype, key)));
       reader->second.read(key, t.data_ptr());
       external[key] = t;
@@ -436,12 +444,12 @@ HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& 
                  {"matched_tensors", matched},
                  {"expected_tensors", expected.size()},
                  {"checkpoint_tensors", checkpoint.tensors.size()},
-                 {"missing_keys", missing},
-                 {"unexpected_keys", unexpected},
-                 {"shape_mismatches", shapes},
-                 {"dtype_differences", dtypes},
-                 {"config_differences", config},
-                 {"config_fields_not_compared", unchecked},
+                 {"missing_keys", std::move(missing)},  // moved: a checkpoint may hold 65,536 unexpected keys
+                 {"unexpected_keys", std::move(unexpected)},
+                 {"shape_mismatches", std::move(shapes)},
+                 {"dtype_differences", std::move(dtypes)},
+                 {"config_differences", std::move(config)},
+                 {"config_fields_not_compared", std::move(unchecked)},
                  {"config_compared", spec.checkpoint.hf.declared()}};
 
   // Each inspect's verdict stands alone: an earlier inspect's inventory and state in --out

@@ -15,6 +15,7 @@
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/compat/optim.h"
 #include "harness/parallel/parallel_context.h"
@@ -168,8 +169,9 @@ json build_index(const fs::path& dir, int world_size, const std::string& checkpo
   for (int r = 0; r < world_size; ++r) {
     safetensors::Reader reader(dir / rank_file(r));
     const auto& meta = reader.metadata();
-    const json chunks = json::parse(meta.at("mih.chunks"));
-    const json rank_steps = json::parse(meta.at("mih.optim_steps"));
+    const std::string where = "checkpoint " + (dir / rank_file(r)).string() + " metadata";
+    const json chunks = parse_json_strict(meta.at("mih.chunks"), where + " 'mih.chunks'");
+    const json rank_steps = parse_json_strict(meta.at("mih.optim_steps"), where + " 'mih.optim_steps'");
     for (const auto& [fqn, step] : rank_steps.items()) {
       MIH_INTERNAL_ASSERT(!steps.contains(fqn) || steps[fqn] == step, "ranks disagree on the AdamW step of '", fqn, "'");
       steps[fqn] = step;
@@ -285,11 +287,9 @@ json read_checkpoint_index(const fs::path& dir) {
   MIH_CHECK_CODE(read_file(dir / kIndexFile, &text), Code::kFailedPrecondition, "checkpoint ", dir.string(), ": no ",
                  kIndexFile, " (not a checkpoint directory, or a save that did not complete)");
   json index;
-  try {
-    index = json::parse(text);
-  } catch (const json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, "checkpoint ", (dir / kIndexFile).string(), ": not valid JSON (", e.what(), ")");
-  }
+  std::string problem;
+  MIH_CHECK(parse_json_bounded(text, &index, &problem), "checkpoint ", (dir / kIndexFile).string(),
+            ": not valid JSON (", problem, ")");
   MIH_CHECK(index.is_object() && index.value("format", "") == kCheckpointFormat, "checkpoint ",
             (dir / kIndexFile).string(), ": not a ", kCheckpointFormat, " index");
   MIH_CHECK(index.value("version", 0) == kCheckpointVersion, "checkpoint ", (dir / kIndexFile).string(), ": version ",

@@ -1,9 +1,12 @@
 // Hugging Face checkpoint directories (see hf_checkpoint.h).
 #include "harness/checkpoint/hf_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -19,18 +22,90 @@ namespace {
 constexpr const char* kIndex = "model.safetensors.index.json";
 
 // A Git LFS pointer file (what a clone without `git lfs pull` holds in place of the weights).
+// `file` was resolved as a regular file; open_regular_file keeps a FIFO put in its place
+// meanwhile from blocking the read.
 bool is_lfs_pointer(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
+  const int fd = open_regular_file(file);
+  if (fd < 0) return false;  // the Reader then names the problem
   char head[40] = {};
-  in.read(head, sizeof head);
-  return std::string(head, static_cast<size_t>(in.gcount())).rfind("version https://git-lfs", 0) == 0;
+  ssize_t n;
+  do {
+    n = ::read(fd, head, sizeof head);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  return n > 0 && std::string(head, static_cast<size_t>(n)).rfind("version https://git-lfs", 0) == 0;
 }
 
-AssetFile asset(const fs::path& dir, const std::string& rel) {
+// Whether the normalized absolute `path` is `root` or lies below it (component by component:
+// /a/bc is not below /a/b).
+bool is_within(const fs::path& path, const fs::path& root) {
+  return std::mismatch(root.begin(), root.end(), path.begin(), path.end()).first == root.end();
+}
+
+const char* file_kind(fs::file_type type) {
+  switch (type) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
+// Where the files of checkpoint directory `dir` may really be: its real path and, when it is a
+// snapshot of the Hugging Face cache (.../models--org--name/snapshots/<revision>, whose files
+// are symlinks to ../../blobs/<sha256>), that repository's blobs directory.
+std::vector<fs::path> checkpoint_roots(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "checkpoint directory ", dir.string(), " cannot be resolved: ",
+                 ec.message());
+  std::vector<fs::path> roots = {real};
+  if (real.parent_path().filename() == "snapshots") roots.push_back(real.parent_path().parent_path() / "blobs");
+  return roots;
+}
+
+// Whether the directory has an entry `name` (a dangling symlink or a loop counts: resolve
+// then says what is wrong with it).
+bool has_entry(const fs::path& dir, const std::string& name) {
+  std::error_code ec;
+  return fs::symlink_status(dir / name, ec).type() != fs::file_type::not_found && !ec;
+}
+
+// The file `name` of checkpoint directory `dir` as it is read: every symlink resolved, the
+// result inside the directory (checkpoint_roots) and a regular file; `what` names it in
+// messages. The lexical check comes first, so '..' never reaches the filesystem.
+// Throws: mih::Error{kInvalidSpec} naming the file and what is wrong with it.
+fs::path resolve_inside(const fs::path& dir, const std::vector<fs::path>& roots, const std::string& name,
+                        const std::string& what) {
+  const fs::path rel = name;
+  bool lexical = !name.empty() && rel.is_relative();
+  for (const auto& part : rel) lexical = lexical && part != "..";
+  MIH_CHECK(lexical, "checkpoint ", dir.string(), ": ", what, " is '", name,
+            "'; a file of a checkpoint lies inside its directory (no absolute path, no '..')");
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir / rel, ec);
+  MIH_CHECK(!ec, "checkpoint ", dir.string(), ": ", what, " cannot be resolved: ", ec.message(),
+            " (a dangling symlink or a symlink loop?)");
+  const bool inside = std::any_of(roots.begin(), roots.end(), [&](const fs::path& r) { return is_within(real, r); });
+  MIH_CHECK(inside, "checkpoint ", dir.string(), ": ", what, " resolves to ", real.string(),
+            ", outside the checkpoint directory ", roots.front().string(),
+            "; mih reads only the files inside it (copy the file into the directory)");
+  const fs::file_type type = fs::status(real, ec).type();
+  MIH_CHECK(!ec && type == fs::file_type::regular, "checkpoint ", dir.string(), ": ", what, " is ",
+            ec ? ec.message() : file_kind(type), ", not a regular file; give the file itself");
+  return real;
+}
+
+AssetFile asset(const std::string& rel, const fs::path& real) {
   AssetFile a;
   a.path = rel;
-  a.bytes = fs::file_size(dir / rel);
-  a.sha256 = file_sha256(dir / rel);
+  std::error_code ec;
+  a.bytes = fs::file_size(real, ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot read the size of ", real.string(), ": ", ec.message());
+  a.sha256 = file_sha256(real);
+  a.resolved = real;
   return a;
 }
 
@@ -67,37 +142,48 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   std::error_code ec;
   MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, "checkpoint directory ", text,
                  " does not exist or is not a directory");
+  // Every file read is resolved inside the directory first: a symlink out of it (to another
+  // model's weights, to /etc/shadow) is refused before a byte of it is read.
+  const std::vector<fs::path> roots = checkpoint_roots(dir);
   Checkpoint c;
   c.dir = dir;
-  MIH_CHECK(fs::exists(dir / "config.json"), "checkpoint directory ", text, " has no config.json: a Hugging Face "
+  MIH_CHECK(has_entry(dir, "config.json"), "checkpoint directory ", text, " has no config.json: a Hugging Face "
             "checkpoint carries its architecture there");
-  c.config = read_json_file(dir / "config.json");
+  const fs::path config = resolve_inside(dir, roots, "config.json", "config.json");
+  std::string config_text;
+  MIH_CHECK_CODE(read_file(config, &config_text), Code::kFailedPrecondition, "cannot read ",
+                 (dir / "config.json").string());
+  c.config = parse_json_strict(config_text, (dir / "config.json").string());
   MIH_CHECK(c.config.is_object(), (dir / "config.json").string(), ": expected a JSON object, got ", c.config.type_name());
-  c.files.push_back(asset(dir, "config.json"));
+  c.files.push_back(asset("config.json", config));
 
   // key -> shard, from the index or from the files themselves.
   std::map<std::string, std::string> weight_map;
   std::vector<std::string> shards;
-  if (fs::exists(dir / kIndex)) {
+  if (has_entry(dir, kIndex)) {
     c.sharded = true;
-    const nlohmann::json index = read_json_file(dir / kIndex);
+    const fs::path index_file = resolve_inside(dir, roots, kIndex, kIndex);
+    std::string index_text;
+    MIH_CHECK_CODE(read_file(index_file, &index_text), Code::kFailedPrecondition, "cannot read ",
+                   (dir / kIndex).string());
+    const nlohmann::json index = parse_json_strict(index_text, (dir / kIndex).string());
     MIH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
               (dir / kIndex).string(), " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps "
               "each key to its shard)");
     for (const auto& [key, shard] : index["weight_map"].items()) {
       MIH_CHECK(shard.is_string(), (dir / kIndex).string(), ": the shard of '", key, "' must be a file name, got ",
-                shard.dump());
+                json_summary(shard));
       const fs::path name = shard.get<std::string>();
       bool inside = !name.empty() && name.is_relative();
       for (const auto& part : name) inside = inside && part != "..";
-      MIH_CHECK(inside, (dir / kIndex).string(), ": the shard of '", key, "' is ", shard.dump(),
+      MIH_CHECK(inside, (dir / kIndex).string(), ": the shard of '", key, "' is ", json_summary(shard),
                 "; a shard is a file inside the checkpoint directory (no absolute path, no '..')");
       weight_map[key] = name.string();
     }
     std::set<std::string> named;
     for (const auto& [key, shard] : weight_map) {
       if (named.insert(shard).second) {
-        MIH_CHECK(fs::exists(dir / shard), "checkpoint ", text, ": the shard ", shard, " named by ", kIndex,
+        MIH_CHECK(has_entry(dir, shard), "checkpoint ", text, ": the shard ", shard, " named by ", kIndex,
                   " (for '", key, "' and others) is missing");
       }
     }
@@ -112,7 +198,7 @@ Checkpoint read_checkpoint(const fs::path& dir) {
                 "; loaders ignore it, so its tensors are not part of the checkpoint: add it to the index's "
                 "weight_map or remove it");
     }
-    c.files.push_back(asset(dir, kIndex));
+    c.files.push_back(asset(kIndex, index_file));
   } else {
     // As Hugging Face's loaders: one file named model.safetensors (other safetensors files in
     // the directory, e.g. mih export's batch and reference, are not weights).
@@ -126,7 +212,7 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     std::sort(others.begin(), others.end());
     std::string listed;
     for (const auto& o : others) listed += " " + o;
-    MIH_CHECK_CODE(fs::exists(dir / "model.safetensors"), Code::kFailedPrecondition, "checkpoint directory ", text,
+    MIH_CHECK_CODE(has_entry(dir, "model.safetensors"), Code::kFailedPrecondition, "checkpoint directory ", text,
                    " has neither model.safetensors nor ", kIndex,
                    others.empty() ? std::string()
                                   : " (it holds" + listed + "; mih reads the Hugging Face layout's safetensors only, "
@@ -135,9 +221,10 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   }
   std::map<std::string, TensorEntry> entries;
   for (const auto& shard : shards) {
-    MIH_CHECK(!is_lfs_pointer(dir / shard), "checkpoint ", text, ": ", shard, " is a Git LFS pointer, not the "
+    const fs::path file = resolve_inside(dir, roots, shard, c.sharded ? "the shard " + shard : shard);
+    MIH_CHECK(!is_lfs_pointer(file), "checkpoint ", text, ": ", shard, " is a Git LFS pointer, not the "
               "weights; run `git lfs pull` in ", text, " (mih never downloads)");
-    const safetensors::Reader reader(dir / shard);
+    const safetensors::Reader reader(file);
     for (const auto& key : reader.names()) {
       const safetensors::TensorInfo& info = reader.info(key);
       if (c.sharded) {
@@ -148,7 +235,7 @@ Checkpoint read_checkpoint(const fs::path& dir) {
       auto [slot, fresh] = entries.emplace(key, TensorEntry{key, info.dtype, info.shape, shard});
       MIH_CHECK(fresh, "checkpoint ", text, ": '", key, "' is in both ", slot->second.file, " and ", shard);
     }
-    c.files.push_back(asset(dir, shard));
+    c.files.push_back(asset(shard, file));
   }
   for (const auto& [key, shard] : weight_map) {
     MIH_CHECK(entries.count(key), "checkpoint ", text, ": ", kIndex, " places '", key, "' in ", shard,

@@ -32,6 +32,9 @@ struct AssetFile {
   uint64_t bytes = 0;
   /// SHA-256, 64 lower-case hex digits.
   std::string sha256;
+  /// The file read_checkpoint read: every symlink resolved, inside the directory. Readers of
+  /// the tensors open this path, never `path` again (a symlink swapped since is not followed).
+  std::filesystem::path resolved;
 };
 
 struct Checkpoint {
@@ -51,15 +54,21 @@ struct Checkpoint {
 
 /// Reads the inventory of checkpoint directory `dir`: config.json, then the index's shards
 /// (every file it names) or, without an index, model.safetensors (as Hugging Face's loaders:
-/// other safetensors files there are not weights).
+/// other safetensors files there are not weights). Every file is resolved (symlinks followed)
+/// before a byte of it is read and must be a regular file inside the directory's real path;
+/// the one exception is a snapshot of the Hugging Face cache (`.../snapshots/<revision>`),
+/// whose files may resolve into its repository's `blobs` directory.
 /// Throws: mih::Error{kInvalidSpec} when `dir` is a URL (http://, https://, hf://: nothing is
-///   downloaded; fetch it and give the local directory), config.json is missing or not a JSON
-///   object, a shard is a Git LFS pointer (naming the file: run `git lfs pull`), a shard the
-///   index names is missing (naming it and a key it should hold), the index and a shard
-///   disagree on a key, a weights file (model.safetensors, model-*.safetensors) the index does
-///   not name is there, two files hold one key, the path is not valid UTF-8, or a
-///   safetensors header is malformed (as safetensors::Reader); kFailedPrecondition when `dir` is not a directory or has neither
-///   model.safetensors nor the index (naming the .bin and other .safetensors files there).
+///   downloaded; fetch it and give the local directory), config.json is missing, not a JSON
+///   object or nested deeper than kMaxJsonDepth, a file it reads resolves outside the
+///   directory (naming where) or is not a regular file (a FIFO, a device, a directory), a
+///   shard is a Git LFS pointer (naming the file: run `git lfs pull`), a shard the index
+///   names is missing (naming it and a key it should hold), the index and a shard disagree on
+///   a key, a weights file (model.safetensors, model-*.safetensors) the index does not name is
+///   there, two files hold one key, the path is not valid UTF-8, or a safetensors header is
+///   malformed (as safetensors::Reader); kFailedPrecondition when `dir` is not a directory or
+///   has neither model.safetensors nor the index (naming the .bin and other .safetensors
+///   files there).
 Checkpoint read_checkpoint(const std::filesystem::path& dir);
 
 /// Hugging Face's default shard size for save_pretrained (5 GB).
@@ -77,7 +86,7 @@ std::vector<std::string> write_weights(const std::filesystem::path& dir,
                                        uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 /// SHA-256 of a file's bytes, streamed. Throws: mih::Error{kFailedPrecondition} naming the
-/// file when it cannot be read.
+/// file when it cannot be read or is not a regular file (a FIFO is refused, never waited on).
 std::string file_sha256(const std::filesystem::path& file);
 
 }  // namespace mih::hf

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <set>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 
 namespace mih::safetensors {
@@ -88,28 +90,201 @@ int write_all(int fd, const void* data, size_t nbytes) {
   return 0;
 }
 
-// Rejects a repeated key in any object of the header: nlohmann keeps the last one silently,
-// which would hide a second entry for the same tensor.
-class DuplicateKeyCheck {
+// A name from the header as shown in a message: at most 200 bytes of it.
+std::string shown(const std::string& name) {
+  if (name.size() <= 200) return name;
+  size_t cut = 200;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return name.substr(0, cut) + "...";
+}
+
+// The header, read by nlohmann's SAX parser straight into its entries: no DOM (one pass,
+// linear in the header; an ordered DOM inserts each key in linear time, and a million empty
+// tensors, 66 MB, took an hour), nesting at most 3 levels (header -> entry -> shape), at most
+// kMaxTensors entries, each violation thrown where it is read. Rejects a repeated key in any
+// object: a DOM keeps the last one silently, which would hide a second entry for a tensor.
+class HeaderParser final : public nlohmann::json_sax<nlohmann::json> {
  public:
-  explicit DuplicateKeyCheck(std::string where) : where_(std::move(where)) {}
-  bool operator()(int /*depth*/, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
-    using Event = nlohmann::ordered_json::parse_event_t;
-    if (event == Event::object_start) {
-      keys_.emplace_back();
-    } else if (event == Event::object_end) {
-      keys_.pop_back();
-    } else if (event == Event::key && !keys_.empty()) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      MIH_CHECK(keys_.back().insert(key).second, where_, "header repeats the key '", key,
-                "'; each tensor (and \"__metadata__\") must appear once");
+  struct Entry {
+    std::string name;
+    TensorInfo info;
+    size_t order;
+  };
+
+  HeaderParser(const std::string& where, std::map<std::string, std::string>* metadata)
+      : where_(where), metadata_(metadata) {}
+
+  std::vector<Entry>& entries() { return entries_; }
+  bool done() const { return in_ == In::kDone; }
+
+  bool null() override { return scalar(nullptr); }
+  bool boolean(bool v) override { return scalar(v); }
+  bool number_integer(number_integer_t v) override { return scalar(v); }
+  bool number_unsigned(number_unsigned_t v) override { return scalar(v); }
+  bool number_float(number_float_t v, const string_t& /*text*/) override { return scalar(v); }
+  bool string(string_t& v) override { return scalar(std::move(v)); }
+  bool binary(binary_t& /*v*/) override { return refuse("binary"); }  // never in JSON text
+
+  bool start_object(std::size_t /*elements*/) override {
+    if (in_ == In::kNothing) {
+      in_ = In::kHeader;
+    } else if (in_ == In::kHeader && key_ == "__metadata__") {
+      in_ = In::kMetadata;
+    } else if (in_ == In::kHeader) {
+      in_ = In::kEntry;
+      fields_ = nlohmann::json::object();
+    } else {
+      return refuse("object");
     }
     return true;
   }
 
+  bool start_array(std::size_t /*elements*/) override {
+    if (in_ != In::kEntry || (field_ != "shape" && field_ != "data_offsets")) return refuse("array");
+    in_ = In::kList;
+    list_ = nlohmann::json::array();
+    return true;
+  }
+
+  bool key(string_t& key) override {
+    if (in_ == In::kHeader) {
+      MIH_CHECK(keys_.insert(key).second, where_, "header repeats the key '", shown(key),
+                "'; each tensor (and \"__metadata__\") must appear once");
+      MIH_CHECK(key == "__metadata__" || ++tensors_ <= kMaxTensors, where_, "header lists more than ", kMaxTensors,
+                " tensors, the most mih reads from one file (more than any open checkpoint holds in one file): "
+                "a corrupt or hostile file");
+      key_ = std::move(key);
+    } else if (in_ == In::kMetadata) {
+      MIH_CHECK(!metadata_->count(key), where_, "header repeats the key '", shown(key),
+                "' in \"__metadata__\"; each key must appear once");
+      field_ = std::move(key);
+    } else {
+      MIH_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", at(), "unexpected field '", shown(key),
+                "'; expected only \"dtype\", \"shape\", \"data_offsets\"");
+      MIH_CHECK(!fields_.contains(key), where_, "header repeats the key '", key, "' in tensor '", shown(key_),
+                "'; each field must appear once");
+      field_ = std::move(key);
+    }
+    return true;
+  }
+
+  bool end_object() override {
+    if (in_ == In::kEntry) {
+      finish_entry();
+      in_ = In::kHeader;
+    } else if (in_ == In::kMetadata) {
+      in_ = In::kHeader;
+    } else {
+      in_ = In::kDone;
+    }
+    return true;
+  }
+
+  bool end_array() override {
+    fields_[field_] = std::move(list_);
+    in_ = In::kEntry;
+    return true;
+  }
+
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& e) override {
+    MIH_THROW(Code::kInvalidSpec, where_, "header is not valid JSON: ", json_error_text(e));
+  }
+
  private:
-  std::string where_;
-  std::vector<std::set<std::string>> keys_;
+  enum class In { kNothing, kHeader, kMetadata, kEntry, kList, kDone };
+
+  std::string at() const { return where_ + "tensor '" + shown(key_) + "': "; }
+
+  bool scalar(nlohmann::json value) {
+    if (in_ == In::kEntry) {
+      fields_[field_] = std::move(value);
+    } else if (in_ == In::kList) {
+      MIH_CHECK(list_.size() < kMaxDims, at(), field_, " has more than ", kMaxDims,
+                " values; a tensor has at most that many dims");
+      list_.push_back(std::move(value));
+    } else if (in_ == In::kMetadata) {
+      MIH_CHECK(value.is_string(), where_, "\"__metadata__\" value of '", shown(field_), "' expected a string, got ",
+                value.type_name(), " ", json_summary(value));
+      metadata_->emplace(field_, value.get<std::string>());
+    } else {
+      return refuse(value.type_name());
+    }
+    return true;
+  }
+
+  // A value where the format has none of its kind.
+  bool refuse(const char* kind) {
+    switch (in_) {
+      case In::kNothing:
+        MIH_THROW(Code::kInvalidSpec, where_, "header expected a JSON object, got ", kind);
+      case In::kHeader:
+        MIH_CHECK(key_ != "__metadata__", where_, "\"__metadata__\" expected an object of strings, got ", kind);
+        MIH_THROW(Code::kInvalidSpec, at(), "expected an object with \"dtype\", \"shape\", \"data_offsets\", got ", kind);
+      case In::kMetadata:
+        MIH_THROW(Code::kInvalidSpec, where_, "\"__metadata__\" value of '", shown(field_), "' expected a string, got ",
+                  kind);
+      case In::kEntry:
+        MIH_CHECK(field_ != "dtype", at(), "dtype expected a string, got ", kind);
+        MIH_CHECK(field_ != "shape", at(), "shape expected an array of integers, got ", kind);
+        MIH_THROW(Code::kInvalidSpec, at(), "data_offsets expected [begin, end] of non-negative integers, got ", kind);
+      default:
+        MIH_THROW(Code::kInvalidSpec, at(), field_, " expected an array of integers, got an array holding an ", kind);
+    }
+  }
+
+  void finish_entry() {
+    const std::string at = this->at();
+    const nlohmann::json& value = fields_;
+    for (const char* field : {"dtype", "shape", "data_offsets"}) {
+      MIH_CHECK(value.contains(field), at, "missing field '", field, "'");
+    }
+    Entry e{key_, {}, entries_.size()};
+    const auto& dtype = value["dtype"];
+    MIH_CHECK(dtype.is_string(), at, "dtype expected a string, got ", json_summary(dtype));
+    e.info.dtype = dtype.get<std::string>();
+    const size_t element_size = find_dtype_size(e.info.dtype);
+    MIH_CHECK(element_size != 0, at, "dtype expected one of ", valid_dtypes(), ", got '", shown(e.info.dtype), "'");
+
+    const auto& shape = value["shape"];
+    MIH_CHECK(shape.is_array(), at, "shape expected an array of integers, got ", json_summary(shape));
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const auto& dim = shape[d];
+      MIH_CHECK(dim.is_number_integer(), at, "shape expected an array of integers, got ", json_summary(shape));
+      MIH_CHECK(!dim.is_number_unsigned() || dim.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), at, "shape ",
+                json_summary(shape), ": dim ", d, " does not fit in int64");
+      MIH_CHECK(dim.get<int64_t>() >= 0, at, "shape ", json_summary(shape), ": expected dims >= 0, got ",
+                dim.get<int64_t>(), " at dim ", d);
+      e.info.shape.push_back(dim.get<int64_t>());
+    }
+
+    const auto& offsets = value["data_offsets"];
+    MIH_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                  offsets[1].is_number_unsigned(),
+              at, "data_offsets expected [begin, end] of non-negative integers, got ", json_summary(offsets));
+    e.info.begin = offsets[0].get<uint64_t>();
+    e.info.end = offsets[1].get<uint64_t>();
+    MIH_CHECK(e.info.begin <= e.info.end, at, "data_offsets expected begin <= end, got [", e.info.begin, ", ",
+              e.info.end, "]");
+    uint64_t expected = 0;
+    MIH_CHECK(checked_nbytes(e.info.shape, element_size, &expected), at, "shape ", shape_str(e.info.shape),
+              " overflows 64-bit byte counts");
+    MIH_CHECK(e.info.nbytes() == expected, at, "data_offsets [", e.info.begin, ", ", e.info.end, ") span ",
+              e.info.nbytes(), " bytes, expected prod(shape ", shape_str(e.info.shape), ") * ", element_size, " (",
+              e.info.dtype, ") = ", expected);
+    entries_.push_back(std::move(e));
+  }
+
+  const std::string& where_;
+  std::map<std::string, std::string>* metadata_;
+  In in_ = In::kNothing;
+  std::string key_;        // the header key whose value is being read: a tensor's name or "__metadata__"
+  std::string field_;      // the key being read in an entry or in "__metadata__"
+  nlohmann::json fields_;  // the entry's fields as read
+  nlohmann::json list_;    // the shape or data_offsets being read
+  std::unordered_set<std::string> keys_;
+  size_t tensors_ = 0;
+  std::vector<Entry> entries_;
 };
 
 }  // namespace
@@ -205,9 +380,12 @@ void write_file(const std::filesystem::path& path, const std::vector<TensorView>
 }
 
 Reader::Reader(std::filesystem::path path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open safetensors file '", path_.string(),
-                 "': ", std::strerror(errno));
+  std::string why;
+  bool special = false;
+  fd_ = open_regular_file(path_, &why, &special);  // a FIFO would block a plain open forever
+  MIH_CHECK(fd_ >= 0 || !special, "invalid safetensors file '", path_.string(), "': ", why,
+            "; give the file itself");
+  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open safetensors file '", path_.string(), "': ", why);
   const std::string where = "invalid safetensors file '" + path_.string() + "': ";
   try {
     struct stat st {};
@@ -217,84 +395,22 @@ Reader::Reader(std::filesystem::path path) : path_(std::move(path)) {
     MIH_CHECK(file_size >= 8, where, "expected at least 8 bytes (the header length), got ", file_size, " bytes");
     uint64_t header_len = 0;
     pread_exact("", 0, sizeof(header_len), &header_len);
-    MIH_CHECK(header_len <= kMaxHeaderBytes, where, "header length expected at most ", kMaxHeaderBytes,
-              " bytes, got ", header_len, "; the length field is corrupt");
-    MIH_CHECK(header_len <= file_size - 8, where, "header length expected at most the file size ", file_size,
-              " - 8 = ", file_size - 8, " bytes, got ", header_len, "; the file is truncated or the length corrupt");
+    // The length itself is never printed: these 8 bytes may be the start of any file.
+    MIH_CHECK(header_len <= kMaxHeaderBytes, where, "header length (the first 8 bytes) expected at most ",
+              kMaxHeaderBytes, " bytes, got more: not a safetensors file, or its length field is corrupt");
+    MIH_CHECK(header_len <= file_size - 8, where, "header length (the first 8 bytes) expected at most the file size ",
+              file_size, " - 8 = ", file_size - 8, " bytes, got more: the file is truncated, not a safetensors file, "
+              "or its length field is corrupt");
     std::string text(header_len, '\0');
     pread_exact("", 8, text.size(), text.data());
     data_start_ = 8 + header_len;
     const uint64_t data_size = file_size - data_start_;
 
-    nlohmann::ordered_json header;
-    try {
-      header = nlohmann::ordered_json::parse(text, DuplicateKeyCheck(where));
-    } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kInvalidSpec, where, "header is not valid JSON: ", e.what());
-    }
-    MIH_CHECK(header.is_object(), where, "header expected a JSON object, got ", header.type_name());
-
-    struct Entry {
-      std::string name;
-      TensorInfo info;
-      size_t order;
-    };
-    std::vector<Entry> entries;
-    for (const auto& [key, value] : header.items()) {
-      if (key == "__metadata__") {
-        MIH_CHECK(value.is_object(), where, "\"__metadata__\" expected an object of strings, got ", value.type_name());
-        for (const auto& [mkey, mvalue] : value.items()) {
-          MIH_CHECK(mvalue.is_string(), where, "\"__metadata__\" value of '", mkey, "' expected a string, got ",
-                    mvalue.type_name(), " ", mvalue.dump());
-          metadata_[mkey] = mvalue.get<std::string>();
-        }
-        continue;
-      }
-      const std::string at = where + "tensor '" + key + "': ";
-      MIH_CHECK(value.is_object(), at, "expected an object with \"dtype\", \"shape\", \"data_offsets\", got ",
-                value.type_name());
-      for (const auto& [field, unused] : value.items()) {
-        MIH_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", at, "unexpected field '", field,
-                  "'; expected only \"dtype\", \"shape\", \"data_offsets\"");
-      }
-      for (const char* field : {"dtype", "shape", "data_offsets"}) {
-        MIH_CHECK(value.contains(field), at, "missing field '", field, "'");
-      }
-      Entry e{key, {}, entries.size()};
-      const auto& dtype = value["dtype"];
-      MIH_CHECK(dtype.is_string(), at, "dtype expected a string, got ", dtype.dump());
-      e.info.dtype = dtype.get<std::string>();
-      const size_t element_size = find_dtype_size(e.info.dtype);
-      MIH_CHECK(element_size != 0, at, "dtype expected one of ", valid_dtypes(), ", got '", e.info.dtype, "'");
-
-      const auto& shape = value["shape"];
-      MIH_CHECK(shape.is_array(), at, "shape expected an array of integers, got ", shape.dump());
-      for (size_t d = 0; d < shape.size(); ++d) {
-        const auto& dim = shape[d];
-        MIH_CHECK(dim.is_number_integer(), at, "shape expected an array of integers, got ", shape.dump());
-        MIH_CHECK(!dim.is_number_unsigned() || dim.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), at,
-                  "shape ", shape.dump(), ": dim ", d, " does not fit in int64");
-        MIH_CHECK(dim.get<int64_t>() >= 0, at, "shape ", shape.dump(), ": expected dims >= 0, got ",
-                  dim.get<int64_t>(), " at dim ", d);
-        e.info.shape.push_back(dim.get<int64_t>());
-      }
-
-      const auto& offsets = value["data_offsets"];
-      MIH_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
-                    offsets[1].is_number_unsigned(),
-                at, "data_offsets expected [begin, end] of non-negative integers, got ", offsets.dump());
-      e.info.begin = offsets[0].get<uint64_t>();
-      e.info.end = offsets[1].get<uint64_t>();
-      MIH_CHECK(e.info.begin <= e.info.end, at, "data_offsets expected begin <= end, got [", e.info.begin, ", ",
-                e.info.end, "]");
-      uint64_t expected = 0;
-      MIH_CHECK(checked_nbytes(e.info.shape, element_size, &expected), at, "shape ", shape_str(e.info.shape),
-                " overflows 64-bit byte counts");
-      MIH_CHECK(e.info.nbytes() == expected, at, "data_offsets [", e.info.begin, ", ", e.info.end, ") span ",
-                e.info.nbytes(), " bytes, expected prod(shape ", shape_str(e.info.shape), ") * ", element_size,
-                " (", e.info.dtype, ") = ", expected);
-      entries.push_back(std::move(e));
-    }
+    HeaderParser parser(where, &metadata_);
+    nlohmann::json::sax_parse(text, &parser);
+    MIH_INTERNAL_ASSERT(parser.done(), "the header parser stopped before the end of the header");
+    using Entry = HeaderParser::Entry;
+    std::vector<Entry>& entries = parser.entries();
 
     // Header keys may come in any order; coverage is checked in data order.
     std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {

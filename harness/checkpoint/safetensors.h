@@ -30,6 +30,16 @@ static_assert(std::endian::native == std::endian::little, "mih::safetensors assu
 /// Largest header a Reader accepts, in bytes (a guard against a corrupt length field).
 inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
+/// Most tensors one header may list (2^16): a Hugging Face shard holds a few thousand at
+/// most (a 5 GB shard of 65,536 tensors would average 80 KB a tensor). A header listing more
+/// is refused as corrupt or hostile: a million empty tensors fit in kMaxHeaderBytes, and
+/// every tensor costs the inventory, the diff and the evidence of `mih inspect` their entries.
+/// The header is read in one linear pass (a SAX parse, no JSON tree).
+inline constexpr size_t kMaxTensors = size_t{1} << 16;
+
+/// Most dims one tensor's shape may have (NumPy 2's NPY_MAXDIMS).
+inline constexpr size_t kMaxDims = 64;
+
 /// Element size in bytes of a safetensors dtype name: "F64", "F32", "F16", "BF16", "I64",
 /// "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2".
 /// Throws: mih::Error{kInvalidSpec} naming the dtype and listing the valid ones.
@@ -80,14 +90,19 @@ struct TensorInfo {
 /// threads at once. Move-only.
 class Reader {
  public:
-  /// Opens `path` and validates the whole header against the file size.
+  /// Opens `path` and validates the whole header against the file size, in time linear in
+  /// the header. Never blocks on a FIFO or a device (open_regular_file) and never quotes the
+  /// bytes of a file that is not a safetensors file.
   /// Throws: mih::Error{kFailedPrecondition} naming the path and the OS error if the file
   ///   can't be opened or stat'ed;
   ///   mih::Error{kInvalidSpec}, the message naming the file (and the tensor when one is at
-  ///   fault), if the file is shorter than 8 bytes; the header length exceeds the file or
-  ///   kMaxHeaderBytes; the header is not a JSON object or repeats a key; an entry lacks a
-  ///   field, has an extra one or an unknown dtype; a dim is negative; data_offsets are not
-  ///   [begin <= end] or end - begin != prod(shape) * dtype size; two entries overlap; the
+  ///   fault), if it is not a regular file (a FIFO, a device, a directory); the file is
+  ///   shorter than 8 bytes; the header length exceeds the file or kMaxHeaderBytes; the
+  ///   header is not a JSON object, repeats a key, nests deeper than the format (an entry's
+  ///   shape), or lists more than kMaxTensors tensors; an entry lacks a field, has an extra
+  ///   one or an unknown dtype; a shape has more than kMaxDims dims or a negative one;
+  ///   data_offsets are not [begin <= end] or end - begin != prod(shape) * dtype size; two
+  ///   entries overlap; the
   ///   entries leave a gap or trailing bytes in the data section; the data section is short
   ///   (naming the first tensor whose bytes are missing and how many bytes the file lacks);
   ///   "__metadata__" is not an object of strings.

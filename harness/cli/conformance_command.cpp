@@ -460,7 +460,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
         if (!fs::exists(record, ec)) continue;
         std::string text;
         const bool read = read_file(record, &text);
-        const json j = read ? json::parse(text, nullptr, /*allow_exceptions=*/false) : json();
+        const json j = read ? parse_json_lenient(text) : json();
         MIH_CHECK_CODE(read && j.is_object() && j.contains("outcome"), Code::kFailedPrecondition, "mih check: ",
                        record.string(), read ? " is not a case record mih wrote (truncated or foreign)" : " cannot be read",
                        "; rerun the case: mih run --spec ", r.spec, " --case ", entry.path().filename().string(),

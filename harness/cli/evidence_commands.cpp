@@ -98,23 +98,34 @@ CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
                 : d["config_differences"].empty()          ? "agrees"
                                                            : "differs",
                 r.differences, r.differences == 1 ? "" : "s");
+    // A checkpoint may list 65,536 unexpected tensors: the terminal gets the first kShown
+    // differences, structure_diff.json (and --json) every one.
+    constexpr size_t kShown = 50;
+    std::vector<std::string> lines;
+    auto add = [&](const std::string& line) {
+      if (lines.size() < kShown) lines.push_back(line);
+    };
     for (const auto& m : d["missing_keys"]) {
-      std::printf("  missing key     %s (from %s, shape %s)\n", m["key"].get<std::string>().c_str(),
-                  m["fqn"].get<std::string>().c_str(), m["shape"].dump().c_str());
+      add("missing key     " + m["key"].get<std::string>() + " (from " + m["fqn"].get<std::string>() + ", shape " +
+          m["shape"].dump() + ")");
     }
     for (const auto& u : d["unexpected_keys"]) {
-      std::printf("  unexpected key  %s (shape %s, %s): no parameter maps to it and it is not inference-only\n",
-                  u["key"].get<std::string>().c_str(), u["shape"].dump().c_str(), u["file"].get<std::string>().c_str());
+      add("unexpected key  " + u["key"].get<std::string>() + " (shape " + u["shape"].dump() + ", " +
+          u["file"].get<std::string>() + "): no parameter maps to it and it is not inference-only");
     }
     for (const auto& k : {"shape_mismatches", "dtype_differences"}) {
       for (const auto& m : d[k]) {
-        std::printf("  %-15s %s (from %s): %s\n", std::string(k) == "shape_mismatches" ? "shape" : "dtype",
-                    m["key"].get<std::string>().c_str(), m["fqn"].get<std::string>().c_str(),
-                    m["why"].get<std::string>().c_str());
+        add(std::string(std::string(k) == "shape_mismatches" ? "shape          " : "dtype          ") + " " +
+            m["key"].get<std::string>() + " (from " + m["fqn"].get<std::string>() + "): " + m["why"].get<std::string>());
       }
     }
     for (const auto& c : d["config_differences"]) {
-      std::printf("  config field    %s: %s\n", c["field"].get<std::string>().c_str(), c["why"].get<std::string>().c_str());
+      add("config field    " + c["field"].get<std::string>() + ": " + c["why"].get<std::string>());
+    }
+    for (const auto& line : lines) std::printf("  %s\n", line.c_str());
+    if (r.differences > lines.size()) {
+      std::printf("  ... and %zu more differences: every one in %s (or --json)\n", r.differences - lines.size(),
+                  (f->o.out / "inventory" / "structure_diff.json").c_str());
     }
     std::printf("inventory: %s (candidate.json, reference.json, structure_diff.json, fingerprints.sha256)%s\n",
                 (f->o.out / "inventory").c_str(), r.differences == 0 ? "; state DISCOVERED" : "");

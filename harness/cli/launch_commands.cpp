@@ -16,6 +16,7 @@
 #include "harness/compat/collectives.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/parallel_config.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
@@ -159,7 +160,7 @@ int run_selftest(LaunchFlags flags, const std::string& mesh_text, const Selftest
   bool have_table = read_file(run_dir / "selftest.json", &text);
   bool checks_ok = false;
   if (have_table) {
-    nlohmann::json summary = nlohmann::json::parse(text);
+    nlohmann::json summary = parse_json_strict(text, (run_dir / "selftest.json").string());
     checks_ok = summary.at("ok").get<bool>();
     std::printf("\n%s", format_selftest_table(summary).c_str());
   }

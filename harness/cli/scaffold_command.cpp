@@ -18,6 +18,7 @@
 #include "harness/base/files.h"
 #include "harness/base/owned_files.h"
 #include "harness/base/sha256.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/cli/commands.h"
 #include "harness/runtime/cli_support.h"

@@ -10,6 +10,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
 
 namespace mih {
@@ -285,7 +286,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   auto spec_of = [](const EvidenceDir& d) -> std::string {
     std::string text;
     if (!read_file(d.root() / "spec.resolved.json", &text)) return "";
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json j = parse_json_lenient(text);
     return j.is_object() ? j.value("name", "") : "";
   };
   const std::string ref_spec = spec_of(ref), cand_spec = spec_of(cand);

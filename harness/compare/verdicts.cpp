@@ -103,12 +103,11 @@ const std::vector<json>& CaseEvidence::jsonl(const std::string& relative) const 
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
-    try {
-      rows.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), " line ", n, " is not JSON (", e.what(),
-                "): it was truncated or edited; rerun the case");
-    }
+    nlohmann::json row;
+    std::string problem;
+    MIH_CHECK_CODE(parse_json_bounded(line, &row, &problem), Code::kFailedPrecondition, "evidence file ",
+                   file.string(), " line ", n, " is not JSON (", problem, "): it was truncated or edited; rerun the case");
+    rows.push_back(std::move(row));
   }
   return jsonl_.emplace(relative, std::move(rows)).first->second;
 }

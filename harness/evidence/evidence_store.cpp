@@ -124,12 +124,12 @@ std::vector<nlohmann::json> EvidenceDir::read_jsonl(std::string_view relative) c
   std::vector<nlohmann::json> out;
   size_t start = 0, line = 1;
   for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1, ++line) {
-    try {
-      out.push_back(nlohmann::json::parse(text.substr(start, end - start)));
-    } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kFailedPrecondition, path.string(), " line ", line, " is not JSON (", e.what(),
-                "): it was truncated or edited; rerun the case");
-    }
+    nlohmann::json row;
+    std::string problem;
+    MIH_CHECK_CODE(parse_json_bounded(std::string_view(text).substr(start, end - start), &row, &problem),
+                   Code::kFailedPrecondition, path.string(), " line ", line, " is not JSON (", problem,
+                   "): it was truncated or edited; rerun the case");
+    out.push_back(std::move(row));
   }
   // Writers append whole lines: a last line without its newline is damage, not data.
   MIH_CHECK_CODE(start == text.size(), Code::kFailedPrecondition, path.string(),

@@ -17,6 +17,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
 
@@ -47,7 +48,7 @@ void for_each_line(const std::string& text, Fn&& fn) {
 std::string string_field(const json& j, const char* key, const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return "";
-  MIH_CHECK(it->is_string(), where, ": '", key, "' must be a string, got ", it->dump());
+  MIH_CHECK(it->is_string(), where, ": '", key, "' must be a string, got ", json_summary(*it));
   return it->get<std::string>();
 }
 
@@ -64,7 +65,7 @@ void split_test_name(const std::string& name, std::string* suite, std::string* t
 }
 
 TestResult parse_result_line(const json& j, const std::string& where) {
-  MIH_CHECK(j.is_object(), where, ": expected a JSON object, got ", j.dump());
+  MIH_CHECK(j.is_object(), where, ": expected a JSON object, got ", json_summary(j));
   TestResult t;
   t.name = string_field(j, "name", where);
   MIH_CHECK(!t.name.empty(), where, ": 'name' is missing or empty");
@@ -80,7 +81,7 @@ TestResult parse_result_line(const json& j, const std::string& where) {
   t.time = string_field(j, "time", where);
   if (const auto it = j.find("seconds"); it != j.end() && !it->is_null()) {
     MIH_CHECK(it->is_number() && it->get<double>() >= 0, where, ": 'seconds' must be a non-negative number, got ",
-              it->dump());
+              json_summary(*it));
     t.seconds = it->get<double>();
   }
   split_test_name(t.name, &t.suite, &t.test, &t.case_name);
@@ -94,7 +95,7 @@ void take(const json& j, const char* key, std::string* out, const fs::path& file
   if (it->is_string()) {
     *out = it->get<std::string>();
   } else {
-    problems->push_back(file.string() + ": '" + key + "' must be a string, got " + it->dump());
+    problems->push_back(file.string() + ": '" + key + "' must be a string, got " + json_summary(*it));
   }
 }
 
@@ -105,7 +106,7 @@ void take(const json& j, const char* key, Number* out, const fs::path& file, std
   if (it->is_number()) {
     *out = it->get<Number>();
   } else {
-    problems->push_back(file.string() + ": '" + key + "' must be a number, got " + it->dump());
+    problems->push_back(file.string() + ": '" + key + "' must be a number, got " + json_summary(*it));
   }
 }
 
@@ -117,14 +118,13 @@ bool read_json_object(const fs::path& file, json* out, std::vector<std::string>*
     problems->push_back(file.string() + ": cannot be read");
     return false;
   }
-  try {
-    *out = json::parse(text);
-  } catch (const json::exception& e) {
-    problems->push_back(file.string() + ": not JSON: " + e.what());
+  std::string problem;
+  if (!parse_json_bounded(text, out, &problem)) {
+    problems->push_back(file.string() + ": not JSON: " + problem);
     return false;
   }
   if (!out->is_object()) {
-    problems->push_back(file.string() + ": expected a JSON object, got " + out->dump());
+    problems->push_back(file.string() + ": expected a JSON object, got " + json_summary(*out));
     return false;
   }
   return true;
@@ -207,10 +207,9 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   std::map<int64_t, StepPoint> by_step;  // a repeated step (a resume): the last line wins
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     json row;
-    try {
-      row = json::parse(line.begin(), line.end());
-    } catch (const json::exception& e) {
-      if (terminated) c->problems.push_back(metrics.string() + " line " + std::to_string(line_number) + ": not JSON: " + e.what());
+    std::string problem;
+    if (!parse_json_bounded(line, &row, &problem)) {
+      if (terminated) c->problems.push_back(metrics.string() + " line " + std::to_string(line_number) + ": not JSON: " + problem);
       return;
     }
     if (!row.is_object() || !row.contains("step") || !row["step"].is_number_integer()) {
@@ -247,11 +246,10 @@ RunResults read_run_results(const fs::path& root) {
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     const std::string where = file.string() + " line " + std::to_string(line_number);
     json j;
-    try {
-      j = json::parse(line.begin(), line.end());
-    } catch (const json::exception& e) {
+    std::string problem;
+    if (!parse_json_bounded(line, &j, &problem)) {
       if (!terminated) return;  // a writer died mid-line
-      MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", e.what());
+      MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", problem);
     }
     if (j.is_object() && j.contains("run")) {  // a process's start or end line (ResultsWriter)
       const json& m = j["run"];
@@ -264,7 +262,7 @@ RunResults read_run_results(const fs::path& root) {
       if (event == "start") {
         MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
         for (const auto& n : m["tests"]) {
-          MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", n.dump());
+          MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
           last_start[n.get<std::string>()] = line_number;
         }
       }

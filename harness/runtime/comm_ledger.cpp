@@ -15,6 +15,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 
 namespace mih {
 
@@ -154,7 +155,7 @@ std::vector<CommRecord> read_ledger(const std::filesystem::path& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    auto j = parse_json_lenient(line);
     if (j.is_discarded() || !j.is_object()) continue;  // a line cut short by a kill
     try {
       out.push_back(j.get<CommRecord>());

@@ -18,6 +18,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/runtime/comm_ledger.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/launcher_internal.h"
@@ -95,7 +96,7 @@ std::string diagnose_stragglers(const std::map<int, std::vector<CommRecord>>& le
 void read_error_file(const std::filesystem::path& run_dir, RankOutcome& o) {
   std::string text;
   if (read_file(run_dir / "errors" / ("rank" + std::to_string(o.rank) + ".json"), &text)) {
-    auto j = nlohmann::json::parse(text, nullptr, false);
+    auto j = parse_json_lenient(text);
     if (j.is_object()) {
       o.error_code = j.value("code", "");
       o.error_message = j.value("message", "");

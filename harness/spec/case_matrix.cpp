@@ -421,7 +421,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   for (size_t i = 0; i < m["cases"].size(); ++i) {
     const json& j = m["cases"][i];
     const std::string at = where + " case " + std::to_string(i);
-    MIH_CHECK(j.is_object(), at, ": expected an object, got ", j.dump());
+    MIH_CHECK(j.is_object(), at, ": expected an object, got ", json_summary(j));
     const CaseKind kind = parse_case_kind(json_string(j, "kind", "train", at));
     Case c;
     c.kind = kind;

@@ -1,4 +1,5 @@
 // Atomic file writes and log tails.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -40,6 +41,31 @@ TEST(FilesTest, UnwritablePathIsFailedPrecondition) {
     EXPECT_EQ(e.code(), Code::kFailedPrecondition);
     EXPECT_THAT(e.what(), HasSubstr("/proc/mih-no"));
   }
+}
+
+TEST(FilesTest, ReadRefusesAFifoWithoutBlocking) {
+  const auto fifo = temp_dir() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string text = "untouched", why;
+  EXPECT_FALSE(read_file(fifo, &text)) << "a FIFO with no writer";
+  EXPECT_EQ(text, "untouched");
+  bool special = false;
+  EXPECT_EQ(open_regular_file(fifo, &why, &special), -1);
+  EXPECT_TRUE(special);
+  EXPECT_EQ(why, "it is a FIFO, not a regular file");
+  EXPECT_EQ(open_regular_file(temp_dir(), &why, &special), -1);
+  EXPECT_EQ(why, "it is a directory, not a regular file");
+  EXPECT_EQ(open_regular_file(temp_dir() / "absent", &why, &special), -1);
+  EXPECT_FALSE(special);
+  EXPECT_EQ(why, "No such file or directory");
+  write_file_atomic(temp_dir() / "plain", "bytes");
+  const int fd = open_regular_file(temp_dir() / "plain", &why, &special);
+  ASSERT_GE(fd, 0);
+  char buffer[8] = {};
+  EXPECT_EQ(::read(fd, buffer, sizeof buffer), 5);
+  ::close(fd);
+  ASSERT_TRUE(read_file(temp_dir() / "plain", &text));
+  EXPECT_EQ(text, "bytes");
 }
 
 TEST(FilesTest, TailKeepsTheLastLines) {
