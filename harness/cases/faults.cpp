@@ -20,6 +20,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/cases/fault_diagnosis_internal.h"
 #include "harness/compare/compare.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/report.h"
@@ -140,6 +141,23 @@ std::string markdown_table(const json& report) {
   return md;
 }
 
+// The names of `f`'s contrast cases in lane `dtype` ("Reference" as it is).
+std::vector<std::string> contrast_names(const FaultEntry& f, const spec::ModelSpec& s, const std::string& dtype) {
+  std::vector<std::string> names;
+  for (const auto& k : f.contrast) {
+    if (k.is_string() && k.get<std::string>() == "Reference") {
+      names.push_back("Reference");
+      continue;
+    }
+    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {k}, dtype));
+    const auto it = std::find_if(one.cases.begin(), one.cases.end(), [](const spec::Case& c) { return !added_case(c.name); });
+    MIH_CHECK(it != one.cases.end(), "fault ", f.id, ": its contrast case ", k.dump(), " does not fit spec ", f.spec,
+              (one.rejected.empty() ? std::string() : ": " + one.rejected.front().reason));
+    names.push_back(it->name);
+  }
+  return names;
+}
+
 }  // namespace
 
 int run_faults(const FaultsOptions& options) {
@@ -168,6 +186,7 @@ int run_faults(const FaultsOptions& options) {
       for (const auto& e : f->expected) expected += (expected.empty() ? "" : ", ") + e;
       std::printf("%s  %-34s %s/%s  (%s)\n      %s\n      expected: %s\n", f->id.c_str(), f->kind.c_str(),
                   f->spec.c_str(), f->case_entry.dump().c_str(), f->where.c_str(), f->fault.c_str(), expected.c_str());
+      std::printf("      diagnosis: %s (contrasts %s)\n", f->expected_diagnosis.c_str(), json(f->contrast).dump().c_str());
     }
     return 0;
   }
@@ -183,6 +202,9 @@ int run_faults(const FaultsOptions& options) {
   for (const auto* f : faults) {
     auto& list_of = entries[f->spec];
     if (std::find(list_of.begin(), list_of.end(), f->case_entry) == list_of.end()) list_of.push_back(f->case_entry);
+    for (const auto& k : f->contrast) {  // the diagnosis's contrasts ("Reference" is always there)
+      if (k.is_object() && std::find(list_of.begin(), list_of.end(), k) == list_of.end()) list_of.push_back(k);
+    }
     prefix_of[f->spec] = f->prefix;
   }
   std::map<std::string, fs::path> matrix_file;
@@ -196,6 +218,7 @@ int run_faults(const FaultsOptions& options) {
     matrices.emplace(spec_name, spec::resolve_matrix(spec::SpecRegistry::instance().get(spec_name), m));
   }
   std::map<const FaultEntry*, std::string> case_of;
+  std::map<const FaultEntry*, std::vector<std::string>> contrast_of;
   for (const auto* f : faults) {
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
     const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}, options.dtype));
@@ -203,6 +226,7 @@ int run_faults(const FaultsOptions& options) {
     MIH_CHECK(it != one.cases.end(), "fault ", f->id, ": its case ", f->case_entry.dump(), " does not fit spec ", f->spec,
               (one.rejected.empty() ? std::string() : ": " + one.rejected.front().reason));
     case_of[f] = it->name;
+    contrast_of[f] = contrast_names(*f, s, options.dtype);
   }
 
   // The fault-free twins: every case of each spec's matrix, with the reference, once.
@@ -223,7 +247,7 @@ int run_faults(const FaultsOptions& options) {
   const std::vector<TestResult> clean_results = run_tests_of(clean);
 
   json rows = json::array();
-  int detected = 0, twin_failures = 0, localized = 0;
+  int detected = 0, twin_failures = 0, localized = 0, diagnosed = 0;
   for (const auto* f : faults) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string case_name = case_of[f];
@@ -352,6 +376,21 @@ int run_faults(const FaultsOptions& options) {
     row["twin_tests"] = twin_tests;
     row["twin_passed"] = twin_clean;
     row["twin_failures"] = twin_failed;
+    // The diagnosis across the case, its contrasts (with the fault too) and the Reference.
+    const auto c0 = std::chrono::steady_clock::now();
+    const FaultRuns runs{root, root / "contrast", clean, case_name, contrast_of[f]};
+    std::map<std::string, std::string> compared_with;
+    for (const auto& c : matrices.at(f->spec).cases) compared_with[c.name] = c.compare_to;
+    const int contrast_rc = run_contrasts(*f, runs, compared_with, [&](const fs::path& dir, const std::string& filter,
+                                                                      const std::string& cases, const fs::path& log) {
+      return mih_test(dir, f->prefix, matrix_file[f->spec], case_timeout_s, filter, f->id, cases, log);
+    });
+    row["contrast_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    if (contrast_rc != 0) infrastructure = infrastructure ? infrastructure : contrast_rc;
+    row.update(diagnose_fault(*f, runs));
+    diagnosed += row["diagnosed"].get<bool>();
+    say(progress, "  diagnosis" + std::string(row["diagnosed"].get<bool>() ? "" : " (NOT the expected " + f->expected_diagnosis + ")") +
+                      ": " + row["diagnosis"]["summary"].get<std::string>());
     row["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0 && rc != 1) {
       infrastructure = infrastructure ? infrastructure : rc;
@@ -390,11 +429,12 @@ int run_faults(const FaultsOptions& options) {
                        {"localized", localized},
                        {"not_localized", not_localized},
                        {"fault_free_failures", twin_failures},
+                       {"diagnosed", diagnosed},
                        {"seconds", elapsed()},
                        {"evidence", out.string()}};
   const fs::path json_path = json_out.empty() ? out / "faults.json" : fs::path(json_out);
   write_file_atomic(json_path, report.dump(2) + "\n");
-  write_file_atomic(fs::path(json_path).replace_extension(".md"), markdown_table(report));
+  write_file_atomic(fs::path(json_path).replace_extension(".md"), markdown_table(report) + diagnosis_section(report));
   std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", "ID", "kind", "case", "detected", "caught by", "twin",
               "blamed (expected)");
   for (const auto& r : rows) {
@@ -410,6 +450,8 @@ int run_faults(const FaultsOptions& options) {
               "%.1f s; matrix: %s\n",
               options.dtype.c_str(), detected, rows.size(), localized, twin_failures, elapsed(), json_path.c_str());
   for (const auto& line : not_localized) std::printf("NOT LOCALIZED %s\n", line.c_str());
+  std::printf("%d of %zu diagnoses across each fault's cases name the expected feature\n", diagnosed, rows.size());
+  if (!infrastructure && diagnosed != static_cast<int>(rows.size())) return 1;
   if (infrastructure) return infrastructure;
   return detected == static_cast<int>(rows.size()) && twin_failures == 0 && not_localized.empty() ? 0 : 1;
 }

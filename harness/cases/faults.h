@@ -39,6 +39,14 @@ struct FaultEntry {
   /// The place the harness should blame first (verdicts::blame): the module FQN where the
   /// fault lives, or "loss", "data", "grad_norm", "grad_sync", "optimizer", "checkpoint".
   std::string expected_blame;
+  /// The contrast cases that also run with the fault, so that the diagnosis across the fault's
+  /// cases (evidence/diagnosis.h) has controls: matrix entries (a case without the feature the
+  /// fault needs, another with it), and "Reference" for a fault of the model or the data, which
+  /// the Reference runs too (otherwise the fault-free Reference joins the diagnosis).
+  std::vector<nlohmann::json> contrast;
+  /// The feature key the diagnosis across the case, its contrasts and the Reference must name
+  /// ("ep>1", "sp", "cross_topology_resume"; "every_case" when every case fails alike).
+  std::string expected_diagnosis;
 };
 
 /// Every fault, F01 first.
@@ -63,11 +71,13 @@ struct FaultsOptions {
 };
 
 /// Runs the detection matrix: each case through `<this binary> test` (a child process), so
-/// every case is the same black box a user runs.
-/// Returns: 0 every fault detected, each blamed where the catalog expects (expected_blame),
-///   and every fault-free twin clean; 1 otherwise (a fault detected but blamed elsewhere is
-///   named on a NOT LOCALIZED line); 14-17 a case that could not run (infrastructure). Throws: mih::Error{kInvalidSpec} for an unknown
-///   fault.
+/// every case is the same black box a user runs. Then, per fault, its contrast cases with the
+/// fault (a second `test` in <out>/<ID>/contrast) and the diagnosis across them, the faulty
+/// case and the Reference, which must name the row's expected_diagnosis.
+/// Returns: 0 every fault detected, each blamed where the catalog expects (expected_blame) and
+///   diagnosed as expected, and every fault-free twin clean; 1 otherwise (a fault detected but
+///   blamed elsewhere is named on a NOT LOCALIZED line); 14-17 a case that could not run
+///   (infrastructure). Throws: mih::Error{kInvalidSpec} for an unknown fault.
 int run_faults(const FaultsOptions& options);
 
 }  // namespace mih::cases

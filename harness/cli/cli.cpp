@@ -82,7 +82,8 @@ const std::vector<Command>& commands() {
        setup_check, /*pass_through=*/true},
       {"report",
        "Write the report of a conformance run: md (suites x cases tables and failures), junit (XML for CI) or "
-       "html (tables, loss and grad-norm curves per case as inline SVG).",
+       "html (tables, loss and grad-norm curves per case as inline SVG), each headed by the diagnosis across the "
+       "matrix when a case failed (the features that separate failing from passing cases, a pair to rerun).",
        setup_report},
       {"reach",
        "mih reach <root> [--require-all]: which reduction paths of the runtime (how a gradient or loss term is "
@@ -92,7 +93,8 @@ const std::vector<Command>& commands() {
        setup_reach},
       {"faults",
        "Run the fault catalog (docs/fault-catalog.md, F01-F26): each fault on the case where it manifests and its "
-       "fault-free twin; report the suites that caught it, the finding codes, the first divergence. Options: "
+       "fault-free twin; report the suites that caught it, the finding codes, the first divergence, and the diagnosis "
+       "across its contrast cases, which must name the catalog's feature (exit 1 otherwise). Options: "
        "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "
        "Exit 0 when every fault is detected by the expected suite and every twin passes.",
        setup_faults},

@@ -32,6 +32,7 @@
 #include "harness/cases/registrations.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/run_diagnosis_internal.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
@@ -807,6 +808,8 @@ int run_tests(const std::vector<std::string>& args) {
                    ": the run used another binary, matrix or lane; check it with the conformance binary that ran it");
   }
   if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
+  // After the writer: its end event comes first, above GoogleTest's list of failures.
+  if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new_diagnosis_printer(o.evidence_root));
   if (::testing::UnitTest::GetInstance()->total_test_count() == 0) {
     std::fprintf(stderr, "mih: no conformance test is linked (MIH_CONFORMANCE_SUITES in a spec file of an OBJECT library)\n");
     return 1;

@@ -111,6 +111,12 @@ std::string first_line(const std::string& message, size_t limit) {
   return line;
 }
 
+std::string join_lines(const std::vector<std::string>& lines, size_t from) {
+  std::string out;
+  for (size_t i = from; i < lines.size(); ++i) out += lines[i] + "\n";
+  return out;
+}
+
 std::string fixed(double value, int digits) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);

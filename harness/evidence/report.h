@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "harness/base/parallel_config.h"
 
 namespace mih {
 
@@ -80,6 +83,13 @@ struct CaseResult {
   /// Rank 0's launch time by kind, seconds: process_start_s, rendezvous_s, training_s,
   /// checks_s, other_s (case_run.json "timing").
   std::map<std::string, double> timing;
+  std::string matrix;     ///< the matrix source it was resolved from ("cpu-smoke", a file); "" unknown
+  std::string fault;      ///< the catalog fault its ranks ran with; "" none
+  std::string init_from;  ///< the checkpoint directory it started from; "" none
+  std::string training_backend;  ///< the TrainingBackend it ran on ("trainer")
+  // run/case.json (the case as the parent resolved it): what the matrix diagnosis reads.
+  std::optional<ParallelConfig> config;       ///< what it trains under (a resume: after the load)
+  std::optional<ParallelConfig> save_config;  ///< a resume's config before the save
   // integration_state.json
   std::string state;         ///< "STRUCTURE_VALIDATED", "FAILED", ...
   std::string state_reason;  ///< the state's `reason`

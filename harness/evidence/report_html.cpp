@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
 
@@ -188,6 +189,7 @@ section.case.attention{border-left-color:#dc3545}.facts{color:#555}.problem{colo
 p.verdict{font-weight:bold}p.verdict.pass{color:#155724}p.verdict.fail{color:#721c24}
 svg.chart{margin-right:1em;font-size:11px}svg.chart .title{font-weight:bold}
 pre{background:#f6f8fa;padding:0.8em;overflow-x:auto;white-space:pre-wrap}
+p.diagnosis{font-weight:bold;border-left:4px solid #dc3545;padding-left:0.6em}
 .tag{background:#6c757d;color:white;border-radius:3px;padding:0 0.4em;font-size:0.8em}
 div.heat{overflow-x:auto}table.heat{border-collapse:collapse;font-size:10px}
 table.heat th,table.heat td{border:1px solid #ddd;padding:1px 3px;text-align:center}
@@ -206,6 +208,11 @@ std::string render_html(const RunResults& run) {
   out += reasons.empty() ? "<p class=\"verdict pass\">Verdict: PASSED</p>\n" : "<p class=\"verdict fail\">Verdict: NOT PASSED</p>\n<ul class=\"verdict\">\n";
   for (const auto& r : reasons) out += "<li>" + markup_escape(r) + "</li>\n";
   if (!reasons.empty()) out += "</ul>\n";
+  const std::vector<std::string> diagnosis = diagnose(diagnosis_cases(run)).lines();
+  if (!diagnosis.empty()) {
+    out += "<h2>Diagnosis</h2>\n<p class=\"diagnosis\">" + markup_escape(diagnosis.front()) + "</p>\n";
+    if (diagnosis.size() > 1) out += "<pre class=\"diagnosis\">" + markup_escape(join_lines(diagnosis, 1)) + "</pre>\n";
+  }
   const auto tables = spec_tables(run);
   for (const auto& [spec, table] : tables) {
     out += "<h2>" + markup_escape(spec_title(spec)) + "</h2>\n<table class=\"matrix\">\n<tr><th class=\"suite\">suite</th>";

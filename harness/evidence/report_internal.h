@@ -34,6 +34,9 @@ std::string attr(std::string_view raw);
 /// The first non-blank line, cut at `limit` bytes on a character boundary.
 std::string first_line(const std::string& message, size_t limit = 200);
 
+/// lines[from..] each ended by a newline ("" when there are none).
+std::string join_lines(const std::vector<std::string>& lines, size_t from);
+
 /// "%.*f" of `value` with `digits` decimals.
 std::string fixed(double value, int digits = 3);
 

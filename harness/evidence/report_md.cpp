@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
 
@@ -122,6 +123,16 @@ std::string render_markdown(const RunResults& run) {
   const std::vector<std::string> reasons = not_passed_reasons(run);
   out += reasons.empty() ? "\n**Verdict: PASSED**\n" : "\n**Verdict: NOT PASSED**\n\n";
   for (const auto& r : reasons) out += "- " + md_cell(r) + "\n";
+  // The diagnosis across the matrix, above everything it summarizes.
+  const std::vector<std::string> diagnosis = diagnose(diagnosis_cases(run)).lines();
+  if (!diagnosis.empty()) {
+    out += "\n## Diagnosis\n\n" + md_cell(diagnosis.front()) + "\n";
+    const std::string rest = clean_text(join_lines(diagnosis, 1));
+    if (!rest.empty()) {
+      const std::string fence(std::max<size_t>(3, longest_backtick_run(rest) + 1), '`');
+      out += "\n" + fence + "\n" + rest + fence + "\n";
+    }
+  }
   const auto tables = spec_tables(run);
   for (const auto& [spec, table] : tables) {
     out += "\n## " + md_cell(spec_title(spec)) + "\n\n| suite |";
@@ -230,6 +241,8 @@ std::string render_junit(const RunResults& run) {
     if (!ts.empty() && (s.timestamp.empty() || ts < s.timestamp)) s.timestamp = ts;
   }
   for (const auto& [name, s] : suites) failures += s.failures, errors += s.errors;
+  // The diagnosis across the matrix, in each failed testcase's system-out (CI shows it there).
+  const std::vector<std::string> diagnosis = diagnose(diagnosis_cases(run)).lines();
 
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out += "<testsuites name=\"" +
@@ -260,7 +273,9 @@ std::string render_junit(const RunResults& run) {
         out += "      <" + element + " message=\"" + attr(first_line(t->message)) + "\" type=\"" +
                (error ? "transport_failure" : "conformance") + "\">" + markup_escape(t->message) + "</" + element +
                ">\n";
-        out += "      <system-out>evidence: " + markup_escape(evidence_path(run, t->evidence)) + "</system-out>\n";
+        out += "      <system-out>evidence: " + markup_escape(evidence_path(run, t->evidence)) +
+               (diagnosis.empty() ? "" : "\nmatrix diagnosis: " + markup_escape(join_lines(diagnosis, 0))) +
+               "</system-out>\n";
       }
       out += "    </testcase>\n";
     }

@@ -152,15 +152,31 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     take(j, "fault", &c->fault, case_run, &c->problems);
     take(j, "world_size", &c->world_size, case_run, &c->problems);
     take(j, "seconds", &c->seconds, case_run, &c->problems);
+    take(j, "matrix", &c->matrix, case_run, &c->problems);
+    take(j, "fault", &c->fault, case_run, &c->problems);
+    take(j, "init_from", &c->init_from, case_run, &c->problems);
+    take(j, "training_backend", &c->training_backend, case_run, &c->problems);
     if (j.contains("timing") && j["timing"].is_object()) {
       for (const auto& [k, v] : j["timing"].items()) {
         if (v.is_number()) c->timing[k] = v.get<double>();
       }
     }
   }
-  // A case launched by an outside launcher has no case_run.json; its case file names the fault.
   const fs::path case_file = dir / "run" / "case.json";
-  if (c->fault.empty() && read_json_object(case_file, &j, &c->problems)) take(j, "fault", &c->fault, case_file, &c->problems);
+  if (read_json_object(case_file, &j, &c->problems)) {
+    // A case launched by an outside launcher has no case_run.json; its case file names the fault.
+    if (c->fault.empty()) take(j, "fault", &c->fault, case_file, &c->problems);
+    try {
+      const json& resolved = j.at("case");
+      c->config = resolved.at("config").get<ParallelConfig>();
+      if (resolved.contains("save_config")) c->save_config = resolved.at("save_config").get<ParallelConfig>();
+      if (c->kind.empty()) take(resolved, "kind", &c->kind, case_file, &c->problems);
+    } catch (const std::exception& e) {
+      c->config.reset();
+      c->save_config.reset();
+      c->problems.push_back(case_file.string() + ": not a case the runner resolved: " + e.what());
+    }
+  }
   const fs::path state = dir / "integration_state.json";
   if (read_json_object(state, &j, &c->problems)) {
     take(j, "state", &c->state, state, &c->problems);
