@@ -84,7 +84,6 @@ struct CaseResult {
   /// checks_s, other_s (case_run.json "timing").
   std::map<std::string, double> timing;
   std::string matrix;     ///< the matrix source it was resolved from ("cpu-smoke", a file); "" unknown
-  std::string fault;      ///< the catalog fault its ranks ran with; "" none
   std::string init_from;  ///< the checkpoint directory it started from; "" none
   std::string training_backend;  ///< the TrainingBackend it ran on ("trainer")
   // run/case.json (the case as the parent resolved it): what the matrix diagnosis reads.

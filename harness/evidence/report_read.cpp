@@ -153,7 +153,6 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     take(j, "world_size", &c->world_size, case_run, &c->problems);
     take(j, "seconds", &c->seconds, case_run, &c->problems);
     take(j, "matrix", &c->matrix, case_run, &c->problems);
-    take(j, "fault", &c->fault, case_run, &c->problems);
     take(j, "init_from", &c->init_from, case_run, &c->problems);
     take(j, "training_backend", &c->training_backend, case_run, &c->problems);
     if (j.contains("timing") && j["timing"].is_object()) {

@@ -278,7 +278,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
               HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt2");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unsharded_root, moe, vlm"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.

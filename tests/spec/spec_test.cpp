@@ -44,11 +44,12 @@ void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>&
 }
 
 TEST(ReferenceSpecsTest, AllAreRegistered) {
-  // The three reference ports, the llama variants the fault catalog needs, and the variants of
-  // the main job's layouts (the root module outside FSDP, a frozen vision tower).
+  // The three reference ports, the llama variants the fault catalog needs, the variants of the
+  // main job's layouts (the root module outside FSDP, a frozen vision tower) and the correct
+  // ports the runtime tests use (one that observes no module, a vlm with text-only steps).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unsharded_root", "moe", "vlm",
-                          "vlm_frozen_vision"));
+              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unobserved",
+                          "llama_unsharded_root", "moe", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -134,7 +135,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unsharded_root, moe, vlm")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
