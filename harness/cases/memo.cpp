@@ -89,27 +89,6 @@ std::string fingerprint(const CaseParam& p) {
                           run_options().collective_timeout, init ? init->sha256 : std::string());
 }
 
-// Whether `j` nests deeper than `limit` levels (counted without recursion: evidence is hostile).
-bool deeper_than(const json& j, int limit) {
-  std::vector<std::pair<const json*, int>> stack = {{&j, 0}};
-  while (!stack.empty()) {
-    const auto [at, depth] = stack.back();
-    stack.pop_back();
-    if (depth > limit) return true;
-    if (at->is_structured()) {
-      for (const auto& child : *at) stack.emplace_back(&child, depth + 1);
-    }
-  }
-  return false;
-}
-
-// A value of the evidence as it reads in a message: short, and never dumped when deep.
-std::string shown(const json& j) {
-  if (deeper_than(j, 8)) return "(a value nested more than 8 levels)";
-  std::string s = j.dump();
-  return s.size() > 120 ? s.substr(0, 120) + "..." : s;
-}
-
 // "tolerances.cross_topology.float64" for the JSON pointer "/tolerances/cross_topology/float64".
 std::string field_name(const std::string& pointer) {
   std::string out;
@@ -134,12 +113,12 @@ void add_differences(const std::string& file, const json& evidence, const json& 
     std::string theirs = "absent", ours = "absent";
     try {
       const json::json_pointer pointer(path);
-      if (evidence.contains(pointer)) theirs = shown(evidence.at(pointer));
-      if (compiled.contains(pointer)) ours = shown(compiled.at(pointer));
+      if (evidence.contains(pointer)) theirs = json_summary(evidence.at(pointer));
+      if (compiled.contains(pointer)) ours = json_summary(compiled.at(pointer));
     } catch (const json::exception&) {
       theirs = ours = "(see the file)";
     }
-    if (op.contains("value") && ours == "absent") ours = shown(op["value"]);  // an element this mih adds
+    if (op.contains("value") && ours == "absent") ours = json_summary(op["value"]);  // an element this mih adds
     out->push_back(file + ": " + field_name(path) + " is " + theirs + " in the evidence, " + ours + " in this mih");
   }
 }
@@ -161,7 +140,7 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
     const json& record = ev.json(file);
     const json named = record.is_object() ? record.value("fault", json("")) : json();
     if (named != json(fault)) {
-      out.push_back(file + ": fault is " + shown(named) + " in the evidence, " +
+      out.push_back(file + ": fault is " + json_summary(named) + " in the evidence, " +
                     (fault.empty() ? std::string("and this run checks the case fault-free") : "\"" + fault + "\" in this run") +
                     (named.is_string() && !named.get<std::string>().empty()
                          ? " (the evidence is of the catalog's bug " + named.get<std::string>() + ", not of the port: check "
