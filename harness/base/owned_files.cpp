@@ -2,8 +2,11 @@
 #include "harness/base/owned_files.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -75,19 +78,23 @@ std::map<std::string, std::string> file_digests(const fs::path& dir, const std::
 }
 
 std::string sha256_of_file(const fs::path& file) {
-  std::error_code ec;
-  // A FIFO or a device would block the read.
-  MIH_CHECK_CODE(fs::is_regular_file(file, ec), Code::kFailedPrecondition, "cannot fingerprint ", file.string(),
-                 ": not a regular file");
-  std::ifstream in(file, std::ios::binary);
-  MIH_CHECK_CODE(in.good(), Code::kFailedPrecondition, "cannot read ", file.string(), " to fingerprint it");
+  std::string why;
+  const int fd = open_regular_file(file, &why);  // never blocks on a FIFO or a device
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot read ", file.string(), " to fingerprint it: ", why);
   Sha256 h;
   std::vector<char> buffer(1 << 20);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    h.update(buffer.data(), static_cast<size_t>(in.gcount()));
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      MIH_CHECK_CODE(n == 0, Code::kFailedPrecondition, "error reading ", file.string(), " to fingerprint it: ",
+                     std::strerror(err));
+      break;
+    }
+    h.update(buffer.data(), static_cast<size_t>(n));
   }
-  MIH_CHECK_CODE(in.eof(), Code::kFailedPrecondition, "error reading ", file.string(), " to fingerprint it");
   return h.hex_digest();
 }
 
