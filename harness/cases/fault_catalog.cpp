@@ -138,6 +138,13 @@ const std::vector<FaultEntry>& fault_catalog() {
        "NVIDIA/Megatron-LM's model-parallel RNG tracker (tensor_parallel/random.py: get_cuda_rng_tracker().fork() around "
        "attention dropout)", "layers.0.self_attn",
        {dp_shard2}, "tp>1"},
+      {"F27", "data pipeline (shared)",
+       "packed rows' position ids counted 0..S-1 through the row, never restarted at a document start; the Reference "
+       "is fed by the same pipeline, so every case agrees with it and only the recomputation from the documents differs",
+       "harness/data/text_pipeline.cpp", "Llama", "llama", dp_shard2, {"PipelineOutputs"}, {"position_ids"},
+       "huggingface/nanoVLM#201 (packed samples numbered contiguously), allenai/OLMo-core#591 (RoPE positions not "
+       "reset at document boundaries with doc_lens)", "data",
+       {reference}, "every_case"},
   };
   return catalog;
 }
