@@ -46,6 +46,7 @@
   X(arg, ModalityGradients) \
   X(arg, StateInvariants) \
   X(arg, ModuleParity) \
+  X(arg, MatchesOriginal) \
   X(arg, NumericParity) \
   X(arg, GradientSync) \
   X(arg, TensorParallelGradients) \

@@ -116,6 +116,9 @@ CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
     for (const auto& c : d["config_differences"]) {
       std::printf("  config field    %s: %s\n", c["field"].get<std::string>().c_str(), c["why"].get<std::string>().c_str());
     }
+    for (const auto& w : d["config_warnings"]) {
+      std::printf("  warning: config field %s: %s\n", w["field"].get<std::string>().c_str(), w["why"].get<std::string>().c_str());
+    }
     std::printf("inventory: %s (candidate.json, reference.json, structure_diff.json, fingerprints.sha256)%s\n",
                 (f->o.out / "inventory").c_str(), r.differences == 0 ? "; state DISCOVERED" : "");
     return r.differences == 0 ? 0 : 1;
@@ -202,7 +205,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f->options.fault,
-                 "inject a fault of the catalog (F01-F26, docs/fault-catalog.md) in the case's ranks (their --fault; "
+                 "inject a fault of the catalog (F01-F31, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
   sub.add_option("--init-from", f->options.init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "
