@@ -51,9 +51,9 @@ class MlpImpl : public torch::nn::Module {
                                                                    .init_std(o.initializer_range())));
   }
   at::Tensor forward(const at::Tensor& x) {
-    // F31 (FAULTS.md): the exact (erf) GELU where GPT-2 has the tanh approximation, in every
+    // F32 (FAULTS.md): the exact (erf) GELU where GPT-2 has the tanh approximation, in every
     // configuration alike.
-    return c_proj(at::gelu(c_fc(x), fault::active(fault::Fault::kF31) ? "none" : "tanh"));
+    return c_proj(at::gelu(c_fc(x), fault::active(fault::Fault::kF32) ? "none" : "tanh"));
   }
   ColumnParallelLinear c_fc{nullptr};
   RowParallelLinear c_proj{nullptr};

@@ -2,7 +2,7 @@
 // learned token and position embeddings, pre-LayerNorm blocks with a fused [q; k; v]
 // attention projection (Conv1D layout in the checkpoint) and a GELU MLP (the tanh
 // approximation, GPT-2's gelu_new), a final LayerNorm and an untied head. The fault catalog's
-// port with a GELU (F31) and the reference of the scaffold's template (harness/cli/scaffold).
+// port with a GELU (F32) and the reference of the scaffold's template (harness/cli/scaffold).
 // Shapes: B = local batch, S = local sequence (S_global / CP; [B, S/TP, H] between
 // tensor-parallel regions under sequence parallelism), H = n_embd, V = vocab_size.
 #pragma once

@@ -81,9 +81,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   auto split_heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, d}).transpose(1, 2); };
   at::Tensor qh = apply_rotary(split_heads(q, heads), cos, sin);
   at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
-  // F28 (FAULTS.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
+  // F29 (FAULTS.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
   // scores by 1 / sqrt(D) itself: the scores scaled by 1 / D, in every configuration alike.
-  if (fault::active(fault::Fault::kF28)) qh = qh / std::sqrt(static_cast<double>(d));
+  if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
   at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
   context = context.transpose(1, 2).reshape({b, s, heads * d});
   // The context is split over tp by heads: Shard(features).
@@ -161,9 +161,9 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   const int64_t n = tokens.size(0);
   at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
   auto [top_p, top_i] = probs.topk(k, -1);                                        // [N, k]
-  // F30 (FAULTS.md): the top_k probabilities renormalized although the original does not
+  // F31 (FAULTS.md): the top_k probabilities renormalized although the original does not
   // (Qwen2-MoE's norm_topk_prob false), in every configuration alike.
-  const bool renormalize = o_.norm_topk_prob() || fault::active(fault::Fault::kF30);
+  const bool renormalize = o_.norm_topk_prob() || fault::active(fault::Fault::kF31);
   at::Tensor weights = renormalize ? top_p / top_p.sum(-1, /*keepdim=*/true) : top_p;
   // Token slots per expert [E].
   at::Tensor counts = at::bincount(top_i.reshape(-1), /*weights=*/{}, n_experts).to(at::kLong);
@@ -299,9 +299,9 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
   o.validate(ctx);
   embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std()));
-  // F27 (FAULTS.md): the rotary table built with the usual default theta instead of the
+  // F28 (FAULTS.md): the rotary table built with the usual default theta instead of the
   // config's, in every configuration alike.
-  const double theta = fault::active(fault::Fault::kF27) ? 10000.0 : o.rope_theta();
+  const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
   rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), theta));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_layers(); ++i) layers->push_back(LlamaDecoderLayer(ctx, o, i));

@@ -1,5 +1,5 @@
 // The validation spec of the gpt2 reference port (reference_models/gpt2.h), declared as
-// GPT2LMHeadModel: the fault catalog's port with a GELU (F31, the exact GELU where GPT-2 has
+// GPT2LMHeadModel: the fault catalog's port with a GELU (F32, the exact GELU where GPT-2 has
 // the tanh approximation), caught only by its golden of the original (MatchesOriginal).
 #include "reference_models/gpt2.h"
 #include "specs/spec_support.h"

@@ -109,7 +109,7 @@ spec::ModelSpec moe_spec() {
 
 // The moe port with Qwen2-MoE's routing (a shared expert behind a sigmoid gate, the top-k
 // probabilities not renormalized, rotary theta 1e6), declared as Qwen2MoeForCausalLM: the fault
-// catalog's port for the config-invariant bugs of such a model (F27, F30), which only the
+// catalog's port for the config-invariant bugs of such a model (F28, F31), which only the
 // golden of the original catches. It declares no rotary inv_freq invariant: its rotary table is
 // checked against the original by MatchesOriginal.
 spec::ModelSpec moe_qwen_spec() {

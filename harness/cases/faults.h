@@ -39,7 +39,7 @@ struct FaultEntry {
   /// The place the harness should blame first (verdicts::blame): the module FQN where the
   /// fault lives, or "loss", "data", "grad_norm", "grad_sync", "optimizer", "checkpoint".
   std::string expected_blame;
-  /// A bug of the port against the original model, the same in every configuration (F27-F31):
+  /// A bug of the port against the original model, the same in every configuration (F28-F32):
   /// it runs in every case of its matrix, the reference included, so every suite that compares
   /// the port with itself passes and only the expected suite (MatchesOriginal, on the
   /// reference) may fail; detected means caught by it and no other test failing.

@@ -91,7 +91,7 @@ const std::vector<Command>& commands() {
        "html (tables, loss and grad-norm curves per case as inline SVG).",
        setup_report},
       {"faults",
-       "Run the fault catalog (docs/fault-catalog.md, F01-F31): each fault on the case where it manifests and its "
+       "Run the fault catalog (docs/fault-catalog.md, F01-F32): each fault on the case where it manifests and its "
        "fault-free twin; report the suites that caught it, the finding codes, the first divergence. Options: "
        "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "
        "Exit 0 when every fault is detected by the expected suite and every twin passes.",
