@@ -23,6 +23,16 @@
 #
 # mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s])
 #   The ctest registration alone, for a binary made otherwise (the mih command).
+#
+# mih_add_golden(<name> COMMAND <target> SPEC <spec> OUT <dir> [IMPL builtin|transformers]
+#                [RESULT_VARIABLE <var>])
+#   The golden of the original model for a spec (docs/golden.md), made at build time:
+#   `<target> golden --spec <spec> --out <dir>` (the float64 export, then the golden producer
+#   MIH_GOLDEN_PRODUCER run by a Python with torch), redone when <target> is relinked or the
+#   producer changes; target <name> is part of `all`. <var> is set to <dir>, or to "" (with a
+#   warning) when no Python with torch is found: then there is no golden, and a spec whose
+#   golden.dir is the empty string has no MatchesOriginal suite. MIH_PYTHON names the Python
+#   (default: the python3 found, else /usr/bin/python3, the first with torch).
 
 function(mih_register_conformance_tests target)
   cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES" ${ARGN})
@@ -79,4 +89,58 @@ function(mih_add_conformance_suite name)
     list(APPEND extra PREFIXES ${ARG_PREFIXES})
   endif()
   mih_register_conformance_tests(${name} NAME ${name} LABELS ${ARG_LABELS} ${extra})
+endfunction()
+
+function(mih_add_golden name)
+  cmake_parse_arguments(ARG "" "COMMAND;SPEC;OUT;IMPL;RESULT_VARIABLE" "" ${ARGN})
+  foreach(kw COMMAND SPEC OUT)
+    if(NOT ARG_${kw})
+      message(FATAL_ERROR "mih_add_golden(${name}): ${kw} is required")
+    endif()
+  endforeach()
+  if(NOT ARG_IMPL)
+    set(ARG_IMPL builtin)
+  endif()
+  if(NOT DEFINED MIH_GOLDEN_PYTHON_OK)
+    # MIH_PYTHON, else the python3 CMake finds, else Debian's (python3-torch installs there).
+    set(candidates ${MIH_PYTHON})
+    if(NOT MIH_PYTHON)
+      find_package(Python3 COMPONENTS Interpreter QUIET)
+      list(APPEND candidates ${Python3_EXECUTABLE} /usr/bin/python3)
+    endif()
+    set(ok FALSE)
+    set(python "")
+    foreach(candidate IN LISTS candidates)
+      if(NOT ok AND EXISTS "${candidate}")
+        execute_process(COMMAND "${candidate}" -c "import torch" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+        if(rc EQUAL 0)
+          set(ok TRUE)
+          set(python "${candidate}")
+        endif()
+      endif()
+    endforeach()
+    set(MIH_GOLDEN_PYTHON_OK ${ok} CACHE INTERNAL "a Python with torch runs the golden producer")
+    set(MIH_GOLDEN_PYTHON "${python}" CACHE INTERNAL "the Python that runs the golden producer")
+  endif()
+  if(NOT MIH_GOLDEN_PYTHON_OK)
+    message(WARNING "mih_add_golden(${name}): no Python with torch (MIH_PYTHON, or python3 with python3-torch), so "
+                    "no golden of spec ${ARG_SPEC} and no MatchesOriginal suite on it")
+    if(ARG_RESULT_VARIABLE)
+      set(${ARG_RESULT_VARIABLE} "" PARENT_SCOPE)
+    endif()
+    return()
+  endif()
+  get_filename_component(producer_dir "${MIH_GOLDEN_PRODUCER}" DIRECTORY)
+  file(GLOB producer_files "${producer_dir}/*.py")
+  add_custom_command(
+    OUTPUT "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
+    COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" --impl ${ARG_IMPL}
+            --python "${MIH_GOLDEN_PYTHON}" --producer "${MIH_GOLDEN_PRODUCER}"
+    DEPENDS ${ARG_COMMAND} ${producer_files}
+    COMMENT "Golden of spec ${ARG_SPEC}: the original (${ARG_IMPL}) on its float64 export"
+    VERBATIM)
+  add_custom_target(${name} ALL DEPENDS "${ARG_OUT}/golden.json")
+  if(ARG_RESULT_VARIABLE)
+    set(${ARG_RESULT_VARIABLE} "${ARG_OUT}" PARENT_SCOPE)
+  endif()
 endfunction()

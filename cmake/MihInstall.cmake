@@ -34,12 +34,17 @@ install(FILES specs/spec_support.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/spec
 install(FILES suites/conformance.h suites/suite_table.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
 install(FILES harness/cli/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
 install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
+# The golden producer (docs/golden.md): any Python with torch runs it; `mih golden` and
+# mih_add_golden find it here.
+install(FILES golden/mih_golden.py golden/builtin_models.py golden/transformers_impl.py golden/safetensors_io.py
+              golden/errors.py golden/README.md
+        DESTINATION "${MIH_INSTALL_DATADIR}/golden")
 # The reference ports and their specs, as examples for authors (docs/examples.md is their
 # README): read and copied, not built by the package.
 install(FILES reference_models/llama.h reference_models/llama.cpp reference_models/vlm.h reference_models/vlm.cpp
-              reference_models/registry.h reference_models/registry.cpp
+              reference_models/gpt2.h reference_models/gpt2.cpp reference_models/registry.h reference_models/registry.cpp
         DESTINATION "${MIH_INSTALL_DATADIR}/examples/reference_models")
-install(FILES specs/llama_spec.cpp specs/moe_spec.cpp specs/vlm_spec.cpp specs/spec_support.h
+install(FILES specs/llama_spec.cpp specs/moe_spec.cpp specs/vlm_spec.cpp specs/gpt2_spec.cpp specs/spec_support.h
         DESTINATION "${MIH_INSTALL_DATADIR}/examples/specs")
 install(DIRECTORY specs/sources/ DESTINATION "${MIH_INSTALL_DATADIR}/examples/specs/sources")
 install(FILES docs/examples.md DESTINATION "${MIH_INSTALL_DATADIR}/examples" RENAME README.md)

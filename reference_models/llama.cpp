@@ -2,6 +2,7 @@
 #include "reference_models/llama.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -88,6 +89,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   auto split_heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, d}).transpose(1, 2); };
   at::Tensor qh = apply_rotary(split_heads(q, heads), cos, sin);
   at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
+  // F29 (FAULTS.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
+  // scores by 1 / sqrt(D) itself: the scores scaled by 1 / D, in every configuration alike.
+  if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
   at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
   context = context.transpose(1, 2).reshape({b, s, heads * d});
   // The context is split over tp by heads: Shard(features).
@@ -149,6 +153,14 @@ MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string 
   router = register_parameter(
       "router", ctx.make_parameter(replicated({o.num_experts(), o.hidden_size()}, o.init_std(), router_partial)));
   experts = register_module("experts", MoeExperts(ctx, o));
+  if (o.shared_expert_intermediate_size() > 0) {
+    shared_expert = register_module("shared_expert",
+                                    LlamaMlp(ctx, LlamaOptions(o).intermediate_size(o.shared_expert_intermediate_size())));
+    // Replicated over tp; under sequence parallelism each tp rank gates only its own tokens,
+    // so its gradient is a partial sum over tp (like the router's).
+    shared_expert_gate = register_parameter(
+        "shared_expert_gate", ctx.make_parameter(replicated({1, o.hidden_size()}, o.init_std(), ctx.sequence_parallel())));
+  }
 }
 
 at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
@@ -156,7 +168,10 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   at::Tensor tokens = x.reshape({-1, h});  // [N, H]: this rank's tokens
   const int64_t n = tokens.size(0);
   at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
-  TopKRouting routing = top_k_routing(probs, k, /*normalize_top_k=*/true);       // [N, k] experts and gates
+  // F31 (FAULTS.md): the top_k probabilities renormalized although the original does not
+  // (Qwen2-MoE's norm_topk_prob false), in every configuration alike.
+  const bool renormalize = o_.norm_topk_prob() || fault::active(fault::Fault::kF31);
+  TopKRouting routing = top_k_routing(probs, k, /*normalize_top_k=*/renormalize);  // [N, k] experts and gates
   Communicator& ep = ctx_->mesh().comm(MeshAxis::kEp);
   // F24 (FAULTS.md): the gates detached under ep, so the router learns only from its aux loss.
   if (ep.size() > 1 && fault::active(fault::Fault::kF24)) routing.gates = routing.gates.detach();
@@ -192,7 +207,10 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   if (!in_recompute() || fault::active(fault::Fault::kF13)) ctx_->shared_state().publish(counts_key, global_counts, name_);
   const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_);  // by its balancing loss
   const double global_tokens = static_cast<double>(n * replicas_of_tokens);
-  at::Tensor fraction = routed.to(probs.scalar_type()) / (global_tokens * static_cast<double>(k));  // f_e
+  // f_e: the fraction of the tokens with e among their top_k (summing to top_k over the
+  // experts), as Mixtral's and Qwen2-MoE's load_balancing_loss_func count tokens_per_expert;
+  // not the fraction of the token slots (Megatron's), which is top_k times smaller.
+  at::Tensor fraction = routed.to(probs.scalar_type()) / global_tokens;  // f_e
   // F20 (FAULTS.md): this rank's share normalized by its own tokens, so the shares of the dp
   // ranks add up to dp times the loss (summed instead of averaged over dp).
   const double normalizer = fault::active(fault::Fault::kF20) ? static_cast<double>(n) : global_tokens;
@@ -201,7 +219,13 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
     last_expert_counts = global_counts.cpu();
     last_aux_loss = aux.item<double>();
   }
-  return AttachAuxLoss::apply(out.view_as(x), aux);
+  at::Tensor result = out.view_as(x);
+  if (shared_expert) {
+    // Qwen2-MoE's shared expert: every token, scaled by its sigmoid gate.
+    const at::Tensor gate = at::sigmoid(at::matmul(x, ctx_->use(shared_expert_gate).t()));  // [B, S, 1]
+    result = result + gate * shared_expert->forward(x);
+  }
+  return AttachAuxLoss::apply(result, aux);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOptions& o, int64_t index)
@@ -237,7 +261,10 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
   o.validate(ctx);
   embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std()));
-  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), o.rope_theta()));
+  // F28 (FAULTS.md): the rotary table built with the usual default theta instead of the
+  // config's, in every configuration alike.
+  const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
+  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), theta));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_layers(); ++i) layers->push_back(LlamaDecoderLayer(ctx, o, i));
   // F01 (FAULTS.md): the final norm built without sequence parallelism in mind: its weight

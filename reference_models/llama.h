@@ -73,6 +73,12 @@ struct LlamaOptions {
   /// `llama_unobserved` spec), whose failures mih can localize no further than the loss.
   /// Default true.
   TORCH_ARG(bool, observe_activations) = true;
+  /// The top_k router probabilities renormalized to sum to 1 (Mixtral always; Qwen2-MoE's
+  /// norm_topk_prob, false by default there). Default true.
+  TORCH_ARG(bool, norm_topk_prob) = true;
+  /// SwiGLU inner size of the shared expert every token of a MoE layer also goes through,
+  /// scaled by sigmoid(x g^T) (Qwen2-MoE's shared_expert and shared_expert_gate); 0: none.
+  TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
 
  public:
   /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do
@@ -133,10 +139,14 @@ class MoeExpertsImpl : public torch::nn::Module {
 TORCH_MODULE(MoeExperts);
 
 /// Mixture-of-experts MLP: a top-k softmax router (weight [E, H], replicated) sends each token
-/// to top_k of E SwiGLU experts, weighting their outputs by the renormalized router
-/// probabilities (Mixtral). The load-balancing loss alpha * E * sum_e f_e * P_e (f_e: fraction
-/// of routed token slots that went to expert e, P_e: mean router probability of e, both over
-/// the tokens of the whole global batch: counts all-reduced over dp and cp, and over tp under
+/// to top_k of E SwiGLU experts, weighting their outputs by the router probabilities,
+/// renormalized over the top_k (Mixtral; Qwen2-MoE with norm_topk_prob) or not; with
+/// shared_expert_intermediate_size > 0 every token also goes through a shared SwiGLU expert
+/// (tensor-parallel like the dense MLP) scaled by sigmoid(x g^T), g [1, H] replicated
+/// (Qwen2-MoE). The load-balancing loss alpha * E * sum_e f_e * P_e (f_e: the fraction of
+/// tokens with expert e among their top_k, summing to top_k over the experts, as Mixtral and
+/// Qwen2-MoE count it; P_e: mean router probability of e; both over the tokens of the whole
+/// global batch: counts all-reduced over dp and cp, and over tp under
 /// sequence parallelism) is this rank's share, normalized by the global token count, and
 /// reaches the gradients through the output (Megatron-LM's MoEAuxLossAutoScaler), so it works
 /// inside a checkpointed region. The global counts are shared state "<FQN>.expert_counts",
@@ -155,6 +165,9 @@ class MoeMlpImpl : public torch::nn::Module {
 
   at::Tensor router;  // [E, H]
   MoeExperts experts{nullptr};
+  /// The shared expert and its gate [1, H] (undefined without one).
+  LlamaMlp shared_expert{nullptr};
+  at::Tensor shared_expert_gate;
   /// Of the last forward that was not a recompute: token slots per expert over the global
   /// batch [E] (int64; sums to global tokens x top_k), and this rank's aux loss share.
   at::Tensor last_expert_counts;

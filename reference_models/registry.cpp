@@ -8,6 +8,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/data/image_pipeline.h"
+#include "reference_models/gpt2.h"
 #include "reference_models/llama.h"
 #include "reference_models/vlm.h"
 
@@ -15,8 +16,10 @@ namespace mih::models {
 namespace {
 
 // The language model's rules, with `prefix` before Hugging Face's "model." / "lm_head" keys
-// and `internal` before our FQNs.
-std::vector<KeyRule> llama_rules(const std::string& internal, const std::string& prefix) {
+// and `internal` before our FQNs; the MoE layers' names Mixtral's (block_sparse_moe, experts'
+// w1/w2/w3) or, with `qwen2_moe`, Qwen2-MoE's (mlp.gate, experts' gate/up/down_proj, the shared
+// expert and its gate).
+std::vector<KeyRule> llama_rules(const std::string& internal, const std::string& prefix, bool qwen2_moe = false) {
   const std::string l = internal + R"(layers\.(\d+)\.)";
   const std::string hf = prefix + "model.layers.$1.";
   std::vector<KeyRule> rules = {
@@ -26,7 +29,11 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
       {l + R"(self_attn\.(q|k|v|o)_proj\.weight)", {hf + "self_attn.$2_proj.weight"}},
       {l + R"(mlp\.gate_up_proj\.weight)", {hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"}},
       {l + R"(mlp\.down_proj\.weight)", {hf + "mlp.down_proj.weight"}},
-      {l + R"(mlp\.router)", {hf + "block_sparse_moe.gate.weight"}},
+      {l + R"(mlp\.router)", {hf + (qwen2_moe ? "mlp.gate.weight" : "block_sparse_moe.gate.weight")}},
+      {l + R"(mlp\.shared_expert\.gate_up_proj\.weight)",
+       {hf + "mlp.shared_expert.gate_proj.weight", hf + "mlp.shared_expert.up_proj.weight"}},
+      {l + R"(mlp\.shared_expert\.down_proj\.weight)", {hf + "mlp.shared_expert.down_proj.weight"}},
+      {l + R"(mlp\.shared_expert_gate)", {hf + "mlp.shared_expert_gate.weight"}},
       {internal + R"(lm_head\.weight)", {prefix + "lm_head.weight"}},
   };
   rules.push_back({l + R"(self_attn\.(q|k|v|o)_proj\.bias)", {hf + "self_attn.$2_proj.bias"}});
@@ -34,6 +41,12 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
   // expert's w1 (gate) and w3 (up), down_proj [E * H, F] into each expert's w2.
   std::vector<std::string> gate_up, down;
   for (int64_t e = 0; e < LlamaOptions().num_experts(); ++e) {
+    if (qwen2_moe) {
+      const std::string expert = hf + "mlp.experts." + std::to_string(e) + ".";
+      gate_up.insert(gate_up.end(), {expert + "gate_proj.weight", expert + "up_proj.weight"});
+      down.push_back(expert + "down_proj.weight");
+      continue;
+    }
     const std::string expert = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
     gate_up.insert(gate_up.end(), {expert + "w1.weight", expert + "w3.weight"});
     down.push_back(expert + "w2.weight");
@@ -47,6 +60,15 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
 
 LlamaOptions llama_options() { return LlamaOptions(); }
 
+// GPT-2's checkpoint: Conv1D weights [in, out] (the transpose of our Linear's [out, in]), the
+// blocks under transformer.h.
+std::vector<KeyRule> gpt2_rules() {
+  return {{R"((h\.\d+\.(attn|mlp)\.c_(attn|proj|fc))\.weight)", {"transformer.$1.weight"}, 0, /*transpose=*/true},
+          {R"(wpe)", {"transformer.wpe.weight"}},
+          {R"(lm_head\.weight)", {"lm_head.weight"}},
+          {R"((.+))", {"transformer.$1"}}};
+}
+
 VlmOptions vlm_options() { return VlmOptions().image_size(16); }
 
 TrainerOptions field_sharding() {
@@ -57,7 +79,11 @@ TrainerOptions field_sharding() {
 
 }  // namespace
 
-std::vector<std::string> reference_model_names() { return {"llama", "moe", "vlm"}; }
+LlamaOptions moe_qwen_options() {
+  return LlamaOptions().rope_theta(1e6).norm_topk_prob(false).shared_expert_intermediate_size(96);
+}
+
+std::vector<std::string> reference_model_names() { return {"llama", "moe", "vlm", "moe_qwen", "gpt2"}; }
 
 ReferenceModel reference_model(const std::string& name) {
   auto text_batches = [](const data::TextPipelineOptions& o) { return data::TextPipeline(o).source(); };
@@ -68,6 +94,16 @@ ReferenceModel reference_model(const std::string& name) {
   if (name == "moe") {
     return {name, "llama with a top-2 mixture of 4 SwiGLU experts in layer 1", make_moe(llama_options()), text_batches,
             field_sharding(), KeyMap(llama_rules("", ""))};
+  }
+  if (name == "moe_qwen") {
+    return {name,
+            "llama with a Qwen2-MoE-style layer 1: top-2 of 4 experts without renormalization, a shared expert behind a "
+            "sigmoid gate, rotary theta 1e6",
+            make_moe(moe_qwen_options()), text_batches, field_sharding(), KeyMap(llama_rules("", "", true))};
+  }
+  if (name == "gpt2") {
+    return {name, "GPT-2-style: learned positions, LayerNorm, fused q/k/v, GELU (tanh) MLP, Conv1D checkpoint layout",
+            make_gpt2(), text_batches, field_sharding(), KeyMap(gpt2_rules())};
   }
   if (name == "vlm") {
     const VlmOptions o = vlm_options();

@@ -1,4 +1,4 @@
-// The catalog of reference models by name (llama, moe, vlm): how to build each, its data,
+// The catalog of reference models by name (llama, moe, vlm, moe_qwen, gpt2): how to build each, its data,
 // the Trainer options its fields need, and its checkpoint key map to the Hugging Face names of
 // the same architecture. What the specs in specs/ start from.
 #pragma once
@@ -12,6 +12,7 @@
 #include "harness/checkpoint/key_map.h"
 #include "harness/data/text_pipeline.h"
 #include "harness/training/trainer.h"
+#include "reference_models/llama.h"
 
 namespace mih::models {
 
@@ -30,7 +31,11 @@ struct ReferenceModel {
   KeyMap key_map;
 };
 
-/// "llama", "moe", "vlm".
+/// The options of moe_qwen: Qwen2-MoE's routing (a shared expert behind a sigmoid gate, the
+/// top-k probabilities not renormalized: norm_topk_prob false) and rotary theta 1e6.
+LlamaOptions moe_qwen_options();
+
+/// "llama", "moe", "vlm", "moe_qwen" (Qwen2-MoE-style routing), "gpt2".
 std::vector<std::string> reference_model_names();
 
 /// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the known ones.

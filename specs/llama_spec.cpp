@@ -109,7 +109,16 @@ spec::ModelSpec llama_spec_with(const std::string& name, const models::LlamaOpti
   return s;
 }
 
-spec::ModelSpec llama_spec() { return llama_spec_with("llama", models::LlamaOptions()); }
+spec::ModelSpec llama_spec() {
+  const models::LlamaOptions o;
+  spec::ModelSpec s = llama_spec_with("llama", o);
+  // The original (the golden producer's builtin Llama on this spec's export): each decoder
+  // layer's output, the final norm's and the logits, the gradients and the step.
+  s.golden.dir = reference_golden("llama");
+  s.golden.layers = llama_golden_layers(o.num_layers());
+  s.golden.logits = "lm_head";
+  return s;
+}
 
 // Variants of the port for the fault catalog (FAULTS.md; `mih faults`): the features some
 // faults need, each a spec of its own so the reference matrix stays as it is. Their suites
@@ -167,6 +176,11 @@ MIH_REGISTER_SPEC(llama_unobserved_spec);
 std::string reference_source_checkpoint(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(MIH_SPECS_DIR) / "sources" / name;
   return std::filesystem::is_directory(dir) ? dir.string() : "";
+}
+
+std::string reference_golden(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(MIH_GOLDENS_DIR) / name;
+  return std::filesystem::is_regular_file(dir / "golden.json") ? dir.string() : "";
 }
 
 std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta) {

@@ -29,8 +29,9 @@ spec::StateInvariant expert_counts_invariant(int64_t global_tokens, int64_t top_
 
 // MoeMlp against a per-token loop: softmax router, the top_k experts by probability, their
 // SwiGLU outputs weighted by the renormalized probabilities, and the load-balancing loss
-// (alpha * E * sum_e f_e * P_e over the tokens, Switch Transformer eq. 4) as the aux loss,
-// which reaches the router's gradient besides the output.
+// (alpha * E * sum_e f_e * P_e over the tokens, Switch Transformer eq. 4, f_e the fraction of
+// tokens with e among their top_k as Mixtral counts it) as the aux loss, which reaches the
+// router's gradient besides the output.
 spec::ModuleParityCase moe_loop_case() {
   const models::LlamaOptions o = models::LlamaOptions().hidden_size(8).num_experts(3).top_k(2).expert_intermediate_size(6);
   const int64_t tokens = 5, experts = o.num_experts(), top_k = o.top_k(), f = o.expert_intermediate_size();
@@ -72,8 +73,8 @@ spec::ModuleParityCase moe_loop_case() {
     }
     at::Tensor aux = at::zeros({}, in[0].options());
     for (int64_t e = 0; e < experts; ++e) {
-      const double fraction = routed[static_cast<size_t>(e)] / static_cast<double>(tokens * top_k);  // f_e
-      aux = aux + fraction * prob_sum[e] / static_cast<double>(tokens);                            // f_e * P_e
+      const double fraction = routed[static_cast<size_t>(e)] / static_cast<double>(tokens);  // f_e
+      aux = aux + fraction * prob_sum[e] / static_cast<double>(tokens);                    // f_e * P_e
     }
     return {at::stack(rows).unsqueeze(0), o.router_aux_loss_coef() * static_cast<double>(experts) * aux};
   };
@@ -91,6 +92,11 @@ spec::ModelSpec moe_spec() {
   s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));
   s.parity_cases = {moe_loop_case(), llama_attention_case()};
   s.checkpoint.source = reference_source_checkpoint("moe");
+  // The original: the golden producer's builtin sparse MoE of Mixtral's equations (the dense
+  // layers as the config's mlp_only_layers say) on this spec's export.
+  s.golden.dir = reference_golden("moe");
+  s.golden.layers = llama_golden_layers(o.num_layers());
+  s.golden.logits = "lm_head";
   // Measured on cpu-smoke DpShard2Mb2 (float64) against the single-batch reference: loss
   // 3.7e-5, grad norm 8.7e-4, the MoE layer's norm gradient 1.3e-1 relative error. No
   // tolerance would mean anything, so the cases are declared not comparable.
@@ -101,10 +107,34 @@ spec::ModelSpec moe_spec() {
   return s;
 }
 
+// The moe port with Qwen2-MoE's routing (a shared expert behind a sigmoid gate, the top-k
+// probabilities not renormalized, rotary theta 1e6), declared as Qwen2MoeForCausalLM: the fault
+// catalog's port for the config-invariant bugs of such a model (F28, F31), which only the
+// golden of the original catches. It declares no rotary inv_freq invariant: its rotary table is
+// checked against the original by MatchesOriginal.
+spec::ModelSpec moe_qwen_spec() {
+  models::LlamaOptions o = models::moe_qwen_options();
+  o.moe_layers({1});  // as make_moe's default: every second layer from layer 1
+  spec::ModelSpec s = language_model_spec("moe_qwen", o);
+  s.num_experts = o.num_experts();
+  s.tp_divides.push_back(o.shared_expert_intermediate_size());
+  s.checkpoint.hf = hf_qwen2_moe_config(o);
+  s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
+  s.invariants = {expert_counts_invariant(8 * 64, o.top_k())};
+  s.golden.dir = reference_golden("moe_qwen");
+  s.golden.layers = llama_golden_layers(o.num_layers());
+  s.golden.logits = "lm_head";
+  s.tolerances.grad_accumulation_reason = moe_spec().tolerances.grad_accumulation_reason;
+  return s;
+}
+
 MIH_REGISTER_SPEC(moe_spec);
+MIH_REGISTER_SPEC(moe_qwen_spec);
 
 }  // namespace
 }  // namespace mih::specs
 
 // Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
 MIH_CONFORMANCE_SUITES(Moe, "moe", "cpu-smoke");
+// Its Qwen2-MoE variant on the variants' lane (dp_shard, tp, tp with sequence parallelism).
+MIH_CONFORMANCE_SUITES(MoeQwen, "moe_qwen", "cpu-smoke-variants");

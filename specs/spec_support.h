@@ -7,6 +7,8 @@
 // harness/spec/model_spec.h and suites/conformance.h (`mih scaffold` writes one).
 #pragma once
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -19,7 +21,10 @@ namespace mih::specs {
 
 /// Hugging Face LlamaConfig's fields for options `o` (the names a LlamaForCausalLM loader
 /// reads; max_position_embeddings and the token ids are not declared: the rotary table has no
-/// length limit and the byte tokenizer is not a Hugging Face tokenizer).
+/// length limit and the byte tokenizer is not a Hugging Face tokenizer). Every field that
+/// changes the original's numbers is declared, defaults included (rope_scaling null,
+/// pretraining_tp 1), so none defaults silently on the original's side (`mih inspect` warns
+/// for one left out).
 inline nlohmann::json hf_llama_fields(const models::LlamaOptions& o) {
   return {{"vocab_size", o.vocab_size()},
           {"hidden_size", o.hidden_size()},
@@ -31,6 +36,8 @@ inline nlohmann::json hf_llama_fields(const models::LlamaOptions& o) {
           {"hidden_act", "silu"},
           {"rms_norm_eps", o.rms_norm_eps()},
           {"rope_theta", o.rope_theta()},
+          {"rope_scaling", nullptr},
+          {"pretraining_tp", 1},
           {"tie_word_embeddings", o.tie_word_embeddings()},
           {"attention_bias", o.attention_bias()},
           {"attention_dropout", o.dropout()},
@@ -53,11 +60,41 @@ inline spec::HfConfig hf_mixtral_config(const models::LlamaOptions& o) {
   f["num_local_experts"] = o.num_experts();
   f["num_experts_per_tok"] = o.top_k();
   f["router_aux_loss_coef"] = o.router_aux_loss_coef();
+  // The port trains with the load-balancing loss (its gradient reaches the router): Mixtral
+  // adds it only with output_router_logits, which defaults to false.
+  f["output_router_logits"] = true;
+  f["router_jitter_noise"] = 0.0;
+  f["sliding_window"] = nullptr;
   std::vector<int64_t> dense;
   for (int64_t l = 0; l < o.num_layers(); l += 2) dense.push_back(l);
   f["mlp_only_layers"] = dense;
   f["dense_intermediate_size"] = o.intermediate_size();
   return {"mixtral", {"MixtralForCausalLM"}, f};
+}
+
+/// Qwen2MoeForCausalLM for the moe port with Qwen2-MoE routing (moe_qwen_options): its dense
+/// layers (mlp_only_layers) of intermediate_size, its sparse layers' experts of
+/// moe_intermediate_size with a shared expert and its gate, norm_topk_prob as the port
+/// routes, no q/k/v biases (qkv_bias false).
+inline spec::HfConfig hf_qwen2_moe_config(const models::LlamaOptions& o) {
+  nlohmann::json f = hf_llama_fields(o);
+  for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp"}) f.erase(llama_only);
+  f["qkv_bias"] = o.attention_bias();
+  f["use_sliding_window"] = false;
+  f["num_experts"] = o.num_experts();
+  f["num_experts_per_tok"] = o.top_k();
+  f["moe_intermediate_size"] = o.expert_intermediate_size();
+  f["shared_expert_intermediate_size"] = o.shared_expert_intermediate_size();
+  f["norm_topk_prob"] = o.norm_topk_prob();
+  f["decoder_sparse_step"] = 1;
+  std::vector<int64_t> dense;
+  for (int64_t l = 0; l < o.num_layers(); ++l) {
+    if (std::find(o.moe_layers().begin(), o.moe_layers().end(), l) == o.moe_layers().end()) dense.push_back(l);
+  }
+  f["mlp_only_layers"] = dense;
+  f["router_aux_loss_coef"] = o.router_aux_loss_coef();
+  f["output_router_logits"] = true;
+  return {"qwen2_moe", {"Qwen2MoeForCausalLM"}, f};
 }
 
 /// LlavaForConditionalGeneration: text_config a LlamaConfig, vision_config the tower's sizes
@@ -123,6 +160,21 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
 /// binary was built from), or "" when that folder is not there (a relocated install): then
 /// the SourceCheckpoint suite is not instantiated.
 std::string reference_source_checkpoint(const std::string& name);
+
+/// From llama_spec.cpp: the golden of the original model the build made for reference spec
+/// `name` (<MIH_GOLDENS_DIR>/<name>: golden.json and golden.safetensors, target mih_goldens;
+/// docs/golden.md), or "" when that build made none (no Python with torch at configure time,
+/// or a relocated install): then the MatchesOriginal suite is not instantiated.
+std::string reference_golden(const std::string& name);
+
+/// The golden layer map of a llama-style port with `layers` decoder layers (llama.h's
+/// module names): embed_tokens -> hidden state 0, layers.i -> i + 1, norm -> layers + 1.
+inline std::vector<std::pair<std::string, int64_t>> llama_golden_layers(int64_t layers) {
+  std::vector<std::pair<std::string, int64_t>> map = {{"embed_tokens", 0}};
+  for (int64_t i = 0; i < layers; ++i) map.emplace_back("layers." + std::to_string(i), i + 1);
+  map.emplace_back("norm", layers + 1);
+  return map;
+}
 
 /// From llama_spec.cpp: rotary inv_freq against its formula (a non-persistent buffer) after the
 /// build and after a checkpoint load, and CP attention against an independent per-head loop

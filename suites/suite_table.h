@@ -47,6 +47,7 @@
   X(arg, ModalityGradients) \
   X(arg, StateInvariants) \
   X(arg, ModuleParity) \
+  X(arg, MatchesOriginal) \
   X(arg, NumericParity) \
   X(arg, GradientSync) \
   X(arg, GradientPresence) \

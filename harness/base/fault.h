@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (FAULTS.md F01-F27, `mih faults`): each catalogued
+// Fault injection for the fault catalog (FAULTS.md F01-F32, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //
@@ -30,11 +30,12 @@ enum class Fault : int {
   kF23, kF24, kF25,  // expert parallelism
   kF26,
   kF27,  // the data pipeline shared by the reference and every case
+  kF28, kF29, kF30, kF31, kF32,  // the original model (config-invariant; only MatchesOriginal sees them)
 };
 /// How many faults are catalogued, and the largest ID.
-inline constexpr int kFaultCount = 27;
-inline constexpr int kMaxFaultId = 27;
-/// True for the ID of a catalogued fault (1-27).
+inline constexpr int kFaultCount = 32;
+inline constexpr int kMaxFaultId = 32;
+/// True for the ID of a catalogued fault (1-32).
 constexpr bool catalogued(int id) noexcept { return id >= 1 && id <= kMaxFaultId; }
 
 namespace detail {
@@ -67,7 +68,7 @@ Fault current();
 /// never a silent fault-free run.
 void check_environment();
 
-/// "F01" ... "F27"; "" for kNone.
+/// "F01" ... "F32"; "" for kNone.
 std::string name(Fault f);
 /// "F01" (case-insensitive, "f1" and "F1" too) -> kF01; "" and "none" -> kNone.
 /// Throws: mih::Error{kInvalidSpec} naming the text and the valid IDs.

@@ -145,6 +145,36 @@ const std::vector<FaultEntry>& fault_catalog() {
        "huggingface/nanoVLM#201 (packed samples numbered contiguously), allenai/OLMo-core#591 (RoPE positions not "
        "reset at document boundaries with doc_lens)", "data",
        {reference}, "every_case"},
+      // The original model (config-invariant): the same bug in every configuration, the
+      // reference included, so only the golden of the original catches it (MatchesOriginal,
+      // docs/golden.md). Each runs in the reference and in a tp x sp case, which must pass.
+      {"F28", "original model (config-invariant)",
+       "rotary embeddings built with the default theta 1e4 instead of the config's rope_theta 1e6",
+       "reference_models/llama.cpp", "MoeQwen", "moe_qwen", tp2_sp, {"MatchesOriginal"},
+       {R"(localized to 'layers\.0')"},
+       "mih issue 35 (a Qwen2-MoE-style port that passed all 626 parallel tests)", "layers.0",
+       {}, "original_model", true},
+      {"F29", "original model (config-invariant)",
+       "attention scores scaled by 1/d instead of 1/sqrt(d): the queries scaled before an attention that scales again",
+       "reference_models/llama.cpp", "Llama", "llama", tp2_sp, {"MatchesOriginal"}, {R"(localized to 'layers\.0')"},
+       "mih issue 35 (a Qwen2-MoE-style port that passed all 626 parallel tests)", "layers.0",
+       {}, "original_model", true},
+      {"F30", "original model (config-invariant)",
+       "RMSNorm computed as (1 + w) * x / rms (Gemma's) where Llama has w * x / rms",
+       "harness/parallel/layers.cpp", "Llama", "llama", tp2_sp, {"MatchesOriginal"}, {R"(localized to 'layers\.0')"},
+       "huggingface/transformers' GemmaRMSNorm (1 + weight) beside LlamaRMSNorm (weight)", "layers.0",
+       {}, "original_model", true},
+      {"F31", "original model (config-invariant)",
+       "MoE top-k probabilities renormalized although the original does not (norm_topk_prob false)",
+       "reference_models/llama.cpp", "MoeQwen", "moe_qwen", tp2_sp, {"MatchesOriginal"},
+       {R"(localized to 'layers\.1')"},
+       "mih issue 35 (a Qwen2-MoE-style port that passed all 626 parallel tests)", "layers.1",
+       {}, "original_model", true},
+      {"F32", "original model (config-invariant)",
+       "the exact (erf) GELU where GPT-2 has the tanh approximation (gelu_new)", "reference_models/gpt2.cpp", "Gpt2",
+       "gpt2", tp2_sp, {"MatchesOriginal"}, {R"(localized to 'h\.0')"},
+       "huggingface/transformers' ACT2FN gelu vs gelu_new", "h.0",
+       {}, "original_model", true},
   };
   return catalog;
 }

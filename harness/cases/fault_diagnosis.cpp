@@ -116,12 +116,19 @@ json diagnose_fault(const FaultEntry& f, const FaultRuns& runs) {
     table.push_back(std::move(row));
   }
   if (std::find(runs.contrast_names.begin(), runs.contrast_names.end(), "Reference") == runs.contrast_names.end()) {
-    if (const DiagnosisCase* r = named(clean, "Reference")) table.push_back(*r);
+    // A config-invariant fault ran in the Reference too (faults.cpp): that one, not the clean one.
+    const DiagnosisCase* faulty_reference = f.config_invariant ? named(faulty, "Reference") : nullptr;
+    if (faulty_reference) {
+      table.push_back(*faulty_reference);
+    } else if (const DiagnosisCase* r = named(clean, "Reference")) {
+      table.push_back(*r);
+    }
   }
   const Diagnosis d = diagnose(table);
   // Named, and said as a finding: a separation, every case failing, or every parallel case
   // failing (two of them at least: one is "too few cases to tell").
   const bool kind_ok = d.kind == Diagnosis::Kind::kSeparated || d.kind == Diagnosis::Kind::kEveryCase ||
+                       d.kind == Diagnosis::Kind::kOriginalModel ||
                        (d.kind == Diagnosis::Kind::kEveryParallel && d.failing.size() >= 2);
   const bool names_it =
       std::find(d.features.begin(), d.features.end(), f.expected_diagnosis) != d.features.end();

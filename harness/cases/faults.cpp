@@ -254,15 +254,28 @@ int run_faults(const FaultsOptions& options) {
     const fs::path root = out / f->id;
     fs::remove_all(root);
     fs::create_directories(root / f->spec);
+    // The cases that run with the fault: its case, or for a config-invariant fault every case
+    // of the row (the reference included; the rest of the spec's matrix stays fault-free).
+    std::set<std::string> faulty = {case_name};
+    if (f->config_invariant) {
+      for (const auto& c : matrices.at(f->spec).cases) {
+        if (c.name == case_name || added_case(c.name)) faulty.insert(c.name);
+      }
+    }
+    std::string faulty_list, filter;
+    for (const auto& c : faulty) {
+      faulty_list += (faulty_list.empty() ? "" : ",") + c;
+      filter += (filter.empty() ? "" : ":") + f->prefix + "/*.*/" + c;
+    }
     // The fault-free cases this one is compared with, shared with the twins' run.
     for (const auto& c : matrices.at(f->spec).cases) {
-      if (c.name != case_name && fs::exists(clean / f->spec / c.name)) {
+      if (!faulty.count(c.name) && fs::exists(clean / f->spec / c.name)) {
         fs::create_directory_symlink(clean / f->spec / c.name, root / f->spec / c.name);
       }
     }
-    say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + case_name + " with MIH_FAULT=" + f->id + " ...");
-    const int rc = mih_test(root, f->prefix, matrix_file[f->spec], case_timeout_s, f->prefix + "/*.*/" + case_name, f->id,
-                            case_name, root / "mih_test.log");
+    say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + faulty_list + " with MIH_FAULT=" + f->id + " ...");
+    const int rc = mih_test(root, f->prefix, matrix_file[f->spec], case_timeout_s, filter, f->id, faulty_list,
+                            root / "mih_test.log");
     json row = {{"id", f->id},
                 {"kind", f->kind},
                 {"fault", f->fault},
@@ -277,20 +290,25 @@ int run_faults(const FaultsOptions& options) {
     std::set<std::string> suites_failed;
     json failed_tests = json::array();
     std::string caught_by, message;
-    // What the harness blames: the catching test, else the first failed one.
-    std::string blame_test, blame_message;
+    // What the harness blames: the catching test, else the first failed one; and the case it
+    // failed on (a config-invariant fault is caught on the reference).
+    std::string blame_test, blame_message, blame_case = case_name;
+    json others_failed = json::array();  // config-invariant: tests of other suites that failed
     for (const auto& r : run_tests_of(root)) {
-      if (r.case_name != case_name || r.status != "failed") continue;
+      if (!faulty.count(r.case_name) || r.status != "failed") continue;
       const std::string test = r.suite + "." + r.test;
       suites_failed.insert(r.suite);
       failed_tests.push_back(test);
+      if (f->config_invariant && !expected_test(*f, r)) others_failed.push_back(test + "/" + r.case_name);
       if (blame_test.empty()) {
         blame_test = test;
         blame_message = r.message;
+        blame_case = r.case_name;
       }
       if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.message)) {
         caught_by = test;
         message = r.message;
+        blame_case = r.case_name;
       }
     }
     row["suites_failed"] = suites_failed;
@@ -335,7 +353,7 @@ int run_faults(const FaultsOptions& options) {
     Localization where;
     if (!blame_test.empty()) {
       try {
-        const verdicts::CaseEvidence ev(root / f->spec / case_name);
+        const verdicts::CaseEvidence ev(root / f->spec / blame_case);
         const std::string text = blame_message.rfind("Failed\n", 0) == 0 ? blame_message.substr(7) : blame_message;
         where = verdicts::blame(ev, blame_test.substr(0, blame_test.find('.')), text);
       } catch (const std::exception& e) {
@@ -353,7 +371,7 @@ int run_faults(const FaultsOptions& options) {
     json twin_failed = json::array();
     int twin_tests = 0;
     for (const auto& r : clean_results) {
-      if (r.spec != f->spec || r.case_name != case_name) continue;
+      if (r.spec != f->spec || !faulty.count(r.case_name)) continue;
       ++twin_tests;
       if (r.status == "failed") {
         twin_failed.push_back({{"test", r.suite + "." + r.test}, {"message", first_lines(r.message, 3)}});
@@ -369,7 +387,14 @@ int run_faults(const FaultsOptions& options) {
       // No record: the launch failed, which rc reports.
     }
     row["fault_reached"] = reached;
-    const bool ok = reached && !caught_by.empty();
+    // A config-invariant fault is the port computing another model the same way everywhere:
+    // caught by the expected suite alone (every suite comparing the port with itself passes).
+    if (f->config_invariant) {
+      row["config_invariant"] = true;
+      row["fault_cases"] = faulty;
+      row["others_failed"] = others_failed;
+    }
+    const bool ok = reached && !caught_by.empty() && others_failed.empty();
     row["detected"] = ok;
     row["caught_by"] = caught_by;
     row["message"] = first_lines(message, 4);
@@ -400,7 +425,11 @@ int run_faults(const FaultsOptions& options) {
     twin_failures += !twin_clean;
     std::string suites;
     for (const auto& s : suites_failed) suites += (suites.empty() ? "" : ", ") + s;
-    say(progress, std::string("  ") + (ok ? "DETECTED by " + caught_by : reached ? "NOT DETECTED" : "NOT REACHED (its code never ran)") +
+    say(progress, std::string("  ") +
+                      (ok                    ? "DETECTED by " + caught_by
+                       : !reached            ? "NOT REACHED (its code never ran)"
+                       : !caught_by.empty()  ? "NOT DETECTED ALONE: also failed " + others_failed.dump()
+                                             : "NOT DETECTED") +
                       (ok && !row["localized"].get<bool>()
                            ? "; NOT LOCALIZED: blamed '" + where.blamed + "', the catalog expects '" + f->expected_blame + "'"
                            : "") +

@@ -47,6 +47,11 @@ struct FaultEntry {
   /// The feature key the diagnosis across the case, its contrasts and the Reference must name
   /// ("ep>1", "sp", "cross_topology_resume"; "every_case" when every case fails alike).
   std::string expected_diagnosis;
+  /// A bug of the port against the original model, the same in every configuration (F28-F32):
+  /// it runs in every case of its matrix, the reference included, so every suite that compares
+  /// the port with itself passes and only the expected suite (MatchesOriginal, on the
+  /// reference) may fail; detected means caught by it and no other test failing.
+  bool config_invariant = false;
 };
 
 /// Every fault, F01 first.

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
@@ -155,6 +156,63 @@ void unchecked_fields(const nlohmann::json& port, const nlohmann::json& checkpoi
 }
 
 std::string shape_text(const std::vector<int64_t>& s) { return nlohmann::json(s).dump(); }
+
+// The config fields an architecture's forward or loss reads whose value changes the numbers,
+// with the default Hugging Face transformers computes with when config.json leaves them out
+// (models/<type>/configuration_*.py; golden/builtin_models.py DEFAULTS holds the same).
+struct BehaviourField {
+  const char* field;
+  const char* fallback;  // the default, as JSON
+};
+const std::map<std::string, std::vector<BehaviourField>>& behaviour_fields() {
+  static const std::map<std::string, std::vector<BehaviourField>> table = {
+      {"llama",
+       {{"rope_theta", "10000.0"}, {"rope_scaling", "null"}, {"rms_norm_eps", "1e-06"}, {"hidden_act", "\"silu\""},
+        {"attention_bias", "false"}, {"mlp_bias", "false"}, {"tie_word_embeddings", "false"},
+        {"attention_dropout", "0.0"}, {"pretraining_tp", "1"}}},
+      {"mixtral",
+       {{"rope_theta", "1000000.0"}, {"rope_scaling", "null"}, {"rms_norm_eps", "1e-05"}, {"hidden_act", "\"silu\""},
+        {"tie_word_embeddings", "false"}, {"attention_dropout", "0.0"}, {"sliding_window", "null"},
+        {"num_experts_per_tok", "2"}, {"router_aux_loss_coef", "0.001"}, {"output_router_logits", "false"},
+        {"router_jitter_noise", "0.0"}}},
+      {"qwen2_moe",
+       {{"rope_theta", "10000.0"}, {"rope_scaling", "null"}, {"rms_norm_eps", "1e-06"}, {"hidden_act", "\"silu\""},
+        {"tie_word_embeddings", "false"}, {"attention_dropout", "0.0"}, {"use_sliding_window", "false"},
+        {"qkv_bias", "true"}, {"num_experts_per_tok", "4"}, {"norm_topk_prob", "false"},
+        {"shared_expert_intermediate_size", "5632"}, {"decoder_sparse_step", "1"}, {"mlp_only_layers", "[]"},
+        {"router_aux_loss_coef", "0.001"}, {"output_router_logits", "false"}}},
+      {"gpt2",
+       {{"activation_function", "\"gelu_new\""}, {"layer_norm_epsilon", "1e-05"}, {"scale_attn_weights", "true"},
+        {"scale_attn_by_inverse_layer_idx", "false"}, {"reorder_and_upcast_attn", "false"}, {"resid_pdrop", "0.1"},
+        {"embd_pdrop", "0.1"}, {"attn_pdrop", "0.1"}, {"tie_word_embeddings", "true"}, {"n_inner", "null"}}},
+  };
+  return table;
+}
+
+// Warnings for the behaviour fields the declared config leaves out (nested configs with a
+// model_type of their own, like LLaVA's text_config, by dotted path).
+void undeclared_behaviour(const nlohmann::json& declared, const std::string& model_type, const std::string& prefix,
+                          nlohmann::json* out) {
+  const auto it = behaviour_fields().find(model_type);
+  if (it != behaviour_fields().end()) {
+    for (const auto& f : it->second) {
+      if (declared.contains(f.field)) continue;
+      const std::string path = prefix + f.field;
+      out->push_back({{"field", path},
+                      {"model_type", model_type},
+                      {"default", nlohmann::json::parse(f.fallback)},
+                      {"why", "the spec's config declares no '" + path + "': the original (" + model_type +
+                                  ") computes with its default " + std::string(f.fallback) +
+                                  ", whatever the port does; declare the value the port computes with in "
+                                  "CheckpointSpec::hf.fields (a golden of the export then checks it, docs/golden.md)"}});
+    }
+  }
+  for (const auto& [name, value] : declared.items()) {
+    if (value.is_object() && value.contains("model_type") && value["model_type"].is_string()) {
+      undeclared_behaviour(value, value["model_type"].get<std::string>(), prefix + name + ".", out);
+    }
+  }
+}
 
 at::ScalarType scalar_type_of(const std::string& safetensors_name, const std::string& key) {
   static const std::map<std::string, at::ScalarType> kTypes = {
@@ -342,6 +400,38 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
     result.loss = loss.item<double>();
     result.logits = logits.defined();
 
+    // What a golden producer needs to take the port's optimizer step (docs/golden.md): the
+    // trainer options, the labels' convention, and per external tensor its weight-decay group
+    // as the Trainer built it (so a fused parameter's keys share their group) and whether it
+    // trains. Its own file, hashed whole into a golden's training_sha256.
+    std::map<const void*, bool> decayed;
+    for (const auto& group : trainer.optimizer().param_groups()) {
+      const double wd = static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay();
+      for (const auto& t : group.params()) decayed[t.unsafeGetTensorImpl()] = wd != 0;
+    }
+    nlohmann::json training_tensors = nlohmann::json::object();
+    for (const auto& p : trainer.context().parameters()) {
+      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
+      const auto it = decayed.find(p->local.unsafeGetTensorImpl());
+      for (const std::string& key : map.external_keys(p->fqn)) {
+        training_tensors[key] = {{"fqn", p->fqn},
+                                 {"weight_decay", it != decayed.end() && it->second},
+                                 {"trainable", p->local.requires_grad()}};
+      }
+    }
+    const TrainerOptions& t = spec.trainer;
+    const nlohmann::json training = {{"trainer",
+                                      {{"optimizer", "adamw"},
+                                       {"lr", t.lr()},
+                                       {"beta1", t.beta1()},
+                                       {"beta2", t.beta2()},
+                                       {"eps", t.eps()},
+                                       {"weight_decay", t.weight_decay()},
+                                       {"max_grad_norm", t.max_grad_norm()}}},
+                                     {"labels_are_shifted", spec.data.labels_are_shifted},
+                                     {"tensors", training_tensors}};
+    write_file_atomic(stage / "training.json", training.dump(2) + "\n");
+
     nlohmann::json config = hf_config_json(spec.checkpoint.hf);
     config["torch_dtype"] = options.dtype;
     write_file_atomic(stage / "config.json", config.dump(2) + "\n");
@@ -430,10 +520,12 @@ HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& 
     unexpected.push_back({{"key", t.key}, {"shape", t.shape}, {"dtype", t.dtype}, {"file", t.file}});
   }
   nlohmann::json port_config = nlohmann::json::object();
+  nlohmann::json warnings = nlohmann::json::array();
   if (spec.checkpoint.hf.declared()) {
     port_config = hf_config_json(spec.checkpoint.hf);
     diff_config(port_config, checkpoint.config, "", spec.checkpoint.hf.ignored, &config);
     unchecked_fields(port_config, checkpoint.config, "", &unchecked);
+    undeclared_behaviour(spec.checkpoint.hf.fields, spec.checkpoint.hf.model_type, "", &warnings);
   }
   HfInspectResult result;
   result.matched = matched;
@@ -450,6 +542,7 @@ HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& 
                  {"dtype_differences", std::move(dtypes)},
                  {"config_differences", std::move(config)},
                  {"config_fields_not_compared", std::move(unchecked)},
+                 {"config_warnings", std::move(warnings)},
                  {"config_compared", spec.checkpoint.hf.declared()}};
 
   // Each inspect's verdict stands alone: an earlier inspect's inventory and state in --out

@@ -124,7 +124,11 @@ struct HfInspectResult {
 /// inference-only), shape mismatches (with "likely transposed" when the shape is the reverse),
 /// dtype differences, and config fields the spec declares that the directory's config.json
 /// lacks or gives another value (nested, by dotted path; HfConfig::ignored skipped; integers
-/// exactly, floats to 1e-6 relative). Removes an earlier inspect's inventory and state from
+/// exactly, floats to 1e-6 relative), and warns (config_warnings, not differences) for each
+/// field the architecture's forward reads that the spec's config leaves out (rope_theta,
+/// rms_norm_eps, hidden_act, norm_topk_prob, output_router_logits, activation_function, ...
+/// per model_type), so an undeclared option cannot silently default on the original's side.
+/// Removes an earlier inspect's inventory and state from
 /// options.out, writes the inventory and, when nothing differs, moves the integration state to
 /// DISCOVERED (with differences the directory has no state: each inspect's verdict stands
 /// alone, so a fixed port is inspected again into the same directory).

@@ -65,7 +65,10 @@ const InitSource* init_source_of(const std::string& spec) {
 
 spec::ModelSpec spec_of_run(const std::string& name) {
   const InitSource* source = init_source_of(name);
-  return spec::initialized_from(spec::SpecRegistry::instance().get(name), source ? source->dir.string() : "");
+  spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(name), source ? source->dir.string() : "");
+  const auto golden = run_options().goldens.find(name);
+  if (golden != run_options().goldens.end()) s.golden.dir = golden->second.string();
+  return s;
 }
 
 std::string matrix_of(const Registration& r) {

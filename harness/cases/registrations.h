@@ -86,6 +86,14 @@ struct RunOptions {
   /// Spec name -> the checkpoint its cases (the reference included) initialize from, resolved
   /// and checked once before any test runs. A spec not here trains from the seed's weights.
   std::map<std::string, InitSource> init_sources;
+  /// `--golden DIR` (repeatable): golden directories (docs/golden.md), each for the spec its
+  /// golden.json names (or the run's one selected spec), overriding the spec's GoldenSpec::dir.
+  std::vector<std::filesystem::path> golden_dirs;
+  /// Spec name -> the golden directory its MatchesOriginal suite compares with, checked
+  /// before any test runs (the golden's format and version, its tensors file, and the hashes
+  /// of the checkpoint, batch and trainer options it was computed from against this run's
+  /// export). A spec not here keeps its own GoldenSpec::dir.
+  std::map<std::string, std::filesystem::path> goldens;
   /// The precision lane every matrix runs in ("bfloat16", "float32,seed=2"; `--dtype`,
   /// `--seed`): matrix_of appends "@<lane>" (spec::resolve_matrix_source). Empty: the matrix's.
   std::string lane;
@@ -101,8 +109,9 @@ RunOptions& run_options();
 bool selected(const Registration& r);
 /// The checkpoint spec `spec`'s cases initialize from in this run, or null (the seed's).
 const InitSource* init_source_of(const std::string& spec);
-/// The spec `name` as this run's cases see it: spec::initialized_from its init source (what
-/// the suites' applies() decide on).
+/// The spec `name` as this run's cases see it: spec::initialized_from its init source, and its
+/// golden directory the run's (RunOptions::goldens) when it has one (what the suites'
+/// applies() decide on).
 /// Throws: as spec::SpecRegistry::get.
 spec::ModelSpec spec_of_run(const std::string& name);
 

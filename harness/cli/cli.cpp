@@ -48,6 +48,13 @@ const std::vector<Command>& commands() {
        "declares. Writes inventory/{candidate,reference,structure_diff}.json and fingerprints.sha256 under --out; "
        "never downloads. Exit 0 only when nothing differs (the state becomes DISCOVERED), 1 otherwise.",
        setup_inspect},
+      {"golden",
+       "Write the golden of a spec (docs/golden.md): export it in float64 into --out/export, then run the golden "
+       "producer (mih_golden.py, any Python with torch) on the export: the ORIGINAL architecture's loss, logits, "
+       "hidden states, gradients and parameters after one step (golden.json, golden.safetensors), which `mih test "
+       "--golden DIR` compares the port's reference with (MatchesOriginal). --impl builtin (default: the producer's "
+       "own Llama, Mixtral/Qwen2-MoE, GPT-2) or transformers.",
+       setup_golden},
       {"scaffold",
        "Write a new port's project into --out: a small working port on the harness layers (model.h, a tiny "
        "GPT-2-style decoder), its spec with every part filled and commented (spec.cpp), a CMakeLists.txt with "
@@ -92,7 +99,7 @@ const std::vector<Command>& commands() {
        "the run's largest mesh could take was taken by no case, 12 when cases of the run have no evidence.",
        setup_reach},
       {"faults",
-       "Run the fault catalog (docs/fault-catalog.md, F01-F27): each fault on the case where it manifests and its "
+       "Run the fault catalog (docs/fault-catalog.md, F01-F32): each fault on the case where it manifests and its "
        "fault-free twin; report the suites that caught it, the finding codes, the first divergence, and the diagnosis "
        "across its contrast cases, which must name the catalog's feature (exit 1 otherwise). Options: "
        "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "

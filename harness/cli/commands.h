@@ -4,7 +4,7 @@
 //
 // How to add a command: write `CommandRun setup_<name>(CLI::App& sub, const Invocation& inv)`
 // in the file of its kind (launch_commands.cpp, evidence_commands.cpp, conformance_command.cpp,
-// scaffold_command.cpp, reach_command.cpp),
+// scaffold_command.cpp, reach_command.cpp, golden_command.cpp),
 // declare it below and add a row to commands() in cli.cpp.
 #pragma once
 
@@ -45,6 +45,7 @@ CommandRun setup_selftest(CLI::App& sub, const Invocation& inv);
 CommandRun setup_launch(CLI::App& sub, const Invocation& inv);
 CommandRun setup_export(CLI::App& sub, const Invocation& inv);
 CommandRun setup_inspect(CLI::App& sub, const Invocation& inv);
+CommandRun setup_golden(CLI::App& sub, const Invocation& inv);
 CommandRun setup_scaffold(CLI::App& sub, const Invocation& inv);
 CommandRun setup_matrix(CLI::App& sub, const Invocation& inv);
 CommandRun setup_list(CLI::App& sub, const Invocation& inv);

@@ -3,6 +3,7 @@
 // (results.jsonl), the ctest case list with its labels from the suite table, and the run's
 // exit status.
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/faults.h"
+#include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
@@ -541,6 +543,39 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
   return "";
 }
 
+// The GoogleTest filter of the run: the last --gtest_filter, else GTEST_FILTER, else "*".
+std::string gtest_filter_of(const std::vector<std::string>& gtest_flags) {
+  std::string filter;
+  for (const auto& f : gtest_flags) {
+    if (f.rfind("--gtest_filter=", 0) == 0) filter = f.substr(15);
+  }
+  if (filter.empty()) {
+    const char* env = std::getenv("GTEST_FILTER");
+    filter = env && *env ? env : "*";
+  }
+  return filter;
+}
+
+// Whether GoogleTest's filter selects test `name` ("Llama/MatchesOriginal.X/Reference"): a
+// positive pattern matches it (':'-separated, '*' and '?' wildcards; none: "*") and no negative
+// one (after '-') does.
+bool filter_selects(const std::string& filter, const std::string& name) {
+  auto any = [&](const std::string& patterns) {
+    size_t start = 0;
+    while (true) {
+      const size_t end = patterns.find(':', start);
+      const std::string p = patterns.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (!p.empty() && ::fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
+      if (end == std::string::npos) return false;
+      start = end + 1;
+    }
+  };
+  const size_t dash = filter.find('-');
+  const std::string positive = dash == std::string::npos ? filter : filter.substr(0, dash);
+  const std::string negative = dash == std::string::npos ? "" : filter.substr(dash + 1);
+  return any(positive.empty() ? "*" : positive) && !any(negative);
+}
+
 // The registrations of the run with their cases and rejected cases, for a run that selected
 // nothing: "  Llama (spec llama, matrix cpu-smoke): Reference, DpShard2, ...".
 std::string what_exists() {
@@ -563,7 +598,7 @@ struct RunFlags {
   std::string evidence_root, matrix, only_spec, fault, init_from, dtype;
   int64_t seed = -1;
   double noise_k = -1;
-  std::vector<std::string> prefixes, fault_cases;
+  std::vector<std::string> prefixes, fault_cases, goldens;
   bool verify_only = false, allow_edited_evidence = false, allow_other_version = false, no_progress = false,
        list_cases = false;
   std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
@@ -610,9 +645,14 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                  "starts; its files' SHA-256 join each case's fingerprint; it is the source checkpoint too), "
                  "instead of the spec's checkpoint.init_from or the seed's weights")
       ->check(cli::non_empty_path());
+  app.add_option("--golden", f->goldens,
+                 "a golden of the original model (`mih golden` writes one; docs/golden.md) the spec its golden.json "
+                 "names is compared with (MatchesOriginal on its Reference), instead of the spec's golden.dir; "
+                 "checked before any case starts (repeatable)")
+      ->check(cli::non_empty_path());
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
-  app.add_option("--fault", f->fault, "fault of the catalog (F01-F27) the --fault-cases run with")
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F32) the --fault-cases run with")
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
@@ -710,6 +750,7 @@ int run_tests(const std::vector<std::string>& args) {
   o.progress = !f.no_progress;
   o.only_spec = f.only_spec;
   o.init_from = f.init_from;
+  o.golden_dirs.assign(f.goldens.begin(), f.goldens.end());
   if (!o.only_spec.empty()) static_cast<void>(spec::SpecRegistry::instance().get(o.only_spec));  // unknown: exit 11
   for (const auto& x : f.prefixes) {
     MIH_CHECK(cases::find_registration(x) != nullptr, "--prefixes: no MIH_CONFORMANCE_SUITES registration '", x,
@@ -777,6 +818,24 @@ int run_tests(const std::vector<std::string>& args) {
     MIH_THROW(Code::kInvalidSpec, "--fault-cases: no selected case is named '", name, "' (the cases: ", list, ")");
   }
   resolve_init_sources(o, !o.verify_only && !listing);
+  // Goldens: read now (the suite table asks for them), checked against this run's export
+  // where the run selects a MatchesOriginal test (before any rank starts).
+  const std::string filter = gtest_filter_of(gtest_flags);
+  cases::resolve_goldens(o, [&](const std::string& spec_name) {
+    if (listing) return false;
+    for (const auto& r : cases::registrations()) {
+      if (!cases::selected(r) || r.spec != spec_name) continue;
+      const spec::ModelSpec s = cases::spec_of_run(spec_name);
+      for (const spec::Case* c : cases::runnable_cases(r)) {
+        if (!conformance::suite_row("MatchesOriginal").applies({s, *c})) continue;
+        for (const char* test : {"LossAndLogitsMatchOriginal", "HiddenStatesMatchOriginal", "GradientsMatchOriginal",
+                                 "StepMatchesOriginal"}) {
+          if (filter_selects(filter, r.prefix + "/MatchesOriginal." + test + "/" + c->name)) return true;
+        }
+      }
+    }
+    return false;
+  });
   o.enabled = true;
   std::vector<std::string> gargs = {"mih"};
   gargs.insert(gargs.end(), gtest_flags.begin(), gtest_flags.end());
@@ -896,7 +955,7 @@ CommandRun setup_check(CLI::App& sub, const Invocation&) {
 CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   auto o = std::make_shared<cases::FaultsOptions>();
   auto quiet = std::make_shared<bool>(false);
-  sub.add_option("--fault", o->only, "only these faults (F01 ... F27; repeat or comma-separate)")->delimiter(',');
+  sub.add_option("--fault", o->only, "only these faults (F01 ... F32; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
   auto out_given = sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault "
                                                     "(default mih-faults, mih-faults-<dtype> in a reduced lane, in the current directory)");

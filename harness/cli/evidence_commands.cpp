@@ -127,6 +127,9 @@ CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
       std::printf("  ... and %zu more differences: every one in %s (or --json)\n", r.differences - lines.size(),
                   (f->o.out / "inventory" / "structure_diff.json").c_str());
     }
+    for (const auto& w : d["config_warnings"]) {
+      std::printf("  warning: config field %s: %s\n", w["field"].get<std::string>().c_str(), w["why"].get<std::string>().c_str());
+    }
     std::printf("inventory: %s (candidate.json, reference.json, structure_diff.json, fingerprints.sha256)%s\n",
                 (f->o.out / "inventory").c_str(), r.differences == 0 ? "; state DISCOVERED" : "");
     return r.differences == 0 ? 0 : 1;
@@ -214,7 +217,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f->options.fault,
-                 "inject a fault of the catalog (F01-F27, docs/fault-catalog.md) in the case's ranks (their --fault; "
+                 "inject a fault of the catalog (F01-F32, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
   sub.add_option("--init-from", f->options.init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "

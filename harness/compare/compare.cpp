@@ -151,6 +151,56 @@ std::string Comparison::summary() const {
          std::to_string(divergences.size()) + " of " + std::to_string(compared) + " quantities diverge)";
 }
 
+TensorError tensor_error(const json& x, const json& y) {
+  TensorError e;
+  double& max_abs = e.max_abs;
+  double& rel = e.relative;
+  if (x.contains("values") && y.contains("values") && x["values"].size() == y["values"].size()) {
+    double diff2 = 0, norm2 = 0;
+    for (size_t i = 0; i < x["values"].size(); ++i) {
+      const double u = x["values"][i].is_number() ? x["values"][i].get<double>() : NAN;
+      const double v = y["values"][i].is_number() ? y["values"][i].get<double>() : NAN;
+      max_abs = std::max(max_abs, std::abs(u - v));
+      diff2 += (u - v) * (u - v);
+      norm2 += v * v;
+    }
+    rel = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-300);
+  } else {
+    // Statistics: each relative to the tensor's L2 norm (sum of squares relative to itself).
+    // A partial-sum gradient records no sum of squares: the sketch scales by its sum of
+    // absolute projections instead.
+    double norm = 0;
+    if (y.contains("sum_sq")) {
+      norm = std::sqrt(std::max(y["sum_sq"].get<double>(), 0.0));
+    } else {
+      for (const auto& v : y["sketch"]) norm = std::max(norm, std::abs(v.get<double>()));
+      norm = std::max(norm, std::abs(y["sum"].get<double>()));
+    }
+    auto cmp = [&](double u, double v, double scale) {
+      max_abs = std::max(max_abs, std::abs(u - v));
+      rel = std::max(rel, std::abs(u - v) / std::max(scale, 1e-300));
+    };
+    cmp(x["sum"].get<double>(), y["sum"].get<double>(), std::max(std::abs(y["sum"].get<double>()), norm));
+    // A side whose gradient was a partial sum on each rank has no sum of squares: the
+    // linear statistics (sum, sketch) are compared then.
+    if (x.contains("sum_sq") && y.contains("sum_sq")) {
+      cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
+    }
+    if (x.value("numel", int64_t{-1}) != y.value("numel", int64_t{-1})) {
+      rel = std::numeric_limits<double>::infinity();
+      e.counts = "holds " + std::to_string(x.value("numel", int64_t{-1})) + " elements, the reference's " +
+                 std::to_string(y.value("numel", int64_t{-1})) +
+                 " (a piece recorded without its global layout, or a micro-batch it missed)";
+    }
+    if (x["sketch"].size() != y["sketch"].size()) rel = std::numeric_limits<double>::infinity();
+    for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
+      cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
+    }
+  }
+  if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
+  return e;
+}
+
 std::string module_of_parameter(const std::string& fqn) {
   std::string name = fqn.substr(0, fqn.find('/'));
   const auto dot = name.rfind('.');
@@ -462,54 +512,8 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
                       ((cand_lacks ? candidate : reference) / probes_file).string());
           continue;
         }
-        const json& x = ta[name];
-        const json& y = tb[name];
-        double max_abs = 0, rel = 0;
-        std::string counts;
-        if (x.contains("values") && y.contains("values") && x["values"].size() == y["values"].size()) {
-          double diff2 = 0, norm2 = 0;
-          for (size_t i = 0; i < x["values"].size(); ++i) {
-            const double u = x["values"][i].is_number() ? x["values"][i].get<double>() : NAN;
-            const double v = y["values"][i].is_number() ? y["values"][i].get<double>() : NAN;
-            max_abs = std::max(max_abs, std::abs(u - v));
-            diff2 += (u - v) * (u - v);
-            norm2 += v * v;
-          }
-          rel = std::sqrt(diff2) / std::max(std::sqrt(norm2), 1e-300);
-        } else {
-          // Statistics: each relative to the tensor's L2 norm (sum of squares relative to itself).
-            // A partial-sum gradient records no sum of squares: the sketch scales by its sum of
-          // absolute projections instead.
-          double norm = 0;
-          if (y.contains("sum_sq")) {
-            norm = std::sqrt(std::max(y["sum_sq"].get<double>(), 0.0));
-          } else {
-            for (const auto& v : y["sketch"]) norm = std::max(norm, std::abs(v.get<double>()));
-            norm = std::max(norm, std::abs(y["sum"].get<double>()));
-          }
-          auto cmp = [&](double u, double v, double scale) {
-            max_abs = std::max(max_abs, std::abs(u - v));
-            rel = std::max(rel, std::abs(u - v) / std::max(scale, 1e-300));
-          };
-          cmp(x["sum"].get<double>(), y["sum"].get<double>(), std::max(std::abs(y["sum"].get<double>()), norm));
-          // A side whose gradient was a partial sum on each rank has no sum of squares: the
-          // linear statistics (sum, sketch) are compared then.
-          if (x.contains("sum_sq") && y.contains("sum_sq")) {
-            cmp(x["sum_sq"].get<double>(), y["sum_sq"].get<double>(), y["sum_sq"].get<double>());
-          }
-          if (x.value("numel", int64_t{-1}) != y.value("numel", int64_t{-1})) {
-            rel = std::numeric_limits<double>::infinity();
-            counts = "holds " + std::to_string(x.value("numel", int64_t{-1})) + " elements, the reference's " +
-                     std::to_string(y.value("numel", int64_t{-1})) +
-                     " (a piece recorded without its global layout, or a micro-batch it missed)";
-          }
-          if (x["sketch"].size() != y["sketch"].size()) rel = std::numeric_limits<double>::infinity();
-          for (size_t j = 0; j < std::min(x["sketch"].size(), y["sketch"].size()); ++j) {
-            cmp(x["sketch"][j].get<double>(), y["sketch"][j].get<double>(), norm);
-          }
-        }
-        if (x.value("nonfinite", 0) != y.value("nonfinite", 0)) rel = std::numeric_limits<double>::infinity();
-        check({kind, name, step, stage, rel, max_abs}, probes_path, counts);
+        const TensorError e = tensor_error(ta[name], tb[name]);
+        check({kind, name, step, stage, e.relative, e.max_abs}, probes_path, e.counts);
       }
     }
   }

@@ -171,6 +171,18 @@ struct Localization {
 /// when only some modules with parameters were, which ones were not.
 Localization localize(const Comparison& comparison, bool resumed = false);
 
+/// The error of one tensor's probe record `candidate` against `reference` (the probes' JSON:
+/// "values" for a small tensor, else "sum", "sum_sq", "sketch", "numel", "nonfinite"): the
+/// relative L2 error of the values when both hold them, else the largest error of the
+/// statistics relative to the reference's L2 norm (the sum of squares relative to itself);
+/// infinite when the element or non-finite counts differ (`counts` then says how).
+struct TensorError {
+  double relative = 0;
+  double max_abs = 0;
+  std::string counts;
+};
+TensorError tensor_error(const nlohmann::json& candidate, const nlohmann::json& reference);
+
 /// The module of a parameter FQN: "layers.0.mlp.down_proj.weight" -> "layers.0.mlp.down_proj"
 /// (an optimizer state's "/exp_avg" dropped first); a top-level parameter is its own name.
 std::string module_of_parameter(const std::string& fqn);

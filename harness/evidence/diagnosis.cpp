@@ -247,6 +247,7 @@ std::string diagnosis_kind_name(Diagnosis::Kind kind) {
     case Diagnosis::Kind::kSeparated: return "separated";
     case Diagnosis::Kind::kMostly: return "mostly";
     case Diagnosis::Kind::kInconclusive: return "inconclusive";
+    case Diagnosis::Kind::kOriginalModel: return "original_model";
   }
   return "?";
 }
@@ -274,6 +275,21 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
     for (const auto& s : c->passed_suites) findings_passed = findings_passed || !reference_compared_suites().count(s);
   }
   d.reference_compared_only = only_compared && findings_passed;
+
+  // Only the comparison with the original model fails (it runs on the Reference): every case
+  // agrees with the port's own Reference, so no parallel feature is at fault.
+  const bool only_original = std::all_of(cases.begin(), cases.end(), [](const DiagnosisCase* c) {
+    return c->verdict != DiagnosisCase::Verdict::kFailed ||
+           (!c->failed_suites.empty() &&
+            std::all_of(c->failed_suites.begin(), c->failed_suites.end(), [](const std::string& s) {
+              return s == "MatchesOriginal";
+            }));
+  });
+  if (only_original) {
+    d.kind = Diagnosis::Kind::kOriginalModel;
+    d.features = {"original_model"};
+    return d;
+  }
 
   if (d.passing.empty()) {
     d.kind = Diagnosis::Kind::kEveryCase;
@@ -443,6 +459,11 @@ std::string Diagnosis::summary() const {
       return "every case fails alike (" + cases_word(n) + ", no Reference among them): no feature separates them; a "
              "passing case (the Reference, a world-size-1 case) would tell whether it is parallel at all";
     }
+    case Kind::kOriginalModel:
+      return "only MatchesOriginal fails (" + join(failing) + "; " + std::to_string(passing.size()) +
+             " case(s) pass): every configuration agrees with the port's Reference, and the Reference computes another "
+             "model than the original; not a parallel bug: compare the port's equations and its declared config with "
+             "the original's, starting at the layer the localization names";
     case Kind::kEveryParallel: {
       std::string out;
       if (failing.size() == 1) {

@@ -58,10 +58,14 @@ struct Diagnosis {
     kSeparated,     ///< a feature, or a pair, holds for every failing case and for no passing one
     kMostly,        ///< one does, but for a few exceptions (at most 1 in 5 cases)
     kInconclusive,  ///< no feature or pair of features separates them
+    /// every failing case fails MatchesOriginal and nothing else: the port computes another model
+    /// than the original the same way in every configuration (feature "original_model")
+    kOriginalModel,
   };
   Kind kind = Kind::kNoFailure;
   /// The explanation's literals as feature keys ("ep>1"; "!sp" for "without sequence
-  /// parallelism"); kEveryCase: {"every_case"}; kEveryParallel: {"world_size>1"}.
+  /// parallelism"); kEveryCase: {"every_case"}; kEveryParallel: {"world_size>1"};
+  /// kOriginalModel: {"original_model"}.
   std::vector<std::string> features;
   std::string explanation;  ///< in words: "ep > 1", "tp > 1 without sequence parallelism"
   /// Other features that hold for exactly the same cases here: the run cannot tell them from

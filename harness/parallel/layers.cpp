@@ -212,6 +212,9 @@ RMSNormImpl::RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps, bool 
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  // F30 (FAULTS.md): Gemma's (1 + w) * x / rms where the architecture has w * x / rms, in every
+  // configuration alike.
+  if (fault::active(fault::Fault::kF30)) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * (1 + ctx_->use(weight));
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * ctx_->use(weight);
 }
 

@@ -3,6 +3,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -86,6 +87,12 @@ void ModelSpec::validate() const {
   for (const auto& p : frozen) MIH_CHECK(!p.empty(), where, ": frozen has an empty pattern");
   for (const auto& p : unused_parameters) MIH_CHECK(!p.empty(), where, ": unused_parameters has an empty pattern");
   for (const auto& p : activation_watch) MIH_CHECK(!p.empty(), where, ": activation_watch has an empty pattern");
+  std::set<std::string> golden_modules;
+  for (const auto& [module, index] : golden.layers) {
+    MIH_CHECK(!module.empty() && index >= 0, where, ": golden.layers maps '", module, "' to hidden state ", index,
+              "; give a module name and an index >= 0 (0 the embeddings, i decoder layer i - 1's output)");
+    MIH_CHECK(golden_modules.insert(module).second, where, ": golden.layers maps module '", module, "' twice");
+  }
   if (!checkpoint.source.empty()) {
     with_context(where + ": checkpoint.source", [&] { (void)safetensors::checkpoint_keys(checkpoint.source); });
   }
@@ -113,6 +120,12 @@ void ModelSpec::validate_against(const std::vector<std::string>& fqns) const {
   for (const auto& p : frozen) require(p, "frozen");
   for (const auto& p : unused_parameters) require(p, "unused_parameters");
   for (const auto& p : activation_watch) require(p, "activation_watch");
+  for (const auto& [module, index] : golden.layers) {
+    MIH_CHECK(std::find(fqns.begin(), fqns.end(), module) != fqns.end(), where, ": golden.layers names module '", module,
+              "', which the model does not have; map the module whose output is hidden state ", index);
+  }
+  MIH_CHECK(golden.logits.empty() || std::find(fqns.begin(), fqns.end(), golden.logits) != fqns.end(), where,
+            ": golden.logits names module '", golden.logits, "', which the model does not have");
   // A frozen parameter gets no gradient: a modality that must train it can never hold.
   for (const auto& m : modalities) {
     for (const auto& mp : m.parameter_patterns) {
@@ -181,6 +194,7 @@ nlohmann::json ModelSpec::to_json() const {
           {"frozen", frozen},
           {"unused_parameters", unused_parameters},
           {"activation_watch", activation_watch},
+          {"golden", {{"layers", golden.layers}, {"logits", golden.logits}}},
           {"shared_state", shared},
           {"modalities", modal},
           {"invariants", inv},

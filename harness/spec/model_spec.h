@@ -123,6 +123,28 @@ struct CheckpointSpec {
   std::string init_from;
 };
 
+/// Goldens of the original model (docs/golden.md): what the MatchesOriginal suite compares the
+/// port's reference with at step 0 (the loss, the logits, each mapped layer's output, every
+/// parameter's gradient and the parameters after the step), and how the port's modules line up
+/// with the golden's hidden states.
+struct GoldenSpec {
+  /// A golden directory (golden.json and golden.safetensors, written by `mih golden`) of this
+  /// spec's export. Empty: no golden, and MatchesOriginal is not instantiated. `mih test
+  /// --golden DIR` overrides it. Checked before any rank starts: a golden of another
+  /// checkpoint, batch or trainer options, or of a format version this mih does not read, is
+  /// bad input (exit 11).
+  std::string dir;
+  /// The layer map: a module the port observes (ParallelContext::observe) -> the index of the
+  /// golden hidden state its forward output is, by Hugging Face's output_hidden_states count
+  /// (0 the embeddings, i the output of decoder layer i - 1) with L + 1 the final norm's
+  /// output (L decoder layers; Hugging Face's tuple holds it at L, in place of the last
+  /// layer's). E.g. {{"embed_tokens", 0}, {"layers.0", 1}, {"layers.1", 2}, {"norm", 3}}.
+  std::vector<std::pair<std::string, int64_t>> layers;
+  /// The module whose forward output is the logits [B, S, V] ("lm_head"); empty: the logits
+  /// are not compared.
+  std::string logits;
+};
+
 /// State one layer publishes in forward and others consume (a rotary table, vision features,
 /// routing statistics): `key`, the FQN glob of its producer and of its consumers.
 struct SharedStateSpec {
@@ -228,6 +250,8 @@ struct ModelSpec {
   /// optimizer state; a parameter with requires_grad false that no pattern names is a finding
   /// too (MIH-FROZEN-*). A modality must not declare a frozen parameter.
   std::vector<std::string> frozen;
+  /// Goldens of the original model and the layer map to them (MatchesOriginal).
+  GoldenSpec golden;
   /// The modules whose forward output and output gradient the activation probes record at
   /// the first two steps and the last (FQN globs of modules the model declares with
   /// ParallelContext::observe). Empty: every module the model observes.
@@ -239,11 +263,12 @@ struct ModelSpec {
   ///   twice or without producer or consumer, duplicate invariant or parity case names, an
   ///   invariant without a check, a malformed parity case (ModuleParityCase::validate), an
   ///   empty frozen or unused_parameters pattern, a shared-state requires_field that is not a
-  ///   data field.
+  ///   data field, a golden layer map with an empty module, a negative index or a module named
+  ///   twice.
   void validate() const;
   /// Throws: as validate, plus every FQN glob (modality, training-only, shared-state
   ///   producer/consumer, tied, frozen, unused_parameters, activation_watch) that matches none of `fqns` (a module's parameter and module
-  ///   names), naming the pattern.
+  ///   names), naming the pattern; a golden layer-map or logits module that is not a module name.
   void validate_against(const std::vector<std::string>& fqns) const;
   nlohmann::json to_json() const;
 };

@@ -33,6 +33,13 @@ def check_row(row):
     if expected == "every_case":
         if d.get("kind") != "every_case" or not any(c.endswith("/Reference") for c in d.get("failing", [])):
             problems.append("a fault of the model or the data must fail every case, the Reference included")
+    elif expected == "original_model":
+        # A config-invariant fault (the port against the original model): only MatchesOriginal
+        # fails, on the Reference; every parallel case agrees with the faulty Reference.
+        if d.get("kind") != "original_model" or not any(c.endswith("/Reference") for c in d.get("failing", [])):
+            problems.append("a config-invariant fault must fail only MatchesOriginal, on the Reference")
+        if f"{row['spec']}/{row['case']}" not in d.get("passing", []):
+            problems.append(f"its parallel case {row['spec']}/{row['case']} must pass (it agrees with its Reference)")
     elif expected == "world_size>1":
         # A fault of what every parallel layout shares (a reduction over the whole mesh): every
         # parallel case fails, two of them at least (one is "too few cases to tell").
@@ -42,12 +49,12 @@ def check_row(row):
     elif d.get("kind") != "separated":
         problems.append(f"kind {d.get('kind')}: the cases are not separated")
     case = f"{row['spec']}/{row['case']}"
-    if case not in d.get("failing", []):
+    if expected != "original_model" and case not in d.get("failing", []):
         problems.append(f"the faulty case {case} is not among the failing ones: {d.get('failing')}")
     if not row.get("diagnosed"):
         problems.append("mih faults did not count it as diagnosed")
     pair = d.get("pair")
-    if expected != "every_case":
+    if expected not in ("every_case", "original_model"):
         if not pair:
             problems.append("no smallest pair to rerun")
         else:

@@ -42,6 +42,14 @@ TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
     if (GetParam() == "moe") {
       EXPECT_TRUE(external.count("model.layers.1.block_sparse_moe.experts.3.w3.weight"));
     }
+    if (GetParam() == "moe_qwen") {
+      EXPECT_TRUE(external.count("model.layers.1.mlp.experts.3.up_proj.weight"));
+      EXPECT_TRUE(external.count("model.layers.1.mlp.shared_expert_gate.weight"));
+    }
+    if (GetParam() == "gpt2") {
+      EXPECT_TRUE(external.count("transformer.h.1.attn.c_attn.weight"));
+      EXPECT_TRUE(external.count("transformer.wpe.weight"));
+    }
     if (GetParam() == "vlm") {
       EXPECT_TRUE(external.count("language_model.model.embed_tokens.weight"));
     }
@@ -49,12 +57,12 @@ TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
   EXPECT_THAT(errors, IsEmpty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ReferenceModelTest, ::testing::Values("llama", "moe", "vlm"),
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceModelTest, ::testing::Values("llama", "moe", "vlm", "moe_qwen", "gpt2"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceModelCatalogTest, UnknownNameListsTheKnownOnes) {
-  EXPECT_THAT([] { models::reference_model("gpt2"); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("unknown reference model 'gpt2'; known: llama, moe, vlm")));
+  EXPECT_THAT([] { models::reference_model("gpt3"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("unknown reference model 'gpt3'; known: llama, moe, vlm, moe_qwen, gpt2")));
   KeyMap map(std::vector<KeyRule>{KeyRule{R"(a\.(\d+))", {"x.$1"}}});
   EXPECT_THAT([&] { map.external_keys("b.0"); }, ::testing::ThrowsMessage<Error>(HasSubstr("no rule maps the parameter 'b.0'")));
 }

@@ -3,11 +3,15 @@
 #   1. `<install>/bin/mih scaffold --name tiny_gpt --out <build>/scaffold/tiny_gpt` (again on
 #      a rerun: an unedited scaffold is mih's to rewrite);
 #   2. the installed examples its README and the quickstart point at are there;
-#   3. configure (once), build, and run its ctest: the cpu-smoke matrix of the generated port,
-#      its export and inspect, all as generated;
-#   4. the same project with one bug planted in the port (model.h: the position embedding's
+#   3. configure (once), build (its golden of the original GPT-2 made at build time with mih's
+#      builtin producer), and run its ctest: the cpu-smoke matrix of the generated port, its
+#      export and inspect, all as generated; MatchesOriginal ran and passed on its Reference;
+#   4. the same project with two bugs planted in the port (model.h: the position embedding's
 #      gradient not declared partial over tp, so under sequence parallelism it is never summed
-#      over tp) must fail its Tp2Sp case as a conformance failure (exit 1) localized to 'wpe'.
+#      over tp; the exact GELU where GPT-2 has the tanh one) must fail its Tp2Sp case as a
+#      conformance failure (exit 1) localized to 'wpe', and MatchesOriginal on its Reference
+#      (exit 1) localized to 'h.0': the GELU is the same in every configuration, so only the
+#      golden of the original sees it.
 # cmake -P with MIH_BUILD_DIR, MIH_INSTALL_DIR, MIH_GENERATOR, MIH_BUILD_TYPE,
 # MIH_CXX_COMPILER, MIH_CCACHE (see tests/external_project/steps.cmake).
 cmake_minimum_required(VERSION 3.22)
@@ -45,6 +49,14 @@ foreach(state_file IN LISTS states)
     message(FATAL_ERROR "scaffold_project: every ctest test passed, yet ${state_file} is ${state}, not MATRIX_PASSED")
   endif()
 endforeach()
+file(STRINGS "${work}/build/mih-evidence/tiny_gpt_conformance/results.jsonl" original REGEX "TinyGpt/MatchesOriginal\\.")
+list(FILTER original INCLUDE REGEX "\"passed\"")
+list(LENGTH original passed)
+if(NOT passed EQUAL 4)
+  message(FATAL_ERROR "scaffold_project: MatchesOriginal passed ${passed} test(s) on the generated port's Reference, "
+                      "expected 4 (its golden of the original GPT-2: ${work}/build/golden)")
+endif()
+message(STATUS "scaffold_project: MatchesOriginal passed its 4 tests against the builtin GPT-2's golden")
 
 # The planted bug: a scaffold of its own, edited, copied over the last one only where it
 # differs (an unchanged bug build is not rebuilt).
@@ -58,6 +70,13 @@ if(at EQUAL -1)
                       "update tests/scaffold/run.cmake with the template")
 endif()
 string(REPLACE "${correct}" "spec.tp_partial_grad = false;" model "${model}")
+set(gelu "at::gelu(c_fc(x), \"tanh\")")
+string(FIND "${model}" "${gelu}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "scaffold_project: model.h no longer holds '${gelu}', the line the second planted bug replaces; "
+                      "update tests/scaffold/run.cmake with the template")
+endif()
+string(REPLACE "${gelu}" "at::gelu(c_fc(x))" model "${model}")
 file(WRITE "${work}/bug-stage/model.h" "${model}")
 file(MAKE_DIRECTORY "${work}/bug")
 file(GLOB staged RELATIVE "${work}/bug-stage" "${work}/bug-stage/*")
@@ -66,7 +85,7 @@ foreach(f IN LISTS staged)
 endforeach()
 file(REMOVE_RECURSE "${work}/bug-stage")
 outside_configure("${work}/bug" "${work}/bug-build")
-step(build-with-bug COMMAND "${CMAKE_COMMAND}" --build "${work}/bug-build" --target tiny_gpt_conformance)
+step(build-with-bug COMMAND "${CMAKE_COMMAND}" --build "${work}/bug-build")
 file(REMOVE_RECURSE "${work}/bug-build/mih-evidence/bug")
 execute_process(COMMAND "${work}/bug-build/tiny_gpt_conformance" --evidence-root "${work}/bug-build/mih-evidence/bug"
                         --no-progress "--gtest_filter=TinyGpt/*.*/Tp2Sp"
@@ -78,6 +97,16 @@ if(NOT rc EQUAL 1 OR NOT out MATCHES "localized to .wpe.")
 endif()
 string(REGEX MATCH "[^\n]*wpe[^\n]*" named "${out}")
 message(STATUS "scaffold_project: the planted bug fails Tp2Sp (exit 1): ${named}")
+execute_process(COMMAND "${work}/bug-build/tiny_gpt_conformance" --evidence-root "${work}/bug-build/mih-evidence/bug"
+                        --no-progress "--gtest_filter=TinyGpt/MatchesOriginal.*/Reference"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "localized to .h\\.0.")
+  message("${out}")
+  message(FATAL_ERROR "scaffold_project: the port with the exact GELU where GPT-2 has the tanh one exited ${rc} on "
+                      "MatchesOriginal; expected 1 (a conformance failure against the golden) localized to 'h.0'")
+endif()
+string(REGEX MATCH "[^\n]*localized to 'h\\.0'[^\n]*" named "${out}")
+message(STATUS "scaffold_project: the planted GELU fails MatchesOriginal (exit 1): ${named}")
 
 string(TIMESTAMP t1 "%s")
 math(EXPR total "${t1} - ${t0}")

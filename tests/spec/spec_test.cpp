@@ -134,8 +134,8 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   expect_rejected(bad_rule, "key map rule 'layers.(': not a valid regex");
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
-  EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, vlm, vlm_frozen_vision, vlm_mixed")));
+  EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt3"); },
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};

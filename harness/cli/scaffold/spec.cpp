@@ -17,6 +17,11 @@
 #include "model.h"
 #include "suites/conformance.h"
 
+// The golden of the original model CMakeLists.txt makes (empty: none).
+#ifndef MIH_GOLDEN_DIR
+#define MIH_GOLDEN_DIR ""
+#endif
+
 namespace my_port {
 namespace {
 
@@ -166,6 +171,8 @@ mih::spec::ModelSpec my_port_spec() {
                       {"embd_pdrop", 0.0},
                       {"attn_pdrop", 0.0},
                       {"scale_attn_weights", true},
+                      {"scale_attn_by_inverse_layer_idx", false},
+                      {"reorder_and_upcast_attn", false},
                       {"tie_word_embeddings", false}}};
   // Keys of a real GPT-2 checkpoint the port does not load: the causal-mask buffers.
   s.checkpoint.inference_only = {"transformer.h.*.attn.bias", "transformer.h.*.attn.masked_bias"};
@@ -194,6 +201,17 @@ mih::spec::ModelSpec my_port_spec() {
   // gradients when it reaches the model (a vision tower for pixel_values). Text only here;
   // specs/vlm_spec.cpp declares {"pixel_values", {"vision_tower.*", "multi_modal_projector.*"}}.
   s.modalities = {};
+
+  // The original model: the golden GPT-2 computes on this port's export (CMakeLists.txt makes
+  // it with mih's builtin GPT-2), and where the port's modules meet its hidden states: block
+  // h.i's output is hidden state i + 1 (Hugging Face's output_hidden_states count), ln_f's the
+  // last (n_layer + 1); the logits are lm_head's output. MatchesOriginal compares the
+  // Reference's loss, logits, these outputs, every gradient and the parameters after the step
+  // with it; a failure names the first block whose output differs from GPT-2's.
+  s.golden.dir = MIH_GOLDEN_DIR;
+  for (int64_t i = 0; i < o.n_layer; ++i) s.golden.layers.emplace_back("h." + std::to_string(i), i + 1);
+  s.golden.layers.emplace_back("ln_f", o.n_layer + 1);
+  s.golden.logits = "lm_head";
 
   // State invariants by phase (structure, materialization, checkpoint, runtime), and module
   // parity cases against independent implementations.

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+# The golden producer of mih (docs/golden.md): from a directory `mih export` wrote (config.json,
+# model.safetensors, batch.safetensors, training.json, mih_export.json) it runs the ORIGINAL
+# architecture on the exported weights and the exported first global batch, in float64, and
+# writes what mih's MatchesOriginal suite compares the port with:
+#   golden.safetensors  loss, logits, hidden_states.<i> (0: the embeddings, i: decoder layer
+#                       i-1's output, L + 1: the final norm's), grad.<key> (each parameter's
+#                       gradient under its external key), param_after_step.<key> (after one
+#                       AdamW step with clipping, the export's trainer options)
+#   golden.json         the manifest: format and version, the implementation, the SHA-256 of
+#                       the checkpoint, the batch and the training options it was computed
+#                       from, dtype, the noise of every quantity (builtin: against a twin run
+#                       with other reduction orders), the config fields it defaulted
+# Run it with any Python that has torch (>= 1.13):
+#   python3 mih_golden.py --export DIR --out DIR [--impl builtin|transformers]
+# `mih golden --spec NAME --out DIR` exports and runs it in one command.
+# Exit status: 0 written; 2 usage; 11 bad input (an export it cannot read, an architecture it
+# does not implement, a weight missing or left unread); 12 environment (no transformers for
+# --impl transformers); 17 a bug of the producer.
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from errors import GoldenError  # noqa: E402
+
+FORMAT = "mih-golden"
+VERSION = 1
+PRODUCER_VERSION = "1"
+
+
+def _sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_json(path, what):
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            value = json.load(f)
+    except OSError as e:
+        raise GoldenError(11, "%s: cannot read %s (%s); is it a directory `mih export` wrote?" % (path, what, e.strerror))
+    except ValueError as e:
+        raise GoldenError(11, "%s is not JSON: %s" % (path, e))
+    if not isinstance(value, dict):
+        raise GoldenError(11, "%s: expected a JSON object, got %s" % (path, type(value).__name__))
+    return value
+
+
+def checkpoint_files(export_dir):
+    """The files of the checkpoint, as mih's checkpoint_digest counts them: config.json, the
+    index when the weights are sharded, every weights file; sorted by path."""
+    index = os.path.join(export_dir, "model.safetensors.index.json")
+    files = ["config.json"]
+    if os.path.exists(index):
+        weight_map = _read_json(index, "the weights index").get("weight_map", {})
+        files += ["model.safetensors.index.json"] + sorted(set(weight_map.values()))
+    else:
+        files.append("model.safetensors")
+    for f in files:
+        if not os.path.isfile(os.path.join(export_dir, f)):
+            raise GoldenError(11, "%s has no %s" % (export_dir, f))
+    return sorted(files)
+
+
+def checkpoint_digest(export_dir):
+    """SHA-256 over each file's SHA-256 and its relative path, in path order (mih's
+    cases::checkpoint_digest): one changed byte of any weight or of config.json changes it."""
+    h = hashlib.sha256()
+    for f in checkpoint_files(export_dir):
+        h.update((_sha256_file(os.path.join(export_dir, f)) + f).encode("utf-8"))
+    return h.hexdigest()
+
+
+def read_weights(export_dir):
+    import safetensors_io
+
+    tensors = {}
+    for f in checkpoint_files(export_dir):
+        if f.endswith(".safetensors"):
+            part, _ = safetensors_io.read(os.path.join(export_dir, f))
+            tensors.update(part)
+    return tensors
+
+
+def relative_error(a, b):
+    """||a - b|| / ||b|| (L2 over every element), 0 for two zeros."""
+    a, b = a.detach().double(), b.detach().double()
+    norm = b.norm().item()
+    diff = (a - b).norm().item()
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+
+
+class Run:
+    """One forward, backward and optimizer step of the original on the export."""
+
+    def __init__(self, logits, hidden, loss, aux, grads, after):
+        self.logits, self.hidden, self.loss, self.aux, self.grads, self.after = logits, hidden, loss, aux, grads, after
+
+    def tensors(self):
+        import torch
+
+        out = {"loss": self.loss.detach().reshape([]), "logits": self.logits.detach()}
+        if self.aux is not None:
+            out["aux_loss"] = self.aux.detach().reshape([])
+        for i, h in enumerate(self.hidden):
+            out["hidden_states.%d" % i] = h.detach()
+        for k, g in self.grads.items():
+            out["grad." + k] = g
+        for k, p in self.after.items():
+            out["param_after_step." + k] = p
+        return {k: v.to(torch.float64).contiguous() for k, v in out.items()}
+
+
+def cross_entropy(logits, labels, shifted, twin=False):
+    """The mean cross entropy over labels != -100: labels[:, t] is the target of position t
+    when the export's pipeline shifted them (mih's convention), else of position t - 1 (the
+    Hugging Face convention, which shifts inside the model). The noise twin sums the softmax's
+    normalizer in two halves of the vocabulary and the token losses in two halves."""
+    import torch
+    import torch.nn.functional as F
+
+    if not shifted:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    flat = labels.reshape(-1)
+    valid = flat != -100
+    count = valid.sum()
+    if count.item() == 0:
+        raise GoldenError(11, "batch.safetensors: every label is -100; the first batch has no target")
+    rows = logits.reshape(-1, logits.shape[-1])
+    if not twin:
+        return F.cross_entropy(rows, flat, ignore_index=-100, reduction="sum") / count
+    top = rows.detach().max(-1, keepdim=True).values
+    h = rows.shape[-1] // 2
+    shifted_rows = rows - top
+    lse = top.squeeze(-1) + torch.log(shifted_rows[:, :h].exp().sum(-1) + shifted_rows[:, h:].exp().sum(-1))
+    target = rows.gather(1, flat.clamp(min=0)[:, None]).squeeze(-1)
+    losses = torch.where(valid, lse - target, torch.zeros_like(lse))
+    n = losses.shape[0] // 2
+    return (losses[:n].sum() + losses[n:].sum()) / count
+
+
+def step(params, training):
+    """Clipping to the global L2 norm and one AdamW step (Loshchilov and Hutter 2019;
+    torch.optim.AdamW, decoupled weight decay) with the export's trainer options, each tensor
+    in its weight-decay group. Returns {key: parameter after the step}."""
+    import torch
+
+    t = training["trainer"]
+    decay, no_decay = [], []
+    for key, p in params.items():
+        entry = training["tensors"].get(key)
+        if entry is None:
+            raise GoldenError(11, "training.json has no entry for '%s'; export again with this mih" % key)
+        if p.requires_grad:
+            (decay if entry["weight_decay"] else no_decay).append(p)
+    trainable = decay + no_decay
+    if t["max_grad_norm"] > 0:
+        torch.nn.utils.clip_grad_norm_(trainable, t["max_grad_norm"])
+    groups = [g for g in ({"params": decay, "weight_decay": t["weight_decay"]},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    optimizer.step()
+    return {k: p.detach().clone() for k, p in params.items()}
+
+
+def run_builtin(config_json, weights, batch, training, twin):
+    import torch
+
+    import builtin_models
+
+    cfg = builtin_models.Config(config_json)
+    frozen = {k for k, e in training["tensors"].items() if not e.get("trainable", True)}
+    W = builtin_models.Weights({k: v.to(torch.float64) for k, v in weights.items()}, frozen)
+    logits, hidden, aux = builtin_models.forward(cfg, W, batch, builtin_models.Ops(twin=twin))
+    loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"], twin=twin)
+    (loss if aux is None else loss + aux).backward()
+    grads = {k: p.grad.detach().clone() for k, p in W.tensors.items() if p.grad is not None}
+    after = step(W.tensors, training)
+    return Run(logits, hidden, loss, aux, grads, after), cfg.defaulted
+
+
+def run_transformers(export_dir, config_json, batch, training):
+    import transformers_impl
+
+    model, version = transformers_impl.load(export_dir, config_json)
+    logits, hidden, aux = transformers_impl.forward(model, config_json.get("model_type"), batch)
+    loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"])
+    (loss if aux is None else loss + aux).backward()
+    params = dict(model.named_parameters())
+    grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
+    after = step(params, training)
+    return Run(logits, hidden, loss, aux, grads, after), version
+
+
+def produce(export_dir, out_dir, impl, noise_twin=True):
+    import torch
+
+    import safetensors_io
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    config_json = _read_json(os.path.join(export_dir, "config.json"), "the Hugging Face config")
+    training = _read_json(os.path.join(export_dir, "training.json"), "the trainer options (mih export writes it)")
+    description = {}
+    if os.path.exists(os.path.join(export_dir, "mih_export.json")):
+        description = _read_json(os.path.join(export_dir, "mih_export.json"), "mih's description of the export")
+    for field in ("trainer", "tensors", "labels_are_shifted"):
+        if field not in training:
+            raise GoldenError(11, "%s/training.json has no '%s'; export again with this mih" % (export_dir, field))
+    weights = read_weights(export_dir)
+    batch_tensors, _ = safetensors_io.read(os.path.join(export_dir, "batch.safetensors"))
+    for name in ("input_ids", "labels"):
+        if name not in batch_tensors:
+            raise GoldenError(11, "%s/batch.safetensors has no '%s'" % (export_dir, name))
+    batch = {k: v for k, v in batch_tensors.items() if k in ("input_ids", "labels", "position_ids", "attention_mask")}
+    for k in batch:
+        batch[k] = batch[k].to(torch.int64)
+
+    noise = {}
+    if impl == "builtin":
+        main, defaulted = run_builtin(config_json, weights, batch, training, twin=False)
+        implementation = {"name": "builtin", "version": PRODUCER_VERSION, "architecture": config_json.get("model_type"),
+                          "torch": torch.__version__}
+        epsilon = 2.0 ** -52
+        if noise_twin:
+            twin, _ = run_builtin(config_json, weights, batch, training, twin=True)
+            a, b = twin.tensors(), main.tensors()
+            noise = {k: relative_error(a[k], b[k]) for k in b}
+    else:
+        main, version = run_transformers(export_dir, config_json, batch, training)
+        defaulted = {}
+        implementation = {"name": "transformers", "version": version, "architecture": config_json.get("model_type"),
+                          "torch": torch.__version__}
+        import transformers_impl
+
+        # No twin of transformers' own code: mih's tolerance is then the floor at this epsilon.
+        epsilon = 2.0 ** -23 if config_json.get("model_type") in transformers_impl.FLOAT32_INSIDE else 2.0 ** -52
+    tensors = main.tensors()
+    os.makedirs(out_dir, exist_ok=True)
+    tensors_path = os.path.join(out_dir, "golden.safetensors")
+    safetensors_io.write(tensors_path + ".tmp", tensors, {"format": FORMAT})
+    os.replace(tensors_path + ".tmp", tensors_path)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "implementation": implementation,
+        "dtype": "float64",
+        "spec": description.get("spec"),
+        "checkpoint_sha256": checkpoint_digest(export_dir),
+        "batch_sha256": _sha256_file(os.path.join(export_dir, "batch.safetensors")),
+        "training_sha256": _sha256_file(os.path.join(export_dir, "training.json")),
+        "tensors_file": "golden.safetensors",
+        "tensors_sha256": _sha256_file(tensors_path),
+        "num_hidden_layers": len(main.hidden) - 2,
+        "loss": main.loss.item(),
+        "aux_loss": None if main.aux is None else main.aux.item(),
+        "compute_epsilon": epsilon,
+        "noise": noise,
+        "defaulted_config_fields": defaulted,
+        "seed": description.get("seed"),
+    }
+    path = os.path.join(out_dir, "golden.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return manifest
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(
+        prog="mih_golden.py",
+        description="Writes the golden of a `mih export` directory: the original architecture's loss, logits, hidden "
+                    "states, gradients and parameters after one step, in float64 (docs/golden.md).")
+    parser.add_argument("--export", required=True, help="the directory `mih export --dtype float64` wrote")
+    parser.add_argument("--out", required=True, help="where golden.json and golden.safetensors go")
+    parser.add_argument("--impl", choices=("builtin", "transformers"), default="builtin",
+                        help="builtin: the producer's own PyTorch implementation of llama, mixtral, qwen2_moe, gpt2 "
+                             "(default); transformers: Hugging Face transformers' from_pretrained (not run by mih's CI)")
+    parser.add_argument("--no-noise-twin", action="store_true",
+                        help="skip the builtin's second run in other reduction orders (the noise mih calibrates from)")
+    args = parser.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("mih_golden: %s has no torch; run the producer with a Python that has it (Debian: apt-get install "
+              "python3-torch)" % sys.executable, file=sys.stderr)
+        return 12
+    try:
+        manifest = produce(args.export, args.out, args.impl, noise_twin=not args.no_noise_twin)
+    except GoldenError as e:
+        print("mih_golden: %s" % e.message, file=sys.stderr)
+        return e.code
+    except Exception:  # a bug of the producer, never a verdict
+        traceback.print_exc()
+        print("mih_golden: internal error (a bug of the producer: please report it)", file=sys.stderr)
+        return 17
+    print("mih_golden: %s golden of %s (%s): loss %.17g, %d layers -> %s"
+          % (manifest["implementation"]["name"], manifest["spec"] or args.export,
+             manifest["implementation"]["architecture"], manifest["loss"], manifest["num_hidden_layers"],
+             os.path.join(args.out, "golden.json")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Goldens of the original model through the real `mih` (ctest GoldenOriginal, label golden;
+docs/golden.md): `mih golden --spec llama` writes the builtin Llama's golden of the float64
+export; MatchesOriginal passes on the llama's Reference against it and against the build's own
+goldens (llama and moe, the main job's), and on a float32 lane's LaneReference; every
+comparison can fail: a golden with one layer's hidden state perturbed fails naming that layer
+(and only the hidden-state test), one gradient perturbed fails naming that parameter (a fused
+one through the key map too); goldens that do not belong to the run are refused before any rank
+starts, exit 11 naming the hash (another checkpoint: the run's seed 1; another batch; other
+trainer options; a stale tensors file), as is an unknown format version (exit 11), a golden of a
+spec the run does not select; a missing directory is exit 12. The producer refuses an export
+whose key map renamed a weight, naming it. Prints the float64 agreement figures (the largest
+relative error per quantity kind) of llama and moe against the builtin.
+
+Exit status: 0 every check held; 1 otherwise; 2 usage."""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from outcomes import FAILURES, check  # noqa: E402
+
+REFERENCE = "--gtest_filter=Llama/MatchesOriginal.*/Reference"
+TESTS = ["LossAndLogitsMatchOriginal", "HiddenStatesMatchOriginal", "GradientsMatchOriginal", "StepMatchesOriginal"]
+
+
+def run(cmd, timeout=300):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def results(root):
+    """test name -> (status, message) of a run's results.jsonl."""
+    out = {}
+    path = os.path.join(root, "results.jsonl")
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            j = json.loads(line)
+            if "name" in j and "status" in j:
+                out[j["name"]] = (j["status"], j.get("message", ""), j.get("examined", ""))
+    return out
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def copy_golden(src, dst, edit_manifest=None, edit_tensor=None, rehash=True):
+    """A copy of golden `src`: `edit_tensor(name, values)` changes float64 tensors in place,
+    then tensors_sha256 is updated (rehash) unless a stale file is wanted; `edit_manifest(m)`."""
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    tensors = os.path.join(dst, "golden.safetensors")
+    if edit_tensor:
+        with open(tensors, "rb") as f:
+            data = bytearray(f.read())
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            count = (end - begin) // 8
+            values = list(struct.unpack_from("<%dd" % count, data, 8 + n + begin))
+            if edit_tensor(name, values):
+                struct.pack_into("<%dd" % count, data, 8 + n + begin, *values)
+        with open(tensors, "wb") as f:
+            f.write(bytes(data))
+    with open(os.path.join(dst, "golden.json")) as f:
+        m = json.load(f)
+    if rehash:
+        m["tensors_sha256"] = sha256(tensors)
+    if edit_manifest:
+        edit_manifest(m)
+    with open(os.path.join(dst, "golden.json"), "w") as f:
+        json.dump(m, f, indent=2)
+    return dst
+
+
+def perturb(target, index=0, scale=1e-6):
+    """Multiplies element `index` of tensor `target` by (1 + scale)."""
+    def edit(name, values):
+        if name != target:
+            return False
+        values[index] *= 1 + scale
+        return True
+    return edit
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mih", required=True)
+    ap.add_argument("--work", required=True, help="scratch directory (emptied)")
+    ap.add_argument("--goldens", required=True, help="the build's goldens (build/goldens)")
+    ap.add_argument("--producer", required=True, help="golden/mih_golden.py")
+    ap.add_argument("--python", required=True, help="a Python with torch, to run the producer")
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    w = lambda *p: os.path.join(a.work, *p)  # noqa: E731
+
+    # The golden, and MatchesOriginal passing against it.
+    golden = w("golden")
+    rc, out = run([a.mih, "golden", "--spec", "llama", "--out", golden])
+    check(rc == 0 and os.path.exists(os.path.join(golden, "golden.json")), "mih golden --spec llama writes a golden", out)
+    manifest = json.load(open(os.path.join(golden, "golden.json")))
+    check(manifest.get("format") == "mih-golden" and manifest.get("version") == 1 and
+          manifest["implementation"]["name"] == "builtin" and manifest["num_hidden_layers"] == 2 and
+          len(manifest["noise"]) > 20, "its manifest: format, version, builtin, 2 layers, a noise per quantity",
+          json.dumps(manifest)[:600])
+    test = [a.mih, "test", "--only-spec", "llama", "--no-progress", "--gtest_brief=1"]
+    ok = w("ok")
+    rc, out = run(test + ["--golden", golden, "--evidence-root", ok, REFERENCE])
+    r = results(ok)
+    names = ["Llama/MatchesOriginal.%s/Reference" % t for t in TESTS]
+    check(rc == 0 and all(r.get(n, ("",))[0] == "passed" for n in names),
+          "MatchesOriginal's 4 tests pass on the llama's Reference against `mih golden`'s golden", out[-3000:])
+    evidence = os.path.join(ok, "llama", "Reference", "compare", "golden.json")
+    ev = json.load(open(evidence)) if os.path.exists(evidence) else {}
+    check(ev.get("passed") is True and len(ev.get("quantities", [])) > 40 and
+          set(ev.get("largest_relative_error", {})) == {"loss", "logits", "hidden_states", "gradients", "parameters_after_step"},
+          "compare/golden.json records every quantity's error, noise and tolerance and the largest per kind",
+          json.dumps(ev)[:800])
+    examined = r.get(names[1], ("", "", ""))[2]
+    check("largest error / tolerance" in examined, "a pass says its largest error / tolerance: " + examined[:200])
+
+    def expect_fails(golden_dir, failing, pattern, what):
+        root = w("p-" + failing)
+        shutil.rmtree(root, ignore_errors=True)  # a second perturbation of the same quantity reuses the name
+        shutil.copytree(os.path.join(ok, "llama"), os.path.join(root, "llama"))  # the same evidence, reused
+        record = os.path.join(root, "llama", "Reference", "case_run.json")
+        before = open(record, "rb").read() if os.path.exists(record) else None
+        rc, out = run(test + ["--golden", golden_dir, "--evidence-root", root, REFERENCE])
+        reused = before is not None and os.path.exists(record) and open(record, "rb").read() == before
+        r = results(root)
+        failed = sorted(n for n, v in r.items() if v[0] == "failed")
+        message = r.get("Llama/MatchesOriginal.%s/Reference" % failing, ("", ""))[1]
+        check(rc == 1 and failed == ["Llama/MatchesOriginal.%s/Reference" % failing] and all(p in message for p in pattern)
+              and reused,
+              what + " (only %s fails: %s)" % (failing, failed), message[-1500:] or out[-2000:])
+        return message
+
+    msg = expect_fails(copy_golden(golden, w("hidden"), edit_tensor=perturb("hidden_states.2")), "HiddenStatesMatchOriginal",
+                       ["localized to 'layers.1'", "hidden_states.2", "forward output of module 'layers.1'"],
+                       "one layer's hidden state perturbed by 1e-6 of one element fails naming that layer")
+    print("      " + msg.splitlines()[0][:300] if msg else "")
+    expect_fails(copy_golden(golden, w("grad"), edit_tensor=perturb("grad.model.layers.0.mlp.down_proj.weight")),
+                 "GradientsMatchOriginal",
+                 ["localized to 'layers.0.mlp.down_proj'", "parameter 'layers.0.mlp.down_proj.weight'",
+                  "grad.model.layers.0.mlp.down_proj.weight"],
+                 "one gradient perturbed fails naming that parameter")
+    expect_fails(copy_golden(golden, w("fused"), edit_tensor=perturb("grad.model.layers.1.mlp.up_proj.weight", 7)),
+                 "GradientsMatchOriginal",
+                 ["parameter 'layers.1.mlp.gate_up_proj.weight'", "grad.model.layers.1.mlp.up_proj.weight"],
+                 "a gradient of a fused parameter perturbed names the port's parameter and the golden's key")
+    expect_fails(copy_golden(golden, w("step"), edit_tensor=perturb("param_after_step.model.norm.weight", 3, 1e-3)),
+                 "StepMatchesOriginal", ["parameter 'norm.weight'", "after_optimizer"],
+                 "a parameter after the step perturbed fails the step test naming it")
+    expect_fails(copy_golden(golden, w("logits"), edit_tensor=perturb("logits", 11)), "LossAndLogitsMatchOriginal",
+                 ["localized to 'lm_head'"], "the logits perturbed fail naming the head")
+
+    # Refused before any rank starts.
+    def refused(args, code, pattern, what):
+        root = w("r-%d" % len(FAILURES) + "-" + what[:12].replace(" ", "_"))
+        rc, out = run(test + args + ["--evidence-root", root, REFERENCE])
+        check(rc == code and all(p in out for p in pattern) and not os.path.exists(os.path.join(root, "llama")),
+              what + " (exit %d, no case started)" % code, out[-2000:])
+
+    refused(["--golden", golden, "--seed", "1"], 11, ["its checkpoint_sha256 is " + manifest["checkpoint_sha256"]],
+            "a golden of another checkpoint (the run's seed 1) is refused naming checkpoint_sha256")
+    refused(["--golden", copy_golden(golden, w("batch"), lambda m: m.update(batch_sha256="0" * 64))], 11,
+            ["its batch_sha256 is " + "0" * 64, "batch.safetensors, the first global batch"],
+            "a golden of another batch is refused naming batch_sha256")
+    refused(["--golden", copy_golden(golden, w("training"), lambda m: m.update(training_sha256="1" * 64))], 11,
+            ["its training_sha256 is " + "1" * 64], "a golden of other trainer options is refused naming training_sha256")
+    refused(["--golden", copy_golden(golden, w("stale"), edit_tensor=perturb("loss"), rehash=False)], 11,
+            ["tensors_sha256 " + manifest["tensors_sha256"], "a stale or edited golden"],
+            "a stale tensors file is refused naming tensors_sha256")
+    refused(["--golden", copy_golden(golden, w("v2"), lambda m: m.update(version=2))], 11,
+            ["golden format version 2 is not one this mih reads"], "an unknown golden format version is refused")
+    refused(["--golden", w("nope")], 12, ["is not a directory"], "a missing golden directory is an environment error")
+    rc, out = run([a.mih, "test", "--only-spec", "moe", "--golden", golden, "--evidence-root", w("moe-llama"),
+                   "--gtest_filter=Moe/MatchesOriginal.*/Reference"])
+    check(rc == 11 and "is a golden of spec 'llama', which this run does not select" in out,
+          "a golden of another spec is refused", out[-1500:])
+
+    # The build's goldens: the main job runs MatchesOriginal on llama and moe.
+    rc, out = run([a.mih, "test", "--gtest_list_tests"])
+    listed, suite = set(), ""
+    for line in out.splitlines():  # GoogleTest's list: "Prefix/Suite." then "  Test/Case  # GetParam() = ..."
+        if line and not line.startswith(" "):
+            suite = line.strip()
+        elif suite:
+            listed.add(suite + line.split()[0])
+    for prefix in ("Llama", "Moe"):
+        check(rc == 0 and all("%s/MatchesOriginal.%s/Reference" % (prefix, t) in listed for t in TESTS),
+              "the main job's test list holds %s/MatchesOriginal (the build's golden in %s)" % (prefix, a.goldens),
+              out[-1500:])
+    main = w("main")
+    rc, out = run([a.mih, "test", "--evidence-root", main, "--no-progress", "--gtest_brief=1",
+                   "--gtest_filter=Llama/MatchesOriginal.*/Reference:Moe/MatchesOriginal.*/Reference"])
+    check(rc == 0 and len([v for v in results(main).values() if v[0] == "passed"]) == 8,
+          "MatchesOriginal passes on the llama and moe Reference against the build's goldens", out[-3000:])
+    for spec in ("llama", "moe"):
+        path = os.path.join(main, spec, "Reference", "compare", "golden.json")
+        if os.path.exists(path):
+            e = json.load(open(path))
+            print("      %s float64 agreement with the builtin, largest relative error per kind: %s; largest error / "
+                  "tolerance %.3g (%s)" % (spec, json.dumps(e["largest_relative_error"]), e["max_error_over_tolerance"],
+                                           e["worst"]))
+    lane = w("lane")
+    rc, out = run(test + ["--dtype", "float32", "--evidence-root", lane,
+                          "--gtest_filter=Llama/MatchesOriginal.*/LaneReference"])
+    check(rc == 0 and len([v for v in results(lane).values() if v[0] == "passed"]) == 4,
+          "on a float32 lane MatchesOriginal passes on the LaneReference at the lane's calibrated tolerances",
+          out[-3000:])
+
+    # The producer reads the export as the original does: a weight the key map renamed is named.
+    export = w("renamed")
+    shutil.copytree(os.path.join(golden, "export"), export)
+    path = os.path.join(export, "model.safetensors")
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header["model.layers.0.mlp.gate.weight"] = header.pop("model.layers.0.mlp.gate_proj.weight")
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+    p = subprocess.run([a.python, a.producer, "--export", export, "--out", w("renamed-golden")],
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 11 and "the checkpoint has no 'model.layers.0.mlp.gate_proj.weight'" in p.stderr,
+          "the producer refuses an export missing a weight the architecture reads, naming it (exit 11)",
+          p.stdout + p.stderr)
+    print("%d failure(s)" % len(FAILURES))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
