@@ -577,6 +577,7 @@ void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& 
     const Golden g = with_context(what, [&] { return read_golden(dir); });
     o.goldens[name] = g.dir;
   }
+  std::vector<std::string> dropped;
   for (const auto& [name, dir] : o.goldens) {
     if (!compared(name)) continue;
     const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
@@ -591,12 +592,27 @@ void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& 
       MIH_INTERNAL_ASSERT(r != nullptr, "no selected registration of spec ", name);
       const spec::CaseMatrix& m = resolved_matrix(name, matrix_of(*r));
       const InitSource* init = init_source_of(name);
+      const uint64_t seed = m.at("Reference").config.seed;
       const ExportDigests now = with_context(what + ": exporting the spec to check the golden's hashes", [&] {
-        return export_digests(s, m.at("Reference").config.seed, init ? init->dir : fs::path());
+        return export_digests(s, seed, init ? init->dir : fs::path());
       });
+      const json& golden_seed = g.manifest.contains("seed") ? g.manifest["seed"] : json();
+      const bool other_start = init != nullptr || !golden_seed.is_number_unsigned() || golden_seed.get<uint64_t>() != seed;
+      if (!given.count(name) && other_start && g.checkpoint_sha256 != now.checkpoint_sha256) {
+        // The spec's own golden (the build's) is of another start than this run's (--init-from,
+        // --seed): there is no golden of this run to compare with, so MatchesOriginal is not
+        // instantiated (nothing to check), never compared with another model's numbers.
+        progress(name + ": its golden " + g.dir.string() + " is of another start than this run's (" +
+                 (init ? "the checkpoint " + init->dir.string() : "seed " + std::to_string(seed)) +
+                 "): MatchesOriginal is not instantiated; make a golden of this start with `mih golden` and pass "
+                 "--golden DIR");
+        dropped.push_back(name);
+        continue;
+      }
       with_context(what, [&] { check_golden_matches(s, g, now); });
     }
   }
+  for (const auto& name : dropped) o.goldens[name].clear();  // spec_of_run: golden.dir "", no suite
 }
 
 }  // namespace mih::cases

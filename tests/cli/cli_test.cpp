@@ -55,8 +55,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -89,9 +89,9 @@ TEST(CliUsageTest, HelpAndVersionExit0) {
 
 TEST(CliInputTest, ExportNamesAnUnknownSpecOrCheckpoint) {
   const std::string out = " --out " + testing::temp_dir("cli_export").string();
-  CliRun model = mih("export --spec gpt2" + out);
+  CliRun model = mih("export --spec gpt3" + out);
   EXPECT_EQ(model.status, exit_status(Code::kInvalidSpec)) << model.output;
-  EXPECT_THAT(model.output, HasSubstr("unknown spec 'gpt2'; registered: llama,"));
+  EXPECT_THAT(model.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama,"));
   CliRun init = mih("export --spec llama --init-from /nonexistent" + out);
   EXPECT_EQ(init.status, exit_status(Code::kFailedPrecondition)) << init.output;
   EXPECT_THAT(init.output, HasSubstr("checkpoint directory /nonexistent does not exist"));
@@ -276,9 +276,9 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
   EXPECT_THAT(preset.output,
               HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
-  CliRun spec = mih("matrix --spec gpt2");
+  CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt2'; registered: llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -508,8 +508,11 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // tests) on every case. Then 2977 on 82 cases: each axis
   // alone (DpReplicate2 and DpShard2Cp2 on every cpu-smoke spec), moe's DpReplicate2DpShard2Ep2,
   // Cp4ZzEp2 and its control Cp4Zz, llama_unsharded_root on the variants lane, and
-  // PipelineOutputs on every case: every reduction path a mesh of 4 ranks can take.
-  EXPECT_EQ(total, 2977) << list.output;
+  // PipelineOutputs on every case: every reduction path a mesh of 4 ranks can take. Then 3245
+  // on 90 cases: MatchesOriginal (4 tests) on the Reference of llama, moe, moe_qwen and gpt2
+  // (their goldens of the original model), and moe_qwen (138 tests) and gpt2 (122) on the
+  // variants lane, the ports of the config-invariant faults.
+  EXPECT_EQ(total, 3245) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   const std::set<std::string> all = {"Reference",     "DpShard2",      "DpReplicate2", "Tp2",      "Tp2Sp",
@@ -566,7 +569,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   ASSERT_EQ(labels.status, 0) << labels.output;
   EXPECT_THAT(labels.output, HasSubstr("Llama llama Reference conformance,llama,reference,Structure,OptimizerLayout,"
                                        "DataContract,PipelineOutputs,CheckpointCoverage,SourceCheckpoint,SharedState,"
-                                       "UndeclaredSharedState,StateInvariants,ModuleParity,GradientPresence,CommVolume\n"));
+                                       "UndeclaredSharedState,StateInvariants,ModuleParity,MatchesOriginal,GradientPresence,CommVolume\n"));
   EXPECT_THAT(labels.output, HasSubstr("Vlm vlm DpShard2Ac conformance,vlm,activation_checkpoint,dp_shard,ac,"));
 }
 
@@ -710,9 +713,9 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   CliRun malformed = mih("test --matrix " + bad.string() + r);
   EXPECT_EQ(malformed.status, exit_status(Code::kInvalidSpec)) << malformed.output;
   EXPECT_THAT(malformed.output, HasSubstr(bad.string()));
-  CliRun unknown_case = mih("run --spec gpt2 --case Reference" + r);
+  CliRun unknown_case = mih("run --spec gpt3 --case Reference" + r);
   EXPECT_EQ(unknown_case.status, exit_status(Code::kInvalidSpec)) << unknown_case.output;
-  EXPECT_THAT(unknown_case.output, HasSubstr("unknown spec 'gpt2'"));
+  EXPECT_THAT(unknown_case.output, HasSubstr("unknown spec 'gpt3'"));
   CliRun no_results = mih("report " + (root / "llama").string());
   EXPECT_EQ(no_results.status, exit_status(Code::kFailedPrecondition)) << no_results.output;
   EXPECT_THAT(no_results.output, HasSubstr("results.jsonl"));

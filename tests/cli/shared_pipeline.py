@@ -6,7 +6,8 @@ Fault F27 numbers a packed row's positions 0..S-1 through the row instead of res
 each document start, in the text pipeline that feeds the Reference and every case alike. Run
 with the fault in both llama/Reference and llama/DpShard2, the comparison with the Reference
 cannot see it (InputIdentity and NumericParity pass: both sides are given the same wrong
-positions), and every other suite passes too; only PipelineOutputs fails, on both cases, with
+positions), and every other suite passes too (MatchesOriginal aside, whose golden's batch the
+build exported without the fault); only PipelineOutputs fails, on both cases, with
 MIH-DATA-009 naming `position_ids`, the row, the position, the value recomputed from the
 documents (0: a document starts there) and the one the pipeline gave. Without PipelineOutputs
 (62ba3c3, where the same bug was built into the pipeline) this run exits 0.
@@ -62,8 +63,13 @@ def main():
     passed = [row["name"] for row in rows if row["status"] == "passed"]
     print(f"      exit {r.returncode}; {len(passed)} passed, failed: {failed}")
     check(r.returncode == 1, f"F27 in the Reference and DpShard2: exit 1 (exit {r.returncode})", r.stdout[-3000:])
-    check(failed == ["Llama/PipelineOutputs.FieldsRecomputedFromTheRawDocuments/DpShard2",
-                     "Llama/PipelineOutputs.FieldsRecomputedFromTheRawDocuments/Reference"],
+    # MatchesOriginal fails on the Reference too, but only because the golden's batch was exported
+    # by the build without the fault (the fault runs in the ranks): a pipeline bug of the port's
+    # own would be in its export and its golden alike. It is not what this test proves.
+    pipeline = [n for n in failed if not n.startswith("Llama/MatchesOriginal.")]
+    check(pipeline == ["Llama/PipelineOutputs.FieldsRecomputedFromTheRawDocuments/DpShard2",
+                       "Llama/PipelineOutputs.FieldsRecomputedFromTheRawDocuments/Reference"]
+          and all(n.endswith("/Reference") for n in failed if n.startswith("Llama/MatchesOriginal.")),
           "only PipelineOutputs fails, on both cases (the comparison with the Reference cannot see a bug it shares)",
           "\n".join(failed))
     compared = [n for n in passed if re.match(r"Llama/(InputIdentity|NumericParity)\.", n)]

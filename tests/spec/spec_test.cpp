@@ -46,10 +46,11 @@ void with_trainer(const spec::ModelSpec& s, const std::function<void(Trainer&)>&
 TEST(ReferenceSpecsTest, AllAreRegistered) {
   // The three reference ports, the llama variants the fault catalog needs, the variants of the
   // main job's layouts (the root module outside FSDP, a frozen vision tower) and the correct
-  // ports the runtime tests use (one that observes no module, a vlm with text-only steps).
+  // ports the runtime tests use (one that observes no module, a vlm with text-only steps), and
+  // the ports of the original model's config-invariant faults (gpt2, moe_qwen).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unobserved",
-                          "llama_unsharded_root", "moe", "vlm", "vlm_frozen_vision", "vlm_mixed"));
+              ElementsAre("gpt2", "llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unobserved",
+                          "llama_unsharded_root", "moe", "moe_qwen", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
