@@ -64,6 +64,20 @@ struct CaseCalibration {
   std::vector<CalibrationRow> rows;
 };
 
+/// A case's comparison with goldens of the original model (compare/golden.json, the
+/// MatchesOriginal suite); `present` false for every other case.
+struct CaseGolden {
+  bool present = false;
+  bool passed = false;
+  std::string implementation;  ///< "builtin 1 (llama; torch 1.13.0a0)"
+  std::string worst;           ///< the quantity of the largest error / tolerance
+  double max_error_over_tolerance = 0;
+  /// Per kind (loss, logits, hidden_states, gradients, parameters_after_step): the largest
+  /// relative error against the golden.
+  std::map<std::string, double> largest_relative_error;
+  size_t quantities = 0;
+};
+
 /// One case of the run, from its evidence directory. Every field read from a file is empty
 /// (or 0) when that file is missing: a case that failed early has only some of them.
 struct CaseResult {
@@ -98,6 +112,8 @@ struct CaseResult {
   /// compare/calibration.json (a case of a reduced-precision lane compared at calibrated
   /// tolerances); not present otherwise.
   CaseCalibration calibration;
+  /// compare/golden.json (the Reference of a spec with goldens of the original model).
+  CaseGolden golden;
   /// What could not be read, each "<path>: <why>": an evidence file that is not JSON (or a
   /// metrics line), an evidence directory that does not exist or that no test names. The
   /// report shows them instead of failing as a whole.

@@ -253,6 +253,17 @@ std::string render_html(const RunResults& run) {
         out += "</div>\n";
       }
       if (c.calibration.present) out += calibration_heat_map(c.calibration);
+      if (c.golden.present) {
+        std::string kinds;
+        for (const auto& [kind, v] : c.golden.largest_relative_error) {
+          kinds += (kinds.empty() ? "" : ", ") + kind + " " + short_number(v);
+        }
+        out += "<p class=\"facts\">Against the original model (" + markup_escape(c.golden.implementation) + "): " +
+               std::to_string(c.golden.quantities) + " quantities, largest error / tolerance " +
+               (std::isfinite(c.golden.max_error_over_tolerance) ? fixed(c.golden.max_error_over_tolerance, 3)
+                                                                 : std::string("inf")) +
+               (c.golden.passed ? "" : " (FAIL)") + "; largest relative error: " + markup_escape(kinds) + "</p>\n";
+      }
       out += "</section>\n";
     }
   }

@@ -75,6 +75,37 @@ std::string time_section(const RunResults& run) {
   return out;
 }
 
+// Each case compared with goldens of the original model (MatchesOriginal): the golden, the
+// largest error / tolerance and the largest relative error per kind of quantity.
+std::string original_model_section(const RunResults& run) {
+  static const std::vector<std::string> kKinds = {"loss", "logits", "hidden_states", "gradients",
+                                                  "parameters_after_step"};
+  std::string out;
+  for (const CaseResult& c : run.cases) {
+    const CaseGolden& g = c.golden;
+    if (!g.present) continue;
+    if (out.empty()) {
+      out = "\n## Against the original model\n\nEach case compared with goldens of the original model "
+            "(MatchesOriginal, compare/golden.json): the largest error / tolerance (below 1 passes) and, per kind "
+            "of quantity, the largest relative error.\n\n| case | golden | quantities | largest error / tolerance |";
+      for (const auto& k : kKinds) out += " " + k + " |";
+      out += "\n|---|---|---|---|";
+      for (size_t i = 0; i < kKinds.size(); ++i) out += "---|";
+      out += "\n";
+    }
+    out += "| " + md_cell(spec_title(c.spec) + "/" + c.name) + " | " + md_cell(g.implementation) + " | " +
+           std::to_string(g.quantities) + " | " +
+           (std::isfinite(g.max_error_over_tolerance) ? fixed(g.max_error_over_tolerance, 3) : std::string("inf")) +
+           (g.passed ? "" : " **FAIL**") + (g.worst.empty() ? "" : " (" + md_cell(g.worst) + ")") + " |";
+    for (const auto& k : kKinds) {
+      const auto it = g.largest_relative_error.find(k);
+      out += " " + (it == g.largest_relative_error.end() ? std::string("-") : short_number(it->second)) + " |";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 // Each calibrated case of a reduced-precision lane: its rule and margin, and per stage and step
 // the largest error / tolerance (what the verdict needs below 1) and error / noise.
 std::string precision_section(const RunResults& run) {
@@ -155,6 +186,7 @@ std::string render_markdown(const RunResults& run) {
     }
   }
   if (run.tests.empty()) out += "\nNo test has finished in this run.\n";
+  out += original_model_section(run);
   out += precision_section(run);
   out += time_section(run);
   if (run.failed() > 0) {

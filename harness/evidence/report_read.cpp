@@ -212,6 +212,21 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       cal.rows.push_back(std::move(row));
     }
   }
+  const fs::path golden = dir / "compare" / "golden.json";
+  if (fs::exists(golden, ec) && read_json_object(golden, &j, &c->problems)) {
+    CaseGolden& g = c->golden;
+    g.present = true;
+    g.passed = j.value("passed", false) == true;
+    take(j, "worst", &g.worst, golden, &c->problems);
+    if (j.contains("golden") && j["golden"].is_object()) take(j["golden"], "implementation", &g.implementation, golden, &c->problems);
+    g.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
+    if (j.contains("largest_relative_error") && j["largest_relative_error"].is_object()) {
+      for (const auto& [kind, v] : j["largest_relative_error"].items()) {
+        if (v.is_number()) g.largest_relative_error[kind] = v.get<double>();
+      }
+    }
+    if (j.contains("quantities") && j["quantities"].is_array()) g.quantities = j["quantities"].size();
+  }
   const fs::path metrics = dir / "cases" / "runtime" / "metrics.jsonl";
   if (!fs::exists(metrics, ec)) return;
   std::string text;

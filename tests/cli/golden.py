@@ -216,6 +216,17 @@ def main():
             print("      %s float64 agreement with the builtin, largest relative error per kind: %s; largest error / "
                   "tolerance %.3g (%s)" % (spec, json.dumps(e["largest_relative_error"]), e["max_error_over_tolerance"],
                                            e["worst"]))
+    # The report shows the comparison with the original model: per case the golden, the largest
+    # error / tolerance and the largest relative error per kind.
+    rc, out = run([a.mih, "report", main, "--format", "md", "-o", w("report.md")])
+    text = open(w("report.md")).read() if os.path.exists(w("report.md")) else ""
+    rows = [l for l in text.splitlines() if l.startswith("| llama/Reference | builtin") or l.startswith("| moe/Reference | builtin")]
+    check(rc == 0 and "## Against the original model" in text and len(rows) == 2
+          and all(" **FAIL**" not in r for r in rows),
+          "mih report shows the comparison with the original model for llama and moe (largest error / tolerance, "
+          "largest relative error per kind)", text[-2000:])
+    for r in rows:
+        print("      " + r)
     lane = w("lane")
     rc, out = run(test + ["--dtype", "float32", "--evidence-root", lane,
                           "--gtest_filter=Llama/MatchesOriginal.*/LaneReference"])
