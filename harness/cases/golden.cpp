@@ -169,11 +169,26 @@ Golden read_golden(const fs::path& dir) {
             where, ": \"compute_epsilon\" must be a number in (0, 1), got ",
             m.contains("compute_epsilon") ? m["compute_epsilon"].dump() : std::string("none"));
   g.compute_epsilon = m["compute_epsilon"].get<double>();
+  // The tolerances follow from these two fields, which no hash covers: each must be what the
+  // implementation can honestly claim, or a golden could make every comparison pass.
+  const double eps64 = std::numeric_limits<double>::epsilon(), eps32 = std::numeric_limits<float>::epsilon();
+  const bool transformers = impl.value("name", json()) == "transformers";
+  MIH_CHECK(std::abs(g.compute_epsilon - eps64) <= 1e-3 * eps64 ||
+                (transformers && std::abs(g.compute_epsilon - eps32) <= 1e-3 * eps32),
+            where, ": \"compute_epsilon\" is ", g.compute_epsilon, "; a golden's is float64's epsilon ", eps64,
+            transformers ? " or, for transformers (which casts norms and rotary tables to float32), float32's " +
+                               std::to_string(eps32)
+                         : std::string(" (the builtin computes in float64)"),
+            fix);
   const json noise = m.value("noise", json::object());
   MIH_CHECK(noise.is_object(), where, ": \"noise\" must be an object of numbers");
+  // The noise twin's reduction orders differ in float64: its relative error is a few thousand
+  // epsilons at most (the reference goldens' largest, gpt2's, is 1500).
+  const double noise_cap = 1e5 * eps64;
   for (const auto& [name, v] : noise.items()) {
-    MIH_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0, where, ": noise of '", name,
-              "' must be a finite number >= 0, got ", v.dump());
+    MIH_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= noise_cap,
+              where, ": noise of '", name, "' must be a number in [0, ", noise_cap,
+              "] (a float64 noise twin's relative error: at most 1e5 epsilons), got ", v.dump(), fix);
     g.noise[name] = v.get<double>();
   }
   const std::string tensors = json_string(m, "tensors_file", "golden.safetensors", where);
@@ -188,6 +203,50 @@ Golden read_golden(const fs::path& dir) {
             now, " now): a stale or edited golden", fix);
   return g;
 }
+
+namespace {
+
+// Before any rank starts: every tensor a comparison reads is there, of the shape it must
+// have, float64 and finite (a corrupt header is refused by the reader itself).
+void check_golden_tensors(const Golden& g) {
+  const std::string fix = "; write it again with `mih golden` (docs/golden.md)";
+  const std::string where = "golden " + g.dir.string() + ": " + g.tensors_file().filename().string();
+  const safetensors::Reader reader = with_context(where, [&] { return safetensors::Reader(g.tensors_file()); });
+  auto info = [&](const std::string& name) -> const safetensors::TensorInfo& {
+    MIH_CHECK(reader.contains(name), where, " has no tensor '", name, "'", fix);
+    return reader.info(name);
+  };
+  using Shape = std::vector<int64_t>;
+  MIH_CHECK(info("loss").shape.empty(), where, ": 'loss' must be a scalar, has shape ", json(info("loss").shape).dump(), fix);
+  const Shape h0 = info("hidden_states.0").shape;
+  MIH_CHECK(h0.size() == 3, where, ": 'hidden_states.0' must be [B, S, H], has shape ", json(h0).dump(), fix);
+  for (int64_t i = 1; i <= g.num_hidden_layers + 1; ++i) {
+    const std::string name = "hidden_states." + std::to_string(i);
+    MIH_CHECK(info(name).shape == h0, where, ": '", name, "' has shape ", json(info(name).shape).dump(),
+              ", hidden_states.0 ", json(h0).dump(), " (every hidden state is [B, S, H])", fix);
+  }
+  const Shape logits = info("logits").shape;
+  MIH_CHECK(logits.size() == 3 && logits[0] == h0[0] && logits[1] == h0[1], where, ": 'logits' has shape ",
+            json(logits).dump(), "; [B, S, V] with the hidden states' B, S ", json(h0).dump(), fix);
+  for (const auto& name : reader.names()) {
+    const safetensors::TensorInfo& t = reader.info(name);
+    MIH_CHECK(t.dtype == "F64", where, ": tensor '", name, "' is ", t.dtype, "; a golden holds float64", fix);
+    for (const std::string prefix : {"grad.", "param_after_step."}) {
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string other = (prefix == "grad." ? "param_after_step." : "grad.") + name.substr(prefix.size());
+      MIH_CHECK(!reader.contains(other) || reader.info(other).shape == t.shape, where, ": '", name, "' has shape ",
+                json(t.shape).dump(), " and '", other, "' ", json(reader.info(other).shape).dump(),
+                " (a parameter's gradient and its value after the step have its shape)", fix);
+    }
+    at::Tensor x = at::empty(t.shape, at::TensorOptions().dtype(at::kDouble));
+    reader.read(name, x.data_ptr());
+    const int64_t bad = x.numel() - at::isfinite(x).sum().item<int64_t>();
+    MIH_CHECK(bad == 0, where, ": tensor '", name, "' holds ", bad, " non-finite value(s) (NaN or Inf): the original "
+              "did not compute this golden, or it diverged; nothing of the port is compared with it", fix);
+  }
+}
+
+}  // namespace
 
 ExportDigests export_digests(const spec::ModelSpec& spec, uint64_t seed, const fs::path& init_from) {
   static std::atomic<int> counter{0};
@@ -209,12 +268,15 @@ ExportDigests export_digests(const spec::ModelSpec& spec, uint64_t seed, const f
   o.init_from = init_from;
   export_hf(spec, o);
   return {checkpoint_digest(hf::read_checkpoint(o.out)), hf::file_sha256(o.out / "batch.safetensors"),
-          hf::file_sha256(o.out / "training.json")};
+          hf::file_sha256(o.out / "training.json"), seed, init_from};
 }
 
 void check_golden_matches(const spec::ModelSpec& spec, const Golden& golden, const ExportDigests& now) {
-  const std::string fix = "; write the golden of this export: `mih golden --spec " + spec.name + " --out " +
-                          golden.dir.string() + "` (docs/golden.md)";
+  // The golden of this run's start (its seed and checkpoint), into a directory of its own.
+  const std::string fix = "; write the golden of this run's export: `mih golden --spec " + spec.name +
+                          (now.seed != 0 ? " --seed " + std::to_string(now.seed) : std::string()) +
+                          (now.init_from.empty() ? std::string() : " --init-from " + now.init_from.string()) +
+                          " --out NEW_DIR` and pass --golden NEW_DIR (docs/golden.md)";
   MIH_CHECK(golden.spec.empty() || golden.spec == spec.name, "golden ", golden.dir.string(),
             " was computed from an export of spec '", golden.spec, "', not of '", spec.name, "'", fix);
   const struct {
@@ -585,6 +647,7 @@ void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& 
     const Golden g = with_context(what, [&] { return read_golden(dir); });
     {
       progress(name + ": checking golden " + g.dir.string() + " against this run's export");
+      with_context(what, [&] { check_golden_tensors(g); });
       const Registration* r = nullptr;
       for (const auto& x : registrations()) {
         if (selected(x) && x.spec == name) r = &x;

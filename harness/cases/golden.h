@@ -66,6 +66,9 @@ Golden read_golden(const std::filesystem::path& dir);
 /// removes it. Throws: as export_hf.
 struct ExportDigests {
   std::string checkpoint_sha256, batch_sha256, training_sha256;
+  /// What the export started from (the fix a refusal names: `mih golden` of the same start).
+  uint64_t seed = 0;
+  std::filesystem::path init_from;
 };
 ExportDigests export_digests(const spec::ModelSpec& spec, uint64_t seed, const std::filesystem::path& init_from);
 

@@ -8,7 +8,8 @@ comparison can fail: a golden with one layer's hidden state perturbed fails nami
 one through the key map too); goldens that do not belong to the run are refused before any rank
 starts, exit 11 naming the hash (another checkpoint: the run's seed 1; another batch; other
 trainer options; a stale tensors file), as is an unknown format version (exit 11), a golden of a
-spec the run does not select; a missing directory is exit 12. The producer refuses an export
+spec the run does not select, a compute_epsilon or noise that would loosen the tolerances, a
+tensor holding NaN or of another shape (exit 11, naming it); a missing directory is exit 12. The producer refuses an export
 whose key map renamed a weight, naming it. Prints the float64 agreement figures (the largest
 relative error per quantity kind) of llama and moe against the builtin.
 
@@ -93,6 +94,37 @@ def perturb(target, index=0, scale=1e-6):
         values[index] *= 1 + scale
         return True
     return edit
+
+
+def set_nan(target):
+    """Sets element 0 of tensor `target` to NaN."""
+    def edit(name, values):
+        if name != target:
+            return False
+        values[0] = float("nan")
+        return True
+    return edit
+
+
+def reshape(dst, target, shape):
+    """Rewrites the header of golden `dst`'s tensors so that `target` has `shape` (the same
+    bytes), and its tensors_sha256."""
+    tensors = os.path.join(dst, "golden.safetensors")
+    with open(tensors, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header[target]["shape"] = shape
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(tensors, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+    with open(os.path.join(dst, "golden.json")) as f:
+        m = json.load(f)
+    m["tensors_sha256"] = sha256(tensors)
+    with open(os.path.join(dst, "golden.json"), "w") as f:
+        json.dump(m, f, indent=2)
+    return dst
 
 
 def main():
@@ -186,6 +218,15 @@ def main():
             "a stale tensors file is refused naming tensors_sha256")
     refused(["--golden", copy_golden(golden, w("v2"), lambda m: m.update(version=2))], 11,
             ["golden format version 2 is not one this mih reads"], "an unknown golden format version is refused")
+    # What no hash covers and the tolerances follow from, and tensors a comparison would read.
+    refused(["--golden", copy_golden(golden, w("eps"), lambda m: m.update(compute_epsilon=0.5))], 11,
+            ["\"compute_epsilon\" is 0.5"], "a compute_epsilon that is not float64's is refused")
+    refused(["--golden", copy_golden(golden, w("noisy"), lambda m: m["noise"].update({k: 1e10 for k in m["noise"]}))],
+            11, ["must be a number in [0, "], "a noise larger than a float64 noise twin's is refused")
+    refused(["--golden", copy_golden(golden, w("nan"), edit_tensor=set_nan("hidden_states.1"))], 11,
+            ["'hidden_states.1' holds 1 non-finite value"], "a golden tensor holding NaN is refused, naming it")
+    refused(["--golden", reshape(copy_golden(golden, w("shape")), "hidden_states.1", [512, 64])], 11,
+            ["'hidden_states.1' has shape [512,64]"], "a golden hidden state of another shape is refused, naming it")
     refused(["--golden", w("nope")], 12, ["is not a directory"], "a missing golden directory is an environment error")
     rc, out = run([a.mih, "test", "--only-spec", "moe", "--golden", golden, "--evidence-root", w("moe-llama"),
                    "--gtest_filter=Moe/MatchesOriginal.*/Reference"])

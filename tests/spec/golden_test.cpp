@@ -98,20 +98,23 @@ TEST(GoldenFormatTest, AGoldenOfAnotherExportIsRefusedNamingTheHash) {
   spec::ModelSpec s = spec::SpecRegistry::instance().get("llama");
   s.golden.layers = {{"layers.0", 1}};
   const cases::Golden g = cases::read_golden(write_golden("match"));
-  EXPECT_NO_THROW(cases::check_golden_matches(s, g, {kA, kB, kC}));
-  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, std::string(64, 'd'), kC}); },
+  EXPECT_NO_THROW(cases::check_golden_matches(s, g, {kA, kB, kC, 0, {}}));
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, std::string(64, 'd'), kC, 0, {}}); },
               ::testing::ThrowsMessage<Error>(
                   AllOf(HasSubstr("its batch_sha256 is " + kB), HasSubstr("hashes to " + std::string(64, 'd')),
                         HasSubstr("mih golden --spec llama"))));
-  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {std::string(64, 'e'), kB, kC}); },
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {std::string(64, 'e'), kB, kC, 0, {}}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("its checkpoint_sha256 is " + kA)));
-  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, std::string(64, 'f')}); },
+  // The fix writes the golden of the run's own start, into a new directory.
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {std::string(64, 'e'), kB, kC, 1, "/ckpt"}); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("mih golden --spec llama --seed 1 --init-from /ckpt --out NEW_DIR")));
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, std::string(64, 'f'), 0, {}}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("its training_sha256 is " + kC)));
   s.golden.layers = {{"norm", 4}};
-  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, kC}); },
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, kC, 0, {}}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("holds hidden states 0 .. 3")));
   s.name = "moe";
-  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, kC}); },
+  EXPECT_THAT([&] { cases::check_golden_matches(s, g, {kA, kB, kC, 0, {}}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("from an export of spec 'llama', not of 'moe'")));
 }
 
