@@ -66,14 +66,8 @@ json golden_statistics(const at::Tensor& t, const json& like) {
   const at::Tensor index = at::arange(n, at::kLong);
   std::vector<double> sketch;
   const size_t k = like.contains("sketch") && like["sketch"].is_array() ? like["sketch"].size() : 0;
-  if (k > 0) {
-    // The probes' own product (ActivationProbes::add: the [n, k] signs, transposed, times x), so
-    // that equal tensors give equal sketches, not two summation orders' roundings.
-    std::vector<at::Tensor> cols;
-    for (size_t j = 0; j < k; ++j) cols.push_back(projection_signs(index, static_cast<int64_t>(j)));
-    const at::Tensor projected = at::mv(at::stack(cols, 1).contiguous().t(), x);
-    for (size_t j = 0; j < k; ++j) sketch.push_back(projected[static_cast<int64_t>(j)].item<double>());
-  }
+  // Summed in another order than the probes' (their rounding differs: summation_scale).
+  for (size_t j = 0; j < k; ++j) sketch.push_back(at::dot(x, projection_signs(index, static_cast<int64_t>(j))).item<double>());
   s["sketch"] = sketch;
   if (like.contains("values") && like["values"].is_array() && static_cast<int64_t>(like["values"].size()) == n) {
     s["values"] = std::vector<double>(x.data_ptr<double>(), x.data_ptr<double>() + n);
