@@ -37,27 +37,27 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
                   << (cases::run_options().verify_only ? " cannot be checked: " : " could not run: ") << e.what();
     return nullptr;
   }
-  if (o->outcome == "transport_failure") {
-    ADD_FAILURE() << "INFRASTRUCTURE FAILURE (not a conformance verdict): case " << p.spec << "/" << case_name
-                  << " did not complete:\n"
-                  << o->error << "\n  (logs: " << (o->evidence / "run").string() << ")";
-    return nullptr;
-  }
-  if (o->outcome == "fault_not_reached") {
-    ADD_FAILURE() << "BAD INPUT (not a conformance verdict): " << o->error;
-    return nullptr;
-  }
-  if (o->outcome == "environment_failure" || o->outcome == "not_run" || o->outcome == "interrupted") {
-    ADD_FAILURE() << "ENVIRONMENT (not a conformance verdict): case " << p.spec << "/" << case_name
-                  << (o->outcome == "interrupted" ? " was interrupted" : " could not run") << ":\n"
-                  << o->error;
-    return nullptr;
-  }
-  if (o->outcome == "failed") {
-    ADD_FAILURE() << "case " << p.spec << "/" << case_name << " FAILED before its training finished: " << o->error
-                  << "\n  (open " << (o->evidence / "integration_state.json").string() << " and "
-                  << (o->evidence / "check/findings.json").string() << ")";
-    return nullptr;
+  switch (classify(o->outcome)) {
+    case OutcomeClass::kVerdict:
+      break;
+    case OutcomeClass::kInfrastructure:
+      ADD_FAILURE() << "INFRASTRUCTURE FAILURE (not a conformance verdict): case " << p.spec << "/" << case_name
+                    << " did not complete:\n"
+                    << o->error << "\n  (logs: " << (o->evidence / "run").string() << ")";
+      return nullptr;
+    case OutcomeClass::kBadInput:
+      ADD_FAILURE() << "BAD INPUT (not a conformance verdict): " << o->error;
+      return nullptr;
+    case OutcomeClass::kEnvironment:
+      ADD_FAILURE() << "ENVIRONMENT (not a conformance verdict): case " << p.spec << "/" << case_name
+                    << (o->outcome == Outcome::kInterrupted ? " was interrupted" : " could not run") << ":\n"
+                    << o->error;
+      return nullptr;
+    case OutcomeClass::kConformanceFailure:
+      ADD_FAILURE() << "case " << p.spec << "/" << case_name << " FAILED before its training finished: " << o->error
+                    << "\n  (open " << (o->evidence / "integration_state.json").string() << " and "
+                    << (o->evidence / "check/findings.json").string() << ")";
+      return nullptr;
   }
   const std::string key = o->evidence.string();
   auto it = views.find(key);

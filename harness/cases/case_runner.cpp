@@ -528,45 +528,45 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     result.state = "NONE";
   }
   if (r.ok()) {
-    result.outcome = "ran";
+    result.outcome = Outcome::kRan;
   } else if (r.status == LaunchResult::Status::kInterrupted) {
     // This process was asked to stop (SIGINT, SIGTERM): no verdict, relaunched on a rerun.
-    result.outcome = "interrupted";
+    result.outcome = Outcome::kInterrupted;
     result.error = r.report();
     result.code = Code::kAborted;
   } else if (const nlohmann::json failed = init_from_failure(result.evidence); !failed.is_null()) {
     // The checkpoint changed or became unreadable after it was checked: no verdict on the model.
-    result.outcome = "not_run";
+    result.outcome = Outcome::kNotRun;
     result.error = "the port could not be initialized from checkpoint " + failed.value("checkpoint", "") + ": " +
                    failed.value("error", "");
     result.code = failed.value("code", "") == code_name(Code::kInvalidSpec) ? Code::kInvalidSpec
                                                                             : Code::kFailedPrecondition;
   } else if (const std::string why = environment_failure(r); !why.empty()) {
     // A full or read-only disk under the evidence: the environment, never a model failure.
-    result.outcome = "environment_failure";
+    result.outcome = Outcome::kEnvironmentFailure;
     result.error = why + "\n" + r.report();
     result.code = Code::kFailedPrecondition;
   } else if (infrastructure_failure(r)) {
     // Whatever the session wrote: a rank that died, hung or lost its peers gives no verdict.
-    result.outcome = "transport_failure";
+    result.outcome = Outcome::kTransportFailure;
     result.error = r.report();
     result.code = r.code() == Code::kOk ? Code::kAborted : r.code();
   } else if (state == IntegrationState::kFailed && !reason.empty()) {
     // A hook or the model raised on some rank and the session recorded it: a conformance
     // failure with its reason, the launch report kept for the logs.
-    result.outcome = "failed";
+    result.outcome = Outcome::kFailed;
     result.error = reason;
   } else {
-    result.outcome = "transport_failure";
+    result.outcome = Outcome::kTransportFailure;
     result.error = r.report();
     result.code = r.code();
   }
   if (!o.fault.empty()) {
     const bool reached = fault_reached(result.evidence);
     record["fault_reached"] = reached;
-    if (result.outcome == "ran" && !reached) {
+    if (result.outcome == Outcome::kRan && !reached) {
       // Every test of this case would pass on the correct code it ran: a green that lies.
-      result.outcome = "fault_not_reached";
+      result.outcome = Outcome::kFaultNotReached;
       result.error = fault_not_reached_message(s, c, o.fault);
       result.code = Code::kInvalidSpec;
     }
@@ -594,7 +594,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
                  {"launch_seconds", result.launch_seconds},
                  {"started_by", started_by},
                  {"state", result.state},
-                 {"outcome", result.outcome},
+                 {"outcome", outcome_name(result.outcome)},
                  {"error", result.error},
                  {"files", evidence_digests(result.evidence)}});
   dir.write_json("case_run.json", record);

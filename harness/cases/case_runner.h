@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/base/case_outcome.h"
 #include "harness/base/error.h"
 #include "harness/spec/case_matrix.h"
 
@@ -56,11 +57,11 @@ struct CaseRunResult {
   /// Wall time of the launches, seconds (and of each launch: a resume has two).
   double seconds = 0;
   std::vector<double> launch_seconds;
-  /// "ran" (every rank finished; the evidence holds the verdicts), "failed" (a hook or the
-  /// model raised and the session recorded why: a conformance failure) or
-  /// "transport_failure" (a rank died or a collective timed out: infrastructure).
-  std::string outcome;
-  /// The reason of "failed", the launcher's report of "transport_failure".
+  /// kRan (every rank finished; the evidence holds the verdicts), kFailed (a hook or the
+  /// model raised and the session recorded why: a conformance failure), kTransportFailure (a
+  /// rank died or a collective timed out: infrastructure), or another Outcome (case_outcome.h).
+  Outcome outcome = Outcome::kNotRun;
+  /// The reason of kFailed, the launcher's report of kTransportFailure.
   std::string error;
   /// The launch's code for a transport failure.
   Code code = Code::kOk;

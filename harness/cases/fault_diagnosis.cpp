@@ -77,7 +77,7 @@ int run_contrasts(const FaultEntry& f, const FaultRuns& runs, const std::map<std
       for (const auto& n : now) {
         try {
           not_reached = not_reached ||
-                        read_json_file(dir / f.spec / n / "case_run.json").value("outcome", "") == "fault_not_reached";
+                        read_json_file(dir / f.spec / n / "case_run.json").value("outcome", "") == outcome_name(Outcome::kFaultNotReached);
         } catch (const std::exception&) {
           // No record of it: the exit status says why.
         }
@@ -103,7 +103,7 @@ json diagnose_fault(const FaultEntry& f, const FaultRuns& runs) {
       continue;
     }
     DiagnosisCase row = *k;
-    if (row.verdict == DiagnosisCase::Verdict::kNone && row.no_verdict == "fault_not_reached") {
+    if (row.verdict == DiagnosisCase::Verdict::kNone && row.no_verdict == outcome_name(Outcome::kFaultNotReached)) {
       // Its ranks never ran the fault's code: the correct code ran, whose verdict is its twin's.
       row.fault_not_reached = true;
       if (const DiagnosisCase* twin = named(clean, name); twin && twin->verdict != DiagnosisCase::Verdict::kNone) {

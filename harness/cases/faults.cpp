@@ -295,7 +295,7 @@ int run_faults(const FaultsOptions& options) {
     std::string blame_test, blame_message, blame_case = case_name;
     json others_failed = json::array();  // config-invariant: tests of other suites that failed
     for (const auto& r : run_tests_of(root)) {
-      if (!faulty.count(r.case_name) || r.status != "failed") continue;
+      if (!faulty.count(r.case_name) || r.status != TestStatus::kFailed) continue;
       const std::string test = r.suite + "." + r.test;
       suites_failed.insert(r.suite);
       failed_tests.push_back(test);
@@ -373,7 +373,7 @@ int run_faults(const FaultsOptions& options) {
     for (const auto& r : clean_results) {
       if (r.spec != f->spec || !faulty.count(r.case_name)) continue;
       ++twin_tests;
-      if (r.status == "failed") {
+      if (r.status == TestStatus::kFailed) {
         twin_failed.push_back({{"test", r.suite + "." + r.test}, {"message", first_lines(r.message, 3)}});
       }
     }
@@ -382,7 +382,7 @@ int run_faults(const FaultsOptions& options) {
     bool reached = true;
     try {
       const json run = read_json_file(root / f->spec / case_name / "case_run.json");
-      reached = run.value("fault_reached", true) && run.value("outcome", "") != "fault_not_reached";
+      reached = run.value("fault_reached", true) && find_outcome(run.value("outcome", "")) != Outcome::kFaultNotReached;
     } catch (const std::exception&) {
       // No record: the launch failed, which rc reports.
     }

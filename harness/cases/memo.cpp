@@ -214,7 +214,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
                    ", and this is mih ", harness_version(), ": rerun the case with this harness, or pass "
                    "--allow-other-version to check it anyway");
   }
-  out.outcome = "verify_only";
+  out.outcome = Outcome::kVerifyOnly;
   if (ev.has("case_run.json")) {
     const json& run = ev.json("case_run.json");
     // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
@@ -230,7 +230,10 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
                        "--allow-edited-evidence to check it as it is");
       }
     }
-    out.outcome = run.value("outcome", "ran");
+    // A record without an outcome is of a launch that completed (an outside launcher's).
+    const json& named = run.is_object() && run.contains("outcome") ? run["outcome"] : json(outcome_name(Outcome::kRan));
+    out.outcome = parse_outcome(named.is_string() ? named.get<std::string>() : named.dump(),
+                                (dir / "case_run.json").string() + ": outcome");
     out.error = run.value("error", "");
     out.seconds = run.value("seconds", 0.0);
   }
@@ -238,7 +241,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   // (and this run's): evidence that says otherwise is not this case's to judge by them. (A
   // case that did not complete gets no verdict: its outcome is reported.)
   const std::vector<std::string> differ =
-      out.outcome == "ran" || out.outcome == "verify_only" ? disagreements(p, ev) : std::vector<std::string>();
+      has_verdict(out.outcome) ? disagreements(p, ev) : std::vector<std::string>();
   if (!differ.empty()) {
     std::string list;
     for (size_t i = 0; i < differ.size() && i < 12; ++i) list += "\n  " + differ[i];
@@ -248,14 +251,14 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
               "verdict applies only those:", list,
               "\n  rerun the case with this mih, or check it with the matrix and --fault it ran under");
   }
-  if (out.outcome != "ran" && out.outcome != "verify_only" && out.outcome != "failed") {
+  if (classify(out.outcome) != OutcomeClass::kVerdict && classify(out.outcome) != OutcomeClass::kConformanceFailure) {
     out.code = Code::kAborted;
   }
   return out;
 }
 
 // Why the evidence in `dir` cannot stand for a run with fingerprint `fp`, or "" when it can:
-// only a case that completed ("ran"), with this fingerprint, and whose every evidence file is
+// only a case that completed (Outcome::kRan), with this fingerprint, and whose every evidence file is
 // still the one its run wrote (case_run.json's digests) is reused.
 std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256) {
   json run;
@@ -266,7 +269,7 @@ std::string why_not_reusable(const fs::path& dir, const std::string& fp, const s
   }
   if (!run.is_object()) return "its case_run.json is not an object";
   const std::string outcome = run.value("outcome", "");
-  if (outcome != "ran") {
+  if (find_outcome(outcome) != Outcome::kRan) {
     return "its last run did not complete (outcome '" + outcome + "'" +
            (run.value("error", "").empty() ? std::string() : ": " + run.value("error", "").substr(0, 200)) + ")";
   }
@@ -364,7 +367,7 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
       if (why.empty()) {
         const json run = read_json_file(dir / "case_run.json");
         out.evidence = dir;
-        out.outcome = run.value("outcome", "");
+        out.outcome = Outcome::kRan;  // why_not_reusable reuses nothing else
         out.error = run.value("error", "");
         out.seconds = run.value("seconds", 0.0);
         reused = true;
@@ -400,27 +403,34 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         out.seconds = r.seconds;
         out.launched_here = true;
         ++g_cases_launched;
-        progress(p.spec + "/" + p.case_name + ": " + r.outcome + " (" + r.state + ") in " + seconds_text(r.seconds) +
+        progress(p.spec + "/" + p.case_name + ": " + std::string(outcome_name(r.outcome)) + " (" + r.state + ") in " + seconds_text(r.seconds) +
                  " s; " + std::to_string(g_cases_launched) + " case(s) launched");
       } catch (const Error& e) {
         // Could not run at all (an unwritable or full evidence root, a bad case): remembered
         // like an outcome, so the case's other tests say it rather than relaunching it.
         out.evidence = dir;
-        out.outcome = "not_run";
+        out.outcome = Outcome::kNotRun;
         out.error = e.what();
         out.code = e.code();
       }
     }
   }
-  if (out.outcome == "transport_failure") note_infrastructure(out.code == Code::kOk ? Code::kAborted : out.code);
-  if (out.outcome == "fault_not_reached") {
-    // Bad input, also in a verify-only run of its evidence: the case ran the correct code and
-    // checked nothing (a rerun relaunches it: only "ran" is reused).
-    if (out.error.empty()) out.error = "its fault was injected, but no rank reached the fault's point";
-    note_error(Code::kInvalidSpec);
-  }
-  if (out.outcome == "environment_failure" || out.outcome == "not_run" || out.outcome == "interrupted") {
-    note_error(out.code == Code::kOk ? Code::kFailedPrecondition : out.code);
+  switch (classify(out.outcome)) {
+    case OutcomeClass::kVerdict:
+    case OutcomeClass::kConformanceFailure:
+      break;
+    case OutcomeClass::kInfrastructure:
+      note_infrastructure(outcome_code(out.outcome, out.code));
+      break;
+    case OutcomeClass::kBadInput:
+      // Also in a verify-only run of its evidence: the case ran the correct code and checked
+      // nothing (a rerun relaunches it: only kRan is reused).
+      if (out.error.empty()) out.error = "its fault was injected, but no rank reached the fault's point";
+      note_error(outcome_code(out.outcome, out.code));
+      break;
+    case OutcomeClass::kEnvironment:
+      note_error(outcome_code(out.outcome, out.code));
+      break;
   }
   return memo.emplace(key, std::move(out)).first->second;
 }

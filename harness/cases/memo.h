@@ -10,6 +10,7 @@
 #include <iosfwd>
 #include <string>
 
+#include "harness/base/case_outcome.h"
 #include "harness/base/error.h"
 #include "harness/cases/registrations.h"
 
@@ -25,9 +26,9 @@ void PrintTo(const CaseParam& p, std::ostream* os);
 /// How a case's launch (or its verify-only evidence) ended.
 struct CaseOutcome {
   std::filesystem::path evidence;
-  /// "ran", "failed", "transport_failure", "environment_failure" (a full or read-only disk),
-  /// "interrupted" (SIGINT/SIGTERM), "not_run" (it could not start: error says why), "verify_only".
-  std::string outcome;
+  /// How it ended (case_outcome.h): kNotRun when it could not start (error says why),
+  /// kVerifyOnly for evidence produced elsewhere whose record names no outcome.
+  Outcome outcome = Outcome::kNotRun;
   std::string error;
   Code code = Code::kOk;
   double seconds = 0;

@@ -93,7 +93,9 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
     const auto pslash = name_full.rfind('/');
     const std::string case_name = pslash == std::string::npos ? "" : name_full.substr(pslash + 1);
     const auto* result = info.result();
-    std::string status = result->Skipped() ? "skipped" : result->Failed() ? "failed" : "passed";
+    const TestStatus status = result->Skipped() ? TestStatus::kSkipped
+                              : result->Failed() ? TestStatus::kFailed
+                                                 : TestStatus::kPassed;
     std::string message;
     for (int i = 0; i < result->total_part_count(); ++i) {
       const auto& part = result->GetTestPartResult(i);
@@ -111,7 +113,7 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
                        {"case", case_name},
                        {"suite", suite_full.substr(slash + 1)},
                        {"test", pslash == std::string::npos ? name_full : name_full.substr(0, pslash)},
-                       {"status", status},
+                       {"status", test_status_name(status)},
                        {"message", message},
                        {"seconds", static_cast<double>(result->elapsed_time()) / 1000.0},
                        {"evidence", r->spec + "/" + case_name},
@@ -177,7 +179,9 @@ std::string module_parity_on_evidence(const cases::Registration& r) {
   try {
     const cases::CaseOutcome& o =
         cases::ensure_case({r.prefix, r.spec, cases::matrix_of(r), r.training_backend, ref->name});
-    if (o.outcome != "ran") return "its " + ref->name + " did not complete (" + o.outcome + ": " + o.error + ")";
+    if (o.outcome != Outcome::kRan) {
+      return "its " + ref->name + " did not complete (" + std::string(outcome_name(o.outcome)) + ": " + o.error + ")";
+    }
     const verdicts::Verdict v = verdicts::module_parity(verdicts::CaseEvidence(o.evidence));
     return v.passed() ? "" : "ModuleParity fails on " + r.spec + "/" + ref->name + ": " + v.message;
   } catch (const std::exception& e) {

@@ -260,29 +260,31 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
                                 f->options.collective_timeout, f->options.init_from_sha256);
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
     const cases::CaseRunResult r = cases::run_case(s, c, f->options);
-    std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(), r.outcome.c_str(),
-                r.state.c_str(), r.seconds, r.evidence.c_str());
-    if (r.outcome == "interrupted") {
+    std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(),
+                std::string(outcome_name(r.outcome)).c_str(), r.state.c_str(), r.seconds, r.evidence.c_str());
+    if (r.outcome == Outcome::kInterrupted) {
       std::fprintf(stderr, "mih: %s; the case is recorded as interrupted and relaunched by the next run\n",
                    r.error.c_str());
       return 128 + interrupt_signal();
     }
-    if (r.outcome == "not_run") {
-      std::fprintf(stderr, "mih: the case could not run (not a conformance verdict):\n%s\n", r.error.c_str());
-      return exit_status(r.code == Code::kOk ? Code::kFailedPrecondition : r.code);
+    switch (classify(r.outcome)) {
+      case OutcomeClass::kVerdict:
+      case OutcomeClass::kConformanceFailure:
+        break;
+      case OutcomeClass::kBadInput:
+        std::fprintf(stderr, "mih: bad input (not a conformance verdict): %s\n", r.error.c_str());
+        break;
+      case OutcomeClass::kInfrastructure:
+        std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
+        break;
+      case OutcomeClass::kEnvironment:
+        std::fprintf(stderr,
+                     r.outcome == Outcome::kNotRun ? "mih: the case could not run (not a conformance verdict):\n%s\n"
+                                                   : "mih: environment failure (not a conformance verdict):\n%s\n",
+                     r.error.c_str());
+        break;
     }
-    if (r.outcome == "fault_not_reached") {
-      std::fprintf(stderr, "mih: bad input (not a conformance verdict): %s\n", r.error.c_str());
-      return exit_status(Code::kInvalidSpec);
-    }
-    if (r.outcome == "environment_failure") {
-      std::fprintf(stderr, "mih: environment failure (not a conformance verdict):\n%s\n", r.error.c_str());
-      return exit_status(Code::kFailedPrecondition);
-    }
-    if (r.outcome == "transport_failure") {
-      std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
-      return exit_status(r.code == Code::kOk ? Code::kAborted : r.code);
-    }
+    if (const Code code = outcome_code(r.outcome, r.code); code != Code::kOk) return exit_status(code);
     if (!r.error.empty()) std::fprintf(stderr, "mih: the case FAILED: %s\n", r.error.c_str());
     return r.state == "FAILED" ? 1 : 0;
   };

@@ -575,10 +575,10 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
     for (const TestResult& t : run.tests) {
       if (t.spec != r.spec || t.case_name != r.name) continue;
       if (c.prefix.empty() && t.name.find('/') != std::string::npos) c.prefix = t.name.substr(0, t.name.find('/'));
-      if (t.status == "failed") {
+      if (t.status == TestStatus::kFailed) {
         any_failed = true;
         c.failed_suites.insert(t.suite);
-      } else if (t.status == "passed") {
+      } else if (t.status == TestStatus::kPassed) {
         any_passed = true;
         c.passed_suites.insert(t.suite);
       }
@@ -586,10 +586,10 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
     for (const auto& s : c.failed_suites) c.passed_suites.erase(s);
     if (!r.config) {
       c.no_verdict = "no run/case.json says its configuration";
-    } else if (r.outcome == "transport_failure" || r.outcome == "environment_failure" || r.outcome == "not_run" ||
-               r.outcome == "interrupted" || r.outcome == "fault_not_reached") {
+    } else if (r.outcome && classify(*r.outcome) != OutcomeClass::kVerdict &&
+               classify(*r.outcome) != OutcomeClass::kConformanceFailure) {
       // No verdict on the model: infrastructure, the environment, or bad input.
-      c.no_verdict = r.outcome;
+      c.no_verdict = outcome_name(*r.outcome);
     } else if (any_failed) {
       c.verdict = DiagnosisCase::Verdict::kFailed;
     } else if (any_passed) {

@@ -136,7 +136,7 @@ std::map<std::string, SpecTable> spec_tables(const RunResults& run) {
     names[t.spec].first.insert(t.suite);
     names[t.spec].second.insert(t.case_name);
     Cell& cell = tables[t.spec].cells[{t.suite, t.case_name}];
-    (t.status == "passed" ? cell.passed : t.status == "failed" ? cell.failed : cell.skipped) += 1;
+    (t.status == TestStatus::kPassed ? cell.passed : t.status == TestStatus::kFailed ? cell.failed : cell.skipped) += 1;
   }
   for (auto& [spec, table] : tables) {
     table.suites.assign(names[spec].first.begin(), names[spec].first.end());
@@ -150,11 +150,11 @@ std::string case_title(const std::string& name) { return name.empty() ? "(no cas
 
 bool transport_failure(const RunResults& run, const TestResult& t) {
   const CaseResult* c = t.case_name.empty() ? nullptr : run.find_case(t.spec, t.case_name);
-  return t.status == "failed" && c != nullptr && c->outcome == "transport_failure";
+  return t.status == TestStatus::kFailed && c != nullptr && c->outcome && classify(*c->outcome) == OutcomeClass::kInfrastructure;
 }
 
 bool case_needs_attention(const CaseResult& c) {
-  return (!c.outcome.empty() && c.outcome != "ran") || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty() ||
+  return (c.outcome && *c.outcome != Outcome::kRan) || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty() ||
          !c.fault.empty();
 }
 
@@ -173,7 +173,7 @@ std::string case_facts(const CaseResult& c) {
   if (!c.kind.empty()) facts.push_back(c.kind);
   if (c.world_size > 0) facts.push_back("world size " + std::to_string(c.world_size));
   if (c.seconds > 0) facts.push_back(fixed(c.seconds, 1) + " s");
-  if (!c.outcome.empty()) facts.push_back("outcome " + c.outcome);
+  if (c.outcome) facts.push_back("outcome " + std::string(outcome_name(*c.outcome)));
   if (!c.state.empty()) facts.push_back("state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
   if (!c.compare_to.empty()) facts.push_back("compared to " + c.compare_to);
   if (!c.error.empty()) facts.push_back("error: " + c.error);
@@ -188,7 +188,7 @@ std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run) {
   for (const CaseResult& c : run.cases) {
     if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault.empty()) continue;
     const bool a_test_failed = std::any_of(run.tests.begin(), run.tests.end(), [&](const TestResult& t) {
-      return t.spec == c.spec && t.case_name == c.name && t.status == "failed";
+      return t.spec == c.spec && t.case_name == c.name && t.status == TestStatus::kFailed;
     });
     if (!a_test_failed) out.push_back(&c);
   }
@@ -269,8 +269,8 @@ std::vector<std::string> not_passed_reasons(const RunResults& run) {
     if (c.state == "FAILED" || c.state == "BLOCKED") {
       out.push_back(name + ": integration state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
     }
-    if (!c.outcome.empty() && c.outcome != "ran" && c.outcome != "verify_only") {
-      out.push_back(name + ": outcome " + c.outcome + (c.error.empty() ? "" : " (" + report_internal::first_line(c.error) + ")"));
+    if (c.outcome && !has_verdict(*c.outcome)) {
+      out.push_back(name + ": outcome " + std::string(outcome_name(*c.outcome)) + (c.error.empty() ? "" : " (" + report_internal::first_line(c.error) + ")"));
     }
     if (!c.problems.empty()) out.push_back(name + ": evidence that cannot be read: " + c.problems.front());
   }
@@ -278,15 +278,15 @@ std::vector<std::string> not_passed_reasons(const RunResults& run) {
 }
 
 int RunResults::passed() const {
-  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == "passed"; }));
+  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == TestStatus::kPassed; }));
 }
 
 int RunResults::failed() const {
-  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == "failed"; }));
+  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == TestStatus::kFailed; }));
 }
 
 int RunResults::skipped() const {
-  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == "skipped"; }));
+  return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == TestStatus::kSkipped; }));
 }
 
 const CaseResult* RunResults::find_case(const std::string& spec, const std::string& name) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/base/case_outcome.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih {
@@ -29,7 +31,7 @@ struct TestResult {
   std::string suite;      ///< "NumericParity"
   std::string test;       ///< "LossMatchesReference"
   std::string name;       ///< the full GoogleTest name, "Llama/NumericParity.LossMatchesReference/DpShard2"
-  std::string status;     ///< "passed", "failed" or "skipped"
+  TestStatus status = TestStatus::kPassed;
   std::string message;    ///< failure or skip text, possibly several lines; "" when passed
   std::string evidence;   ///< the case directory relative to the run root, "llama/DpShard2"; may be ""
   std::string time;       ///< when the line was written, ISO 8601 UTC ("2026-11-30T11:00:00Z"); may be ""
@@ -87,7 +89,7 @@ struct CaseResult {
   // case_run.json
   std::string kind;        ///< "train", ...
   std::string compare_to;  ///< the case of the same spec this one is compared with ("Reference"); "" for none
-  std::string outcome;     ///< "ran", "transport_failure" or "verify_only"
+  std::optional<Outcome> outcome;  ///< nullopt: the case has no case_run.json (an outside launcher ran it)
   std::string error;       ///< why the case did not run to the end
   /// The fault of the catalog injected into the case's ranks ("F20"; case_run.json, else
   /// run/case.json "fault"); "" for a fault-free case. Such a case is never a pass of the port.

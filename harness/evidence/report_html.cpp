@@ -271,7 +271,7 @@ std::string render_html(const RunResults& run) {
   if (run.failed() > 0) {
     out += "<h2>Failures</h2>\n";
     for (const TestResult& t : run.tests) {
-      if (t.status != "failed") continue;
+      if (t.status != TestStatus::kFailed) continue;
       out += "<section class=\"failure\">\n<h3>" + markup_escape(t.name) +
              (transport_failure(run, t) ? " <span class=\"tag\">transport failure</span>" : "") + "</h3>\n";
       out += "<p>evidence: <code>" + markup_escape(evidence_path(run, t.evidence)) + "</code></p>\n";
@@ -281,7 +281,7 @@ std::string render_html(const RunResults& run) {
   if (run.skipped() > 0) {
     out += "<h2>Skipped</h2>\n<ul>\n";
     for (const TestResult& t : run.tests) {
-      if (t.status == "skipped") out += "<li><code>" + markup_escape(t.name) + "</code>: " + markup_escape(first_line(t.message)) + "</li>\n";
+      if (t.status == TestStatus::kSkipped) out += "<li><code>" + markup_escape(t.name) + "</code>: " + markup_escape(first_line(t.message)) + "</li>\n";
     }
     out += "</ul>\n";
   }

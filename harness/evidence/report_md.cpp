@@ -192,7 +192,7 @@ std::string render_markdown(const RunResults& run) {
   if (run.failed() > 0) {
     out += "\n## Failures\n";
     for (const TestResult& t : run.tests) {
-      if (t.status != "failed") continue;
+      if (t.status != TestStatus::kFailed) continue;
       const std::string message = clean_text(t.message.empty() ? "(no message)" : t.message);
       const std::string fence(std::max<size_t>(3, longest_backtick_run(message) + 1), '`');
       out += "\n### " + md_code(t.name) + (transport_failure(run, t) ? " (transport failure)" : "") + "\n\n";
@@ -203,7 +203,7 @@ std::string render_markdown(const RunResults& run) {
   if (run.skipped() > 0) {
     out += "\n## Skipped\n\n";
     for (const TestResult& t : run.tests) {
-      if (t.status == "skipped") out += "- " + md_code(t.name) + ": " + md_cell(first_line(t.message)) + "\n";
+      if (t.status == TestStatus::kSkipped) out += "- " + md_code(t.name) + ": " + md_cell(first_line(t.message)) + "\n";
     }
   }
   return out;
@@ -253,7 +253,7 @@ std::string render_junit(const RunResults& run) {
     t.suite = "CaseRecord";
     t.test = "Record";
     t.name = c->spec + ".CaseRecord.Record/" + c->name;
-    t.status = "failed";
+    t.status = TestStatus::kFailed;
     t.message = case_record_failure(*c);
     t.evidence = c->evidence;
     records.push_back(std::move(t));
@@ -267,8 +267,8 @@ std::string render_junit(const RunResults& run) {
     s.tests.push_back(&t);
     s.seconds += t.seconds;
     seconds += t.seconds;
-    if (t.status == "skipped") s.skipped += 1;
-    if (t.status == "failed") (transport_failure(run, t) ? s.errors : s.failures) += 1;
+    if (t.status == TestStatus::kSkipped) s.skipped += 1;
+    if (t.status == TestStatus::kFailed) (transport_failure(run, t) ? s.errors : s.failures) += 1;
     const std::string ts = junit_timestamp(t.time);
     if (!ts.empty() && (s.timestamp.empty() || ts < s.timestamp)) s.timestamp = ts;
   }
@@ -292,12 +292,12 @@ std::string render_junit(const RunResults& run) {
       if (!t->test.empty() && !t->case_name.empty()) name += "/" + t->case_name;
       out += "    <testcase classname=\"" + attr(classname) + "\" name=\"" + attr(name) + "\" time=\"" +
              fixed(t->seconds) + "\"";
-      if (t->status == "passed") {
+      if (t->status == TestStatus::kPassed) {
         out += "/>\n";
         continue;
       }
       out += ">\n";
-      if (t->status == "skipped") {
+      if (t->status == TestStatus::kSkipped) {
         out += "      <skipped message=\"" + attr(t->message) + "\"/>\n";
       } else {
         const bool error = transport_failure(run, *t);

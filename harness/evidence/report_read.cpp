@@ -28,7 +28,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using report_internal::blank;
 
-const std::vector<std::string> kStatuses = {"passed", "failed", "skipped"};
 
 // Calls fn(line_number, line) for every non-blank line of `text`; a last line without its
 // newline is passed with terminated = false (it may be torn).
@@ -69,9 +68,10 @@ TestResult parse_result_line(const json& j, const std::string& where) {
   TestResult t;
   t.name = string_field(j, "name", where);
   MIH_CHECK(!t.name.empty(), where, ": 'name' is missing or empty");
-  t.status = string_field(j, "status", where);
-  MIH_CHECK(std::find(kStatuses.begin(), kStatuses.end(), t.status) != kStatuses.end(), where,
-            ": 'status' must be one of passed, failed, skipped; got '", t.status, "'");
+  const std::string status = string_field(j, "status", where);
+  const std::optional<TestStatus> known = find_test_status(status);
+  MIH_CHECK(known.has_value(), where, ": 'status' must be one of passed, failed, skipped; got '", status, "'");
+  t.status = *known;
   t.spec = string_field(j, "spec", where);
   t.case_name = string_field(j, "case", where);
   t.suite = string_field(j, "suite", where);
@@ -147,7 +147,14 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   if (read_json_object(case_run, &j, &c->problems)) {
     take(j, "kind", &c->kind, case_run, &c->problems);
     take(j, "compare_to", &c->compare_to, case_run, &c->problems);
-    take(j, "outcome", &c->outcome, case_run, &c->problems);
+    std::string outcome;
+    take(j, "outcome", &outcome, case_run, &c->problems);
+    if (!outcome.empty()) {
+      c->outcome = find_outcome(outcome);
+      if (!c->outcome) {
+        c->problems.push_back(case_run.string() + ": outcome '" + outcome.substr(0, 80) + "' is none mih writes");
+      }
+    }
     take(j, "error", &c->error, case_run, &c->problems);
     take(j, "fault", &c->fault, case_run, &c->problems);
     take(j, "world_size", &c->world_size, case_run, &c->problems);

@@ -72,7 +72,7 @@ class VerdictsTest : public ::testing::Test {
              {"llama", "Reference"}, {"llama", "DpShard2"}, {"llama", "DpShard2Ac"}, {"llama", "Tp2"},
              {"llama", "ResumeDpShard2ToTp2"}, {"vlm", "Reference"}}) {
       const cases::CaseRunResult r = run(spec, c, *root_);
-      ASSERT_EQ(r.outcome, "ran") << spec << "/" << c << ": " << r.error;
+      ASSERT_EQ(r.outcome, Outcome::kRan) << spec << "/" << c << ": " << r.error;
     }
   }
   static void TearDownTestSuite() { delete root_; }
@@ -490,7 +490,7 @@ TEST_F(VerdictsTest, PlainBackendReproducesTheTrainerReference) {
   // Trainer on the same spec: every quantity within the float64 oracle tolerance.
   const fs::path plain_root = testing::temp_dir("plain");
   const cases::CaseRunResult r = run("llama", "Reference", plain_root, "plain");
-  ASSERT_EQ(r.outcome, "ran") << r.error;
+  ASSERT_EQ(r.outcome, Outcome::kRan) << r.error;
   CompareOptions co;
   co.tolerance = 1e-10;
   const Comparison c = compare_evidence(real("llama", "Reference"), r.evidence, co);
@@ -502,7 +502,7 @@ TEST_F(VerdictsTest, PlainBackendReproducesTheTrainerReference) {
 
 TEST_F(VerdictsTest, ADeadRankIsATransportFailureNotAVerdict) {
   const cases::CaseRunResult r = run("llama", "DpShard2", testing::temp_dir("crash"), "crashing");
-  EXPECT_EQ(r.outcome, "transport_failure");
+  EXPECT_EQ(r.outcome, Outcome::kTransportFailure);
   EXPECT_THAT(r.error, HasSubstr("rank 0"));
   EXPECT_NE(r.code, Code::kOk);
   EXPECT_EQ(read(r.evidence / "case_run.json")["outcome"], "transport_failure");

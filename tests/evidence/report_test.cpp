@@ -176,7 +176,7 @@ TEST(RunResultsTest, LastLineOfARerunWins) {
   const RunResults run = read_run_results(write_fixture("report_rerun"));
   EXPECT_EQ(run.tests.size(), 9u);  // 10 lines, one of them a rerun
   const TestResult& rerun = find_test(run, "Llama/NumericParity.LossMatchesReference/DpShard2");
-  EXPECT_EQ(rerun.status, "passed");
+  EXPECT_EQ(rerun.status, TestStatus::kPassed);
   EXPECT_EQ(rerun.time, "2026-11-30T11:09:00Z");
   EXPECT_EQ(run.passed(), 6);
   EXPECT_EQ(run.failed(), 2);
@@ -200,7 +200,7 @@ TEST(RunResultsTest, ReadsTheCaseDirectories) {
   const CaseResult* ep = run.find_case("mixtral", "Ep2");
   ASSERT_NE(ep, nullptr);
   EXPECT_TRUE(ep->steps.empty());
-  EXPECT_EQ(ep->outcome, "transport_failure");
+  EXPECT_EQ(ep->outcome, Outcome::kTransportFailure);
   EXPECT_EQ(ep->state, "FAILED");
   EXPECT_EQ(run.find_case("llama", "Ep2"), nullptr);
 }

@@ -373,7 +373,7 @@ TEST(HfInitFromCaseTest, ACheckpointChangedAfterTheCheckIsNotRunNeverTheModelsFa
   o.init_from = checked.dir;
   o.init_from_sha256 = checked.sha256;
   const cases::CaseRunResult r = cases::run_case(s, c, o);
-  EXPECT_EQ(r.outcome, "not_run");
+  EXPECT_EQ(r.outcome, Outcome::kNotRun);
   EXPECT_EQ(r.code, Code::kFailedPrecondition);
   EXPECT_THAT(r.error, HasSubstr("the checkpoint's files changed after the run checked them"));
   EXPECT_NE(r.state, "FAILED") << "the model was never run: no verdict on it";
@@ -381,7 +381,7 @@ TEST(HfInitFromCaseTest, ACheckpointChangedAfterTheCheckIsNotRunNeverTheModelsFa
 
   o.init_from_sha256.clear();
   const cases::CaseRunResult again = cases::run_case(s, c, o);
-  EXPECT_EQ(again.outcome, "ran") << again.error;
+  EXPECT_EQ(again.outcome, Outcome::kRan) << again.error;
   const nlohmann::json case_file = read_json_file(again.evidence / "run/case.json");
   EXPECT_EQ(case_file["init_from"], checked.dir.string());
   EXPECT_EQ(case_file["init_from_sha256"], cases::checkpoint_digest(hf::read_checkpoint(e.out)));
