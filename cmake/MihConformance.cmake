@@ -18,8 +18,8 @@
 #   run in the build folder).
 #
 # In the build these come from cmake/ and the source tree; an outside project gets them from
-# find_package(mih), which sets MIH_CMAKE_DIR, MIH_CONFORMANCE_MAIN and MIH_SUITES_TARGET
-# (mih::suites) before including this file (cmake/mihConfig.cmake.in).
+# find_package(mih), which sets MIH_CMAKE_DIR, MIH_CONFORMANCE_MAIN, MIH_SUITES_TARGET
+# (mih::suites) and MIH_CLI_TARGET (mih::cli) before including this file (cmake/mihConfig.cmake.in).
 #
 # mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s])
 #   The ctest registration alone, for a binary made otherwise (the mih command).
@@ -78,7 +78,7 @@ function(mih_add_conformance_suite name)
   endif()
   add_executable(${name} ${ARG_SPECS} "${MIH_CONFORMANCE_MAIN}")
   target_compile_features(${name} PRIVATE cxx_std_20)
-  target_link_libraries(${name} PRIVATE ${MIH_SUITES_TARGET} ${ARG_DEPS})
+  target_link_libraries(${name} PRIVATE ${MIH_SUITES_TARGET} ${MIH_CLI_TARGET} ${ARG_DEPS})
   set(extra "")
   foreach(kw PRESET TIMEOUT)
     if(ARG_${kw})

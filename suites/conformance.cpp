@@ -9,7 +9,7 @@ namespace mih::conformance {
 
 std::vector<CaseParam> cases_for(const std::string& prefix, const std::string& suite) {
   std::vector<CaseParam> out;
-  if (!cases::run_options().enabled) return out;
+  if (!cases::run_enabled()) return out;
   const cases::Registration* r = cases::find_registration(prefix);
   if (!r || !cases::selected(*r)) return out;
   const spec::ModelSpec s = cases::spec_of_run(r->spec);  // with the checkpoint its cases start from

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/base/error.h"
+#include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
 #include "harness/compare/verdicts.h"

@@ -1,5 +1,6 @@
-// The case runner and its worker task (see case_runner.h). The task is defined here, next to
-// run_case, so that linking run_case links the registration too.
+// The case runner, the parent side of a case (see case_runner.h): run/case.json, the launches,
+// the outcome and case_run.json. The rank side, the `case` worker task, is case_rank.cpp
+// (referenced from here so that linking run_case links the task's registration too).
 #include "harness/cases/case_runner.h"
 
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/process_stat.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
@@ -39,206 +41,6 @@ namespace mih::cases {
 namespace {
 
 namespace fs = std::filesystem;
-
-// SHA-256 of the full value of every parameter and AdamW state (float64 bytes, row-major),
-// gathered through the backend: the same under every sharding, so a checkpoint that loads
-// bit-exact under another config gives the same hashes. A collective; rank 0 writes.
-nlohmann::json tensor_hashes(TrainingBackend& backend) {
-  nlohmann::json out = nlohmann::json::object();
-  TrainingState st = backend.state();
-  for (const auto& p : st.context->parameters()) {
-    for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
-      if (std::string(what) != "param" && !p->local.requires_grad()) continue;
-      const at::Tensor full = backend.gather_full(*p, what);
-      if (!full.defined()) continue;
-      const at::Tensor flat = full.detach().to(at::kCPU, at::kDouble).contiguous();
-      const std::string_view bytes(static_cast<const char*>(flat.data_ptr()), flat.numel() * sizeof(double));
-      out[std::string(what) == "param" ? p->fqn : p->fqn + "/" + what] = {{"sha256", sha256_hex(bytes)},
-                                                                           {"shape", full.sizes().vec()}};
-    }
-  }
-  return {{"tensors", out}, {"next_step", backend.next_step()}};
-}
-
-// The spec's module parity cases (on the reference case's rank): check/module_parity.json,
-// one object per case (spec::ModuleParityResult::to_json).
-nlohmann::json module_parity_evidence(const spec::ModelSpec& s) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& pc : s.parity_cases) out[pc.name] = spec::run_module_parity(pc).to_json();
-  return out;
-}
-
-// Seconds since this process was exec'd (/proc/self/stat starttime against the uptime):
-// the cost of starting a rank (loading libtorch) before run_phase runs. -1 if unreadable.
-double seconds_since_exec() {
-  std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');
-  double up = 0;
-  if (close == std::string::npos || !(uptime >> up)) return -1;
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  for (int i = 3; i < 22 && rest >> field; ++i) {
-  }
-  unsigned long long start_ticks = 0;
-  if (!(rest >> start_ticks)) return -1;
-  return up - static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-// Who started this rank, for environment.json: "mih" (its local launcher), "mih --launcher"
-// (a command template: srun, mpirun ... started it), "torchrun" (its agent's variables),
-// "env" (RANK/WORLD_SIZE set by hand or a script), "slurm", "openmpi", "single-process".
-std::string launcher_of(const World& world, const Env& env) {
-  if (find_env(env, kLauncherPidVar)) return "mih";
-  if (find_env(env, kLauncherStoreVar)) return "mih --launcher";
-  if (world.source == LaunchSource::kTorchrun) {
-    return find_env(env, "TORCHELASTIC_RUN_ID") || find_env(env, kAgentStoreVar) ? "torchrun" : "env";
-  }
-  return std::string(launch_source_name(world.source));
-}
-
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
-// resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
-int run_phase(WorkerContext& ctx) {
-  fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
-  const fs::path evidence = ctx.option("evidence");
-  // The case as the parent resolved it: the matrix is never read again here.
-  const CaseFile file = read_case_file(evidence / "run" / "case.json");
-  // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
-  // init_from and --init-from); that checkpoint is then the source the key map is checked on.
-  const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
-  const spec::Case& c = file.c;
-  const std::string phase = ctx.option("phase");
-  MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
-  MIH_CHECK(phase == "train" ? !c.save_config.has_value() : c.save_config.has_value(), "case '", c.name, "' (",
-            spec::case_kind_name(c.kind), ") has ", c.save_config ? "the phases save and load" : "the one phase train",
-            ", not '", phase, "' (`mih run --prepare` prints the rank command of each phase)");
-  const ParallelConfig config = phase == "save" ? *c.save_config : c.config;
-  // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
-  // into case_run.json): process start, rendezvous, model build with the attach checks,
-  // steps, and the end (checkpoint hashes, parity cases, findings).
-  nlohmann::json timing = {{"process_start_s", seconds_since_exec()}};
-  auto t = std::chrono::steady_clock::now();
-  DeviceMesh mesh = ctx.build_mesh(config);
-  timing["rendezvous_s"] = since(t);
-  SessionOptions so;
-  so.mode = SessionMode::kRuntime;
-  so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
-  so.config = config;
-  so.last_step = (phase == "save" ? c.resume_at : c.steps) - 1;
-  // A resume's load phase continues the save phase's run (the run-level gradient check).
-  if (phase == "load") so.continues_evidence = evidence / "before_save";
-  so.run_continues = phase == "save";
-  so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
-  c10::Device device(c10::DeviceType::CPU);
-  if (c.device == "cuda") {
-    // One GPU per rank, the one the NCCL group was built on (WorkerContext::build_mesh): the
-    // local rank (LOCAL_RANK from mih's launcher or torchrun, SLURM_LOCALID under srun).
-    device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ctx.world().local_rank));
-  }
-  so.trainer.device(device);
-  // Weights set after the build are what the materialization invariants must examine.
-  if (!file.init_from.empty() && phase != "load") {
-    so.weights_loaded_from = "checkpoint " + file.init_from +
-                             (file.init_from_sha256.empty() ? "" : " (SHA-256 " + file.init_from_sha256.substr(0, 16) + "...)");
-  } else if (phase == "load") {
-    so.weights_loaded_from = "the resume checkpoint " + (evidence / "checkpoint").string();
-  }
-  so.environment = {{"case", c},
-                    {"phase", phase},
-                    {"matrix", file.matrix},
-                    {"pg_backend", c.pg_backend},
-                    {"training_backend", file.training_backend},
-                    {"init_from", file.init_from.empty() ? nlohmann::json() : nlohmann::json(file.init_from)},
-                    {"launcher", launcher_of(ctx.world(), process_env())},
-                    {"run_id", ctx.world().run_id.empty() ? nlohmann::json() : nlohmann::json(ctx.world().run_id)}};
-  if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
-  ValidationSession session(s, so, mesh);
-  const bool rank0 = mesh.rank() == 0;
-  bool init_failed = false;
-  try {
-    std::unique_ptr<TrainingBackend> backend = TrainingBackendRegistry::instance().make(file.training_backend);
-    t = std::chrono::steady_clock::now();
-    backend->build(s, mesh, config, so.trainer, session);
-    timing["build_s"] = since(t);
-    if (!file.init_from.empty() && phase != "load") {
-      t = std::chrono::steady_clock::now();
-      size_t loaded = 0;
-      try {
-        loaded = load_hf_weights(s, file.init_from, *backend->state().context, file.init_from_sha256);
-      } catch (const Error& e) {
-        // The parent checked this checkpoint before any rank started: failing here means its
-        // files changed or became unreadable since. Input or environment, not the model's
-        // failure; run_case reads this record.
-        init_failed = true;
-        EvidenceDir(evidence / "run" / phase)
-            .write_json("init_from_failed_rank" + std::to_string(mesh.rank()) + ".json",
-                        {{"checkpoint", file.init_from}, {"code", code_name(e.code())}, {"error", e.what()}});
-        throw;
-      }
-      timing["init_from_s"] = since(t);
-      timing["init_from_parameters"] = loaded;
-      session.weights_loaded();
-    }
-    if (phase == "load") {
-      backend->load(evidence / "checkpoint");
-      session.weights_loaded();
-      nlohmann::json hashes = tensor_hashes(*backend);
-      hashes["comm_bytes"] = session.take_comm_bytes();  // the gathers are no step's traffic
-      if (rank0) EvidenceDir(evidence).write_json("checkpoint/roundtrip_load.json", hashes);
-    }
-    const int64_t steps = phase == "save" ? c.resume_at : phase == "load" ? c.steps - c.resume_at : c.steps;
-    t = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < steps; ++i) backend->step();
-    timing["steps_s"] = since(t);
-    t = std::chrono::steady_clock::now();
-    if (phase == "save") {
-      backend->save(evidence / "checkpoint");
-      const nlohmann::json hashes = tensor_hashes(*backend);
-      if (rank0) EvidenceDir(evidence).write_json("before_save/checkpoint/roundtrip_save.json", hashes);
-    }
-  } catch (const Error& e) {
-    // A peer that died or a collective past its timeout is the transport's failure: the
-    // launcher reports it as infrastructure; the case is not FAILED on the model's account.
-    // Nor is a checkpoint that could not be loaded (recorded above).
-    if (!init_failed && e.code() != Code::kUnavailable && e.code() != Code::kDeadlineExceeded) {
-      session.fail_case(std::string("training raised: ") + e.what());
-    }
-    throw;
-  } catch (const std::exception& e) {
-    session.fail_case(std::string("training raised: ") + e.what());
-    throw;
-  }
-  if (c.kind == spec::CaseKind::kReference && rank0 && !s.parity_cases.empty()) {
-    EvidenceDir(evidence).write_json("check/module_parity.json", module_parity_evidence(s));
-  }
-  session.finish();
-  timing["end_s"] = since(t);
-  double session_s = 0;  // the checks and probes inside build and steps
-  for (const auto& row : session.metrics()) session_s += row.value("session_ms", 0.0) / 1e3;
-  timing["session_s"] = session_s;
-  EvidenceDir run_dir(evidence / "run" / phase);
-  run_dir.write_json("timing_rank" + std::to_string(mesh.rank()) + ".json", timing);
-  // Whether this rank ran the fault's code (run_case reads it: a fault no rank reached is
-  // bad input, not a pass).
-  if (!file.fault.empty()) {
-    run_dir.write_json("fault_rank" + std::to_string(mesh.rank()) + ".json",
-                       {{"fault", file.fault}, {"reached", fault::reached()}});
-  }
-  return 0;
-}
-
-MIH_WORKER_TASK(case,
-                "trains one phase of a conformance case with a runtime validation session; the case is "
-                "<evidence>/run/case.json, written by the parent (mih run, mih test)",
-                {"evidence", "the case's evidence directory (holds run/case.json)", ""},
-                {"phase", "train, save or load", "train"}) {
-  return run_phase(ctx);
-}
 
 nlohmann::json case_file_json(const CaseFile& f) {
   nlohmann::json j;
@@ -455,7 +257,10 @@ std::string fault_not_reached_message(const spec::ModelSpec& s, const spec::Case
 
 }  // namespace
 
+void link_case_task();  // case_rank.cpp: the ranks' `case` task is linked wherever run_case is
+
 CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& given) {
+  link_case_task();
   // Bad input is rejected here, before any rank starts.
   CaseRunOptions o = given;
   if (!o.fault.empty()) (void)fault::parse(o.fault);

@@ -601,7 +601,8 @@ verdicts::Verdict golden_verdict(const GoldenComparison& gc, GoldenQuantity quan
                                  (ev.dir() / "compare/golden.json").string());
 }
 
-void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& spec)>& compared) {
+std::map<std::string, fs::path> resolve_goldens(const RunOptions& o, const std::function<bool(const std::string& spec)>& compared) {
+  std::map<std::string, fs::path> goldens;
   std::set<std::string> specs;
   for (const auto& r : registrations()) {
     if (selected(r)) specs.insert(r.spec);
@@ -631,10 +632,10 @@ void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& 
     MIH_CHECK(!s.golden.layers.empty(), what, ": the spec declares no golden.layers, the map from its modules to the "
               "golden's hidden states (e.g. {\"layers.0\", 1}); declare it to compare the port with the golden");
     const Golden g = with_context(what, [&] { return read_golden(dir); });
-    o.goldens[name] = g.dir;
+    goldens[name] = g.dir;
   }
   std::vector<std::string> dropped;
-  for (const auto& [name, dir] : o.goldens) {
+  for (const auto& [name, dir] : goldens) {
     if (!compared(name)) continue;
     const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
     const std::string what = "spec '" + name + "': golden " + dir.string();
@@ -669,7 +670,8 @@ void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& 
       with_context(what, [&] { check_golden_matches(s, g, now); });
     }
   }
-  for (const auto& name : dropped) o.goldens[name].clear();  // spec_of_run: golden.dir "", no suite
+  for (const auto& name : dropped) goldens[name].clear();  // spec_of_run: golden.dir "", no suite
+  return goldens;
 }
 
 }  // namespace mih::cases

@@ -123,17 +123,18 @@ verdicts::Verdict golden_verdict(const GoldenComparison& c, GoldenQuantity quant
 
 /// Resolves the golden of every spec the run selects before any test runs: each `--golden
 /// DIR` (RunOptions::golden_dirs) for the spec its golden.json names (or the run's one spec),
-/// else the spec's own GoldenSpec::dir. Each is read (read_golden) and recorded in
-/// RunOptions::goldens; then each spec for which `compared(spec)` is true (the run selects a
+/// else the spec's own GoldenSpec::dir. Each is read (read_golden) and returned (spec name
+/// -> golden directory; ConformanceRun::golden); then each spec for which `compared(spec)` is true (the run selects a
 /// MatchesOriginal test of it: a scratch export costs a model build) is checked against this
 /// run's export (export_digests with the seed of the spec's Reference case and its init
 /// source; check_golden_matches). The spec's own golden (not a --golden) of another start
 /// than the run's (--init-from, --seed: its checkpoint_sha256 differs) is dropped instead:
-/// the run has no golden of that spec, so MatchesOriginal is not instantiated on it (said on
-/// the progress line). A listing passes a predicate that is always false.
+/// the run has no golden of that spec (its directory is returned as ""), so MatchesOriginal is
+/// not instantiated on it (said on the progress line). A listing passes a predicate that is always false.
 /// Throws: as read_golden, export_digests and check_golden_matches; kInvalidSpec for a
 ///   --golden of a spec the run does not select, two goldens of one spec, a golden.json that
 ///   names no spec when the run selects several, or a spec with a golden and no layer map.
-void resolve_goldens(RunOptions& o, const std::function<bool(const std::string& spec)>& compared);
+std::map<std::string, std::filesystem::path> resolve_goldens(const RunOptions& o,
+                                                             const std::function<bool(const std::string& spec)>& compared);
 
 }  // namespace mih::cases

@@ -18,57 +18,17 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/files.h"
+#include "harness/base/process_stat.h"
 #include "harness/base/version.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
+#include "harness/cases/conformance_run.h"
 #include "harness/compare/verdicts.h"
 
 namespace mih::cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-bool g_infrastructure_failed = false;
-Code g_infrastructure_code = Code::kOk;
-Code g_input_code = Code::kOk;  // bad input or evidence (kInvalidSpec, kFailedPrecondition)
-int g_cases_launched = 0;
-
-// Seconds since this process started (/proc/self/stat's starttime against CLOCK_BOOTTIME): the
-// command's own start also when the warm server forked it long after the binary loaded (a
-// static taken at load time would count from the server's start).
-double seconds_since_process_start() {
-  std::FILE* f = std::fopen("/proc/self/stat", "r");
-  if (!f) return 0;
-  char buf[1024] = {0};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const char* p = std::strrchr(buf, ')');
-  if (!p || static_cast<size_t>(p - buf) >= n) return 0;
-  // After ") ": field 3 (state) ... field 22 (starttime, clock ticks after boot).
-  unsigned long long start = 0;
-  int field = 2;
-  for (const char* q = p + 1; *q && field < 22; ++q) {
-    if (*q == ' ') {
-      ++field;
-      if (field == 22) start = std::strtoull(q + 1, nullptr, 10);
-    }
-  }
-  timespec now {};
-  ::clock_gettime(CLOCK_BOOTTIME, &now);
-  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  const double s = static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - static_cast<double>(start) / ticks;
-  return s > 0 ? s : 0;
-}
-
-void note_infrastructure(Code code) {
-  g_infrastructure_failed = true;
-  if (g_infrastructure_code == Code::kOk) g_infrastructure_code = code;
-}
-
-
-}  // namespace
 
 std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
                              const std::string& fault, std::chrono::milliseconds case_timeout,
@@ -314,24 +274,7 @@ const spec::Case& case_of(const CaseParam& p) { return resolved_matrix(p.spec, p
 
 void progress(const std::string& line) {
   if (!run_options().progress) return;
-  const double s = seconds_since_process_start();
-  std::fprintf(stderr, "[mih %6.1fs] %s\n", s, line.c_str());
-}
-
-int cases_launched() { return g_cases_launched; }
-
-void note_error(Code code) {
-  if (code == Code::kInvalidSpec || code == Code::kFailedPrecondition) {
-    if (g_input_code == Code::kOk) g_input_code = code;
-  } else if (code != Code::kOk) {
-    note_infrastructure(code);
-  }
-}
-
-int run_exit_status(int gtest_rc) {
-  if (g_infrastructure_failed) return exit_status(g_infrastructure_code);
-  if (g_input_code != Code::kOk) return exit_status(g_input_code);
-  return gtest_rc == 0 ? 0 : 1;
+  std::fprintf(stderr, "[mih %6.1fs] %s\n", process_age_seconds().value_or(0), line.c_str());
 }
 
 const CaseOutcome& ensure_case(const CaseParam& p) {
@@ -402,9 +345,10 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         out.code = r.code;
         out.seconds = r.seconds;
         out.launched_here = true;
-        ++g_cases_launched;
+        ConformanceRun* run = ConformanceRun::current();
+        if (run) run->count_launch();
         progress(p.spec + "/" + p.case_name + ": " + std::string(outcome_name(r.outcome)) + " (" + r.state + ") in " + seconds_text(r.seconds) +
-                 " s; " + std::to_string(g_cases_launched) + " case(s) launched");
+                 " s; " + std::to_string(run ? run->cases_launched() : 0) + " case(s) launched");
       } catch (const Error& e) {
         // Could not run at all (an unwritable or full evidence root, a bad case): remembered
         // like an outcome, so the case's other tests say it rather than relaunching it.
@@ -420,7 +364,7 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     case OutcomeClass::kConformanceFailure:
       break;
     case OutcomeClass::kInfrastructure:
-      note_infrastructure(outcome_code(out.outcome, out.code));
+      if (ConformanceRun* run = ConformanceRun::current()) run->note_infrastructure(outcome_code(out.outcome, out.code));
       break;
     case OutcomeClass::kBadInput:
       // Also in a verify-only run of its evidence: the case ran the correct code and checked

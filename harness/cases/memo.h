@@ -37,7 +37,7 @@ struct CaseOutcome {
 
 /// The case's evidence: launched (under the case lock) unless this evidence root already
 /// holds a run of it with the same fingerprint (binary, matrix, training backend, fault, the
-/// checkpoint it starts from: RunOptions::init_sources, the reference's as every other's).
+/// checkpoint it starts from: ConformanceRun::init_sources, the reference's as every other's).
 /// Throws: mih::Error{kInvalidSpec} for an unknown spec, matrix or case;
 ///   kFailedPrecondition when verify-only evidence is missing or belongs to another case.
 const CaseOutcome& ensure_case(const CaseParam& p);
@@ -59,14 +59,6 @@ std::string fault_of(const CaseParam& p);
 /// The resolved case `p` names (from resolved_matrix). Throws: as CaseMatrix::at.
 const spec::Case& case_of(const CaseParam& p);
 
-/// Records an error that is not a verdict (bad evidence, a case that could not run) for the
-/// run's exit status.
-void note_error(Code code);
-/// The run's exit status given GoogleTest's result `gtest_rc`: infrastructure (a case that
-/// did not complete) first, then bad input or evidence, then 1 for a failed test, else 0.
-int run_exit_status(int gtest_rc);
-/// Cases launched by this process.
-int cases_launched();
 /// "[mih   12.3s] line" on stderr when RunOptions::progress.
 void progress(const std::string& line);
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "harness/cases/conformance_run.h"
 #include "harness/session/backend.h"
 
 namespace mih::cases {
@@ -46,9 +47,15 @@ const Registration* find_registration(const std::string& prefix) {
   return nullptr;
 }
 
-RunOptions& run_options() {
-  static RunOptions o;
-  return o;
+const RunOptions& run_options() {
+  static const RunOptions defaults;
+  const ConformanceRun* run = ConformanceRun::current();
+  return run ? run->options() : defaults;
+}
+
+bool run_enabled() {
+  const ConformanceRun* run = ConformanceRun::current();
+  return run && run->prepared();
 }
 
 bool selected(const Registration& r) {
@@ -58,16 +65,15 @@ bool selected(const Registration& r) {
 }
 
 const InitSource* init_source_of(const std::string& spec) {
-  const auto& sources = run_options().init_sources;
-  auto it = sources.find(spec);
-  return it == sources.end() ? nullptr : &it->second;
+  const ConformanceRun* run = ConformanceRun::current();
+  return run ? run->init_source(spec) : nullptr;
 }
 
 spec::ModelSpec spec_of_run(const std::string& name) {
   const InitSource* source = init_source_of(name);
   spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(name), source ? source->dir.string() : "");
-  const auto golden = run_options().goldens.find(name);
-  if (golden != run_options().goldens.end()) s.golden.dir = golden->second.string();
+  const ConformanceRun* run = ConformanceRun::current();
+  if (const std::filesystem::path* golden = run ? run->golden(name) : nullptr) s.golden.dir = golden->string();
   return s;
 }
 

@@ -47,7 +47,8 @@ struct InitSource {
   std::string sha256;
 };
 
-/// What one conformance run does; set by the command line before any test runs.
+/// What one conformance run does: set by the command line (harness/cli binds its flags to
+/// these fields), then handed to the run (conformance_run.h), const from then on.
 struct RunOptions {
   /// Where every case's evidence goes: <evidence_root>/<spec>/<case>/, results.jsonl.
   std::filesystem::path evidence_root;
@@ -83,34 +84,32 @@ struct RunOptions {
   /// `--init-from DIR`: the checkpoint the run's one selected spec initializes from,
   /// overriding its CheckpointSpec::init_from. Empty: each spec's own (if any).
   std::filesystem::path init_from;
-  /// Spec name -> the checkpoint its cases (the reference included) initialize from, resolved
-  /// and checked once before any test runs. A spec not here trains from the seed's weights.
-  std::map<std::string, InitSource> init_sources;
   /// `--golden DIR` (repeatable): golden directories (docs/golden.md), each for the spec its
   /// golden.json names (or the run's one selected spec), overriding the spec's GoldenSpec::dir.
   std::vector<std::filesystem::path> golden_dirs;
-  /// Spec name -> the golden directory its MatchesOriginal suite compares with, checked
-  /// before any test runs (the golden's format and version, its tensors file, and the hashes
-  /// of the checkpoint, batch and trainer options it was computed from against this run's
-  /// export). A spec not here keeps its own GoldenSpec::dir.
-  std::map<std::string, std::filesystem::path> goldens;
   /// The precision lane every matrix runs in ("bfloat16", "float32,seed=2"; `--dtype`,
   /// `--seed`): matrix_of appends "@<lane>" (spec::resolve_matrix_source). Empty: the matrix's.
   std::string lane;
   /// Reduced-precision lanes: replaces the spec's noise_k when >= 0 (`--noise-k`).
   double noise_k = -1;
-  /// Set by the runner when the run's tests are instantiated (a harness test binary that
-  /// links the specs without running them instantiates nothing).
-  bool enabled = false;
+  /// `mih check` of a run root: the tests its run recorded it would run (results.jsonl's start
+  /// lines), every one of which must be a test of this binary; empty otherwise.
+  std::vector<std::string> recorded_tests;
 };
-RunOptions& run_options();
+/// The options of the current run (ConformanceRun::current()), or the defaults when there is
+/// none (a harness test binary).
+const RunOptions& run_options();
+/// Whether a run is current and prepared: the suites are instantiated only then (a harness
+/// test binary that links the specs without running them instantiates nothing).
+bool run_enabled();
 
 /// Whether the run instantiates `r`'s tests (only_spec, prefixes, on_request).
 bool selected(const Registration& r);
-/// The checkpoint spec `spec`'s cases initialize from in this run, or null (the seed's).
+/// The checkpoint spec `spec`'s cases initialize from in this run (ConformanceRun::init_source),
+/// or null (the seed's).
 const InitSource* init_source_of(const std::string& spec);
 /// The spec `name` as this run's cases see it: spec::initialized_from its init source, and its
-/// golden directory the run's (RunOptions::goldens) when it has one (what the suites'
+/// golden directory the run's (ConformanceRun::golden) when it has one (what the suites'
 /// applies() decide on).
 /// Throws: as spec::SpecRegistry::get.
 spec::ModelSpec spec_of_run(const std::string& name);

@@ -30,11 +30,11 @@
 #include "harness/cases/faults.h"
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
+#include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
-#include "harness/cli/run_diagnosis_internal.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
@@ -51,245 +51,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using cases::run_options;
-
-const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
-
-// Appends one line per finished test to <root>/results.jsonl (whole-line O_APPEND writes:
-// several processes of one ctest run share the file, and a full disk keeps whole lines or
-// nothing). Each process first appends a "run" start line listing the tests it will run and
-// last an end line, so a report can tell an incomplete run ("incomplete: K of N tests").
-// A SIGINT or SIGTERM (the launch in flight stopped by the launcher) ends the run after the
-// test in flight, which is not recorded: the end line says so and the process exits 128 +
-// the signal.
-class ResultsWriter : public ::testing::EmptyTestEventListener {
- public:
-  void OnTestProgramStart(const ::testing::UnitTest& unit) override {
-    json names = json::array();
-    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-      const std::string full = suite.name();
-      const auto slash = full.find('/');
-      if (slash == std::string::npos || !cases::find_registration(full.substr(0, slash))) continue;
-      for (int j = 0; j < suite.total_test_count(); ++j) {
-        if (suite.GetTestInfo(j)->should_run()) names.push_back(full + "." + suite.GetTestInfo(j)->name());
-      }
-    }
-    expected_ = static_cast<int>(names.size());
-    append({{"run", {{"event", "start"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"tests", names}}}});
-  }
-
-  void OnTestProgramEnd(const ::testing::UnitTest&) override {
-    append({{"run", {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_}}}});
-  }
-
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (const int sig = interrupt_signal()) interrupted(sig);
-    const std::string suite_full = info.test_suite_name(), name_full = info.name();
-    const auto slash = suite_full.find('/');
-    if (slash == std::string::npos) return;
-    const cases::Registration* r = cases::find_registration(suite_full.substr(0, slash));
-    if (!r) return;
-    const auto pslash = name_full.rfind('/');
-    const std::string case_name = pslash == std::string::npos ? "" : name_full.substr(pslash + 1);
-    const auto* result = info.result();
-    const TestStatus status = result->Skipped() ? TestStatus::kSkipped
-                              : result->Failed() ? TestStatus::kFailed
-                                                 : TestStatus::kPassed;
-    std::string message;
-    for (int i = 0; i < result->total_part_count(); ++i) {
-      const auto& part = result->GetTestPartResult(i);
-      if (part.failed() || part.skipped()) message += (message.empty() ? "" : "\n") + std::string(part.message());
-    }
-    std::string examined;  // what a passing verdict examined (MIH_ASSERT_VERDICT records it)
-    for (int i = 0; i < result->test_property_count(); ++i) {
-      if (std::string(result->GetTestProperty(i).key()) == "examined") examined = result->GetTestProperty(i).value();
-    }
-    char stamp[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    json line = {{"name", suite_full + "." + name_full},
-                       {"spec", r->spec},
-                       {"case", case_name},
-                       {"suite", suite_full.substr(slash + 1)},
-                       {"test", pslash == std::string::npos ? name_full : name_full.substr(0, pslash)},
-                       {"status", test_status_name(status)},
-                       {"message", message},
-                       {"seconds", static_cast<double>(result->elapsed_time()) / 1000.0},
-                       {"evidence", r->spec + "/" + case_name},
-                       {"time", stamp}};
-    if (!examined.empty()) line["examined"] = examined;
-    if (append(line)) ++written_;
-  }
-
- private:
-  static std::string now_stamp() {
-    char stamp[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    return stamp;
-  }
-
-  // One whole line, or nothing and a message (once) that makes the run exit 12. `mih check`
-  // writes nothing into the evidence it judges.
-  bool append(const json& line) {
-    if (run_options().read_only) return true;
-    try {
-      append_whole(run_options().evidence_root / "results.jsonl", line.dump() + "\n");
-      return true;
-    } catch (const Error& e) {
-      cases::note_error(Code::kFailedPrecondition);
-      if (!write_failed_) std::fprintf(stderr, "mih: failed_precondition error: %s\n", e.what());
-      write_failed_ = true;
-      return false;
-    }
-  }
-
-  [[noreturn]] void interrupted(int sig) {
-    append({{"run",
-             {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_},
-              {"interrupted", signal_name(sig)}}}});
-    if (run_options().read_only) {
-      std::fprintf(stderr, "mih: interrupted by %s after %d of %d tests\n", signal_name(sig), written_, expected_);
-    } else {
-      std::fprintf(stderr,
-                   "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is "
-                   "not); rerun the same command to finish: complete cases are reused\n",
-                   signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
-    }
-    std::fflush(nullptr);
-    std::_Exit(128 + sig);
-  }
-
-  int expected_ = 0, written_ = 0;
-  bool write_failed_ = false;
-};
-
-// Whether the module parity of registration `r`'s spec holds on its Reference's evidence (what
-// ModuleParity asserts there), for a run that judges a case without running ModuleParity
-// (ctest runs one case per process): "" when it holds, else why not. The Reference is the
-// memoized case every other test of the run reads (launched if this run has not yet).
-std::string module_parity_on_evidence(const cases::Registration& r) {
-  const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
-  const auto ref = std::find_if(m.cases.begin(), m.cases.end(),
-                                [](const spec::Case& c) { return c.kind == spec::CaseKind::kReference; });
-  if (ref == m.cases.end()) {
-    return "matrix '" + m.name + "' has no Reference case, which the spec's module parity cases run with";
-  }
-  try {
-    const cases::CaseOutcome& o =
-        cases::ensure_case({r.prefix, r.spec, cases::matrix_of(r), r.training_backend, ref->name});
-    if (o.outcome != Outcome::kRan) {
-      return "its " + ref->name + " did not complete (" + std::string(outcome_name(o.outcome)) + ": " + o.error + ")";
-    }
-    const verdicts::Verdict v = verdicts::module_parity(verdicts::CaseEvidence(o.evidence));
-    return v.passed() ? "" : "ModuleParity fails on " + r.spec + "/" + ref->name + ": " + v.message;
-  } catch (const std::exception& e) {
-    return std::string("its Reference's module parity could not be read: ") + e.what();
-  }
-}
-
-// The integration state of every case whose tests all ran in this run (a case a filter left
-// tests of out is not judged, and keeps its state), and the rule that makes it agree with the
-// exit status (README "Exit codes"):
-//   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
-//     tests in this run, or, when the run did not run them, the same verdict on the Reference's
-//     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
-//   - a test failed: FAILED, naming the failed tests (the run exits non-zero for the test);
-//   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
-//     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
-//     module parity does not hold; no state was written): returned, and the run exits 1.
-// Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
-// BLOCKED is returned when its tests passed.
-std::vector<std::string> record_case_states() {
-  struct Tally {
-    int total = 0, ran = 0;
-    std::vector<std::string> failed;
-    const cases::Registration* registration = nullptr;
-  };
-  std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
-  std::map<std::string, Tally> parity;   // spec -> its ModuleParity tests
-  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
-  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-    const std::string full = suite.name();
-    const auto slash = full.find('/');
-    if (slash == std::string::npos) continue;
-    const cases::Registration* r = cases::find_registration(full.substr(0, slash));
-    if (!r) continue;
-    for (int j = 0; j < suite.total_test_count(); ++j) {
-      const ::testing::TestInfo& test = *suite.GetTestInfo(j);
-      const std::string name = test.name();
-      const auto pslash = name.rfind('/');
-      if (pslash == std::string::npos) continue;
-      const bool module_parity = full.substr(slash + 1) == "ModuleParity";
-      for (Tally* t : {&by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &parity[r->spec] : nullptr}) {
-        if (!t) continue;
-        if (!t->registration) t->registration = r;
-        ++t->total;
-        if (!test.should_run()) continue;
-        ++t->ran;
-        if (test.result()->Failed()) t->failed.push_back(full.substr(slash + 1) + "." + name.substr(0, pslash));
-      }
-    }
-  }
-  const bool verify_only = run_options().verify_only;
-  std::vector<std::string> disagree;
-  for (const auto& [key, t] : by_case) {
-    if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
-    const fs::path dir = run_options().evidence_root / key;
-    try {
-      if (!fs::exists(dir / "integration_state.json")) {
-        // Launched here, a case whose tests passed has its state; evidence of a loop of one's
-        // own (verify-only) may have none, and its tests are the verdict.
-        if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
-        continue;
-      }
-      const EvidenceDir evidence = verify_only ? EvidenceDir::open_existing(dir) : EvidenceDir(dir);
-      IntegrationStateMachine machine(evidence);
-      IntegrationState now = IntegrationState::kDiscovered;
-      machine.current(&now);
-      if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
-        if (t.failed.empty()) {
-          disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
-                             evidence.read_json("integration_state.json").value("reason", "") +
-                             "); a failed case stays failed: relaunch it into a new evidence root");
-        }
-        continue;
-      }
-      if (verify_only) continue;
-      if (t.failed.empty()) {
-        const std::string spec_name = key.substr(0, key.find('/'));
-        std::string parity_problem;
-        if (!spec::SpecRegistry::instance().get(spec_name).parity_cases.empty()) {
-          const auto p = parity.find(spec_name);
-          if (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total) {
-            if (!p->second.failed.empty()) parity_problem = "the spec's ModuleParity failed in this run";
-          } else {
-            parity_problem = module_parity_on_evidence(*t.registration);
-          }
-        }
-        if (!parity_problem.empty()) {
-          disagree.push_back(key + ": every test passed, but the spec's module parity does not hold (" +
-                             parity_problem + "); it stays " + state_name(now) + ", never MATRIX_PASSED");
-          continue;
-        }
-        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
-        continue;
-      }
-      std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
-      for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
-      if (t.failed.size() > 5) reason += ", ...";
-      machine.fail(reason + " (see results.jsonl of the run)", {"check/findings.json"});
-    } catch (const std::exception& e) {
-      // The state could not be read or written: the environment, and the run says so (exit 12).
-      cases::note_error(Code::kFailedPrecondition);
-      std::fprintf(stderr, "mih: the integration state of %s was not %s: %s\n", dir.c_str(),
-                   verify_only ? "read" : "updated", e.what());
-    }
-  }
-  return disagree;
-}
 
 std::string run_id() {
   char stamp[32];
@@ -297,10 +58,6 @@ std::string run_id() {
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   return std::string(stamp) + "-" + std::to_string(::getpid());
 }
-
-// `mih check` of a run root: the tests its run recorded it would run, which the check must
-// find among its own (run_tests); empty when the check is of one case or the root records none.
-std::vector<std::string> g_recorded_tests;
 
 // "<Prefix>/<Suite>.<Test>/<Case>", the name of a conformance test (GoogleTest's for a
 // value-parameterized test): no character GoogleTest's filter would read as a pattern.
@@ -366,7 +123,7 @@ std::string recorded_fault(const fs::path& case_dir) {
 }
 
 // `mih check <dir>`: a case directory (<root>/<spec>/<case>) or a run root.
-std::vector<std::string> check_arguments(const fs::path& target, std::string* filter) {
+std::vector<std::string> check_arguments(const fs::path& target, std::string* filter, std::vector<std::string>* recorded_out) {
   MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
                  " is not a directory; give a case's evidence directory (<root>/<spec>/<case>) or a run root");
   std::vector<std::string> args = {"--verify-only"};
@@ -502,7 +259,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     if (recorded.empty()) {
       *filter = specs;
     } else {
-      g_recorded_tests = recorded;
+      *recorded_out = recorded;
       *filter = "";
       for (const auto& name : recorded) *filter += (filter->empty() ? "" : ":") + name;
     }
@@ -539,14 +296,6 @@ void print_cases() {
   }
 }
 
-// " (--gtest_filter=...)" when the flags hold a filter.
-std::string filter_text(const std::vector<std::string>& gtest_flags) {
-  for (const auto& f : gtest_flags) {
-    if (f.rfind("--gtest_filter=", 0) == 0) return " (" + f + ")";
-  }
-  return "";
-}
-
 // The GoogleTest filter of the run: the last --gtest_filter, else GTEST_FILTER, else "*".
 std::string gtest_filter_of(const std::vector<std::string>& gtest_flags) {
   std::string filter;
@@ -580,38 +329,20 @@ bool filter_selects(const std::string& filter, const std::string& name) {
   return any(positive.empty() ? "*" : positive) && !any(negative);
 }
 
-// The registrations of the run with their cases and rejected cases, for a run that selected
-// nothing: "  Llama (spec llama, matrix cpu-smoke): Reference, DpShard2, ...".
-std::string what_exists() {
-  std::string out;
-  for (const auto& r : cases::registrations()) {
-    if (!cases::selected(r)) continue;
-    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
-    std::string names;
-    for (const auto& c : m.cases) names += (names.empty() ? "" : ", ") + c.name;
-    out += "  " + r.prefix + " (spec " + r.spec + ", matrix " + cases::matrix_of(r) + "): " + names + "\n";
-    for (const auto& rej : m.rejected) out += "    rejected " + rej.name + ": " + rej.reason + "\n";
-  }
-  if (out.empty()) out = "  no registration is selected (--prefixes, --only-spec)\n";
-  return out + "  test names are <Prefix>/<Suite>.<Test>/<Case>, e.g. --gtest_filter='Llama/*.*/DpShard2'\n";
-}
-
 // The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
 // --gtest_* flag and is a usage error otherwise.
+// The flags that are not one field of cases::RunOptions (those are bound to it directly).
 struct RunFlags {
-  std::string evidence_root, matrix, only_spec, fault, init_from, dtype;
+  std::string evidence_root, fault, dtype;
   int64_t seed = -1;
-  double noise_k = -1;
   std::vector<std::string> prefixes, fault_cases, goldens;
-  bool verify_only = false, allow_edited_evidence = false, allow_other_version = false, no_progress = false,
-       list_cases = false;
-  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
-  std::chrono::milliseconds collective_timeout{0};
+  bool no_progress = false, list_cases = false;
 };
 
 // Parses `args` into the run options; returns the GoogleTest flags, or the exit status of a
 // usage error or --help.
-std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<std::string>& args, RunFlags* f) {
+std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<std::string>& args, RunFlags* f,
+                                                            cases::RunOptions* o) {
   CLI::App app{"Runs the conformance suites of the specs linked into this binary: each case launched once "
                "(its ranks as processes), every suite asserting on its evidence; --gtest_* flags go to "
                "GoogleTest. Exit status: see the footer.",
@@ -620,30 +351,30 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
                  "directory)");
-  app.add_option("--matrix", f->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
+  app.add_option("--matrix", o->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
   app.add_option("--dtype", f->dtype,
                  "the precision lane: float64, float32 or bfloat16 (appends @<dtype> to every matrix; a reduced lane "
                  "compares each case with its own reference at tolerances calibrated from a noise twin)")
       ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
   app.add_option("--seed", f->seed, "parameter-init seed of every case, the reference's included (appends seed=N)")
       ->check(CLI::Range(int64_t{0}, (int64_t{1} << 53) - 1));
-  app.add_option("--noise-k", f->noise_k,
+  app.add_option("--noise-k", o->noise_k,
                  "reduced lanes: the multiple of the measured noise each tolerance is (default: the spec's noise_k)")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--verify-only", f->verify_only, "assert on evidence produced elsewhere; launch nothing");
-  app.add_flag("--allow-edited-evidence", f->allow_edited_evidence,
+  app.add_flag("--verify-only", o->verify_only, "assert on evidence produced elsewhere; launch nothing");
+  app.add_flag("--allow-edited-evidence", o->allow_edited_evidence,
                "verify-only and check: check evidence whose files differ from the SHA-256 digests its case_run.json "
                "records (else exit 12)");
-  app.add_flag("--allow-other-version", f->allow_other_version,
+  app.add_flag("--allow-other-version", o->allow_other_version,
                "verify-only and check: check evidence that another harness version wrote (environment.json's "
                "versions.mih; else exit 12)");
-  add_seconds(app, "--case-timeout", f->case_timeout, "how long one case may take (all its launches)");
-  add_seconds(app, "--collective-timeout", f->collective_timeout,
+  add_seconds(app, "--case-timeout", o->case_timeout, "how long one case may take (all its launches)");
+  add_seconds(app, "--collective-timeout", o->collective_timeout,
               "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
               "case timeout)");
   app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
-  app.add_option("--only-spec", f->only_spec, "only this spec's cases");
-  app.add_option("--init-from", f->init_from,
+  app.add_option("--only-spec", o->only_spec, "only this spec's cases");
+  app.add_option("--init-from", o->init_from,
                  "every case of the run's one spec (select it with --only-spec), its reference included, starts from "
                  "this local Hugging Face checkpoint directory (through the key map; checked before any case "
                  "starts; its files' SHA-256 join each case's fingerprint; it is the source checkpoint too), "
@@ -700,60 +431,22 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   return gtest;
 }
 
-// The checkpoint each selected spec's cases start from: --init-from for the run's one spec,
-// else the spec's CheckpointSpec::init_from. Checked here, before any test runs: a URL, an
-// LFS pointer, a missing shard, a key or shape that does not fit the port is bad input (exit
-// 11, 12 for a missing directory), never a failing case. Verify-only runs and listings read
-// no checkpoint (the evidence was produced elsewhere): the directory only decides where the
-// SourceCheckpoint suite applies.
-void resolve_init_sources(cases::RunOptions& o, bool read_checkpoints) {
-  std::set<std::string> specs;
-  for (const auto& r : cases::registrations()) {
-    if (cases::selected(r)) specs.insert(r.spec);
-  }
-  if (!o.init_from.empty()) {
-    std::string names;
-    for (const auto& n : specs) names += (names.empty() ? "'" : ", '") + n + "'";
-    MIH_CHECK(specs.size() == 1, "--init-from ", o.init_from.string(), ": a checkpoint initializes the port of one "
-              "spec, and this run selects ", specs.size(), " (", names.empty() ? "none" : names,
-              "); add --only-spec NAME");
-  }
-  for (const auto& name : specs) {
-    const spec::ModelSpec s = spec::SpecRegistry::instance().get(name);
-    const fs::path dir = o.init_from.empty() ? fs::path(s.checkpoint.init_from) : o.init_from;
-    if (dir.empty()) continue;
-    if (!read_checkpoints) {
-      o.init_sources[name] = {fs::absolute(dir).lexically_normal(), ""};
-      continue;
-    }
-    cases::progress(name + ": checking checkpoint " + dir.string() + ", which its cases start from");
-    o.init_sources[name] = with_context(
-        o.init_from.empty() ? "spec '" + name + "': checkpoint.init_from" : std::string("--init-from"),
-        [&] { return cases::check_init_from(s, dir); });
-  }
-}
-
-int run_tests(const std::vector<std::string>& args) {
+// Runs the conformance tests: the flags in `args` (with what `mih check` derived from the
+// evidence: `read_only`, the tests its run recorded) become the run's options, then the run
+// (cases::ConformanceRun) resolves, runs and says the exit status.
+int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<std::string> recorded_tests) {
   RunFlags f;
-  auto parsed = parse_run_flags(args, &f);
+  cases::RunOptions o;
+  auto parsed = parse_run_flags(args, &f, &o);
   if (const int* status = std::get_if<int>(&parsed)) return *status;
   const std::vector<std::string> gtest_flags = std::get<std::vector<std::string>>(parsed);
   MIH_CHECK(cases::duplicate_prefixes().empty(), "MIH_CONFORMANCE_SUITES prefix '", cases::duplicate_prefixes().front(),
             "' is registered twice; give each registration its own prefix");
-  cases::RunOptions& o = run_options();
-  o.evidence_root = f.evidence_root;
-  o.matrix = f.matrix;
+  o.read_only = read_only;
+  o.recorded_tests = std::move(recorded_tests);
   if (!f.dtype.empty()) o.lane = f.dtype;
   if (f.seed >= 0) o.lane += (o.lane.empty() ? "" : ",") + std::string("seed=") + std::to_string(f.seed);
-  o.noise_k = f.noise_k;
-  o.verify_only = f.verify_only;
-  o.allow_edited_evidence = f.allow_edited_evidence;
-  o.allow_other_version = f.allow_other_version;
-  o.case_timeout = f.case_timeout;
-  o.collective_timeout = f.collective_timeout;
   o.progress = !f.no_progress;
-  o.only_spec = f.only_spec;
-  o.init_from = f.init_from;
   o.golden_dirs.assign(f.goldens.begin(), f.goldens.end());
   if (!o.only_spec.empty()) static_cast<void>(spec::SpecRegistry::instance().get(o.only_spec));  // unknown: exit 11
   for (const auto& x : f.prefixes) {
@@ -763,70 +456,26 @@ int run_tests(const std::vector<std::string>& args) {
   }
   if (!f.fault.empty()) o.fault = fault::name(fault::parse(f.fault));
   o.fault_cases.insert(f.fault_cases.begin(), f.fault_cases.end());
-  if (f.list_cases) {
-    print_cases();
-    return 0;
-  }
-  MIH_CHECK(o.fault.empty() == o.fault_cases.empty(),
-            "--fault and --fault-cases go together: the fault, and the cases that run with it (the others, the "
-            "reference first, run fault-free)");
-  if (o.evidence_root.empty()) {
+  if (f.evidence_root.empty()) {
     const char* env = std::getenv("MIH_EVIDENCE_ROOT");
     // Relative to the working directory: a conformance binary run from its build folder
     // writes <build>/mih-evidence, not <build>/build/mih-evidence.
     o.evidence_root = env && *env ? fs::path(env) : fs::path("mih-evidence") / run_id();
+  } else {
+    o.evidence_root = f.evidence_root;
   }
   o.evidence_root = fs::absolute(o.evidence_root);
+  cases::ConformanceRun run(std::move(o));
+  if (f.list_cases) {
+    print_cases();
+    return 0;
+  }
   bool listing = false;
   for (const auto& a : gtest_flags) listing = listing || a.rfind("--gtest_list_tests", 0) == 0;
-  if (listing) {
-  } else if (o.verify_only) {
-    MIH_CHECK_CODE(fs::is_directory(o.evidence_root), Code::kFailedPrecondition, "--verify-only: evidence root ",
-                   o.evidence_root.string(), " does not exist");
-  } else {
-    static_cast<void>(EvidenceDir(o.evidence_root));  // created and writable, or exit 12 naming the path and the OS error
-  }
-  // Resolve every registration's matrix now, once: a bad preset or file is bad input (exit
-  // 11) before any test runs, not 160 failing tests. A rejected case is said, with its
-  // arithmetic, before anything launches. A selected spec that runs none of the cases its
-  // matrix lists is bad input too, whatever references, noise twin or controls mih adds
-  // beside them: those check nothing the matrix asked for (every such spec named, with every
-  // rejection).
-  std::set<std::string> known_cases;
-  std::vector<std::string> nothing_listed;
-  for (const auto& r : cases::registrations()) {
-    if (!cases::selected(r)) continue;
-    const spec::CaseMatrix& m = cases::resolved_matrix(r.spec, cases::matrix_of(r));
-    for (const auto& rejected : m.rejected) {
-      cases::progress(r.spec + "/" + rejected.name + ": not run, the spec cannot take it: " + rejected.reason);
-    }
-    if (const std::string why = cases::why_no_listed_case(r); !why.empty()) {
-      nothing_listed.push_back(why + "; `mih matrix --spec " + r.spec + " --matrix " + cases::matrix_of(r) +
-                               "` shows the arithmetic");
-    }
-    for (const auto& c : m.cases) known_cases.insert(c.name);
-  }
-  if (!nothing_listed.empty()) {
-    std::string text;
-    for (const auto& line : nothing_listed) text += "\n  " + line;
-    MIH_THROW(Code::kInvalidSpec, nothing_listed.size() == 1 ? "" : std::to_string(nothing_listed.size()) + " specs: ",
-              "no case the matrix lists can run", text,
-              "\n  change the cases (or max_world_size), or leave the spec out of the run (--only-spec NAME, "
-              "--prefixes P)");
-  }
-  // A --fault-cases name that is no selected case would run the fault nowhere: a green that lies.
-  for (const auto& name : o.fault_cases) {
-    if (known_cases.count(name)) continue;
-    std::string list;
-    for (const auto& k : known_cases) list += (list.empty() ? "" : ", ") + k;
-    MIH_THROW(Code::kInvalidSpec, "--fault-cases: no selected case is named '", name, "' (the cases: ", list, ")");
-  }
-  resolve_init_sources(o, !o.verify_only && !listing);
-  // Goldens: read now (the suite table asks for them), checked against this run's export
-  // where the run selects a MatchesOriginal test (before any rank starts).
+  // Where the goldens are compared: a MatchesOriginal test the suite table applies and the
+  // filter selects.
   const std::string filter = gtest_filter_of(gtest_flags);
-  cases::resolve_goldens(o, [&](const std::string& spec_name) {
-    if (listing) return false;
+  run.prepare(listing, [&](const std::string& spec_name) {
     for (const auto& r : cases::registrations()) {
       if (!cases::selected(r) || r.spec != spec_name) continue;
       const spec::ModelSpec s = cases::spec_of_run(spec_name);
@@ -840,78 +489,7 @@ int run_tests(const std::vector<std::string>& args) {
     }
     return false;
   });
-  o.enabled = true;
-  std::vector<std::string> gargs = {"mih"};
-  gargs.insert(gargs.end(), gtest_flags.begin(), gtest_flags.end());
-  std::vector<char*> gargv;
-  for (auto& a : gargs) gargv.push_back(a.data());
-  int gargc = static_cast<int>(gargv.size());
-  ::testing::InitGoogleTest(&gargc, gargv.data());
-  if (!g_recorded_tests.empty()) {
-    // `mih check` of a run root: every test the run recorded is one of this binary's under the
-    // run's matrix, or the check would judge less than the run ran.
-    std::set<std::string> here;
-    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
-    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-      // Every instantiated test (should_run is decided later, in RUN_ALL_TESTS; the filter
-      // is exactly the recorded names).
-      for (int j = 0; j < suite.total_test_count(); ++j) {
-        here.insert(std::string(suite.name()) + "." + suite.GetTestInfo(j)->name());
-      }
-    }
-    std::vector<std::string> missing;
-    for (const auto& name : g_recorded_tests) {
-      if (!here.count(name)) missing.push_back(name);
-    }
-    MIH_CHECK_CODE(missing.empty(), Code::kFailedPrecondition, "mih check: ", o.evidence_root.string(),
-                   "/results.jsonl records ", g_recorded_tests.size(), " tests of its run, and ", missing.size(),
-                   " of them (", missing.front(), missing.size() > 1 ? ", ..." : "", ") are no test of this mih under "
-                   "the run's matrix", o.matrix.empty() ? std::string() : " '" + o.matrix + "'",
-                   ": the run used another binary, matrix or lane; check it with the conformance binary that ran it");
-  }
-  if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new ResultsWriter);
-  // After the writer: its end event comes first, above GoogleTest's list of failures.
-  if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new_diagnosis_printer(o.evidence_root));
-  if (::testing::UnitTest::GetInstance()->total_test_count() == 0) {
-    std::fprintf(stderr, "mih: no conformance test is linked (MIH_CONFORMANCE_SUITES in a spec file of an OBJECT library)\n");
-    return 1;
-  }
-  if (!o.verify_only && !listing) {
-    json regs = json::array();
-    for (const auto& r : cases::registrations()) {
-      regs.push_back({{"prefix", r.prefix},
-                      {"spec", r.spec},
-                      {"matrix", cases::matrix_of(r)},
-                      {"training_backend", r.training_backend}});
-    }
-    json init_from = json::object();
-    for (const auto& [name, source] : o.init_sources) {
-      init_from[name] = {{"dir", source.dir.string()}, {"sha256", source.sha256}};
-    }
-    std::ofstream(o.evidence_root / "run.json")
-        << json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2);
-  }
-  cases::progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
-  if (listing) return RUN_ALL_TESTS();
-  install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, what is done written and said
-  const int rc = RUN_ALL_TESTS();
-  const bool help = std::find(gtest_flags.begin(), gtest_flags.end(), "--gtest_help") != gtest_flags.end();
-  if (!help && ::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
-    // A run that checked nothing is an error, never a green.
-    std::fprintf(stderr, "mih: %s error: the run selected no test%s; what exists:\n%s",
-                 std::string(code_name(Code::kInvalidSpec)).c_str(), filter_text(gtest_flags).c_str(),
-                 what_exists().c_str());
-    return exit_status(Code::kInvalidSpec);
-  }
-  const std::vector<std::string> disagree = record_case_states();
-  for (const auto& line : disagree) std::fprintf(stderr, "mih: conformance failure: %s\n", line.c_str());
-  cases::progress(std::to_string(cases::cases_launched()) + " case(s) launched; results in " +
-                  (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
-                  " --format md` for the table");
-  const int status = cases::run_exit_status(rc);
-  // The state and the exit status agree: a case that cannot be MATRIX_PASSED is no pass.
-  return status == 0 && !disagree.empty() ? 1 : status;
+  return run.execute(gtest_flags);
 }
 
 }  // namespace
@@ -922,15 +500,14 @@ int run_conformance_tests(const std::vector<std::string>& args) {
     MIH_CHECK(args.size() >= 2, "mih check needs an evidence directory");
     // A check judges the evidence and writes nothing into it (its verdict: the output and the
     // exit status; --gtest_output=json:FILE for a machine-readable copy).
-    run_options().read_only = true;
     std::string filter;
-    for (auto& a : check_arguments(args[1], &filter)) all.push_back(a);
+    std::vector<std::string> recorded;
+    for (auto& a : check_arguments(args[1], &filter, &recorded)) all.push_back(a);
     for (size_t i = 2; i < args.size(); ++i) all.push_back(args[i]);
     all.push_back("--gtest_filter=" + filter);
-  } else {
-    all = args;
+    return run_tests(all, /*read_only=*/true, std::move(recorded));
   }
-  return run_tests(all);
+  return run_tests(args, /*read_only=*/false, {});
 }
 
 CommandRun setup_test(CLI::App& sub, const Invocation&) {

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-namespace mih::cli {
+namespace mih::cases {
 
 /// A listener that, when the run had a failure, diagnoses the cases whose tests this process
 /// ran (their results in `root`/results.jsonl, their configurations in their evidence) and
@@ -17,4 +17,4 @@ namespace mih::cli {
 /// read the results is said in one line and never changes the run's outcome.
 ::testing::TestEventListener* new_diagnosis_printer(const std::filesystem::path& root);
 
-}  // namespace mih::cli
+}  // namespace mih::cases

@@ -1,5 +1,5 @@
 // The diagnosis printer of `mih test` (run_diagnosis_internal.h).
-#include "harness/cli/run_diagnosis_internal.h"
+#include "harness/cases/run_diagnosis_internal.h"
 
 #include <cstdio>
 #include <set>
@@ -9,7 +9,7 @@
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
 
-namespace mih::cli {
+namespace mih::cases {
 namespace {
 
 class DiagnosisPrinter : public ::testing::EmptyTestEventListener {
@@ -62,4 +62,4 @@ class DiagnosisPrinter : public ::testing::EmptyTestEventListener {
   return new DiagnosisPrinter(root);
 }
 
-}  // namespace mih::cli
+}  // namespace mih::cases

@@ -1,0 +1,278 @@
+// The conformance run's results writer (results.jsonl) and the integration state of each
+// case after its tests (see conformance_run.h).
+#include "harness/cases/run_results_internal.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/case_outcome.h"
+#include "harness/base/error.h"
+#include "harness/base/files.h"
+#include "harness/cases/conformance_run.h"
+#include "harness/cases/memo.h"
+#include "harness/cases/registrations.h"
+#include "harness/compare/verdicts.h"
+#include "harness/evidence/evidence_store.h"
+#include "harness/runtime/launcher.h"
+#include "harness/spec/model_spec.h"
+
+namespace mih::cases {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// Appends one line per finished test to <root>/results.jsonl (whole-line O_APPEND writes:
+// several processes of one ctest run share the file, and a full disk keeps whole lines or
+// nothing). Each process first appends a "run" start line listing the tests it will run and
+// last an end line, so a report can tell an incomplete run ("incomplete: K of N tests").
+// A SIGINT or SIGTERM (the launch in flight stopped by the launcher) ends the run after the
+// test in flight, which is not recorded: the end line says so and the process exits 128 +
+// the signal.
+class ResultsWriter : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestProgramStart(const ::testing::UnitTest& unit) override {
+    json names = json::array();
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+      const std::string full = suite.name();
+      const auto slash = full.find('/');
+      if (slash == std::string::npos || !find_registration(full.substr(0, slash))) continue;
+      for (int j = 0; j < suite.total_test_count(); ++j) {
+        if (suite.GetTestInfo(j)->should_run()) names.push_back(full + "." + suite.GetTestInfo(j)->name());
+      }
+    }
+    expected_ = static_cast<int>(names.size());
+    append({{"run", {{"event", "start"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"tests", names}}}});
+  }
+
+  void OnTestProgramEnd(const ::testing::UnitTest&) override {
+    append({{"run", {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_}}}});
+  }
+
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (const int sig = interrupt_signal()) interrupted(sig);
+    const std::string suite_full = info.test_suite_name(), name_full = info.name();
+    const auto slash = suite_full.find('/');
+    if (slash == std::string::npos) return;
+    const Registration* r = find_registration(suite_full.substr(0, slash));
+    if (!r) return;
+    const auto pslash = name_full.rfind('/');
+    const std::string case_name = pslash == std::string::npos ? "" : name_full.substr(pslash + 1);
+    const auto* result = info.result();
+    const TestStatus status = result->Skipped() ? TestStatus::kSkipped
+                              : result->Failed() ? TestStatus::kFailed
+                                                 : TestStatus::kPassed;
+    std::string message;
+    for (int i = 0; i < result->total_part_count(); ++i) {
+      const auto& part = result->GetTestPartResult(i);
+      if (part.failed() || part.skipped()) message += (message.empty() ? "" : "\n") + std::string(part.message());
+    }
+    std::string examined;  // what a passing verdict examined (MIH_ASSERT_VERDICT records it)
+    for (int i = 0; i < result->test_property_count(); ++i) {
+      if (std::string(result->GetTestProperty(i).key()) == "examined") examined = result->GetTestProperty(i).value();
+    }
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    json line = {{"name", suite_full + "." + name_full},
+                       {"spec", r->spec},
+                       {"case", case_name},
+                       {"suite", suite_full.substr(slash + 1)},
+                       {"test", pslash == std::string::npos ? name_full : name_full.substr(0, pslash)},
+                       {"status", test_status_name(status)},
+                       {"message", message},
+                       {"seconds", static_cast<double>(result->elapsed_time()) / 1000.0},
+                       {"evidence", r->spec + "/" + case_name},
+                       {"time", stamp}};
+    if (!examined.empty()) line["examined"] = examined;
+    if (append(line)) ++written_;
+  }
+
+ private:
+  static std::string now_stamp() {
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    return stamp;
+  }
+
+  // One whole line, or nothing and a message (once) that makes the run exit 12. `mih check`
+  // writes nothing into the evidence it judges.
+  bool append(const json& line) {
+    if (run_options().read_only) return true;
+    try {
+      append_whole(run_options().evidence_root / "results.jsonl", line.dump() + "\n");
+      return true;
+    } catch (const Error& e) {
+      note_error(Code::kFailedPrecondition);
+      if (!write_failed_) std::fprintf(stderr, "mih: failed_precondition error: %s\n", e.what());
+      write_failed_ = true;
+      return false;
+    }
+  }
+
+  [[noreturn]] void interrupted(int sig) {
+    append({{"run",
+             {{"event", "end"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"completed", written_},
+              {"interrupted", signal_name(sig)}}}});
+    if (run_options().read_only) {
+      std::fprintf(stderr, "mih: interrupted by %s after %d of %d tests\n", signal_name(sig), written_, expected_);
+    } else {
+      std::fprintf(stderr,
+                   "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is "
+                   "not); rerun the same command to finish: complete cases are reused\n",
+                   signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
+    }
+    std::fflush(nullptr);
+    std::_Exit(128 + sig);
+  }
+
+  int expected_ = 0, written_ = 0;
+  bool write_failed_ = false;
+};
+
+// Whether the module parity of registration `r`'s spec holds on its Reference's evidence (what
+// ModuleParity asserts there), for a run that judges a case without running ModuleParity
+// (ctest runs one case per process): "" when it holds, else why not. The Reference is the
+// memoized case every other test of the run reads (launched if this run has not yet).
+std::string module_parity_on_evidence(const Registration& r) {
+  const spec::CaseMatrix& m = resolved_matrix(r.spec, matrix_of(r));
+  const auto ref = std::find_if(m.cases.begin(), m.cases.end(),
+                                [](const spec::Case& c) { return c.kind == spec::CaseKind::kReference; });
+  if (ref == m.cases.end()) {
+    return "matrix '" + m.name + "' has no Reference case, which the spec's module parity cases run with";
+  }
+  try {
+    const CaseOutcome& o =
+        ensure_case({r.prefix, r.spec, matrix_of(r), r.training_backend, ref->name});
+    if (o.outcome != Outcome::kRan) {
+      return "its " + ref->name + " did not complete (" + std::string(outcome_name(o.outcome)) + ": " + o.error + ")";
+    }
+    const verdicts::Verdict v = verdicts::module_parity(verdicts::CaseEvidence(o.evidence));
+    return v.passed() ? "" : "ModuleParity fails on " + r.spec + "/" + ref->name + ": " + v.message;
+  } catch (const std::exception& e) {
+    return std::string("its Reference's module parity could not be read: ") + e.what();
+  }
+}
+
+}  // namespace
+
+::testing::TestEventListener* new_results_writer() { return new ResultsWriter; }
+
+// The integration state of every case whose tests all ran in this run (a case a filter left
+// tests of out is not judged, and keeps its state), and the rule that makes it agree with the
+// exit status (README "Exit codes"):
+//   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
+//     tests in this run, or, when the run did not run them, the same verdict on the Reference's
+//     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
+//   - a test failed: FAILED, naming the failed tests (the run exits non-zero for the test);
+//   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
+//     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
+//     module parity does not hold; no state was written): returned, and the run exits 1.
+// Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
+// BLOCKED is returned when its tests passed.
+std::vector<std::string> record_case_states() {
+  struct Tally {
+    int total = 0, ran = 0;
+    std::vector<std::string> failed;
+    const Registration* registration = nullptr;
+  };
+  std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
+  std::map<std::string, Tally> parity;   // spec -> its ModuleParity tests
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    const std::string full = suite.name();
+    const auto slash = full.find('/');
+    if (slash == std::string::npos) continue;
+    const Registration* r = find_registration(full.substr(0, slash));
+    if (!r) continue;
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const ::testing::TestInfo& test = *suite.GetTestInfo(j);
+      const std::string name = test.name();
+      const auto pslash = name.rfind('/');
+      if (pslash == std::string::npos) continue;
+      const bool module_parity = full.substr(slash + 1) == "ModuleParity";
+      for (Tally* t : {&by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &parity[r->spec] : nullptr}) {
+        if (!t) continue;
+        if (!t->registration) t->registration = r;
+        ++t->total;
+        if (!test.should_run()) continue;
+        ++t->ran;
+        if (test.result()->Failed()) t->failed.push_back(full.substr(slash + 1) + "." + name.substr(0, pslash));
+      }
+    }
+  }
+  const bool verify_only = run_options().verify_only;
+  std::vector<std::string> disagree;
+  for (const auto& [key, t] : by_case) {
+    if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
+    const fs::path dir = run_options().evidence_root / key;
+    try {
+      if (!fs::exists(dir / "integration_state.json")) {
+        // Launched here, a case whose tests passed has its state; evidence of a loop of one's
+        // own (verify-only) may have none, and its tests are the verdict.
+        if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
+        continue;
+      }
+      const EvidenceDir evidence = verify_only ? EvidenceDir::open_existing(dir) : EvidenceDir(dir);
+      IntegrationStateMachine machine(evidence);
+      IntegrationState now = IntegrationState::kDiscovered;
+      machine.current(&now);
+      if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
+        if (t.failed.empty()) {
+          disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
+                             evidence.read_json("integration_state.json").value("reason", "") +
+                             "); a failed case stays failed: relaunch it into a new evidence root");
+        }
+        continue;
+      }
+      if (verify_only) continue;
+      if (t.failed.empty()) {
+        const std::string spec_name = key.substr(0, key.find('/'));
+        std::string parity_problem;
+        if (!spec::SpecRegistry::instance().get(spec_name).parity_cases.empty()) {
+          const auto p = parity.find(spec_name);
+          if (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total) {
+            if (!p->second.failed.empty()) parity_problem = "the spec's ModuleParity failed in this run";
+          } else {
+            parity_problem = module_parity_on_evidence(*t.registration);
+          }
+        }
+        if (!parity_problem.empty()) {
+          disagree.push_back(key + ": every test passed, but the spec's module parity does not hold (" +
+                             parity_problem + "); it stays " + state_name(now) + ", never MATRIX_PASSED");
+          continue;
+        }
+        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
+        continue;
+      }
+      std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
+      for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
+      if (t.failed.size() > 5) reason += ", ...";
+      machine.fail(reason + " (see results.jsonl of the run)", {"check/findings.json"});
+    } catch (const std::exception& e) {
+      // The state could not be read or written: the environment, and the run says so (exit 12).
+      note_error(Code::kFailedPrecondition);
+      std::fprintf(stderr, "mih: the integration state of %s was not %s: %s\n", dir.c_str(),
+                   verify_only ? "read" : "updated", e.what());
+    }
+  }
+  return disagree;
+}
+
+}  // namespace mih::cases
