@@ -8,6 +8,7 @@
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/data/image_pipeline.h"
+#include "harness/base/strings.h"
 #include "reference_models/gpt2.h"
 #include "reference_models/llama.h"
 #include "reference_models/vlm.h"
@@ -123,8 +124,7 @@ ReferenceModel reference_model(const std::string& name) {
             field_sharding(),
             KeyMap(rules)};
   }
-  std::string names;
-  for (const auto& n : reference_model_names()) names += (names.empty() ? "" : ", ") + n;
+  std::string names = join(reference_model_names(), ", ");
   MIH_THROW(Code::kInvalidSpec, "unknown reference model '", name, "'; known: ", names);
 }
 

@@ -1,5 +1,6 @@
 // The outcome and test-status vocabulary (see case_outcome.h).
 #include "harness/base/case_outcome.h"
+#include "harness/base/strings.h"
 
 #include <array>
 #include <utility>
@@ -42,8 +43,7 @@ std::optional<Outcome> find_outcome(std::string_view name) {
 
 Outcome parse_outcome(std::string_view name, std::string_view where) {
   if (const auto o = find_outcome(name)) return *o;
-  std::string valid;
-  for (const auto& [value, n] : kOutcomes) valid += (valid.empty() ? "" : ", ") + std::string(n);
+  const std::string valid = join(kOutcomes, ", ", [](const auto& row) { return std::string(row.second); });
   MIH_THROW(Code::kFailedPrecondition, where, ": outcome '", std::string(name.substr(0, 80)),
             "' is none mih writes (", valid, "): the record is not mih's or was edited; rerun the case");
 }

@@ -20,6 +20,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 
@@ -147,8 +148,7 @@ inline void check_known_fields(const nlohmann::json& j, const std::string& what,
   MIH_CHECK(j.is_object(), what, ": expected a JSON object, got ", json_summary(j));
   for (const auto& item : j.items()) {
     if (std::find(fields.begin(), fields.end(), item.key()) != fields.end()) continue;
-    std::string valid;
-    for (const auto& f : fields) valid += (valid.empty() ? "" : ", ") + f;
+    std::string valid = join(fields, ", ");
     MIH_THROW(Code::kInvalidSpec, what, ": unknown field '", item.key(), "'; valid: ", valid);
   }
 }

@@ -12,13 +12,13 @@
 
 #include "harness/base/error.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
 
 std::string valid_dim_names() {
-  std::string out;
-  for (const auto& d : kMeshDims) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  std::string out = join(kMeshDims, ", ", [](const auto& d) { return std::string(d.name); });
   return "[" + out + ", ep]";
 }
 
@@ -81,12 +81,11 @@ std::string dtype_name(DType dtype) {
 }
 
 DType parse_dtype_name(std::string_view name) {
-  std::string valid;
   for (const auto& [n, d] : kDTypes) {
     if (n == name) return d;
-    valid += (valid.empty() ? "" : ", ") + std::string(n);
   }
-  MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [", valid, "]");
+  MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [",
+            join(kDTypes, ", ", [](const auto& row) { return std::string(row.first); }), "]");
 }
 
 int ParallelConfig::world_size() const {

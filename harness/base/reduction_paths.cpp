@@ -4,6 +4,7 @@
 #include <array>
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -97,12 +98,11 @@ std::string_view gradient_layout_name(GradientLayout layout) {
 std::span<const ReductionPath> reduction_paths() { return kPaths; }
 
 const ReductionPath& reduction_path(std::string_view name) {
-  std::string names;
   for (const auto& p : kPaths) {
     if (p.name == name) return p;
-    names += (names.empty() ? "" : ", ") + std::string(p.name);
   }
-  MIH_THROW(Code::kInvalidSpec, "unknown reduction path '", name, "'; paths: ", names);
+  MIH_THROW(Code::kInvalidSpec, "unknown reduction path '", name, "'; paths: ",
+            join(kPaths, ", ", [](const ReductionPath& p) { return std::string(p.name); }));
 }
 
 const ReductionPath& gradient_path(GradientKind kind, GradientLayout layout, std::string_view axis) {

@@ -20,6 +20,7 @@
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/model_spec.h"
+#include "harness/base/strings.h"
 
 namespace mih::cases {
 namespace {
@@ -161,8 +162,7 @@ void ConformanceRun::prepare(bool listing, const std::function<bool(const std::s
   // A --fault-cases name that is no selected case would run the fault nowhere: a green that lies.
   for (const auto& name : o.fault_cases) {
     if (known_cases.count(name)) continue;
-    std::string list;
-    for (const auto& k : known_cases) list += (list.empty() ? "" : ", ") + k;
+    std::string list = join(known_cases, ", ");
     MIH_THROW(Code::kInvalidSpec, "--fault-cases: no selected case is named '", name, "' (the cases: ", list, ")");
   }
   resolve_init_sources(!o.verify_only && !listing);
@@ -256,8 +256,7 @@ std::string what_exists() {
   for (const auto& r : registrations()) {
     if (!selected(r)) continue;
     const spec::CaseMatrix& m = resolved_matrix(r.spec, matrix_of(r));
-    std::string names;
-    for (const auto& c : m.cases) names += (names.empty() ? "" : ", ") + c.name;
+    std::string names = join(m.cases, ", ", [](const auto& c) { return c.name; });
     out += "  " + r.prefix + " (spec " + r.spec + ", matrix " + matrix_of(r) + "): " + names + "\n";
     for (const auto& rej : m.rejected) out += "    rejected " + rej.name + ": " + rej.reason + "\n";
   }

@@ -9,6 +9,7 @@
 #include "harness/base/json_fields.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
+#include "harness/base/strings.h"
 
 namespace mih::cases {
 namespace fs = std::filesystem;
@@ -145,8 +146,7 @@ std::string diagnosis_section(const json& report) {
                    "the faulty case and the Reference.\n\n| ID | contrast cases | expected | diagnosis |\n"
                    "|----|---|---|---|\n";
   for (const auto& r : report.value("faults", json::array())) {
-    std::string contrast;
-    for (const auto& n : r.value("contrast", json::array())) contrast += (contrast.empty() ? "" : ", ") + n.get<std::string>();
+    std::string contrast = join(r.value("contrast", json::array()), ", ", [](const json& n) { return n.get<std::string>(); });
     std::string summary = r.contains("diagnosis") ? r["diagnosis"].value("summary", "") : "";
     for (char& c : summary) c = c == '|' ? '/' : c;
     md += "| " + r.value("id", "") + " | " + contrast + " | " + r.value("expected_diagnosis", "") +

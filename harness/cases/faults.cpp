@@ -26,6 +26,7 @@
 #include "harness/evidence/report.h"
 #include "harness/spec/case_matrix.h"
 #include "harness/spec/model_spec.h"
+#include "harness/base/strings.h"
 
 extern char** environ;
 
@@ -127,8 +128,7 @@ std::string markdown_table(const json& report) {
   md += "| ID | kind | case | detected | caught by | blamed (expected) | suites failed | twin | message |\n";
   md += "|----|------|------|----------|-----------|-------------------|---------------|------|---------|\n";
   for (const auto& r : report["faults"]) {
-    std::string suites;
-    for (const auto& x : r["suites_failed"]) suites += (suites.empty() ? "" : ", ") + x.get<std::string>();
+    std::string suites = join(r["suites_failed"], ", ", [](const json& x) { return x.get<std::string>(); });
     std::string message = r["message"].get<std::string>();
     if (message.rfind("Failed\n", 0) == 0) message = message.substr(7);
     md += "| " + r["id"].get<std::string>() + " | " + cell(r["kind"].get<std::string>()) + " | " +
@@ -182,8 +182,7 @@ int run_faults(const FaultsOptions& options) {
   }
   if (list) {
     for (const auto* f : faults) {
-      std::string expected;
-      for (const auto& e : f->expected) expected += (expected.empty() ? "" : ", ") + e;
+      std::string expected = join(f->expected, ", ");
       std::printf("%s  %-34s %s/%s  (%s)\n      %s\n      expected: %s\n", f->id.c_str(), f->kind.c_str(),
                   f->spec.c_str(), f->case_entry.dump().c_str(), f->where.c_str(), f->fault.c_str(), expected.c_str());
       std::printf("      diagnosis: %s (contrasts %s)\n", f->expected_diagnosis.c_str(), json(f->contrast).dump().c_str());
@@ -423,8 +422,7 @@ int run_faults(const FaultsOptions& options) {
     }
     detected += ok;
     twin_failures += !twin_clean;
-    std::string suites;
-    for (const auto& s : suites_failed) suites += (suites.empty() ? "" : ", ") + s;
+    std::string suites = join(suites_failed, ", ");
     say(progress, std::string("  ") +
                       (ok                    ? "DETECTED by " + caught_by
                        : !reached            ? "NOT REACHED (its code never ran)"

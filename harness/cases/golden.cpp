@@ -21,6 +21,7 @@
 #include "harness/checkpoint/safetensors.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/parallel/activations.h"
+#include "harness/base/strings.h"
 
 namespace mih::cases {
 namespace fs = std::filesystem;
@@ -93,12 +94,6 @@ struct Entry {
 double summation_scale(const json& record) {
   if (record.contains("values")) return 0;
   return std::sqrt(static_cast<double>(std::max<int64_t>(record.value("numel", int64_t{0}), 1)));
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 // The kind of quantity a golden tensor name is, for the evidence's per-kind figures.
@@ -457,7 +452,7 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
   std::map<std::string, double> largest;  // kind -> largest relative error
   for (auto& e : entries) {
     ++c.compared;
-    const std::string golden_names = join(e.golden);
+    const std::string golden_names = join(e.golden, ", ");
     out.golden_names[e.m.key()] = golden_names;
     const std::string what = e.m.kind == "metric" ? "metric '" : e.m.kind == "activation" ? "forward output of module '"
                                                                                             : "parameter '";

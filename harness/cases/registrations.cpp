@@ -7,6 +7,7 @@
 
 #include "harness/cases/conformance_run.h"
 #include "harness/session/backend.h"
+#include "harness/base/strings.h"
 
 namespace mih::cases {
 namespace {
@@ -110,16 +111,14 @@ std::string why_no_listed_case(const Registration& r) {
   for (const spec::Case* c : runnable_cases(r)) {
     if (m.is_listed(c->name)) return "";
   }
-  std::string why;
-  for (const auto& rejected : m.rejected) why += (why.empty() ? "" : "; ") + rejected.name + " (" + rejected.reason + ")";
+  std::string why = join(m.rejected, "; ", [](const auto& rejected) { return rejected.name + " (" + rejected.reason + ")"; });
   const auto backend = TrainingBackendRegistry::instance().make(r.training_backend);
   for (const auto& name : m.listed) {
     const spec::Case& c = m.at(name);
     why += (why.empty() ? "" : "; ") + name + " (training backend '" + r.training_backend + "' cannot run it: " +
            backend->unsupported(c.config, c.save_config.has_value()) + ")";
   }
-  std::string added;
-  for (const auto& c : m.cases) added += (added.empty() ? "" : ", ") + c.name;
+  std::string added = join(m.cases, ", ", [](const auto& c) { return c.name; });
   return "matrix '" + m.name + "' lists no case spec '" + r.spec + "' (" + r.prefix + ") can run; rejected: " + why +
          (added.empty() ? std::string() : "; only the cases mih adds beside a listed one would run (" + added + ")");
 }

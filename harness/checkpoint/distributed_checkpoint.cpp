@@ -19,6 +19,7 @@
 #include "harness/checkpoint/safetensors.h"
 #include "harness/compat/optim.h"
 #include "harness/parallel/parallel_context.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -64,17 +65,9 @@ at::ScalarType torch_dtype(const std::string& st) {
   return it->second;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
 // "[37, 16]".
 std::string shape_str(const std::vector<int64_t>& v) {
-  std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
+  return "[" + mih::join(v, ", ") + "]";
 }
 
 // Every rank runs `fn`; then all agree. If any rank failed, every rank throws: the failing
@@ -149,7 +142,7 @@ void write_rank_file(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
     for (const Box& box : piece.boxes) {
       at::Tensor data = narrow_box(piece.local, box.local_offset, box.lengths).to(at::kCPU).contiguous();
       keep.push_back(data);
-      const std::string name = piece.key + "@" + join(box.global_offset);
+      const std::string name = piece.key + "@" + mih::join(box.global_offset, ",");
       views.push_back({name, safetensors_dtype(data.scalar_type()), box.lengths, data.data_ptr(), data.nbytes()});
       chunks.push_back({{"key", piece.key},
                         {"name", name},

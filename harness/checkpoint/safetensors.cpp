@@ -20,6 +20,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/strings.h"
 
 namespace mih::safetensors {
 namespace {
@@ -43,9 +44,7 @@ size_t find_dtype_size(std::string_view dtype) {
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
+  return "[" + join(shape, ", ") + "]";
 }
 
 // prod(shape) * element_size, or false on overflow of uint64 (or a negative dim).
@@ -290,8 +289,7 @@ class HeaderParser final : public nlohmann::json_sax<nlohmann::json> {
 }  // namespace
 
 std::string valid_dtypes() {
-  std::string out;
-  for (const auto& d : kDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  std::string out = join(kDtypes, ", ", [](const auto& d) { return std::string(d.name); });
   return out;
 }
 

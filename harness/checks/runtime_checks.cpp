@@ -10,6 +10,7 @@
 
 #include "harness/checks/checks.h"
 #include "harness/findings/codes.h"
+#include "harness/base/strings.h"
 
 namespace mih::checks {
 namespace {
@@ -185,8 +186,7 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
 namespace {
 
 std::string axes_str(const std::set<std::string>& axes) {
-  std::string out;
-  for (const auto& a : axes) out += (out.empty() ? "" : ", ") + a;
+  std::string out = join(axes, ", ");
   return "{" + out + "}";
 }
 

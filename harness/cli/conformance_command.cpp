@@ -43,6 +43,7 @@
 #include "harness/runtime/fork_server.h"
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
+#include "harness/base/strings.h"
 #include "suites/suite_table.h"
 
 namespace mih {
@@ -252,8 +253,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    " ran with different faults of the catalog (", fault_cases.begin()->first, " and ",
                    std::next(fault_cases.begin())->first, "), which no one run injects; check each case directory");
     if (!fault_cases.empty()) {
-      std::string names;
-      for (const auto& n : fault_cases.begin()->second) names += (names.empty() ? "" : ",") + n;
+      std::string names = join(fault_cases.begin()->second, ",");
       args.insert(args.end(), {"--fault", fault_cases.begin()->first, "--fault-cases", names});
     }
     if (recorded.empty()) {
@@ -289,8 +289,7 @@ void print_cases() {
       for (const auto& row : conformance::suite_table()) {
         if (row.applies({s, c})) labels.push_back(row.name);
       }
-      std::string joined;
-      for (const auto& l : labels) joined += (joined.empty() ? "" : ",") + l;
+      std::string joined = join(labels, ",");
       std::printf("%s %s %s %s\n", r.prefix.c_str(), r.spec.c_str(), c.name.c_str(), joined.c_str());
     }
   }

@@ -22,6 +22,7 @@
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/base/strings.h"
 
 namespace mih::cli {
 namespace {
@@ -154,8 +155,7 @@ CommandRun setup_matrix(CLI::App& sub, const Invocation&) {
     }
     // The references, noise twin and controls mih adds check nothing the matrix asked for.
     if (m.listed.empty()) {
-      std::string rejected;
-      for (const auto& r : m.rejected) rejected += (rejected.empty() ? "" : "; ") + r.name + " (" + r.reason + ")";
+      std::string rejected = join(m.rejected, "; ", [](const auto& r) { return r.name + " (" + r.reason + ")"; });
       std::fprintf(stderr, "mih matrix: invalid_spec error: matrix '%s' lists no case spec '%s' can run; rejected: %s; "
                    "change the cases or max_world_size\n", m.name.c_str(), f->spec.c_str(), rejected.c_str());
       return exit_status(Code::kInvalidSpec);

@@ -1,5 +1,6 @@
 // `mih selftest` and `mih launch`: N ranks of a worker task under mih's launcher (or a
 // command template such as srun's), with the run's record and evidence listed at the end.
+#include <algorithm>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "harness/runtime/selftest.h"
 #include "harness/runtime/worker.h"
 #include "harness/warm/warm.h"
+#include "harness/base/strings.h"
 
 namespace mih::cli {
 namespace {
@@ -143,8 +145,7 @@ int run_selftest(LaunchFlags flags, const std::string& mesh_text, const Selftest
                                       "bfloat16, int64");
   const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");
   std::filesystem::path run_dir = flags.run_dir("selftest");
-  std::string dtypes;
-  for (const auto& d : selftest.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
+  std::string dtypes = join(selftest.dtypes, ",");
   std::vector<std::string> task_args = {"--repeats", std::to_string(selftest.repeats), "--dtypes", dtypes};
   if (mesh.world_size() > 1) task_args.insert(task_args.end(), {"--mesh", mesh.mesh_str()});
   LaunchOptions launch_options =
@@ -174,13 +175,10 @@ int run_selftest(LaunchFlags flags, const std::string& mesh_text, const Selftest
 
 int run_launch(LaunchFlags flags, const std::string& task, const std::vector<std::string>& task_args, int repeat,
                const Invocation& inv) {
-  std::string valid;
-  bool known = false;
-  for (const auto& [name, help] : worker_tasks()) {
-    known = known || name == task;
-    valid += (valid.empty() ? "" : ", ") + name;
-  }
-  MIH_CHECK(known, "unknown worker task '", task, "'; valid: [", valid, "]");
+  const auto& tasks = worker_tasks();
+  const bool known = std::any_of(tasks.begin(), tasks.end(), [&](const auto& row) { return row.first == task; });
+  MIH_CHECK(known, "unknown worker task '", task, "'; valid: [",
+            join(tasks, ", ", [](const auto& row) { return row.first; }), "]");
   // --repeat K: K launches in a row from this one process (launch<k>/ each), e.g. to measure
   // what a launch costs once the parent is up, or that nothing of one launch reaches the next.
   int status = 0;

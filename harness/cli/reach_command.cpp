@@ -17,6 +17,7 @@
 #include "harness/base/reduction_paths.h"
 #include "harness/cli/commands.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/base/strings.h"
 
 namespace mih::cli {
 namespace {
@@ -163,8 +164,7 @@ CommandRun setup_reach(CLI::App& sub, const Invocation&) {
       std::printf("every reduction path a mesh of %d ranks can take was taken\n", largest);
       return 0;
     }
-    std::string names;
-    for (const auto& n : unreached) names += (names.empty() ? "" : ", ") + n;
+    std::string names = join(unreached, ", ");
     if (!f->require_all) return 0;
     // Cases that did not run may be the ones that take the missing paths: no verdict.
     MIH_CHECK_CODE(missing.empty(), Code::kFailedPrecondition, "mih reach: ", root.string(),

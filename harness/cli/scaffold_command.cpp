@@ -23,6 +23,7 @@
 #include "harness/cli/commands.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
+#include "harness/base/strings.h"
 
 namespace mih::cli {
 namespace fs = std::filesystem;
@@ -165,8 +166,7 @@ CommandRun setup_scaffold(CLI::App& sub, const Invocation&) {
                              "DIR"));
   return [f] {
     const ScaffoldResult r = write_scaffold(f->name, f->out);
-    std::string files;
-    for (const auto& file : r.files) files += (files.empty() ? "" : ", ") + file;
+    std::string files = join(r.files, ", ");
     std::printf("mih scaffold: %s port '%s' in %s: %s\n", r.replaced ? "rewrote" : "wrote", f->name.c_str(),
                 r.dir.c_str(), files.c_str());
     // The commands as the README's quickstart shows them: the folder as given, the prefix of

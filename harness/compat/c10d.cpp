@@ -24,6 +24,7 @@
 #include "harness/base/error.h"
 #include "harness/compat/c10d_internal.h"
 #include "harness/compat/collectives.h"
+#include "harness/base/strings.h"
 
 namespace mih::compat {
 namespace internal {
@@ -47,11 +48,7 @@ std::chrono::milliseconds wait_budget(const BackendState& s) {
 }  // namespace
 
 std::string join_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
+  return "[" + join(ranks, ", ") + "]";
 }
 
 std::string short_what(const std::exception& e) {

@@ -16,6 +16,7 @@
 
 #include "harness/base/error.h"
 #include "harness/evidence/report.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -514,8 +515,7 @@ std::vector<std::string> Diagnosis::lines() const {
                   " (no case has one without the other)");
   }
   if (reference_compared_only) {
-    std::string suites;
-    for (const auto& s : reference_compared_suites()) suites += (suites.empty() ? "" : ", ") + s;
+    std::string suites = join(reference_compared_suites(), ", ");
     out.push_back("only the suites that compare with the Reference fail (" + suites +
                   "); every findings-based suite passes on the failing cases: the numbers differ while every "
                   "structural check holds (a reduction, a normalization, or the Reference itself)");

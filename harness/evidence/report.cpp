@@ -16,6 +16,7 @@
 
 #include "harness/base/error.h"
 #include "harness/evidence/report_internal.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace report_internal {
@@ -178,8 +179,7 @@ std::string case_facts(const CaseResult& c) {
   if (!c.compare_to.empty()) facts.push_back("compared to " + c.compare_to);
   if (!c.error.empty()) facts.push_back("error: " + c.error);
   if (!c.fault.empty()) facts.push_back("fault " + c.fault + " injected (the catalog's bug, not the port's)");
-  std::string out;
-  for (const auto& f : facts) out += (out.empty() ? "" : "; ") + f;
+  std::string out = join(facts, "; ");
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih::cli {
 
@@ -125,10 +126,8 @@ inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv, co
     return 2;
   }
   if (!app.get_subcommands().empty()) return std::nullopt;
-  std::string valid;
-  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-    valid += (valid.empty() ? "" : ", ") + sub->get_name();
-  }
+  const std::string valid =
+      join(app.get_subcommands([](CLI::App*) { return true; }), ", ", [](const CLI::App* sub) { return sub->get_name(); });
   const auto& extra = app.remaining();
   if (!extra.empty()) {
     std::fprintf(stderr, "%s: unknown %s '%s'; valid: [%s]\n", app.get_name().c_str(), what.c_str(),

@@ -16,6 +16,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 
@@ -174,8 +175,7 @@ std::string describe_last_activity(const std::vector<CommRecord>& records, int64
     if (r.event != "begin") finished.push_back(r.seq);
   }
   auto where = [](const CommRecord& r) {
-    std::string ranks;
-    for (size_t i = 0; i < r.ranks.size(); ++i) ranks += (i ? ", " : "") + std::to_string(r.ranks[i]);
+    std::string ranks = join(r.ranks, ", ");
     std::string payload = r.dtype.empty() ? "" : internal::str(", ", r.dtype, " x ", r.numel);
     return internal::str(r.op, " on axis '", r.axis, "' (ranks [", ranks, "]", payload, ") called from ", r.site);
   };

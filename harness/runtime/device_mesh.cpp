@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -47,12 +48,11 @@ std::string_view mesh_axis_name(MeshAxis axis) {
 }
 
 MeshAxis parse_mesh_axis(std::string_view name) {
-  std::string valid;
   for (const auto& row : kMeshAxes) {
     if (row.name == name) return row.axis;
-    valid += (valid.empty() ? "" : ", ") + std::string(row.name);
   }
-  MIH_THROW(Code::kInvalidSpec, "unknown mesh axis '", name, "'; valid: [", valid, "]");
+  MIH_THROW(Code::kInvalidSpec, "unknown mesh axis '", name, "'; valid: [",
+            join(kMeshAxes, ", ", [](const auto& row) { return std::string(row.name); }), "]");
 }
 
 MeshLayout::MeshLayout(const ParallelConfig& config, int world_size) : config_(config), world_size_(world_size) {

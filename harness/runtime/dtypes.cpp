@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -34,12 +35,11 @@ std::string dtype_name(c10::ScalarType dtype) {
 }
 
 c10::ScalarType parse_dtype(std::string_view name) {
-  std::string valid;
   for (const auto& [n, type] : kDtypes) {
     if (n == name) return type;
-    valid += (valid.empty() ? "" : ", ") + std::string(n);
   }
-  MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [", valid, "]");
+  MIH_THROW(Code::kInvalidSpec, "unknown dtype '", name, "'; valid: [",
+            join(kDtypes, ", ", [](const auto& row) { return std::string(row.first); }), "]");
 }
 
 c10::ScalarType scalar_type(DType dtype) {

@@ -34,6 +34,7 @@
 #include "harness/runtime/launcher_internal.h"
 #include "harness/runtime/rendezvous.h"
 #include "harness/runtime/world.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -223,8 +224,7 @@ LaunchResult launch(const LaunchOptions& options) {
               ": ", std::strerror(err), " (command '", options.command.front(), "')");
   };
   if (templated) {
-    std::string cmd;
-    for (const auto& a : options.command) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
+    std::string cmd = join(options.command, " ", [](const auto& a) { return shell_quote(a); });
     std::string line = options.command_template;
     for (size_t pos; (pos = line.find("{cmd}")) != std::string::npos;) line.replace(pos, 5, cmd);
     base.erase(kLauncherPidVar);  // ranks are not our children
@@ -334,8 +334,7 @@ LaunchResult launch(const LaunchOptions& options) {
       if (!hosted_store->check({"mih/exit/rank" + std::to_string(r)})) silent.push_back(r);
     }
     if (!silent.empty()) {
-      std::string list;
-      for (size_t i = 0; i < silent.size(); ++i) list += (i ? ", " : "") + std::to_string(silent[i]);
+      std::string list = join(silent, ", ");
       result.status = LaunchResult::Status::kRankFailed;
       result.failed_rank = -1;
       result.diagnosis = mih::internal::str("the launcher command exited 0, but rank(s) [", list, "] of ",

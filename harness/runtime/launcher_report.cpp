@@ -22,6 +22,7 @@
 #include "harness/runtime/comm_ledger.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/launcher_internal.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -87,8 +88,7 @@ std::string diagnose_stragglers(const std::map<int, std::vector<CommRecord>>& le
     if (member != failed_rank && (m == ledgers.end() || calls_on(m->second) < call)) missing.push_back(member);
   }
   if (missing.empty()) return "";
-  std::string list;
-  for (size_t i = 0; i < missing.size(); ++i) list += (i ? ", " : "") + std::to_string(missing[i]);
+  std::string list = join(missing, ", ");
   return mih::internal::str("rank(s) [", list, "] never entered call #", call, " on axis '", last.axis, "' (", last.op,
                             " from ", last.site, ") that rank ", failed_rank, " timed out in");
 }
@@ -148,8 +148,7 @@ std::string LaunchResult::report() const {
     if (r.state == RankOutcome::State::kStopped) still_running.push_back(r.rank);
   }
   auto list = [](const std::vector<int>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    std::string s = join(v, ", ");
     return "[" + s + "]";
   };
   if (status == Status::kOk) {

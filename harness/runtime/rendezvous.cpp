@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 
@@ -66,8 +67,7 @@ void join(compat::Store& store, int rank, int world_size, std::chrono::milliseco
     for (int r = 0; r < world_size; ++r) (store.check({keys[static_cast<size_t>(r)]}) ? joined : missing).push_back(r);
     if (missing.empty()) return;  // the last rank arrived just after the deadline
     auto list = [](const std::vector<int>& v) {
-      std::string s;
-      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      std::string s = mih::join(v, ", ");
       return "[" + s + "]";
     };
     MIH_THROW(Code::kDeadlineExceeded, "rendezvous '", tag, "' timed out after ", timeout.count(), " ms: rank(s) ",

@@ -25,6 +25,7 @@
 #include "harness/compat/collectives.h"
 #include "harness/runtime/dtypes.h"
 #include "harness/runtime/fork_server.h"
+#include "harness/base/strings.h"
 
 extern char** environ;
 
@@ -366,8 +367,7 @@ std::string format_selftest_table(const nlohmann::json& summary) {
 
 std::vector<TaskOption> selftest_task_options() {
   SelftestOptions defaults;
-  std::string dtypes;
-  for (const auto& d : defaults.dtypes) dtypes += (dtypes.empty() ? "" : ",") + d;
+  std::string dtypes = join(defaults.dtypes, ",");
   return {{"mesh", "mesh, e.g. dp_shard=2,tp=2 (default: the world size spread over all axes)", ""},
           {"repeats", "calls per (axis, op, dtype); the median time is reported", std::to_string(defaults.repeats)},
           {"dtypes", "comma-separated dtypes", dtypes}};

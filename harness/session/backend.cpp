@@ -2,6 +2,7 @@
 #include "harness/session/backend.h"
 
 #include "harness/base/error.h"
+#include "harness/base/strings.h"
 
 namespace mih {
 namespace {
@@ -48,8 +49,7 @@ void TrainingBackendRegistry::add(const std::string& name, BackendFactory factor
 std::unique_ptr<TrainingBackend> TrainingBackendRegistry::make(const std::string& name) const {
   auto it = factories_.find(name);
   if (it == factories_.end()) {
-    std::string known;
-    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    std::string known = join(names(), ", ");
     MIH_THROW(Code::kInvalidSpec, "unknown training backend '", name, "'; registered: ", known);
   }
   return it->second();

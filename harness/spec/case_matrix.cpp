@@ -14,6 +14,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/runtime/dtypes.h"
+#include "harness/base/strings.h"
 
 namespace mih::spec {
 namespace {
@@ -208,12 +209,11 @@ void PrintTo(const Case& c, std::ostream* os) {
 }
 
 const Case& CaseMatrix::at(const std::string& name) const {
-  std::string names;
   for (const auto& c : cases) {
     if (c.name == name) return c;
-    names += (names.empty() ? "" : ", ") + c.name;
   }
-  MIH_THROW(Code::kInvalidSpec, "matrix '", this->name, "' has no case '", name, "'; cases: ", names);
+  MIH_THROW(Code::kInvalidSpec, "matrix '", this->name, "' has no case '", name, "'; cases: ",
+            join(cases, ", ", [](const Case& c) { return c.name; }));
 }
 
 // The EP=1 control of an ep case (the same config with ep = 1), which resolve_matrix adds; "".
@@ -278,8 +278,7 @@ std::vector<std::string> preset_names() {
 namespace {
 // "cpu-smoke, cpu-smoke-variants, ...": the presets for a message.
 std::string preset_list() {
-  std::string out;
-  for (const auto& n : preset_names()) out += (out.empty() ? "" : ", ") + n;
+  std::string out = join(preset_names(), ", ");
   return out;
 }
 }  // namespace

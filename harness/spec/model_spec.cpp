@@ -9,6 +9,7 @@
 
 #include "harness/base/error.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/base/strings.h"
 
 namespace mih::spec {
 namespace {
@@ -221,8 +222,7 @@ void SpecRegistry::add(std::function<ModelSpec()> make) {
 ModelSpec SpecRegistry::get(const std::string& name) const {
   auto it = makers_.find(name);
   if (it == makers_.end()) {
-    std::string known;
-    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    std::string known = join(names(), ", ");
     MIH_THROW(Code::kInvalidSpec, "unknown spec '", name, "'; registered: ", known.empty() ? "(none linked)" : known);
   }
   return it->second();
