@@ -28,11 +28,11 @@ const std::vector<FaultEntry>& fault_catalog() {
        "reference_models/llama.cpp", "Moe", "moe", tp2_sp, {"NumericParity"}, {R"(mlp\.router)"}, "", "layers.1.mlp",
        {tp2}, "sp"},
       {"F03", "grad-norm scope", "global grad norm computed from local shards only",
-       "harness/parallel/parallel_context.cpp", "Llama", "llama", dp_shard2, {"NumericParity.GradNormsMatchReference"},
+       "harness/parallel/parallel_context_grads.cpp", "Llama", "llama", dp_shard2, {"NumericParity.GradNormsMatchReference"},
        {"grad_norm"}, "", "grad_norm",
        {dp_replicate2}, "world_size>1"},
       {"F04", "grad-norm scope", "replicated (unsharded) grads counted once per rank in the norm",
-       "harness/parallel/parallel_context.cpp", "Llama", "llama", tp2, {"NumericParity.GradNormsMatchReference"},
+       "harness/parallel/parallel_context_grads.cpp", "Llama", "llama", tp2, {"NumericParity.GradNormsMatchReference"},
        {"grad_norm"}, "", "grad_norm",
        {dp_shard2}, "tp>1"},
       {"F05", "loss normalization",
@@ -110,7 +110,7 @@ const std::vector<FaultEntry>& fault_catalog() {
       {"F23", "expert parallelism",
        "expert gradients reduced over the dense gradient domain (dp_shard x cp), so summed over the ep ranks that hold "
        "other experts, instead of over edp",
-       "harness/parallel/parallel_context.cpp", "Moe", "moe", ep2, {"NumericParity", "GradientSync"},
+       "harness/parallel/parallel_context_grads.cpp", "Moe", "moe", ep2, {"NumericParity", "GradientSync"},
        {R"(mlp\.experts)"},
        "pytorch/pytorch#160285 (expert gradients doubled at EP=2), NVIDIA/Megatron-LM#5956 (expert gradients ep_size "
        "times too large after a reduce-scatter over the wrong group)", "layers.1.mlp.experts",
