@@ -24,7 +24,10 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <string_view>
 #include <vector>
+
+#include "harness/base/child_process.h"
 
 extern char** environ;
 
@@ -43,23 +46,7 @@ pid_t g_server = 0;
 std::vector<pid_t> g_ranks;  // every pid the server handed out (the launcher's to supervise)
 std::mutex g_mutex;
 RankEntry g_entry = nullptr;
-char* g_title = nullptr;  // main's argv text, rewritten as a forked rank's title
-size_t g_title_size = 0;
-
-void set_title(const std::vector<char*>& words) {
-  if (!g_title || g_title_size < 2) return;
-  size_t at = 0;
-  for (const char* w : words) {
-    if (w == nullptr) break;  // argv's terminator
-    const size_t n = std::strlen(w);
-    if (at + 1 >= g_title_size) break;
-    const size_t take = std::min(n, g_title_size - 1 - at);
-    std::memcpy(g_title + at, w, take);
-    at += take;
-    g_title[at++] = '\0';
-  }
-  std::memset(g_title + at, 0, g_title_size - at);
-}
+child::TitleArea g_title;  // main's argv text, rewritten as a forked rank's title
 
 // BLAS and OpenMP threads of this process, through the libraries libtorch loaded (absent
 // ones are skipped): what a freshly exec'd rank gets from OPENBLAS_NUM_THREADS and
@@ -92,12 +79,8 @@ void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
 [[noreturn]] void become_rank(std::vector<char*>& argv, std::vector<char*>& env, int log_fd, int go_fd,
                               pid_t launcher) {
   ::setpgid(0, 0);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  child::reset_signal_dispositions();
+  child::set_signal_mask();
   // The middle process has exited (the server waited for it before answering), so the
   // launcher has adopted this rank; the death signal the worker asks for is the launcher's.
   for (int i = 0; i < 20000 && ::getppid() != launcher; ++i) ::usleep(100);
@@ -120,17 +103,11 @@ void set_library_threads(const char* blas, const char* omp, bool shut_pool) {
   if (in >= 0 && in != 0) ::dup2(in, 0);
   ::dup2(log_fd, 1);
   ::dup2(log_fd, 2);
-#ifdef SYS_close_range
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
-#endif
-  {
-    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
-  }
+  child::close_descriptors_from(3);
   environ = env.data();  // the strings live in this process's copy of the request
   const char* rank = std::getenv("RANK");
-  const std::string comm = std::string("mih-rank") + (rank ? rank : "");
-  ::prctl(PR_SET_NAME, comm.c_str());
-  set_title(argv);
+  child::set_name(std::string("mih-rank") + (rank ? rank : ""));
+  child::set_title(g_title, std::vector<std::string_view>(argv.begin(), argv.end() - 1));  // argv ends in nullptr
   set_library_threads(std::getenv("OPENBLAS_NUM_THREADS"), std::getenv("OMP_NUM_THREADS"), /*shut_pool=*/false);
   const int status = g_entry(static_cast<int>(argv.size()) - 1, argv.data());
   std::fflush(stdout);
@@ -248,10 +225,8 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher, int* go) {
     for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
     if (null_fd > 2) ::close(null_fd);
   }
-  ::prctl(PR_SET_NAME, "mih-forkserver");
-  char word[] = "mih-forkserver";
-  std::vector<char*> title = {word};
-  set_title(title);
+  child::set_name("mih-forkserver");
+  child::set_title(g_title, {"mih-forkserver"});
   set_library_threads("1", "1", /*shut_pool=*/true);
   // Test hook (tests/cli/fork_server.py): die with a rank forked and adopted, unanswered.
   const char* die = std::getenv("MIH_FORK_SERVER_TEST_DIE");
@@ -357,13 +332,7 @@ void start_fork_server(int argc, char** argv, RankEntry entry) {
     const std::string v = off;
     if (v == "0" || v == "false" || v == "no" || v == "off") return;
   }
-  if (argc > 0) {
-    // main's argv strings are contiguous: their whole extent becomes the title area.
-    char* end = argv[0] + std::strlen(argv[0]) + 1;
-    for (int i = 1; i < argc && argv[i] == end; ++i) end = argv[i] + std::strlen(argv[i]) + 1;
-    g_title = argv[0];
-    g_title_size = static_cast<size_t>(end - argv[0]);
-  }
+  g_title = child::title_area(argc, argv);
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return;
   g_entry = entry;

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/base/child_process.h"
 #include "harness/warm/warm.h"
 #include "harness/warm/warm_internal.h"
 
@@ -68,8 +69,7 @@ struct Server {
   bool stopping = false;
   Clock::time_point started = Clock::now(), last_activity = Clock::now();
   std::chrono::seconds idle{120};
-  char* title = nullptr;  // main's argv text, rewritten as each command's title
-  size_t title_size = 0;
+  child::TitleArea title;  // main's argv text, rewritten as each command's title
   int blas_threads = 0;  // OpenBLAS's pool size when it loaded (0: no OpenBLAS)
   CommandEntry entry = nullptr;
 };
@@ -171,19 +171,6 @@ void restore_blas_pool(const Server& s) {
   if (auto* size = static_cast<int*>(::dlsym(RTLD_DEFAULT, "blas_num_threads"))) *size = s.blas_threads;
 }
 
-void set_title(const Server& s, const std::vector<std::string>& argv) {
-  if (!s.title || s.title_size < 2) return;
-  size_t at = 0;
-  for (const auto& a : argv) {
-    if (at + 1 >= s.title_size) break;
-    const size_t take = std::min(a.size(), s.title_size - 1 - at);
-    std::memcpy(s.title + at, a.data(), take);
-    at += take;
-    s.title[at++] = '\0';
-  }
-  std::memset(s.title + at, 0, s.title_size - at);
-}
-
 // In the forked command: becomes the process exec'ing the core binary with the request would
 // have made, then runs the command. Never returns.
 [[noreturn]] void become_command(Server& s, const internal::RunRequest& r, const std::vector<int>& fds,
@@ -214,35 +201,19 @@ void set_title(const Server& s, const std::vector<std::string>& argv) {
       ::close(i);
     }
   }
-#ifdef SYS_close_range
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
-#endif
-  {
-    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
-  }
+  child::close_descriptors_from(3);
   ::setpgid(0, 0);
   // The server's death ends the command (nobody would learn how it ended); its front's death
   // the server sees, and ends it too.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != server) ::_exit(16);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  struct sigaction ign {};
-  ign.sa_handler = SIG_IGN;
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig = 1; sig < NSIG; ++sig) {
-    const bool in_request = sig <= 64;
-    ::sigaction(sig, in_request && ((r.ignored >> (sig - 1)) & 1) ? &ign : &dfl, nullptr);
-    if (in_request && ((r.blocked >> (sig - 1)) & 1)) sigaddset(&mask, sig);
-  }
+  child::reset_signal_dispositions(r.ignored);
   ::umask(static_cast<mode_t>(r.umask));
   const std::string exe = r.argv[0];
-  const std::string comm = exe.substr(exe.rfind('/') + 1);
-  ::prctl(PR_SET_NAME, comm.c_str());
-  set_title(s, r.argv);
+  child::set_name(exe.substr(exe.rfind('/') + 1));
+  child::set_title(s.title, std::vector<std::string_view>(r.argv.begin(), r.argv.end()));
   restore_blas_pool(s);
-  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  child::set_signal_mask(r.blocked);
   // Owned by this process until it exits, as exec's copies would be.
   auto* args = new std::vector<std::string>(r.argv);
   auto* env = new std::vector<std::string>(r.env);
@@ -539,10 +510,7 @@ bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
   s.entry = entry;
   s.socket = argv[2];
   const int ready = std::atoi(argv[3]);
-  char* end = argv[0] + std::strlen(argv[0]) + 1;
-  for (int i = 1; i < argc && argv[i] == end; ++i) end = argv[i] + std::strlen(argv[i]) + 1;
-  s.title = argv[0];
-  s.title_size = static_cast<size_t>(end - argv[0]);
+  s.title = child::title_area(argc, argv);
   char exe[4096] = {0};
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   // The identity as the front computes it, for the core binary by its path.
@@ -563,8 +531,8 @@ bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
   struct sigaction term {};
   term.sa_handler = on_term;
   ::sigaction(SIGTERM, &term, nullptr);
-  ::prctl(PR_SET_NAME, "mih-warm");
-  set_title(s, {argv[0], kServeArg, s.socket});  // the front's padding, left for the commands' titles
+  child::set_name("mih-warm");
+  child::set_title(s.title, {argv[0], kServeArg, s.socket});  // the front's padding, left for the commands' titles
   stop_blas_pool(s);
 
   s.listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
