@@ -97,7 +97,7 @@ int run_phase(WorkerContext& ctx) {
   fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
   const fs::path evidence = ctx.option("evidence");
   // The case as the parent resolved it: the matrix is never read again here.
-  const CaseFile file = read_case_file(evidence / "run" / "case.json");
+  const CaseRequest file = read_case_request(evidence / "run" / "case.json");
   // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
   // init_from and --init-from); that checkpoint is then the source the key map is checked on.
   const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);

@@ -42,12 +42,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json case_file_json(const CaseFile& f) {
-  nlohmann::json j;
-  to_json(j, f);
-  return j;
-}
-
 }  // namespace
 
 fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
@@ -56,45 +50,10 @@ fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseR
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
   dir.write_json("run/case.json",
-                 case_file_json({s.name, c, o.matrix, o.training_backend, o.fault,
-                                 o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
-                                 o.init_from_sha256}));
+                 nlohmann::json(CaseRequest{s.name, c, o.matrix, o.training_backend, o.fault,
+                                            o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
+                                            o.init_from_sha256}));
   return evidence;
-}
-
-void to_json(nlohmann::json& j, const CaseFile& f) {
-  j = {{"spec", f.spec},
-       {"case", f.c},
-       {"matrix", f.matrix},
-       {"training_backend", f.training_backend},
-       {"fault", f.fault},
-       {"init_from", f.init_from},
-       {"init_from_sha256", f.init_from_sha256}};
-}
-
-CaseFile read_case_file(const fs::path& path) {
-  std::string text;
-  MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "case file ", path.string(),
-                 " is missing: the parent (mih run, mih test) writes it before any rank starts; launch the case "
-                 "with `mih run`, or write it as case_runner.h describes");
-  const nlohmann::json j = parse_json_lenient(text);
-  MIH_CHECK_CODE(!j.is_discarded() && j.is_object(), Code::kFailedPrecondition, "case file ", path.string(),
-                 " is not a JSON object");
-  return with_context("case file " + path.string(), [&] {
-    try {
-      CaseFile f;
-      f.spec = j.at("spec").get<std::string>();
-      f.c = j.at("case").get<spec::Case>();
-      f.matrix = j.at("matrix").get<std::string>();
-      f.training_backend = j.at("training_backend").get<std::string>();
-      f.fault = j.at("fault").get<std::string>();
-      f.init_from = j.value("init_from", std::string());
-      f.init_from_sha256 = j.value("init_from_sha256", std::string());
-      return f;
-    } catch (const nlohmann::json::exception& e) {
-      MIH_THROW(Code::kFailedPrecondition, e.what());
-    }
-  });
 }
 
 namespace {

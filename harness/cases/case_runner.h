@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/base/case_outcome.h"
+#include "harness/base/case_request.h"
 #include "harness/base/error.h"
 #include "harness/spec/case_matrix.h"
 
@@ -120,20 +121,6 @@ CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const C
 /// Throws: mih::Error{kFailedPrecondition} for an unwritable evidence root.
 std::filesystem::path prepare_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
 
-/// What a rank reads from <evidence>/run/case.json.
-struct CaseFile {
-  std::string spec;
-  spec::Case c;
-  std::string matrix;
-  std::string training_backend;
-  std::string fault;
-  /// Absolute path of the checkpoint directory the ranks initialize from; "" for none.
-  std::string init_from;
-  /// Its checkpoint_digest when the parent checked it; every rank checks the files against it.
-  std::string init_from_sha256;
-};
-void to_json(nlohmann::json& j, const CaseFile& f);
-/// Throws: mih::Error{kFailedPrecondition} naming the file when it is missing or malformed.
-CaseFile read_case_file(const std::filesystem::path& file);
+/// What a rank reads from <evidence>/run/case.json: mih::CaseRequest (base/case_request.h).
 
 }  // namespace mih::cases

@@ -322,11 +322,11 @@ int run_faults(const FaultsOptions& options) {
           if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
         }
       }
-      const std::string target = ev.case_info().value("compare_to", "");
+      const std::string target = ev.resolved_case().compare_to;
       if (!target.empty() && fs::exists(root / f->spec / target)) {
         CompareOptions o;
         o.tolerance = verdicts::case_tolerance(ev);
-        o.first_step = ev.case_info().value("resume_at", int64_t{0});
+        o.first_step = ev.resolved_case().resume_at;
         // A reduced lane: at the calibrated tolerances NumericParity judged it by.
         std::optional<Calibration> cal;
         const fs::path lane = root / f->spec / spec::kLaneReference, twin = root / f->spec / spec::kNoiseTwin;

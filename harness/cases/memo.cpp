@@ -150,9 +150,9 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
                  p.case_name, " --matrix ", p.matrix, " --evidence-root ", run_options().evidence_root.string(),
                  "` or the torchrun/srun launch of docs/gpu-nightly.md, or restrict the run with --gtest_filter");
   verdicts::CaseEvidence ev(dir);
-  const json& info = ev.case_info();
-  MIH_CHECK_CODE(info.value("name", "") == p.case_name, Code::kFailedPrecondition, "evidence ", dir.string(),
-                 " holds case '", info.value("name", ""), "', not '", p.case_name,
+  const std::string& held = ev.resolved_case().name;
+  MIH_CHECK_CODE(held == p.case_name, Code::kFailedPrecondition, "evidence ", dir.string(),
+                 " holds case '", held, "', not '", p.case_name,
                  "': this directory belongs to another run or matrix; point --evidence-root at the run that produced it");
   const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
   MIH_CHECK_CODE(spec_name == p.spec, Code::kFailedPrecondition, "evidence ", dir.string(), " is of spec '", spec_name,

@@ -136,7 +136,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     const fs::path root = dir.parent_path().parent_path();
     // The verdicts read <root>/<spec>/<case>: a directory holding another case's evidence
     // (a copy, a rename) would have them check that other case instead.
-    const std::string case_name = ev.case_info().value("name", "");
+    const std::string case_name = ev.resolved_case().name;
     MIH_CHECK_CODE(dir.filename() == case_name && dir.parent_path().filename() == spec_name, Code::kFailedPrecondition,
                    "mih check: ", target.string(), " holds the evidence of ", spec_name, "/", case_name,
                    " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
@@ -145,11 +145,8 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
     // A case that started from a checkpoint is checked as one (its source keys included).
     if (ev.has("run/case.json")) {
-      const json& case_file = ev.json("run/case.json");
-      const json init = case_file.value("init_from", json());
-      if (init.is_string() && !init.get<std::string>().empty()) {
-        args.insert(args.end(), {"--init-from", init.get<std::string>()});
-      }
+      const CaseRequest request = read_case_request(dir / "run" / "case.json");
+      if (!request.init_from.empty()) args.insert(args.end(), {"--init-from", request.init_from});
     }
     // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
     std::string prefixes;
@@ -163,7 +160,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked as "
                    "that fault run, never as the fault-free port\n", spec_name.c_str(), case_name.c_str(), fault.c_str());
     }
-    *filter = "*/*.*/" + ev.case_info().value("name", "");
+    *filter = "*/*.*/" + ev.resolved_case().name;
   } else {
     args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
     // What the run ran: the tests its processes recorded in results.jsonl's start lines. A

@@ -125,11 +125,19 @@ const ParallelConfig& CaseEvidence::config() const {
   return *config_;
 }
 
-const json& CaseEvidence::case_info() const {
-  const auto& env = json("environment.json");
-  MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, "environment.json"),
-            " has no \"case\": it was not written by the conformance case runner (mih run)");
-  return env["case"];
+const spec::Case& CaseEvidence::resolved_case() const {
+  if (!case_) {
+    const auto& env = json("environment.json");
+    MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, "environment.json"),
+              " has no \"case\": it was not written by the conformance case runner (mih run)");
+    try {
+      case_ = env["case"].get<spec::Case>();
+    } catch (const Error& e) {
+      MIH_THROW(Code::kFailedPrecondition, "evidence ", rel_path(*this, "environment.json"), ": its \"case\" is not ",
+                "the one mih writes (", e.message(), "): the file was edited or is of another tool; rerun the case");
+    }
+  }
+  return *case_;
 }
 
 
@@ -190,8 +198,7 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
 double case_tolerance(const CaseEvidence& ev) {
   const auto& tol = ev.json("spec.resolved.json").at("tolerances");
   const std::string dtype = dtype_name(ev.config().dtype);
-  const std::string kind = ev.case_info().value("kind", "train");
-  std::string profile = kind == "resume" ? "same_topology" : "cross_topology";
+  std::string profile = ev.resolved_case().kind == spec::CaseKind::kResume ? "same_topology" : "cross_topology";
   if (ev.config().micro_batches > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
   MIH_CHECK(tol.contains(profile) && tol[profile].contains(dtype), "spec.resolved.json of ", ev.dir().string(),
             " declares no ", profile, " tolerance for dtype ", dtype, ": add it to the spec's Tolerances");
@@ -224,7 +231,7 @@ Calibration lane_calibration(const CaseEvidence& lane_reference, const CaseEvide
   }
   if (k_override >= 0) settings.k = settings.k_update = k_override;
   // The lane's own reference and twin are compared with the float64 oracle.
-  if (candidate.case_info().value("compare_to", "") == "Reference") {
+  if (candidate.resolved_case().compare_to == "Reference") {
     MIH_CHECK(tol.contains("noise_oracle_factor") && tol["noise_oracle_factor"].is_number(), "spec.resolved.json of ",
               candidate.dir().string(), " declares no tolerances.noise_oracle_factor; rerun the case");
     settings.factor = tol["noise_oracle_factor"].get<double>();
@@ -452,7 +459,7 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
 }
 
 Verdict checkpoint_round_trip(const CaseEvidence& ev) {
-  if (!ev.case_info().contains("save_config") || ev.case_info()["save_config"].is_null()) {
+  if (!ev.resolved_case().save_config) {
     return Verdict::skip("the case does not save and load a checkpoint");
   }
   const std::string saved_file = "before_save/checkpoint/roundtrip_save.json", loaded_file = "checkpoint/roundtrip_load.json";
@@ -483,9 +490,9 @@ Verdict checkpoint_round_trip(const CaseEvidence& ev) {
 }
 
 Verdict resume_continues_step_count(const CaseEvidence& ev) {
-  const auto& info = ev.case_info();
-  if (!info.contains("save_config") || info["save_config"].is_null()) return Verdict::skip("not a resume case");
-  const int64_t at = info.value("resume_at", int64_t{0}), steps = info.value("steps", int64_t{0});
+  const spec::Case& c = ev.resolved_case();
+  if (!c.save_config) return Verdict::skip("not a resume case");
+  const int64_t at = c.resume_at, steps = c.steps;
   const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
   std::vector<int64_t> seen;
   for (const auto& r : rows) seen.push_back(r.value("step", int64_t{-1}));
@@ -547,7 +554,7 @@ Verdict state_invariants(const CaseEvidence& ev) {
 Verdict module_parity(const CaseEvidence& ev) {
   const auto& declared = ev.json("spec.resolved.json").value("module_parity_cases", json::array());
   if (declared.empty()) return Verdict::skip("the spec declares no module parity case");
-  if (ev.case_info().value("kind", "") != "reference") return Verdict::skip("module parity runs with the reference case");
+  if (ev.resolved_case().kind != spec::CaseKind::kReference) return Verdict::skip("module parity runs with the reference case");
   const std::string file = "check/module_parity.json";
   const std::string open = " (open " + rel_path(ev, file) + ")";
   const auto& results = ev.json(file);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/compare/compare.h"
+#include "harness/base/case_request.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih::verdicts {
@@ -42,15 +43,18 @@ class CaseEvidence {
   /// the trainer's options and the world size).
   /// Throws: as json(); kInvalidSpec naming the file when its config is malformed.
   const ParallelConfig& config() const;
-  /// environment.json's "case" (the spec::Case the runner launched: name, kind, group,
-  /// compare_to, resume_at, steps, save_config).
-  const nlohmann::json& case_info() const;
+  /// environment.json's "case": the spec::Case the runner launched, read strictly (every
+  /// field to_json writes, no other), never field by field with defaults.
+  /// Throws: mih::Error{kFailedPrecondition} naming the file and the field when it is
+  ///   missing, mistyped or unknown (not mih's evidence, or edited).
+  const spec::Case& resolved_case() const;
 
  private:
   std::filesystem::path dir_;
   mutable std::map<std::string, nlohmann::json> json_;
   mutable std::map<std::string, std::vector<nlohmann::json>> jsonl_;
   mutable std::optional<ParallelConfig> config_;
+  mutable std::optional<spec::Case> case_;
 };
 
 struct Verdict {

@@ -154,59 +154,7 @@ ParallelConfig config_from(const json& j, const json& defaults, const std::strin
 
 }  // namespace
 
-std::string case_kind_name(CaseKind kind) {
-  switch (kind) {
-    case CaseKind::kReference: return "reference";
-    case CaseKind::kTrain: return "train";
-    case CaseKind::kResume: return "resume";
-    case CaseKind::kCrossResume: return "cross_resume";
-  }
-  return "?";
-}
 
-CaseKind parse_case_kind(const std::string& name) {
-  for (CaseKind k : {CaseKind::kReference, CaseKind::kTrain, CaseKind::kResume, CaseKind::kCrossResume}) {
-    if (case_kind_name(k) == name) return k;
-  }
-  MIH_THROW(Code::kInvalidSpec, "unknown case kind '", name, "'; valid: reference, train, resume, cross_resume");
-}
-
-void to_json(json& j, const Case& c) {
-  j = {{"name", c.name},   {"kind", case_kind_name(c.kind)}, {"group", c.group},   {"config", c.config},
-       {"steps", c.steps}, {"compare_to", c.compare_to},     {"device", c.device}, {"pg_backend", c.pg_backend},
-       {"world_size", c.world_size()}};
-  if (c.save_config) {
-    j["save_config"] = *c.save_config;
-    j["resume_at"] = c.resume_at;
-  }
-}
-
-void from_json(const json& j, Case& c) {
-  check_known_fields(j, "case", {"name", "kind", "group", "config", "steps", "compare_to", "device", "pg_backend",
-                                 "world_size", "save_config", "resume_at"});
-  try {
-    Case out;
-    out.name = j.at("name").get<std::string>();
-    out.kind = parse_case_kind(j.at("kind").get<std::string>());
-    out.group = j.at("group").get<std::string>();
-    out.config = j.at("config").get<ParallelConfig>();
-    out.steps = j.at("steps").get<int64_t>();
-    out.compare_to = j.at("compare_to").get<std::string>();
-    out.device = j.at("device").get<std::string>();
-    out.pg_backend = j.at("pg_backend").get<std::string>();
-    if (j.contains("save_config")) {
-      out.save_config = j.at("save_config").get<ParallelConfig>();
-      out.resume_at = j.at("resume_at").get<int64_t>();
-    }
-    c = std::move(out);
-  } catch (const json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, "case: ", e.what());
-  }
-}
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.name << " (" << c.config << ", " << c.world_size() << " rank" << (c.world_size() == 1 ? "" : "s") << ")";
-}
 
 const Case& CaseMatrix::at(const std::string& name) const {
   for (const auto& c : cases) {

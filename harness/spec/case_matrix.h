@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_request.h"
 #include "harness/spec/model_spec.h"
 
 namespace mih::spec {
@@ -24,44 +25,6 @@ namespace mih::spec {
 inline constexpr const char* kLaneReference = "LaneReference";
 inline constexpr const char* kNoiseTwin = "NoiseTwin";
 
-/// What a case does. kTrain covers one-axis, combined, activation-checkpoint and
-/// gradient-accumulation cases (the config says which).
-enum class CaseKind { kReference, kTrain, kResume, kCrossResume };
-std::string case_kind_name(CaseKind kind);
-/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
-CaseKind parse_case_kind(const std::string& name);
-
-struct Case {
-  /// GoogleTest parameter name: "Reference", "DpShard2", "Tp2Sp", "Cp2ZzTp2",
-  /// "ResumeDpShard2", "ResumeDpShard2ToTp2".
-  std::string name;
-  CaseKind kind = CaseKind::kTrain;
-  /// "reference", "axis", "combined", "activation_checkpoint", "grad_accumulation",
-  /// "resume", "cross_resume".
-  std::string group;
-  /// The config it trains under (for a resume: after the load).
-  ParallelConfig config;
-  /// Resume cases: the config of the first run, which trains resume_at steps and saves.
-  std::optional<ParallelConfig> save_config;
-  int64_t resume_at = 0;
-  /// Steps in all (a resume: resume_at before the save, the rest after the load).
-  int64_t steps = 3;
-  /// The name of the case its numbers are compared with ("Reference", or a resume's
-  /// uninterrupted twin, named like a train case of `config`).
-  std::string compare_to;
-  /// "cpu" or "cuda"; the process-group backend, "gloo" or "nccl".
-  std::string device = "cpu";
-  std::string pg_backend = "gloo";
-
-  int world_size() const { return config.world_size(); }
-};
-
-/// Every field; from_json reads what to_json wrote (run/case.json) and rejects unknown
-/// fields. Throws: mih::Error{kInvalidSpec} naming the field.
-void to_json(nlohmann::json& j, const Case& c);
-void from_json(const nlohmann::json& j, Case& c);
-/// GoogleTest: "DpShard2 (dp_shard2 float64, 2 ranks)".
-void PrintTo(const Case& c, std::ostream* os);
 
 /// A case the matrix asked for and the spec cannot take, and why (with the arithmetic).
 struct RejectedCase {

@@ -485,6 +485,30 @@ TEST_F(VerdictsTest, MissingOrForeignEvidenceIsAClearError) {
   EXPECT_THROW(CaseEvidence(dir / "nope"), Error);
 }
 
+// The case the verdicts read is environment.json's, typed: a case whose kind was removed (it
+// read as "train" with a default) or that names a field mih never writes is an evidence
+// problem naming the file, never judged as another kind of case.
+TEST_F(VerdictsTest, AnEditedCaseIsRefusedNotReadWithDefaults) {
+  const fs::path dir = copy("llama", "ResumeDpShard2ToTp2");
+  EXPECT_EQ(CaseEvidence(dir).resolved_case().kind, spec::CaseKind::kCrossResume);
+  json env = read(dir / "environment.json");
+  env["case"].erase("kind");
+  write(dir / "environment.json", env);
+  try {
+    (void)verdicts::resume_continues_step_count(CaseEvidence(dir));
+    ADD_FAILURE() << "a case without its kind was judged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("environment.json"));
+    EXPECT_THAT(e.what(), HasSubstr("kind"));
+  }
+  env = read(dir / "environment.json");
+  env["case"]["kind"] = "cross_resume";
+  env["case"]["resume_step"] = 1;
+  write(dir / "environment.json", env);
+  EXPECT_THROW((void)CaseEvidence(dir).resolved_case(), Error);
+}
+
 TEST_F(VerdictsTest, PlainBackendReproducesTheTrainerReference) {
   // The plain loop (its own optimizer groups, micro-batching and clip_grad_norm_) against the
   // Trainer on the same spec: every quantity within the float64 oracle tolerance.

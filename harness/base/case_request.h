@@ -1,0 +1,89 @@
+// The case as a type (issue 36): spec::Case, one case of a resolved matrix, and CaseRequest,
+// what the parent resolves once and writes once as run/case.json for every rank of the case to
+// read (mih::layout::kCaseRequest). Strict JSON both ways: to_json writes every field,
+// from_json requires each one mih always writes and rejects any other (a typo, an edit, a
+// file of another tool), naming it. Torch-free, so that the verdicts (harness/compare) read
+// the case typed, never through `.value(key, default)`.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/parallel_config.h"
+
+namespace mih::spec {
+
+/// What a case does. kTrain covers one-axis, combined, activation-checkpoint and
+/// gradient-accumulation cases (the config says which).
+enum class CaseKind { kReference, kTrain, kResume, kCrossResume };
+std::string case_kind_name(CaseKind kind);
+/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
+CaseKind parse_case_kind(const std::string& name);
+
+struct Case {
+  /// GoogleTest parameter name: "Reference", "DpShard2", "Tp2Sp", "Cp2ZzTp2",
+  /// "ResumeDpShard2", "ResumeDpShard2ToTp2".
+  std::string name;
+  CaseKind kind = CaseKind::kTrain;
+  /// "reference", "axis", "combined", "activation_checkpoint", "grad_accumulation",
+  /// "resume", "cross_resume".
+  std::string group;
+  /// The config it trains under (for a resume: after the load).
+  ParallelConfig config;
+  /// Resume cases: the config of the first run, which trains resume_at steps and saves.
+  std::optional<ParallelConfig> save_config;
+  int64_t resume_at = 0;
+  /// Steps in all (a resume: resume_at before the save, the rest after the load).
+  int64_t steps = 3;
+  /// The name of the case its numbers are compared with ("Reference", or a resume's
+  /// uninterrupted twin, named like a train case of `config`).
+  std::string compare_to;
+  /// "cpu" or "cuda"; the process-group backend, "gloo" or "nccl".
+  std::string device = "cpu";
+  std::string pg_backend = "gloo";
+
+  int world_size() const { return config.world_size(); }
+};
+
+/// Every field; from_json reads what to_json wrote (run/case.json) and rejects unknown
+/// fields. Throws: mih::Error{kInvalidSpec} naming the field.
+void to_json(nlohmann::json& j, const Case& c);
+void from_json(const nlohmann::json& j, Case& c);
+/// GoogleTest: "DpShard2 (dp_shard2 float64, 2 ranks)".
+void PrintTo(const Case& c, std::ostream* os);
+
+}  // namespace mih::spec
+
+namespace mih {
+
+/// What every rank of a case reads from <case dir>/run/case.json (written by the parent,
+/// cases::prepare_case, before any rank starts; an external launcher's ranks read the same).
+struct CaseRequest {
+  std::string spec;  ///< the spec's registry name ("llama")
+  spec::Case c;      ///< the resolved case
+  /// The matrix source it was resolved from ("cpu-smoke", "cpu-smoke@bfloat16,seed=2", a
+  /// JSON file): recorded, never read again.
+  std::string matrix;
+  std::string training_backend;  ///< "trainer", "plain", ... (harness/session/backend.h)
+  std::string fault;             ///< a catalog fault the ranks inject ("F03"), or ""
+  /// Absolute path of the checkpoint directory the ranks initialize from; "" for none.
+  std::string init_from;
+  /// Its checkpoint_digest when the parent checked it; every rank checks the files against it.
+  std::string init_from_sha256;
+};
+/// Every field. from_json requires spec, case, matrix, training_backend and fault; init_from
+/// and init_from_sha256 may be absent ("" each: the seed's initialization).
+/// Throws: mih::Error{kFailedPrecondition} naming a missing or mistyped field;
+///   kInvalidSpec for an unknown field or a malformed case (spec::from_json).
+void to_json(nlohmann::json& j, const CaseRequest& r);
+void from_json(const nlohmann::json& j, CaseRequest& r);
+/// Reads `file` (a run/case.json). Throws: mih::Error{kFailedPrecondition} naming the file
+/// when it is missing, not a JSON object, or as from_json.
+CaseRequest read_case_request(const std::filesystem::path& file);
+
+}  // namespace mih
