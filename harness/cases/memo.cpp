@@ -177,6 +177,9 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   out.outcome = Outcome::kVerifyOnly;
   if (ev.has("case_run.json")) {
     const json& run = ev.json("case_run.json");
+    MIH_CHECK_CODE(run.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / "case_run.json").string(),
+                   " is not a JSON object (", run.type_name(), "): it is not a case record mih wrote (edited or "
+                   "foreign); rerun the case");
     // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
     // (a truncated file that no verdict reads would pass), never checked as if it were.
     if (!run_options().allow_edited_evidence && run.contains("files") && run["files"].is_object()) {
@@ -191,7 +194,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
       }
     }
     // A record without an outcome is of a launch that completed (an outside launcher's).
-    const json& named = run.is_object() && run.contains("outcome") ? run["outcome"] : json(outcome_name(Outcome::kRan));
+    const json& named = run.contains("outcome") ? run["outcome"] : json(outcome_name(Outcome::kRan));
     out.outcome = parse_outcome(named.is_string() ? named.get<std::string>() : named.dump(),
                                 (dir / "case_run.json").string() + ": outcome");
     out.error = run.value("error", "");
@@ -211,9 +214,9 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
               "verdict applies only those:", list,
               "\n  rerun the case with this mih, or check it with the matrix and --fault it ran under");
   }
-  if (classify(out.outcome) != OutcomeClass::kVerdict && classify(out.outcome) != OutcomeClass::kConformanceFailure) {
-    out.code = Code::kAborted;
-  }
+  // A case that did not complete: the exit status of its outcome's class (outcome_code), the
+  // one mapping a live run applies too (an environment problem is 12, not a crashed rank's 16).
+  out.code = outcome_code(out.outcome, Code::kOk);
   return out;
 }
 

@@ -142,7 +142,13 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
                    dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
-    if (ev.has("case_run.json")) args.insert(args.end(), {"--matrix", ev.json("case_run.json").value("matrix", "")});
+    if (ev.has("case_run.json")) {
+      const json& record = ev.json("case_run.json");
+      MIH_CHECK_CODE(record.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / "case_run.json").string(),
+                     " is not a JSON object (", record.type_name(), "): it is not a case record mih wrote (edited or "
+                     "foreign); rerun the case");
+      args.insert(args.end(), {"--matrix", record.value("matrix", "")});
+    }
     // A case that started from a checkpoint is checked as one (its source keys included).
     if (ev.has("run/case.json")) {
       const CaseRequest request = read_case_request(dir / "run" / "case.json");

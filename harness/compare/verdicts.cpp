@@ -26,15 +26,6 @@ namespace mih::verdicts {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-using internal::element_size;
-using internal::number;
-using internal::numel;
-using internal::rel_path;
-using internal::short_json;
-
-}  // namespace
 
 CaseEvidence::CaseEvidence(fs::path dir) : dir_(std::move(dir)) {
   if (!fs::is_directory(dir_)) {

@@ -24,11 +24,6 @@
 namespace mih::verdicts {
 namespace fs = std::filesystem;
 using nlohmann::json;
-using internal::element_size;
-using internal::number;
-using internal::numel;
-using internal::rel_path;
-using internal::short_json;
 
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");

@@ -23,11 +23,6 @@
 namespace mih::verdicts {
 namespace fs = std::filesystem;
 using nlohmann::json;
-using internal::element_size;
-using internal::number;
-using internal::numel;
-using internal::rel_path;
-using internal::short_json;
 
 namespace {
 

@@ -43,3 +43,11 @@ inline int64_t element_size(const std::string& dtype) {
 }
 
 }  // namespace mih::verdicts::internal
+
+namespace mih::verdicts {
+using internal::element_size;
+using internal::number;
+using internal::numel;
+using internal::rel_path;
+using internal::short_json;
+}  // namespace mih::verdicts

@@ -302,6 +302,23 @@ def damaged_evidence(mih, work):
               f"{c.returncode})", c.stdout[-600:])
     except subprocess.TimeoutExpired:
         check(False, "6: compare of a FIFO in place of metrics.jsonl hangs")
+    # A case record that says the case did not complete for an environment reason is exit 12
+    # (outcome_code, as a live run), not a crashed rank's 16; one that is JSON but not an
+    # object is bad evidence (12), not an internal error (17) or a test failure (1).
+    d = os.path.join(work, "dmg", "c", "llama", "Reference")
+    shutil.copytree(ref, d)
+    record = os.path.join(d, "case_run.json")
+    rec = json.load(open(record))
+    rec["outcome"] = "environment_failure"
+    json.dump(rec, open(record, "w"))
+    c = run(mih, ["check", d])
+    check(c.returncode == 12 and "ENVIRONMENT" in c.stdout, f"6: a recorded environment failure is exit 12 in a "
+          f"check (got {c.returncode})", c.stdout[-600:])
+    with open(record, "w") as f:
+        f.write("[1, 2]\n")
+    c = run(mih, ["check", d])
+    check(c.returncode == 12 and "not a JSON object" in c.stdout, f"6: a case_run.json that is no object is exit 12 "
+          f"naming it (got {c.returncode})", c.stdout[-600:])
     rep = os.path.join(work, "stale")
     os.makedirs(rep)
     names = ["Llama/NumericParity.LossMatchesReference/Reference", "Llama/Structure.A/Reference"]
