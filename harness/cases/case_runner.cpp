@@ -38,11 +38,8 @@
 #include "harness/spec/case_matrix.h"
 
 namespace mih::cases {
-namespace {
 
 namespace fs = std::filesystem;
-
-}  // namespace
 
 fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
   const fs::path evidence = fs::absolute(o.evidence_root / s.name / c.name);
