@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "harness/base/evidence_layout.h"
 #include "reference_models/llama.h"
 #include "specs/spec_support.h"
 #include "suites/conformance.h"
@@ -180,7 +181,7 @@ std::string reference_source_checkpoint(const std::string& name) {
 
 std::string reference_golden(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(MIH_GOLDENS_DIR) / name;
-  return std::filesystem::is_regular_file(dir / "golden.json") ? dir.string() : "";
+  return std::filesystem::is_regular_file(dir / layout::kGoldenManifest) ? dir.string() : "";
 }
 
 std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta) {

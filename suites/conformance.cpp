@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include "harness/base/evidence_layout.h"
 
 namespace mih::conformance {
 
@@ -43,7 +44,7 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
     case OutcomeClass::kInfrastructure:
       ADD_FAILURE() << "INFRASTRUCTURE FAILURE (not a conformance verdict): case " << p.spec << "/" << case_name
                     << " did not complete:\n"
-                    << o->error << "\n  (logs: " << (o->evidence / "run").string() << ")";
+                    << o->error << "\n  (logs: " << (o->evidence / layout::kRunDir).string() << ")";
       return nullptr;
     case OutcomeClass::kBadInput:
       ADD_FAILURE() << "BAD INPUT (not a conformance verdict): " << o->error;
@@ -55,8 +56,8 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
       return nullptr;
     case OutcomeClass::kConformanceFailure:
       ADD_FAILURE() << "case " << p.spec << "/" << case_name << " FAILED before its training finished: " << o->error
-                    << "\n  (open " << (o->evidence / "integration_state.json").string() << " and "
-                    << (o->evidence / "check/findings.json").string() << ")";
+                    << "\n  (open " << (o->evidence / layout::kIntegrationState).string() << " and "
+                    << (o->evidence / layout::kFindings).string() << ")";
       return nullptr;
   }
   const std::string key = o->evidence.string();

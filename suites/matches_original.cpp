@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "harness/base/evidence_layout.h"
 #include "harness/cases/golden.h"
 #include "harness/evidence/evidence_store.h"
 #include "suites/conformance.h"
@@ -43,7 +44,7 @@ const Compared& compare_once(const CaseParam& p, const verdicts::CaseEvidence& e
   auto c = std::make_unique<Compared>();
   c->golden = cases::read_golden(s.golden.dir);
   c->comparison = cases::compare_with_golden(s, c->golden, ev, lane);
-  EvidenceDir(ev.dir()).write_json("compare/golden.json", c->comparison.evidence);
+  EvidenceDir(ev.dir()).write_json(layout::kGoldenComparison, c->comparison.evidence);
   return *done.emplace(key, std::move(c)).first->second;
 }
 

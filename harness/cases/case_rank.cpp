@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -97,7 +98,7 @@ int run_phase(WorkerContext& ctx) {
   fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
   const fs::path evidence = ctx.option("evidence");
   // The case as the parent resolved it: the matrix is never read again here.
-  const CaseRequest file = read_case_request(evidence / "run" / "case.json");
+  const CaseRequest file = read_case_request(evidence / layout::kCaseRequest);
   // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
   // init_from and --init-from); that checkpoint is then the source the key map is checked on.
   const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
@@ -117,11 +118,11 @@ int run_phase(WorkerContext& ctx) {
   timing["rendezvous_s"] = since(t);
   SessionOptions so;
   so.mode = SessionMode::kRuntime;
-  so.evidence_dir = phase == "save" ? evidence / "before_save" : evidence;
+  so.evidence_dir = phase == "save" ? evidence / layout::kBeforeSave : evidence;
   so.config = config;
   so.last_step = (phase == "save" ? c.resume_at : c.steps) - 1;
   // A resume's load phase continues the save phase's run (the run-level gradient check).
-  if (phase == "load") so.continues_evidence = evidence / "before_save";
+  if (phase == "load") so.continues_evidence = evidence / layout::kBeforeSave;
   so.run_continues = phase == "save";
   so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
   c10::Device device(c10::DeviceType::CPU);
@@ -136,7 +137,7 @@ int run_phase(WorkerContext& ctx) {
     so.weights_loaded_from = "checkpoint " + file.init_from +
                              (file.init_from_sha256.empty() ? "" : " (SHA-256 " + file.init_from_sha256.substr(0, 16) + "...)");
   } else if (phase == "load") {
-    so.weights_loaded_from = "the resume checkpoint " + (evidence / "checkpoint").string();
+    so.weights_loaded_from = "the resume checkpoint " + (evidence / layout::kCheckpointDir).string();
   }
   so.environment = {{"case", c},
                     {"phase", phase},
@@ -165,8 +166,8 @@ int run_phase(WorkerContext& ctx) {
         // files changed or became unreadable since. Input or environment, not the model's
         // failure; run_case reads this record.
         init_failed = true;
-        EvidenceDir(evidence / "run" / phase)
-            .write_json("init_from_failed_rank" + std::to_string(mesh.rank()) + ".json",
+        EvidenceDir(evidence / layout::run_phase_dir(phase))
+            .write_json(layout::init_from_failed_rank(mesh.rank()),
                         {{"checkpoint", file.init_from}, {"code", code_name(e.code())}, {"error", e.what()}});
         throw;
       }
@@ -175,11 +176,11 @@ int run_phase(WorkerContext& ctx) {
       session.weights_loaded();
     }
     if (phase == "load") {
-      backend->load(evidence / "checkpoint");
+      backend->load(evidence / layout::kCheckpointDir);
       session.weights_loaded();
       nlohmann::json hashes = tensor_hashes(*backend);
       hashes["comm_bytes"] = session.take_comm_bytes();  // the gathers are no step's traffic
-      if (rank0) EvidenceDir(evidence).write_json("checkpoint/roundtrip_load.json", hashes);
+      if (rank0) EvidenceDir(evidence).write_json(layout::kRoundtripLoad, hashes);
     }
     const int64_t steps = phase == "save" ? c.resume_at : phase == "load" ? c.steps - c.resume_at : c.steps;
     t = std::chrono::steady_clock::now();
@@ -187,9 +188,9 @@ int run_phase(WorkerContext& ctx) {
     timing["steps_s"] = since(t);
     t = std::chrono::steady_clock::now();
     if (phase == "save") {
-      backend->save(evidence / "checkpoint");
+      backend->save(evidence / layout::kCheckpointDir);
       const nlohmann::json hashes = tensor_hashes(*backend);
-      if (rank0) EvidenceDir(evidence).write_json("before_save/checkpoint/roundtrip_save.json", hashes);
+      if (rank0) EvidenceDir(evidence).write_json(layout::before_save(layout::kRoundtripSave), hashes);
     }
   } catch (const Error& e) {
     // A peer that died or a collective past its timeout is the transport's failure: the
@@ -204,19 +205,19 @@ int run_phase(WorkerContext& ctx) {
     throw;
   }
   if (c.kind == spec::CaseKind::kReference && rank0 && !s.parity_cases.empty()) {
-    EvidenceDir(evidence).write_json("check/module_parity.json", module_parity_evidence(s));
+    EvidenceDir(evidence).write_json(layout::kModuleParity, module_parity_evidence(s));
   }
   session.finish();
   timing["end_s"] = since(t);
   double session_s = 0;  // the checks and probes inside build and steps
   for (const auto& row : session.metrics()) session_s += row.value("session_ms", 0.0) / 1e3;
   timing["session_s"] = session_s;
-  EvidenceDir run_dir(evidence / "run" / phase);
-  run_dir.write_json("timing_rank" + std::to_string(mesh.rank()) + ".json", timing);
+  EvidenceDir run_dir(evidence / layout::run_phase_dir(phase));
+  run_dir.write_json(layout::timing_rank(mesh.rank()), timing);
   // Whether this rank ran the fault's code (run_case reads it: a fault no rank reached is
   // bad input, not a pass).
   if (!file.fault.empty()) {
-    run_dir.write_json("fault_rank" + std::to_string(mesh.rank()) + ".json",
+    run_dir.write_json(layout::fault_rank(mesh.rank()),
                        {{"fault", file.fault}, {"reached", fault::reached()}});
   }
   return 0;

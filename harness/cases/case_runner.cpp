@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -46,7 +47,7 @@ fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseR
   fs::remove_all(evidence);
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
-  dir.write_json("run/case.json",
+  dir.write_json(layout::kCaseRequest,
                  nlohmann::json(CaseRequest{s.name, c, o.matrix, o.training_backend, o.fault,
                                             o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
                                             o.init_from_sha256}));
@@ -66,7 +67,7 @@ nlohmann::json evidence_digests(const fs::path& dir) {
     const std::string relative = fs::relative(it->path(), dir, ec).string();
     // Not the run's: case_run.json is this record, and integration_state.json is advanced
     // by the verdicts after the run (validated once every suite passed).
-    if (relative == "case_run.json" || relative == "integration_state.json") continue;
+    if (relative == layout::kCaseRecord || relative == layout::kIntegrationState) continue;
     std::string text;
     if (read_file(it->path(), &text)) out[relative] = sha256_hex(text);
   }
@@ -106,9 +107,9 @@ nlohmann::json init_from_failure(const fs::path& evidence) {
   std::error_code ec;
   for (const char* phase : {"train", "save"}) {
     std::vector<fs::path> records;
-    for (auto it = fs::directory_iterator(evidence / "run" / phase, ec); !ec && it != fs::directory_iterator();
+    for (auto it = fs::directory_iterator(evidence / layout::run_phase_dir(phase), ec); !ec && it != fs::directory_iterator();
          it.increment(ec)) {
-      if (it->path().filename().string().rfind("init_from_failed_rank", 0) == 0) records.push_back(it->path());
+      if (it->path().filename().string().rfind(layout::kInitFromFailedPrefix, 0) == 0) records.push_back(it->path());
     }
     ec.clear();
     std::sort(records.begin(), records.end());
@@ -182,11 +183,11 @@ namespace {
 bool fault_reached(const fs::path& evidence) {
   std::error_code ec;
   for (const char* phase : {"train", "save", "load"}) {
-    const fs::path dir = evidence / "run" / phase;
+    const fs::path dir = evidence / layout::run_phase_dir(phase);
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
-      if (name.rfind("fault_rank", 0) != 0) continue;
+      if (name.rfind(layout::kFaultRankPrefix, 0) != 0) continue;
       std::string text;
       if (!read_file(entry.path(), &text)) continue;
       const nlohmann::json j = parse_json_lenient(text);
@@ -233,7 +234,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     o.init_from_sha256 = checked.sha256;
   }
   std::optional<CaseLock> lock;
-  if (!o.lock_held) lock.emplace(o.evidence_root / s.name / ("." + c.name + ".lock"), false, s.name + "/" + c.name);
+  if (!o.lock_held) lock.emplace(layout::case_lock(o.evidence_root, s.name, c.name), false, s.name + "/" + c.name);
   CaseRunResult result;
   result.evidence = prepare_case(s, c, o);
   EvidenceDir dir(result.evidence);
@@ -254,7 +255,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   nlohmann::json started_by = nlohmann::json::object();  // phase -> how each rank started (fork_server, exec)
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
-    w.run_dir = result.evidence / "run" / phase;
+    w.run_dir = result.evidence / layout::run_phase_dir(phase);
     w.pg_backend = compat::parse_backend(c.pg_backend);
     w.gloo_hostname = "127.0.0.1";
     // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
@@ -284,7 +285,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   const IntegrationStateMachine machine(dir);
   if (machine.current(&state)) {
     result.state = state_name(state);
-    reason = dir.read_json("integration_state.json").value("reason", "");
+    reason = dir.read_json(layout::kIntegrationState).value("reason", "");
   } else {
     result.state = "NONE";
   }
@@ -339,7 +340,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   for (const char* phase : {"train", "save", "load"}) {
     nlohmann::json rank0;
     std::string text;
-    if (!read_file(result.evidence / "run" / phase / "timing_rank0.json", &text)) continue;
+    if (!read_file(result.evidence / layout::run_phase_dir(phase) / layout::timing_rank(0), &text)) continue;
     rank0 = parse_json_lenient(text);
     if (rank0.is_discarded()) continue;
     timing["process_start_s"] = timing["process_start_s"].get<double>() + rank0.value("process_start_s", 0.0);
@@ -358,7 +359,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
                  {"outcome", outcome_name(result.outcome)},
                  {"error", result.error},
                  {"files", evidence_digests(result.evidence)}});
-  dir.write_json("case_run.json", record);
+  dir.write_json(layout::kCaseRecord, record);
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -224,7 +225,7 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
     for (const auto& [name, source] : init_sources_) {
       init_from[name] = {{"dir", source.dir.string()}, {"sha256", source.sha256}};
     }
-    std::ofstream(o.evidence_root / "run.json")
+    std::ofstream(o.evidence_root / layout::kRunRecord)
         << json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2);
   }
   progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
@@ -242,7 +243,7 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
   const std::vector<std::string> disagree = record_case_states();
   for (const auto& line : disagree) std::fprintf(stderr, "mih: conformance failure: %s\n", line.c_str());
   progress(std::to_string(cases_launched()) + " case(s) launched; results in " +
-                  (o.evidence_root / "results.jsonl").string() + "; `mih report " + o.evidence_root.string() +
+                  (o.evidence_root / layout::kResults).string() + "; `mih report " + o.evidence_root.string() +
                   " --format md` for the table");
   const int status = exit_status(rc);
   // The state and the exit status agree: a case that cannot be MATRIX_PASSED is no pass.

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
@@ -20,7 +21,7 @@ namespace {
 // The cases of spec `spec` under `root` (none when nothing ran there).
 std::vector<DiagnosisCase> cases_under(const fs::path& root, const std::string& spec) {
   std::error_code ec;
-  if (!fs::exists(root / "results.jsonl", ec)) return {};
+  if (!fs::exists(root / layout::kResults, ec)) return {};
   std::vector<DiagnosisCase> out;
   for (auto& c : diagnosis_cases(read_run_results(root))) {
     if (c.spec == spec) out.push_back(std::move(c));
@@ -71,14 +72,14 @@ int run_contrasts(const FaultEntry& f, const FaultRuns& runs, const std::map<std
       cases += (cases.empty() ? "" : ",") + n;
       fs::remove(dir / f.spec / n);  // the fault-free twin's symlink
     }
-    const int rc = test(dir, filter, cases, dir / ("mih_test" + (round ? "_" + std::to_string(round) : "") + ".log"));
+    const int rc = test(dir, filter, cases, dir / layout::contrast_test_log(round));
     bool not_reached = false;
     if (rc == exit_status(Code::kInvalidSpec)) {
       // A contrast that never reached the fault's code is what the fault spares, not bad input.
       for (const auto& n : now) {
         try {
           not_reached = not_reached ||
-                        read_json_file(dir / f.spec / n / "case_run.json").value("outcome", "") == outcome_name(Outcome::kFaultNotReached);
+                        read_json_file(dir / f.spec / n / layout::kCaseRecord).value("outcome", "") == outcome_name(Outcome::kFaultNotReached);
         } catch (const std::exception&) {
           // No record of it: the exit status says why.
         }

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -61,7 +62,7 @@ int run_self(const std::vector<std::string>& args, const fs::path& log) {
 
 // The tests of a `mih test` run (none when it ended before writing any).
 std::vector<TestResult> run_tests_of(const fs::path& root) {
-  return fs::exists(root / "results.jsonl") ? read_run_results(root).tests : std::vector<TestResult>();
+  return fs::exists(root / layout::kResults) ? read_run_results(root).tests : std::vector<TestResult>();
 }
 
 // The JSON of a matrix of `cases` (cpu-smoke's settings: CPU, 3 steps) in lane `dtype`.
@@ -192,7 +193,7 @@ int run_faults(const FaultsOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   out = fs::absolute(out);
-  fs::create_directories(out / "matrices");
+  fs::create_directories(out / layout::kMatricesDir);
   MIH_CHECK_CODE(fs::is_directory(out), Code::kFailedPrecondition, "mih faults: cannot create ", out.string());
 
   // One matrix per spec, of the cases its faults manifest under; the case name of each fault.
@@ -210,7 +211,7 @@ int run_faults(const FaultsOptions& options) {
   std::map<std::string, spec::CaseMatrix> matrices;
   for (const auto& [spec_name, cases] : entries) {
     const json m = matrix_json("faults-" + spec_name, cases, options.dtype);
-    matrix_file[spec_name] = out / "matrices" / (spec_name + ".json");
+    matrix_file[spec_name] = out / layout::fault_matrix(spec_name);
     // Rewritten only when it changes: its content is part of every case's fingerprint.
     std::string old;
     if (!read_file(matrix_file[spec_name], &old) || old != m.dump(2)) write_file_atomic(matrix_file[spec_name], m.dump(2));
@@ -229,18 +230,18 @@ int run_faults(const FaultsOptions& options) {
   }
 
   // The fault-free twins: every case of each spec's matrix, with the reference, once.
-  const fs::path clean = out / "fault-free";
+  const fs::path clean = out / layout::kFaultFreeDir;
   fs::create_directories(clean);
-  fs::remove(clean / "results.jsonl");
+  fs::remove(clean / layout::kResults);
   int infrastructure = 0;
   for (const auto& [spec_name, file] : matrix_file) {
     say(progress, "fault-free twins of " + spec_name + " (" + std::to_string(matrices.at(spec_name).cases.size()) +
                       " cases) ...");
     const int rc = mih_test(clean, prefix_of[spec_name], file, case_timeout_s, "", "", "",
-                            clean / ("mih_test_" + spec_name + ".log"));
+                            clean / layout::twins_test_log(spec_name));
     if (rc != 0 && rc != 1) {
       infrastructure = infrastructure ? infrastructure : rc;
-      say(progress, "  exit " + std::to_string(rc) + ": see " + (clean / ("mih_test_" + spec_name + ".log")).string());
+      say(progress, "  exit " + std::to_string(rc) + ": see " + (clean / layout::twins_test_log(spec_name)).string());
     }
   }
   const std::vector<TestResult> clean_results = run_tests_of(clean);
@@ -274,7 +275,7 @@ int run_faults(const FaultsOptions& options) {
     }
     say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + faulty_list + " with MIH_FAULT=" + f->id + " ...");
     const int rc = mih_test(root, f->prefix, matrix_file[f->spec], case_timeout_s, filter, f->id, faulty_list,
-                            root / "mih_test.log");
+                            root / layout::kTestLog);
     json row = {{"id", f->id},
                 {"kind", f->kind},
                 {"fault", f->fault},
@@ -317,7 +318,7 @@ int run_faults(const FaultsOptions& options) {
     json first = nullptr;
     try {
       const verdicts::CaseEvidence ev(root / f->spec / case_name);
-      if (ev.has("check/findings.json")) {
+      if (ev.has(layout::kFindings)) {
         for (const auto& finding : ev.findings()) {
           if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
         }
@@ -380,7 +381,7 @@ int run_faults(const FaultsOptions& options) {
     // A fault no rank reached ran the correct code: nothing about it was checked, whatever failed.
     bool reached = true;
     try {
-      const json run = read_json_file(root / f->spec / case_name / "case_run.json");
+      const json run = read_json_file(root / f->spec / case_name / layout::kCaseRecord);
       reached = run.value("fault_reached", true) && find_outcome(run.value("outcome", "")) != Outcome::kFaultNotReached;
     } catch (const std::exception&) {
       // No record: the launch failed, which rc reports.
@@ -402,7 +403,7 @@ int run_faults(const FaultsOptions& options) {
     row["twin_failures"] = twin_failed;
     // The diagnosis across the case, its contrasts (with the fault too) and the Reference.
     const auto c0 = std::chrono::steady_clock::now();
-    const FaultRuns runs{root, root / "contrast", clean, case_name, contrast_of[f]};
+    const FaultRuns runs{root, root / layout::kContrastDir, clean, case_name, contrast_of[f]};
     std::map<std::string, std::string> compared_with;
     for (const auto& c : matrices.at(f->spec).cases) compared_with[c.name] = c.compare_to;
     const int contrast_rc = run_contrasts(*f, runs, compared_with, [&](const fs::path& dir, const std::string& filter,
@@ -418,7 +419,7 @@ int run_faults(const FaultsOptions& options) {
     row["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0 && rc != 1) {
       infrastructure = infrastructure ? infrastructure : rc;
-      row["error"] = "mih test exited " + std::to_string(rc) + "; see " + (root / "mih_test.log").string();
+      row["error"] = "mih test exited " + std::to_string(rc) + "; see " + (root / layout::kTestLog).string();
     }
     detected += ok;
     twin_failures += !twin_clean;
@@ -459,9 +460,9 @@ int run_faults(const FaultsOptions& options) {
                        {"diagnosed", diagnosed},
                        {"seconds", elapsed()},
                        {"evidence", out.string()}};
-  const fs::path json_path = json_out.empty() ? out / "faults.json" : fs::path(json_out);
+  const fs::path json_path = json_out.empty() ? out / layout::kFaultsReport : fs::path(json_out);
   write_file_atomic(json_path, report.dump(2) + "\n");
-  write_file_atomic(fs::path(json_path).replace_extension(".md"), markdown_table(report) + diagnosis_section(report));
+  write_file_atomic(fs::path(json_path).replace_extension(layout::kMarkdownExtension), markdown_table(report) + diagnosis_section(report));
   std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", "ID", "kind", "case", "detected", "caught by", "twin",
               "blamed (expected)");
   for (const auto& r : rows) {

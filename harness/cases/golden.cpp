@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -40,7 +41,7 @@ bool hex64(const json& v) {
 
 }  // namespace
 
-fs::path Golden::tensors_file() const { return dir / manifest.value("tensors_file", std::string("golden.safetensors")); }
+fs::path Golden::tensors_file() const { return dir / manifest.value("tensors_file", std::string(layout::kGoldenTensors)); }
 
 Golden read_golden(const fs::path& dir) {
   const fs::path abs = fs::absolute(dir).lexically_normal();
@@ -48,7 +49,7 @@ Golden read_golden(const fs::path& dir) {
   const std::string fix = "; `mih golden --spec NAME --out " + abs.string() + "` writes one (docs/golden.md)";
   MIH_CHECK_CODE(fs::is_directory(abs, ec), Code::kFailedPrecondition, "golden ", abs.string(),
                  " is not a directory", fix);
-  const fs::path file = abs / "golden.json";
+  const fs::path file = abs / layout::kGoldenManifest;
   MIH_CHECK_CODE(fs::is_regular_file(file, ec), Code::kFailedPrecondition, "golden ", abs.string(),
                  " has no golden.json", fix);
   Golden g;
@@ -113,7 +114,7 @@ Golden read_golden(const fs::path& dir) {
               "] (a float64 noise twin's relative error: at most 1e5 epsilons), got ", v.dump(), fix);
     g.noise[name] = v.get<double>();
   }
-  const std::string tensors = json_string(m, "tensors_file", "golden.safetensors", where);
+  const std::string tensors = json_string(m, "tensors_file", layout::kGoldenTensors, where);
   MIH_CHECK(!tensors.empty() && tensors.find('/') == std::string::npos && tensors != "." && tensors != "..", where,
             ": \"tensors_file\" must be a file name in the golden's directory, got \"", tensors, "\"");
   const fs::path tf = g.tensors_file();
@@ -184,13 +185,13 @@ ExportDigests export_digests(const spec::ModelSpec& spec, uint64_t seed, const f
     }
   } cleanup{scratch};
   HfExportOptions o;
-  o.out = scratch / "export";
+  o.out = scratch / layout::kExportDir;
   o.dtype = "float64";
   o.seed = seed;
   o.init_from = init_from;
   export_hf(spec, o);
-  return {checkpoint_digest(hf::read_checkpoint(o.out)), hf::file_sha256(o.out / "batch.safetensors"),
-          hf::file_sha256(o.out / "training.json"), seed, init_from};
+  return {checkpoint_digest(hf::read_checkpoint(o.out)), hf::file_sha256(o.out / layout::kExportBatch),
+          hf::file_sha256(o.out / layout::kExportTraining), seed, init_from};
 }
 
 void check_golden_matches(const spec::ModelSpec& spec, const Golden& golden, const ExportDigests& now) {

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -111,8 +112,8 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
     reader.read(name, t.data_ptr());
     return t;
   };
-  const std::string metrics_file = (ev.dir() / "cases/runtime/metrics.jsonl").string();
-  const std::string probes_file = (ev.dir() / "probes/rank0.jsonl").string();
+  const std::string metrics_file = (ev.dir() / layout::kMetrics).string();
+  const std::string probes_file = (ev.dir() / layout::kProbes).string();
   const std::string golden_file = golden.tensors_file().string();
   std::vector<Entry> entries;
 
@@ -120,7 +121,7 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
   {
     Entry e{{"metric", "loss", 0, "metrics", 0, 0}, {"loss"}, metrics_file, "", ""};
     const json* row = nullptr;
-    for (const auto& r : ev.jsonl("cases/runtime/metrics.jsonl")) {
+    for (const auto& r : ev.jsonl(layout::kMetrics)) {
       if (r.value("step", int64_t{-1}) == 0) row = &r;
     }
     if (!row || !(*row).contains("loss")) {
@@ -137,7 +138,7 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
 
   // The probes of step 0, by stage.
   std::map<std::string, json> stage;
-  for (const auto& l : ev.jsonl("probes/rank0.jsonl")) {
+  for (const auto& l : ev.jsonl(layout::kProbes)) {
     if (l.value("step", int64_t{-1}) == 0) stage[l.value("stage", "")] = l;
   }
 
@@ -175,7 +176,7 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
   // Every watched parameter's gradient and its value after the step, rebuilt from the
   // golden's external tensors through the key map.
   const KeyMap map(spec.checkpoint.key_map);
-  const json& watchlist = ev.json("check/parameter_watchlist.json");
+  const json& watchlist = ev.json(layout::kParameterWatchlist);
   bool whole_model = false;
   for (const auto& w : watchlist) whole_model = whole_model || w.value("reason", "").rfind("whole model", 0) == 0;
   for (const auto& [stage_name, prefix] : {std::pair{std::string("grad_before_clip"), std::string("grad.")},
@@ -402,7 +403,7 @@ verdicts::Verdict golden_verdict(const GoldenComparison& gc, GoldenQuantity quan
   }
   return verdicts::Verdict::pass(std::to_string(n) + " quantities against " + from + ": largest error / tolerance " +
                                  fmt(worst) + " (" + worst_at + "); every quantity in " +
-                                 (ev.dir() / "compare/golden.json").string());
+                                 (ev.dir() / layout::kGoldenComparison).string());
 }
 
 }  // namespace mih::cases

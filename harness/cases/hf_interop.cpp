@@ -15,6 +15,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/owned_files.h"
@@ -31,9 +32,6 @@
 namespace mih::cases {
 namespace fs = std::filesystem;
 namespace {
-
-// An export's own record: what it describes, and the SHA-256 of each file it wrote.
-constexpr const char* kExportRecord = "mih_export.json";
 
 bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
   for (const auto& g : globs) {
@@ -345,7 +343,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
   if (target.filename().empty()) target = target.parent_path();
   std::error_code ec;
   const bool exists = fs::exists(target, ec);
-  check_owned(target, kExportRecord, entries_under(target, kExportRecord), "export");
+  check_owned(target, layout::kExportRecord, entries_under(target, layout::kExportRecord), "export");
   const fs::path stage = target.parent_path() / ("." + target.filename().string() + ".mih-export-" +
                                                  std::to_string(::getpid()));
   fs::remove_all(stage, ec);
@@ -378,7 +376,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
     std::vector<std::pair<std::string, at::Tensor>> batch_tensors = {
         {"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
     for (const auto& [name, t] : batch.fields) batch_tensors.emplace_back(name, t);
-    write_tensors(stage / "batch.safetensors", batch_tensors, &keep);
+    write_tensors(stage / layout::kExportBatch, batch_tensors, &keep);
 
     at::Tensor logits, token_losses;
     {
@@ -396,7 +394,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
     at::Tensor loss = token_losses.sum() / valid;
     std::vector<std::pair<std::string, at::Tensor>> reference = {{"token_losses", token_losses}, {"loss", loss}};
     if (logits.defined()) reference.insert(reference.begin(), {"logits", logits});
-    write_tensors(stage / "reference.safetensors", reference, &keep);
+    write_tensors(stage / layout::kExportReference, reference, &keep);
     result.loss = loss.item<double>();
     result.logits = logits.defined();
 
@@ -430,11 +428,11 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                        {"max_grad_norm", t.max_grad_norm()}}},
                                      {"labels_are_shifted", spec.data.labels_are_shifted},
                                      {"tensors", training_tensors}};
-    write_file_atomic(stage / "training.json", training.dump(2) + "\n");
+    write_file_atomic(stage / layout::kExportTraining, training.dump(2) + "\n");
 
     nlohmann::json config = hf_config_json(spec.checkpoint.hf);
     config["torch_dtype"] = options.dtype;
-    write_file_atomic(stage / "config.json", config.dump(2) + "\n");
+    write_file_atomic(stage / layout::kHfConfig, config.dump(2) + "\n");
 
     nlohmann::json tensors = nlohmann::json::object();
     for (const auto& [key, e] : expected) tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}};
@@ -451,8 +449,8 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                         {"weight_files", result.weight_files},
                                         {"key_map", map.to_json()},
                                         {"tensors", tensors},
-                                        {"files", file_digests(stage, kExportRecord)}};
-    write_file_atomic(stage / kExportRecord, description.dump(2) + "\n");
+                                        {"files", file_digests(stage, layout::kExportRecord)}};
+    write_file_atomic(stage / layout::kExportRecord, description.dump(2) + "\n");
   });
   if (exists) {
     const fs::path old = target.parent_path() / ("." + target.filename().string() + ".mih-export-old-" +
@@ -549,28 +547,28 @@ HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& 
   // (another spec or checkpoint, or one since fixed) are removed first.
   {
     std::error_code ec;
-    fs::remove_all(options.out / "inventory", ec);
-    fs::remove(options.out / "integration_state.json", ec);
+    fs::remove_all(options.out / layout::kInventoryDir, ec);
+    fs::remove(options.out / layout::kIntegrationState, ec);
   }
   EvidenceDir out(options.out);
   nlohmann::json candidate_tensors = nlohmann::json::object();
   for (const auto& [key, e] : expected) candidate_tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}, {"dtype", dtype}};
-  out.write_json("inventory/candidate.json", {{"spec", spec.name},
+  out.write_json(layout::kInventoryCandidate, {{"spec", spec.name},
                                               {"description", spec.description},
                                               {"dtype", options.dtype},
                                               {"config", port_config},
                                               {"key_map", map.to_json()},
                                               {"tensors", candidate_tensors}});
-  out.write_json("inventory/reference.json", checkpoint.to_json());
-  out.write_json("inventory/structure_diff.json", result.diff);
+  out.write_json(layout::kInventoryReference, checkpoint.to_json());
+  out.write_json(layout::kStructureDiff, result.diff);
   std::string sums;
   for (const auto& f : checkpoint.files) sums += f.sha256 + "  " + f.path + "\n";
-  out.write_text("inventory/fingerprints.sha256", sums);
+  out.write_text(layout::kInventoryFingerprints, sums);
   if (result.differences == 0) {
     IntegrationStateMachine(out).advance_if_before(
         IntegrationState::kDiscovered,
-        {"inventory/candidate.json", "inventory/reference.json", "inventory/structure_diff.json",
-         "inventory/fingerprints.sha256"});
+        {layout::kInventoryCandidate, layout::kInventoryReference, layout::kStructureDiff,
+         layout::kInventoryFingerprints});
   }
   return result;
 }

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/process_stat.h"
 #include "harness/base/version.h"
@@ -109,35 +110,35 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
                          : std::string()));
     }
   };
-  if (ev.has("case_run.json")) {
-    fault_of_record("case_run.json");
-    const json& record = ev.json("case_run.json");
+  if (ev.has(layout::kCaseRecord)) {
+    fault_of_record(layout::kCaseRecord);
+    const json& record = ev.json(layout::kCaseRecord);
     json recorded = json::object(), compiled = json::object();
     for (const char* key : {"kind", "group", "world_size", "config", "compare_to"}) {
       recorded[key] = record.is_object() && record.contains(key) ? record[key] : json();
       compiled[key] = case_json.contains(key) ? case_json[key] : json();
     }
-    add_differences("case_run.json", recorded, compiled, &out);
+    add_differences(layout::kCaseRecord, recorded, compiled, &out);
   }
-  if (ev.has("run/case.json")) {
-    fault_of_record("run/case.json");
-    const json& file = ev.json("run/case.json");
-    add_differences("run/case.json: case", file.is_object() && file.contains("case") ? file["case"] : json(), case_json,
+  if (ev.has(layout::kCaseRequest)) {
+    fault_of_record(layout::kCaseRequest);
+    const json& file = ev.json(layout::kCaseRequest);
+    add_differences(std::string(layout::kCaseRequest) + ": case", file.is_object() && file.contains("case") ? file["case"] : json(), case_json,
                     &out);
   }
-  for (const std::string phase : {"", "before_save/"}) {
-    if (!phase.empty() && !ev.has(phase + "environment.json")) continue;
-    add_differences(phase + "spec.resolved.json", ev.json(phase + "spec.resolved.json"), spec_json, &out);
-    const json& env = ev.json(phase + "environment.json");
-    add_differences(phase + "environment.json: case", env.is_object() && env.contains("case") ? env["case"] : json(),
+  for (const std::string& phase : {std::string(), layout::before_save("")}) {
+    if (!phase.empty() && !ev.has(phase + layout::kEnvironment)) continue;
+    add_differences(phase + layout::kSpecResolved, ev.json(phase + layout::kSpecResolved), spec_json, &out);
+    const json& env = ev.json(phase + layout::kEnvironment);
+    add_differences(phase + layout::kEnvironment + ": case", env.is_object() && env.contains("case") ? env["case"] : json(),
                     case_json, &out);
     const json config = phase.empty() || !c.save_config ? json(c.config) : json(*c.save_config);
-    const json& file = ev.json(phase + "config.resolved.json");
+    const json& file = ev.json(phase + layout::kConfigResolved);
     json recorded = json::object();
     for (const auto& item : config.items()) {
       if (file.is_object() && file.contains(item.key())) recorded[item.key()] = file[item.key()];
     }
-    add_differences(phase + "config.resolved.json", recorded, config, &out);
+    add_differences(phase + layout::kConfigResolved, recorded, config, &out);
   }
   return out;
 }
@@ -154,18 +155,18 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   MIH_CHECK_CODE(held == p.case_name, Code::kFailedPrecondition, "evidence ", dir.string(),
                  " holds case '", held, "', not '", p.case_name,
                  "': this directory belongs to another run or matrix; point --evidence-root at the run that produced it");
-  const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
+  const std::string spec_name = ev.json(layout::kSpecResolved).value("name", "");
   MIH_CHECK_CODE(spec_name == p.spec, Code::kFailedPrecondition, "evidence ", dir.string(), " is of spec '", spec_name,
                  "', not '", p.spec, "': point --evidence-root at the run of this spec");
   // Evidence of another harness release may mean other checks, formats or tolerances: it is
   // not this binary's to judge unless the user says so.
   if (!run_options().allow_other_version) {
-    const json& env = ev.json("environment.json");
+    const json& env = ev.json(layout::kEnvironment);
     const json* recorded = env.contains("versions") && env["versions"].is_object() && env["versions"].contains("mih")
                                ? &env["versions"]["mih"]
                                : nullptr;
     MIH_CHECK_CODE(!recorded || recorded->is_string(), Code::kFailedPrecondition, "evidence ",
-                   (dir / "environment.json").string(), ": versions.mih is ", recorded ? recorded->dump() : "",
+                   (dir / layout::kEnvironment).string(), ": versions.mih is ", recorded ? recorded->dump() : "",
                    ", not a version string: it is not evidence this harness wrote; rerun the case");
     const std::string theirs = recorded ? recorded->get<std::string>() : "";
     MIH_CHECK_CODE(theirs == harness_version(), Code::kFailedPrecondition, "evidence ", dir.string(),
@@ -175,9 +176,9 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
                    "--allow-other-version to check it anyway");
   }
   out.outcome = Outcome::kVerifyOnly;
-  if (ev.has("case_run.json")) {
-    const json& run = ev.json("case_run.json");
-    MIH_CHECK_CODE(run.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / "case_run.json").string(),
+  if (ev.has(layout::kCaseRecord)) {
+    const json& run = ev.json(layout::kCaseRecord);
+    MIH_CHECK_CODE(run.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / layout::kCaseRecord).string(),
                    " is not a JSON object (", run.type_name(), "): it is not a case record mih wrote (edited or "
                    "foreign); rerun the case");
     // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
@@ -196,7 +197,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
     // A record without an outcome is of a launch that completed (an outside launcher's).
     const json& named = run.contains("outcome") ? run["outcome"] : json(outcome_name(Outcome::kRan));
     out.outcome = parse_outcome(named.is_string() ? named.get<std::string>() : named.dump(),
-                                (dir / "case_run.json").string() + ": outcome");
+                                (dir / layout::kCaseRecord).string() + ": outcome");
     out.error = run.value("error", "");
     out.seconds = run.value("seconds", 0.0);
   }
@@ -226,7 +227,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
 std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256) {
   json run;
   try {
-    run = read_json_file(dir / "case_run.json");
+    run = read_json_file(dir / layout::kCaseRecord);
   } catch (const std::exception& e) {
     return std::string("its case_run.json is unreadable (") + e.what() + ")";
   }
@@ -295,9 +296,9 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     out = verify_only_outcome(p, dir);
   } else {
     const std::string fp = fingerprint(p);
-    const CaseLock case_lock(root / p.spec / ("." + p.case_name + ".lock"), /*wait=*/true, p.spec + "/" + p.case_name);
+    const CaseLock case_lock(layout::case_lock(root, p.spec, p.case_name), /*wait=*/true, p.spec + "/" + p.case_name);
     bool reused = false;
-    if (fs::exists(dir / "case_run.json")) {
+    if (fs::exists(dir / layout::kCaseRecord)) {
       const InitSource* init = init_source_of(p.spec);
       std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string());
       if (why.empty()) {
@@ -311,7 +312,7 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         }
       }
       if (why.empty()) {
-        const json run = read_json_file(dir / "case_run.json");
+        const json run = read_json_file(dir / layout::kCaseRecord);
         out.evidence = dir;
         out.outcome = Outcome::kRan;  // why_not_reusable reuses nothing else
         out.error = run.value("error", "");

@@ -18,6 +18,7 @@
 
 #include "harness/base/case_outcome.h"
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"
@@ -115,7 +116,7 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
   bool append(const json& line) {
     if (run_options().read_only) return true;
     try {
-      append_whole(run_options().evidence_root / "results.jsonl", line.dump() + "\n");
+      append_whole(run_options().evidence_root / layout::kResults, line.dump() + "\n");
       return true;
     } catch (const Error& e) {
       note_error(Code::kFailedPrecondition);
@@ -135,7 +136,7 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
       std::fprintf(stderr,
                    "mih: interrupted by %s: %d of %d tests recorded in %s (marked incomplete; the test in flight is "
                    "not); rerun the same command to finish: complete cases are reused\n",
-                   signal_name(sig), written_, expected_, (run_options().evidence_root / "results.jsonl").c_str());
+                   signal_name(sig), written_, expected_, (run_options().evidence_root / layout::kResults).c_str());
     }
     std::fflush(nullptr);
     std::_Exit(128 + sig);
@@ -223,7 +224,7 @@ std::vector<std::string> record_case_states() {
     if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
     const fs::path dir = run_options().evidence_root / key;
     try {
-      if (!fs::exists(dir / "integration_state.json")) {
+      if (!fs::exists(dir / layout::kIntegrationState)) {
         // Launched here, a case whose tests passed has its state; evidence of a loop of one's
         // own (verify-only) may have none, and its tests are the verdict.
         if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
@@ -236,7 +237,7 @@ std::vector<std::string> record_case_states() {
       if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
         if (t.failed.empty()) {
           disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
-                             evidence.read_json("integration_state.json").value("reason", "") +
+                             evidence.read_json(layout::kIntegrationState).value("reason", "") +
                              "); a failed case stays failed: relaunch it into a new evidence root");
         }
         continue;
@@ -258,13 +259,13 @@ std::vector<std::string> record_case_states() {
                              parity_problem + "); it stays " + state_name(now) + ", never MATRIX_PASSED");
           continue;
         }
-        machine.advance_if_before(IntegrationState::kMatrixPassed, {"check/findings.json"});
+        machine.advance_if_before(IntegrationState::kMatrixPassed, {layout::kFindings});
         continue;
       }
       std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
       for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
       if (t.failed.size() > 5) reason += ", ...";
-      machine.fail(reason + " (see results.jsonl of the run)", {"check/findings.json"});
+      machine.fail(reason + " (see results.jsonl of the run)", {layout::kFindings});
     } catch (const std::exception& e) {
       // The state could not be read or written: the environment, and the run says so (exit 12).
       note_error(Code::kFailedPrecondition);

@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -27,14 +28,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr const char* kIndexFile = "index.json";
+constexpr const char* kIndexFile = layout::kDistributedCheckpointIndex;
 const std::vector<std::string> kMoments = {"exp_avg", "exp_avg_sq"};
 
-std::string rank_file(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "rank%05d.safetensors", rank);
-  return name;
-}
+std::string rank_file(int rank) { return layout::checkpoint_rank_file(rank); }
 
 }  // namespace
 

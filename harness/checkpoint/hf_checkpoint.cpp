@@ -11,6 +11,7 @@
 #include <set>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/owned_files.h"
@@ -19,7 +20,7 @@ namespace mih::hf {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kIndex = "model.safetensors.index.json";
+constexpr const char* kIndex = layout::kHfIndex;
 
 // A Git LFS pointer file (what a clone without `git lfs pull` holds in place of the weights).
 // `file` was resolved as a regular file; open_regular_file keeps a FIFO put in its place
@@ -62,7 +63,7 @@ std::vector<fs::path> checkpoint_roots(const fs::path& dir) {
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "checkpoint directory ", dir.string(), " cannot be resolved: ",
                  ec.message());
   std::vector<fs::path> roots = {real};
-  if (real.parent_path().filename() == "snapshots") roots.push_back(real.parent_path().parent_path() / "blobs");
+  if (real.parent_path().filename() == layout::kHfSnapshotsDir) roots.push_back(real.parent_path().parent_path() / layout::kHfBlobsDir);
   return roots;
 }
 
@@ -147,15 +148,15 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   const std::vector<fs::path> roots = checkpoint_roots(dir);
   Checkpoint c;
   c.dir = dir;
-  MIH_CHECK(has_entry(dir, "config.json"), "checkpoint directory ", text, " has no config.json: a Hugging Face "
+  MIH_CHECK(has_entry(dir, layout::kHfConfig), "checkpoint directory ", text, " has no config.json: a Hugging Face "
             "checkpoint carries its architecture there");
-  const fs::path config = resolve_inside(dir, roots, "config.json", "config.json");
+  const fs::path config = resolve_inside(dir, roots, layout::kHfConfig, layout::kHfConfig);
   std::string config_text;
   MIH_CHECK_CODE(read_file(config, &config_text), Code::kFailedPrecondition, "cannot read ",
-                 (dir / "config.json").string());
-  c.config = parse_json_strict(config_text, (dir / "config.json").string());
-  MIH_CHECK(c.config.is_object(), (dir / "config.json").string(), ": expected a JSON object, got ", c.config.type_name());
-  c.files.push_back(asset("config.json", config));
+                 (dir / layout::kHfConfig).string());
+  c.config = parse_json_strict(config_text, (dir / layout::kHfConfig).string());
+  MIH_CHECK(c.config.is_object(), (dir / layout::kHfConfig).string(), ": expected a JSON object, got ", c.config.type_name());
+  c.files.push_back(asset(layout::kHfConfig, config));
 
   // key -> shard, from the index or from the files themselves.
   std::map<std::string, std::string> weight_map;
@@ -192,8 +193,8 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     // a shard left out of the index or left behind by an earlier save.
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
-      const bool weights = name == "model.safetensors" ||
-                           (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors");
+      const bool weights = name == layout::kHfWeights ||
+                           (name.rfind(layout::kHfShardPrefix, 0) == 0 && e.path().extension() == ".safetensors");
       MIH_CHECK(!weights || named.count(name), "checkpoint ", text, ": ", name, " is not named by ", kIndex,
                 "; loaders ignore it, so its tensors are not part of the checkpoint: add it to the index's "
                 "weight_map or remove it");
@@ -205,19 +206,19 @@ Checkpoint read_checkpoint(const fs::path& dir) {
     std::vector<std::string> others;
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
-      if (name != "model.safetensors" && (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")) {
+      if (name != layout::kHfWeights && (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")) {
         others.push_back(name);
       }
     }
     std::sort(others.begin(), others.end());
     std::string listed;
     for (const auto& o : others) listed += " " + o;
-    MIH_CHECK_CODE(has_entry(dir, "model.safetensors"), Code::kFailedPrecondition, "checkpoint directory ", text,
+    MIH_CHECK_CODE(has_entry(dir, layout::kHfWeights), Code::kFailedPrecondition, "checkpoint directory ", text,
                    " has neither model.safetensors nor ", kIndex,
                    others.empty() ? std::string()
                                   : " (it holds" + listed + "; mih reads the Hugging Face layout's safetensors only, "
                                     "never a pickle: convert .bin files with the safetensors library)");
-    shards.push_back("model.safetensors");
+    shards.push_back(layout::kHfWeights);
   }
   std::map<std::string, TensorEntry> entries;
   for (const auto& shard : shards) {
@@ -265,21 +266,20 @@ std::vector<std::string> write_weights(const fs::path& dir, const std::vector<sa
   if (fs::is_directory(dir, ec)) {
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
-      if (name == kIndex || name == "model.safetensors" ||
-          (name.rfind("model-", 0) == 0 && e.path().extension() == ".safetensors")) {
+      if (name == kIndex || name == layout::kHfWeights ||
+          (name.rfind(layout::kHfShardPrefix, 0) == 0 && e.path().extension() == ".safetensors")) {
         fs::remove(e.path(), ec);
       }
     }
   }
   if (shards.size() == 1) {
-    safetensors::write_file(dir / "model.safetensors", tensors, {{"format", "pt"}});
-    return {"model.safetensors"};
+    safetensors::write_file(dir / layout::kHfWeights, tensors, {{"format", "pt"}});
+    return {layout::kHfWeights};
   }
   std::vector<std::string> written;
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    char name[64];
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    const std::string name = layout::hf_shard(i + 1, shards.size());
     safetensors::write_file(dir / name, shards[i], {{"format", "pt"}});
     for (const auto& t : shards[i]) weight_map[t.name] = name;
     written.push_back(name);

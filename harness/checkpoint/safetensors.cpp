@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/strings.h"
@@ -549,16 +550,16 @@ std::vector<std::string> checkpoint_keys(const std::filesystem::path& dir) {
                  " does not exist: give a directory with model.safetensors or model.safetensors.index.json "
                  "(CheckpointSpec::source)");
   std::vector<std::string> keys;
-  const fs::path index = dir / "model.safetensors.index.json";
+  const fs::path index = dir / layout::kHfIndex;
   if (fs::exists(index)) {
     const nlohmann::json j = read_json_file(index);
     MIH_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
               " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps each key to its shard)");
     for (const auto& [key, shard] : j["weight_map"].items()) keys.push_back(key);
-  } else if (fs::exists(dir / "model.safetensors")) {
+  } else if (fs::exists(dir / layout::kHfWeights)) {
     // Hugging Face's single-file layout: the other safetensors files of the directory (e.g.
     // mih export's batch and reference) are not weights.
-    const Reader r(dir / "model.safetensors");
+    const Reader r(dir / layout::kHfWeights);
     keys = r.names();
   } else {
     std::vector<fs::path> files;

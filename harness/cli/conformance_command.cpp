@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -72,7 +73,7 @@ bool conformance_test_name(const std::string& name) {
 // Throws: mih::Error{kFailedPrecondition} naming the file and line for a line that is not
 //   JSON (but a torn last one) or a start line whose tests are not conformance test names.
 std::vector<std::string> recorded_tests(const fs::path& root) {
-  const fs::path file = root / "results.jsonl";
+  const fs::path file = root / layout::kResults;
   std::error_code ec;
   if (fs::symlink_status(file, ec).type() == fs::file_type::not_found) return {};
   std::string text;
@@ -111,7 +112,7 @@ std::vector<std::string> recorded_tests(const fs::path& root) {
 // or a name that is no fault (the verify-only run then refuses the record, naming the field).
 std::string recorded_fault(const fs::path& case_dir) {
   std::string text;
-  if (!read_file(case_dir / "case_run.json", &text) && !read_file(case_dir / "run" / "case.json", &text)) return "";
+  if (!read_file(case_dir / layout::kCaseRecord, &text) && !read_file(case_dir / layout::kCaseRequest, &text)) return "";
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("fault") || !j["fault"].is_string() || j["fault"].get<std::string>().empty()) {
     return "";
@@ -128,9 +129,9 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
   MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
                  " is not a directory; give a case's evidence directory (<root>/<spec>/<case>) or a run root");
   std::vector<std::string> args = {"--verify-only"};
-  if (fs::exists(target / "environment.json") && fs::exists(target / "spec.resolved.json")) {
+  if (fs::exists(target / layout::kEnvironment) && fs::exists(target / layout::kSpecResolved)) {
     const verdicts::CaseEvidence ev(target);
-    const std::string spec_name = ev.json("spec.resolved.json").value("name", "");
+    const std::string spec_name = ev.json(layout::kSpecResolved).value("name", "");
     fs::path dir = fs::absolute(target).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
     const fs::path root = dir.parent_path().parent_path();
@@ -142,16 +143,16 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
                    dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
-    if (ev.has("case_run.json")) {
-      const json& record = ev.json("case_run.json");
-      MIH_CHECK_CODE(record.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / "case_run.json").string(),
+    if (ev.has(layout::kCaseRecord)) {
+      const json& record = ev.json(layout::kCaseRecord);
+      MIH_CHECK_CODE(record.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / layout::kCaseRecord).string(),
                      " is not a JSON object (", record.type_name(), "): it is not a case record mih wrote (edited or "
                      "foreign); rerun the case");
       args.insert(args.end(), {"--matrix", record.value("matrix", "")});
     }
     // A case that started from a checkpoint is checked as one (its source keys included).
-    if (ev.has("run/case.json")) {
-      const CaseRequest request = read_case_request(dir / "run" / "case.json");
+    if (ev.has(layout::kCaseRequest)) {
+      const CaseRequest request = read_case_request(dir / layout::kCaseRequest);
       if (!request.init_from.empty()) args.insert(args.end(), {"--init-from", request.init_from});
     }
     // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
@@ -179,13 +180,13 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       const std::string prefix = name.substr(0, name.find('/'));
       recorded_cases.insert(prefix + "/" + name.substr(name.rfind('/') + 1));
       MIH_CHECK_CODE(cases::find_registration(prefix) != nullptr, Code::kFailedPrecondition, "mih check: ",
-                     (target / "results.jsonl").string(), " records test ", name, " of registration '", prefix,
+                     (target / layout::kResults).string(), " records test ", name, " of registration '", prefix,
                      "', which this mih does not link; check the run with the conformance binary that ran it");
       recorded_prefixes.insert(prefix);
     }
     std::string matrix;
-    if (fs::exists(target / "run.json")) {
-      const json run = read_json_file(target / "run.json");
+    if (fs::exists(target / layout::kRunRecord)) {
+      const json run = read_json_file(target / layout::kRunRecord);
       matrix = run.value("matrix", "");
       // The matrix each recorded registration ran, its lane included (run.json's registrations).
       std::set<std::string> ran;
@@ -224,7 +225,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       std::error_code ec;
       if (!fs::is_directory(target / r.spec, ec)) continue;
       for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
-        const fs::path record = entry.path() / "case_run.json";
+        const fs::path record = entry.path() / layout::kCaseRecord;
         if (!fs::exists(record, ec)) continue;
         std::string text;
         const bool read = read_file(record, &text);
@@ -462,7 +463,7 @@ int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<
     const char* env = std::getenv("MIH_EVIDENCE_ROOT");
     // Relative to the working directory: a conformance binary run from its build folder
     // writes <build>/mih-evidence, not <build>/build/mih-evidence.
-    o.evidence_root = env && *env ? fs::path(env) : fs::path("mih-evidence") / run_id();
+    o.evidence_root = env && *env ? fs::path(env) : fs::path(layout::kDefaultEvidenceRoot) / run_id();
   } else {
     o.evidence_root = f.evidence_root;
   }

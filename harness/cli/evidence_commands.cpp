@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
@@ -84,7 +85,7 @@ CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
   sub.add_flag("--json", f->as_json, "print the structure diff as JSON");
   return [f] {
     const spec::ModelSpec s = spec::SpecRegistry::instance().get(f->spec);
-    if (f->o.out.empty()) f->o.out = std::filesystem::path("mih-evidence") / "inspect" / f->spec;
+    if (f->o.out.empty()) f->o.out = std::filesystem::path(layout::kDefaultEvidenceRoot) / layout::kInspectDir / f->spec;
     const cases::HfInspectResult r = cases::inspect_hf(s, f->o);
     if (f->as_json) {
       std::printf("%s\n", r.diff.dump(2).c_str());
@@ -126,13 +127,13 @@ CommandRun setup_inspect(CLI::App& sub, const Invocation&) {
     for (const auto& line : lines) std::printf("  %s\n", line.c_str());
     if (r.differences > lines.size()) {
       std::printf("  ... and %zu more differences: every one in %s (or --json)\n", r.differences - lines.size(),
-                  (f->o.out / "inventory" / "structure_diff.json").c_str());
+                  (f->o.out / layout::kStructureDiff).c_str());
     }
     for (const auto& w : d["config_warnings"]) {
       std::printf("  warning: config field %s: %s\n", w["field"].get<std::string>().c_str(), w["why"].get<std::string>().c_str());
     }
     std::printf("inventory: %s (candidate.json, reference.json, structure_diff.json, fingerprints.sha256)%s\n",
-                (f->o.out / "inventory").c_str(), r.differences == 0 ? "; state DISCOVERED" : "");
+                (f->o.out / layout::kInventoryDir).c_str(), r.differences == 0 ? "; state DISCOVERED" : "");
     return r.differences == 0 ? 0 : 1;
   };
 }
@@ -205,7 +206,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   };
   auto f = std::make_shared<Flags>();
   // Relative to where mih runs, like every default of mih (never nested under a build/ of its own).
-  f->options.evidence_root = "mih-evidence/manual";
+  f->options.evidence_root = std::filesystem::path(layout::kDefaultEvidenceRoot) / layout::kManualDir;
   sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
   sub.add_option("--case", f->case_name, "case name (see `mih matrix`)")->required();
   sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
@@ -245,11 +246,11 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     }
     if (f->prepare) {
       const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
-      std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / "run/case.json").c_str());
+      std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / layout::kCaseRequest).c_str());
       for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
         const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
         std::printf("%s (%d rank%s): mih worker --run-dir %s --pg-backend %s case --evidence %s --phase %s\n", phase, n,
-                    n == 1 ? "" : "s", (dir / "run" / phase).c_str(), c.pg_backend.c_str(), dir.c_str(), phase);
+                    n == 1 ? "" : "s", (dir / layout::run_phase_dir(phase)).c_str(), c.pg_backend.c_str(), dir.c_str(), phase);
       }
       return 0;
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cli/commands.h"
 #include "harness/runtime/cli_support.h"
@@ -133,7 +134,7 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
     const spec::ModelSpec s = spec::SpecRegistry::instance().get(f->spec);
     const fs::path out = fs::absolute(f->o.out).lexically_normal();
     cases::HfExportOptions o = f->o;
-    o.out = out / "export";
+    o.out = out / layout::kExportDir;
     o.dtype = "float64";
     const cases::HfExportResult r = cases::export_hf(s, o);
     std::printf("mih golden: exported spec %s (float64, seed %llu) to %s: loss %.17g\n", f->spec.c_str(),
@@ -150,7 +151,7 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
       return rc == 2 || (rc >= 11 && rc <= 17) ? rc : exit_status(Code::kInternal);
     }
     std::printf("mih golden: %s; compare the port with it: `mih test --only-spec %s --golden %s`\n",
-                (out / "golden.json").c_str(), f->spec.c_str(), out.c_str());
+                (out / layout::kGoldenManifest).c_str(), f->spec.c_str(), out.c_str());
     return 0;
   };
 }

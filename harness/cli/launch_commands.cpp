@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cli/commands.h"
 #include "harness/compat/collectives.h"
@@ -44,7 +45,7 @@ struct LaunchFlags {
   int threads_per_rank = 1;
   std::string launcher_template;
   std::string rendezvous = "file";
-  std::filesystem::path evidence_root = "mih-evidence";
+  std::filesystem::path evidence_root = layout::kDefaultEvidenceRoot;
   std::string run_id;
 
   void add_to(CLI::App& app) {
@@ -122,13 +123,13 @@ void write_run_record(const std::filesystem::path& run_dir, const Invocation& in
                            {"started_utc", started},   {"host", host},
                            {"mih", version_text()},    {"torch_version", compat::torch_version()},
                            {"launch", result}};
-  write_file_atomic(run_dir / "run.json", record.dump(2) + "\n");
+  write_file_atomic(run_dir / layout::kLaunchRecord, record.dump(2) + "\n");
 }
 
 // "evidence: <dir> (run.json, logs/, comm/, selftest.json)", listing what exists.
 void print_evidence(const std::filesystem::path& run_dir, double seconds) {
   std::string items;
-  for (const char* name : {"run.json", "logs", "comm", "errors", "selftest.json"}) {
+  for (const char* name : {layout::kLaunchRecord, layout::kLogsDir, layout::kCommDir, layout::kErrorsDir, layout::kSelftest}) {
     if (!std::filesystem::exists(run_dir / name)) continue;
     items += (items.empty() ? "" : ", ") + std::string(name) +
              (std::filesystem::is_directory(run_dir / name) ? "/" : "");
@@ -158,10 +159,10 @@ int run_selftest(LaunchFlags flags, const std::string& mesh_text, const Selftest
   write_run_record(run_dir, inv, flags.run_id, started, result);
 
   std::string text;
-  bool have_table = read_file(run_dir / "selftest.json", &text);
+  bool have_table = read_file(run_dir / layout::kSelftest, &text);
   bool checks_ok = false;
   if (have_table) {
-    nlohmann::json summary = parse_json_strict(text, (run_dir / "selftest.json").string());
+    nlohmann::json summary = parse_json_strict(text, (run_dir / layout::kSelftest).string());
     checks_ok = summary.at("ok").get<bool>();
     std::printf("\n%s", format_selftest_table(summary).c_str());
   }

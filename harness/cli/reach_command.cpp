@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/reduction_paths.h"
 #include "harness/cli/commands.h"
@@ -25,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kPathsFile = "cases/runtime/reduction_paths.json";
+constexpr const char* kPathsFile = layout::kReductionPaths;
 
 // An evidence file's JSON; one that is not JSON is bad evidence (exit 12), never bad input.
 json read_evidence(const fs::path& file) {
@@ -48,22 +49,22 @@ struct Reach {
 std::pair<std::set<std::string>, int> expected_cases(const fs::path& root) {
   std::set<std::string> out;
   int largest = 1;
-  const json run = read_evidence(root / "run.json");
+  const json run = read_evidence(root / layout::kRunRecord);
   MIH_CHECK_CODE(run.is_object() && run.contains("registrations") && run["registrations"].is_array(),
-                 Code::kFailedPrecondition, (root / "run.json").string(),
+                 Code::kFailedPrecondition, (root / layout::kRunRecord).string(),
                  " has no 'registrations' array: it is not the record of a `mih test` run (or a conformance "
                  "binary's); run the matrix with `mih test --evidence-root ", root.string(), "`");
   const std::vector<std::string> known = spec::SpecRegistry::instance().names();
   for (const auto& r : run["registrations"]) {
     MIH_CHECK_CODE(r.is_object() && r.contains("spec") && r["spec"].is_string() && r.contains("matrix") &&
                        r["matrix"].is_string(),
-                   Code::kFailedPrecondition, (root / "run.json").string(),
+                   Code::kFailedPrecondition, (root / layout::kRunRecord).string(),
                    ": a registration without a 'spec' and 'matrix' string: ", r.dump().substr(0, 200));
     const std::string name = r["spec"].get<std::string>();
     std::error_code ec;
     if (std::find(known.begin(), known.end(), name) == known.end() || !fs::is_directory(root / name, ec)) continue;
     const spec::CaseMatrix m =
-        with_context("reading the matrix of spec '" + name + "' from " + (root / "run.json").string(),
+        with_context("reading the matrix of spec '" + name + "' from " + (root / layout::kRunRecord).string(),
                      [&] {
                        return spec::resolve_matrix_source(spec::SpecRegistry::instance().get(name),
                                                           r["matrix"].get<std::string>());

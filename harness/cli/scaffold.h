@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/base/evidence_layout.h"
+
 namespace mih::cli {
 
 /// A file compiled into the binary: its path relative to its folder, and its bytes.
@@ -22,7 +24,7 @@ const std::vector<EmbeddedFile>& scaffold_templates();
 
 /// The file mih writes last into a scaffolded project: the name and each file's SHA-256, so a
 /// later scaffold into the same folder replaces only files that are still as mih wrote them.
-inline constexpr const char* kScaffoldRecord = "mih_scaffold.json";
+inline constexpr const char* kScaffoldRecord = layout::kScaffoldRecord;
 
 /// "" when `name` can name a port, else why not (for --name's validator): a lower-case C++
 /// identifier, [a-z][a-z0-9_]*, with no "__", not ending in "_", at most 48 characters, and

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
@@ -335,7 +336,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   // Evidence of two specs has nothing to compare: say so rather than a first "divergence".
   auto spec_of = [](const EvidenceDir& d) -> std::string {
     std::string text;
-    if (!read_file(d.root() / "spec.resolved.json", &text)) return "";
+    if (!read_file(d.root() / layout::kSpecResolved, &text)) return "";
     const nlohmann::json j = parse_json_lenient(text);
     return j.is_object() ? j.value("name", "") : "";
   };
@@ -344,7 +345,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
                  "compare: the reference ", reference.string(), " is evidence of spec '", ref_spec, "', the candidate ",
                  candidate.string(), " of spec '", cand_spec, "'; compare two cases of one spec");
   Comparison out;
-  const std::string metrics_file = "cases/runtime/metrics.jsonl", probes_file = "probes/rank0.jsonl";
+  const std::string metrics_file = layout::kMetrics, probes_file = layout::kProbes;
   const auto ref_metrics = by_step(read_required(ref, metrics_file));
   const auto cand_metrics = by_step(read_required(cand, metrics_file));
   std::vector<int64_t> steps;
@@ -430,7 +431,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   // optimizer states follow their parameter.
   std::vector<std::string> order;
   for (const EvidenceDir* side : {&cand, &ref}) {
-    for (const auto& w : side->read_json("check/parameter_watchlist.json")) {
+    for (const auto& w : side->read_json(layout::kParameterWatchlist)) {
       const std::string fqn = w.at("fqn").get<std::string>();
       if (std::find(order.begin(), order.end(), fqn) != order.end()) continue;
       order.push_back(fqn);
@@ -463,7 +464,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
     const json& b = ref_metrics.at(step);
     ++out.compared;
     if (a.value("input_hash", "") != b.value("input_hash", "")) {
-      add({"input", "global batch", step, "metrics", 0, 0, 0, (candidate / "data/input_identity.jsonl").string(), "", ""});
+      add({"input", "global batch", step, "metrics", 0, 0, 0, (candidate / layout::kInputIdentity).string(), "", ""});
     }
     for (const char* m : {"loss", "grad_norm_pre_clip", "grad_norm_post_clip", "lr"}) {
       ++out.compared;
@@ -520,7 +521,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   // The modules with parameters, and those no observed module is or contains.
   std::vector<std::string> parameters;
   std::string structure_text;
-  if (read_file(cand.root() / "check/structure.json", &structure_text)) {
+  if (read_file(cand.root() / layout::kStructure, &structure_text)) {
     const json structure = json::parse(structure_text, nullptr, /*allow_exceptions=*/false);
     if (structure.is_object() && structure.contains("parameters") && structure["parameters"].is_array()) {
       for (const auto& p : structure["parameters"]) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/base/evidence_layout.h"
 #include "harness/findings/codes.h"
 #include "harness/base/error.h"
 #include "harness/base/files.h"
@@ -89,7 +90,7 @@ const ParallelConfig& CaseEvidence::config() const {
     // config.resolved.json is the ParallelConfig's fields plus the trainer's options.
     nlohmann::json parallel = nlohmann::json::object();
     const nlohmann::json empty = ParallelConfig{};
-    for (const auto& [key, value] : json("config.resolved.json").items()) {
+    for (const auto& [key, value] : json(layout::kConfigResolved).items()) {
       if (empty.contains(key)) parallel[key] = value;
     }
     config_ = with_context("config.resolved.json of " + dir_.string(), [&] { return parallel.get<ParallelConfig>(); });
@@ -99,13 +100,13 @@ const ParallelConfig& CaseEvidence::config() const {
 
 const spec::Case& CaseEvidence::resolved_case() const {
   if (!case_) {
-    const auto& env = json("environment.json");
-    MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, "environment.json"),
+    const auto& env = json(layout::kEnvironment);
+    MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, layout::kEnvironment),
               " has no \"case\": it was not written by the conformance case runner (mih run)");
     try {
       case_ = env["case"].get<spec::Case>();
     } catch (const Error& e) {
-      MIH_THROW(Code::kFailedPrecondition, "evidence ", rel_path(*this, "environment.json"), ": its \"case\" is not ",
+      MIH_THROW(Code::kFailedPrecondition, "evidence ", rel_path(*this, layout::kEnvironment), ": its \"case\" is not ",
                 "the one mih writes (", e.message(), "): the file was edited or is of another tool; rerun the case");
     }
   }
@@ -119,8 +120,8 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
   // emitting them ran: no finding from a check that never looked is not a pass.
   std::ostringstream out;
   int n = 0;
-  std::vector<std::string> files = {"check/findings.json"};
-  if (ev.has("before_save/check/findings.json")) files.push_back("before_save/check/findings.json");
+  std::vector<std::string> files = {layout::kFindings};
+  if (ev.has(layout::before_save(layout::kFindings))) files.push_back(layout::before_save(layout::kFindings));
   for (const auto& file : files) {
     for (const auto& f : ev.json(file).value("findings", json::array())) {
       if (f.value("severity", "error") != "error") continue;
@@ -135,9 +136,9 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
   if (n > 0) {
     return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
                          (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
-                         rel_path(ev, "check/findings.json") + ")");
+                         rel_path(ev, layout::kFindings) + ")");
   }
-  const json runs = ev.json("check/findings.json").value("checks", json::object());
+  const json runs = ev.json(layout::kFindings).value("checks", json::object());
   std::vector<std::string> examined;
   for (const auto& code : codes) {
     const std::string check(codes::check_of(code));
@@ -148,13 +149,13 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
                            " is its finding): check/findings.json records no run of it, so the absence of findings "
                            "proves nothing; the session never reached it, the training backend skips the hook that "
                            "feeds it, or the evidence predates check records; rerun the case (open " +
-                           rel_path(ev, "check/findings.json") + ")");
+                           rel_path(ev, layout::kFindings) + ")");
     }
     const json& r = runs[check];
     if (r.value("examined", int64_t{0}) <= 0) {
       return Verdict::fail("check " + check + " ran " + std::to_string(r.value("runs", int64_t{0})) +
                            " time(s) and examined no " + r.value("unit", std::string("item")) +
-                           ": it checked nothing on this case (open " + rel_path(ev, "check/findings.json") + ")");
+                           ": it checked nothing on this case (open " + rel_path(ev, layout::kFindings) + ")");
     }
     examined.push_back(check);
   }
@@ -168,7 +169,7 @@ Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>
 }
 
 double case_tolerance(const CaseEvidence& ev) {
-  const auto& tol = ev.json("spec.resolved.json").at("tolerances");
+  const auto& tol = ev.json(layout::kSpecResolved).at("tolerances");
   const std::string dtype = dtype_name(ev.config().dtype);
   std::string profile = ev.resolved_case().kind == spec::CaseKind::kResume ? "same_topology" : "cross_topology";
   if (ev.config().micro_batches > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
@@ -178,7 +179,7 @@ double case_tolerance(const CaseEvidence& ev) {
 }
 
 std::string not_comparable_reason(const CaseEvidence& ev) {
-  const auto& tol = ev.json("spec.resolved.json").at("tolerances");
+  const auto& tol = ev.json(layout::kSpecResolved).at("tolerances");
   if (ev.config().micro_batches <= 1 || tol.contains("grad_accumulation")) return "";
   return tol.value("grad_accumulation_reason", "");
 }
@@ -193,7 +194,7 @@ Calibration lane_calibration(const CaseEvidence& lane_reference, const CaseEvide
               side->dir().string(), " is a ", dtype_name(side->config().dtype), " case, the candidate ", dtype,
               ": calibrate from the lane reference and noise twin of the candidate's own matrix");
   }
-  const auto& tol = candidate.json("spec.resolved.json").at("tolerances");
+  const auto& tol = candidate.json(layout::kSpecResolved).at("tolerances");
   Calibration settings;
   for (const auto& [key, field] : {std::pair{"noise_k", &Calibration::k}, std::pair{"noise_k_update", &Calibration::k_update},
                                    std::pair{"noise_floor_eps", &Calibration::floor_eps}}) {
@@ -270,7 +271,7 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   if (calibration && record) {
     json j = calibration_evidence(*calibration, c);
     j["reference"] = reference.dir().filename().string();
-    EvidenceDir(candidate.dir()).write_json("compare/calibration.json", j);
+    EvidenceDir(candidate.dir()).write_json(layout::kCalibration, j);
   }
   auto wanted = [&](const Divergence& d) {
     // A step one side lacks is missing from every quantity of that step.
@@ -336,10 +337,10 @@ Localization blame(const CaseEvidence& ev, const std::string& suite, const std::
       {"CommVolume", "grad_sync"}};
   auto it = kPlaces.find(suite);
   if (it != kPlaces.end()) return {it->second, "the place " + suite + " examines"};
-  if (ev.has("check/findings.json")) {
+  if (ev.has(layout::kFindings)) {
     std::set<std::string> parameters;
-    if (ev.has("check/structure.json")) {
-      for (const auto& p : ev.json("check/structure.json").value("parameters", json::array())) {
+    if (ev.has(layout::kStructure)) {
+      for (const auto& p : ev.json(layout::kStructure).value("parameters", json::array())) {
         if (p.is_object()) parameters.insert(p.value("fqn", ""));
       }
     }

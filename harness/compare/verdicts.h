@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/evidence_layout.h"
 #include "harness/compare/compare.h"
 #include "harness/base/case_request.h"
 #include "harness/base/parallel_config.h"
@@ -38,7 +39,7 @@ class CaseEvidence {
   const std::vector<nlohmann::json>& jsonl(const std::string& relative) const;
   /// The findings of check/findings.json (objects with code, severity, owner, message,
   /// facts, remediation).
-  const nlohmann::json& findings() const { return json("check/findings.json")["findings"]; }
+  const nlohmann::json& findings() const { return json(layout::kFindings)["findings"]; }
   /// The parallel config the case ran under (config.resolved.json, whose other fields are
   /// the trainer's options and the world size).
   /// Throws: as json(); kInvalidSpec naming the file when its config is malformed.

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/reduction_paths.h"
@@ -27,8 +28,8 @@ using nlohmann::json;
 
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
-  const auto& structure = ev.json("check/structure.json");
-  const auto& units = ev.json("check/fsdp_units.json");
+  const auto& structure = ev.json(layout::kStructure);
+  const auto& units = ev.json(layout::kFsdpUnits);
   std::map<std::string, std::string> unit_of;
   std::vector<std::string> problems;
   for (const auto& [unit, u] : units.items()) {
@@ -53,13 +54,13 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (problems.empty()) return Verdict::pass();
   std::string msg = problems[0];
   for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
-  return Verdict::fail(msg + "\n  (open " + rel_path(ev, "check/fsdp_units.json") + ")");
+  return Verdict::fail(msg + "\n  (open " + rel_path(ev, layout::kFsdpUnits) + ")");
 }
 
 Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate) {
-  const auto& a = candidate.jsonl("data/input_identity.jsonl");
+  const auto& a = candidate.jsonl(layout::kInputIdentity);
   std::map<int64_t, const json*> ref;
-  for (const auto& row : reference.jsonl("data/input_identity.jsonl")) ref[row.value("step", int64_t{-1})] = &row;
+  for (const auto& row : reference.jsonl(layout::kInputIdentity)) ref[row.value("step", int64_t{-1})] = &row;
   int compared = 0;
   for (const auto& row : a) {
     const int64_t step = row.value("step", int64_t{-1});
@@ -78,11 +79,11 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
     return Verdict::fail("the global batch of step " + std::to_string(step) + " differs from the reference's in field(s) " +
                          fields + ": rows were dropped, repeated or changed by the data split (rows " +
                          std::to_string(row.value("rows", 0)) + " vs " + std::to_string(it->second->value("rows", 0)) +
-                         ") (open " + rel_path(candidate, "data/input_identity.jsonl") + ")");
+                         ") (open " + rel_path(candidate, layout::kInputIdentity) + ")");
   }
   if (compared == 0) {
     return Verdict::fail("no step in common with the reference in data/input_identity.jsonl (open " +
-                         rel_path(candidate, "data/input_identity.jsonl") + ")");
+                         rel_path(candidate, layout::kInputIdentity) + ")");
   }
   return Verdict::pass();
 }
@@ -91,7 +92,7 @@ Verdict checkpoint_round_trip(const CaseEvidence& ev) {
   if (!ev.resolved_case().save_config) {
     return Verdict::skip("the case does not save and load a checkpoint");
   }
-  const std::string saved_file = "before_save/checkpoint/roundtrip_save.json", loaded_file = "checkpoint/roundtrip_load.json";
+  const std::string saved_file = layout::before_save(layout::kRoundtripSave), loaded_file = layout::kRoundtripLoad;
   const auto& saved = ev.json(saved_file);
   const auto& loaded = ev.json(loaded_file);
   std::vector<std::string> problems;
@@ -122,7 +123,7 @@ Verdict resume_continues_step_count(const CaseEvidence& ev) {
   const spec::Case& c = ev.resolved_case();
   if (!c.save_config) return Verdict::skip("not a resume case");
   const int64_t at = c.resume_at, steps = c.steps;
-  const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
+  const auto& rows = ev.jsonl(layout::kMetrics);
   std::vector<int64_t> seen;
   for (const auto& r : rows) seen.push_back(r.value("step", int64_t{-1}));
   std::vector<int64_t> expected(static_cast<size_t>(std::max<int64_t>(steps - at, 0)));
@@ -130,36 +131,36 @@ Verdict resume_continues_step_count(const CaseEvidence& ev) {
   if (seen == expected) return Verdict::pass();
   return Verdict::fail("after loading the checkpoint saved at step " + std::to_string(at) + " the run trained steps " +
                        json(seen).dump() + ", expected " + json(expected).dump() + " (open " +
-                       rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
+                       rel_path(ev, layout::kMetrics) + ")");
 }
 
 Verdict modality_gradients(const CaseEvidence& ev) {
-  const auto& modalities = ev.json("spec.resolved.json").value("modalities", json::array());
+  const auto& modalities = ev.json(layout::kSpecResolved).value("modalities", json::array());
   if (modalities.empty()) return Verdict::skip("the spec declares no modality");
   Verdict v = no_error_findings(ev, {codes::kModalNoGradient});
   if (!v.passed()) return v;
-  for (const auto& r : ev.jsonl("cases/runtime/metrics.jsonl")) {
-    const std::string file = "cases/runtime/modality_gradients_step" + std::to_string(r.value("step", 0)) + ".json";
+  for (const auto& r : ev.jsonl(layout::kMetrics)) {
+    const std::string file = layout::modality_gradients_step(r.value("step", 0));
     if (!ev.has(file)) return Verdict::fail("no modality gradient evidence for step " + std::to_string(r.value("step", 0)) + ": " + rel_path(ev, file) + " is missing");
   }
   return Verdict::pass();
 }
 
 Verdict state_invariants(const CaseEvidence& ev) {
-  const auto& declared = ev.json("spec.resolved.json").value("invariants", json::array());
+  const auto& declared = ev.json(layout::kSpecResolved).value("invariants", json::array());
   if (declared.empty()) return Verdict::skip("the spec declares no state invariant");
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(ev.dir() / "check")) {
+  for (const auto& e : fs::directory_iterator(ev.dir() / layout::kCheckDir)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("invariants_", 0) == 0) files.push_back("check/" + n);
+    if (n.rfind(layout::kInvariantsPrefix, 0) == 0) files.push_back(std::string(layout::kCheckDir) + "/" + n);
   }
-  if (fs::is_directory(ev.dir() / "cases/runtime")) {
-    for (const auto& e : fs::directory_iterator(ev.dir() / "cases/runtime")) {
+  if (fs::is_directory(ev.dir() / layout::kRuntimeDir)) {
+    for (const auto& e : fs::directory_iterator(ev.dir() / layout::kRuntimeDir)) {
       const std::string n = e.path().filename().string();
-      if (n.rfind("invariants_", 0) == 0) files.push_back("cases/runtime/" + n);
+      if (n.rfind(layout::kInvariantsPrefix, 0) == 0) files.push_back(std::string(layout::kRuntimeDir) + "/" + n);
     }
   }
-  if (ev.has("checkpoint/invariants_after_load.json")) files.push_back("checkpoint/invariants_after_load.json");
+  if (ev.has(layout::kInvariantsAfterLoad)) files.push_back(layout::kInvariantsAfterLoad);
   std::sort(files.begin(), files.end());
   if (files.empty()) return Verdict::fail("the spec declares invariants and the case recorded none (no check/invariants_*.json in " + ev.dir().string() + ")");
   int checked = 0;
@@ -181,10 +182,10 @@ Verdict state_invariants(const CaseEvidence& ev) {
 }
 
 Verdict module_parity(const CaseEvidence& ev) {
-  const auto& declared = ev.json("spec.resolved.json").value("module_parity_cases", json::array());
+  const auto& declared = ev.json(layout::kSpecResolved).value("module_parity_cases", json::array());
   if (declared.empty()) return Verdict::skip("the spec declares no module parity case");
   if (ev.resolved_case().kind != spec::CaseKind::kReference) return Verdict::skip("module parity runs with the reference case");
-  const std::string file = "check/module_parity.json";
+  const std::string file = layout::kModuleParity;
   const std::string open = " (open " + rel_path(ev, file) + ")";
   const auto& results = ev.json(file);
   int64_t observed = 0;
@@ -236,7 +237,7 @@ Verdict module_parity(const CaseEvidence& ev) {
 
 Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
   if (!ev.config().activation_checkpointing) return Verdict::skip("activation checkpointing is off");
-  const std::string file = "check/activation_checkpoint.json";
+  const std::string file = layout::kActivationCheckpoint;
   const auto& ac = ev.json(file);
   if (!ac.value("enabled", false)) {
     return Verdict::fail("the case asked for activation checkpointing and the model ran without it (enabled: false; open " +

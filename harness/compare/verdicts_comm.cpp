@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/reduction_paths.h"
@@ -33,7 +34,7 @@ namespace {
 std::map<std::string, std::map<std::string, double>> grad_sync_bytes(const CaseEvidence& ev) {
   std::map<std::string, std::map<std::string, double>> out;
   const auto& cfg = ev.config();
-  for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+  for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
     if (!p.value("requires_grad", true)) continue;
     const double bytes = static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", "float32")));
     const auto& domain = p.value("grad_domain", json::array());
@@ -57,7 +58,7 @@ Verdict sites_as_declared(const CaseEvidence& ev, const json& row,
                           const std::map<std::string, std::map<std::string, double>>& grad_sync) {
   const auto& cfg = ev.config();
   const int64_t step = row.value("step", int64_t{-1});
-  const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
+  const std::string file = rel_path(ev, layout::kMetrics);
   if (!row.contains("comm_sites") || !row.contains("comm_expected")) {
     return Verdict::fail("metrics of step " + std::to_string(step) +
                          " have no comm_sites/comm_expected: the evidence predates per-site accounting; rerun the case "
@@ -81,7 +82,7 @@ Verdict sites_as_declared(const CaseEvidence& ev, const json& row,
     for (const auto& site : all) {
       const double w = want.count(site) ? want[site] : 0, g = got.count(site) ? got[site] : 0;
       if (std::abs(w - g) <= 0.5) continue;
-      const std::string layers_file = "cases/runtime/comm_expected_step" + std::to_string(step) + ".json";
+      const std::string layers_file = layout::comm_expected_step(step);
       std::string who;
       if (ev.has(layers_file)) {
         const json& by_layer = ev.json(layers_file);
@@ -114,9 +115,9 @@ Verdict sites_as_declared(const CaseEvidence& ev, const json& row,
 Verdict comm_volume(const CaseEvidence& ev) {
   const auto& cfg = ev.config();
   const auto grad_sync = grad_sync_bytes(ev);
-  const auto& rows = ev.jsonl("cases/runtime/metrics.jsonl");
-  if (rows.empty()) return Verdict::fail("no metrics rows (open " + rel_path(ev, "cases/runtime/metrics.jsonl") + ")");
-  const std::string file = rel_path(ev, "cases/runtime/metrics.jsonl");
+  const auto& rows = ev.jsonl(layout::kMetrics);
+  if (rows.empty()) return Verdict::fail("no metrics rows (open " + rel_path(ev, layout::kMetrics) + ")");
+  const std::string file = rel_path(ev, layout::kMetrics);
   const int dp_shard = cfg.dp_shard, dp_cp = cfg.dp_replicate * cfg.dp_shard * cfg.cp, world = cfg.world_size();
   std::map<std::string, int> degree = {{"dp_cp", dp_cp}, {"world", world}};
   for (const auto& d : kMeshDims) degree[std::string(d.name)] = cfg.*d.degree;
@@ -128,7 +129,7 @@ Verdict comm_volume(const CaseEvidence& ev) {
   // master weights: float32 in the autocast lanes, whose FSDP gathers move float32).
   std::map<std::string, double> fsdp_bytes;
   if (dp_shard > 1) {
-    for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+    for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
       if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;
       if (p.value("fsdp_axis", "dp_shard") != "dp_shard") continue;  // experts under ep: over edp
       const int64_t e = element_size(p.value("dtype", dtype_name(cfg.dtype)));
@@ -144,7 +145,7 @@ Verdict comm_volume(const CaseEvidence& ev) {
     // Once a step, the all-reduce of every trainable dense gradient FSDP left whole (a 0-d
     // parameter, one outside every unit: reduction path dense.unsharded.dp_shard).
     double unsharded = 0;
-    for (const auto& p : ev.json("check/structure.json").at("parameters")) {
+    for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
       if (p.contains("fsdp_rows") || !p.value("requires_grad", true) || p.value("gradient_kind", "DENSE") == "EXPERT") continue;
       unsharded += static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", dtype_name(cfg.dtype))));
     }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 
@@ -166,8 +167,8 @@ IntegrationState parse_state(const std::string& name) {
 }
 
 bool IntegrationStateMachine::current(IntegrationState* state) const {
-  if (!fs::exists(dir_->resolve("integration_state.json"))) return false;
-  *state = parse_state(dir_->read_json("integration_state.json").at("state").get<std::string>());
+  if (!fs::exists(dir_->resolve(layout::kIntegrationState))) return false;
+  *state = parse_state(dir_->read_json(layout::kIntegrationState).at("state").get<std::string>());
   return true;
 }
 
@@ -175,7 +176,7 @@ void IntegrationStateMachine::update(IntegrationState next, const std::vector<st
                                      const std::string& reason) {
   IntegrationState now = IntegrationState::kDiscovered;
   const bool exists = current(&now);
-  nlohmann::json old = exists ? dir_->read_json("integration_state.json") : nlohmann::json::object();
+  nlohmann::json old = exists ? dir_->read_json(layout::kIntegrationState) : nlohmann::json::object();
   const std::string from = exists ? state_name(now) : "(none)";
   MIH_CHECK_CODE(!exists || !terminal(now), Code::kFailedPrecondition, "integration state of ", dir_->root().string(),
                  " is terminal (", from, "); it cannot become ", state_name(next), ": use a new evidence directory");
@@ -188,7 +189,7 @@ void IntegrationStateMachine::update(IntegrationState next, const std::vector<st
   std::set<std::string> paths;
   for (const auto& p : old.value("evidence", std::vector<std::string>{})) paths.insert(p);
   paths.insert(evidence.begin(), evidence.end());
-  dir_->write_json("integration_state.json", {{"schema_version", kStateSchema},
+  dir_->write_json(layout::kIntegrationState, {{"schema_version", kStateSchema},
                                               {"state", state_name(next)},
                                               {"previous_state", exists ? nlohmann::json(from) : nlohmann::json(nullptr)},
                                               {"evidence", std::vector<std::string>(paths.begin(), paths.end())},
@@ -199,7 +200,7 @@ void IntegrationStateMachine::advance_if_before(IntegrationState target, const s
   MIH_CHECK(!terminal(target), "advance_if_before: the target must be a gate, got ", state_name(target));
   IntegrationState now = IntegrationState::kDiscovered;
   int have = current(&now) ? gate_index(now) : -1;
-  MIH_CHECK_CODE(have >= 0 || !fs::exists(dir_->resolve("integration_state.json")), Code::kFailedPrecondition,
+  MIH_CHECK_CODE(have >= 0 || !fs::exists(dir_->resolve(layout::kIntegrationState)), Code::kFailedPrecondition,
                  "integration state of ", dir_->root().string(), " is terminal (", state_name(now),
                  "); use a new evidence directory");
   for (int g = have + 1; g <= gate_index(target); ++g) update(kGates[static_cast<size_t>(g)], evidence);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/base/case_outcome.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
@@ -303,7 +304,7 @@ std::string render_junit(const RunResults& run) {
         const bool error = transport_failure(run, *t);
         const std::string element = error ? "error" : "failure";
         out += "      <" + element + " message=\"" + attr(first_line(t->message)) + "\" type=\"" +
-               (error ? "transport_failure" : "conformance") + "\">" + markup_escape(t->message) + "</" + element +
+               (error ? std::string(outcome_name(Outcome::kTransportFailure)) : std::string("conformance")) + "\">" + markup_escape(t->message) + "</" + element +
                ">\n";
         out += "      <system-out>evidence: " + markup_escape(evidence_path(run, t->evidence)) +
                (diagnosis.empty() ? "" : "\nmatrix diagnosis: " + markup_escape(join_lines(diagnosis, 0))) +

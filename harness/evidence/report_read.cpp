@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/report.h"
@@ -143,7 +144,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     return;
   }
   json j;
-  const fs::path case_run = dir / "case_run.json";
+  const fs::path case_run = dir / layout::kCaseRecord;
   if (read_json_object(case_run, &j, &c->problems)) {
     take(j, "kind", &c->kind, case_run, &c->problems);
     take(j, "compare_to", &c->compare_to, case_run, &c->problems);
@@ -168,7 +169,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       }
     }
   }
-  const fs::path case_file = dir / "run" / "case.json";
+  const fs::path case_file = dir / layout::kCaseRequest;
   if (read_json_object(case_file, &j, &c->problems)) {
     // A case launched by an outside launcher has no case_run.json; its case file names the fault.
     if (c->fault.empty()) take(j, "fault", &c->fault, case_file, &c->problems);
@@ -183,12 +184,12 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       c->problems.push_back(case_file.string() + ": not a case the runner resolved: " + e.what());
     }
   }
-  const fs::path state = dir / "integration_state.json";
+  const fs::path state = dir / layout::kIntegrationState;
   if (read_json_object(state, &j, &c->problems)) {
     take(j, "state", &c->state, state, &c->problems);
     take(j, "reason", &c->state_reason, state, &c->problems);
   }
-  const fs::path calibration = dir / "compare" / "calibration.json";
+  const fs::path calibration = dir / layout::kCalibration;
   if (fs::exists(calibration, ec) && read_json_object(calibration, &j, &c->problems)) {
     CaseCalibration& cal = c->calibration;
     cal.present = true;
@@ -219,7 +220,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       cal.rows.push_back(std::move(row));
     }
   }
-  const fs::path golden = dir / "compare" / "golden.json";
+  const fs::path golden = dir / layout::kGoldenComparison;
   if (fs::exists(golden, ec) && read_json_object(golden, &j, &c->problems)) {
     CaseGolden& g = c->golden;
     g.present = true;
@@ -234,7 +235,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     }
     if (j.contains("quantities") && j["quantities"].is_array()) g.quantities = j["quantities"].size();
   }
-  const fs::path metrics = dir / "cases" / "runtime" / "metrics.jsonl";
+  const fs::path metrics = dir / layout::kMetrics;
   if (!fs::exists(metrics, ec)) return;
   std::string text;
   if (!read_file(metrics, &text)) {
@@ -269,7 +270,7 @@ RunResults read_run_results(const fs::path& root) {
   std::error_code ec;
   MIH_CHECK_CODE(fs::is_directory(root, ec), Code::kFailedPrecondition, "run root '", root.string(), "' does not exist",
                  fix);
-  const fs::path file = root / "results.jsonl";
+  const fs::path file = root / layout::kResults;
   MIH_CHECK_CODE(fs::exists(file, ec), Code::kFailedPrecondition, "'", file.string(),
                  "' does not exist: no test of the run has finished", fix);
   std::string text;

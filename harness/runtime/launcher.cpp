@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/compat/store.h"
 #include "harness/runtime/comm_ledger.h"
@@ -84,7 +85,7 @@ class RunDirLock {
     std::filesystem::create_directories(dir, ec);
     MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create the run directory '", dir.string(), "': ",
                    ec.message(), "; choose a writable run/evidence directory");
-    auto path = dir / ".lock";
+    auto path = dir / layout::kRunLock;
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot create '", path.string(), "': ", std::strerror(errno),
                    "; choose a writable run/evidence directory");
@@ -112,15 +113,16 @@ class RunDirLock {
 void prepare_run_dir(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::create_directories(dir / "logs", ec);
+  fs::create_directories(dir / layout::kLogsDir, ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create the run directory '", dir.string(), "': ",
                  ec.message(), "; choose a writable run/evidence directory");
-  fs::remove(dir / "store", ec);
-  fs::remove_all(dir / "errors", ec);
-  for (const char* sub : {"logs", "comm"}) {
+  fs::remove(dir / layout::kStore, ec);
+  fs::remove_all(dir / layout::kErrorsDir, ec);
+  for (const char* sub : {layout::kLogsDir, layout::kCommDir}) {
     for (auto it = fs::directory_iterator(dir / sub, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
       std::string name = it->path().filename().string();
-      if (name.rfind("rank", 0) == 0 || name.rfind("ledger_rank", 0) == 0 || name == "launcher.log") {
+      if (name.rfind(layout::kRankPrefix, 0) == 0 || name.rfind(layout::kLedgerPrefix, 0) == 0 ||
+          name == fs::path(layout::kLauncherLog).filename().string()) {
         fs::remove(it->path(), ec);
       }
     }
@@ -208,7 +210,7 @@ LaunchResult launch(const LaunchOptions& options) {
   } else {
     base["MASTER_ADDR"] = "127.0.0.1";
     base["MASTER_PORT"] = std::to_string(pick_free_port());
-    base[kStoreFileVar] = (std::filesystem::absolute(options.run_dir) / "store").string();
+    base[kStoreFileVar] = (std::filesystem::absolute(options.run_dir) / layout::kStore).string();
   }
   base[kLauncherPidVar] = std::to_string(::getpid());
   base[kExpectedWorldSizeVar] = std::to_string(options.world_size);
@@ -229,7 +231,7 @@ LaunchResult launch(const LaunchOptions& options) {
     for (size_t pos; (pos = line.find("{cmd}")) != std::string::npos;) line.replace(pos, 5, cmd);
     base.erase(kLauncherPidVar);  // ranks are not our children
     Child c;
-    c.log = options.run_dir / "logs" / "launcher.log";
+    c.log = options.run_dir / layout::kLauncherLog;
     c.start = Clock::now();
     c.pid = fork_shell(line, env_list(base), c.log);
     if (c.pid < 0) start_failed(-1, -c.pid);
@@ -245,7 +247,7 @@ LaunchResult launch(const LaunchOptions& options) {
       env["LOCAL_WORLD_SIZE"] = std::to_string(options.world_size);
       Child c;
       c.rank = r;
-      c.log = options.run_dir / "logs" / ("rank" + std::to_string(r) + ".log");
+      c.log = options.run_dir / layout::rank_log(r);
       c.start = Clock::now();
       c.pid = spawn_rank(options.command, env_list(env), c.log, &c.forked);
       if (c.pid < 0) start_failed(r, -c.pid);
@@ -254,7 +256,7 @@ LaunchResult launch(const LaunchOptions& options) {
       // Who is rank r, for tools and tests (a forked rank's command line is its title, cut
       // to the launcher's own length): logs/rank<r>.pid, removed with the logs of a rerun.
       try {
-        write_file_atomic(c.log.parent_path() / ("rank" + std::to_string(r) + ".pid"), std::to_string(c.pid) + "\n",
+        write_file_atomic(options.run_dir / layout::rank_pid(r), std::to_string(c.pid) + "\n",
                           Durability::kDeferred);
       } catch (const Error&) {
         // The log of this rank is there; a full disk is the rank's to report.

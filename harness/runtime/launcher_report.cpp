@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/runtime/comm_ledger.h"
@@ -95,7 +96,7 @@ std::string diagnose_stragglers(const std::map<int, std::vector<CommRecord>>& le
 
 void read_error_file(const std::filesystem::path& run_dir, RankOutcome& o) {
   std::string text;
-  if (read_file(run_dir / "errors" / ("rank" + std::to_string(o.rank) + ".json"), &text)) {
+  if (read_file(run_dir / layout::rank_error(o.rank), &text)) {
     auto j = parse_json_lenient(text);
     if (j.is_object()) {
       o.error_code = j.value("code", "");
@@ -106,7 +107,7 @@ void read_error_file(const std::filesystem::path& run_dir, RankOutcome& o) {
 }
 
 std::vector<CommRecord> rank_ledger(const std::filesystem::path& run_dir, int rank) {
-  auto path = run_dir / "comm" / ("ledger_rank" + std::to_string(rank) + ".jsonl");
+  auto path = run_dir / layout::ledger_rank(rank);
   return std::filesystem::exists(path) ? read_ledger(path) : std::vector<CommRecord>{};
 }
 

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/compat/collectives.h"
 #include "harness/runtime/dtypes.h"
@@ -398,7 +399,7 @@ int run_selftest_task(WorkerContext& ctx) {
     all.push_back(nlohmann::json::parse(store.get("mih/selftest/rank" + std::to_string(r))).get<std::vector<SelftestCheck>>());
   }
   nlohmann::json summary = summarize_selftest(all, mesh, options);
-  write_file_atomic(ctx.run_dir() / "selftest.json", summary.dump(2) + "\n");
+  write_file_atomic(ctx.run_dir() / layout::kSelftest, summary.dump(2) + "\n");
   std::printf("%s", format_selftest_table(summary).c_str());
   return summary.at("ok").get<bool>() ? 0 : 1;
 }
@@ -516,7 +517,7 @@ int run_state_task(WorkerContext& ctx) {
   nlohmann::json state = process_state();
   state["rank"] = ctx.world().rank;
   state["task_runs"] = task_runs;
-  write_file_atomic(ctx.run_dir() / ("state_rank" + std::to_string(ctx.world().rank) + ".json"), state.dump(2) + "\n");
+  write_file_atomic(ctx.run_dir() / layout::selftest_state_rank(ctx.world().rank), state.dump(2) + "\n");
   if (ctx.option("mutate") == "1") {
     mutate_process_state();
     ++task_runs;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/runtime/cli_support.h"
@@ -75,7 +76,7 @@ void ensure_builtin_tasks() {
 }
 
 std::filesystem::path error_file(const std::filesystem::path& run_dir, int rank) {
-  return run_dir / "errors" / (rank >= 0 ? "rank" + std::to_string(rank) + ".json" : std::string("rank_unknown.json"));
+  return run_dir / (rank >= 0 ? layout::rank_error(rank) : std::string(layout::kRankUnknownError));
 }
 
 // Reports `e` and ends the process: destructors could block (a group whose peer died).
@@ -205,8 +206,7 @@ WorkerContext::WorkerContext(World world, WorkerOptions options, std::map<std::s
       options_(std::move(options)),
       task_options_(std::move(task_options)),
       env_(std::move(env)),
-      ledger_(std::make_shared<CommLedger>(options_.run_dir / "comm" /
-                                           ("ledger_rank" + std::to_string(world_.rank) + ".jsonl"))) {}
+      ledger_(std::make_shared<CommLedger>(options_.run_dir / layout::ledger_rank(world_.rank))) {}
 
 const std::string& WorkerContext::option(const std::string& name) const {
   auto it = task_options_.find(name);

@@ -12,6 +12,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
@@ -72,16 +73,16 @@ ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions
       env["world_size"] = mesh.world_size();
       env["session_mode"] = session_mode_name(options_.mode);
       env["versions"] = harness_versions();
-      evidence_->write_json("environment.json", capture_environment(options_.source_dir, env));
-      evidence_->write_json("spec.resolved.json", spec.to_json());
+      evidence_->write_json(layout::kEnvironment, capture_environment(options_.source_dir, env));
+      evidence_->write_json(layout::kSpecResolved, spec.to_json());
       json config = options_.config;
       config["lr"] = options_.trainer.lr();
       config["weight_decay"] = options_.trainer.weight_decay();
       config["max_grad_norm"] = options_.trainer.max_grad_norm();
       config["no_weight_decay"] = options_.trainer.no_weight_decay();
       config["world_size"] = mesh.world_size();
-      evidence_->write_json("config.resolved.json", config);
-      machine_->advance_if_before(IntegrationState::kDiscovered, {"environment.json", "spec.resolved.json"});
+      evidence_->write_json(layout::kConfigResolved, config);
+      machine_->advance_if_before(IntegrationState::kDiscovered, {layout::kEnvironment, layout::kSpecResolved});
     }
   }
 }
@@ -148,7 +149,7 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
     metrics_.back()["peak_memory_bytes"] = peak;
     check_valid_tokens(all, perf.value("step", int64_t{0}));
   }
-  if (!order.empty()) write("check/findings.json", findings_.to_json());
+  if (!order.empty()) write(layout::kFindings, findings_.to_json());
 }
 
 void ValidationSession::check_valid_tokens(const std::vector<json>& all, int64_t step) {
@@ -210,16 +211,16 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     FindingReport local;
     checks::CheckOutput structure = checks::check_structure(state, *spec_);
     take(local, structure.findings);
-    write("check/structure.json", structure.evidence);
-    write("check/fsdp_units.json", structure.evidence["fsdp_units"]);
-    if (evidence_ && mesh_->rank() == 0) evidence_->write_text("check/parameter_ownership.csv", checks::parameter_ownership_csv(ctx));
+    write(layout::kStructure, structure.evidence);
+    write(layout::kFsdpUnits, structure.evidence["fsdp_units"]);
+    if (evidence_ && mesh_->rank() == 0) evidence_->write_text(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx));
 
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure, spec_->decayed_1d);
     take(local, optimizer.findings);
-    write("check/optimizer_layout_initial.json", optimizer.evidence);
+    write(layout::kOptimizerLayoutInitial, optimizer.evidence);
     checks::CheckOutput frozen = checks::check_frozen_parameters(state, spec_->frozen, checks::FrozenPoint::kBuilt, 0);
     take(local, frozen.findings);
-    write("check/frozen_parameters.json", frozen.evidence);
+    write(layout::kFrozenParameters, frozen.evidence);
 
     std::optional<std::vector<std::string>> source_keys = options_.source_checkpoint_keys;
     if (!source_keys && !spec_->checkpoint.source.empty()) {
@@ -228,11 +229,11 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     checks::CheckOutput coverage =
         checks::check_checkpoint_coverage(ctx, spec_->checkpoint, source_keys ? &*source_keys : nullptr);
     take(local, coverage.findings);
-    write("checkpoint/coverage.json", coverage.evidence);
+    write(layout::kCheckpointCoverage, coverage.evidence);
 
     checks::CheckOutput structure_inv = checks::run_invariants(spec_->invariants, spec::Phase::kStructure, state);
     take(local, structure_inv.findings);
-    write("check/invariants_structure.json", structure_inv.evidence);
+    write(layout::invariants("structure"), structure_inv.evidence);
     // Weights loaded after the build are examined once they are there (weights_loaded()).
     if (options_.weights_loaded_from.empty()) {
       materialization_invariants(local, "the build's initialization (seed " + std::to_string(options_.config.seed) + ")");
@@ -240,7 +241,7 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
 
     watchlist_ = probes::build_watchlist(ctx, options_.watch);
     ctx.activation_probes().configure(spec_->activation_watch, options_.watch.projections);
-    write("check/parameter_watchlist.json", probes::to_json(watchlist_));
+    write(layout::kParameterWatchlist, probes::to_json(watchlist_));
     for (const auto& f : local.findings()) pending_.add(f);
   });
 }
@@ -250,7 +251,7 @@ void ValidationSession::materialization_invariants(FindingReport& into, const st
   take(into, inv.findings);
   json evidence = inv.evidence.is_object() ? inv.evidence : json::object();
   for (auto& [name, result] : evidence.items()) result["weights"] = weights;
-  write("check/invariants_materialization.json", evidence);
+  write(layout::invariants("materialization"), evidence);
   materialized_ = true;
 }
 
@@ -263,7 +264,7 @@ void ValidationSession::weights_loaded() {
     // What the structure check found finite at the build is replaced: the loaded values again.
     checks::CheckOutput values = checks::check_loaded_values(*state_.context, options_.weights_loaded_from);
     take(local, values.findings);
-    write("check/loaded_values.json", values.evidence);
+    write(layout::kLoadedValues, values.evidence);
     materialization_invariants(local, options_.weights_loaded_from);
     for (const auto& f : local.findings()) pending_.add(f);
   });
@@ -273,17 +274,17 @@ void ValidationSession::attach_data_pipeline(const BatchSource& batches) {
   guarded("attach_data_pipeline", [&] {
     const Batch first = batches(0);
     checks::CheckOutput data = checks::check_data_contract(spec_->data, first);
-    write("data/field_ownership.json", data.evidence);
+    write(layout::kFieldOwnership, data.evidence);
     checks::CheckOutput documents = checks::check_batch_documents(spec_->data, first);
-    if (spec_->data.rows_from_documents) write("data/batch_documents.json", documents.evidence);
+    if (spec_->data.rows_from_documents) write(layout::kBatchDocuments, documents.evidence);
     data.findings.absorb(documents.findings);
     identity_ = std::make_unique<checks::InputIdentity>(options_.trainer.sequence_fields(),
                                                         options_.trainer.cp_replicated_fields());
     merge(std::move(data.findings));
     if (machine_ && mesh_->rank() == 0 && !findings_.failed()) {
       machine_->advance_if_before(IntegrationState::kStructureValidated,
-                                  {"check/findings.json", "check/structure.json", "check/optimizer_layout_initial.json",
-                                   "data/field_ownership.json", "checkpoint/coverage.json"});
+                                  {layout::kFindings, layout::kStructure, layout::kOptimizerLayoutInitial,
+                                   layout::kFieldOwnership, layout::kCheckpointCoverage});
     }
   });
 }
@@ -293,10 +294,10 @@ void ValidationSession::fail_case(const std::string& reason) {
   failed_ = true;
   if (!evidence_ || mesh_->rank() != 0) return;
   try {
-    evidence_->write_json("check/findings.json", findings_.to_json());
+    evidence_->write_json(layout::kFindings, findings_.to_json());
     IntegrationState s;
     if (!machine_->current(&s) || (s != IntegrationState::kFailed && s != IntegrationState::kBlocked)) {
-      machine_->fail(reason, {"check/findings.json"});
+      machine_->fail(reason, {layout::kFindings});
     }
   } catch (const std::exception&) {
     // The original failure is what the caller reports; a second one here must not mask it.
@@ -325,8 +326,8 @@ bool ValidationSession::finish() {
     return false;
   }
   if (evidence_ && mesh_->rank() == 0) {
-    evidence_->write_json("check/findings.json", findings_.to_json());
-    machine_->advance_if_before(IntegrationState::kStructureValidated, {"check/findings.json"});
+    evidence_->write_json(layout::kFindings, findings_.to_json());
+    machine_->advance_if_before(IntegrationState::kStructureValidated, {layout::kFindings});
   }
   return !failed_;
 }
@@ -339,7 +340,7 @@ void ValidationSession::gradients_received() {
   std::vector<int64_t> steps = presence_steps_;
   json earlier;
   if (!options_.continues_evidence.empty() && mesh_->rank() == 0) {
-    const std::filesystem::path file = options_.continues_evidence / "check/gradients_received.json";
+    const std::filesystem::path file = options_.continues_evidence / layout::kGradientsReceived;
     earlier = read_json_file(file);
     auto all_of = [](const json& list, bool (json::*is)() const noexcept) {
       return list.is_array() && std::all_of(list.begin(), list.end(), [&](const json& v) { return (v.*is)(); });
@@ -364,7 +365,7 @@ void ValidationSession::gradients_received() {
     for (const auto& r : out.findings.runs()) findings_.ran(r.check, r.examined, r.unit);
   }
   // The whole run so far, which a later phase continues from.
-  write("check/gradients_received.json", out.evidence);
+  write(layout::kGradientsReceived, out.evidence);
 }
 
 std::unique_ptr<TrainingHooks> make_session(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh) {

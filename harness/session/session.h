@@ -10,23 +10,8 @@
 // metrics row).
 //
 // Evidence under SessionOptions::evidence_dir (rank 0 writes the shared files, every rank its
-// own rank<r> files):
-//   environment.json, integration_state.json, spec.resolved.json, config.resolved.json,
-//   check/{findings.json, structure.json, parameter_ownership.csv, fsdp_units.json,
-//          optimizer_layout_initial.json, activation_checkpoint.json (per step: what ran under
-//          checkpointing and what backward recomputed), parameter_watchlist.json,
-//          invariants_<phase>.json, loaded_values.json (weights set after the build)},
-//   data/{field_ownership.json, observed_forward_fields.json, input_identity.jsonl},
-//   checkpoint/{coverage.json, <event>_rank<r>.json},
-//   cases/runtime/{metrics.jsonl, performance_rank<r>.jsonl, shared_state_step<k>.json,
-//                  modality_gradients_step<k>.json, optimizer_layout_step<k>.json,
-//                  replicas_step<k>.json, gradient_presence_step<k>.json},
-//   check/gradients_received.json (at finish: the trainable parameters no rank gave a
-//   gradient at any step of the run),
-//   probes/rank0.jsonl (one line per stage and step; values are global, so rank 0 writes; the
-//   stages forward_output and output_grad, per module the model observes, at the first two
-//   steps and the last; model_before at the first step only, grad_after_clip and
-//   optimizer_state at the first two and the last).
+// own *_rank<r> files): the case directory of harness/base/evidence_layout.h, the one
+// description of the evidence tree.
 #pragma once
 
 #include <filesystem>

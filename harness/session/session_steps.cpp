@@ -13,6 +13,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
@@ -52,7 +53,7 @@ void ValidationSession::record_batch(int64_t step, int micro_batch, int64_t firs
     if (step == first_step_ && micro_batch == 0) {
       checks::CheckOutput fields = checks::check_forward_fields(spec_->data, batch);
       take(pending_, fields.findings);
-      write("data/observed_forward_fields.json", fields.evidence);
+      write(layout::kObservedForwardFields, fields.evidence);
     }
     if (!runtime()) return;
     ParallelContext& ctx = *state_.context;
@@ -66,7 +67,7 @@ void ValidationSession::record_token_losses(int64_t step, int micro_batch, const
   guarded("record_token_losses", [&] {
     checks::CheckOutput losses = checks::check_token_losses(batch, token_losses);
     take(pending_, losses.findings);
-    write("data/token_losses.json", losses.evidence);
+    write(layout::kTokenLosses, losses.evidence);
   });
 }
 
@@ -75,7 +76,7 @@ void ValidationSession::before_gradient_sync(int64_t step) {
     if (!runtime() || state_.context->tp_size() == 1) return;
     checks::CheckOutput partial = checks::check_tp_partial_gradients(*state_.context, step);
     take(pending_, partial.findings);
-    if (step == first_step_) write_step("cases/runtime/tp_partial_gradients_step" + std::to_string(step) + ".json", partial.evidence);
+    if (step == first_step_) write_step(layout::tp_partial_gradients_step(step), partial.evidence);
   });
 }
 
@@ -85,11 +86,11 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
     checks::CheckOutput reductions = checks::check_gradient_reductions(*state_.context, step);
     take(pending_, reductions.findings);
     if (step == 0 || step == first_step_) {
-      write_step("cases/runtime/gradient_reductions_step" + std::to_string(step) + ".json", reductions.evidence);
+      write_step(layout::gradient_reductions_step(step), reductions.evidence);
     }
     checks::CheckOutput modal = checks::check_modality_gradients(*state_.context, spec_->modalities, fields_seen_, step);
     take(pending_, modal.findings);
-    if (!spec_->modalities.empty()) write_step("cases/runtime/modality_gradients_step" + std::to_string(step) + ".json", modal.evidence);
+    if (!spec_->modalities.empty()) write_step(layout::modality_gradients_step(step), modal.evidence);
     take(pending_, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kAfterBackward, step).findings);
     // Which parameters no rank's backward reached (collective), and their values before the
     // optimizer, which must leave them as they are.
@@ -120,7 +121,7 @@ void ValidationSession::after_clip(int64_t step, double /*grad_norm*/) {
     if (full_probe_step_) probe(probes::Stage::kGradAfterClip, step);
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kRuntime, spec_->decayed_1d);
     take(pending_, optimizer.findings);
-    write_step("cases/runtime/optimizer_layout_step" + std::to_string(step) + ".json", optimizer.evidence);
+    write_step(layout::optimizer_layout_step(step), optimizer.evidence);
   });
 }
 
@@ -136,18 +137,18 @@ void ValidationSession::after_optimizer(int64_t step) {
         checks::check_update_without_gradient(*state_.context, without_gradient_before_, step, trainable);
     without_gradient_before_.clear();
     take(pending_, presence.findings);
-    write_step("cases/runtime/gradient_presence_step" + std::to_string(step) + ".json", presence.evidence);
+    write_step(layout::gradient_presence_step(step), presence.evidence);
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
     take(pending_, r);
-    write_step("cases/runtime/replicas_step" + std::to_string(step) + ".json", replicas);
+    write_step(layout::replicas_step(step), replicas);
   });
 }
 
 void ValidationSession::probe(probes::Stage stage, int64_t step) {
   json j = probes::probe_stage(*state_.context, watchlist_, stage, state_.optimizer, options_.watch);
   j["step"] = step;
-  if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("probes/rank0.jsonl", j);
+  if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kProbes, j);
 }
 
 void ValidationSession::probe_activations(int64_t step) {
@@ -170,8 +171,8 @@ void ValidationSession::probe_activations(int64_t step) {
     if (r.grad.seen) grad[r.module] = stats(r.grad);
   }
   if (evidence_ && mesh_->rank() == 0) {
-    evidence_->append_jsonl("probes/rank0.jsonl", {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}});
-    evidence_->append_jsonl("probes/rank0.jsonl", {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}});
+    evidence_->append_jsonl(layout::kProbes, {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}});
+    evidence_->append_jsonl(layout::kProbes, {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}});
   }
 }
 
@@ -187,16 +188,16 @@ void ValidationSession::end_step(const StepMetrics& m) {
     FindingReport local;
     json identity = identity_->finish(*mesh_, step, &local, ctx.device());
     input_identity_.push_back(identity);
-    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("data/input_identity.jsonl", identity);
+    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kInputIdentity, identity);
 
     checks::CheckOutput shared =
         checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step, &fields_seen_);
     take(local, shared.findings);
-    write_step("cases/runtime/shared_state_step" + std::to_string(step) + ".json", shared.evidence);
+    write_step(layout::shared_state_step(step), shared.evidence);
 
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kRuntime, state_);
     take(local, inv.findings);
-    if (!inv.evidence.empty()) write_step("cases/runtime/invariants_step" + std::to_string(step) + ".json", inv.evidence);
+    if (!inv.evidence.empty()) write_step(layout::invariants_step(step), inv.evidence);
 
     // The reduction paths the runtime took so far (reduction_paths.h), for `mih reach`.
     json paths = json::object();
@@ -205,13 +206,13 @@ void ValidationSession::end_step(const StepMetrics& m) {
       paths[name] = {{"axis", path.axis}, {"axis_size", reached.axis_size}, {"op", path.op},
                      {"site", path.site}, {"parameters", reached.parameters}};
     }
-    write_step("cases/runtime/reduction_paths.json", {{"through_step", step}, {"paths", paths}});
+    write_step(layout::kReductionPaths, {{"through_step", step}, {"paths", paths}});
 
     // Communication of training (not of the session) since the last step, per axis.
     json sites, expected_by_layer;
     const json comm = take_comm_bytes(&sites);
     const json expected = take_expected_comm(&expected_by_layer);
-    write_step("cases/runtime/comm_expected_step" + std::to_string(step) + ".json", expected_by_layer);
+    write_step(layout::comm_expected_step(step), expected_by_layer);
     const int64_t dp = mesh_->comm(MeshAxis::kDp).size(), cp = mesh_->comm(MeshAxis::kCp).size();
     const double seconds = std::max(m.step_ms, 1e-9) / 1e3;
     json row = m;
@@ -241,8 +242,8 @@ void ValidationSession::end_step(const StepMetrics& m) {
     metrics_.back()["session_ms"] = total;
     hook_ms_.clear();
     performance_.push_back(perf);
-    if (evidence_) evidence_->append_jsonl("cases/runtime/performance_rank" + std::to_string(mesh_->rank()) + ".jsonl", perf);
-    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl("cases/runtime/metrics.jsonl", metrics_.back());
+    if (evidence_) evidence_->append_jsonl(layout::performance_rank(mesh_->rank()), perf);
+    if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kMetrics, metrics_.back());
   });
 }
 
@@ -258,13 +259,13 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
       seen = {counts.checkpointed, counts.recomputed};
     }
     checkpoint_steps_.push_back(json{{"step", step}, {"regions", regions}});
-    write_step("check/activation_checkpoint.json", {{"enabled", ctx.config().activation_checkpointing},
+    write_step(layout::kActivationCheckpoint, {{"enabled", ctx.config().activation_checkpointing},
                                                     {"regions", ctx.checkpoint_regions()},
                                                     {"steps", checkpoint_steps_}});
     // At the first step this session trains: step 0, or the first after a resume's load (whose
     // evidence directory is the case's own).
     if (step != first_step_) return;
-    write("check/fsdp_trace.json", ctx.to_json());
+    write(layout::kFsdpTrace, ctx.to_json());
   });
 }
 
@@ -318,15 +319,15 @@ void ValidationSession::capture_checkpoint_payload(const std::string& event, con
     summary["comm_bytes"] = take_comm_bytes();
     json unused;
     (void)take_expected_comm(&unused);
-    write_rank_file("checkpoint/" + event + "_rank" + std::to_string(mesh_->rank()) + ".json", summary);
+    write_rank_file(layout::checkpoint_event(event, mesh_->rank()), summary);
     if (event != "load") return;
     FindingReport local;
     checks::CheckOutput inv = checks::run_invariants(spec_->invariants, spec::Phase::kCheckpoint, state_);
     take(local, inv.findings);
-    write("checkpoint/invariants_after_load.json", inv.evidence);
+    write(layout::kInvariantsAfterLoad, inv.evidence);
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state_, options_.trainer, spec::Phase::kCheckpoint, spec_->decayed_1d);
     take(local, optimizer.findings);
-    write("checkpoint/optimizer_layout_after_load.json", optimizer.evidence);
+    write(layout::kOptimizerLayoutAfterLoad, optimizer.evidence);
     take(local, checks::check_frozen_parameters(state_, spec_->frozen, checks::FrozenPoint::kBuilt, 0).findings);
     merge(std::move(local));
   });
