@@ -16,10 +16,12 @@
 #include <optional>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
@@ -58,8 +60,8 @@ namespace {
 
 // SHA-256 of every evidence file of the case (relative path -> digest), case_run.json aside:
 // what a later run checks before it reuses the case (memo.cpp).
-nlohmann::json evidence_digests(const fs::path& dir) {
-  nlohmann::json out = nlohmann::json::object();
+std::map<std::string, std::string> evidence_digests(const fs::path& dir) {
+  std::map<std::string, std::string> out;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
@@ -238,21 +240,21 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   CaseRunResult result;
   result.evidence = prepare_case(s, c, o);
   EvidenceDir dir(result.evidence);
-  nlohmann::json record = {{"spec", s.name},
-                           {"case", c.name},
-                           {"kind", spec::case_kind_name(c.kind)},
-                           {"group", c.group},
-                           {"world_size", c.world_size()},
-                           {"config", c.config},
-                           {"compare_to", c.compare_to},
-                           {"matrix", o.matrix},
-                           {"training_backend", o.training_backend},
-                           {"fingerprint", o.fingerprint},
-                           {"fault", o.fault},
-                           {"init_from", o.init_from.empty() ? nlohmann::json() : nlohmann::json(o.init_from.string())},
-                           {"init_from_sha256", o.init_from_sha256.empty() ? nlohmann::json()
-                                                                           : nlohmann::json(o.init_from_sha256)}};
-  nlohmann::json started_by = nlohmann::json::object();  // phase -> how each rank started (fork_server, exec)
+  CaseRecord record;
+  record.spec = s.name;
+  record.case_name = c.name;
+  record.kind = c.kind;
+  record.group = c.group;
+  record.world_size = c.world_size();
+  record.config = c.config;
+  record.compare_to = c.compare_to;
+  record.matrix = o.matrix;
+  record.training_backend = o.training_backend;
+  record.fingerprint = o.fingerprint;
+  record.fault = o.fault;
+  record.init_from = o.init_from.string();
+  record.init_from_sha256 = o.init_from_sha256;
+  std::map<std::string, std::vector<std::string>>& started_by = record.started_by;
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
     w.run_dir = result.evidence / layout::run_phase_dir(phase);
@@ -325,7 +327,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   }
   if (!o.fault.empty()) {
     const bool reached = fault_reached(result.evidence);
-    record["fault_reached"] = reached;
+    record.fault_reached = reached;
     if (result.outcome == Outcome::kRan && !reached) {
       // Every test of this case would pass on the correct code it ran: a green that lies.
       result.outcome = Outcome::kFaultNotReached;
@@ -336,30 +338,25 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   // Rank 0's time by kind, over the phases: process start, rendezvous, training (build and
   // steps less the session's checks), checks (the session's, and the end of the run), and
   // the rest of the launch wall time (spawn, teardown, the launcher's waits).
-  nlohmann::json timing = {{"process_start_s", 0.0}, {"rendezvous_s", 0.0}, {"training_s", 0.0}, {"checks_s", 0.0}};
+  CaseTiming& timing = record.timing;
   for (const char* phase : {"train", "save", "load"}) {
-    nlohmann::json rank0;
     std::string text;
     if (!read_file(result.evidence / layout::run_phase_dir(phase) / layout::timing_rank(0), &text)) continue;
-    rank0 = parse_json_lenient(text);
-    if (rank0.is_discarded()) continue;
-    timing["process_start_s"] = timing["process_start_s"].get<double>() + rank0.value("process_start_s", 0.0);
-    timing["rendezvous_s"] = timing["rendezvous_s"].get<double>() + rank0.value("rendezvous_s", 0.0);
-    timing["training_s"] = timing["training_s"].get<double>() + rank0.value("build_s", 0.0) +
-                           rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
-    timing["checks_s"] = timing["checks_s"].get<double>() + rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
+    const nlohmann::json rank0 = parse_json_lenient(text);
+    if (rank0.is_discarded() || !rank0.is_object()) continue;
+    timing.process_start_s += rank0.value("process_start_s", 0.0);
+    timing.rendezvous_s += rank0.value("rendezvous_s", 0.0);
+    timing.training_s += rank0.value("build_s", 0.0) + rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
+    timing.checks_s += rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
   }
-  timing["other_s"] = result.seconds - timing["process_start_s"].get<double>() - timing["rendezvous_s"].get<double>() -
-                      timing["training_s"].get<double>() - timing["checks_s"].get<double>();
-  record.update({{"seconds", result.seconds},
-                 {"timing", timing},
-                 {"launch_seconds", result.launch_seconds},
-                 {"started_by", started_by},
-                 {"state", result.state},
-                 {"outcome", outcome_name(result.outcome)},
-                 {"error", result.error},
-                 {"files", evidence_digests(result.evidence)}});
-  dir.write_json(layout::kCaseRecord, record);
+  timing.other_s = result.seconds - timing.process_start_s - timing.rendezvous_s - timing.training_s - timing.checks_s;
+  record.seconds = result.seconds;
+  record.launch_seconds = result.launch_seconds;
+  record.state = result.state;
+  record.outcome = result.outcome;
+  record.error = result.error;
+  record.files = evidence_digests(result.evidence);
+  dir.write_json(layout::kCaseRecord, nlohmann::json(record));
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <exception>
 #include <map>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
@@ -79,7 +80,7 @@ int run_contrasts(const FaultEntry& f, const FaultRuns& runs, const std::map<std
       for (const auto& n : now) {
         try {
           not_reached = not_reached ||
-                        read_json_file(dir / f.spec / n / layout::kCaseRecord).value("outcome", "") == outcome_name(Outcome::kFaultNotReached);
+                        read_case_record(dir / f.spec / n / layout::kCaseRecord).outcome == Outcome::kFaultNotReached;
         } catch (const std::exception&) {
           // No record of it: the exit status says why.
         }

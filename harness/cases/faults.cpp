@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
@@ -381,8 +382,8 @@ int run_faults(const FaultsOptions& options) {
     // A fault no rank reached ran the correct code: nothing about it was checked, whatever failed.
     bool reached = true;
     try {
-      const json run = read_json_file(root / f->spec / case_name / layout::kCaseRecord);
-      reached = run.value("fault_reached", true) && find_outcome(run.value("outcome", "")) != Outcome::kFaultNotReached;
+      const CaseRecord run = read_case_record(root / f->spec / case_name / layout::kCaseRecord);
+      reached = run.fault_reached.value_or(true) && run.outcome != Outcome::kFaultNotReached;
     } catch (const std::exception&) {
       // No record: the launch failed, which rc reports.
     }

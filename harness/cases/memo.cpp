@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/process_stat.h"
@@ -112,10 +113,10 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
   };
   if (ev.has(layout::kCaseRecord)) {
     fault_of_record(layout::kCaseRecord);
-    const json& record = ev.json(layout::kCaseRecord);
+    const json record = read_case_record(ev.dir() / layout::kCaseRecord);
     json recorded = json::object(), compiled = json::object();
     for (const char* key : {"kind", "group", "world_size", "config", "compare_to"}) {
-      recorded[key] = record.is_object() && record.contains(key) ? record[key] : json();
+      recorded[key] = record[key];
       compiled[key] = case_json.contains(key) ? case_json[key] : json();
     }
     add_differences(layout::kCaseRecord, recorded, compiled, &out);
@@ -177,29 +178,23 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   }
   out.outcome = Outcome::kVerifyOnly;
   if (ev.has(layout::kCaseRecord)) {
-    const json& run = ev.json(layout::kCaseRecord);
-    MIH_CHECK_CODE(run.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / layout::kCaseRecord).string(),
-                   " is not a JSON object (", run.type_name(), "): it is not a case record mih wrote (edited or "
-                   "foreign); rerun the case");
+    const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
     // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
     // (a truncated file that no verdict reads would pass), never checked as if it were.
-    if (!run_options().allow_edited_evidence && run.contains("files") && run["files"].is_object()) {
-      for (const auto& [relative, digest] : run["files"].items()) {
+    if (!run_options().allow_edited_evidence) {
+      for (const auto& [relative, digest] : run.files) {
         std::string text;
         const bool readable = read_file(dir / relative, &text);
-        MIH_CHECK_CODE(readable && digest.is_string() && sha256_hex(text) == digest.get<std::string>(),
+        MIH_CHECK_CODE(readable && sha256_hex(text) == digest,
                        Code::kFailedPrecondition, "evidence file ", (dir / relative).string(),
                        readable ? " changed after its run wrote it" : " is missing",
                        " (case_run.json records its SHA-256): it is not the run's evidence; rerun the case, or pass "
                        "--allow-edited-evidence to check it as it is");
       }
     }
-    // A record without an outcome is of a launch that completed (an outside launcher's).
-    const json& named = run.contains("outcome") ? run["outcome"] : json(outcome_name(Outcome::kRan));
-    out.outcome = parse_outcome(named.is_string() ? named.get<std::string>() : named.dump(),
-                                (dir / layout::kCaseRecord).string() + ": outcome");
-    out.error = run.value("error", "");
-    out.seconds = run.value("seconds", 0.0);
+    out.outcome = run.outcome;
+    out.error = run.error;
+    out.seconds = run.seconds;
   }
   // The tolerances, the spec, the case and the fault a verdict applies are the compiled ones
   // (and this run's): evidence that says otherwise is not this case's to judge by them. (A
@@ -225,35 +220,32 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
 // only a case that completed (Outcome::kRan), with this fingerprint, and whose every evidence file is
 // still the one its run wrote (case_run.json's digests) is reused.
 std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256) {
-  json run;
+  CaseRecord run;
   try {
-    run = read_json_file(dir / layout::kCaseRecord);
-  } catch (const std::exception& e) {
-    return std::string("its case_run.json is unreadable (") + e.what() + ")";
+    run = read_case_record(dir / layout::kCaseRecord);
+  } catch (const Error& e) {
+    return "its record cannot be trusted (" + e.message() + ")";
   }
-  if (!run.is_object()) return "its case_run.json is not an object";
-  const std::string outcome = run.value("outcome", "");
-  if (find_outcome(outcome) != Outcome::kRan) {
-    return "its last run did not complete (outcome '" + outcome + "'" +
-           (run.value("error", "").empty() ? std::string() : ": " + run.value("error", "").substr(0, 200)) + ")";
+  if (run.outcome != Outcome::kRan) {
+    return "its last run did not complete (outcome '" + std::string(outcome_name(run.outcome)) + "'" +
+           (run.error.empty() ? std::string() : ": " + run.error.substr(0, 200)) + ")";
   }
-  const std::string started_from =
-      run.contains("init_from_sha256") && run["init_from_sha256"].is_string() ? run["init_from_sha256"].get<std::string>() : "";
+  const std::string& started_from = run.init_from_sha256;
   if (started_from != init_from_sha256) {
     auto weights = [](const std::string& sha) {
       return sha.empty() ? std::string("the seed's weights") : "a checkpoint with SHA-256 " + sha.substr(0, 16) + "...";
     };
     return "it started from " + weights(started_from) + ", this run starts from " + weights(init_from_sha256);
   }
-  if (run.value("fingerprint", "") != fp) {
+  if (run.fingerprint != fp) {
     return "its evidence was produced by another binary, case definition, backend, fault, timeout or checkpoint to "
            "start from";
   }
-  if (!run.contains("files") || !run["files"].is_object()) return "its case_run.json lists no evidence digests";
-  for (const auto& [relative, digest] : run["files"].items()) {
+  if (run.files.empty()) return "its case_run.json lists no evidence digests";
+  for (const auto& [relative, digest] : run.files) {
     std::string text;
     if (!read_file(dir / relative, &text)) return "evidence file " + relative + " is missing";
-    if (!digest.is_string() || sha256_hex(text) != digest.get<std::string>()) {
+    if (sha256_hex(text) != digest) {
       return "evidence file " + relative + " changed after its run wrote it";
     }
   }
@@ -312,11 +304,11 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         }
       }
       if (why.empty()) {
-        const json run = read_json_file(dir / layout::kCaseRecord);
+        const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
         out.evidence = dir;
         out.outcome = Outcome::kRan;  // why_not_reusable reuses nothing else
-        out.error = run.value("error", "");
-        out.seconds = run.value("seconds", 0.0);
+        out.error = run.error;
+        out.seconds = run.seconds;
         reused = true;
       } else {
         // Said whatever --no-progress says: a relaunch costs time and the user should know why.

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/fault.h"
@@ -111,14 +112,12 @@ std::vector<std::string> recorded_tests(const fs::path& root) {
 // of a case launched by torchrun or srun (which has no case_run.json); "" for none, no record,
 // or a name that is no fault (the verify-only run then refuses the record, naming the field).
 std::string recorded_fault(const fs::path& case_dir) {
-  std::string text;
-  if (!read_file(case_dir / layout::kCaseRecord, &text) && !read_file(case_dir / layout::kCaseRequest, &text)) return "";
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("fault") || !j["fault"].is_string() || j["fault"].get<std::string>().empty()) {
-    return "";
-  }
+  std::error_code ec;
   try {
-    return fault::name(fault::parse(j["fault"].get<std::string>()));
+    const std::string named = fs::exists(case_dir / layout::kCaseRecord, ec)
+                                  ? read_case_record(case_dir / layout::kCaseRecord).fault
+                                  : read_case_request(case_dir / layout::kCaseRequest).fault;
+    return named.empty() ? std::string() : fault::name(fault::parse(named));
   } catch (const Error&) {
     return "";
   }
@@ -144,11 +143,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
     if (ev.has(layout::kCaseRecord)) {
-      const json& record = ev.json(layout::kCaseRecord);
-      MIH_CHECK_CODE(record.is_object(), Code::kFailedPrecondition, "evidence file ", (dir / layout::kCaseRecord).string(),
-                     " is not a JSON object (", record.type_name(), "): it is not a case record mih wrote (edited or "
-                     "foreign); rerun the case");
-      args.insert(args.end(), {"--matrix", record.value("matrix", "")});
+      args.insert(args.end(), {"--matrix", read_case_record(dir / layout::kCaseRecord).matrix});
     }
     // A case that started from a checkpoint is checked as one (its source keys included).
     if (ev.has(layout::kCaseRequest)) {
@@ -227,13 +222,12 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
       for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
         const fs::path record = entry.path() / layout::kCaseRecord;
         if (!fs::exists(record, ec)) continue;
-        std::string text;
-        const bool read = read_file(record, &text);
-        const json j = read ? parse_json_lenient(text) : json();
-        MIH_CHECK_CODE(read && j.is_object() && j.contains("outcome"), Code::kFailedPrecondition, "mih check: ",
-                       record.string(), read ? " is not a case record mih wrote (truncated or foreign)" : " cannot be read",
-                       "; rerun the case: mih run --spec ", r.spec, " --case ", entry.path().filename().string(),
-                       " --evidence-root ", target.string());
+        try {
+          (void)read_case_record(record);
+        } catch (const Error& e) {
+          MIH_THROW(Code::kFailedPrecondition, "mih check: ", e.message(), ": mih run --spec ", r.spec, " --case ",
+                    entry.path().filename().string(), " --evidence-root ", target.string());
+        }
       }
     }
     args.insert(args.end(), {"--prefixes", prefixes});

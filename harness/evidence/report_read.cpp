@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
@@ -146,27 +147,25 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   json j;
   const fs::path case_run = dir / layout::kCaseRecord;
   if (read_json_object(case_run, &j, &c->problems)) {
-    take(j, "kind", &c->kind, case_run, &c->problems);
-    take(j, "compare_to", &c->compare_to, case_run, &c->problems);
-    std::string outcome;
-    take(j, "outcome", &outcome, case_run, &c->problems);
-    if (!outcome.empty()) {
-      c->outcome = find_outcome(outcome);
-      if (!c->outcome) {
-        c->problems.push_back(case_run.string() + ": outcome '" + outcome.substr(0, 80) + "' is none mih writes");
-      }
-    }
-    take(j, "error", &c->error, case_run, &c->problems);
-    take(j, "fault", &c->fault, case_run, &c->problems);
-    take(j, "world_size", &c->world_size, case_run, &c->problems);
-    take(j, "seconds", &c->seconds, case_run, &c->problems);
-    take(j, "matrix", &c->matrix, case_run, &c->problems);
-    take(j, "init_from", &c->init_from, case_run, &c->problems);
-    take(j, "training_backend", &c->training_backend, case_run, &c->problems);
-    if (j.contains("timing") && j["timing"].is_object()) {
-      for (const auto& [k, v] : j["timing"].items()) {
-        if (v.is_number()) c->timing[k] = v.get<double>();
-      }
+    try {
+      const CaseRecord r = j.get<CaseRecord>();
+      c->kind = spec::case_kind_name(r.kind);
+      c->compare_to = r.compare_to;
+      c->outcome = r.outcome;
+      c->error = r.error;
+      c->fault = r.fault;
+      c->world_size = static_cast<int>(r.world_size);
+      c->seconds = r.seconds;
+      c->matrix = r.matrix;
+      c->init_from = r.init_from;
+      c->training_backend = r.training_backend;
+      c->timing = {{"process_start_s", r.timing.process_start_s},
+                   {"rendezvous_s", r.timing.rendezvous_s},
+                   {"training_s", r.timing.training_s},
+                   {"checks_s", r.timing.checks_s},
+                   {"other_s", r.timing.other_s}};
+    } catch (const Error& e) {
+      c->problems.push_back(case_run.string() + ": " + e.message());
     }
   }
   const fs::path case_file = dir / layout::kCaseRequest;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/files.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
@@ -282,10 +283,15 @@ fs::path write_run(const std::string& name) {
            {"Reference", "1"}, {"DpShard2", "dp_shard=2"}, {"DpShard2Ep2", "dp_shard=2,ep=2"}}) {
     const fs::path dir = root / "moe" / c;
     const ParallelConfig config = config_of(mesh);
-    write_file_atomic(dir / "case_run.json", json({{"kind", c == "Reference" ? "reference" : "train"},
-                                                   {"outcome", "ran"}, {"matrix", "cpu-smoke"}, {"fault", ""},
-                                                   {"world_size", config.world_size()}})
-                                                 .dump());
+    CaseRecord record;
+    record.spec = "moe";
+    record.case_name = c;
+    record.kind = c == "Reference" ? spec::CaseKind::kReference : spec::CaseKind::kTrain;
+    record.config = config;
+    record.world_size = config.world_size();
+    record.matrix = "cpu-smoke";
+    record.outcome = Outcome::kRan;
+    write_file_atomic(dir / "case_run.json", json(record).dump());
     write_file_atomic(dir / "run" / "case.json",
                       json({{"spec", "moe"}, {"case", {{"name", c}, {"kind", "train"}, {"config", config}}}}).dump());
     write_file_atomic(dir / "integration_state.json", json({{"state", "STRUCTURE_VALIDATED"}}).dump());

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/evidence/report.h"
@@ -62,8 +63,22 @@ std::string metrics(double loss0, const std::vector<json>& extra = {}) {
   return jsonl(rows);
 }
 
-void write_case(const fs::path& dir, const json& case_run, const std::string& state, const std::string& metrics_text) {
-  write_file_atomic(dir / "case_run.json", case_run.dump(2));
+// A whole case record (case_run.json is strict: every field, case_record.h) with the fields of
+// `fields` over a record of a completed one-axis case; its config is dp_shard=<world_size>.
+json case_record(const json& fields) {
+  CaseRecord r;
+  r.outcome = Outcome::kRan;
+  r.world_size = fields.value("world_size", 1);
+  if (r.world_size > 1) r.config = ParallelConfig::parse_mesh("dp_shard=" + std::to_string(r.world_size));
+  json j = r;
+  for (const auto& [key, value] : fields.items()) {
+    if (key != "config") j[key] = value;
+  }
+  return j;
+}
+
+void write_case(const fs::path& dir, const json& fields, const std::string& state, const std::string& metrics_text) {
+  write_file_atomic(dir / "case_run.json", case_record(fields).dump(2));
   write_file_atomic(dir / "integration_state.json", json{{"state", state}, {"reason", ""}}.dump(2));
   if (!metrics_text.empty()) write_file_atomic(dir / "cases" / "runtime" / "metrics.jsonl", metrics_text);
 }

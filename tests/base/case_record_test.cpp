@@ -1,0 +1,112 @@
+// The case record (harness/base/case_record.h): what the parent writes to case_run.json is read
+// back field for field, and a record that is not exactly that (a field removed, one added, an
+// outcome mih does not write, digests naming a file outside the case directory) is refused
+// naming what is wrong, never read with defaults.
+#include "harness/base/case_record.h"
+
+#include <fstream>
+#include <functional>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "tests/support/temp_dir.h"
+
+namespace mih {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+CaseRecord example() {
+  CaseRecord r;
+  r.spec = "llama";
+  r.case_name = "DpShard2";
+  r.kind = spec::CaseKind::kTrain;
+  r.group = "axis";
+  r.config.dp_shard = 2;
+  r.world_size = 2;
+  r.compare_to = "Reference";
+  r.matrix = "cpu-smoke";
+  r.training_backend = "trainer";
+  r.fingerprint = "6513fcd9ef8b594b";
+  r.fault = "F03";
+  r.fault_reached = true;
+  r.seconds = 0.7;
+  r.launch_seconds = {0.7};
+  r.timing = {0.05, 0.07, 0.41, 0.1, 0.07};
+  r.started_by = {{"train", {"fork_server", "exec"}}};
+  r.state = "STRUCTURE_VALIDATED";
+  r.outcome = Outcome::kRan;
+  r.files = {{"cases/runtime/metrics.jsonl", std::string(64, 'a')}};
+  return r;
+}
+
+// The error a record of `j` gets, read from a file as mih check reads it.
+Error refusal(const json& j) {
+  const auto file = testing::temp_dir("case_record") / "case_run.json";
+  std::ofstream(file) << j.dump();
+  try {
+    (void)read_case_record(file);
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "read_case_record accepted " << j.dump();
+  return Error(Code::kOk, "");
+}
+
+TEST(CaseRecordTest, WhatIsWrittenIsReadBackFieldForField) {
+  const CaseRecord r = example();
+  const json j = r;
+  EXPECT_EQ(j.at("case"), "DpShard2");
+  EXPECT_EQ(j.at("outcome"), "ran");
+  EXPECT_TRUE(j.at("init_from").is_null());  // the seed's initialization
+  const CaseRecord back = j.get<CaseRecord>();
+  EXPECT_EQ(json(back), j);
+  EXPECT_EQ(back.outcome, Outcome::kRan);
+  EXPECT_EQ(back.fault_reached, std::optional<bool>(true));
+  EXPECT_EQ(back.timing.training_s, 0.41);
+  EXPECT_EQ(back.started_by.at("train").at(1), "exec");
+  CaseRecord no_fault = example();
+  no_fault.fault = "";
+  no_fault.fault_reached.reset();
+  EXPECT_FALSE(json(no_fault).contains("fault_reached"));
+  EXPECT_FALSE(json(no_fault).get<CaseRecord>().fault_reached.has_value());
+}
+
+TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
+  const json good = example();
+  struct Edit {
+    const char* what;
+    std::function<void(json&)> edit;
+    const char* named;
+  };
+  const std::vector<Edit> edits = {
+      {"outcome removed", [](json& j) { j.erase("outcome"); }, "outcome"},
+      {"kind removed", [](json& j) { j.erase("kind"); }, "kind"},
+      {"a field added", [](json& j) { j["verdict"] = "pass"; }, "unknown field 'verdict'"},
+      {"an outcome mih does not write", [](json& j) { j["outcome"] = "passed"; }, "outcome 'passed' is none mih writes"},
+      {"seconds as a string", [](json& j) { j["seconds"] = "0.7"; }, "seconds"},
+      {"a digest outside the case", [](json& j) { j["files"]["../../etc/passwd"] = std::string(64, 'a'); }, "../../etc/passwd"},
+      {"an absolute digest path", [](json& j) { j["files"]["/etc/passwd"] = std::string(64, 'a'); }, "/etc/passwd"},
+      {"a digest that is no SHA-256", [](json& j) { j["files"]["check/findings.json"] = "abc"; }, "not a SHA-256"},
+      {"world_size not the config's", [](json& j) { j["world_size"] = 4; }, "world_size 4"},
+      {"timing with a field added", [](json& j) { j["timing"]["gpu_s"] = 1; }, "gpu_s"},
+  };
+  for (const auto& e : edits) {
+    json j = good;
+    e.edit(j);
+    const Error err = refusal(j);
+    EXPECT_EQ(err.code(), Code::kFailedPrecondition) << e.what;
+    EXPECT_THAT(err.message(), HasSubstr(e.named)) << e.what;
+    EXPECT_THAT(err.message(), HasSubstr("case_run.json")) << e.what;
+    EXPECT_THAT(err.message(), HasSubstr("rerun the case")) << e.what;
+  }
+  EXPECT_THAT(refusal(json::array({1, 2})).message(), HasSubstr("is not a JSON object"));
+}
+
+}  // namespace
+}  // namespace mih
