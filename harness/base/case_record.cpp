@@ -5,6 +5,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_field_internal.h"
 #include "harness/base/json_fields.h"
 
 namespace mih {
@@ -15,18 +16,22 @@ namespace {
 
 json null_if_empty(const std::string& s) { return s.empty() ? json() : json(s); }
 
-// Field `name` of the record as a T; a missing or mistyped field is an error naming it.
 template <class T>
 T field(const json& j, const char* name) {
+  return internal::field<T>(j, name, "case record");
+}
+
+// An integer field: a float (1.7), a boolean or a string is an error, never a conversion.
+int64_t integer(const json& j, const char* name) {
   MIH_CHECK(j.contains(name), "case record: field '", name, "' is missing");
-  try {
-    return j.at(name).get<T>();
-  } catch (const json::exception& e) {
-    MIH_THROW(Code::kInvalidSpec, "case record: field '", name, "' is ", json_summary(j.at(name)), ": ",
-              json_error_text(e));
-  } catch (const Error& e) {
-    MIH_THROW(Code::kInvalidSpec, "case record: field '", name, "': ", e.message());
-  }
+  return json_int(j, name, 0, "case record", 0, int64_t{1} << 20);
+}
+
+// A non-negative number of seconds.
+double seconds_field(const json& j, const char* name) {
+  const double s = field<double>(j, name);
+  MIH_CHECK(s >= 0, "case record: field '", name, "' is ", s, " seconds: a duration is not negative");
+  return s;
 }
 
 std::string string_or_null(const json& j, const char* name) {
@@ -77,18 +82,21 @@ void from_json(const json& j, CaseRecord& r) {
     out.case_name = field<std::string>(j, "case");
     out.kind = spec::parse_case_kind(field<std::string>(j, "kind"));
     out.group = field<std::string>(j, "group");
-    out.world_size = field<int64_t>(j, "world_size");
+    out.world_size = integer(j, "world_size");
     out.config = field<ParallelConfig>(j, "config");
     out.compare_to = field<std::string>(j, "compare_to");
-    out.matrix = field<std::string>(j, "matrix");
+    out.matrix = field<MatrixSource>(j, "matrix");
     out.training_backend = field<std::string>(j, "training_backend");
     out.fingerprint = field<std::string>(j, "fingerprint");
     out.fault = field<std::string>(j, "fault");
     out.init_from = string_or_null(j, "init_from");
     out.init_from_sha256 = string_or_null(j, "init_from_sha256");
     if (j.contains("fault_reached")) out.fault_reached = field<bool>(j, "fault_reached");
-    out.seconds = field<double>(j, "seconds");
+    out.seconds = seconds_field(j, "seconds");
     out.launch_seconds = field<std::vector<double>>(j, "launch_seconds");
+    for (const double s : out.launch_seconds) {
+      MIH_CHECK(s >= 0, "case record: field 'launch_seconds' holds ", s, ": a duration is not negative");
+    }
     MIH_CHECK(j.contains("timing"), "case record: field 'timing' is missing");
     const json& t = j.at("timing");
     check_known_fields(t, "case record: timing", {"process_start_s", "rendezvous_s", "training_s", "checks_s", "other_s"});
@@ -109,6 +117,15 @@ void from_json(const json& j, CaseRecord& r) {
       MIH_CHECK(digest.size() == 64 && digest.find_first_not_of("0123456789abcdef") == std::string::npos,
                 "case record: files: the digest of '", relative.substr(0, 200), "' is not a SHA-256 in hex");
     }
+    MIH_CHECK(!out.files.empty(), "case record: field 'files' lists no evidence digest (every case writes at least its "
+              "case request)");
+    // What only a fault run records, and only a fault run can give.
+    MIH_CHECK(!out.fault_reached || !out.fault.empty(), "case record: 'fault_reached' in a record without a fault");
+    MIH_CHECK(out.outcome != Outcome::kFaultNotReached || !out.fault.empty(), "case record: outcome '",
+              outcome_name(out.outcome), "' in a record without a fault");
+    // A verify-only run reads evidence and writes no record.
+    MIH_CHECK(out.outcome != Outcome::kVerifyOnly, "case record: outcome '", outcome_name(out.outcome),
+              "' is a verify-only run's, which writes no record");
     MIH_CHECK(out.world_size == out.config.world_size(), "case record: world_size ", out.world_size,
               " is not that of its config (", out.config.world_size(), ")");
     r = std::move(out);

@@ -42,7 +42,7 @@ struct CaseRecord {
   int64_t world_size = 1;  ///< ranks of the case's config (ParallelConfig::world_size)
   ParallelConfig config;   ///< the config it trained under (a resume: after the load)
   std::string compare_to;  ///< the case its numbers are compared with, or ""
-  std::string matrix;      ///< the matrix source it was resolved from (CaseRequest::matrix)
+  MatrixSource matrix;     ///< the matrix source it was resolved from (CaseRequest::matrix)
   std::string training_backend;
   /// The run's fingerprint (binary, case definition, backend, fault, timeout, init source):
   /// evidence is reused only under the same one.

@@ -1,11 +1,15 @@
 // The case and the case request as types (case_request.h).
 #include "harness/base/case_request.h"
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <ostream>
 #include <utility>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_field_internal.h"
 #include "harness/base/json_fields.h"
 
 namespace mih::spec {
@@ -72,6 +76,73 @@ namespace mih {
 
 using nlohmann::json;
 
+std::string Lane::text() const {
+  std::string out = dtype ? dtype_name(*dtype) : std::string();
+  if (seed) out += (out.empty() ? "" : ",") + std::string("seed=") + std::to_string(*seed);
+  return out;
+}
+
+json Lane::overrides() const {
+  json j = json::object();
+  if (dtype) j["dtype"] = dtype_name(*dtype);
+  if (seed) j["seed"] = *seed;
+  return j;
+}
+
+Lane Lane::merged_with(const Lane& over) const {
+  Lane out = *this;
+  if (over.dtype) out.dtype = over.dtype;
+  if (over.seed) out.seed = over.seed;
+  return out;
+}
+
+Lane parse_lane(std::string_view text, const std::string& where) {
+  Lane lane;
+  bool dtype_given = false, seed_given = false;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    const std::string key(eq == std::string_view::npos ? std::string_view("dtype") : item.substr(0, eq));
+    const std::string value(eq == std::string_view::npos ? item : item.substr(eq + 1));
+    MIH_CHECK(key == "dtype" || key == "seed", where, ": unknown lane setting '", key,
+              "'; after '@' give a dtype and optionally seed=N (e.g. cpu-smoke@bfloat16,seed=2)");
+    bool& given = key == "dtype" ? dtype_given : seed_given;
+    MIH_CHECK(!given, where, ": '", key, "' is given twice");
+    given = true;
+    if (key == "dtype") {
+      lane.dtype = with_context(where, [&] { return parse_dtype_name(value); });
+    } else {
+      uint64_t seed = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seed);
+      MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && seed < (uint64_t{1} << 53), where,
+                ": seed '", value, "' is not an integer in [0, 2^53)");
+      lane.seed = seed;
+    }
+  }
+  MIH_CHECK(!lane.empty(), where, ": nothing after '@'; give a dtype (e.g. cpu-smoke@float32)");
+  return lane;
+}
+
+MatrixSource MatrixSource::parse(const std::string& source) {
+  MIH_CHECK(!source.empty() && source.front() != '-', "matrix source '", source.substr(0, 200),
+            "' is no preset or file name; give a preset (e.g. cpu-smoke) or a JSON matrix file");
+  const auto at = source.rfind('@');
+  if (at == std::string::npos) return {source, {}};
+  const std::string lane = source.substr(at + 1);
+  for (const unsigned char ch : lane) {
+    if (!(std::isalnum(ch) || ch == '=' || ch == ',' || ch == '_')) return {source, {}};
+  }
+  return {source.substr(0, at), parse_lane(lane, "matrix source '" + source + "'")};
+}
+
+void to_json(json& j, const MatrixSource& m) { j = m.text(); }
+
+void from_json(const json& j, MatrixSource& m) { m = MatrixSource::parse(j.get<std::string>()); }
+
 void to_json(json& j, const CaseRequest& r) {
   j = {{"spec", r.spec},
        {"case", r.c},
@@ -85,18 +156,20 @@ void to_json(json& j, const CaseRequest& r) {
 void from_json(const json& j, CaseRequest& r) {
   check_known_fields(j, "case request",
                      {"spec", "case", "matrix", "training_backend", "fault", "init_from", "init_from_sha256"});
+  using internal::field;
+  const std::string what = "case request";
   try {
     CaseRequest out;
-    out.spec = j.at("spec").get<std::string>();
-    out.c = j.at("case").get<spec::Case>();
-    out.matrix = j.at("matrix").get<std::string>();
-    out.training_backend = j.at("training_backend").get<std::string>();
-    out.fault = j.at("fault").get<std::string>();
-    if (j.contains("init_from")) out.init_from = j.at("init_from").get<std::string>();
-    if (j.contains("init_from_sha256")) out.init_from_sha256 = j.at("init_from_sha256").get<std::string>();
+    out.spec = field<std::string>(j, "spec", what);
+    out.c = field<spec::Case>(j, "case", what);
+    out.matrix = field<MatrixSource>(j, "matrix", what);
+    out.training_backend = field<std::string>(j, "training_backend", what);
+    out.fault = field<std::string>(j, "fault", what);
+    if (j.contains("init_from")) out.init_from = field<std::string>(j, "init_from", what);
+    if (j.contains("init_from_sha256")) out.init_from_sha256 = field<std::string>(j, "init_from_sha256", what);
     r = std::move(out);
-  } catch (const json::exception& e) {
-    MIH_THROW(Code::kFailedPrecondition, e.what());
+  } catch (const Error& e) {
+    MIH_THROW(Code::kFailedPrecondition, e.message());
   }
 }
 
@@ -108,7 +181,13 @@ CaseRequest read_case_request(const std::filesystem::path& path) {
   const json j = parse_json_lenient(text);
   MIH_CHECK_CODE(!j.is_discarded() && j.is_object(), Code::kFailedPrecondition, "case file ", path.string(),
                  " is not a JSON object");
-  return with_context("case file " + path.string(), [&] { return j.get<CaseRequest>(); });
+  try {
+    return j.get<CaseRequest>();
+  } catch (const Error& e) {
+    MIH_THROW(Code::kFailedPrecondition, "case file ", path.string(), ": ", e.message(),
+              ": it is not the case request mih writes (edited or of another tool); rerun the case, or write it "
+              "again with `mih run --prepare`");
+  }
 }
 
 }  // namespace mih

@@ -11,6 +11,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +62,45 @@ void PrintTo(const Case& c, std::ostream* os);
 
 namespace mih {
 
+/// A precision lane: the dtype and parameter-init seed that override every case of a matrix
+/// (`--dtype`, `--seed`, or a matrix source's suffix "@bfloat16,seed=2"). Empty: the matrix's.
+struct Lane {
+  std::optional<DType> dtype;
+  std::optional<uint64_t> seed;  ///< in [0, 2^53): JSON numbers are doubles
+  bool empty() const { return !dtype && !seed; }
+  /// "bfloat16,seed=2", "float32", "seed=3"; "" when empty.
+  std::string text() const;
+  /// The matrix fields it overrides: {"dtype": "bfloat16", "seed": 2} ({} when empty).
+  nlohmann::json overrides() const;
+  /// `over`'s settings where it has them, this lane's elsewhere (a flag over a suffix).
+  Lane merged_with(const Lane& over) const;
+  bool operator==(const Lane&) const = default;
+};
+
+/// Parses a lane's text ("bfloat16,seed=2"; a bare word is the dtype).
+/// Throws: mih::Error{kInvalidSpec} naming `where` for an empty lane, an unknown setting or
+///   dtype, a setting given twice, or a seed that is no integer in [0, 2^53).
+Lane parse_lane(std::string_view text, const std::string& where);
+
+/// Where a case matrix comes from: a preset name or a JSON matrix file, and a lane.
+/// Its text is "<base>" or "<base>@<lane>" ("cpu-smoke@bfloat16,seed=2"), which names the
+/// resolved matrix, the memo of its cases and case_run.json's "matrix".
+struct MatrixSource {
+  std::string base;  ///< a preset ("cpu-smoke") or a path to a JSON matrix file
+  Lane lane;
+  std::string text() const { return lane.empty() ? base : base + "@" + lane.text(); }
+  bool operator==(const MatrixSource&) const = default;
+  /// Splits `source` at its last '@' when what follows is a lane ("cpu-smoke@bfloat16"); a
+  /// source whose text after the last '@' has other characters than letters, digits, '=', ','
+  /// and '_' (a path "/data/a@b/m.json") is a base without a lane.
+  /// Throws: as parse_lane, naming the source.
+  static MatrixSource parse(const std::string& source);
+};
+
+/// As its text (a JSON string); from_json parses it (throws as MatrixSource::parse).
+void to_json(nlohmann::json& j, const MatrixSource& m);
+void from_json(const nlohmann::json& j, MatrixSource& m);
+
 /// What every rank of a case reads from <case dir>/run/case.json (written by the parent,
 /// cases::prepare_case, before any rank starts; an external launcher's ranks read the same).
 struct CaseRequest {
@@ -68,7 +108,7 @@ struct CaseRequest {
   spec::Case c;      ///< the resolved case
   /// The matrix source it was resolved from ("cpu-smoke", "cpu-smoke@bfloat16,seed=2", a
   /// JSON file): recorded, never read again.
-  std::string matrix;
+  MatrixSource matrix;
   std::string training_backend;  ///< "trainer", "plain", ... (harness/session/backend.h)
   std::string fault;             ///< a catalog fault the ranks inject ("F03"), or ""
   /// Absolute path of the checkpoint directory the ranks initialize from; "" for none.
@@ -78,12 +118,12 @@ struct CaseRequest {
 };
 /// Every field. from_json requires spec, case, matrix, training_backend and fault; init_from
 /// and init_from_sha256 may be absent ("" each: the seed's initialization).
-/// Throws: mih::Error{kFailedPrecondition} naming a missing or mistyped field;
-///   kInvalidSpec for an unknown field or a malformed case (spec::from_json).
+/// Throws: mih::Error{kFailedPrecondition} naming a missing, mistyped or malformed field (the
+///   case, the matrix source); kInvalidSpec for an unknown field.
 void to_json(nlohmann::json& j, const CaseRequest& r);
 void from_json(const nlohmann::json& j, CaseRequest& r);
 /// Reads `file` (a run/case.json). Throws: mih::Error{kFailedPrecondition} naming the file
-/// when it is missing, not a JSON object, or as from_json.
+/// when it is missing, not a JSON object, or not a request from_json reads (every error).
 CaseRequest read_case_request(const std::filesystem::path& file);
 
 }  // namespace mih

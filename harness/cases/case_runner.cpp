@@ -50,7 +50,7 @@ fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseR
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
   dir.write_json(layout::kCaseRequest,
-                 nlohmann::json(CaseRequest{s.name, c, o.matrix, o.training_backend, o.fault,
+                 nlohmann::json(CaseRequest{s.name, c, MatrixSource::parse(o.matrix), o.training_backend, o.fault,
                                             o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
                                             o.init_from_sha256}));
   return evidence;
@@ -248,7 +248,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   record.world_size = c.world_size();
   record.config = c.config;
   record.compare_to = c.compare_to;
-  record.matrix = o.matrix;
+  record.matrix = MatrixSource::parse(o.matrix);
   record.training_backend = o.training_backend;
   record.fingerprint = o.fingerprint;
   record.fault = o.fault;

@@ -23,6 +23,7 @@
 #include "harness/base/process_stat.h"
 #include "harness/base/version.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/evidence_store.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/conformance_run.h"
@@ -64,6 +65,27 @@ std::string field_name(const std::string& pointer) {
     }
   }
   return out.empty() ? "the whole value" : out;
+}
+
+// Why evidence file `relative` of case directory `dir` is not the one its run wrote with
+// SHA-256 `digest` ("is missing", "changed after its run wrote it", ...), or "" when it is: a
+// case writes regular files inside its directory, so a symbolic link (possibly out of it), a
+// FIFO or a directory in its place is not its evidence.
+std::string digest_problem(const fs::path& dir, const std::string& relative, const std::string& digest) {
+  std::error_code ec;
+  const fs::path file = dir / relative;
+  // Every parent inside the case directory too: a linked check/ would lead out of it.
+  for (fs::path part = fs::path(relative).parent_path(); !part.empty(); part = part.parent_path()) {
+    if (fs::is_symlink(dir / part, ec)) return "lies under a symbolic link (" + part.string() + ")";
+  }
+  const fs::file_status st = fs::symlink_status(file, ec);
+  if (!fs::exists(st)) return "is missing";
+  if (fs::is_symlink(st)) return "is a symbolic link, not the file its run wrote";
+  if (!fs::is_regular_file(st)) return "is not a regular file";
+  std::string text;
+  if (!read_file(file, &text)) return "cannot be read";
+  if (sha256_hex(text) != digest) return "changed after its run wrote it";
+  return "";
 }
 
 // Appends "<file>: <field> is <x> in the evidence, <y> in this mih" for each field where
@@ -113,7 +135,12 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
   };
   if (ev.has(layout::kCaseRecord)) {
     fault_of_record(layout::kCaseRecord);
-    const json record = read_case_record(ev.dir() / layout::kCaseRecord);
+    const CaseRecord typed = read_case_record(ev.dir() / layout::kCaseRecord);
+    if (typed.spec != p.spec || typed.case_name != p.case_name) {
+      out.push_back(std::string(layout::kCaseRecord) + ": it is the record of " + typed.spec + "/" + typed.case_name +
+                    ", not of " + p.spec + "/" + p.case_name + " (a record copied or edited)");
+    }
+    const json record = typed;
     json recorded = json::object(), compiled = json::object();
     for (const char* key : {"kind", "group", "world_size", "config", "compare_to"}) {
       recorded[key] = record[key];
@@ -123,9 +150,11 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
   }
   if (ev.has(layout::kCaseRequest)) {
     fault_of_record(layout::kCaseRequest);
-    const json& file = ev.json(layout::kCaseRequest);
-    add_differences(std::string(layout::kCaseRequest) + ": case", file.is_object() && file.contains("case") ? file["case"] : json(), case_json,
-                    &out);
+    const CaseRequest request = read_case_request(ev.dir() / layout::kCaseRequest);
+    if (request.spec != p.spec) {
+      out.push_back(std::string(layout::kCaseRequest) + ": spec is " + request.spec + ", not " + p.spec);
+    }
+    add_differences(std::string(layout::kCaseRequest) + ": case", json(request.c), case_json, &out);
   }
   for (const std::string& phase : {std::string(), layout::before_save("")}) {
     if (!phase.empty() && !ev.has(phase + layout::kEnvironment)) continue;
@@ -156,7 +185,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
   MIH_CHECK_CODE(held == p.case_name, Code::kFailedPrecondition, "evidence ", dir.string(),
                  " holds case '", held, "', not '", p.case_name,
                  "': this directory belongs to another run or matrix; point --evidence-root at the run that produced it");
-  const std::string spec_name = ev.json(layout::kSpecResolved).value("name", "");
+  const std::string spec_name = ev.spec_name();
   MIH_CHECK_CODE(spec_name == p.spec, Code::kFailedPrecondition, "evidence ", dir.string(), " is of spec '", spec_name,
                  "', not '", p.spec, "': point --evidence-root at the run of this spec");
   // Evidence of another harness release may mean other checks, formats or tolerances: it is
@@ -183,11 +212,8 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
     // (a truncated file that no verdict reads would pass), never checked as if it were.
     if (!run_options().allow_edited_evidence) {
       for (const auto& [relative, digest] : run.files) {
-        std::string text;
-        const bool readable = read_file(dir / relative, &text);
-        MIH_CHECK_CODE(readable && sha256_hex(text) == digest,
-                       Code::kFailedPrecondition, "evidence file ", (dir / relative).string(),
-                       readable ? " changed after its run wrote it" : " is missing",
+        const std::string problem = digest_problem(dir, relative, digest);
+        MIH_CHECK_CODE(problem.empty(), Code::kFailedPrecondition, "evidence file ", (dir / relative).string(), " ", problem,
                        " (case_run.json records its SHA-256): it is not the run's evidence; rerun the case, or pass "
                        "--allow-edited-evidence to check it as it is");
       }
@@ -226,6 +252,13 @@ std::string why_not_reusable(const fs::path& dir, const std::string& fp, const s
   } catch (const Error& e) {
     return "its record cannot be trusted (" + e.message() + ")";
   }
+  try {
+    const EvidenceDir evidence(dir);
+    IntegrationState state;
+    (void)IntegrationStateMachine(evidence).current(&state);
+  } catch (const Error& e) {
+    return "its integration state cannot be read (" + e.message() + ")";
+  }
   if (run.outcome != Outcome::kRan) {
     return "its last run did not complete (outcome '" + std::string(outcome_name(run.outcome)) + "'" +
            (run.error.empty() ? std::string() : ": " + run.error.substr(0, 200)) + ")";
@@ -243,10 +276,8 @@ std::string why_not_reusable(const fs::path& dir, const std::string& fp, const s
   }
   if (run.files.empty()) return "its case_run.json lists no evidence digests";
   for (const auto& [relative, digest] : run.files) {
-    std::string text;
-    if (!read_file(dir / relative, &text)) return "evidence file " + relative + " is missing";
-    if (sha256_hex(text) != digest) {
-      return "evidence file " + relative + " changed after its run wrote it";
+    if (std::string problem = digest_problem(dir, relative, digest); !problem.empty()) {
+      return "evidence file " + relative + " " + problem;
     }
   }
   return "";

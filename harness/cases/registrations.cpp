@@ -81,7 +81,10 @@ spec::ModelSpec spec_of_run(const std::string& name) {
 std::string matrix_of(const Registration& r) {
   const RunOptions& o = run_options();
   const std::string base = o.matrix.empty() ? r.matrix : o.matrix;
-  return o.lane.empty() ? base : base + "@" + o.lane;
+  if (o.lane.empty()) return base;
+  MatrixSource source = MatrixSource::parse(base);
+  source.lane = source.lane.merged_with(o.lane);
+  return source.text();
 }
 
 const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std::string& source) {

@@ -87,9 +87,9 @@ struct RunOptions {
   /// `--golden DIR` (repeatable): golden directories (docs/golden.md), each for the spec its
   /// golden.json names (or the run's one selected spec), overriding the spec's GoldenSpec::dir.
   std::vector<std::filesystem::path> golden_dirs;
-  /// The precision lane every matrix runs in ("bfloat16", "float32,seed=2"; `--dtype`,
-  /// `--seed`): matrix_of appends "@<lane>" (spec::resolve_matrix_source). Empty: the matrix's.
-  std::string lane;
+  /// The precision lane every matrix runs in (`--dtype`, `--seed`): its settings override
+  /// those of a matrix source's own "@" suffix (matrix_of). Empty: the matrix's.
+  Lane lane;
   /// Reduced-precision lanes: replaces the spec's noise_k when >= 0 (`--noise-k`).
   double noise_k = -1;
   /// `mih check` of a run root: the tests its run recorded it would run (results.jsonl's start
@@ -114,8 +114,9 @@ const InitSource* init_source_of(const std::string& spec);
 /// Throws: as spec::SpecRegistry::get.
 spec::ModelSpec spec_of_run(const std::string& name);
 
-/// The matrix source `r` runs (RunOptions::matrix when set), with "@<lane>" when
-/// RunOptions::lane is set.
+/// The text of the matrix source `r` runs (RunOptions::matrix when set), with
+/// RunOptions::lane's settings over its own lane ("cpu-smoke@float32" with --seed 2:
+/// "cpu-smoke@float32,seed=2"). Throws: as MatrixSource::parse.
 std::string matrix_of(const Registration& r);
 /// The case matrix of `spec` from `source`, resolved on first use and kept for the process:
 /// every later question about a case (its config, compare_to, kind) reads this one value.

@@ -130,7 +130,7 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
   std::vector<std::string> args = {"--verify-only"};
   if (fs::exists(target / layout::kEnvironment) && fs::exists(target / layout::kSpecResolved)) {
     const verdicts::CaseEvidence ev(target);
-    const std::string spec_name = ev.json(layout::kSpecResolved).value("name", "");
+    const std::string spec_name = ev.spec_name();
     fs::path dir = fs::absolute(target).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
     const fs::path root = dir.parent_path().parent_path();
@@ -143,7 +143,19 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                    dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
     args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
     if (ev.has(layout::kCaseRecord)) {
-      args.insert(args.end(), {"--matrix", read_case_record(dir / layout::kCaseRecord).matrix});
+      const fs::path file = dir / layout::kCaseRecord;
+      const MatrixSource matrix = read_case_record(file).matrix;
+      // The record's matrix is what this check resolves the case from: one that does not
+      // resolve here is the record's problem (a file moved, an edit), said as such.
+      const spec::ModelSpec& spec = spec::SpecRegistry::instance().get(spec_name);  // not compiled in: 11
+      try {
+        (void)spec::resolve_matrix_source(spec, matrix);
+      } catch (const Error& e) {
+        MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), ": its matrix '", matrix.text().substr(0, 200),
+                  "' does not resolve here (", e.message(), "); check the case from the directory its matrix file "
+                  "is relative to, or rerun it");
+      }
+      args.insert(args.end(), {"--matrix", matrix.text()});
     }
     // A case that started from a checkpoint is checked as one (its source keys included).
     if (ev.has(layout::kCaseRequest)) {
@@ -350,10 +362,10 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                  "directory)");
   app.add_option("--matrix", o->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
   app.add_option("--dtype", f->dtype,
-                 "the precision lane: float64, float32 or bfloat16 (appends @<dtype> to every matrix; a reduced lane "
+                 "the precision lane: float64, float32 or bfloat16 (sets every matrix's dtype, over its own @<dtype>; a reduced lane "
                  "compares each case with its own reference at tolerances calibrated from a noise twin)")
       ->check(CLI::IsMember({"float64", "float32", "bfloat16", "float16"}));
-  app.add_option("--seed", f->seed, "parameter-init seed of every case, the reference's included (appends seed=N)")
+  app.add_option("--seed", f->seed, "parameter-init seed of every case, the reference's included (sets every matrix's seed, over its own seed=N)")
       ->check(CLI::Range(int64_t{0}, (int64_t{1} << 53) - 1));
   app.add_option("--noise-k", o->noise_k,
                  "reduced lanes: the multiple of the measured noise each tolerance is (default: the spec's noise_k)")
@@ -441,8 +453,8 @@ int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<
             "' is registered twice; give each registration its own prefix");
   o.read_only = read_only;
   o.recorded_tests = std::move(recorded_tests);
-  if (!f.dtype.empty()) o.lane = f.dtype;
-  if (f.seed >= 0) o.lane += (o.lane.empty() ? "" : ",") + std::string("seed=") + std::to_string(f.seed);
+  if (!f.dtype.empty()) o.lane.dtype = with_context("--dtype", [&] { return parse_dtype_name(f.dtype); });
+  if (f.seed >= 0) o.lane.seed = static_cast<uint64_t>(f.seed);
   o.progress = !f.no_progress;
   o.golden_dirs.assign(f.goldens.begin(), f.goldens.end());
   if (!o.only_spec.empty()) static_cast<void>(spec::SpecRegistry::instance().get(o.only_spec));  // unknown: exit 11

@@ -101,8 +101,9 @@ const ParallelConfig& CaseEvidence::config() const {
 const spec::Case& CaseEvidence::resolved_case() const {
   if (!case_) {
     const auto& env = json(layout::kEnvironment);
-    MIH_CHECK(env.contains("case"), "evidence ", rel_path(*this, layout::kEnvironment),
-              " has no \"case\": it was not written by the conformance case runner (mih run)");
+    MIH_CHECK_CODE(env.is_object() && env.contains("case"), Code::kFailedPrecondition, "evidence ",
+                   rel_path(*this, layout::kEnvironment), " has no \"case\": it was not written by the conformance "
+                   "case runner (mih run), or was edited; rerun the case");
     try {
       case_ = env["case"].get<spec::Case>();
     } catch (const Error& e) {
@@ -111,6 +112,15 @@ const spec::Case& CaseEvidence::resolved_case() const {
     }
   }
   return *case_;
+}
+
+std::string CaseEvidence::spec_name() const {
+  const auto& spec = json(layout::kSpecResolved);
+  MIH_CHECK_CODE(spec.is_object() && spec.contains("name") && spec["name"].is_string(), Code::kFailedPrecondition,
+                 "evidence ", rel_path(*this, layout::kSpecResolved), " has no string \"name\" (",
+                 json_summary(spec.is_object() && spec.contains("name") ? spec["name"] : spec), "): it is not the "
+                 "resolved spec mih writes (edited or of another tool); rerun the case");
+  return spec["name"].get<std::string>();
 }
 
 

@@ -49,6 +49,10 @@ class CaseEvidence {
   /// Throws: mih::Error{kFailedPrecondition} naming the file and the field when it is
   ///   missing, mistyped or unknown (not mih's evidence, or edited).
   const spec::Case& resolved_case() const;
+  /// The registry name of the spec the case ran (spec.resolved.json "name").
+  /// Throws: mih::Error{kFailedPrecondition} naming the file when it is not an object with a
+  ///   string "name" (not mih's evidence, or edited).
+  std::string spec_name() const;
 
  private:
   std::filesystem::path dir_;

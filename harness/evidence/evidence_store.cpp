@@ -168,7 +168,16 @@ IntegrationState parse_state(const std::string& name) {
 
 bool IntegrationStateMachine::current(IntegrationState* state) const {
   if (!fs::exists(dir_->resolve(layout::kIntegrationState))) return false;
-  *state = parse_state(dir_->read_json(layout::kIntegrationState).at("state").get<std::string>());
+  const nlohmann::json j = dir_->read_json(layout::kIntegrationState);
+  const std::string file = dir_->resolve(layout::kIntegrationState).string();
+  MIH_CHECK_CODE(j.is_object() && j.contains("state") && j["state"].is_string(), Code::kFailedPrecondition, file,
+                 " holds no state name (", json_summary(j), "): it is not the integration state mih writes (edited or "
+                 "damaged); rerun the case");
+  try {
+    *state = parse_state(j["state"].get<std::string>());
+  } catch (const Error& e) {
+    MIH_THROW(Code::kFailedPrecondition, file, ": ", e.message(), "; rerun the case");
+  }
   return true;
 }
 

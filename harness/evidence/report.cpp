@@ -186,7 +186,7 @@ std::string case_facts(const CaseResult& c) {
 std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run) {
   std::vector<const CaseResult*> out;
   for (const CaseResult& c : run.cases) {
-    if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault.empty()) continue;
+    if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault.empty() && c.problems.empty()) continue;
     const bool a_test_failed = std::any_of(run.tests.begin(), run.tests.end(), [&](const TestResult& t) {
       return t.spec == c.spec && t.case_name == c.name && t.status == TestStatus::kFailed;
     });
@@ -196,6 +196,10 @@ std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run) {
 }
 
 std::string case_record_failure(const CaseResult& c) {
+  if (!c.problems.empty()) {
+    return "case " + c.spec + "/" + c.name + ": its evidence is not what mih wrote (" + join(c.problems, "; ") +
+           "): no result of it can be trusted; rerun the case";
+  }
   if (!c.fault.empty()) {
     return "case " + c.spec + "/" + c.name + " ran with fault " + c.fault + " of the catalog injected (its case " +
            "record): its tests judge the catalog's bug, never the fault-free port";

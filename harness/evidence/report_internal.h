@@ -81,8 +81,8 @@ std::string totals_line(const RunResults& run);
 /// The case's facts joined by "; ": kind, world size, seconds, outcome, state, compare_to, error,
 /// the fault injected.
 std::string case_facts(const CaseResult& c);
-/// The cases whose record fails them (state FAILED or BLOCKED, or a fault injected) while no
-/// test of theirs failed: JUnit adds a failed testcase for each.
+/// The cases whose record fails them (state FAILED or BLOCKED, a fault injected, or evidence that
+/// cannot be read as mih wrote it) while no test of theirs failed: JUnit adds a failed testcase for each.
 std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run);
 /// The failure message of such a case.
 std::string case_record_failure(const CaseResult& c);

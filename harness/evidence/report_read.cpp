@@ -156,7 +156,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       c->fault = r.fault;
       c->world_size = static_cast<int>(r.world_size);
       c->seconds = r.seconds;
-      c->matrix = r.matrix;
+      c->matrix = r.matrix.text();
       c->init_from = r.init_from;
       c->training_backend = r.training_backend;
       c->timing = {{"process_start_s", r.timing.process_start_s},

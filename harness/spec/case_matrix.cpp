@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -444,54 +443,17 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   return out;
 }
 
-namespace {
-
-// "cpu-smoke@bfloat16,seed=2" -> ("cpu-smoke", {"dtype": "bfloat16", "seed": 2}); a source
-// without a lane suffix (or whose text after the last '@' is no lane) is returned whole.
-std::pair<std::string, json> split_lane(const std::string& source) {
-  const auto at = source.rfind('@');
-  if (at == std::string::npos) return {source, json::object()};
-  const std::string lane = source.substr(at + 1);
-  for (const unsigned char ch : lane) {
-    if (!(std::isalnum(ch) || ch == '=' || ch == ',' || ch == '_')) return {source, json::object()};
-  }
-  json over = json::object();
-  const std::string where = "matrix source '" + source + "'";
-  std::istringstream items(lane);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    if (item.empty()) continue;
-    const auto eq = item.find('=');
-    const std::string key = eq == std::string::npos ? "dtype" : item.substr(0, eq);
-    const std::string value = eq == std::string::npos ? item : item.substr(eq + 1);
-    MIH_CHECK(key == "dtype" || key == "seed", where, ": unknown lane setting '", key,
-              "'; after '@' give a dtype and optionally seed=N (e.g. cpu-smoke@bfloat16,seed=2)");
-    MIH_CHECK(!over.contains(key), where, ": '", key, "' is given twice");
-    if (key == "dtype") {
-      (void)with_context(where, [&] { return parse_dtype_name(value); });
-      over["dtype"] = value;
-    } else {
-      uint64_t seed = 0;
-      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seed);
-      MIH_CHECK(ec == std::errc() && end == value.data() + value.size() && seed < (uint64_t{1} << 53), where,
-                ": seed '", value, "' is not an integer in [0, 2^53)");
-      over["seed"] = seed;
-    }
-  }
-  MIH_CHECK(!over.empty(), where, ": nothing after '@'; give a dtype (e.g. cpu-smoke@float32)");
-  return {source.substr(0, at), over};
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source) {
+  return resolve_matrix_source(spec, MatrixSource::parse(source));
 }
 
-}  // namespace
-
-CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source) {
-  const auto [preset_or_path, lane] = split_lane(source);
-  CaseMatrix out = resolve_matrix_base(spec, preset_or_path, lane);
-  if (!lane.empty()) out.name = source;
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const MatrixSource& source) {
+  CaseMatrix out = resolve_matrix_base(spec, source.base, source.lane);
+  if (!source.lane.empty()) out.name = source.text();
   return out;
 }
 
-CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path, const json& lane) {
+CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path, const Lane& lane) {
   const std::vector<std::string> presets = preset_names();
   const bool preset = std::find(presets.begin(), presets.end(), preset_or_path) != presets.end();
   std::error_code ec;
@@ -505,11 +467,11 @@ CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_
     std::string text;
     MIH_CHECK(read_file(preset_or_path, &text), where, " cannot be read");
     json j = parse_json_strict(text, where);
-    if (j.is_object()) j.update(lane);
+    if (j.is_object()) j.update(lane.overrides());
     return with_context(where, [&] { return resolve_matrix(spec, j); });
   }
   json j = preset_json(preset_or_path);
-  j.update(lane);
+  j.update(lane.overrides());
   return resolve_matrix(spec, j);
 }
 

@@ -88,10 +88,11 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const nlohmann::json& matrix);
 /// Throws: as resolve_matrix; kInvalidSpec naming the file for unparsable JSON, and for a
 ///   lane suffix with an unknown dtype or setting or a seed that is no integer.
 CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source);
-/// resolve_matrix_source without the lane suffix: `lane` ({"dtype", "seed"}) overrides the
+/// The same for a parsed source (MatrixSource::parse, base/case_request.h).
+CaseMatrix resolve_matrix_source(const ModelSpec& spec, const MatrixSource& source);
+/// resolve_matrix_source of a base without its lane: `lane`'s dtype and seed override the
 /// matrix's fields. Throws: as resolve_matrix_source.
-CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path,
-                               const nlohmann::json& lane = nlohmann::json::object());
+CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path, const Lane& lane = {});
 
 /// Why `config` cannot run `spec` on at most `max_world_size` ranks with a global batch of
 /// `global_batch` rows, or "" when it can: tp must divide every spec.tp_divides, cp must

@@ -30,7 +30,7 @@ CaseRecord example() {
   r.config.dp_shard = 2;
   r.world_size = 2;
   r.compare_to = "Reference";
-  r.matrix = "cpu-smoke";
+  r.matrix = MatrixSource::parse("cpu-smoke");
   r.training_backend = "trainer";
   r.fingerprint = "6513fcd9ef8b594b";
   r.fault = "F03";
@@ -95,6 +95,20 @@ TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
       {"a digest that is no SHA-256", [](json& j) { j["files"]["check/findings.json"] = "abc"; }, "not a SHA-256"},
       {"world_size not the config's", [](json& j) { j["world_size"] = 4; }, "world_size 4"},
       {"timing with a field added", [](json& j) { j["timing"]["gpu_s"] = 1; }, "gpu_s"},
+      // Found by a hostile trial of this round: each was read as a record mih wrote.
+      {"a float world_size", [](json& j) { j["world_size"] = 1.7; }, "world_size"},
+      {"no digests", [](json& j) { j["files"] = json::object(); }, "lists no evidence digest"},
+      {"an unreached fault without a fault",
+       [](json& j) {
+         j["fault"] = "";
+         j.erase("fault_reached");
+         j["outcome"] = "fault_not_reached";
+       },
+       "without a fault"},
+      {"fault_reached without a fault", [](json& j) { j["fault"] = ""; }, "'fault_reached' in a record without a fault"},
+      {"a verify-only outcome", [](json& j) { j["outcome"] = "verify_only"; }, "writes no record"},
+      {"negative seconds", [](json& j) { j["seconds"] = -5; }, "not negative"},
+      {"a matrix that is an option", [](json& j) { j["matrix"] = "--gtest_also_run_disabled_tests"; }, "matrix"},
   };
   for (const auto& e : edits) {
     json j = good;

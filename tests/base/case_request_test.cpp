@@ -29,7 +29,7 @@ CaseRequest example() {
   r.c.save_config->dp_shard = 2;
   r.c.resume_at = 2;
   r.c.compare_to = "Tp2";
-  r.matrix = "cpu-smoke@float32,seed=2";
+  r.matrix = MatrixSource::parse("cpu-smoke@float32,seed=2");
   r.training_backend = "trainer";
   r.fault = "F11";
   r.init_from = "/ckpt";
@@ -90,6 +90,31 @@ TEST(CaseRequestTest, ReadingAFileNamesIt) {
   EXPECT_THROW((void)read_case_request(file), Error);
   std::ofstream(file, std::ios::trunc) << json(example()).dump();
   EXPECT_EQ(read_case_request(file).c.name, "ResumeDpShard2ToTp2");
+}
+
+// The lane is typed from the flag or suffix to the matrix: parsed once, its text canonical,
+// a flag's settings over the suffix's, and a request whose matrix has a bad lane refused.
+TEST(CaseRequestTest, TheMatrixSourceCarriesATypedLane) {
+  const MatrixSource m = MatrixSource::parse("cpu-smoke@bfloat16,seed=2");
+  EXPECT_EQ(m.base, "cpu-smoke");
+  EXPECT_EQ(m.lane.dtype, std::optional<DType>(DType::kBFloat16));
+  EXPECT_EQ(m.lane.seed, std::optional<uint64_t>(2));
+  EXPECT_EQ(m.text(), "cpu-smoke@bfloat16,seed=2");
+  EXPECT_EQ(m.lane.overrides(), json({{"dtype", "bfloat16"}, {"seed", 2}}));
+  EXPECT_EQ(MatrixSource::parse("cpu-smoke@seed=3,float32").text(), "cpu-smoke@float32,seed=3");  // canonical
+  EXPECT_TRUE(MatrixSource::parse("cpu-smoke").lane.empty());
+  // A path with an '@' whose tail is no lane is a base.
+  EXPECT_EQ(MatrixSource::parse("/data/a@b/m.json").base, "/data/a@b/m.json");
+  Lane flags;
+  flags.seed = 7;
+  EXPECT_EQ(MatrixSource({"cpu-smoke", m.lane.merged_with(flags)}).text(), "cpu-smoke@bfloat16,seed=7");
+  for (const char* bad : {"cpu-smoke@", "cpu-smoke@float8", "cpu-smoke@seed=x", "cpu-smoke@dtype=float32,dtype=float64",
+                          "cpu-smoke@speed=2", "cpu-smoke@seed=9007199254740992"}) {
+    EXPECT_THROW((void)MatrixSource::parse(bad), Error) << bad;
+  }
+  json j = example();
+  j["matrix"] = "cpu-smoke@float8";
+  EXPECT_NE(code_of(j), Code::kOk) << "a request whose matrix has an unknown dtype was accepted";
 }
 
 }  // namespace

@@ -14,7 +14,10 @@ real small tmpfs and a read-only mount (as root; skipped with the reason otherwi
    (12, naming it); a truncated or FIFO evidence file (12, never a divergence or a hang); a
    timeout too large to count (2); an unknown --only-spec (11); 100000 local ranks (11,
    before any starts); a report never counting an older result of a test the last run did
-   not finish.
+   not finish. A forged record or evidence (a float world_size, another case's name, no
+   digests, an unreached fault without a fault, a link out of the case, a resolved spec or
+   case request of the wrong shape with its digest recomputed) is exit 12 naming it; JUnit
+   fails a case whose record cannot be read; mih test relaunches over a damaged state.
 7. Strict JSON: floats, booleans, strings and overflow where integers go, duplicate keys,
    two different cases under one name,
    an empty case list, max_world_size < 1, a missing file or a directory (11, naming the
@@ -352,6 +355,87 @@ def damaged_evidence(mih, work):
         check(False, "6: 100000 local ranks are refused before any starts (it started them)")
 
 
+def rehash(case_dir, relative):
+    """case_run.json's digest of `relative` recomputed as the runner computes it: an edit that
+    the digests no longer reveal, so that what is checked is the reader of the edited file."""
+    import hashlib
+    record = os.path.join(case_dir, "case_run.json")
+    rec = json.load(open(record))
+    rec["files"][relative] = hashlib.sha256(open(os.path.join(case_dir, relative), "rb").read()).hexdigest()
+    json.dump(rec, open(record, "w"))
+
+
+def forged_records(mih, work):
+    """A case record and evidence forged the ways a hostile user forges them (a trial of this
+    round found each one passing, or failing with the wrong exit status): exit 12 naming what is
+    wrong, never 0 (a pass of evidence nobody ran), 1 (a model failure), 11 or 17; mih test
+    relaunches such a case; a JUnit report fails a case whose record cannot be read."""
+    src = os.path.join(work, "evidence")
+
+    def copy(name):
+        root = os.path.join(work, "forged", name)
+        shutil.copytree(src, root)
+        return root, os.path.join(root, "llama", "Reference")
+
+    def edit_record(case_dir, change):
+        record = os.path.join(case_dir, "case_run.json")
+        rec = json.load(open(record))
+        change(rec)
+        json.dump(rec, open(record, "w"))
+
+    def expect_12(case_dir, words, what):
+        c = run(mih, ["check", case_dir], timeout=120)
+        check(c.returncode == 12 and all(w in c.stdout for w in words), f"6: {what}: mih check is exit 12 naming "
+              f"{words} (got {c.returncode})", c.stdout[-800:])
+
+    _, d = copy("world-size")
+    edit_record(d, lambda r: r.update({"world_size": 1.7}))
+    expect_12(d, ["case_run.json", "world_size"], "a float world_size in the record")
+    _, d = copy("other-case")
+    edit_record(d, lambda r: r.update({"case": "DpShard2", "spec": "vlm"}))
+    expect_12(d, ["record of vlm/DpShard2"], "a record naming another case")
+    _, d = copy("no-digests")
+    edit_record(d, lambda r: r.update({"files": {}}))
+    expect_12(d, ["files", "no evidence digest"], "a record without digests")
+    _, d = copy("not-reached")
+    edit_record(d, lambda r: r.update({"outcome": "fault_not_reached"}))
+    expect_12(d, ["fault_not_reached", "without a fault"], "a fault-free record claiming an unreached fault")
+    _, d = copy("symlink")
+    findings = os.path.join(d, "check", "findings.json")
+    outside = os.path.join(work, "forged", "outside-findings.json")
+    shutil.copyfile(findings, outside)
+    os.remove(findings)
+    os.symlink(outside, findings)
+    expect_12(d, ["findings.json", "symbolic link"], "an evidence file replaced by a link out of the case")
+    _, d = copy("spec-array")
+    with open(os.path.join(d, "spec.resolved.json"), "w") as f:
+        f.write("[1]\n")
+    rehash(d, "spec.resolved.json")
+    expect_12(d, ["spec.resolved.json", "name"], "a resolved spec that is an array")
+    _, d = copy("request-field")
+    request = os.path.join(d, "run", "case.json")
+    req = json.load(open(request))
+    req["fault"] = 3
+    json.dump(req, open(request, "w"))
+    rehash(d, "run/case.json")
+    expect_12(d, ["run/case.json", "field 'fault'"], "a case request with a mistyped field")
+    # The report of a root whose record lost its outcome: JUnit fails the case.
+    root, d = copy("junit")
+    edit_record(d, lambda r: r.pop("outcome"))
+    j = run(mih, ["report", root, "--format", "junit"])
+    check(j.returncode == 0 and 'failures="0"' not in j.stdout.split("<testsuite", 1)[0] and "outcome" in j.stdout,
+          "6: a JUnit report fails a case whose record cannot be read, naming the field", j.stdout[:1500])
+    # A damaged integration state is relaunched over by mih test, which then passes.
+    root, d = copy("state")
+    with open(os.path.join(d, "integration_state.json"), "w") as f:
+        f.write("[]\n")
+    t = run(mih, ["test", "--evidence-root", root, "--gtest_brief=1", "--no-progress",
+                  "--gtest_filter=Llama/*.*/Reference"], timeout=300)
+    check(t.returncode == 0 and "relaunching llama/Reference" in t.stdout and "integration state" in t.stdout,
+          f"6: mih test relaunches a case whose integration state is damaged, and passes (got {t.returncode})",
+          t.stdout[-1500:])
+
+
 def strict_json(mih, work):
     base = {"name": "m", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4}
     bad = {
@@ -535,6 +619,7 @@ def main():
     evidence_inputs(a.mih, a.work)
     options_and_records(a.mih, a.work)
     damaged_evidence(a.mih, a.work)
+    forged_records(a.mih, a.work)
     strict_json(a.mih, a.work)
     exposure(a.mih, a.work)
     print(f"{'all' if not FAILURES else len(FAILURES)} {'checks held' if not FAILURES else 'check(s) failed'} "

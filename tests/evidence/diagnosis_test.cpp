@@ -289,8 +289,9 @@ fs::path write_run(const std::string& name) {
     record.kind = c == "Reference" ? spec::CaseKind::kReference : spec::CaseKind::kTrain;
     record.config = config;
     record.world_size = config.world_size();
-    record.matrix = "cpu-smoke";
+    record.matrix = MatrixSource::parse("cpu-smoke");
     record.outcome = Outcome::kRan;
+    record.files = {{"run/case.json", std::string(64, '0')}};
     write_file_atomic(dir / "case_run.json", json(record).dump());
     write_file_atomic(dir / "run" / "case.json",
                       json({{"spec", "moe"}, {"case", {{"name", c}, {"kind", "train"}, {"config", config}}}}).dump());
