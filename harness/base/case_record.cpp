@@ -41,6 +41,24 @@ std::string string_or_null(const json& j, const char* name) {
 
 }  // namespace
 
+CaseRecord record_of(const CaseRequest& request, const std::string& fingerprint) {
+  CaseRecord r;
+  r.spec = request.spec;
+  r.case_name = request.c.name;
+  r.kind = request.c.kind;
+  r.group = request.c.group;
+  r.world_size = request.c.world_size();
+  r.config = request.c.config;
+  r.compare_to = request.c.compare_to;
+  r.matrix = request.matrix;
+  r.training_backend = request.training_backend;
+  r.fingerprint = fingerprint;
+  r.fault = request.fault;
+  r.init_from = request.init_from;
+  r.init_from_sha256 = request.init_from_sha256;
+  return r;
+}
+
 void to_json(json& j, const CaseRecord& r) {
   j = {{"spec", r.spec},
        {"case", r.case_name},

@@ -66,6 +66,11 @@ struct CaseRecord {
   std::map<std::string, std::string> files;
 };
 
+/// The record of `request`'s case before it runs: its case (name, kind, group, world size,
+/// config, compare_to), where it came from (matrix, backend, fault, init source) and the
+/// run's `fingerprint`; the run fills in the rest.
+CaseRecord record_of(const CaseRequest& request, const std::string& fingerprint);
+
 /// Every field (init_from and init_from_sha256 as null when ""; fault_reached only when set).
 /// from_json requires every field but fault_reached and refuses any other.
 /// Throws: mih::Error{kFailedPrecondition} naming a missing, mistyped or unknown field or an

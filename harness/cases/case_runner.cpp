@@ -44,15 +44,23 @@ namespace mih::cases {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The case as its ranks read it (run/case.json) and its record starts (case_run.json): built
+// once here from the caller's options.
+CaseRequest request_of(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
+  return {s.name,  c, MatrixSource::parse(o.matrix), o.training_backend, o.fault,
+          o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(), o.init_from_sha256};
+}
+
+}  // namespace
+
 fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
   const fs::path evidence = fs::absolute(o.evidence_root / s.name / c.name);
   fs::remove_all(evidence);
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
-  dir.write_json(layout::kCaseRequest,
-                 nlohmann::json(CaseRequest{s.name, c, MatrixSource::parse(o.matrix), o.training_backend, o.fault,
-                                            o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(),
-                                            o.init_from_sha256}));
+  dir.write_json(layout::kCaseRequest, nlohmann::json(request_of(s, c, o)));
   return evidence;
 }
 
@@ -240,20 +248,7 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
   CaseRunResult result;
   result.evidence = prepare_case(s, c, o);
   EvidenceDir dir(result.evidence);
-  CaseRecord record;
-  record.spec = s.name;
-  record.case_name = c.name;
-  record.kind = c.kind;
-  record.group = c.group;
-  record.world_size = c.world_size();
-  record.config = c.config;
-  record.compare_to = c.compare_to;
-  record.matrix = MatrixSource::parse(o.matrix);
-  record.training_backend = o.training_backend;
-  record.fingerprint = o.fingerprint;
-  record.fault = o.fault;
-  record.init_from = o.init_from.string();
-  record.init_from_sha256 = o.init_from_sha256;
+  CaseRecord record = record_of(request_of(s, c, o), o.fingerprint);
   std::map<std::string, std::vector<std::string>>& started_by = record.started_by;
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;

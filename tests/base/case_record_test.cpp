@@ -77,6 +77,33 @@ TEST(CaseRecordTest, WhatIsWrittenIsReadBackFieldForField) {
   EXPECT_FALSE(json(no_fault).get<CaseRecord>().fault_reached.has_value());
 }
 
+// The record starts from the request its ranks read: the same case, matrix, fault and init source.
+TEST(CaseRecordTest, StartsFromTheCaseRequest) {
+  CaseRequest q;
+  q.spec = "llama";
+  q.c.name = "Tp2";
+  q.c.kind = spec::CaseKind::kTrain;
+  q.c.group = "axis";
+  q.c.config.tp = 2;
+  q.c.compare_to = "Reference";
+  q.matrix = MatrixSource::parse("cpu-smoke@float32");
+  q.training_backend = "trainer";
+  q.fault = "F03";
+  q.init_from = "/ckpt";
+  q.init_from_sha256 = "ab";
+  const CaseRecord r = record_of(q, "fp");
+  EXPECT_EQ(r.spec, "llama");
+  EXPECT_EQ(r.case_name, "Tp2");
+  EXPECT_EQ(r.world_size, 2);
+  EXPECT_EQ(r.config.tp, 2);
+  EXPECT_EQ(r.compare_to, "Reference");
+  EXPECT_EQ(r.matrix.text(), "cpu-smoke@float32");
+  EXPECT_EQ(r.fault, "F03");
+  EXPECT_EQ(r.init_from, "/ckpt");
+  EXPECT_EQ(r.init_from_sha256, "ab");
+  EXPECT_EQ(r.fingerprint, "fp");
+}
+
 TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
   const json good = example();
   struct Edit {
