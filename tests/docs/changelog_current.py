@@ -13,13 +13,15 @@ comments (//, ///) are not code: a docstring edit needs no entry.
                                              header changed after the changelog and on a tree
                                              without one, passes with an entry or a comment edit
 """
-import argparse
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lint"))
+from check_main import main  # noqa: E402
 
 SKIP = 77
 CHANGELOG = "docs/changelog.md"
@@ -191,19 +193,5 @@ def self_test():
     return 1 if failures else 0
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", help="the source tree to check")
-    parser.add_argument("--self-test", action="store_true")
-    args = parser.parse_args()
-    if args.self_test:
-        return self_test()
-    if not args.repo:
-        parser.error("give --repo <source dir> or --self-test")
-    status, message = check(os.path.abspath(args.repo))
-    print(message)
-    return status
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, check, self_test))

@@ -26,11 +26,13 @@ that allows nothing any more (stale), fails the check.
                                           allow entry, and passes on comments, JSON keys and allowed
                                           literals
 """
-import argparse
 import os
 import re
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_main import main  # noqa: E402
 
 LAYOUT_H = "harness/base/evidence_layout.h"
 LAYOUT_CPP = "harness/base/evidence_layout.cpp"
@@ -273,19 +275,5 @@ def self_test():
     return 1 if failures else 0
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", help="the source tree to check")
-    parser.add_argument("--self-test", action="store_true")
-    args = parser.parse_args()
-    if args.self_test:
-        return self_test()
-    if not args.repo:
-        parser.error("give --repo <source dir> or --self-test")
-    status, message = check(os.path.abspath(args.repo))
-    print(message)
-    return status
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, check, self_test))
