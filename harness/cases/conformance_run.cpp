@@ -242,9 +242,14 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
   }
   const std::vector<std::string> disagree = record_case_states();
   for (const auto& line : disagree) std::fprintf(stderr, "mih: conformance failure: %s\n", line.c_str());
-  progress(std::to_string(cases_launched()) + " case(s) launched; results in " +
-                  (o.evidence_root / layout::kResults).string() + "; `mih report " + o.evidence_root.string() +
-                  " --format md` for the table");
+  if (o.read_only) {
+    // mih check writes nothing: no results.jsonl to point at.
+    progress("checked the evidence under " + o.evidence_root.string() + " (launched nothing, wrote nothing)");
+  } else {
+    progress(std::to_string(cases_launched()) + " case(s) launched; results in " +
+             (o.evidence_root / layout::kResults).string() + "; `mih report " + o.evidence_root.string() +
+             " --format md` for the table");
+  }
   const int status = exit_status(rc);
   // The state and the exit status agree: a case that cannot be MATRIX_PASSED is no pass.
   return status == 0 && !disagree.empty() ? 1 : status;
