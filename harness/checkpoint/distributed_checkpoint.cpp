@@ -67,20 +67,23 @@ std::string shape_str(const std::vector<int64_t>& v) {
   return "[" + mih::join(v, ", ") + "]";
 }
 
-// Every rank runs `fn`; then all agree. If any rank failed, every rank throws: the failing
-// ones their own error, the others one naming the failed ranks.
+// Every rank runs `fn`; then all agree, over `device` (the group's: CUDA for NCCL, which
+// moves no CPU tensor). If any rank failed, every rank throws: the failing ones their own
+// error, the others one naming the failed ranks.
 template <class Fn>
-void on_every_rank(Communicator& world, const std::string& what, Fn&& fn) {
+void on_every_rank(Communicator& world, c10::Device device, const std::string& what, Fn&& fn) {
   std::exception_ptr error;
   try {
     fn();
   } catch (...) {
     error = std::current_exception();
   }
-  at::Tensor failed = at::zeros({world.size()}, at::kInt);
-  if (error) failed[world.rank()] = 1;
-  world.all_reduce(failed, ReduceOp::kSum, "checkpoint.agree");
+  at::Tensor flags = at::zeros({world.size()}, at::kInt);
+  if (error) flags[world.rank()] = 1;
+  at::Tensor on_device = flags.to(device);
+  world.all_reduce(on_device, ReduceOp::kSum, "checkpoint.agree");
   if (error) std::rethrow_exception(error);
+  const at::Tensor failed = on_device.cpu();
   if (failed.sum().item<int>() == 0) return;
   std::string ranks;
   for (int r = 0; r < world.size(); ++r) {
@@ -184,14 +187,16 @@ json build_index(const fs::path& dir, int world_size, const std::string& checkpo
           {"tensors", tensors}};
 }
 
-std::string new_checkpoint_id(Communicator& world) {
+std::string new_checkpoint_id(Communicator& world, c10::Device device) {
   at::Tensor id = at::zeros({2}, at::kLong);
   if (world.rank() == 0) {
     std::random_device rd;
     id[0] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 32 | rd()) >> 1);
     id[1] = std::chrono::system_clock::now().time_since_epoch().count();
   }
-  world.broadcast(id, 0, "checkpoint.id");
+  at::Tensor on_device = id.to(device);
+  world.broadcast(on_device, 0, "checkpoint.id");
+  id = on_device.cpu();
   char text[48];
   std::snprintf(text, sizeof(text), "%016llx-%016llx", static_cast<unsigned long long>(id[0].item<int64_t>()),
                 static_cast<unsigned long long>(id[1].item<int64_t>()));
@@ -294,7 +299,7 @@ void save_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
                      const json& trainer_state) {
   Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
   const std::string where = "saving checkpoint " + dir.string();
-  on_every_rank(world, where, [&] {
+  on_every_rank(world, ctx.device(), where, [&] {
     std::error_code ec;
     fs::create_directories(dir, ec);
     MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "checkpoint: cannot create directory ", dir.string(), ": ", ec.message());
@@ -304,9 +309,9 @@ void save_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
                      ": ", ec.message());
     }
   });
-  const std::string id = new_checkpoint_id(world);
-  on_every_rank(world, where, [&] { write_rank_file(dir, ctx, optimizer, id); });
-  on_every_rank(world, where, [&] {
+  const std::string id = new_checkpoint_id(world, ctx.device());
+  on_every_rank(world, ctx.device(), where, [&] { write_rank_file(dir, ctx, optimizer, id); });
+  on_every_rank(world, ctx.device(), where, [&] {
     if (world.rank() == 0) {
       write_file_atomic(dir / kIndexFile, build_index(dir, world.size(), id, trainer_state).dump(1));
     }
@@ -324,7 +329,7 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   };
   std::vector<Staged> staged;
   std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (model buffer, loaded value)
-  on_every_rank(world, "loading checkpoint " + dir.string(), [&] {
+  on_every_rank(world, ctx.device(), "loading checkpoint " + dir.string(), [&] {
     index = read_checkpoint_index(dir);
     std::map<std::string, safetensors::Reader> readers;
     std::set<std::string> used;
