@@ -244,9 +244,9 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
 
 // Why the evidence in `dir` cannot stand for a run with fingerprint `fp`, or "" when it can:
 // only a case that completed (Outcome::kRan), with this fingerprint, and whose every evidence file is
-// still the one its run wrote (case_run.json's digests) is reused.
-std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256) {
-  CaseRecord run;
+// still the one its run wrote (case_run.json's digests) is reused. `run` receives the record.
+std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256,
+                             CaseRecord& run) {
   try {
     run = read_case_record(dir / layout::kCaseRecord);
   } catch (const Error& e) {
@@ -323,7 +323,8 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
     bool reused = false;
     if (fs::exists(dir / layout::kCaseRecord)) {
       const InitSource* init = init_source_of(p.spec);
-      std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string());
+      CaseRecord run;
+      std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string(), run);
       if (why.empty()) {
         // Digests recomputed after an edit pass the check above: the evidence must still say
         // what this mih compiled.
@@ -335,7 +336,6 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         }
       }
       if (why.empty()) {
-        const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
         out.evidence = dir;
         out.outcome = Outcome::kRan;  // why_not_reusable reuses nothing else
         out.error = run.error;
