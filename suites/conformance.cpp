@@ -16,19 +16,31 @@ std::vector<CaseParam> cases_for(const std::string& prefix, const std::string& s
   const spec::ModelSpec s = cases::spec_of_run(r->spec);  // with the checkpoint its cases start from
   const SuiteRow& row = suite_row(suite);
   for (const spec::Case* c : cases::runnable_cases(*r)) {
-    if (row.applies({s, *c})) out.push_back({r->prefix, r->spec, cases::matrix_of(*r), r->training_backend, c->name});
+    if (row.applies({s, *c})) out.push_back({cases::case_request(*r, c->name)});
   }
   return out;
 }
 
-std::string param_name(const ::testing::TestParamInfo<CaseParam>& info) { return info.param.case_name; }
+std::string param_name(const ::testing::TestParamInfo<CaseParam>& info) { return info.param.request->c.name; }
 
-const verdicts::CaseEvidence* ConformanceTest::evidence() { return other(GetParam().case_name); }
+const verdicts::CaseEvidence* ConformanceTest::evidence() { return of(*request()); }
 
 const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_name) {
+  std::shared_ptr<const CaseRequest> sibling;
+  try {
+    sibling = cases::sibling_request(*request(), case_name);
+  } catch (const Error& e) {
+    cases::note_error(e.code());
+    ADD_FAILURE() << "case " << request()->spec << "/" << case_name << " is not a case of matrix "
+                  << request()->matrix.text() << ": " << e.what();
+    return nullptr;
+  }
+  return of(*sibling);
+}
+
+const verdicts::CaseEvidence* ConformanceTest::of(const CaseRequest& p) {
   static std::map<std::string, std::unique_ptr<verdicts::CaseEvidence>> views;
-  CaseParam p = GetParam();
-  p.case_name = case_name;
+  const std::string& case_name = p.c.name;
   const cases::CaseOutcome* o = nullptr;
   try {
     o = &cases::ensure_case(p);
@@ -66,7 +78,7 @@ const verdicts::CaseEvidence* ConformanceTest::other(const std::string& case_nam
   return it->second.get();
 }
 
-const spec::Case& ConformanceTest::resolved_case() { return cases::case_of(GetParam()); }
+const spec::Case& ConformanceTest::resolved_case() { return request()->c; }
 
 verdicts::Verdict ConformanceTest::parity(const verdicts::CaseEvidence& target, const verdicts::CaseEvidence& candidate,
                                           verdicts::Quantity quantity, int64_t first_step, bool record) {
@@ -86,7 +98,7 @@ verdicts::Verdict ConformanceTest::parity(const verdicts::CaseEvidence& target, 
 const verdicts::CaseEvidence* ConformanceTest::compared() {
   const std::string target = resolved_case().compare_to;
   if (target.empty()) {
-    ADD_FAILURE() << "case " << GetParam().spec << "/" << GetParam().case_name
+    ADD_FAILURE() << "case " << request()->spec << "/" << request()->c.name
                   << " is compared with no other case, yet a suite that compares was instantiated on it";
     return nullptr;
   }
@@ -94,7 +106,7 @@ const verdicts::CaseEvidence* ConformanceTest::compared() {
 }
 
 std::string ConformanceTest::without_activation_checkpointing() {
-  const spec::CaseMatrix& m = cases::resolved_matrix(GetParam().spec, GetParam().matrix);
+  const spec::CaseMatrix& m = cases::resolved_matrix(request()->spec, request()->matrix.text());
   ParallelConfig want = resolved_case().config;
   want.activation_checkpointing = false;
   for (const auto& c : m.cases) {

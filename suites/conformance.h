@@ -21,6 +21,7 @@
 // 14-17 infrastructure (a case timed out, a rank died), see harness/base/error.h.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
  protected:
   /// A case run with a fault of the catalog says so in every failure of its tests.
   void SetUp() override {
-    const std::string fault = cases::fault_of(GetParam());
+    const std::string& fault = request()->fault;
     if (!fault.empty()) {
       fault_trace_.emplace(__FILE__, __LINE__,
                            "fault " + fault + " is injected in this case's ranks (--fault): the catalog's bug, not the port's");
@@ -67,6 +68,8 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
   /// The train case of this matrix with this case's config and activation checkpointing off
   /// ("" when the matrix has none).
   std::string without_activation_checkpointing();
+  /// The case's request, as the run resolved it (its case, matrix source, fault, ...).
+  const std::shared_ptr<const CaseRequest>& request() const { return GetParam().request; }
   /// The resolved case.
   const spec::Case& resolved_case();
   /// verdicts::parity of `quantity` of `candidate` against `target` from step `first_step`: at
@@ -79,6 +82,9 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
                            verdicts::Quantity quantity, int64_t first_step = 0, bool record = true);
 
  private:
+  /// The evidence of the case `request` names (launched if needed), or null after a failure
+  /// saying why (evidence()'s and other()'s rules).
+  const verdicts::CaseEvidence* of(const CaseRequest& request);
   std::optional<::testing::ScopedTrace> fault_trace_;
 };
 

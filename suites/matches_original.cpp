@@ -40,7 +40,7 @@ const Compared& compare_once(const CaseParam& p, const verdicts::CaseEvidence& e
   const std::string key = ev.dir().string();
   auto it = done.find(key);
   if (it != done.end()) return *it->second;
-  const spec::ModelSpec s = cases::spec_of_run(p.spec);
+  const spec::ModelSpec s = cases::spec_of_run(p.request->spec);
   auto c = std::make_unique<Compared>();
   c->golden = cases::read_golden(s.golden.dir);
   c->comparison = cases::compare_with_golden(s, c->golden, ev, lane);

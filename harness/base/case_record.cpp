@@ -1,6 +1,7 @@
 // The record of a case's run as a type (case_record.h).
 #include "harness/base/case_record.h"
 
+#include <limits>
 #include <utility>
 
 #include "harness/base/error.h"
@@ -41,7 +42,7 @@ std::string string_or_null(const json& j, const char* name) {
 
 }  // namespace
 
-CaseRecord record_of(const CaseRequest& request, const std::string& fingerprint) {
+CaseRecord record_of(const CaseRequest& request) {
   CaseRecord r;
   r.spec = request.spec;
   r.case_name = request.c.name;
@@ -52,10 +53,12 @@ CaseRecord record_of(const CaseRequest& request, const std::string& fingerprint)
   r.compare_to = request.c.compare_to;
   r.matrix = request.matrix;
   r.training_backend = request.training_backend;
-  r.fingerprint = fingerprint;
+  r.fingerprint = request.fingerprint;
   r.fault = request.fault;
   r.init_from = request.init_from;
   r.init_from_sha256 = request.init_from_sha256;
+  r.case_timeout = request.case_timeout;
+  r.collective_timeout = request.collective_timeout;
   return r;
 }
 
@@ -73,6 +76,8 @@ void to_json(json& j, const CaseRecord& r) {
        {"fault", r.fault},
        {"init_from", null_if_empty(r.init_from)},
        {"init_from_sha256", null_if_empty(r.init_from_sha256)},
+       {"case_timeout_ms", r.case_timeout.count()},
+       {"collective_timeout_ms", r.collective_timeout.count()},
        {"seconds", r.seconds},
        {"launch_seconds", r.launch_seconds},
        {"timing",
@@ -93,7 +98,8 @@ void from_json(const json& j, CaseRecord& r) {
   try {
     check_known_fields(j, "case record",
                        {"spec", "case", "kind", "group", "world_size", "config", "compare_to", "matrix",
-                        "training_backend", "fingerprint", "fault", "init_from", "init_from_sha256", "fault_reached",
+                        "training_backend", "fingerprint", "fault", "init_from", "init_from_sha256", "case_timeout_ms",
+                        "collective_timeout_ms", "fault_reached",
                         "seconds", "launch_seconds", "timing", "started_by", "state", "outcome", "error", "files"});
     CaseRecord out;
     out.spec = field<std::string>(j, "spec");
@@ -109,6 +115,12 @@ void from_json(const json& j, CaseRecord& r) {
     out.fault = field<std::string>(j, "fault");
     out.init_from = string_or_null(j, "init_from");
     out.init_from_sha256 = string_or_null(j, "init_from_sha256");
+    MIH_CHECK(j.contains("case_timeout_ms"), "case record: field 'case_timeout_ms' is missing");
+    MIH_CHECK(j.contains("collective_timeout_ms"), "case record: field 'collective_timeout_ms' is missing");
+    out.case_timeout = std::chrono::milliseconds(
+        json_int(j, "case_timeout_ms", 0, "case record", 1, std::numeric_limits<int64_t>::max()));
+    out.collective_timeout = std::chrono::milliseconds(
+        json_int(j, "collective_timeout_ms", 0, "case record", 0, std::numeric_limits<int64_t>::max()));
     if (j.contains("fault_reached")) out.fault_reached = field<bool>(j, "fault_reached");
     out.seconds = seconds_field(j, "seconds");
     out.launch_seconds = field<std::vector<double>>(j, "launch_seconds");

@@ -7,6 +7,7 @@
 // this type, never `.value(key, default)`. Torch-free.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -52,6 +53,10 @@ struct CaseRecord {
   /// (null on disk) for the seed's initialization.
   std::string init_from;
   std::string init_from_sha256;
+  /// The request's timeouts ("case_timeout_ms", "collective_timeout_ms" on disk): what a
+  /// transport failure of the case ran into.
+  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds collective_timeout{0};
   /// A fault run only: whether the fault's code ran on some rank.
   std::optional<bool> fault_reached;
   double seconds = 0;                  ///< wall time of the launches, seconds
@@ -67,9 +72,9 @@ struct CaseRecord {
 };
 
 /// The record of `request`'s case before it runs: its case (name, kind, group, world size,
-/// config, compare_to), where it came from (matrix, backend, fault, init source) and the
-/// run's `fingerprint`; the run fills in the rest.
-CaseRecord record_of(const CaseRequest& request, const std::string& fingerprint);
+/// config, compare_to), where it came from (matrix, backend, fault, init source), its
+/// timeouts and its fingerprint; the run fills in the rest.
+CaseRecord record_of(const CaseRequest& request);
 
 /// Every field (init_from and init_from_sha256 as null when ""; fault_reached only when set).
 /// from_json requires every field but fault_reached and refuses any other.

@@ -150,12 +150,16 @@ void to_json(json& j, const CaseRequest& r) {
        {"training_backend", r.training_backend},
        {"fault", r.fault},
        {"init_from", r.init_from},
-       {"init_from_sha256", r.init_from_sha256}};
+       {"init_from_sha256", r.init_from_sha256},
+       {"case_timeout_ms", r.case_timeout.count()},
+       {"collective_timeout_ms", r.collective_timeout.count()},
+       {"fingerprint", r.fingerprint}};
 }
 
 void from_json(const json& j, CaseRequest& r) {
   check_known_fields(j, "case request",
-                     {"spec", "case", "matrix", "training_backend", "fault", "init_from", "init_from_sha256"});
+                     {"spec", "case", "matrix", "training_backend", "fault", "init_from", "init_from_sha256",
+                      "case_timeout_ms", "collective_timeout_ms", "fingerprint"});
   using internal::field;
   const std::string what = "case request";
   try {
@@ -167,6 +171,12 @@ void from_json(const json& j, CaseRequest& r) {
     out.fault = field<std::string>(j, "fault", what);
     if (j.contains("init_from")) out.init_from = field<std::string>(j, "init_from", what);
     if (j.contains("init_from_sha256")) out.init_from_sha256 = field<std::string>(j, "init_from_sha256", what);
+    // Integers only (json_int): a timeout of 1.5 ms or true is an edit, never a conversion.
+    MIH_CHECK(j.contains("case_timeout_ms"), what, ": field 'case_timeout_ms' is missing");
+    MIH_CHECK(j.contains("collective_timeout_ms"), what, ": field 'collective_timeout_ms' is missing");
+    out.case_timeout = std::chrono::milliseconds(json_int(j, "case_timeout_ms", 0, what, 1));
+    out.collective_timeout = std::chrono::milliseconds(json_int(j, "collective_timeout_ms", 0, what, 0));
+    out.fingerprint = field<std::string>(j, "fingerprint", what);
     r = std::move(out);
   } catch (const Error& e) {
     MIH_THROW(Code::kFailedPrecondition, e.message());

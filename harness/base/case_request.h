@@ -6,6 +6,7 @@
 // the case typed, never through `.value(key, default)`.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <iosfwd>
@@ -115,11 +116,23 @@ struct CaseRequest {
   std::string init_from;
   /// Its checkpoint_digest when the parent checked it; every rank checks the files against it.
   std::string init_from_sha256;
+  /// How long the case may take, all its launches together; then every rank is stopped and
+  /// the case is a transport failure. > 0.
+  std::chrono::milliseconds case_timeout{std::chrono::minutes(5)};
+  /// How long one collective may wait before its rank fails (an infrastructure failure, never
+  /// a verdict). 0: case_timeout, so a hung rank is reported by the launcher's timeout.
+  std::chrono::milliseconds collective_timeout{0};
+  /// What produces the case's evidence, as a short hex digest over this binary and every field
+  /// above (cases::case_fingerprint): evidence is reused only under the same one. "" until the
+  /// parent computes it (cases::run_case does when the caller has not).
+  std::string fingerprint;
 };
-/// Every field. from_json requires spec, case, matrix, training_backend and fault; init_from
-/// and init_from_sha256 may be absent ("" each: the seed's initialization).
+/// Every field (the timeouts as integers "case_timeout_ms", "collective_timeout_ms"). from_json
+/// requires spec, case, matrix, training_backend, fault, the timeouts and fingerprint;
+/// init_from and init_from_sha256 may be absent ("" each: the seed's initialization).
 /// Throws: mih::Error{kFailedPrecondition} naming a missing, mistyped or malformed field (the
-///   case, the matrix source); kInvalidSpec for an unknown field.
+///   case, the matrix source, a timeout that is no integer, a case timeout <= 0 or a negative
+///   collective timeout); kInvalidSpec for an unknown field.
 void to_json(nlohmann::json& j, const CaseRequest& r);
 void from_json(const nlohmann::json& j, CaseRequest& r);
 /// Reads `file` (a run/case.json). Throws: mih::Error{kFailedPrecondition} naming the file

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,29 +40,50 @@
 #include "harness/session/backend.h"
 #include "harness/session/session.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/spec/model_spec.h"
 
 namespace mih::cases {
 
 namespace fs = std::filesystem;
 
+std::string case_fingerprint(const CaseRequest& r) {
+  std::string id = r.spec + "|" + nlohmann::json(r.c).dump() + "|" + r.training_backend + "|" + r.fault + "|" +
+                   std::to_string(r.case_timeout.count()) + "ms|" + std::to_string(r.collective_timeout.count()) + "ms";
+  if (!r.init_from_sha256.empty()) id += "|init_from:" + r.init_from_sha256;
+  struct stat st {};
+  if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
+  return sha256_hex(id).substr(0, 16);
+}
+
 namespace {
 
-// The case as its ranks read it (run/case.json) and its record starts (case_run.json): built
-// once here from the caller's options.
-CaseRequest request_of(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
-  return {s.name,  c, MatrixSource::parse(o.matrix), o.training_backend, o.fault,
-          o.init_from.empty() ? std::string() : fs::absolute(o.init_from).string(), o.init_from_sha256};
+// The request as the ranks read it: an absolute init_from, checked (its digest) when the caller
+// has not, and fingerprinted when the caller has not.
+CaseRequest completed(const spec::ModelSpec& s, CaseRequest r) {
+  if (!r.init_from.empty() && r.init_from_sha256.empty()) {
+    const InitSource checked = check_init_from(s, r.init_from);
+    r.init_from = checked.dir.string();
+    r.init_from_sha256 = checked.sha256;
+  }
+  if (!r.init_from.empty()) r.init_from = fs::absolute(r.init_from).string();
+  if (r.fingerprint.empty()) r.fingerprint = case_fingerprint(r);
+  return r;
+}
+
+// Writes the request as the case's run/case.json in an emptied evidence directory.
+fs::path write_request(const CaseRequest& r, const fs::path& evidence_root) {
+  const fs::path evidence = fs::absolute(evidence_root / r.spec / r.c.name);
+  fs::remove_all(evidence);
+  EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
+  // The one resolved copy of the case every rank reads.
+  dir.write_json(layout::kCaseRequest, nlohmann::json(r));
+  return evidence;
 }
 
 }  // namespace
 
-fs::path prepare_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& o) {
-  const fs::path evidence = fs::absolute(o.evidence_root / s.name / c.name);
-  fs::remove_all(evidence);
-  EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
-  // The one resolved copy of the case every rank reads.
-  dir.write_json(layout::kCaseRequest, nlohmann::json(request_of(s, c, o)));
-  return evidence;
+fs::path prepare_case(const CaseRequest& request, const CaseRunOptions& o) {
+  return write_request(completed(spec::SpecRegistry::instance().get(request.spec), request), o.evidence_root);
 }
 
 namespace {
@@ -226,29 +248,27 @@ std::string fault_not_reached_message(const spec::ModelSpec& s, const spec::Case
 
 void link_case_task();  // case_rank.cpp: the ranks' `case` task is linked wherever run_case is
 
-CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const CaseRunOptions& given) {
+CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
   link_case_task();
   // Bad input is rejected here, before any rank starts.
-  CaseRunOptions o = given;
-  if (!o.fault.empty()) (void)fault::parse(o.fault);
+  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(request.spec);
+  const spec::Case& c = request.c;
+  if (!request.fault.empty()) (void)fault::parse(request.fault);
   s.validate();
   check_launchable_here(s.name, c);
-  const std::string unsupported =
-      TrainingBackendRegistry::instance().make(o.training_backend)->unsupported(c.config, c.save_config.has_value());
-  MIH_CHECK(unsupported.empty(), "training backend '", o.training_backend, "' cannot run case ", s.name, "/", c.name,
-            ": ", unsupported);
+  const std::string unsupported = TrainingBackendRegistry::instance()
+                                      .make(request.training_backend)
+                                      ->unsupported(c.config, c.save_config.has_value());
+  MIH_CHECK(unsupported.empty(), "training backend '", request.training_backend, "' cannot run case ", s.name, "/",
+            c.name, ": ", unsupported);
   if (const std::string w = local_launch_warning(s.name, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
-  if (!o.init_from.empty() && o.init_from_sha256.empty()) {
-    const InitSource checked = check_init_from(s, o.init_from);
-    o.init_from = checked.dir;
-    o.init_from_sha256 = checked.sha256;
-  }
+  const CaseRequest q = completed(s, request);
   std::optional<CaseLock> lock;
   if (!o.lock_held) lock.emplace(layout::case_lock(o.evidence_root, s.name, c.name), false, s.name + "/" + c.name);
   CaseRunResult result;
-  result.evidence = prepare_case(s, c, o);
+  result.evidence = write_request(q, o.evidence_root);
   EvidenceDir dir(result.evidence);
-  CaseRecord record = record_of(request_of(s, c, o), o.fingerprint);
+  CaseRecord record = record_of(q);
   std::map<std::string, std::vector<std::string>>& started_by = record.started_by;
   auto launch_phase = [&](const std::string& phase, int world_size) {
     WorkerOptions w;
@@ -256,12 +276,12 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     w.pg_backend = compat::parse_backend(c.pg_backend);
     w.gloo_hostname = "127.0.0.1";
     // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
-    w.collective_timeout = o.collective_timeout.count() > 0 ? o.collective_timeout : o.timeout;
+    w.collective_timeout = q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout;
     LaunchOptions lo;
     lo.world_size = world_size;
     lo.run_dir = w.run_dir;
-    lo.timeout = o.timeout;
-    w.fault = o.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
+    lo.timeout = q.case_timeout;
+    w.fault = q.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
     lo.extra_env["MIH_FAULT"] = "";
     lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
     const LaunchResult r = launch(lo);
@@ -320,13 +340,13 @@ CaseRunResult run_case(const spec::ModelSpec& s, const spec::Case& c, const Case
     result.error = r.report();
     result.code = r.code();
   }
-  if (!o.fault.empty()) {
+  if (!q.fault.empty()) {
     const bool reached = fault_reached(result.evidence);
     record.fault_reached = reached;
     if (result.outcome == Outcome::kRan && !reached) {
       // Every test of this case would pass on the correct code it ran: a green that lies.
       result.outcome = Outcome::kFaultNotReached;
-      result.error = fault_not_reached_message(s, c, o.fault);
+      result.error = fault_not_reached_message(s, c, q.fault);
       result.code = Code::kInvalidSpec;
     }
   }

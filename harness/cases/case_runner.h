@@ -1,4 +1,5 @@
-// Runs one conformance case: writes the resolved case to <evidence>/run/case.json, then
+// Runs one conformance case: writes its request (the resolved case and where it came from,
+// base/case_request.h) to <evidence>/run/case.json, then
 // launches its ranks (processes, real Gloo/NCCL groups), each reading that file (never the
 // matrix) and training the spec's model under the case's config with a runtime validation
 // session that writes the case's evidence. A resume case runs in two launches: the first
@@ -6,7 +7,6 @@
 // the case's config and trains the remaining steps. The suites assert on the evidence.
 #pragma once
 
-#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -20,36 +20,24 @@
 
 namespace mih::cases {
 
+/// Where a case runs; what it runs is its CaseRequest (base/case_request.h).
 struct CaseRunOptions {
-  /// The matrix the case was resolved from (a preset or a JSON file): recorded in
-  /// case_run.json and run/case.json, never read again.
-  std::string matrix = "cpu-smoke";
   /// The case's evidence goes to <evidence_root>/<spec>/<case>/ (a resume's first phase to
   /// its before_save/ folder, the checkpoint to checkpoint/); launcher files to run/.
   std::filesystem::path evidence_root;
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  /// How long one collective may wait (WorkerOptions::collective_timeout); 0: `timeout`.
-  std::chrono::milliseconds collective_timeout{0};
   /// The caller holds the case lock (memo.cpp's ensure_case waits for it); otherwise
   /// run_case takes it and refuses a case that another process is running.
   bool lock_held = false;
-  /// The TrainingBackend that trains the case (harness/session/backend.h).
-  std::string training_backend = "trainer";
-  /// Recorded in case_run.json: what produced the evidence (the conformance runner reuses a
-  /// case's evidence only when its fingerprint matches).
-  std::string fingerprint;
-  /// A fault of the catalog ("F03"; harness/base/fault.h) the rank processes inject: set as
-  /// their MIH_FAULT, which is otherwise cleared (an exported MIH_FAULT never leaks into a case).
-  std::string fault;
-  /// A Hugging Face checkpoint directory every rank initializes the port from (load_hf_weights,
-  /// after the build, before the first step; a resume's load phase takes the saved checkpoint
-  /// instead). Empty: the seed's initialization.
-  std::filesystem::path init_from;
-  /// The checkpoint_digest of init_from as the caller checked it (check_init_from); each
-  /// rank refuses files that no longer match it. Empty with init_from set: run_case checks
-  /// the checkpoint itself before any rank starts.
-  std::string init_from_sha256;
 };
+
+/// What produces the evidence of `request`, as a short hex digest: this binary (size and
+/// mtime), the spec's name, the resolved case (config, steps, kind, what it is compared with),
+/// the training backend, the fault, both timeouts and the checkpoint the port is initialized
+/// from (init_from_sha256; "" for the seed's weights). The request's own fingerprint and its
+/// matrix source are not part of it (the case carries what the matrix resolved to). Evidence
+/// with another fingerprint is relaunched, never reused; `mih run` and `mih test` compute the
+/// same one, so either reuses the other's.
+std::string case_fingerprint(const CaseRequest& request);
 
 struct CaseRunResult {
   std::filesystem::path evidence;
@@ -97,29 +85,32 @@ class CaseLock {
   int fd_ = -1;
 };
 
-/// Runs case `c` of `spec` (resolved by the caller, once) and writes <evidence>/case_run.json
-/// (spec, case, kind, world_size, config, compare_to, seconds, state, outcome, error).
+/// Runs the case `request` names (resolved by the caller, once: its spec, a registered one,
+/// and its case) and writes <evidence>/case_run.json (the request's fields, seconds, timing,
+/// state, outcome, error, the SHA-256 of every evidence file: mih::CaseRecord).
 /// Returns its evidence, state and outcome: a dead rank or a collective that never completes
 /// is outcome "transport_failure" with the launcher's report, not an exception, so the suites
 /// can report it as such.
 /// A launch that timed out, a rank killed by a signal, or a rank that failed in a collective
 /// (kUnavailable, kDeadlineExceeded) is "transport_failure" whatever the session wrote. A
-/// rank that could not initialize the port from options.init_from (the files changed since
+/// rank that could not initialize the port from request.init_from (the files changed since
 /// they were checked, or became unreadable) is "not_run" with that rank's code: bad input or
 /// environment, never the model's failure.
-/// case_run.json also holds the SHA-256 of every evidence file ("files").
-/// Throws: mih::Error{kInvalidSpec} for an unknown training backend or a case it cannot run
-///   (before any rank starts); kFailedPrecondition for an unwritable evidence root, or a
-///   case another process is running on this evidence root (nothing of it is touched); as
-///   check_init_from for an init_from checkpoint without init_from_sha256 that does not fit;
-///   as check_launchable_here (a CUDA case on a machine with fewer GPUs than ranks).
-CaseRunResult run_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
+/// A request with init_from but no init_from_sha256 has its checkpoint checked here first
+/// (check_init_from), and one without a fingerprint gets case_fingerprint's.
+/// Throws: mih::Error{kInvalidSpec} for an unknown spec or training backend, a case it cannot
+///   run, or an unknown fault (before any rank starts); kFailedPrecondition for an unwritable
+///   evidence root, or a case another process is running on this evidence root (nothing of it
+///   is touched); as check_init_from for an init_from checkpoint that does not fit; as
+///   check_launchable_here (a CUDA case on a machine with fewer GPUs than ranks).
+CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& options);
 
-/// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes its
-/// run/case.json, without launching: what an external launcher (torchrun, srun) needs before
-/// it starts the ranks (`mih run --prepare`). Returns the evidence directory.
+/// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes `request`
+/// as its run/case.json (with its fingerprint, computed when it has none), without launching:
+/// what an external launcher (torchrun, srun) needs before it starts the ranks
+/// (`mih run --prepare`). Returns the evidence directory.
 /// Throws: mih::Error{kFailedPrecondition} for an unwritable evidence root.
-std::filesystem::path prepare_case(const spec::ModelSpec& spec, const spec::Case& c, const CaseRunOptions& options);
+std::filesystem::path prepare_case(const CaseRequest& request, const CaseRunOptions& options);
 
 /// What a rank reads from <evidence>/run/case.json: mih::CaseRequest (base/case_request.h).
 

@@ -62,6 +62,21 @@ const fs::path* ConformanceRun::golden(const std::string& spec) const {
   return it == goldens_.end() ? nullptr : &it->second;
 }
 
+std::shared_ptr<const CaseRequest> ConformanceRun::request(const std::string& spec, const std::string& source,
+                                                           const std::string& training_backend,
+                                                           const std::string& case_name) const {
+  const std::lock_guard<std::mutex> lock(requests_mu_);
+  const std::string key = spec + '\n' + source + '\n' + training_backend + '\n' + case_name;
+  auto it = requests_.find(key);
+  if (it == requests_.end()) {
+    it = requests_
+             .emplace(key, std::make_shared<const CaseRequest>(
+                               resolve_case_request(spec, source, training_backend, case_name)))
+             .first;
+  }
+  return it->second;
+}
+
 void ConformanceRun::note_error(Code code) {
   if (code == Code::kInvalidSpec || code == Code::kFailedPrecondition) {
     if (input_code_ == Code::kOk) input_code_ = code;

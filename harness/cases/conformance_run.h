@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,12 @@ class ConformanceRun {
   /// dropped), or null: the spec's own GoldenSpec::dir.
   const std::filesystem::path* golden(const std::string& spec) const;
 
+  /// The request of case `case_name` of spec `spec`'s matrix `source` for `training_backend`
+  /// in this run (resolve_case_request), resolved on first use and kept until the run ends.
+  /// Thread-safe. Throws: as resolve_case_request.
+  std::shared_ptr<const CaseRequest> request(const std::string& spec, const std::string& source,
+                                             const std::string& training_backend, const std::string& case_name) const;
+
   /// An error that is not a verdict (bad evidence, a case that could not run): the exit
   /// status takes it (note_error, below).
   void note_error(Code code);
@@ -86,6 +94,8 @@ class ConformanceRun {
   Code infrastructure_code_ = Code::kOk;
   Code input_code_ = Code::kOk;
   int cases_launched_ = 0;
+  mutable std::mutex requests_mu_;
+  mutable std::map<std::string, std::shared_ptr<const CaseRequest>> requests_;
 };
 
 /// Records `code` in the current run (ConformanceRun::note_error); nothing without one.

@@ -1,9 +1,6 @@
 // Memoized case launches and the run's exit status (see memo.h).
 #include "harness/cases/memo.h"
 
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -33,24 +30,7 @@ namespace mih::cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string case_fingerprint(const std::string& spec, const spec::Case& c, const std::string& training_backend,
-                             const std::string& fault, std::chrono::milliseconds case_timeout,
-                             std::chrono::milliseconds collective_timeout, const std::string& init_from_sha256) {
-  std::string id = spec + "|" + json(c).dump() + "|" + training_backend + "|" + fault + "|" +
-                   std::to_string(case_timeout.count()) + "ms|" + std::to_string(collective_timeout.count()) + "ms";
-  if (!init_from_sha256.empty()) id += "|init_from:" + init_from_sha256;
-  struct stat st {};
-  if (::stat("/proc/self/exe", &st) == 0) id += "|" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtime);
-  return sha256_hex(id).substr(0, 16);
-}
-
 namespace {
-
-std::string fingerprint(const CaseParam& p) {
-  const InitSource* init = init_source_of(p.spec);
-  return case_fingerprint(p.spec, case_of(p), p.training_backend, fault_of(p), run_options().case_timeout,
-                          run_options().collective_timeout, init ? init->sha256 : std::string());
-}
 
 // "tolerances.cross_topology.float64" for the JSON pointer "/tolerances/cross_topology/float64".
 std::string field_name(const std::string& pointer) {
@@ -111,15 +91,15 @@ void add_differences(const std::string& file, const json& evidence, const json& 
 // gives the case: the spec (spec.resolved.json, of each phase), the case of the matrix
 // (environment.json "case", run/case.json "case", case_run.json's copy of it), the parallel
 // config (config.resolved.json's ParallelConfig fields; the save phase's before_save/), and
-// the fault its records name against the fault this run injects into the case (fault_of).
+// the fault its records name against the fault this run injects into the case (its request's).
 // Every verdict reads its tolerances, spec and case from these files, so evidence that
 // passes here is judged by the compiled ones.
-std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseEvidence& ev) {
+std::vector<std::string> disagreements(const CaseRequest& p, const verdicts::CaseEvidence& ev) {
   std::vector<std::string> out;
-  const spec::Case& c = case_of(p);
+  const spec::Case& c = p.c;
   const json spec_json = spec_of_run(p.spec).to_json();
   const json case_json = c;
-  const std::string fault = fault_of(p);
+  const std::string& fault = p.fault;
   auto fault_of_record = [&](const std::string& file) {
     const json& record = ev.json(file);
     const json named = record.is_object() ? record.value("fault", json("")) : json();
@@ -128,7 +108,7 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
                     (fault.empty() ? std::string("and this run checks the case fault-free") : "\"" + fault + "\" in this run") +
                     (named.is_string() && !named.get<std::string>().empty()
                          ? " (the evidence is of the catalog's bug " + named.get<std::string>() + ", not of the port: check "
-                           "it as the fault run it is, --fault " + named.get<std::string>() + " --fault-cases " + p.case_name +
+                           "it as the fault run it is, --fault " + named.get<std::string>() + " --fault-cases " + p.c.name +
                            ", which `mih check` passes from the record)"
                          : std::string()));
     }
@@ -136,9 +116,9 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
   if (ev.has(layout::kCaseRecord)) {
     fault_of_record(layout::kCaseRecord);
     const CaseRecord typed = read_case_record(ev.dir() / layout::kCaseRecord);
-    if (typed.spec != p.spec || typed.case_name != p.case_name) {
+    if (typed.spec != p.spec || typed.case_name != p.c.name) {
       out.push_back(std::string(layout::kCaseRecord) + ": it is the record of " + typed.spec + "/" + typed.case_name +
-                    ", not of " + p.spec + "/" + p.case_name + " (a record copied or edited)");
+                    ", not of " + p.spec + "/" + p.c.name + " (a record copied or edited)");
     }
     const json record = typed;
     json recorded = json::object(), compiled = json::object();
@@ -173,17 +153,17 @@ std::vector<std::string> disagreements(const CaseParam& p, const verdicts::CaseE
   return out;
 }
 
-CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
+CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
   CaseOutcome out;
   out.evidence = dir;
   MIH_CHECK_CODE(fs::is_directory(dir), Code::kFailedPrecondition, "verify-only: no evidence for case ", p.spec, "/",
-                 p.case_name, " at ", dir.string(), "; produce it first, e.g. `mih run --spec ", p.spec, " --case ",
-                 p.case_name, " --matrix ", p.matrix, " --evidence-root ", run_options().evidence_root.string(),
+                 p.c.name, " at ", dir.string(), "; produce it first, e.g. `mih run --spec ", p.spec, " --case ",
+                 p.c.name, " --matrix ", p.matrix.text(), " --evidence-root ", run_options().evidence_root.string(),
                  "` or the torchrun/srun launch of docs/gpu-nightly.md, or restrict the run with --gtest_filter");
   verdicts::CaseEvidence ev(dir);
   const std::string& held = ev.resolved_case().name;
-  MIH_CHECK_CODE(held == p.case_name, Code::kFailedPrecondition, "evidence ", dir.string(),
-                 " holds case '", held, "', not '", p.case_name,
+  MIH_CHECK_CODE(held == p.c.name, Code::kFailedPrecondition, "evidence ", dir.string(),
+                 " holds case '", held, "', not '", p.c.name,
                  "': this directory belongs to another run or matrix; point --evidence-root at the run that produced it");
   const std::string spec_name = ev.spec_name();
   MIH_CHECK_CODE(spec_name == p.spec, Code::kFailedPrecondition, "evidence ", dir.string(), " is of spec '", spec_name,
@@ -231,7 +211,7 @@ CaseOutcome verify_only_outcome(const CaseParam& p, const fs::path& dir) {
     std::string list;
     for (size_t i = 0; i < differ.size() && i < 12; ++i) list += "\n  " + differ[i];
     if (differ.size() > 12) list += "\n  ... and " + std::to_string(differ.size() - 12) + " more";
-    MIH_THROW(Code::kFailedPrecondition, "evidence ", dir.string(), " of case ", p.spec, "/", p.case_name,
+    MIH_THROW(Code::kFailedPrecondition, "evidence ", dir.string(), " of case ", p.spec, "/", p.c.name,
               " disagrees with the spec, matrix and fault this mih compiled and this run checks it with, and a "
               "verdict applies only those:", list,
               "\n  rerun the case with this mih, or check it with the matrix and --fault it ran under");
@@ -291,40 +271,33 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
-std::string fault_of(const CaseParam& p) {
-  return run_options().fault_cases.count(p.case_name) ? run_options().fault : std::string();
-}
-
-void PrintTo(const CaseParam& p, std::ostream* os) { *os << p.spec << "/" << p.case_name; }
-
-const spec::Case& case_of(const CaseParam& p) { return resolved_matrix(p.spec, p.matrix).at(p.case_name); }
+void PrintTo(const CaseParam& p, std::ostream* os) { *os << p.request->spec << "/" << p.request->c.name; }
 
 void progress(const std::string& line) {
   if (!run_options().progress) return;
   std::fprintf(stderr, "[mih %6.1fs] %s\n", process_age_seconds().value_or(0), line.c_str());
 }
 
-const CaseOutcome& ensure_case(const CaseParam& p) {
+const CaseOutcome& ensure_case(const CaseRequest& p) {
   static std::mutex mu;
   static std::map<std::string, CaseOutcome> memo;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string key = p.spec + "/" + p.case_name + "/" + p.training_backend + "/" + p.matrix;
+  const std::string key = p.spec + "/" + p.c.name + "/" + p.training_backend + "/" + p.matrix.text();
   auto it = memo.find(key);
   if (it != memo.end()) return it->second;
   const RunOptions& options = run_options();
   const fs::path root = options.evidence_root;
-  const fs::path dir = fs::absolute(root / p.spec / p.case_name);
+  const fs::path dir = fs::absolute(root / p.spec / p.c.name);
   CaseOutcome out;
   if (options.verify_only) {
     out = verify_only_outcome(p, dir);
   } else {
-    const std::string fp = fingerprint(p);
-    const CaseLock case_lock(layout::case_lock(root, p.spec, p.case_name), /*wait=*/true, p.spec + "/" + p.case_name);
+    const std::string& fp = p.fingerprint;
+    const CaseLock case_lock(layout::case_lock(root, p.spec, p.c.name), /*wait=*/true, p.spec + "/" + p.c.name);
     bool reused = false;
     if (fs::exists(dir / layout::kCaseRecord)) {
-      const InitSource* init = init_source_of(p.spec);
       CaseRecord run;
-      std::string why = why_not_reusable(dir, fp, init ? init->sha256 : std::string(), run);
+      std::string why = why_not_reusable(dir, fp, p.init_from_sha256, run);
       if (why.empty()) {
         // Digests recomputed after an edit pass the check above: the evidence must still say
         // what this mih compiled.
@@ -343,29 +316,18 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         reused = true;
       } else {
         // Said whatever --no-progress says: a relaunch costs time and the user should know why.
-        std::fprintf(stderr, "mih: relaunching %s/%s: %s\n", p.spec.c_str(), p.case_name.c_str(), why.c_str());
+        std::fprintf(stderr, "mih: relaunching %s/%s: %s\n", p.spec.c_str(), p.c.name.c_str(), why.c_str());
       }
     }
     if (!reused) {
-      const spec::Case& c = case_of(p);
-      const std::string fault = fault_of(p);
-      progress(p.spec + "/" + p.case_name + ": launching " + std::to_string(c.world_size()) + " rank(s) (" +
-               c.config.name() + (c.save_config ? ", resume" : "") + (fault.empty() ? "" : ", fault " + fault) + ")");
+      const spec::Case& c = p.c;
+      progress(p.spec + "/" + c.name + ": launching " + std::to_string(c.world_size()) + " rank(s) (" +
+               c.config.name() + (c.save_config ? ", resume" : "") + (p.fault.empty() ? "" : ", fault " + p.fault) + ")");
       CaseRunOptions o;
-      o.matrix = p.matrix;
       o.evidence_root = root;
-      o.training_backend = p.training_backend;
-      o.fingerprint = fp;
-      o.fault = fault;
-      o.timeout = options.case_timeout;
-      o.collective_timeout = options.collective_timeout;
       o.lock_held = true;
-      if (const InitSource* init = init_source_of(p.spec)) {
-        o.init_from = init->dir;
-        o.init_from_sha256 = init->sha256;
-      }
       try {
-        const CaseRunResult r = run_case(spec::SpecRegistry::instance().get(p.spec), c, o);
+        const CaseRunResult r = run_case(p, o);
         out.evidence = r.evidence;
         out.outcome = r.outcome;
         out.error = r.error;
@@ -374,7 +336,7 @@ const CaseOutcome& ensure_case(const CaseParam& p) {
         out.launched_here = true;
         ConformanceRun* run = ConformanceRun::current();
         if (run) run->count_launch();
-        progress(p.spec + "/" + p.case_name + ": " + std::string(outcome_name(r.outcome)) + " (" + r.state + ") in " + seconds_text(r.seconds) +
+        progress(p.spec + "/" + p.c.name + ": " + std::string(outcome_name(r.outcome)) + " (" + r.state + ") in " + seconds_text(r.seconds) +
                  " s; " + std::to_string(run ? run->cases_launched() : 0) + " case(s) launched");
       } catch (const Error& e) {
         // Could not run at all (an unwritable or full evidence root, a bad case): remembered

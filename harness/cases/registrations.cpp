@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "harness/cases/case_runner.h"
 #include "harness/cases/conformance_run.h"
 #include "harness/session/backend.h"
 #include "harness/base/strings.h"
@@ -97,6 +98,39 @@ const spec::CaseMatrix& resolved_matrix(const std::string& spec_name, const std:
     it = cache.emplace(key, spec::resolve_matrix_source(spec::SpecRegistry::instance().get(spec_name), source)).first;
   }
   return it->second;
+}
+
+CaseRequest resolve_case_request(const std::string& spec, const std::string& source, const std::string& training_backend,
+                                 const std::string& case_name) {
+  const RunOptions& o = run_options();
+  CaseRequest q;
+  q.spec = spec;
+  q.c = resolved_matrix(spec, source).at(case_name);
+  q.matrix = MatrixSource::parse(source);
+  q.training_backend = training_backend;
+  q.fault = o.fault_cases.count(case_name) ? o.fault : std::string();
+  if (const InitSource* init = init_source_of(spec)) {
+    q.init_from = init->dir.string();
+    q.init_from_sha256 = init->sha256;
+  }
+  q.case_timeout = o.case_timeout;
+  q.collective_timeout = o.collective_timeout;
+  q.fingerprint = case_fingerprint(q);
+  return q;
+}
+
+std::shared_ptr<const CaseRequest> case_request(const Registration& r, const std::string& case_name) {
+  const std::string source = matrix_of(r);
+  if (const ConformanceRun* run = ConformanceRun::current()) return run->request(r.spec, source, r.training_backend, case_name);
+  return std::make_shared<const CaseRequest>(resolve_case_request(r.spec, source, r.training_backend, case_name));
+}
+
+std::shared_ptr<const CaseRequest> sibling_request(const CaseRequest& of, const std::string& case_name) {
+  const std::string source = of.matrix.text();
+  if (const ConformanceRun* run = ConformanceRun::current()) {
+    return run->request(of.spec, source, of.training_backend, case_name);
+  }
+  return std::make_shared<const CaseRequest>(resolve_case_request(of.spec, source, of.training_backend, case_name));
 }
 
 std::vector<const spec::Case*> runnable_cases(const Registration& r) {

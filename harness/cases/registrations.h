@@ -8,10 +8,12 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "harness/base/case_request.h"
 #include "harness/spec/case_matrix.h"
 
 namespace mih::cases {
@@ -122,6 +124,22 @@ std::string matrix_of(const Registration& r);
 /// every later question about a case (its config, compare_to, kind) reads this one value.
 /// Throws: as spec::resolve_matrix_source.
 const spec::CaseMatrix& resolved_matrix(const std::string& spec, const std::string& source);
+
+/// The request of case `case_name` of `r` in this run, resolved once and kept by the run
+/// (ConformanceRun::request; resolved afresh when no run is current): the case of
+/// resolved_matrix(r.spec, matrix_of(r)), that matrix source, r's training backend, the run's
+/// fault when the case is one of RunOptions::fault_cases, the checkpoint its spec starts from
+/// (init_source_of), the run's timeouts and the fingerprint of all of them (case_fingerprint).
+/// Every test of the case, and every case compared with it, reads this one value.
+/// Throws: as resolved_matrix; as spec::CaseMatrix::at for a case the matrix does not hold.
+std::shared_ptr<const CaseRequest> case_request(const Registration& r, const std::string& case_name);
+/// The request of case `case_name` of the matrix, spec and training backend `of` was
+/// resolved from (its Reference, noise twin or a resume's twin). Throws: as case_request.
+std::shared_ptr<const CaseRequest> sibling_request(const CaseRequest& of, const std::string& case_name);
+/// What case_request resolves (uncached): case `case_name` of spec `spec`'s matrix `source`
+/// (a MatrixSource's text) for `training_backend`. Throws: as case_request.
+CaseRequest resolve_case_request(const std::string& spec, const std::string& source, const std::string& training_backend,
+                                 const std::string& case_name);
 
 /// The cases of `r`'s resolved matrix its training backend can run, in matrix order (what the
 /// suites are instantiated on and ctest registers). Throws: as resolved_matrix; kInvalidSpec

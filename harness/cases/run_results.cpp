@@ -158,8 +158,7 @@ std::string module_parity_on_evidence(const Registration& r) {
     return "matrix '" + m.name + "' has no Reference case, which the spec's module parity cases run with";
   }
   try {
-    const CaseOutcome& o =
-        ensure_case({r.prefix, r.spec, matrix_of(r), r.training_backend, ref->name});
+    const CaseOutcome& o = ensure_case(*case_request(r, ref->name));
     if (o.outcome != Outcome::kRan) {
       return "its " + ref->name + " did not complete (" + std::string(outcome_name(o.outcome)) + ": " + o.error + ")";
     }

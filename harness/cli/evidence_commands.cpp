@@ -201,10 +201,13 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
 CommandRun setup_run(CLI::App& sub, const Invocation&) {
   struct Flags {
     std::string spec, case_name, matrix = "cpu-smoke";
+    std::filesystem::path init_from;
+    CaseRequest request;  // the flags that are the request's own fields are bound to it
     cases::CaseRunOptions options;
     bool prepare = false;
   };
   auto f = std::make_shared<Flags>();
+  f->request.training_backend = "trainer";
   // Relative to where mih runs, like every default of mih (never nested under a build/ of its own).
   f->options.evidence_root = std::filesystem::path(layout::kDefaultEvidenceRoot) / layout::kManualDir;
   sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
@@ -212,15 +215,15 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
   sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case> (relative: to the current directory)")
       ->capture_default_str();
-  add_seconds(sub, "--timeout", f->options.timeout, "how long the whole case may take", 1.0);
-  add_seconds(sub, "--collective-timeout", f->options.collective_timeout,
+  add_seconds(sub, "--timeout", f->request.case_timeout, "how long the whole case may take", 1.0);
+  add_seconds(sub, "--collective-timeout", f->request.collective_timeout,
               "how long one collective may wait before its rank fails (an infrastructure failure; default: --timeout)");
-  sub.add_option("--training-backend", f->options.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
+  sub.add_option("--training-backend", f->request.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
-  sub.add_option("--fault", f->options.fault,
+  sub.add_option("--fault", f->request.fault,
                  "inject a fault of the catalog (F01-F32, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
-  sub.add_option("--init-from", f->options.init_from,
+  sub.add_option("--init-from", f->init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "
                  "checked before any rank starts; it is the source checkpoint too) instead of the spec's "
                  "checkpoint.init_from or the seed's initialization; its files' SHA-256 are part of the case's "
@@ -233,19 +236,25 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
     // The matrix is resolved here, once; the ranks read the case from run/case.json.
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
-    f->options.matrix = f->matrix;
-    const spec::Case& c = case_named(matrix, f->case_name);
+    CaseRequest& q = f->request;
+    q.spec = s.name;
+    q.matrix = MatrixSource::parse(f->matrix);
+    q.c = case_named(matrix, f->case_name);
+    const spec::Case& c = q.c;
     // A checkpoint to initialize from (--init-from, else the spec's) is checked here first: a
     // URL, an LFS pointer, a missing shard, a key or shape that does not fit fails before any
     // rank starts. Its digest tells this run from another's.
-    if (f->options.init_from.empty()) f->options.init_from = s.checkpoint.init_from;
-    if (!f->options.init_from.empty()) {
-      const cases::InitSource checked = cases::check_init_from(s, f->options.init_from);
-      f->options.init_from = checked.dir;
-      f->options.init_from_sha256 = checked.sha256;
+    if (f->init_from.empty()) f->init_from = s.checkpoint.init_from;
+    if (!f->init_from.empty()) {
+      const cases::InitSource checked = cases::check_init_from(s, f->init_from);
+      q.init_from = checked.dir.string();
+      q.init_from_sha256 = checked.sha256;
     }
+    // The fingerprint `mih test` computes for this case, so a later `mih test` on this root
+    // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
+    q.fingerprint = cases::case_fingerprint(q);
     if (f->prepare) {
-      const std::filesystem::path dir = cases::prepare_case(s, c, f->options);
+      const std::filesystem::path dir = cases::prepare_case(q, f->options);
       std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / layout::kCaseRequest).c_str());
       for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
         const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
@@ -254,13 +263,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       }
       return 0;
     }
-    // The fingerprint `mih test` computes for this case, so a later `mih test` on this root
-    // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
-    f->options.fingerprint =
-        cases::case_fingerprint(s.name, c, f->options.training_backend, f->options.fault, f->options.timeout,
-                                f->options.collective_timeout, f->options.init_from_sha256);
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
-    const cases::CaseRunResult r = cases::run_case(s, c, f->options);
+    const cases::CaseRunResult r = cases::run_case(q, f->options);
     std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(),
                 std::string(outcome_name(r.outcome)).c_str(), r.state.c_str(), r.seconds, r.evidence.c_str());
     if (r.outcome == Outcome::kInterrupted) {

@@ -4,6 +4,7 @@
 // naming what is wrong, never read with defaults.
 #include "harness/base/case_record.h"
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <vector>
@@ -91,7 +92,10 @@ TEST(CaseRecordTest, StartsFromTheCaseRequest) {
   q.fault = "F03";
   q.init_from = "/ckpt";
   q.init_from_sha256 = "ab";
-  const CaseRecord r = record_of(q, "fp");
+  q.fingerprint = "fp";
+  q.case_timeout = std::chrono::seconds(42);
+  q.collective_timeout = std::chrono::seconds(7);
+  const CaseRecord r = record_of(q);
   EXPECT_EQ(r.spec, "llama");
   EXPECT_EQ(r.case_name, "Tp2");
   EXPECT_EQ(r.world_size, 2);
@@ -102,6 +106,8 @@ TEST(CaseRecordTest, StartsFromTheCaseRequest) {
   EXPECT_EQ(r.init_from, "/ckpt");
   EXPECT_EQ(r.init_from_sha256, "ab");
   EXPECT_EQ(r.fingerprint, "fp");
+  EXPECT_EQ(r.case_timeout, std::chrono::seconds(42));
+  EXPECT_EQ(r.collective_timeout, std::chrono::seconds(7));
 }
 
 TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
@@ -136,6 +142,11 @@ TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
       {"a verify-only outcome", [](json& j) { j["outcome"] = "verify_only"; }, "writes no record"},
       {"negative seconds", [](json& j) { j["seconds"] = -5; }, "not negative"},
       {"a matrix that is an option", [](json& j) { j["matrix"] = "--gtest_also_run_disabled_tests"; }, "matrix"},
+      // The request's timeouts (issue 36): integers, a positive case timeout.
+      {"case_timeout_ms removed", [](json& j) { j.erase("case_timeout_ms"); }, "case_timeout_ms"},
+      {"a float case timeout", [](json& j) { j["case_timeout_ms"] = 1.5; }, "case_timeout_ms"},
+      {"a zero case timeout", [](json& j) { j["case_timeout_ms"] = 0; }, "case_timeout_ms"},
+      {"a negative collective timeout", [](json& j) { j["collective_timeout_ms"] = -1; }, "collective_timeout_ms"},
   };
   for (const auto& e : edits) {
     json j = good;

@@ -3,7 +3,10 @@
 // one, a case edited by hand) is refused naming what is wrong, never read with defaults.
 #include "harness/base/case_request.h"
 
+#include <chrono>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -34,6 +37,9 @@ CaseRequest example() {
   r.fault = "F11";
   r.init_from = "/ckpt";
   r.init_from_sha256 = "ab";
+  r.case_timeout = std::chrono::seconds(90);
+  r.collective_timeout = std::chrono::seconds(5);
+  r.fingerprint = "0123456789abcdef";
   return r;
 }
 
@@ -55,6 +61,10 @@ TEST(CaseRequestTest, RoundTripsEveryField) {
   ASSERT_TRUE(back.c.save_config.has_value());
   EXPECT_EQ(back.c.save_config->dp_shard, 2);
   EXPECT_EQ(back.init_from_sha256, "ab");
+  EXPECT_EQ(back.case_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(back.collective_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(back.fingerprint, "0123456789abcdef");
+  EXPECT_EQ(j["case_timeout_ms"], 90000) << "milliseconds, an integer";
 }
 
 TEST(CaseRequestTest, RefusesWhatMihDoesNotWrite) {
@@ -74,6 +84,32 @@ TEST(CaseRequestTest, RefusesWhatMihDoesNotWrite) {
   j.erase("init_from");
   j.erase("init_from_sha256");
   EXPECT_EQ(code_of(j), Code::kOk) << "init_from is optional (the seed's initialization)";
+  // The timeouts and the fingerprint are the request's: never a default, never a conversion.
+  for (const char* missing : {"case_timeout_ms", "collective_timeout_ms", "fingerprint"}) {
+    j = example();
+    j.erase(missing);
+    EXPECT_EQ(code_of(j), Code::kFailedPrecondition) << "a request without " << missing << " was accepted";
+  }
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{{"case_timeout_ms", 1.5},
+                                                                             {"case_timeout_ms", 0},
+                                                                             {"case_timeout_ms", true},
+                                                                             {"case_timeout_ms", "90s"},
+                                                                             {"collective_timeout_ms", -1},
+                                                                             {"collective_timeout_ms", 2.0},
+                                                                             {"fingerprint", 3}}) {
+    j = example();
+    j[field] = value;
+    try {
+      (void)j.get<CaseRequest>();
+      ADD_FAILURE() << field << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Code::kFailedPrecondition) << e.what();
+      EXPECT_THAT(e.what(), HasSubstr(field)) << "the error does not name the field";
+    }
+  }
+  j = example();
+  j["collective_timeout_ms"] = 0;
+  EXPECT_EQ(code_of(j), Code::kOk) << "a collective timeout of 0 is the case's";
 }
 
 TEST(CaseRequestTest, ReadingAFileNamesIt) {

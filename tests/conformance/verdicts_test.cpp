@@ -58,10 +58,12 @@ cases::CaseRunResult run(const std::string& spec_name, const std::string& case_n
                          const std::string& training_backend = "trainer") {
   const spec::ModelSpec& s = spec::SpecRegistry::instance().get(spec_name);
   const spec::CaseMatrix m = spec::resolve_matrix_source(s, "cpu-smoke");
-  cases::CaseRunOptions o;
-  o.evidence_root = root;
-  o.training_backend = training_backend;
-  return cases::run_case(s, m.at(case_name), o);
+  CaseRequest q;
+  q.spec = s.name;
+  q.c = m.at(case_name);
+  q.matrix = MatrixSource::parse("cpu-smoke");
+  q.training_backend = training_backend;
+  return cases::run_case(q, {.evidence_root = root});
 }
 
 class VerdictsTest : public ::testing::Test {

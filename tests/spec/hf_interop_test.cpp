@@ -327,7 +327,12 @@ TEST(HfInitFromTest, TheRunChecksTheCheckpointBeforeAnyRankAndItsBytesJoinTheFin
   EXPECT_EQ(a.sha256, cases::checkpoint_digest(hf::read_checkpoint(o.out)));
   const spec::Case c = spec::resolve_matrix_source(s, "cpu-smoke").at("Reference");
   auto fingerprint = [&](const std::string& sha) {
-    return cases::case_fingerprint("llama", c, "trainer", "", std::chrono::minutes(5), std::chrono::milliseconds(0), sha);
+    CaseRequest q;
+    q.spec = "llama";
+    q.c = c;
+    q.training_backend = "trainer";
+    q.init_from_sha256 = sha;
+    return cases::case_fingerprint(q);
   };
   EXPECT_NE(fingerprint(a.sha256), fingerprint("")) << "a case from the checkpoint is not the case from the seed";
   flip_first_weight_byte(o.out / "model.safetensors");
@@ -368,19 +373,23 @@ TEST(HfInitFromCaseTest, ACheckpointChangedAfterTheCheckIsNotRunNeverTheModelsFa
   const cases::InitSource checked = cases::check_init_from(s, e.out);
   flip_first_weight_byte(e.out / "model.safetensors");
   const spec::Case c = spec::resolve_matrix_source(s, "cpu-smoke").at("Reference");
-  cases::CaseRunOptions o;
-  o.evidence_root = testing::temp_dir("init_changed_root");
-  o.init_from = checked.dir;
-  o.init_from_sha256 = checked.sha256;
-  const cases::CaseRunResult r = cases::run_case(s, c, o);
+  CaseRequest q;
+  q.spec = s.name;
+  q.c = c;
+  q.matrix = MatrixSource::parse("cpu-smoke");
+  q.training_backend = "trainer";
+  q.init_from = checked.dir.string();
+  q.init_from_sha256 = checked.sha256;
+  const cases::CaseRunOptions o{.evidence_root = testing::temp_dir("init_changed_root")};
+  const cases::CaseRunResult r = cases::run_case(q, o);
   EXPECT_EQ(r.outcome, Outcome::kNotRun);
   EXPECT_EQ(r.code, Code::kFailedPrecondition);
   EXPECT_THAT(r.error, HasSubstr("the checkpoint's files changed after the run checked them"));
   EXPECT_NE(r.state, "FAILED") << "the model was never run: no verdict on it";
   EXPECT_EQ(read_json_file(r.evidence / "case_run.json")["outcome"], "not_run");
 
-  o.init_from_sha256.clear();
-  const cases::CaseRunResult again = cases::run_case(s, c, o);
+  q.init_from_sha256.clear();
+  const cases::CaseRunResult again = cases::run_case(q, o);
   EXPECT_EQ(again.outcome, Outcome::kRan) << again.error;
   const nlohmann::json case_file = read_json_file(again.evidence / "run/case.json");
   EXPECT_EQ(case_file["init_from"], checked.dir.string());
