@@ -112,6 +112,8 @@ void from_json(const json& j, CaseRecord& r) {
     out.matrix = field<MatrixSource>(j, "matrix");
     out.training_backend = field<std::string>(j, "training_backend");
     out.fingerprint = field<std::string>(j, "fingerprint");
+    MIH_CHECK(internal::is_fingerprint(out.fingerprint), "case record: field 'fingerprint' is ", json_summary(j.at("fingerprint")),
+              ", not the 16 hex digits mih writes");
     out.fault = field<std::string>(j, "fault");
     out.init_from = string_or_null(j, "init_from");
     out.init_from_sha256 = string_or_null(j, "init_from_sha256");

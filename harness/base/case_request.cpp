@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <filesystem>
 #include <ostream>
 #include <utility>
 
@@ -177,6 +178,8 @@ void from_json(const json& j, CaseRequest& r) {
     out.case_timeout = std::chrono::milliseconds(json_int(j, "case_timeout_ms", 0, what, 1));
     out.collective_timeout = std::chrono::milliseconds(json_int(j, "collective_timeout_ms", 0, what, 0));
     out.fingerprint = field<std::string>(j, "fingerprint", what);
+    MIH_CHECK(internal::is_fingerprint(out.fingerprint), what, ": field 'fingerprint' is ", json_summary(j.at("fingerprint")),
+              ", not the 16 hex digits mih writes");
     r = std::move(out);
   } catch (const Error& e) {
     MIH_THROW(Code::kFailedPrecondition, e.message());
@@ -184,6 +187,11 @@ void from_json(const json& j, CaseRequest& r) {
 }
 
 CaseRequest read_case_request(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  MIH_CHECK_CODE(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st), Code::kFailedPrecondition,
+                 "case file ", path.string(), " is not a regular file (a directory, FIFO or device): it is not the case "
+                 "request mih writes; rerun the case, or write it again with `mih run --prepare`");
   std::string text;
   MIH_CHECK_CODE(read_file(path, &text), Code::kFailedPrecondition, "case file ", path.string(),
                  " is missing: the parent (mih run, mih test) writes it before any rank starts; launch the case "

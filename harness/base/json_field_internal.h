@@ -26,4 +26,9 @@ T field(const nlohmann::json& j, const char* name, const std::string& what) {
   }
 }
 
+/// Whether `s` is a case fingerprint as mih writes it: 16 lowercase hex digits.
+inline bool is_fingerprint(const std::string& s) {
+  return s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 }  // namespace mih::internal

@@ -103,6 +103,13 @@ int run_phase(WorkerContext& ctx) {
   // init_from and --init-from); that checkpoint is then the source the key map is checked on.
   const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
   const spec::Case& c = file.c;
+  // The fault this rank injects is the request's (a local launch passes it as --fault; the
+  // rank command `mih run --prepare` prints carries it too): a rank started without it would
+  // run the correct code under a request that says otherwise.
+  const std::string running = fault::name(fault::current());
+  MIH_CHECK(running == file.fault, "case ", file.spec, "/", c.name, ": its request (", layout::kCaseRequest,
+            ") injects fault '", file.fault, "' but this rank runs with '", running,
+            "': start every rank with the command `mih run --prepare` printed (its --fault)");
   const std::string phase = ctx.option("phase");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
   MIH_CHECK(phase == "train" ? !c.save_config.has_value() : c.save_config.has_value(), "case '", c.name, "' (",

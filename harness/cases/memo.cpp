@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <ostream>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/base/sha256.h"
+#include "harness/base/strings.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/conformance_run.h"
 #include "harness/compare/verdicts.h"
@@ -131,6 +133,20 @@ std::vector<std::string> disagreements(const CaseRequest& p, const verdicts::Cas
   if (ev.has(layout::kCaseRequest)) {
     fault_of_record(layout::kCaseRequest);
     const CaseRequest request = read_case_request(ev.dir() / layout::kCaseRequest);
+    if (ev.has(layout::kCaseRecord)) {
+      // The record copies the request its ranks read (record_of): a field that differs was
+      // edited in one of the two (the request's digest is in the record).
+      const json recorded = read_case_record(ev.dir() / layout::kCaseRecord);
+      const json requested = record_of(request);
+      for (const auto& [key, value] : requested.items()) {
+        static const std::set<std::string> kRun = {"seconds", "launch_seconds", "timing", "started_by", "state",
+                                                   "outcome", "error", "files", "fault_reached"};
+        if (kRun.count(key) || recorded.value(key, json()) == value) continue;
+        out.push_back(std::string(layout::kCaseRecord) + ": " + key + " is " + json_summary(recorded.value(key, json())) +
+                      ", but " + layout::kCaseRequest + ", the request its ranks read, says " + json_summary(value) +
+                      " (one of the two was edited)");
+      }
+    }
     if (request.spec != p.spec) {
       out.push_back(std::string(layout::kCaseRequest) + ": spec is " + request.spec + ", not " + p.spec);
     }
@@ -222,11 +238,33 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
   return out;
 }
 
-// Why the evidence in `dir` cannot stand for a run with fingerprint `fp`, or "" when it can:
-// only a case that completed (Outcome::kRan), with this fingerprint, and whose every evidence file is
+// What of `run`'s record differs from request `q` where their fingerprints differ: the
+// timeouts, the fault, the training backend or the case, else the binary (its size and
+// modification time are part of every fingerprint).
+std::string fingerprint_difference(const CaseRecord& run, const CaseRequest& q) {
+  auto ms = [](std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; };
+  std::vector<std::string> d;
+  if (run.case_timeout != q.case_timeout) d.push_back("case timeout (" + ms(run.case_timeout) + ", this run " + ms(q.case_timeout) + ")");
+  if (run.collective_timeout != q.collective_timeout) {
+    d.push_back("collective timeout (" + ms(run.collective_timeout) + ", this run " + ms(q.collective_timeout) + "; 0 is the case timeout)");
+  }
+  if (run.fault != q.fault) d.push_back("fault ('" + run.fault + "', this run '" + q.fault + "')");
+  if (run.training_backend != q.training_backend) {
+    d.push_back("training backend (" + run.training_backend + ", this run " + q.training_backend + ")");
+  }
+  if (run.config != q.c.config || run.kind != q.c.kind || run.compare_to != q.c.compare_to || run.group != q.c.group) {
+    d.push_back("case definition (" + run.config.name() + ", this run " + q.c.config.name() + ")");
+  }
+  if (d.empty()) return "it was produced by another mih binary, or another definition of the case (steps, resume point)";
+  return "it was produced under another " + join(d, ", another ");
+}
+
+// Why the evidence in `dir` cannot stand for a run of request `q`, or "" when it can: only a
+// case that completed (Outcome::kRan), with q's fingerprint, and whose every evidence file is
 // still the one its run wrote (case_run.json's digests) is reused. `run` receives the record.
-std::string why_not_reusable(const fs::path& dir, const std::string& fp, const std::string& init_from_sha256,
-                             CaseRecord& run) {
+std::string why_not_reusable(const fs::path& dir, const CaseRequest& q, CaseRecord& run) {
+  const std::string& fp = q.fingerprint;
+  const std::string& init_from_sha256 = q.init_from_sha256;
   try {
     run = read_case_record(dir / layout::kCaseRecord);
   } catch (const Error& e) {
@@ -250,10 +288,7 @@ std::string why_not_reusable(const fs::path& dir, const std::string& fp, const s
     };
     return "it started from " + weights(started_from) + ", this run starts from " + weights(init_from_sha256);
   }
-  if (run.fingerprint != fp) {
-    return "its evidence was produced by another binary, case definition, backend, fault, timeout or checkpoint to "
-           "start from";
-  }
+  if (run.fingerprint != fp) return fingerprint_difference(run, q);
   if (run.files.empty()) return "its case_run.json lists no evidence digests";
   for (const auto& [relative, digest] : run.files) {
     if (std::string problem = digest_problem(dir, relative, digest); !problem.empty()) {
@@ -292,12 +327,11 @@ const CaseOutcome& ensure_case(const CaseRequest& p) {
   if (options.verify_only) {
     out = verify_only_outcome(p, dir);
   } else {
-    const std::string& fp = p.fingerprint;
     const CaseLock case_lock(layout::case_lock(root, p.spec, p.c.name), /*wait=*/true, p.spec + "/" + p.c.name);
     bool reused = false;
     if (fs::exists(dir / layout::kCaseRecord)) {
       CaseRecord run;
-      std::string why = why_not_reusable(dir, fp, p.init_from_sha256, run);
+      std::string why = why_not_reusable(dir, p, run);
       if (why.empty()) {
         // Digests recomputed after an edit pass the check above: the evidence must still say
         // what this mih compiled.

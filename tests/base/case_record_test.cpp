@@ -147,6 +147,7 @@ TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
       {"a float case timeout", [](json& j) { j["case_timeout_ms"] = 1.5; }, "case_timeout_ms"},
       {"a zero case timeout", [](json& j) { j["case_timeout_ms"] = 0; }, "case_timeout_ms"},
       {"a negative collective timeout", [](json& j) { j["collective_timeout_ms"] = -1; }, "collective_timeout_ms"},
+      {"a fingerprint that is no digest", [](json& j) { j["fingerprint"] = "zzz"; }, "not the 16 hex digits"},
   };
   for (const auto& e : edits) {
     json j = good;

@@ -4,6 +4,7 @@
 #include "harness/base/case_request.h"
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -90,7 +91,10 @@ TEST(CaseRequestTest, RefusesWhatMihDoesNotWrite) {
     j.erase(missing);
     EXPECT_EQ(code_of(j), Code::kFailedPrecondition) << "a request without " << missing << " was accepted";
   }
-  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{{"case_timeout_ms", 1.5},
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{{"fingerprint", "zzzzzzzzzzzzzzzz"},
+                                                                             {"fingerprint", ""},
+                                                                             {"fingerprint", std::string(1000, 'a')},
+                                                                             {"case_timeout_ms", 1.5},
                                                                              {"case_timeout_ms", 0},
                                                                              {"case_timeout_ms", true},
                                                                              {"case_timeout_ms", "90s"},
@@ -126,6 +130,11 @@ TEST(CaseRequestTest, ReadingAFileNamesIt) {
   EXPECT_THROW((void)read_case_request(file), Error);
   std::ofstream(file, std::ios::trunc) << json(example()).dump();
   EXPECT_EQ(read_case_request(file).c.name, "ResumeDpShard2ToTp2");
+  // A directory in its place is no case file, and not a missing one (found by a hostile trial).
+  const auto dir_file = dir / "as_dir.json";
+  std::filesystem::create_directories(dir_file);
+  EXPECT_THAT([&] { (void)read_case_request(dir_file); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("is not a regular file")));
 }
 
 // The lane is typed from the flag or suffix to the matrix: parsed once, its text canonical,

@@ -281,6 +281,23 @@ def options_and_records(mih, work):
     t = run(mih, ["test", "--evidence-root", reuse, "--gtest_brief=1", "--gtest_filter=Llama/*.*/Reference"])
     check(t.returncode == 0 and "launching" not in t.stdout, f"6: a case that passed is reused by the next run "
           f"(exit {t.returncode})", t.stdout[-800:])
+    # The record copies the request (both hold the timeouts): a record edited alone is refused,
+    # and a case run under another timeout is relaunched saying which (issue 36's trial).
+    lying = os.path.join(work, "lying", "llama", "Reference")
+    shutil.copytree(os.path.join(reuse, "llama", "Reference"), lying)
+    record_file = os.path.join(lying, "case_run.json")
+    record = json.load(open(record_file))
+    record["case_timeout_ms"] = 200000
+    open(record_file, "w").write(json.dumps(record))
+    r = run(mih, ["check", lying])
+    check(r.returncode == 12 and "case_timeout_ms is 200000, but run/case.json, the request its ranks read, says "
+          "300000" in r.stdout, f"6: a record whose timeout disagrees with its request is exit 12 (got {r.returncode})",
+          r.stdout[-800:])
+    r = run(mih, ["run", "--spec", "llama", "--case", "Reference", "--evidence-root", reuse, "--timeout", "200"])
+    t = run(mih, ["test", "--evidence-root", reuse, "--gtest_brief=1", "--gtest_filter=Llama/*.*/Reference"])
+    check(t.returncode == 0 and "another case timeout (200000 ms, this run 300000 ms)" in t.stdout,
+          f"6: a case run under another timeout is relaunched naming it (exits {r.returncode}, {t.returncode})",
+          t.stdout[-800:])
 
 
 def damaged_evidence(mih, work):

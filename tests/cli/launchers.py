@@ -17,7 +17,9 @@ variables:
        command run under the launcher), then `mih test --verify-only` passes (exit 0, tests
        ran); its environment.json names the launcher, the run id, every rank's host and the
        harness and libtorch versions
-    5. the same case with catalog fault F03 on every rank: verify-only fails (exit 1)
+    5. the same case prepared with catalog fault F03: a rank started without its --fault refuses;
+       run as printed, verify-only refuses it as fault-free (exit 12) and fails it with the
+       fault named (exit 1)
     6. evidence that names another harness version: verify-only refuses it (exit 12, naming
        both versions) unless --allow-other-version
 
@@ -115,13 +117,22 @@ def case_under(kind, mih, work):
     # The verify-only path can fail: the same case with a catalog fault on every rank.
     faulty = os.path.join(work, f"faulty_{kind}")
     shutil.copytree(os.path.join(root, "llama", "Reference"), os.path.join(faulty, "llama", "Reference"))
-    cmd = prepared_command(mih, faulty, "DpShard2")
+    cmd = prepared_command(mih, faulty, "DpShard2", extra=["--fault", "F03"])
     if cmd is None:
         return
-    r = launch(kind, 2, cmd[:2] + ["--fault", "F03"] + cmd[2:])
+    # The prepared rank command carries the case's fault: a rank started without it refuses to
+    # run (its request says F03), and one started as printed runs the fault.
+    bare = [a for i, a in enumerate(cmd) if a != "--fault" and (i == 0 or cmd[i - 1] != "--fault")]
+    r = launch(kind, 2, bare)
+    check(r.returncode != 0 and "injects fault 'F03' but this rank runs with ''" in r.stdout,
+          f"{kind}: a rank started without the case's --fault refuses to run (exit {r.returncode})", r.stdout[-3000:])
+    r = launch(kind, 2, cmd)
     check(r.returncode == 0 and "FAULT F03 IN EFFECT" in r.stdout,
           f"{kind}: the case with fault F03 on every rank runs (exit {r.returncode})", r.stdout[-3000:])
     v = verify(mih, faulty)
+    check(v.returncode == 12 and "check it as the fault run it is, --fault F03" in v.stdout,
+          f"{kind}: verify-only refuses to judge the fault run as fault-free (exit {v.returncode})", v.stdout[-3000:])
+    v = verify(mih, faulty, ["--fault", "F03", "--fault-cases", "DpShard2"])
     check(v.returncode == 1 and "NumericParity" in v.stdout,
           f"{kind}: verify-only fails on the faulty evidence (exit {v.returncode}, NumericParity named)",
           v.stdout[-3000:])

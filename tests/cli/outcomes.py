@@ -84,11 +84,11 @@ def run(mih, args, **kw):
     return subprocess.run([mih] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def prepared_command(mih, root, case, phase="train", spec="llama"):
-    """The rank command `mih run --prepare` prints for `phase` of spec/case, `mih` as this
-    binary (what a user runs under torchrun, mpirun or srun); None, with a failed check, if
-    it prints none."""
-    r = run(mih, ["run", "--prepare", "--spec", spec, "--case", case, "--evidence-root", root])
+def prepared_command(mih, root, case, phase="train", spec="llama", extra=()):
+    """The rank command `mih run --prepare` (with `extra` flags, e.g. a --fault) prints for
+    `phase` of spec/case, `mih` as this binary (what a user runs under torchrun, mpirun or
+    srun); None, with a failed check, if it prints none."""
+    r = run(mih, ["run", "--prepare", "--spec", spec, "--case", case, "--evidence-root", root] + list(extra))
     check(r.returncode == 0, f"mih run --prepare of {spec}/{case} (exit {r.returncode})", r.stdout[-2000:])
     for line in r.stdout.splitlines():
         if line.startswith(f"{phase} (") and "): " in line:

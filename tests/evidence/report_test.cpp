@@ -69,6 +69,7 @@ json case_record(const json& fields) {
   CaseRecord r;
   r.outcome = Outcome::kRan;
   r.matrix = MatrixSource::parse("cpu-smoke");
+  r.fingerprint = "0123456789abcdef";
   r.files = {{"run/case.json", std::string(64, '0')}};
   r.world_size = fields.value("world_size", 1);
   if (r.world_size > 1) r.config = ParallelConfig::parse_mesh("dp_shard=" + std::to_string(r.world_size));

@@ -1,0 +1,69 @@
+// The pipeline executor (issue 37): runs one training step of a pipeline rank in a schedule's
+// order (harness/base/pipeline_schedule.h), sending each micro-batch's activation to the next
+// stage's rank and its gradient back to the previous one point to point over the pp group.
+// The objective is exactly the unsplit one: every micro-batch's loss is the sum of its valid
+// tokens' losses divided by the step's global valid-token count before its backward, so the
+// gradients the stages accumulate over the micro-batches are those of
+// sum(valid token losses) / global valid tokens on the whole batch (a micro-batch with no
+// valid label contributes 0, never 0/0).
+//
+// Communication: sends are started without waiting (compat::isend; the buffers live until the
+// step's end, when every send is waited on), receives wait. Those are the semantics
+// pp::order_problems checks an order against, and the step refuses an order it finds a
+// problem in before any rank sends anything: a deadlocking order is an error naming where
+// each rank waits, never a hang. A stage's successor on the same rank (pp = 1 with virtual
+// stages) is handed its tensor in memory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "harness/base/pipeline_schedule.h"
+#include "harness/runtime/communicator.h"
+
+namespace mih::pp {
+
+/// What one pipeline rank computes, for the executor to run in the schedule's order.
+struct StageModel {
+  /// The forward of micro-batch `micro_batch` through stage `stage` (one of this rank's):
+  /// `input` is the activation received from stage - 1, a leaf that requires grad (undefined
+  /// on stage 0, which reads its micro-batch itself). Returns the activation for stage + 1,
+  /// or on the last stage the loss of every token of the micro-batch, unreduced: [tokens].
+  std::function<at::Tensor(int stage, int micro_batch, const at::Tensor& input)> forward;
+  /// Last stage: 1 where micro-batch `micro_batch`'s token counts in the loss, 0 where it is
+  /// masked: [tokens], any dtype.
+  std::function<at::Tensor(int micro_batch)> loss_mask;
+  /// An activation of the shape, dtype and device stage `stage` (> 0) receives for
+  /// `micro_batch` from stage - 1 (its contents are overwritten).
+  std::function<at::Tensor(int stage, int micro_batch)> empty_activation;
+};
+
+/// What one rank's step did.
+struct PipelineStep {
+  /// The sum of this rank's last-stage micro-batch losses, each normalized by the global
+  /// valid-token count (0 on a rank without the last stage): summed over the pp ranks (and the
+  /// data-parallel ones), the batch loss of the unsplit objective.
+  double loss = 0;
+  /// The actions in the order this rank ran them (the evidence's record of the schedule).
+  std::vector<Action> executed;
+  /// Bytes this rank sent over the pp group (activations forward, their gradients backward).
+  int64_t bytes_sent = 0;
+};
+
+/// Runs rank comm.rank()'s part of one step: orders[comm.rank()] in order, the parameter
+/// gradients accumulated by autograd (the caller zeroes them before and reduces them over
+/// data parallelism after, as without pipelining). `orders` holds every pp rank's order
+/// (every rank computes the same pp::schedule), checked whole before anything is sent.
+/// `global_valid_tokens`: the valid labels of the whole step over every micro-batch and
+/// data-parallel rank (the trainer counts them from the labels).
+/// Throws: mih::Error{kInvalidSpec} when comm.size() is not shape.pp, when
+///   global_valid_tokens < 1, or listing pp::order_problems of `orders`; as the
+///   collectives (kDeadlineExceeded, kUnavailable) for a transport failure; as `model`.
+PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, const PipelineShape& shape,
+                               const std::vector<std::vector<Action>>& orders, const StageModel& model,
+                               int64_t global_valid_tokens);
+
+}  // namespace mih::pp
