@@ -1,6 +1,7 @@
 // The pipeline executor (see pipeline.h).
 #include "harness/parallel/pipeline.h"
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -110,6 +111,26 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
   }
   for (compat::Work& w : sends) w.wait();
   return step;
+}
+
+void sum_tied_gradient(Communicator& pp, at::Tensor& grad) {
+  MIH_CHECK(grad.defined(), "pipeline: a tied parameter's gradient is undefined on pp rank ", pp.rank(),
+            ": pass zeros of its shape on a rank that holds no copy");
+  pp.all_reduce(grad);
+}
+
+double pipeline_grad_norm(Communicator& pp, const std::vector<at::Tensor>& counted) {
+  // On the gradients' device: an NCCL group moves only CUDA tensors.
+  c10::Device device(c10::DeviceType::CPU);
+  for (const at::Tensor& g : counted) {
+    if (g.defined()) device = g.device();
+  }
+  at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const at::Tensor& g : counted) {
+    if (g.defined()) sq += g.to(at::kDouble).pow(2).sum();
+  }
+  pp.all_reduce(sq);
+  return std::sqrt(sq.item<double>());
 }
 
 }  // namespace mih::pp

@@ -66,4 +66,20 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
                                const std::vector<std::vector<Action>>& orders, const StageModel& model,
                                int64_t global_valid_tokens);
 
+/// Sums the gradient of a parameter tied across stages (a tied embedding and head: a copy on
+/// the first stage and one on the last) over the pp group, in place: `grad` is this rank's
+/// copy's gradient, or zeros of its shape on a rank that holds no copy. Afterwards every copy
+/// holds the gradient of the one logical parameter, so the copies take the same update and
+/// stay identical (Megatron-LM's embedding group; a copy left unsynchronized trains on its
+/// own part of the gradient and the copies drift apart, Megatron-LM#844). Call it before
+/// clipping. Throws: as Communicator::all_reduce.
+void sum_tied_gradient(Communicator& pp, at::Tensor& grad);
+
+/// The global gradient norm over the pp group: the square root of the sum over the pp ranks
+/// of the squared sums of `counted`, the gradients this rank counts: each of its stages'
+/// parameters once, a tied parameter only on the first stage that holds a copy (counting both
+/// copies makes its contribution twice, the norm "sqrt(2) too large", Megatron-LM#7227).
+/// The same value on every rank. Throws: as Communicator::all_reduce.
+double pipeline_grad_norm(Communicator& pp, const std::vector<at::Tensor>& counted);
+
 }  // namespace mih::pp

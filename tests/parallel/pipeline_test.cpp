@@ -6,7 +6,8 @@
 // and where one micro-batch has no valid label. The planted bugs of the public record
 // (the loss backpropagated un-normalized, pytorch/torchtitan#2972; normalized by one
 // micro-batch's count) fail that comparison; an order that would deadlock is refused before
-// anything is sent.
+// anything is sent. A tied embedding and head across the first and last stage: the copies'
+// gradients summed over pp and the global grad norm counting it once.
 #include "harness/parallel/pipeline.h"
 
 #include <cmath>
@@ -222,6 +223,83 @@ TEST(PipelineBugTest, AnOrderThatCannotRunIsRefusedBeforeAnythingIsSent) {
   const StepRun none = run(ScheduleKind::kGPipe, {2, 1, 2}, {}, 0);
   ASSERT_EQ(none.errors.size(), 2u);
   EXPECT_THAT(none.errors[0], HasSubstr("valid-token count, which must be >= 1"));
+}
+
+// A tied embedding and head across the first and the last stage (llama_tied's layout): token
+// ids embedded by E on stage 0, logits h E^T on the last. The copies' gradients summed over
+// pp equal the one parameter's of the unsplit model, and the global grad norm counts E once;
+// the bugs of the public record (the copies never synchronized, Megatron-LM#844; the norm of
+// the local stage only, torchtitan#596; a tied copy counted twice, Megatron-LM#7227) differ.
+TEST(PipelineTiedTest, TiedCopiesSumTheirGradientsAndTheNormCountsEachParameterOnce) {
+  constexpr int64_t vocab = 7;
+  at::manual_seed(5);
+  const at::Tensor ids = at::randint(0, vocab, {kMicroBatches * kTokens}, at::kLong);
+  const at::Tensor labels = at::randint(0, vocab, {kMicroBatches * kTokens}, at::kLong);
+  const at::Tensor mask = data().mask;
+  const at::Tensor embedding = at::randn({vocab, kHidden}, at::kDouble) * 0.5;
+  const Params start = initial();
+  // The unsplit model, one E for both uses.
+  Params ref = trainable(start);
+  const at::Tensor ref_e = embedding.clone().requires_grad_(true);
+  at::Tensor h = at::embedding(ref_e, ids);
+  for (int64_t l = 0; l < kLayers; ++l) h = layer(ref, l, h);
+  const at::Tensor logits = at::linear(h, ref_e);
+  ((-at::log_softmax(logits, 1).gather(1, labels.unsqueeze(1)).squeeze(1)) * mask).sum().div(mask.sum()).backward();
+  double ref_sq = ref_e.grad().pow(2).sum().item<double>();
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ref_sq += ref.weight[l].grad().pow(2).sum().item<double>() + ref.bias[l].grad().pow(2).sum().item<double>();
+  }
+  const double ref_norm = std::sqrt(ref_sq);
+
+  const PipelineShape shape{2, 1, kMicroBatches};
+  std::vector<std::string> unsynced(2), synced(2);
+  std::vector<double> norm(2), local_norm(2), twice_norm(2);
+  ParallelConfig dims;
+  dims.dp_shard = 2;
+  const auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+    Communicator& comm = mesh.comm(MeshAxis::kDpShard);
+    const int me = comm.rank();
+    const Params mine = trainable(start);
+    const at::Tensor e = embedding.clone().requires_grad_(true);  // this stage's copy of E
+    const auto layers = stage_layers(kLayers, shape);
+    StageModel model;
+    model.forward = [&](int stage, int mb, const at::Tensor& input) {
+      at::Tensor x = stage == 0 ? at::embedding(e, ids.slice(0, mb * kTokens, (mb + 1) * kTokens)) : input;
+      for (int64_t l = layers[stage].first; l < layers[stage].second; ++l) x = layer(mine, l, x);
+      if (stage == 0) return x;
+      const at::Tensor y = labels.slice(0, mb * kTokens, (mb + 1) * kTokens);
+      return -at::log_softmax(at::linear(x, e), 1).gather(1, y.unsqueeze(1)).squeeze(1);
+    };
+    model.loss_mask = [&](int mb) { return mask.slice(0, mb * kTokens, (mb + 1) * kTokens); };
+    model.empty_activation = [](int, int) { return at::empty({kTokens, kHidden}, at::kDouble); };
+    (void)run_pipeline_step(comm, ScheduleKind::k1F1B, shape, schedule(ScheduleKind::k1F1B, shape), model, 6);
+    at::Tensor grad = e.grad().clone();
+    unsynced[me] = mismatch("E (copy of stage " + std::to_string(me) + ")", grad, ref_e.grad());
+    sum_tied_gradient(comm, grad);
+    synced[me] = mismatch("E (copy of stage " + std::to_string(me) + ")", grad, ref_e.grad());
+    std::vector<at::Tensor> counted;
+    for (int64_t l = layers[me].first; l < layers[me].second; ++l) {
+      counted.push_back(mine.weight[l].grad());
+      counted.push_back(mine.bias[l].grad());
+    }
+    std::vector<at::Tensor> with_e = counted;
+    with_e.push_back(grad);
+    norm[me] = pipeline_grad_norm(comm, me == 0 ? with_e : counted);  // E counted on stage 0 only
+    twice_norm[me] = pipeline_grad_norm(comm, with_e);                  // planted: on both stages
+    double sq = 0;
+    for (const at::Tensor& g : me == 0 ? with_e : counted) sq += g.pow(2).sum().item<double>();
+    local_norm[me] = std::sqrt(sq);                                     // planted: no reduction over pp
+  });
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  EXPECT_THAT(unsynced[0], HasSubstr("E (copy of stage 0): max abs error")) << "a copy alone has only its stage's part";
+  EXPECT_THAT(unsynced[1], HasSubstr("E (copy of stage 1): max abs error"));
+  EXPECT_EQ(synced[0], "");
+  EXPECT_EQ(synced[1], "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NEAR(norm[r], ref_norm, 1e-12 * ref_norm) << "rank " << r;
+    EXPECT_GT(twice_norm[r], ref_norm * (1 + 1e-6)) << "rank " << r << ": E counted on both stages";
+    EXPECT_GT(std::abs(local_norm[r] - ref_norm), 1e-6 * ref_norm) << "rank " << r << ": its stage's norm only";
+  }
 }
 
 }  // namespace
