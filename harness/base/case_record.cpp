@@ -156,6 +156,15 @@ void from_json(const json& j, CaseRecord& r) {
     MIH_CHECK(out.outcome != Outcome::kFaultNotReached || !out.fault.empty(), "case record: outcome '",
               outcome_name(out.outcome), "' in a record without a fault");
     // A verify-only run reads evidence and writes no record.
+    // What run_case writes with each outcome: a conformance failure has the reason the session
+    // recorded and left the case FAILED; a case that ran has no error. (An outcome edited over
+    // a record of another is refused instead of judged with an empty reason.)
+    MIH_CHECK(out.outcome != Outcome::kFailed || (!out.error.empty() && out.state == "FAILED"), "case record: outcome '",
+              outcome_name(out.outcome), "' with state '", out.state.substr(0, 60), "' and ",
+              out.error.empty() ? "no reason" : "a reason",
+              ": a case that failed has the reason its session recorded and the state FAILED");
+    MIH_CHECK(out.outcome != Outcome::kRan || out.error.empty(), "case record: outcome '", outcome_name(out.outcome),
+              "' with an error ('", out.error.substr(0, 120), "'): a case that ran to its end records none");
     MIH_CHECK(out.outcome != Outcome::kVerifyOnly, "case record: outcome '", outcome_name(out.outcome),
               "' is a verify-only run's, which writes no record");
     MIH_CHECK(out.world_size == out.config.world_size(), "case record: world_size ", out.world_size,

@@ -148,6 +148,16 @@ TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {
       {"a zero case timeout", [](json& j) { j["case_timeout_ms"] = 0; }, "case_timeout_ms"},
       {"a negative collective timeout", [](json& j) { j["collective_timeout_ms"] = -1; }, "collective_timeout_ms"},
       {"a fingerprint that is no digest", [](json& j) { j["fingerprint"] = "zzz"; }, "not the 16 hex digits"},
+      // An outcome edited over a passing case's record (the last hostile trial: exit 1 with an
+      // empty reason).
+      {"failed without a reason", [](json& j) { j["outcome"] = "failed"; }, "no reason"},
+      {"failed in a validated state",
+       [](json& j) {
+         j["outcome"] = "failed";
+         j["error"] = "loss diverged";
+       },
+       "state 'STRUCTURE_VALIDATED'"},
+      {"ran with an error", [](json& j) { j["error"] = "rank 1 died"; }, "a case that ran to its end records none"},
   };
   for (const auto& e : edits) {
     json j = good;
