@@ -149,10 +149,11 @@ struct RunResults {
 /// ("<Instance>/<Suite>.<Test>/<Case>"; spec stays "" then).
 /// Throws: mih::Error{kFailedPrecondition} naming the path when `root` or results.jsonl does
 ///   not exist, with the fix (run the conformance binary or scripts/conformance with
-///   --evidence-root <root> first); kInvalidSpec naming the file and the 1-based line for a
-///   line that is not a JSON object, lacks `name` or `status`, has a status other than
-///   passed/failed/skipped, or a field of the wrong type (`seconds` a non-negative number, the
-///   others strings). A case file that cannot be read is recorded in CaseResult::problems.
+///   --evidence-root <root> first); kFailedPrecondition (bad evidence, exit 12) naming the
+///   file and the 1-based line for a line that is not a JSON object, lacks `name` or
+///   `status`, has a status other than passed/failed/skipped, or a field of the wrong type
+///   (`seconds` a non-negative number, the others strings). A case file that cannot be read is
+///   recorded in CaseResult::problems.
 RunResults read_run_results(const std::filesystem::path& root);
 
 /// Why `run` is not a pass, one line each; empty when it is one: some test finished, none

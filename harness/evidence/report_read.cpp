@@ -280,40 +280,49 @@ RunResults read_run_results(const fs::path& root) {
   std::map<std::string, int> last_result;  // test -> line of its last result
   std::string interrupted;                 // the signal the last end line names
   int last_start_line = 0, last_end_line = 0;
-  for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
-    const std::string where = file.string() + " line " + std::to_string(line_number);
-    json j;
-    std::string problem;
-    if (!parse_json_bounded(line, &j, &problem)) {
-      if (!terminated) return;  // a writer died mid-line
-      MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", problem);
-    }
-    if (j.is_object() && j.contains("run")) {  // a process's start or end line (ResultsWriter)
-      const json& m = j["run"];
-      MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
-                ": a 'run' line must be an object with an 'event'");
-      const std::string event = m["event"].get<std::string>();
-      MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '", event,
-                "'");
-      (event == "start" ? last_start_line : last_end_line) = line_number;
-      if (event == "start") {
-        MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
-        for (const auto& n : m["tests"]) {
-          MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
-          last_start[n.get<std::string>()] = line_number;
+  // results.jsonl is evidence mih writes: a damaged line is bad evidence (exit 12), like any
+  // other evidence file, never bad input.
+  try {
+    for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
+      const std::string where = file.string() + " line " + std::to_string(line_number);
+      json j;
+      std::string problem;
+      if (!parse_json_bounded(line, &j, &problem)) {
+        if (!terminated) return;  // a writer died mid-line
+        MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", problem);
+      }
+      if (j.is_object() && j.contains("run")) {  // a process's start or end line (ResultsWriter)
+        const json& m = j["run"];
+        MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
+                  ": a 'run' line must be an object with an 'event'");
+        const std::string event = m["event"].get<std::string>();
+        MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '",
+                  event, "'");
+        (event == "start" ? last_start_line : last_end_line) = line_number;
+        if (event == "start") {
+          MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
+          for (const auto& n : m["tests"]) {
+            MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
+            last_start[n.get<std::string>()] = line_number;
+          }
         }
+        if (event == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
+          interrupted = m["interrupted"].get<std::string>();
+        } else if (event == "end") {
+          interrupted.clear();  // a later run that ended by itself
+        }
+        return;
       }
-      if (event == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
-        interrupted = m["interrupted"].get<std::string>();
-      } else if (event == "end") {
-        interrupted.clear();  // a later run that ended by itself
-      }
-      return;
-    }
-    TestResult t = parse_result_line(j, where);
-    last_result[t.name] = line_number;
-    by_name[t.name] = std::move(t);
-  });
+      TestResult t = parse_result_line(j, where);
+      last_result[t.name] = line_number;
+      by_name[t.name] = std::move(t);
+    });
+  } catch (const Error& e) {
+    if (e.code() != Code::kInvalidSpec) throw;
+    MIH_THROW(Code::kFailedPrecondition, e.message(),
+              ": results.jsonl is the run's record, written only by mih; rerun the run on a fresh root (or remove "
+              "the damaged line to report the rest)");
+  }
 
   RunResults run;
   run.root = root;

@@ -234,18 +234,19 @@ TEST(RunResultsTest, MissingRunRootOrResultsIsAFailedPreconditionNamingTheFile) 
   EXPECT_THAT(no_root.message(), HasSubstr("run root '" + (root / "nope").string() + "' does not exist"));
 }
 
-TEST(RunResultsTest, MalformedLineIsInvalidSpecNamingFileAndLine) {
+// A damaged results.jsonl is bad evidence (exit 12), like every other evidence file (it was 11).
+TEST(RunResultsTest, MalformedLineIsBadEvidenceNamingFileAndLine) {
   const fs::path root = testing::temp_dir("report_malformed");
   const std::string file = (root / "results.jsonl").string();
   const std::string good = result("llama", "Structure", "ParametersMatch", "Tp2", "passed").dump() + "\n";
   write_file_atomic(file, good + "\n" + "{\"name\": \"Llama/A.B/C\", \"status\": \n");
   const Error not_json = error_of([&] { read_run_results(root); });
-  EXPECT_EQ(not_json.code(), Code::kInvalidSpec);
+  EXPECT_EQ(not_json.code(), Code::kFailedPrecondition);
   EXPECT_THAT(not_json.message(), HasSubstr(file + " line 3 is not JSON"));  // line 2 is blank
 
   write_file_atomic(file, good + R"({"name": "Llama/A.B/C", "status": "ok"})" + "\n");
   const Error bad_status = error_of([&] { read_run_results(root); });
-  EXPECT_EQ(bad_status.code(), Code::kInvalidSpec);
+  EXPECT_EQ(bad_status.code(), Code::kFailedPrecondition);
   EXPECT_THAT(bad_status.message(), HasSubstr(file + " line 2: 'status' must be one of passed, failed, skipped; got 'ok'"));
 
   write_file_atomic(file, good + R"({"name": "Llama/A.B/C", "status": "passed", "seconds": "fast"})" + "\n");
