@@ -83,6 +83,19 @@ fs::path write_request(const CaseRequest& r, const fs::path& evidence_root) {
 }  // namespace
 
 fs::path prepare_case(const CaseRequest& request, const CaseRunOptions& o) {
+  // Preparing empties the case directory: never over the evidence of a run (an external
+  // launch's may have cost hours of a cluster), only over nothing or an earlier preparation.
+  const fs::path evidence = fs::absolute(o.evidence_root / request.spec / request.c.name);
+  std::error_code ec;
+  int64_t files = 0;
+  for (auto it = fs::recursive_directory_iterator(evidence, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_directory(ec) && fs::relative(it->path(), evidence, ec) != fs::path(layout::kCaseRequest)) ++files;
+  }
+  MIH_CHECK_CODE(files == 0, Code::kFailedPrecondition, "mih run --prepare: ", evidence.string(), " holds ", files,
+                 " evidence file(s) of a run of ", request.spec, "/", request.c.name,
+                 ", which preparing would delete: check them with `mih check ", evidence.string(),
+                 "`, or remove that directory (or give another --evidence-root) to prepare the case again");
   return write_request(completed(spec::SpecRegistry::instance().get(request.spec), request), o.evidence_root);
 }
 

@@ -105,11 +105,12 @@ class CaseLock {
 ///   check_launchable_here (a CUDA case on a machine with fewer GPUs than ranks).
 CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& options);
 
-/// Empties the case's evidence directory <evidence_root>/<spec>/<case> and writes `request`
-/// as its run/case.json (with its fingerprint, computed when it has none), without launching:
-/// what an external launcher (torchrun, srun) needs before it starts the ranks
-/// (`mih run --prepare`). Returns the evidence directory.
-/// Throws: mih::Error{kFailedPrecondition} for an unwritable evidence root.
+/// Writes `request` as run/case.json (with its fingerprint, computed when it has none) in the
+/// case's evidence directory <evidence_root>/<spec>/<case>, without launching: what an
+/// external launcher (torchrun, srun) needs before it starts the ranks (`mih run --prepare`).
+/// Returns the evidence directory.
+/// Throws: mih::Error{kFailedPrecondition} for an unwritable evidence root, or a directory that
+///   holds evidence of a run (any file but run/case.json), which it would delete, naming it.
 std::filesystem::path prepare_case(const CaseRequest& request, const CaseRunOptions& options);
 
 /// What a rank reads from <evidence>/run/case.json: mih::CaseRequest (base/case_request.h).

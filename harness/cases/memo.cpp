@@ -1,5 +1,6 @@
 // Memoized case launches and the run's exit status (see memo.h).
 #include "harness/cases/memo.h"
+#include "harness/cases/memo_internal.h"
 
 
 #include <chrono>
@@ -306,6 +307,29 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
+namespace {
+
+// The outcomes of the cases this process asked for, by "<spec>/<case>/<backend>/<matrix>".
+struct Memo {
+  std::mutex mu;
+  std::map<std::string, CaseOutcome> outcomes;
+};
+
+Memo& memo_table() {
+  static Memo m;
+  return m;
+}
+
+}  // namespace
+
+const CaseOutcome* memoized_outcome(const std::string& spec, const std::string& case_name) {
+  Memo& m = memo_table();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const std::string prefix = spec + "/" + case_name + "/";
+  const auto it = m.outcomes.lower_bound(prefix);
+  return it != m.outcomes.end() && it->first.rfind(prefix, 0) == 0 ? &it->second : nullptr;
+}
+
 void PrintTo(const CaseParam& p, std::ostream* os) { *os << p.request->spec << "/" << p.request->c.name; }
 
 void progress(const std::string& line) {
@@ -314,9 +338,9 @@ void progress(const std::string& line) {
 }
 
 const CaseOutcome& ensure_case(const CaseRequest& p) {
-  static std::mutex mu;
-  static std::map<std::string, CaseOutcome> memo;
-  std::lock_guard<std::mutex> lock(mu);
+  Memo& m = memo_table();
+  std::lock_guard<std::mutex> lock(m.mu);
+  std::map<std::string, CaseOutcome>& memo = m.outcomes;
   const std::string key = p.spec + "/" + p.c.name + "/" + p.training_backend + "/" + p.matrix.text();
   auto it = memo.find(key);
   if (it != memo.end()) return it->second;
@@ -329,6 +353,22 @@ const CaseOutcome& ensure_case(const CaseRequest& p) {
   } else {
     const CaseLock case_lock(layout::case_lock(root, p.spec, p.c.name), /*wait=*/true, p.spec + "/" + p.c.name);
     bool reused = false;
+    if (!fs::exists(dir / layout::kCaseRecord) && fs::exists(dir / layout::kEnvironment)) {
+      // Evidence without a record: an external launch's (torchrun, srun: never relaunched over,
+      // it may have cost hours of a cluster), or a run of mih's that did not finish (relaunched).
+      std::string launcher;
+      try {
+        const json env = read_json_file(dir / layout::kEnvironment);
+        if (env.is_object() && env.contains("launcher") && env["launcher"].is_string()) launcher = env["launcher"];
+      } catch (const Error&) {
+      }
+      MIH_CHECK_CODE(launcher.empty() || launcher.rfind("mih", 0) == 0, Code::kFailedPrecondition, "case ", p.spec, "/",
+                     p.c.name, ": ", dir.string(), " holds the evidence of an external launch (launcher ", launcher,
+                     ", no case_run.json), which this run would replace: check it with `mih check ", dir.string(),
+                     "` (or mih test --verify-only), or remove that directory to launch the case here");
+      std::fprintf(stderr, "mih: relaunching %s/%s: it has evidence but no case_run.json (its run did not finish)\n",
+                   p.spec.c_str(), p.c.name.c_str());
+    }
     if (fs::exists(dir / layout::kCaseRecord)) {
       CaseRecord run;
       std::string why = why_not_reusable(dir, p, run);

@@ -22,6 +22,7 @@
 #include "harness/base/files.h"
 #include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"
+#include "harness/cases/memo_internal.h"
 #include "harness/cases/registrations.h"
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/evidence_store.h"
@@ -179,7 +180,9 @@ std::string module_parity_on_evidence(const Registration& r) {
 //   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
 //     tests in this run, or, when the run did not run them, the same verdict on the Reference's
 //     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
-//   - a test failed: FAILED, naming the failed tests (the run exits non-zero for the test);
+//   - a test failed on a case that ran to its end (Outcome::kRan): FAILED, naming the failed
+//     tests (the run exits non-zero for the test); a case that did not (infrastructure, bad
+//     input, environment) keeps its state;
 //   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
 //     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
 //     module parity does not hold; no state was written): returned, and the run exits 1.
@@ -261,6 +264,12 @@ std::vector<std::string> record_case_states() {
         machine.advance_if_before(IntegrationState::kMatrixPassed, {layout::kFindings});
         continue;
       }
+      // Only a verdict on the model fails it: a case that did not run to its end (a transport
+      // failure, bad input, an environment problem, an external launch's evidence this run
+      // refused to replace) keeps its state, and the run's exit status says why.
+      const std::string spec_name = key.substr(0, key.find('/'));
+      const CaseOutcome* outcome = memoized_outcome(spec_name, key.substr(key.find('/') + 1));
+      if (!outcome || outcome->outcome != Outcome::kRan) continue;
       std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
       for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
       if (t.failed.size() > 5) reason += ", ...";

@@ -32,6 +32,7 @@ Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -298,6 +299,30 @@ def options_and_records(mih, work):
     check(t.returncode == 0 and "another case timeout (200000 ms, this run 300000 ms)" in t.stdout,
           f"6: a case run under another timeout is relaunched naming it (exits {r.returncode}, {t.returncode})",
           t.stdout[-800:])
+    # Evidence is never deleted behind the user's back (a new-user trial lost both ways):
+    # `mih run --prepare` over a finished case refuses, and `mih test` does not relaunch over
+    # an external launch's evidence (no case_run.json, launcher not mih's).
+    case_dir = os.path.join(reuse, "llama", "Reference")
+    before = sum(len(files) for _, _, files in os.walk(case_dir))
+    r = run(mih, ["run", "--prepare", "--spec", "llama", "--case", "Reference", "--evidence-root", reuse])
+    after = sum(len(files) for _, _, files in os.walk(case_dir))
+    check(r.returncode == 12 and "which preparing would delete" in r.stdout and after == before,
+          f"6: --prepare over a finished case refuses and deletes nothing (exit {r.returncode}, {before} -> {after} "
+          f"files)", r.stdout[-800:])
+    ext = os.path.join(work, "external")
+    r = run(mih, ["run", "--prepare", "--spec", "llama", "--case", "Reference", "--evidence-root", ext])
+    line = next((l for l in r.stdout.splitlines() if l.startswith("train (")), "")
+    argv = [mih] + shlex.split(line.split("): ", 1)[1])[1:] if "): " in line else [mih, "--no-such-command"]
+    env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(29000 + os.getpid() % 700))
+    w = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    check(w.returncode == 0, f"6: the prepared rank command runs as printed (exit {w.returncode})", w.stdout[-800:])
+    t = run(mih, ["test", "--evidence-root", ext, "--gtest_brief=1", "--gtest_filter=Llama/*.*/Reference"])
+    check(t.returncode == 12 and "holds the evidence of an external launch (launcher env" in t.stdout and
+          os.path.exists(os.path.join(ext, "llama", "Reference", "environment.json")),
+          f"6: mih test does not relaunch over an external launch's evidence (exit {t.returncode})", t.stdout[-800:])
+    v = run(mih, ["check", os.path.join(ext, "llama", "Reference"), "--gtest_brief=1"])
+    check(v.returncode == 0, f"6: mih check judges it (exit {v.returncode})", v.stdout[-800:])
 
 
 def damaged_evidence(mih, work):
