@@ -2,13 +2,13 @@
 #include "harness/cases/memo.h"
 #include "harness/cases/memo_internal.h"
 
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <ostream>
 #include <utility>
@@ -116,14 +116,15 @@ std::vector<std::string> disagreements(const CaseRequest& p, const verdicts::Cas
                          : std::string()));
     }
   };
+  std::optional<CaseRecord> typed;  // read once: both checks below compare it
   if (ev.has(layout::kCaseRecord)) {
     fault_of_record(layout::kCaseRecord);
-    const CaseRecord typed = read_case_record(ev.dir() / layout::kCaseRecord);
-    if (typed.spec != p.spec || typed.case_name != p.c.name) {
-      out.push_back(std::string(layout::kCaseRecord) + ": it is the record of " + typed.spec + "/" + typed.case_name +
+    typed = read_case_record(ev.dir() / layout::kCaseRecord);
+    if (typed->spec != p.spec || typed->case_name != p.c.name) {
+      out.push_back(std::string(layout::kCaseRecord) + ": it is the record of " + typed->spec + "/" + typed->case_name +
                     ", not of " + p.spec + "/" + p.c.name + " (a record copied or edited)");
     }
-    const json record = typed;
+    const json record = *typed;
     json recorded = json::object(), compiled = json::object();
     for (const char* key : {"kind", "group", "world_size", "config", "compare_to"}) {
       recorded[key] = record[key];
@@ -134,10 +135,10 @@ std::vector<std::string> disagreements(const CaseRequest& p, const verdicts::Cas
   if (ev.has(layout::kCaseRequest)) {
     fault_of_record(layout::kCaseRequest);
     const CaseRequest request = read_case_request(ev.dir() / layout::kCaseRequest);
-    if (ev.has(layout::kCaseRecord)) {
+    if (typed) {
       // The record copies the request its ranks read (record_of): a field that differs was
       // edited in one of the two (the request's digest is in the record).
-      const json recorded = read_case_record(ev.dir() / layout::kCaseRecord);
+      const json recorded = *typed;
       const json requested = record_of(request);
       for (const auto& [key, value] : requested.items()) {
         static const std::set<std::string> kRun = {"seconds", "launch_seconds", "timing", "started_by", "state",

@@ -119,18 +119,23 @@ CaseRequest resolve_case_request(const std::string& spec, const std::string& sou
   return q;
 }
 
+namespace {
+
+// The run's request (kept for the run), or a fresh one when no run is current.
+std::shared_ptr<const CaseRequest> request_in_run(const std::string& spec, const std::string& source,
+                                                  const std::string& training_backend, const std::string& case_name) {
+  if (const ConformanceRun* run = ConformanceRun::current()) return run->request(spec, source, training_backend, case_name);
+  return std::make_shared<const CaseRequest>(resolve_case_request(spec, source, training_backend, case_name));
+}
+
+}  // namespace
+
 std::shared_ptr<const CaseRequest> case_request(const Registration& r, const std::string& case_name) {
-  const std::string source = matrix_of(r);
-  if (const ConformanceRun* run = ConformanceRun::current()) return run->request(r.spec, source, r.training_backend, case_name);
-  return std::make_shared<const CaseRequest>(resolve_case_request(r.spec, source, r.training_backend, case_name));
+  return request_in_run(r.spec, matrix_of(r), r.training_backend, case_name);
 }
 
 std::shared_ptr<const CaseRequest> sibling_request(const CaseRequest& of, const std::string& case_name) {
-  const std::string source = of.matrix.text();
-  if (const ConformanceRun* run = ConformanceRun::current()) {
-    return run->request(of.spec, source, of.training_backend, case_name);
-  }
-  return std::make_shared<const CaseRequest>(resolve_case_request(of.spec, source, of.training_backend, case_name));
+  return request_in_run(of.spec, of.matrix.text(), of.training_backend, case_name);
 }
 
 std::vector<const spec::Case*> runnable_cases(const Registration& r) {

@@ -250,9 +250,8 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       q.init_from = checked.dir.string();
       q.init_from_sha256 = checked.sha256;
     }
-    // The fingerprint `mih test` computes for this case, so a later `mih test` on this root
-    // reuses this run (same binary, matrix, backend, fault and timeouts) instead of relaunching.
-    q.fingerprint = cases::case_fingerprint(q);
+    // prepare_case and run_case give the request the fingerprint `mih test` computes
+    // (case_fingerprint), so a later `mih test` on this root reuses this run.
     if (f->prepare) {
       const std::filesystem::path dir = cases::prepare_case(q, f->options);
       std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / layout::kCaseRequest).c_str());

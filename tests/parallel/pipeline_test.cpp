@@ -71,8 +71,12 @@ Params trainable(const Params& p) {
 at::Tensor layer(const Params& p, int64_t l, const at::Tensor& h) { return at::tanh(at::linear(h, p.weight[l], p.bias[l])); }
 
 // Cross entropy of every token, unreduced: [tokens].
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels) {
+  return -at::log_softmax(logits, 1).gather(1, labels.unsqueeze(1)).squeeze(1);
+}
+
 at::Tensor token_losses(const Params& p, const at::Tensor& h, const at::Tensor& labels) {
-  return -at::log_softmax(at::linear(h, p.head), 1).gather(1, labels.unsqueeze(1)).squeeze(1);
+  return cross_entropy(at::linear(h, p.head), labels);
 }
 
 // The unsplit objective, without the executor: one pass over the whole batch.
@@ -244,7 +248,7 @@ TEST(PipelineTiedTest, TiedCopiesSumTheirGradientsAndTheNormCountsEachParameterO
   at::Tensor h = at::embedding(ref_e, ids);
   for (int64_t l = 0; l < kLayers; ++l) h = layer(ref, l, h);
   const at::Tensor logits = at::linear(h, ref_e);
-  ((-at::log_softmax(logits, 1).gather(1, labels.unsqueeze(1)).squeeze(1)) * mask).sum().div(mask.sum()).backward();
+  (cross_entropy(logits, labels) * mask).sum().div(mask.sum()).backward();
   double ref_sq = ref_e.grad().pow(2).sum().item<double>();
   for (int64_t l = 0; l < kLayers; ++l) {
     ref_sq += ref.weight[l].grad().pow(2).sum().item<double>() + ref.bias[l].grad().pow(2).sum().item<double>();
@@ -268,7 +272,7 @@ TEST(PipelineTiedTest, TiedCopiesSumTheirGradientsAndTheNormCountsEachParameterO
       for (int64_t l = layers[stage].first; l < layers[stage].second; ++l) x = layer(mine, l, x);
       if (stage == 0) return x;
       const at::Tensor y = labels.slice(0, mb * kTokens, (mb + 1) * kTokens);
-      return -at::log_softmax(at::linear(x, e), 1).gather(1, y.unsqueeze(1)).squeeze(1);
+      return cross_entropy(at::linear(x, e), y);
     };
     model.loss_mask = [&](int mb) { return mask.slice(0, mb * kTokens, (mb + 1) * kTokens); };
     model.empty_activation = [](int, int) { return at::empty({kTokens, kHidden}, at::kDouble); };
