@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -260,17 +261,38 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 
 LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
   o.validate(ctx);
-  embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std()));
+  // Under pp only this rank's stages are built; the modules of other stages are built under
+  // skip_parameters(), which keeps the unsplit model's creation indices (its initial values).
+  stages_ = ctx.pipeline_stages(o.num_layers());
+  const bool first = stages_.front().first, last = stages_.back().last;
+  {
+    std::optional<ParallelContext::SkipParameters> skip;
+    if (!first && !(last && o.tie_word_embeddings())) skip.emplace(ctx);
+    auto built = VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std());
+    if (!skip) embed_tokens = register_module("embed_tokens", built);
+  }
   // F28 (FAULTS.md): the rotary table built with the usual default theta instead of the
   // config's, in every configuration alike.
   const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
   rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), theta));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_layers(); ++i) layers->push_back(LlamaDecoderLayer(ctx, o, i));
+  layers = register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < o.num_layers(); ++i) {
+    const bool mine = std::any_of(stages_.begin(), stages_.end(),
+                                  [&](const PipelineStage& s) { return i >= s.first_layer && i < s.last_layer; });
+    if (!mine) {
+      auto skip = ctx.skip_parameters();
+      LlamaDecoderLayer(ctx, o, i);
+      continue;
+    }
+    auto layer = decoder_layers.emplace(i, LlamaDecoderLayer(ctx, o, i)).first->second;
+    layers->register_module(std::to_string(i), layer);
+  }
+  std::optional<ParallelContext::SkipParameters> skip;
+  if (!last) skip.emplace(ctx);
   // F01 (FAULTS.md): the final norm built without sequence parallelism in mind: its weight
   // gradient, partial over tp under SP, is never all-reduced.
-  norm = register_module("norm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps(),
-                                         /*sequence_parallel_grad=*/!fault::active(fault::Fault::kF01)));
+  auto built_norm = RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps(),
+                            /*sequence_parallel_grad=*/!fault::active(fault::Fault::kF01));
   auto head = ColumnParallelLinearOptions(o.hidden_size(), o.vocab_size())
                   .bias(false)
                   .pad_to_tp(true)
@@ -280,8 +302,15 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   // values, as when tie_weights() runs before sharding replaces the parameters): the two drift
   // apart from the first step.
   const bool tie_by_value = o.tie_word_embeddings() && fault::active(fault::Fault::kF16);
-  lm_head = o.tie_word_embeddings() && !tie_by_value ? ColumnParallelLinear(ctx, head, embed_tokens->weight)
-                                                      : ColumnParallelLinear(ctx, head);
+  ColumnParallelLinear built_head{nullptr};
+  if (!o.tie_word_embeddings() || tie_by_value) {
+    built_head = ColumnParallelLinear(ctx, head);
+  } else if (embed_tokens) {
+    built_head = ColumnParallelLinear(ctx, head, embed_tokens->weight);
+  }
+  if (skip) return;  // not the last stage
+  norm = register_module("norm", built_norm);
+  lm_head = built_head;
   if (tie_by_value) {
     at::NoGradGuard no_grad;
     lm_head->weight.copy_(embed_tokens->weight);
@@ -293,8 +322,7 @@ at::Tensor LlamaForCausalLM::embed(const Batch& batch) {
   return observed(*ctx_, o_, *embed_tokens, embed_tokens(batch.input_ids), ActivationLayout::residual(*ctx_));
 }
 
-at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
-  at::Tensor x = embeddings;
+at::Tensor LlamaForCausalLM::run_layers(at::Tensor x, const Batch& batch, int64_t first, int64_t last) {
   // The rotary table, once per forward, for the global positions of this rank's tokens:
   // shared state every layer consumes (outside its checkpoint region, which gets it as an
   // input: a recompute must see this forward's table, not a later one).
@@ -304,21 +332,44 @@ at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& b
     shared.publish("rotary.cos", cos, "rotary_emb");
     shared.publish("rotary.sin", sin, "rotary_emb");
   }
-  for (size_t i = 0; i < layers->size(); ++i) {
+  for (int64_t i = first; i < last; ++i) {
     const std::string name = "layers." + std::to_string(i);
     const at::Tensor cos = shared.consume("rotary.cos", name), sin = shared.consume("rotary.sin", name);
-    auto layer = std::dynamic_pointer_cast<LlamaDecoderLayerImpl>(layers[i]);
+    auto layer = decoder_layers.at(i).ptr();
     x = ctx_->fsdp_forward(name, [&] {
       return ctx_->checkpoint_region(
           name, [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
           {x, cos, sin}, layer->parameters());
     });
   }
+  return x;
+}
+
+at::Tensor LlamaForCausalLM::head_logits(const at::Tensor& x) {
   const at::Tensor normed = observed(*ctx_, o_, *norm, norm(x), ActivationLayout::residual(*ctx_));
   // The logits: gathered over tp, or Shard(vocab) for the vocab-parallel loss (padded to tp).
   const ActivationLayout logits = o_.loss_parallel() ? ActivationLayout::column_parallel(o_.vocab_size())
                                                      : ActivationLayout::replicated();
   return observed(*ctx_, o_, *lm_head, lm_head(normed), logits);
+}
+
+at::Tensor LlamaForCausalLM::decode(const at::Tensor& embeddings, const Batch& batch) {
+  MIH_CHECK(stages_.size() == 1 && stages_[0].first && stages_[0].last, "llama: decode() on pipeline stage ",
+            stages_[0].stage, ", which holds part of the model; a pipelined run calls stage_forward");
+  return head_logits(run_layers(embeddings, batch, 0, o_.num_layers()));
+}
+
+at::Tensor LlamaForCausalLM::stage_forward(int stage, const at::Tensor& input, const Batch& micro_batch) {
+  auto s = std::find_if(stages_.begin(), stages_.end(), [&](const PipelineStage& st) { return st.stage == stage; });
+  MIH_CHECK(s != stages_.end(), "llama: pipeline stage ", stage, " is not on this rank");
+  at::Tensor x = run_layers(s->first ? embed(micro_batch) : input, micro_batch, s->first_layer, s->last_layer);
+  return s->last ? losses(head_logits(x), micro_batch) : x;
+}
+
+at::Tensor LlamaForCausalLM::stage_input(int /*stage*/, const Batch& micro_batch) {
+  const int64_t seq = micro_batch.input_ids.size(1) / (ctx_->sequence_parallel() ? ctx_->tp_size() : 1);
+  return at::empty({micro_batch.input_ids.size(0), seq, o_.hidden_size()},
+                   at::TensorOptions().dtype(ctx_->param_dtype()).device(ctx_->device()));
 }
 
 at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(batch), batch); }
@@ -342,23 +393,22 @@ at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch
 at::Tensor LlamaForCausalLM::token_losses(const Batch& batch) { return losses(logits(batch), batch); }
 
 void LlamaForCausalLM::apply_fsdp(ParallelContext& ctx) {
-  for (size_t i = 0; i < layers->size(); ++i) {
+  for (auto& [i, layer] : decoder_layers) {
     // Under ep the routed experts are a unit of their own (sharded over edp), before their
     // layer's (TorchTitan shards transformer_block.moe.experts first).
-    auto* layer = layers[i]->as<LlamaDecoderLayer>();
-    auto* moe = layer ? dynamic_cast<MoeMlpImpl*>(layer->mlp.get()) : nullptr;
+    auto* moe = dynamic_cast<MoeMlpImpl*>(layer->mlp.get());
     if (moe && ctx.config().ep > 1 && ctx.mesh().comm(MeshAxis::kEdp).size() > 1) {
       ctx.fully_shard(*moe->experts, "layers." + std::to_string(i) + ".mlp.experts");
     }
-    ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
+    ctx.fully_shard(*layer, "layers." + std::to_string(i));
   }
   if (o_.fsdp_root()) ctx.fully_shard(*this, "root");
 }
 
 std::vector<MoeMlpImpl*> LlamaForCausalLM::moe_mlps() const {
   std::vector<MoeMlpImpl*> out;
-  for (const auto& layer : *layers) {
-    if (auto* moe = dynamic_cast<MoeMlpImpl*>(layer->as<LlamaDecoderLayerImpl>()->mlp.get())) out.push_back(moe);
+  for (const auto& [i, layer] : decoder_layers) {
+    if (auto* moe = dynamic_cast<MoeMlpImpl*>(layer->mlp.get())) out.push_back(moe);
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -214,7 +215,14 @@ class LlamaForCausalLM : public ParallelModel {
   at::Tensor embed(const Batch& batch);
   /// The decoder over embeddings `x` (from embed(), possibly with other modalities merged in)
   /// at batch.position_ids, then the final norm and the head: -> logits [B, S, V/TP].
+  /// Throws: mih::Error{kInvalidSpec} on a pipeline stage (it holds part of the model).
   at::Tensor decode(const at::Tensor& x, const Batch& batch);
+  /// Pipeline parallelism: stage `stage`'s layers over `input` (the first stage: over the
+  /// embeddings of micro_batch), and on the last stage the final norm, the head and the loss.
+  /// Shape: [b, s, H] -> [b, s, H], or per-token losses [b, s] on the last stage.
+  at::Tensor stage_forward(int stage, const at::Tensor& input, const Batch& micro_batch) override;
+  /// [b, s, H] ([b, s/TP, H] under sequence parallelism), empty.
+  at::Tensor stage_input(int stage, const Batch& micro_batch) override;
   /// Per-token cross entropy of logits from decode(): -> [B, S].
   at::Tensor losses(const at::Tensor& logits, const Batch& batch);
   /// Each decoder layer an FSDP unit, the rest the root (left out of FSDP when fsdp_root is off).
@@ -224,15 +232,26 @@ class LlamaForCausalLM : public ParallelModel {
   /// The MoE MLPs of the layers in moe_layers, in layer order.
   std::vector<MoeMlpImpl*> moe_mlps() const;
 
+  /// Under pp a stage holds only its modules: embed_tokens on the first stage (and on the
+  /// last as the head's tied copy under tie_word_embeddings), norm and lm_head on the last
+  /// (null elsewhere), and its decoder layers.
   VocabParallelEmbedding embed_tokens{nullptr};
   RotaryEmbedding rotary_emb{nullptr};
-  torch::nn::ModuleList layers{nullptr};
+  /// The decoder layers of this rank, registered under their global index ("layers.3").
+  std::shared_ptr<torch::nn::Module> layers;
+  std::map<int64_t, LlamaDecoderLayer> decoder_layers;
   RMSNorm norm{nullptr};
   ColumnParallelLinear lm_head{nullptr};
 
  private:
+  /// Layers [first, last) over x, the rotary table published once for them.
+  at::Tensor run_layers(at::Tensor x, const Batch& batch, int64_t first, int64_t last);
+  /// The final norm and the head: -> logits [B, S, V/TP].
+  at::Tensor head_logits(const at::Tensor& x);
+
   ParallelContext* ctx_;
   LlamaOptions o_;
+  std::vector<PipelineStage> stages_;
 };
 
 /// Factories for the Trainer. make_moe requires at least one moe layer (default: every

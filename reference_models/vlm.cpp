@@ -140,9 +140,7 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
 
 void VlmForConditionalGeneration::apply_fsdp(ParallelContext& ctx) {
   ctx.fully_shard(*vision_tower, "vision_tower");
-  for (size_t i = 0; i < language_model->layers->size(); ++i) {
-    ctx.fully_shard(*language_model->layers[i], "layers." + std::to_string(i));
-  }
+  for (auto& [i, layer] : language_model->decoder_layers) ctx.fully_shard(*layer, "layers." + std::to_string(i));
   ctx.fully_shard(*this, "root");
 }
 

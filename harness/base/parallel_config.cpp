@@ -105,6 +105,8 @@ std::string ParallelConfig::name() const {
     add(part);
   }
   if (ep > 1) add("ep" + std::to_string(ep));
+  if (vpp > 1) add("vpp" + std::to_string(vpp));
+  if (pipelined() && pp_schedule == pp::ScheduleKind::kGPipe) add("gpipe");
   if (sequence_parallel) add("sp");
   if (activation_checkpointing) add("ac");
   if (micro_batches > 1) add("mb" + std::to_string(micro_batches));
@@ -165,12 +167,14 @@ ParallelConfig ParallelConfig::parse_mesh(std::string_view text) {
 ParallelConfig ParallelConfig::spread(int world_size) {
   MIH_CHECK(world_size >= 1, "world_size(", world_size, ") must be >= 1");
   ParallelConfig config;
-  // Inner axes first: tp, cp, dp_shard, dp_replicate.
+  // Inner axes first: tp, cp, dp_shard, dp_replicate (never pp: the selftest runs no model).
   size_t next = 0;
   int n = world_size;
+  constexpr size_t kSpread = kMeshDims.size() - 1;  // every dim but pp, the outermost
+  static_assert(kMeshDims[0].degree == &ParallelConfig::pp);
   for (int p = 2; n > 1; ++p) {
     while (n % p == 0) {
-      config.*kMeshDims[kMeshDims.size() - 1 - next % kMeshDims.size()].degree *= p;
+      config.*kMeshDims[kMeshDims.size() - 1 - next % kSpread].degree *= p;
       ++next;
       n /= p;
     }
@@ -207,6 +211,13 @@ void ParallelConfig::validate(int world) const {
   MIH_CHECK(micro_batches >= 1, "parallel config '", name(), "': micro_batches must be >= 1, got ", micro_batches);
   MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
             "': sequence_parallel needs tp > 1 (it shards activations over tp)");
+  MIH_CHECK(vpp >= 1, "parallel config '", name(), "': vpp must be >= 1 (1: one stage per pp rank), got ", vpp);
+  MIH_CHECK(pp == 1 || ep == 1, "parallel config '", name(), "': pp(", pp, ") with ep(", ep,
+            "): expert parallelism inside pipeline stages is not supported yet; run the moe under pp without ep, "
+            "or under ep without pp");
+  if (pipelined()) {
+    with_context(internal::str("parallel config '", name(), "'"), [&] { pp::validate(pp_schedule, pipeline_shape()); });
+  }
 }
 
 void to_json(nlohmann::json& j, const ParallelConfig& c) {
@@ -217,6 +228,8 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
   j["sequence_parallel"] = c.sequence_parallel;
   j["activation_checkpointing"] = c.activation_checkpointing;
   j["micro_batches"] = c.micro_batches;
+  j["vpp"] = c.vpp;
+  j["pp_schedule"] = pp::schedule_name(c.pp_schedule);
   j["noise_twin"] = c.noise_twin;
   j["dtype"] = dtype_name(c.dtype);
   j["seed"] = c.seed;
@@ -226,8 +239,8 @@ void to_json(nlohmann::json& j, const ParallelConfig& c) {
 void from_json(const nlohmann::json& j, ParallelConfig& c) {
   std::vector<std::string> fields;
   for (const auto& d : kMeshDims) fields.emplace_back(d.name);
-  for (const char* f : {"ep", "cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "noise_twin", "dtype",
-                        "seed", "name"}) {
+  for (const char* f : {"ep", "cp_layout", "sequence_parallel", "activation_checkpointing", "micro_batches", "vpp", "pp_schedule", "noise_twin",
+                        "dtype", "seed", "name"}) {
     fields.emplace_back(f);
   }
   check_known_fields(j, "parallel config", fields);
@@ -242,6 +255,10 @@ void from_json(const nlohmann::json& j, ParallelConfig& c) {
     out.activation_checkpointing = read_bool(j.at("activation_checkpointing"), "activation_checkpointing");
   }
   if (j.contains("micro_batches")) out.micro_batches = read_int(j.at("micro_batches"), "micro_batches", 1);
+  if (j.contains("vpp")) out.vpp = read_int(j.at("vpp"), "vpp", 1);
+  out.pp_schedule = j.contains("pp_schedule") ? pp::parse_schedule(read_string(j.at("pp_schedule"), "pp_schedule"))
+                    : out.vpp > 1                ? pp::ScheduleKind::kInterleaved1F1B
+                                                 : pp::ScheduleKind::k1F1B;
   if (j.contains("noise_twin")) out.noise_twin = read_bool(j.at("noise_twin"), "noise_twin");
   if (j.contains("dtype")) out.dtype = parse_dtype_name(read_string(j.at("dtype"), "dtype"));
   if (j.contains("seed")) {

@@ -17,6 +17,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/base/pipeline_schedule.h"
+
 namespace mih {
 
 /// Which tokens each cp rank holds: contiguous chunks, or zigzag (rank r holds chunks r and
@@ -38,18 +40,25 @@ DType parse_dtype_name(std::string_view name);
 struct ParallelConfig;
 
 /// One dim of the device mesh, outer to inner.
-/// rank = ((dp_replicate_rank * dp_shard + dp_shard_rank) * cp + cp_rank) * tp + tp_rank.
+/// rank = (((pp_rank * dp_replicate + dp_replicate_rank) * dp_shard + dp_shard_rank) * cp + cp_rank) * tp
+///        + tp_rank.
 struct MeshDim {
   std::string_view name;          ///< "dp_shard": JSON field, --mesh axis, ledger axis
   int ParallelConfig::*degree;    ///< the field of ParallelConfig holding the degree
   std::string_view case_part;     ///< part of a ParallelConfig::name(): "dp_shard" -> "dp_shard2"
   /// The batch or the sequence is split along it, so every parameter's gradient is summed
-  /// over it (its gradient domain); tp is not (only tp-partial gradients are summed over tp).
+  /// over it (its gradient domain); tp is not (only tp-partial gradients are summed over tp),
+  /// nor pp (each pp rank holds other layers; only a parameter tied across stages is summed
+  /// over its pp ranks).
   bool data_parallel;
 };
 
 /// One parallel configuration: mesh degrees (1 disables an axis) and the knobs of the run.
 struct ParallelConfig {
+  /// Pipeline parallel (outermost, TorchTitan's ParallelDims order): pp ranks hold
+  /// consecutive stages of the model's decoder layers (pipeline_schedule.h), activations and
+  /// their gradients pass between them point to point. 1 disables it.
+  int pp = 1;
   int dp_replicate = 1;  ///< replicas (DDP / the replicate dim of HSDP)
   int dp_shard = 1;      ///< FSDP: parameters sharded on dim 0 over dp_shard
   int cp = 1;            ///< context parallel: the sequence dim is sharded over cp
@@ -67,8 +76,15 @@ struct ParallelConfig {
   /// Recompute each activation-checkpoint region the model declares (a decoder layer) in
   /// backward instead of keeping its activations.
   bool activation_checkpointing = false;
-  /// Micro-batches per step (gradient accumulation); divides the local batch.
+  /// Micro-batches per step (gradient accumulation; under pp the micro-batches the schedule
+  /// pipelines); divides the local batch.
   int micro_batches = 1;
+  /// Virtual pipeline stages per pp rank (interleaved 1F1B: rank r holds stages r, r + pp,
+  /// ...). 1: one stage per pp rank.
+  int vpp = 1;
+  /// The pipeline schedule when pp * vpp > 1. JSON "pp_schedule": "gpipe", "1f1b",
+  /// "interleaved_1f1b"; absent: interleaved_1f1b when vpp > 1, else 1f1b.
+  mih::pp::ScheduleKind pp_schedule = mih::pp::ScheduleKind::k1F1B;
   /// The precision lane: float64 (the oracle) and float32 train and compute in that dtype;
   /// bfloat16 and float16 compute the forward under autocast with float32 master weights,
   /// gradients, reductions and optimizer states (ParallelContext::master_dtype).
@@ -84,7 +100,12 @@ struct ParallelConfig {
 
   /// The product of the mesh degrees.
   int world_size() const;
-  /// "dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2_nt": the case-name part ("single" when all are 1).
+  /// Whether the model is split into pipeline stages (pp * vpp > 1).
+  bool pipelined() const { return pp * vpp > 1; }
+  /// The pipeline of one step: {pp, vpp, micro_batches}.
+  mih::pp::PipelineShape pipeline_shape() const { return {pp, vpp, micro_batches}; }
+  /// "pp2_vpp2_dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2_nt" (and "gpipe" for that schedule): the
+  /// case-name part ("single" when all are 1).
   std::string name() const;
   /// The mesh degrees only: "dp_shard=2,tp=2,ep=2" (degree-1 axes omitted; "1" if all are).
   std::string mesh_str() const;
@@ -105,7 +126,8 @@ struct ParallelConfig {
   ///   world_size(4)"), or if ep does not divide dp_shard * cp ("ep(4) does not divide
   ///   dp_shard(2) * cp(1) = 2").
   void validate_mesh(int world_size) const;
-  /// validate_mesh, and: micro_batches >= 1, sequence_parallel only with tp > 1.
+  /// validate_mesh, and: micro_batches >= 1, sequence_parallel only with tp > 1, a schedule
+  /// that fits pp, vpp and micro_batches (pp::validate), no ep with pp (not supported yet).
   /// Throws: mih::Error{kInvalidSpec} naming the config.
   void validate(int world_size) const;
 
@@ -113,7 +135,8 @@ struct ParallelConfig {
 };
 
 /// The mesh dims, outer to inner.
-inline constexpr std::array<MeshDim, 4> kMeshDims = {{
+inline constexpr std::array<MeshDim, 5> kMeshDims = {{
+    {"pp", &ParallelConfig::pp, "pp", false},
     {"dp_replicate", &ParallelConfig::dp_replicate, "dp_replicate", true},
     {"dp_shard", &ParallelConfig::dp_shard, "dp_shard", true},
     {"cp", &ParallelConfig::cp, "cp", true},

@@ -329,6 +329,8 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   };
   std::vector<Staged> staged;
   std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (model buffer, loaded value)
+  std::vector<std::string> keys;  // the index's tensors, and whether this rank read each
+  std::vector<int64_t> wanted;
   on_every_rank(world, ctx.device(), "loading checkpoint " + dir.string(), [&] {
     index = read_checkpoint_index(dir);
     std::map<std::string, safetensors::Reader> readers;
@@ -371,15 +373,28 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
                                                 b.tensor.sizes().vec(), {whole}, readers));
       used.insert(key);
     }
-    std::vector<std::string> unexpected;
     for (const auto& [key, entry] : index.at("tensors").items()) {
       const bool optim_state = key.rfind("optim/", 0) == 0;
-      if (!used.count(key) && !(optim_state && !optimizer)) unexpected.push_back(key);
+      keys.push_back(key);
+      wanted.push_back(used.count(key) || (optim_state && !optimizer) ? 1 : 0);
     }
-    MIH_CHECK(unexpected.empty(), "checkpoint ", dir.string(), " has ", unexpected.size(),
-              " tensor(s) the model does not have, e.g. '", unexpected.empty() ? "" : unexpected.front(),
-              "'; was it saved from another model?");
   });
+  // Under pp each stage reads its own parameters: a tensor is unexpected when no pp rank
+  // read it (every rank read the same index, so the key lists agree; every rank reaches this
+  // collective, after on_every_rank, and takes the same decision).
+  at::Tensor read_somewhere = at::tensor(wanted, at::kLong);
+  if (ctx.mesh().config().pp > 1) {
+    read_somewhere = read_somewhere.to(ctx.device());
+    ctx.mesh().comm(MeshAxis::kPp).all_reduce(read_somewhere, ReduceOp::kSum, "checkpoint.load.pp");
+    read_somewhere = read_somewhere.cpu();
+  }
+  std::vector<std::string> unexpected;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (read_somewhere[static_cast<int64_t>(i)].item<int64_t>() == 0) unexpected.push_back(keys[i]);
+  }
+  MIH_CHECK(unexpected.empty(), "checkpoint ", dir.string(), " has ", unexpected.size(),
+            " tensor(s) the model does not have, e.g. '", unexpected.empty() ? "" : unexpected.front(),
+            "'; was it saved from another model?");
   // Every rank read everything: commit.
   at::NoGradGuard no_grad;
   const c10::Device device = ctx.device();

@@ -86,10 +86,10 @@ std::vector<std::string> ShardedParameter::grad_domain() const {
 
 int64_t ShardedParameter::replicas() const {
   if (expert_parallel()) {
-    return mesh.world_size() / ((tp.is_shard() ? mesh.tp : 1) * mesh.ep * (fsdp ? edp_size(mesh) : 1));
+    return mesh.world_size() / mesh.pp / ((tp.is_shard() ? mesh.tp : 1) * mesh.ep * (fsdp ? edp_size(mesh) : 1));
   }
   int64_t pieces = (tp.is_shard() ? mesh.tp : 1) * (fsdp ? mesh.dp_shard : 1);
-  return mesh.world_size() / pieces;
+  return mesh.world_size() / mesh.pp / pieces;
 }
 
 void to_json(nlohmann::json& j, const ShardedParameter& p) {
@@ -105,6 +105,7 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
        {"gradient_kind", p.gradient_kind()},
        {"fsdp_unit", p.unit},
        {"dtype", dtype_name(p.local.scalar_type())}};
+  if (p.mesh.pp > 1) j["pp_ranks"] = p.pp_ranks;
   if (p.fsdp) {
     j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
     j["fsdp_axis"] = mesh_axis_name(p.fsdp_axis);
@@ -153,6 +154,8 @@ at::Tensor ParallelContext::observe(const torch::nn::Module& module, const at::T
 
 at::Tensor ParallelContext::make_parameter(const ParamSpec& spec) {
   const int64_t index = next_index_++;
+  // A module of another pipeline stage: its creation index is taken, nothing is created.
+  if (skipping_) return at::empty(spec.shape, at::TensorOptions().dtype(param_dtype_).device(c10::DeviceType::Meta));
   MIH_CHECK(static_cast<bool>(spec.init), "parameter #", index, " of shape ", at::IntArrayRef(spec.shape),
             ": ParamSpec::init is empty");
   MIH_CHECK(spec.pad_dim0_to_multiple >= 1, "parameter #", index, ": pad_dim0_to_multiple must be >= 1");
@@ -301,7 +304,25 @@ std::map<std::string, ParallelContext::RegionCounts> ParallelContext::checkpoint
   return checkpoint_ledger_->counts;
 }
 
+std::vector<PipelineStage> ParallelContext::pipeline_stages(int64_t layers) {
+  MIH_CHECK(layers >= 1, "pipeline_stages: the model has ", layers, " decoder layers; it needs at least 1");
+  MIH_CHECK(pipeline_layers_ == 0 || pipeline_layers_ == layers, "pipeline_stages: asked for ", layers,
+            " layers after ", pipeline_layers_, "; a model splits one stack of decoder layers");
+  pipeline_layers_ = layers;
+  if (!config_.pipelined()) return {PipelineStage{0, 0, layers, true, true}};
+  const pp::PipelineShape shape = config_.pipeline_shape();
+  const auto split = with_context(internal::str("parallel config '", config_.name(), "'"),
+                                  [&] { return pp::stage_layers(layers, shape); });
+  std::vector<PipelineStage> out;
+  for (int stage : shape.stages_of(mesh_->axis_rank(MeshAxis::kPp))) {
+    out.push_back({stage, split[static_cast<size_t>(stage)].first, split[static_cast<size_t>(stage)].second,
+                   stage == 0, stage == shape.stages() - 1});
+  }
+  return out;
+}
+
 void ParallelContext::mark_non_persistent(const at::Tensor& buffer, std::function<void()> rebuild) {
+  if (skipping_) return;  // a module of another pipeline stage, never registered
   MIH_CHECK(static_cast<bool>(rebuild), "mark_non_persistent: a non-persistent buffer of shape ", buffer.sizes(),
             " needs a rebuild function (it is not loaded from checkpoints)");
   non_persistent_[buffer.unsafeGetTensorImpl()] = std::move(rebuild);
@@ -352,6 +373,56 @@ void ParallelContext::finalize(torch::nn::Module& root) {
   for (const auto& [impl, p] : by_impl_) {
     MIH_CHECK(seen.count(impl), "ParallelContext made parameter #", p->index, " of shape ",
               at::IntArrayRef(p->global_shape), " but the model does not register it");
+  }
+  if (mesh_->config().pp > 1) find_pipeline_copies();
+}
+
+void ParallelContext::find_pipeline_copies() {
+  Communicator& pp = mesh_->comm(MeshAxis::kPp);
+  // Every pp rank took the same creation indices (the unsplit model's), its own stage's
+  // parameters made, the others skipped: compare the counts first.
+  at::Tensor counts = at::zeros({pp.size()}, at::kLong);
+  counts[pp.rank()] = next_index_;
+  counts = counts.to(device_);
+  pp.all_reduce(counts, ReduceOp::kSum, "pipeline.parameter_count");
+  counts = counts.cpu();
+  for (int r = 0; r < pp.size(); ++r) {
+    MIH_CHECK(counts[r].item<int64_t>() == next_index_, "pipeline: pp rank ", pp.rank(), " created ", next_index_,
+              " parameters but pp rank ", r, " ", counts[r].item<int64_t>(),
+              ": every stage must take the creation indices of the unsplit model; build the modules of other "
+              "stages under ParallelContext::skip_parameters() (ParallelContext::pipeline_stages)");
+  }
+  // held[r][i]: the element count of pp rank r's copy of parameter i (0: r holds none).
+  at::Tensor held = at::zeros({pp.size(), next_index_}, at::kLong);
+  for (const auto& p : ordered_) held[pp.rank()][p->index] = p->local.numel();
+  held = held.to(device_);
+  pp.all_reduce(held, ReduceOp::kSum, "pipeline.parameter_copies");
+  held = held.cpu();
+  for (const auto& p : ordered_) {
+    p->pp_ranks.clear();
+    for (int r = 0; r < pp.size(); ++r) {
+      const int64_t numel = held[r][p->index].item<int64_t>();
+      if (numel == 0 && r != pp.rank()) continue;
+      MIH_CHECK(numel == p->local.numel(), "pipeline: '", p->fqn, "' has ", p->local.numel(),
+                " elements on pp rank ", pp.rank(), " but its copy on pp rank ", r, " has ", numel,
+                "; a parameter tied across stages must have one layout on every stage");
+      p->pp_ranks.push_back(r);
+    }
+    p->pp_counted = p->pp_ranks.front() == pp.rank();
+  }
+  // The parameters tied across stages, in creation order (every pp rank walks the same list
+  // in synchronize_gradients, holders and others alike): index and local element count.
+  tied_over_pp_.clear();
+  for (int64_t i = 0; i < next_index_; ++i) {
+    int holders = 0;
+    int64_t numel = 0;
+    for (int r = 0; r < pp.size(); ++r) {
+      if (held[r][i].item<int64_t>() > 0) {
+        ++holders;
+        numel = held[r][i].item<int64_t>();
+      }
+    }
+    if (holders > 1) tied_over_pp_.emplace_back(i, numel);
   }
 }
 
@@ -449,6 +520,7 @@ bool ParallelContext::writes_piece(const ShardedParameter& p) const {
     return m.axis_rank(MeshAxis::kDpReplicate) == 0 && (p.fsdp || m.axis_rank(MeshAxis::kEdp) == 0) &&
            ((p.tp.is_shard() && tp_size() > 1) || m.axis_rank(MeshAxis::kTp) == 0);
   }
+  if (!p.pp_counted) return false;  // a copy tied across stages: the first stage's is written
   return m.axis_rank(MeshAxis::kDpReplicate) == 0 && m.axis_rank(MeshAxis::kCp) == 0 &&
          (p.fsdp || m.axis_rank(MeshAxis::kDpShard) == 0) && ((p.tp.is_shard() && tp_size() > 1) || m.axis_rank(MeshAxis::kTp) == 0);
 }

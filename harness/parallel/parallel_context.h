@@ -111,8 +111,16 @@ struct ShardedParameter {
   /// dp_shard, cp) and tp when the gradient is partial over tp; for expert_parallel() ones
   /// dp_replicate and edp (every token that reached an expert was sent to its ep rank).
   std::vector<std::string> grad_domain() const;
-  /// How many ranks hold the same piece (the product of the axes it is replicated over).
+  /// How many ranks hold the same piece (the product of the axes it is replicated over),
+  /// within its pipeline stage.
   int64_t replicas() const;
+  /// Pipeline parallelism: the pp ranks holding a copy of this logical parameter, ascending
+  /// ({0} when pp = 1). Two or more: a parameter tied across stages (an embedding tied to the
+  /// head), whose copies' gradients are summed over them and which counts once, on the first.
+  std::vector<int> pp_ranks = {0};
+  /// Whether this rank's copy is the one counted in the grad norm and written to checkpoints
+  /// (it is on the first of pp_ranks).
+  bool pp_counted = true;
 };
 
 void to_json(nlohmann::json& j, const ShardedParameter& p);
@@ -125,6 +133,17 @@ struct BufferEntry {
   bool persistent = true;
   /// Non-persistent only: recomputes the buffer's value in place (after a checkpoint load).
   std::function<void()> rebuild;
+};
+
+/// One pipeline stage of this rank (ParallelContext::pipeline_stages): its index in model
+/// order and its decoder layers [first_layer, last_layer) in global layer index.
+struct PipelineStage {
+  int stage = 0;
+  int64_t first_layer = 0;
+  int64_t last_layer = 0;
+  /// The first stage also owns the embeddings; the last the final norm, the head and the loss.
+  bool first = true;
+  bool last = true;
 };
 
 /// The parameters of one model on one mesh. Not thread-safe; one per rank.
@@ -256,9 +275,42 @@ class ParallelContext {
   /// (the unit is still recorded).
   void fully_shard(torch::nn::Module& module, const std::string& unit);
 
-  /// Names every parameter by its FQNs in `root` (ties become aliases).
+  /// Pipeline parallelism: the stages of this rank for a model of `layers` decoder layers,
+  /// in model order (pp::stage_layers over the config's pp and vpp): one stage holding every
+  /// layer, first and last, when the config is not pipelined. A model that supports pp calls
+  /// it in its constructor, builds the layers of these stages (named by their global index)
+  /// and the embeddings or head only on the first or last stage, and builds every other
+  /// module under skip_parameters(), so that the creation indices, and so the initial
+  /// values, are those of the unsplit model.
+  /// Throws: mih::Error{kInvalidSpec} with the arithmetic when the stages do not divide the
+  ///   layers, or when called twice with different layer counts.
+  std::vector<PipelineStage> pipeline_stages(int64_t layers);
+  /// The layer count the model split (pipeline_stages); 0 if it never asked.
+  int64_t pipeline_layers() const { return pipeline_layers_; }
+  /// While the returned guard lives, make_parameter creates no parameter: it advances the
+  /// creation index and returns an uninitialized tensor of the logical shape on the meta
+  /// device (no storage), for a module of another pipeline stage that is built only to keep
+  /// the creation indices and then dropped (never registered in the model).
+  class SkipParameters {
+   public:
+    explicit SkipParameters(ParallelContext& ctx) : ctx_(&ctx), before_(ctx.skipping_) { ctx.skipping_ = true; }
+    ~SkipParameters() { ctx_->skipping_ = before_; }
+    SkipParameters(const SkipParameters&) = delete;
+    SkipParameters& operator=(const SkipParameters&) = delete;
+
+   private:
+    ParallelContext* ctx_;
+    bool before_;
+  };
+  SkipParameters skip_parameters() { return SkipParameters(*this); }
+
+  /// Names every parameter by its FQNs in `root` (ties become aliases). Under pp (a
+  /// collective over the pp group then) it also finds which pp ranks hold each logical
+  /// parameter (ShardedParameter::pp_ranks).
   /// Throws: mih::Error{kInvalidSpec} naming a parameter of `root` that was not made by
-  ///   this context, or one made here that `root` does not register.
+  ///   this context, or one made here that `root` does not register; under pp, when the pp
+  ///   ranks created different numbers of parameters (a stage built its skipped modules
+  ///   without skip_parameters) or hold tied copies of different shapes.
   void finalize(torch::nn::Module& root);
 
   /// Every logical parameter once, in named_parameters order (after finalize).
@@ -360,6 +412,11 @@ class ParallelContext {
   c10::ScalarType param_dtype_;
   c10::Device device_;
   int64_t next_index_ = 0;
+  void find_pipeline_copies();  // finalize under pp: pp_ranks, tied_over_pp_
+  // Parameters tied across pipeline stages: (creation index, local element count).
+  std::vector<std::pair<int64_t, int64_t>> tied_over_pp_;
+  bool skipping_ = false;          // SkipParameters alive
+  int64_t pipeline_layers_ = 0;    // pipeline_stages(layers)
   std::map<const void*, std::shared_ptr<ShardedParameter>> by_impl_;
   std::vector<std::shared_ptr<ShardedParameter>> ordered_;
   std::vector<std::string> units_;

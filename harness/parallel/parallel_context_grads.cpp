@@ -14,6 +14,7 @@
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
 #include "harness/base/reduction_paths.h"
+#include "harness/parallel/pipeline.h"
 
 namespace mih {
 namespace {
@@ -63,7 +64,8 @@ void ParallelContext::synchronize_gradients() {
     if (trainable[i]->local.grad().defined()) present[static_cast<int64_t>(i)] = 1;
   }
   present = present.to(device_);
-  Communicator& world = mesh_->comm(MeshAxis::kWorld);
+  // Over the ranks of this pipeline stage, which hold the same parameters (the world when pp = 1).
+  Communicator& world = mesh_->comm(MeshAxis::kStage);
   if (world.size() > 1 && !trainable.empty()) world.all_reduce(present, ReduceOp::kSum, "grad_sync.presence");
   present = present.cpu().contiguous();
   const auto ranks_with_gradient = present.accessor<float, 1>();
@@ -113,6 +115,35 @@ void ParallelContext::synchronize_gradients() {
     }
     all_reduce_bucketed(grads, mesh_->comm(axis));
   }
+  // A parameter tied across pipeline stages (an embedding on the first stage tied to the head
+  // on the last): its copies' gradients, each already summed over data parallelism, are summed
+  // over the pp ranks (zeros from a rank holding no copy), so every copy takes the one
+  // logical parameter's update (Megatron-LM's embedding group).
+  if (!tied_over_pp_.empty()) {
+    std::map<int64_t, ShardedParameter*> mine;
+    for (const auto& p : ordered_) mine[p->index] = p.get();
+    int64_t total = 0;
+    for (const auto& [index, numel] : tied_over_pp_) total += numel;
+    at::Tensor flat = at::zeros({total}, at::TensorOptions().dtype(param_dtype_).device(device_));
+    int64_t offset = 0;
+    for (const auto& [index, numel] : tied_over_pp_) {
+      auto it = mine.find(index);
+      if (it != mine.end() && it->second->local.grad().defined()) {
+        flat.narrow(0, offset, numel).copy_(it->second->local.grad().reshape(-1));
+      }
+      offset += numel;
+    }
+    pp::sum_tied_gradient(mesh_->comm(MeshAxis::kPp), flat);
+    offset = 0;
+    for (const auto& [index, numel] : tied_over_pp_) {
+      auto it = mine.find(index);
+      if (it != mine.end() && it->second->local.grad().defined()) {
+        it->second->local.mutable_grad().copy_(flat.narrow(0, offset, numel).view_as(it->second->local));
+        reductions_[it->second->fqn].insert("pp");
+      }
+      offset += numel;
+    }
+  }
   // PyTorch's semantics: a parameter no rank's backward reached keeps no gradient, and the
   // optimizers skip it (torch.optim steps only parameters whose grad is not None; DDP leaves
   // a globally unused parameter's grad None). Zeros would let AdamW decay it and move it by
@@ -138,6 +169,8 @@ double ParallelContext::grad_norm() {
   for (const auto& p : ordered_) {
     const at::Tensor& g = p->local.grad();
     if (!g.defined() || g.numel() == 0) continue;
+    // A parameter tied across pipeline stages counts once, on the first stage holding it.
+    if (!p->pp_counted) continue;
     // Each piece is held by replicas() ranks: weight it so the sum over the world counts it once.
     // F04 (FAULTS.md): the replicated (unsharded) pieces counted once per rank holding them.
     const double replicas = fault::active(fault::Fault::kF04) ? 1.0 : static_cast<double>(p->replicas());

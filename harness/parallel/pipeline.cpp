@@ -116,7 +116,7 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
 void sum_tied_gradient(Communicator& pp, at::Tensor& grad) {
   MIH_CHECK(grad.defined(), "pipeline: a tied parameter's gradient is undefined on pp rank ", pp.rank(),
             ": pass zeros of its shape on a rank that holds no copy");
-  pp.all_reduce(grad);
+  pp.all_reduce(grad, ReduceOp::kSum, "grad_sync.tied.pp");
 }
 
 double pipeline_grad_norm(Communicator& pp, const std::vector<at::Tensor>& counted) {

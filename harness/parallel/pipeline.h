@@ -72,7 +72,9 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
 /// holds the gradient of the one logical parameter, so the copies take the same update and
 /// stay identical (Megatron-LM's embedding group; a copy left unsynchronized trains on its
 /// own part of the gradient and the copies drift apart, Megatron-LM#844). Call it before
-/// clipping. Throws: as Communicator::all_reduce.
+/// clipping (ParallelContext::synchronize_gradients does, for every parameter tied across
+/// stages in one flat buffer). Labelled "grad_sync.tied.pp". Throws: as
+/// Communicator::all_reduce.
 void sum_tied_gradient(Communicator& pp, at::Tensor& grad);
 
 /// The global gradient norm over the pp group: the square root of the sum over the pp ranks

@@ -1,8 +1,9 @@
-// DeviceMesh: the world laid out on the mesh dims of ParallelConfig (kMeshDims: dp_replicate,
-// dp_shard, cp, tp, outer to inner, TorchTitan's ParallelDims), with a Communicator per axis
-// of kMeshAxes: one per dim, the combined axes dp (dp_replicate x dp_shard), dp_shard_cp
-// (FSDP) and dp_cp (loss normalization), and the two halves of dp_shard_cp under expert
-// parallelism: ep (inner, ParallelConfig::ep ranks) and edp (outer, dp_shard * cp / ep).
+// DeviceMesh: the world laid out on the mesh dims of ParallelConfig (kMeshDims: pp,
+// dp_replicate, dp_shard, cp, tp, outer to inner, TorchTitan's ParallelDims), with a
+// Communicator per axis of kMeshAxes: one per dim, the combined axes dp (dp_replicate x
+// dp_shard), dp_shard_cp (FSDP), dp_cp (loss normalization) and stage (every dim but pp: the
+// ranks holding one pipeline stage's parameters), and the two halves of dp_shard_cp under
+// expert parallelism: ep (inner, ParallelConfig::ep ranks) and edp (outer, dp_shard * cp / ep).
 #pragma once
 
 #include <array>
@@ -35,6 +36,8 @@ enum class MeshAxis {
   kDpCp,       ///< dp_replicate x dp_shard x cp: gradient and loss reduction
   kEp,         ///< expert parallel: ep consecutive ranks of dp_shard_cp (routed experts sharded)
   kEdp,        ///< expert data parallel: the dp_shard_cp ranks at one ep index (expert FSDP)
+  kPp,         ///< pipeline parallel: the ranks holding the stages of one model replica
+  kStage,      ///< every dim but pp: the ranks holding this rank's pipeline stage(s)
 };
 
 /// How an axis takes its ranks from the mesh dims it varies: all of them, or, for the expert
@@ -68,7 +71,7 @@ struct MeshAxisRow {
 
 /// Every MeshAxis, in enumerator order, which is the order groups are created in on every
 /// rank. How to add an axis: an enumerator above and a row here.
-inline constexpr std::array<MeshAxisRow, 10> kMeshAxes = {{
+inline constexpr std::array<MeshAxisRow, 12> kMeshAxes = {{
     {MeshAxis::kWorld, "world", kAllMeshDims},
     {MeshAxis::kDpReplicate, "dp_replicate", mesh_dim_bit("dp_replicate")},
     {MeshAxis::kDpShard, "dp_shard", mesh_dim_bit("dp_shard")},
@@ -79,6 +82,8 @@ inline constexpr std::array<MeshAxisRow, 10> kMeshAxes = {{
     {MeshAxis::kDpCp, "dp_cp", mesh_dim_bit("dp_replicate") | mesh_dim_bit("dp_shard") | mesh_dim_bit("cp")},
     {MeshAxis::kEp, "ep", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp"), AxisSplit::kEpInner},
     {MeshAxis::kEdp, "edp", mesh_dim_bit("dp_shard") | mesh_dim_bit("cp"), AxisSplit::kEpOuter},
+    {MeshAxis::kPp, "pp", mesh_dim_bit("pp")},
+    {MeshAxis::kStage, "stage", kAllMeshDims & ~mesh_dim_bit("pp")},
 }};
 
 /// Every MeshAxis, in the order groups are created.
@@ -88,7 +93,8 @@ inline constexpr std::array<MeshAxis, kMeshAxes.size()> kAllMeshAxes = [] {
   return out;
 }();
 
-/// "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep", "edp".
+/// "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep", "edp",
+/// "pp", "stage".
 std::string_view mesh_axis_name(MeshAxis axis);
 
 /// Parses a name of mesh_axis_name.
@@ -107,7 +113,7 @@ class MeshLayout {
   /// The config the layout was made from (its mesh degrees are the layout's).
   const ParallelConfig& config() const { return config_; }
   int world_size() const { return world_size_; }
-  /// Coordinates of `rank`, one per mesh dim: {dp_replicate, dp_shard, cp, tp}.
+  /// Coordinates of `rank`, one per mesh dim: {pp, dp_replicate, dp_shard, cp, tp}.
   MeshCoordinates coordinates(int rank) const;
   /// The global ranks of `rank`'s group along `axis`, in axis-rank order.
   std::vector<int> group_ranks(MeshAxis axis, int rank) const;
@@ -132,7 +138,7 @@ struct MeshOptions {
 
 /// The mesh as seen by one rank: its coordinates and a Communicator per MeshAxis.
 /// Groups are created in one global order on every rank (world, dp_replicate, dp_shard,
-/// cp, tp, dp, dp_shard_cp, dp_cp, ep, edp; within an axis by first rank), so construction cannot
+/// cp, tp, dp, dp_shard_cp, dp_cp, ep, edp, pp, stage; within an axis by first rank), so construction cannot
 /// deadlock. An axis whose group is this rank alone gets a backend-less self group (the
 /// world axis only where this build lacks options.group.backend: a one-rank world is built
 /// on its backend otherwise); an axis whose members equal an earlier axis's shares that

@@ -16,6 +16,7 @@
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/compat/autocast.h"
 #include "harness/compat/optim.h"
+#include "harness/parallel/pipeline.h"
 #include "harness/runtime/dtypes.h"
 
 namespace mih {
@@ -57,6 +58,16 @@ void to_json(nlohmann::json& j, const StepMetrics& m) {
        {"step_ms", m.step_ms}};
 }
 
+at::Tensor ParallelModel::stage_forward(int stage, const at::Tensor& /*input*/, const Batch& /*micro_batch*/) {
+  MIH_THROW(Code::kInvalidSpec, "pipeline stage ", stage, ": this model does not split into pipeline stages; ",
+            "override ParallelModel::stage_forward and stage_input, or run it without pp");
+}
+
+at::Tensor ParallelModel::stage_input(int stage, const Batch& /*micro_batch*/) {
+  MIH_THROW(Code::kInvalidSpec, "pipeline stage ", stage, ": this model does not split into pipeline stages; ",
+            "override ParallelModel::stage_forward and stage_input, or run it without pp");
+}
+
 TrainingHooks& no_training_hooks() {
   static TrainingHooks none;
   return none;
@@ -72,6 +83,10 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
   context_ = std::make_unique<ParallelContext>(mesh, config_, options_.device());
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
+  MIH_CHECK(!config_.pipelined() || context_->pipeline_layers() > 0, "parallel config '", config_.name(),
+            "' is pipelined (pp(", config_.pp, ") x vpp(", config_.vpp, ") stages) but the model did not split ",
+            "itself into stages: it must call ParallelContext::pipeline_stages in its constructor, build only its ",
+            "stages' modules and override stage_forward; run it without pp otherwise");
   // F15 (FAULTS.md): the optimizer's parameters taken from the model before fully_shard. FSDP1
   // without use_orig_params swaps the modules' parameters for flat shards, so such an optimizer
   // holds unsharded originals the model no longer reads (here: copies of them).
@@ -208,25 +223,53 @@ StepMetrics Trainer::step() {
   }
   double loss_sum = 0;
   context_->reset_gradient_reductions();
-  for (int mb = 0; mb < config_.micro_batches; ++mb) {
+  // The mixed-precision lanes: the forward under autocast (float32 master weights, casts for
+  // the matmuls), the per-token losses summed in float32 as a user's loss would be.
+  auto forward = [&](const std::function<at::Tensor()>& run) {
+    if (!autocast_lane(config_.dtype)) return run();
+    compat::AutocastState mixed;
+    const bool cuda = device.is_cuda();
+    (cuda ? mixed.cuda_enabled : mixed.cpu_enabled) = true;
+    (cuda ? mixed.cuda_dtype : mixed.cpu_dtype) = scalar_type(config_.dtype);
+    const compat::AutocastScope scope(mixed);
+    return run();
+  };
+  pp::PipelineStep pipelined;
+  if (config_.pipelined()) {
+    // The schedule's order of forwards and backwards over the stages; every micro-batch's
+    // loss normalized by the global valid-token count before its backward (pipeline.h).
+    std::vector<Batch> micro;
+    for (int mb = 0; mb < config_.micro_batches; ++mb) {
+      micro.push_back(rows(local, mb * mb_rows, mb_rows));
+      hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro.back());
+    }
+    const int last_stage = config_.pp * config_.vpp - 1;
+    pp::StageModel stages;
+    stages.forward = [&](int stage, int mb, const at::Tensor& input) {
+      context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
+      context_->shared_state().begin_forward();
+      at::Tensor out = forward([&] { return model_->stage_forward(stage, input, micro[static_cast<size_t>(mb)]); });
+      if (stage != last_stage) return out;
+      if (out.scalar_type() != context_->param_dtype()) out = out.to(context_->param_dtype());
+      hooks_->record_token_losses(step, mb, out.detach(), micro[static_cast<size_t>(mb)]);
+      return out.reshape(-1);
+    };
+    stages.loss_mask = [&](int mb) { return micro[static_cast<size_t>(mb)].labels.ne(kIgnoreIndex).reshape(-1); };
+    stages.empty_activation = [&](int stage, int mb) {
+      return model_->stage_input(stage, micro[static_cast<size_t>(mb)]);
+    };
+    const pp::PipelineShape shape = config_.pipeline_shape();
+    pipelined = pp::run_pipeline_step(mesh_->comm(MeshAxis::kPp), config_.pp_schedule, shape,
+                                      pp::schedule(config_.pp_schedule, shape), stages, global_valid);
+    loss_sum = pipelined.loss;
+  }
+  for (int mb = 0; mb < config_.micro_batches && !config_.pipelined(); ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);
     hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
     // Dropout masks and activation probes in global coordinates: this micro-batch's first row.
     context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
     context_->shared_state().begin_forward();
-    // The mixed-precision lanes: the forward under autocast (float32 master weights, casts for
-    // the matmuls), the per-token losses summed in float32 as a user's loss would be.
-    at::Tensor token_losses;
-    if (autocast_lane(config_.dtype)) {
-      compat::AutocastState mixed;
-      const bool cuda = device.is_cuda();
-      (cuda ? mixed.cuda_enabled : mixed.cpu_enabled) = true;
-      (cuda ? mixed.cuda_dtype : mixed.cpu_dtype) = scalar_type(config_.dtype);
-      const compat::AutocastScope scope(mixed);
-      token_losses = model_->token_losses(micro);
-    } else {
-      token_losses = model_->token_losses(micro);
-    }
+    at::Tensor token_losses = forward([&] { return model_->token_losses(micro); });
     if (token_losses.scalar_type() != context_->param_dtype()) token_losses = token_losses.to(context_->param_dtype());
     hooks_->record_token_losses(step, mb, token_losses.detach(), micro);
     at::Tensor loss = token_losses.sum() / normalizers[mb];
@@ -251,10 +294,14 @@ StepMetrics Trainer::step() {
   const ReductionPath& loss_path = reduction_path("loss.sum.dp_cp");
   mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, loss_path.site);
   context_->record_reduction_path(loss_path, mesh_->comm(MeshAxis::kDpCp).size());
+  // Under pp only the last stage's ranks computed losses: the batch loss on every rank.
+  if (config_.pp > 1) mesh_->comm(MeshAxis::kPp).all_reduce(loss, ReduceOp::kSum, "trainer.loss.pp");
   m.loss = loss.item<double>();
   m.lr = options_.lr();
   m.valid_tokens = global_valid;
   m.loss_normalizers = normalizers;
+  for (const auto& a : pipelined.executed) m.pipeline_order.push_back(a.text());
+  m.pipeline_bytes_sent = pipelined.bytes_sent;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   hooks_->end_step(m);
   hooks_->record_fsdp_trace(step);

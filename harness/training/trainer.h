@@ -52,6 +52,20 @@ class ParallelModel : public torch::nn::Module {
   /// Default: the whole model is one unit named "root". Override to make each decoder layer
   /// a unit and the root the rest (ctx.fully_shard per unit).
   virtual void apply_fsdp(ParallelContext& ctx) { ctx.fully_shard(*this, "root"); }
+  /// Pipeline parallelism (ParallelConfig::pp, vpp). A model that supports it asks
+  /// ctx.pipeline_stages(num_layers) in its constructor and builds only those stages'
+  /// modules (see there). The forward of micro-batch `micro_batch` through stage `stage` (one
+  /// of this rank's): the first stage reads the micro-batch (`input` undefined), every other
+  /// one `input`, the activation stage - 1 returned. Returns the activation for stage + 1, or
+  /// on the last stage the per-token losses as token_losses does.
+  /// Shape: micro_batch [b, s] -> activation [b, s, H] (as between two decoder layers; under
+  /// sequence parallelism [b, s/TP, H]), or token losses [b, s] on the last stage.
+  /// Default: throws mih::Error{kInvalidSpec}: the model does not split into stages.
+  virtual at::Tensor stage_forward(int stage, const at::Tensor& input, const Batch& micro_batch);
+  /// A tensor of the shape, dtype and device of the activation stage `stage` (> 0) receives
+  /// for `micro_batch` (its contents are overwritten by the receive).
+  /// Default: throws mih::Error{kInvalidSpec}: the model does not split into stages.
+  virtual at::Tensor stage_input(int stage, const Batch& micro_batch);
 };
 
 /// Builds the model on a context; every parameter must come from ctx.make_parameter.
@@ -103,6 +117,10 @@ struct StepMetrics {
   std::vector<double> loss_normalizers;
   /// Wall time of the step on this rank, milliseconds.
   double step_ms = 0;
+  /// Under pp: the forwards and backwards this rank ran, in order ("F0.1", "B0.1", ...:
+  /// pp::Action::text), and the bytes it sent to other pp ranks. Not in to_json.
+  std::vector<std::string> pipeline_order;
+  int64_t pipeline_bytes_sent = 0;
 };
 
 void to_json(nlohmann::json& j, const StepMetrics& m);
@@ -164,7 +182,8 @@ class Trainer {
   /// Builds the model (factory, apply_fsdp, finalize) and the optimizer. `mesh` and `hooks`
   /// (null: no_training_hooks()) must outlive the Trainer.
   /// Throws: mih::Error{kInvalidSpec} if config differs from the mesh's, or as
-  ///   ParallelConfig::validate.
+  ///   ParallelConfig::validate, or if the config is pipelined and the model did not ask
+  ///   for its stages (ParallelContext::pipeline_stages).
   Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
           const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr);
   ~Trainer();

@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -87,52 +89,107 @@ TORCH_MODULE(TinyDecoderLayer);
 
 class TinyBlockLM : public ParallelModel {
  public:
+  /// Builds only this rank's pipeline stages (all of it when the config is not pipelined):
+  /// the modules of other stages are built under skip_parameters(), so every stage takes the
+  /// creation indices, and the initial values, of the unsplit model. Under a tied embedding
+  /// the last stage holds a copy of the embedding (as Megatron-LM's last stage does).
   TinyBlockLM(ParallelContext& ctx, const TinyBlockOptions& o) : ctx_(&ctx), o_(o) {
-    embed = register_module("embed", VocabParallelEmbedding(ctx, o.vocab, o.hidden));
+    stages_ = ctx.pipeline_stages(o.layers);
+    const bool first = stages_.front().first, last = stages_.back().last;
+    {
+      std::optional<ParallelContext::SkipParameters> skip;
+      if (!first && !(last && o.tie_embeddings)) skip.emplace(ctx);
+      auto built = VocabParallelEmbedding(ctx, o.vocab, o.hidden);
+      if (!skip) embed = register_module("embed", built);
+    }
     rotary = register_module("rotary", RotaryEmbedding(ctx, o.hidden / o.heads));
-    layers = register_module("layers", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.layers; ++i) layers->push_back(TinyDecoderLayer(ctx, o));
-    final_norm = register_module("final_norm", RMSNorm(ctx, o.hidden));
+    layers = register_module("layers", std::make_shared<torch::nn::Module>());
+    for (int64_t i = 0; i < o.layers; ++i) {
+      if (stage_of_layer(i) == nullptr) {
+        auto skip = ctx.skip_parameters();
+        TinyDecoderLayer(ctx, o);
+        continue;
+      }
+      auto layer = by_layer_.emplace(i, TinyDecoderLayer(ctx, o)).first->second;
+      layers->register_module(std::to_string(i), layer);
+    }
+    std::optional<ParallelContext::SkipParameters> skip;
+    if (!last) skip.emplace(ctx);
+    auto built_norm = RMSNorm(ctx, o.hidden);
     auto head_options = ColumnParallelLinearOptions(o.hidden, o.vocab).bias(false).pad_to_tp(true);
-    head = o.tie_embeddings ? ColumnParallelLinear(ctx, head_options, embed->weight) : ColumnParallelLinear(ctx, head_options);
-    register_module("head", head);
+    auto built_head = o.tie_embeddings && embed ? ColumnParallelLinear(ctx, head_options, embed->weight)
+                      : o.tie_embeddings        ? ColumnParallelLinear(nullptr)
+                                                : ColumnParallelLinear(ctx, head_options);
+    if (!skip) {
+      final_norm = register_module("final_norm", built_norm);
+      head = register_module("head", built_head);
+    }
   }
 
   at::Tensor token_losses(const Batch& batch) override {
-    at::Tensor x = embed(batch.input_ids);
+    MIH_CHECK(stages_.size() == 1 && stages_[0].first && stages_[0].last, "token_losses of a pipeline stage");
+    return stage_forward(0, at::Tensor(), batch);
+  }
+
+  at::Tensor stage_forward(int stage, const at::Tensor& input, const Batch& batch) override {
+    const PipelineStage& s = stage_at(stage);
+    at::Tensor x = s.first ? embed(batch.input_ids) : input;
     auto [cos, sin] = rotary(batch.position_ids);  // global positions of this rank's tokens
-    for (size_t i = 0; i < layers->size(); ++i) {
+    for (int64_t i = s.first_layer; i < s.last_layer; ++i) {
       // Each layer is an FSDP unit (its parameters are freed after its forward and gathered
       // again for its backward) and an activation-checkpoint region.
       const std::string name = "layers." + std::to_string(i);
-      auto layer = std::dynamic_pointer_cast<TinyDecoderLayerImpl>(layers[i]);
+      auto layer = by_layer_.at(i).ptr();
       x = ctx_->fsdp_forward(name, [&] {
         return ctx_->checkpoint_region(
             name, [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
             {x, cos, sin}, layer->parameters());
       });
     }
+    if (!s.last) return x;
     at::Tensor logits = head(final_norm(x));  // [B, S, V/TP], the sequence gathered
     at::Tensor losses = vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.labels.reshape(-1),
                                                      ctx_->tp_group(), o_.vocab);
     return losses.view_as(batch.labels);
   }
 
+  /// [b, s, H], [b, s/TP, H] under sequence parallelism.
+  at::Tensor stage_input(int /*stage*/, const Batch& batch) override {
+    const int64_t seq = batch.input_ids.size(1) / (ctx_->sequence_parallel() ? ctx_->tp_size() : 1);
+    return at::empty({batch.input_ids.size(0), seq, o_.hidden},
+                     at::TensorOptions().dtype(ctx_->param_dtype()).device(ctx_->device()));
+  }
+
   /// Each decoder layer is an FSDP unit, and the root (embedding, final norm, head) another.
   void apply_fsdp(ParallelContext& ctx) override {
-    for (size_t i = 0; i < layers->size(); ++i) ctx.fully_shard(*layers[i], "layers." + std::to_string(i));
+    for (auto& [i, layer] : by_layer_) ctx.fully_shard(*layer, "layers." + std::to_string(i));
     ctx.fully_shard(*this, "root");
   }
 
   VocabParallelEmbedding embed{nullptr};
   RotaryEmbedding rotary{nullptr};
-  torch::nn::ModuleList layers{nullptr};
+  std::shared_ptr<torch::nn::Module> layers;  // children named by global layer index
   RMSNorm final_norm{nullptr};
   ColumnParallelLinear head{nullptr};
 
  private:
+  const PipelineStage* stage_of_layer(int64_t layer) const {
+    for (const auto& s : stages_) {
+      if (layer >= s.first_layer && layer < s.last_layer) return &s;
+    }
+    return nullptr;
+  }
+  const PipelineStage& stage_at(int stage) const {
+    for (const auto& s : stages_) {
+      if (s.stage == stage) return s;
+    }
+    MIH_THROW(Code::kInternal, "stage ", stage, " is not on this rank");
+  }
+
   ParallelContext* ctx_;
   TinyBlockOptions o_;
+  std::vector<PipelineStage> stages_;
+  std::map<int64_t, TinyDecoderLayer> by_layer_;
 };
 
 inline ModelFactory tiny_block_factory(TinyBlockOptions o = {}) {

@@ -45,8 +45,8 @@ TrainingRun train(ParallelConfig config, testing::TinyBlockOptions model = {},
 
 // The world-size-1 run of a model, once per binary run.
 const TrainingRun& reference(const testing::TinyBlockOptions& model = {}) {
-  static std::map<std::tuple<bool, int64_t, double>, TrainingRun> cache;
-  const auto key = std::make_tuple(model.tie_embeddings, model.kv_heads, model.dropout);
+  static std::map<std::tuple<bool, int64_t, double, int64_t>, TrainingRun> cache;
+  const auto key = std::make_tuple(model.tie_embeddings, model.kv_heads, model.dropout, model.layers);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, train(ParallelConfig{}, model)).first;
   return it->second;
@@ -98,6 +98,49 @@ INSTANTIATE_TEST_SUITE_P(Configs, TrainerParityTest,
                                            Case{"Tp2SpMicroBatches2", cfg(1, 1, 2, true, 2)},
                                            Case{"DpShard2MicroBatches2", cfg(1, 2, 1, false, 2)}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Pipeline parallelism: each schedule against world size 1 (4 decoder layers, so that
+// pp(2) x vpp(2) = 4 stages hold one each), alone and with dp_shard, tp and sequence
+// parallelism, and activation checkpointing; the loss is normalized over every micro-batch
+// of every data-parallel rank (tiny_batches masks a row-dependent number of labels).
+ParallelConfig pipelined(ParallelConfig c, int pp, int micro_batches,
+                         pp::ScheduleKind schedule = pp::ScheduleKind::k1F1B, int vpp = 1) {
+  c.pp = pp;
+  c.vpp = vpp;
+  c.pp_schedule = schedule;
+  c.micro_batches = micro_batches;
+  return c;
+}
+
+testing::TinyBlockOptions four_layers() {
+  testing::TinyBlockOptions m;
+  m.layers = 4;
+  return m;
+}
+
+class PipelineParityTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineParityTest, MatchesOneRank) {
+  const TrainingRun& ref = reference(four_layers());
+  TrainingRun run = train(GetParam().config, four_layers());
+  ::testing::AssertionResult result = MatchesReference(run, ref);
+  EXPECT_TRUE(result) << GetParam().config.name();
+  if (result) std::printf("%s: %s\n", GetParam().config.name().c_str(), result.message());
+  ASSERT_FALSE(run.metrics.empty());
+  EXPECT_FALSE(run.metrics[0].pipeline_order.empty()) << "rank 0 records the order it ran";
+}
+
+constexpr auto kGPipe = pp::ScheduleKind::kGPipe;
+constexpr auto kInterleaved = pp::ScheduleKind::kInterleaved1F1B;
+INSTANTIATE_TEST_SUITE_P(
+    Configs, PipelineParityTest,
+    ::testing::Values(Case{"Pp2", pipelined(cfg(1, 1, 1), 2, 4)}, Case{"Pp2GPipe", pipelined(cfg(1, 1, 1), 2, 2, kGPipe)},
+                      Case{"Pp2Vpp2", pipelined(cfg(1, 1, 1), 2, 4, kInterleaved, 2)},
+                      Case{"Pp4", pipelined(cfg(1, 1, 1), 4, 4)},
+                      Case{"DpShard2Pp2", pipelined(cfg(1, 2, 1), 2, 2)},
+                      Case{"Pp2Tp2Sp", pipelined(cfg(1, 1, 2, true), 2, 2)},
+                      Case{"Pp2Checkpointed", pipelined(cfg(1, 1, 1, false, 1, 1, CpLayout::kContiguous, true), 2, 2)}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Context parallelism with grouped-query attention (4 query heads, 2 K/V heads), alone and
 // combined with tp and dp_shard, in both layouts; activation checkpointing under tp and
@@ -358,8 +401,9 @@ TEST(TrainerEquivalenceTest, EmptyFsdpShardTrainsLikeOneRank) {
     ParallelConfig c = cfg(1, dp_shard, 1);
     c.dtype = DType::kFloat64;
     TrainingRun run;
+    std::mutex merge;
     auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
-      testing::Capture capture(&run, mesh.rank() == 0, kSteps);
+      testing::Capture capture(&run, mesh.rank() == 0, mesh.rank() == 0, kSteps, &merge);
       Trainer t(mesh, c, [](ParallelContext& ctx) { return std::make_shared<ThreeRows>(ctx); },
                 testing::tiny_batches(4, 4, 11), options(), &capture);
       if (dp_shard == 4) {
@@ -402,12 +446,18 @@ TEST(TrainerEquivalenceTest, TiedWeightsStayTied) {
   tied.tie_embeddings = true;
   const TrainingRun& ref = reference(tied);
   ASSERT_EQ(ref.grads[0].count("head.weight"), 0u) << "the head weight is the embedding's";
-  for (ParallelConfig c : {cfg(1, 2, 1), cfg(1, 1, 2, true), cfg(1, 2, 2)}) {
+  for (ParallelConfig c : {cfg(1, 2, 1), cfg(1, 1, 2, true), cfg(1, 2, 2), pipelined(cfg(1, 1, 1), 2, 2),
+                           pipelined(cfg(1, 2, 1), 2, 2)}) {
     TrainingRun run = train(c, tied);
     EXPECT_TRUE(MatchesReference(run, ref)) << c.name();
     for (const auto& p : run.layout["parameters"]) {
-      if (p["fqn"] == "embed.weight") {
+      if (p["fqn"] != "embed.weight") continue;
+      if (c.pp == 1) {
         EXPECT_EQ(p["aliases"], nlohmann::json({"head.weight"})) << c.name();
+      } else {
+        // Rank 0's first stage holds the embedding, the last stage's rank the tied copy.
+        EXPECT_EQ(p["aliases"], nlohmann::json::array()) << c.name();
+        EXPECT_EQ(p["pp_ranks"], nlohmann::json({0, 1})) << c.name();
       }
     }
   }

@@ -29,8 +29,8 @@ TEST(ParallelConfigTest, ParsesNamedDegrees) {
 }
 
 TEST(ParallelConfigTest, RejectsUnknownRepeatedAndBadDegrees) {
-  EXPECT_THAT([] { ParallelConfig::parse_mesh("pp=2"); },
-              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [dp_replicate, dp_shard, cp, tp, ep]")));
+  EXPECT_THAT([] { ParallelConfig::parse_mesh("vpp=2"); },
+              ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'vpp'; valid: [pp, dp_replicate, dp_shard, cp, tp, ep]")));
   EXPECT_THAT([] { ParallelConfig::parse_mesh("edp=2"); },
               ThrowsMessage<Error>(HasSubstr("'edp' follows from the others: dp_shard * cp / ep")));
   EXPECT_THAT([] { ParallelConfig::parse_mesh("tp=2,tp=2"); }, ThrowsMessage<Error>(HasSubstr("'tp' is given twice")));
@@ -105,9 +105,33 @@ TEST(ParallelConfigTest, JsonRoundTripAndUnknownKeys) {
   ParallelConfig d = ParallelConfig::parse_mesh("dp_replicate=2,cp=2");
   nlohmann::json j = d;
   EXPECT_EQ(j.get<ParallelConfig>(), d);
-  nlohmann::json with_pp = {{"tp", 2}, {"pp", 2}};
-  EXPECT_THAT([&] { with_pp.get<ParallelConfig>(); },
-              ThrowsMessage<Error>(HasSubstr("parallel config: unknown field 'pp'; valid: dp_replicate, dp_shard, cp, tp, ep")));
+  nlohmann::json typo = {{"tp", 2}, {"ppp", 2}};
+  EXPECT_THAT([&] { typo.get<ParallelConfig>(); },
+              ThrowsMessage<Error>(HasSubstr("parallel config: unknown field 'ppp'; valid: pp, dp_replicate, dp_shard, cp, tp, ep")));
+  // Pipeline: pp is a mesh dim, vpp and the schedule knobs; interleaved 1F1B is the default
+  // schedule of vpp > 1, and what does not fit is named with its arithmetic.
+  nlohmann::json pipelined = {{"pp", 2}, {"vpp", 2}, {"micro_batches", 4}};
+  ParallelConfig p = pipelined.get<ParallelConfig>();
+  EXPECT_EQ(p.pp_schedule, pp::ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(p.name(), "pp2_vpp2_mb4");
+  EXPECT_EQ(nlohmann::json(p)["pp_schedule"], "interleaved_1f1b");
+  EXPECT_EQ(nlohmann::json(p).get<ParallelConfig>(), p);
+  EXPECT_NO_THROW(p.validate(2));
+  p.micro_batches = 3;
+  EXPECT_THAT([&] { p.validate(2); }, ThrowsMessage<Error>(HasSubstr("micro_batches(3) is not a multiple of pp(2)")));
+  nlohmann::json gpipe = {{"pp", 2}, {"pp_schedule", "gpipe"}, {"micro_batches", 2}};
+  EXPECT_EQ(gpipe.get<ParallelConfig>().name(), "pp2_gpipe_mb2");
+  nlohmann::json bad_schedule = {{"pp", 2}, {"pp_schedule", "zb"}};
+  EXPECT_THAT([&] { bad_schedule.get<ParallelConfig>(); },
+              ThrowsMessage<Error>(HasSubstr("unknown pipeline schedule 'zb': expected gpipe, 1f1b or interleaved_1f1b")));
+  ParallelConfig with_ep = ParallelConfig::parse_mesh("pp=2,dp_shard=2,ep=2");
+  EXPECT_THAT([&] { with_ep.validate(4); },
+              ThrowsMessage<Error>(HasSubstr("pp(2) with ep(2): expert parallelism inside pipeline stages is not supported yet")));
+  ParallelConfig one_f_one_b = ParallelConfig::parse_mesh("pp=2");
+  one_f_one_b.vpp = 2;
+  one_f_one_b.micro_batches = 2;
+  EXPECT_THAT([&] { one_f_one_b.validate(2); },
+              ThrowsMessage<Error>(HasSubstr("1f1b runs one stage per rank, got vpp(2): use interleaved_1f1b")));
   ParallelConfig e = ParallelConfig::parse_mesh("dp_shard=2,ep=2");
   EXPECT_EQ(nlohmann::json(e).get<ParallelConfig>(), e);
   EXPECT_EQ(nlohmann::json(e)["ep"], 2);
@@ -154,10 +178,10 @@ TEST(ParallelConfigTest, EveryMeshDimIsParsedNamedAndSerializedFromTheTable) {
 
 TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
   MeshLayout layout(ParallelConfig::parse_mesh("dp_replicate=2,dp_shard=2,cp=2,tp=2"), 16);
-  EXPECT_EQ(layout.coordinates(0), (std::array<int, 4>{0, 0, 0, 0}));
-  EXPECT_EQ(layout.coordinates(1), (std::array<int, 4>{0, 0, 0, 1}));
-  EXPECT_EQ(layout.coordinates(6), (std::array<int, 4>{0, 1, 1, 0}));
-  EXPECT_EQ(layout.coordinates(13), (std::array<int, 4>{1, 1, 0, 1}));
+  EXPECT_EQ(layout.coordinates(0), (MeshCoordinates{0, 0, 0, 0, 0}));
+  EXPECT_EQ(layout.coordinates(1), (MeshCoordinates{0, 0, 0, 0, 1}));
+  EXPECT_EQ(layout.coordinates(6), (MeshCoordinates{0, 0, 1, 1, 0}));
+  EXPECT_EQ(layout.coordinates(13), (MeshCoordinates{0, 1, 1, 0, 1}));
   // Rank 13 = (1, 1, 0, 1).
   EXPECT_THAT(layout.group_ranks(MeshAxis::kTp, 13), ElementsAre(12, 13));
   EXPECT_THAT(layout.group_ranks(MeshAxis::kCp, 13), ElementsAre(13, 15));
@@ -170,6 +194,19 @@ TEST(MeshLayoutTest, RankIsRowMajorOverDpReplicateDpShardCpTp) {
   EXPECT_EQ(layout.all_groups(MeshAxis::kTp).size(), 8u);
   EXPECT_EQ(layout.all_groups(MeshAxis::kDpCp).size(), 2u);
   EXPECT_THAT(layout.all_groups(MeshAxis::kDpCp)[1], ElementsAre(1, 3, 5, 7, 9, 11, 13, 15));
+}
+
+// pp is the outermost dim: a pp group takes one rank of every stage, the stage axis every
+// other dim (the ranks holding one stage's parameters).
+TEST(MeshLayoutTest, PipelineIsTheOutermostDim) {
+  MeshLayout layout(ParallelConfig::parse_mesh("pp=2,dp_shard=2,tp=2"), 8);
+  EXPECT_EQ(layout.coordinates(5), (MeshCoordinates{1, 0, 0, 0, 1}));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kPp, 5), ElementsAre(1, 5));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kStage, 5), ElementsAre(4, 5, 6, 7));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpShard, 5), ElementsAre(5, 7));
+  EXPECT_THAT(layout.group_ranks(MeshAxis::kDpCp, 5), ElementsAre(5, 7));
+  EXPECT_EQ(layout.all_groups(MeshAxis::kPp).size(), 4u);
+  EXPECT_EQ(ParallelConfig::parse_mesh("pp=2,tp=2").name(), "pp2_tp2");
 }
 
 TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
@@ -187,7 +224,7 @@ TEST(MeshLayoutTest, EveryRankIsInExactlyOneGroupPerAxis) {
 
 TEST(MeshAxisTest, NamesRoundTrip) {
   for (MeshAxis axis : kAllMeshAxes) EXPECT_EQ(parse_mesh_axis(mesh_axis_name(axis)), axis);
-  EXPECT_THAT([] { parse_mesh_axis("pp"); }, ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'pp'; valid: [world, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep, edp]")));
+  EXPECT_THAT([] { parse_mesh_axis("vpp"); }, ThrowsMessage<Error>(HasSubstr("unknown mesh axis 'vpp'; valid: [world, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep, edp, pp, stage]")));
 }
 
 // A real 2x2 (dp_shard x tp) mesh on thread ranks: each axis's communicator has the

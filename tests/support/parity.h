@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,18 +33,22 @@ struct TrainingRun {
   nlohmann::json layout;
 };
 
+// Keeps what the ranks with `keep` gather: every rank gathers (the gathers are collectives of
+// its stage), one rank per pipeline stage keeps (rank 0 alone when pp = 1), and the kept
+// tensors of the stages are merged by FQN, so a pipelined run has every parameter.
 class Capture : public TrainingHooks {
  public:
-  Capture(TrainingRun* out, bool keep, int64_t steps) : out_(out), keep_(keep), steps_(steps) {}
+  Capture(TrainingRun* out, bool keep, bool keep_metrics, int64_t steps, std::mutex* merge)
+      : out_(out), keep_(keep), keep_metrics_(keep_metrics), steps_(steps), merge_(merge) {}
   void attach_optimizer(const TrainingState& s) override {
     optimizer_ = s.optimizer;
     ctx_ = s.context;
   }
-  void after_backward_before_clip(int64_t) override {
+  void after_backward_before_clip(int64_t step) override {
     ParallelContext& ctx = *ctx_;
     Tensors grads;
     for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
-    if (keep_) out_->grads.push_back(grads);
+    if (keep_) merge(out_->grads, step, grads);
   }
   void after_optimizer(int64_t step) override {
     ParallelContext& ctx = *ctx_;
@@ -53,31 +58,42 @@ class Capture : public TrainingHooks {
       if (step == steps_ - 1) exp_avg[p->fqn] = ctx.gather_full(*p, compat::adamw_state(*optimizer_, p->local, "exp_avg"));
     }
     if (!keep_) return;
-    out_->params.push_back(params);
+    merge(out_->params, step, params);
     if (step == steps_ - 1) {
-      out_->exp_avg = exp_avg;
-      out_->layout = ctx.to_json();
+      std::lock_guard<std::mutex> lock(*merge_);
+      out_->exp_avg.insert(exp_avg.begin(), exp_avg.end());
+      if (keep_metrics_) out_->layout = ctx.to_json();
     }
   }
   void end_step(const StepMetrics& m) override {
-    if (keep_) out_->metrics.push_back(m);
+    if (keep_metrics_) out_->metrics.push_back(m);
   }
 
  private:
+  void merge(std::vector<Tensors>& into, int64_t step, const Tensors& mine) {
+    std::lock_guard<std::mutex> lock(*merge_);
+    if (into.size() <= static_cast<size_t>(step)) into.resize(static_cast<size_t>(step) + 1);
+    into[static_cast<size_t>(step)].insert(mine.begin(), mine.end());
+  }
+
   TrainingRun* out_;
   bool keep_;
+  bool keep_metrics_;
   int64_t steps_;
+  std::mutex* merge_;
   torch::optim::AdamW* optimizer_ = nullptr;
   ParallelContext* ctx_ = nullptr;
 };
 
 /// Trains `steps` steps of `factory`'s model under `config` on thread ranks and returns what
-/// rank 0 captured; rank errors are reported as test failures.
+/// rank 0 captured (and under pp the first rank of every stage); rank errors are reported
+/// as test failures.
 inline TrainingRun train_on_threads(const ParallelConfig& config, const ModelFactory& factory, const BatchSource& batches,
                                     const TrainerOptions& options, int64_t steps) {
   TrainingRun run;
+  std::mutex merge;
   std::vector<std::string> errors = run_mesh(config, [&](DeviceMesh& mesh) {
-    Capture capture(&run, mesh.rank() == 0, steps);
+    Capture capture(&run, mesh.axis_rank(MeshAxis::kStage) == 0, mesh.rank() == 0, steps, &merge);
     Trainer trainer(mesh, config, factory, batches, options, &capture);
     trainer.run(steps);
   });
