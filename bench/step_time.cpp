@@ -15,6 +15,12 @@
 //   dp_cp:    valid-token count and loss all-reduces: 8 + 8 bytes.
 //   world:    global grad norm before and after clipping: 8 + 8 bytes.
 // The ledger counts the bytes each rank hands to a collective (its input).
+//
+// Then pipeline parallelism on the reference llama (float32, 4 micro-batches of the same
+// global batch): pp=2 (1F1B) against dp_shard=2 on 2 ranks, their step times side by side,
+// and the bytes the pp ranks sent point to point in one step (the ledger's "send" records on
+// the pp axis, summed over both ranks) next to pp::p2p_bytes_per_step:
+//   2 * (stages - 1) * micro_batches * (B / micro_batches) * S * H * e.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +34,7 @@
 #include "harness/base/files.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
+#include "reference_models/llama.h"
 #include "tests/parallel/tiny_block.h"
 
 namespace {
@@ -107,7 +114,46 @@ MIH_WORKER_TASK(bench_step, "trains the tiny block and reports step times and by
   return 0;
 }
 
-nlohmann::json run(const std::string& dims, int world, const std::vector<std::string>& args) {
+MIH_WORKER_TASK(bench_pipeline, "trains the reference llama and reports step times and pp bytes",
+                {"dims", "pp=2 or dp_shard=2", "pp=2"}, {"steps", "timed steps", "5"}, {"hidden", "", "256"},
+                {"layers", "", "4"}, {"seq", "", "128"}, {"batch", "", "8"}) {
+  mih::ParallelConfig config = mih::ParallelConfig::parse_mesh(ctx.option("dims"));
+  mih::DeviceMesh mesh = ctx.build_mesh(config);
+  config.micro_batches = 4;
+  const int64_t hidden = ctx.int_option("hidden"), seq = ctx.int_option("seq"), batch = ctx.int_option("batch");
+  const auto llama = mih::models::LlamaOptions()
+                         .hidden_size(hidden)
+                         .intermediate_size(2 * hidden)
+                         .num_layers(ctx.int_option("layers"))
+                         .num_heads(8)
+                         .num_kv_heads(4)
+                         .vocab_size(2048);
+  mih::Trainer trainer(mesh, config, mih::models::make_llama(llama), mih::testing::tiny_batches(batch, seq, 2048),
+                       mih::TrainerOptions().lr(1e-4));
+  trainer.step();  // warm-up
+  std::vector<double> ms;
+  double pp_bytes = 0;
+  for (int64_t i = 0; i < ctx.int_option("steps"); ++i) {
+    const size_t before = ctx.ledger()->completed().size();
+    ms.push_back(trainer.step().step_ms);
+    if (i > 0) continue;
+    auto records = ctx.ledger()->completed();
+    for (size_t k = before; k < records.size(); ++k) {
+      if (records[k].axis == "pp" && records[k].op == "send") pp_bytes += static_cast<double>(records[k].bytes);
+    }
+  }
+  std::sort(ms.begin(), ms.end());
+  const int64_t activation = batch / config.micro_batches * seq * hidden * 4;
+  nlohmann::json result = {{"median_step_ms", ms[ms.size() / 2]},
+                           {"pp_bytes_sent", pp_bytes},
+                           {"pp_bytes_formula", config.pp > 1 ? mih::pp::p2p_bytes_per_step(config.pipeline_shape(), activation) : 0}};
+  mih::write_file_atomic(ctx.run_dir() / ("step_rank" + std::to_string(ctx.world().rank) + ".json"), result.dump());
+  return 0;
+}
+
+// Every rank's result, in rank order.
+nlohmann::json run_all(const std::string& dims, int world, const std::vector<std::string>& args,
+                       const std::string& task = "bench_step") {
   mih::WorkerOptions w;
   w.run_dir = std::filesystem::temp_directory_path() / ("mih_bench_step_" + std::to_string(::getpid()) + "_" + std::to_string(world));
   w.gloo_hostname = "127.0.0.1";
@@ -116,16 +162,24 @@ nlohmann::json run(const std::string& dims, int world, const std::vector<std::st
   mih::LaunchOptions o;
   o.world_size = world;
   o.run_dir = w.run_dir;
-  o.command = mih::worker_command("bench_step", w, task_args);
+  o.command = mih::worker_command(task, w, task_args);
   mih::LaunchResult r = mih::launch(o);
   if (!r.ok()) {
     std::fprintf(stderr, "%s", r.report().c_str());
     std::exit(1);
   }
   std::string text;
-  mih::read_file(w.run_dir / "step_rank0.json", &text);
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < world; ++r) {
+    mih::read_file(w.run_dir / ("step_rank" + std::to_string(r) + ".json"), &text);
+    out.push_back(nlohmann::json::parse(text));
+  }
   std::filesystem::remove_all(w.run_dir);
-  return nlohmann::json::parse(text);
+  return out;
+}
+
+nlohmann::json run(const std::string& dims, int world, const std::vector<std::string>& args) {
+  return run_all(dims, world, args)[0];
 }
 
 }  // namespace
@@ -154,5 +208,26 @@ int main(int argc, char** argv) {
     std::printf("    %-10s measured %12.0f  expected %12.0f  %s\n", axis.c_str(), measured, expected.get<double>(),
                 std::abs(measured - expected.get<double>()) < 0.5 ? "equal" : "DIFFERENT");
   }
+  // Pipeline parallelism on the reference llama, 2 ranks each, interleaved A/B.
+  std::vector<std::string> pp_args = {"--steps", steps, "--hidden", hidden, "--layers", layers, "--seq", seq, "--batch", batch};
+  std::vector<double> pp_ms, dp_ms;
+  double sent = 0, formula = 0;
+  for (int round = 0; round < 3; ++round) {
+    const nlohmann::json pp = run_all("pp=2", 2, pp_args, "bench_pipeline");
+    const nlohmann::json &pp0 = pp[0], &pp1 = pp[1];
+    const nlohmann::json dp = run_all("dp_shard=2", 2, pp_args, "bench_pipeline");
+    dp_ms.push_back(std::max(dp[0]["median_step_ms"].get<double>(), dp[1]["median_step_ms"].get<double>()));
+    pp_ms.push_back(std::max(pp0["median_step_ms"].get<double>(), pp1["median_step_ms"].get<double>()));
+    sent = pp0["pp_bytes_sent"].get<double>() + pp1["pp_bytes_sent"].get<double>();
+    formula = pp0["pp_bytes_formula"];
+  }
+  std::sort(pp_ms.begin(), pp_ms.end());
+  std::sort(dp_ms.begin(), dp_ms.end());
+  std::printf("reference llama: hidden %s, layers %s, seq %s, global batch %s, 4 micro-batches, float32; median of 3 runs\n",
+              hidden.c_str(), layers.c_str(), seq.c_str(), batch.c_str());
+  std::printf("  dp_shard=2 (2 ranks):     %8.1f ms/step (the slower rank)\n", dp_ms[1]);
+  std::printf("  pp=2, 1F1B (2 ranks):     %8.1f ms/step  (ratio to dp_shard=2: %.2f)\n", pp_ms[1], pp_ms[1] / dp_ms[1]);
+  std::printf("  pp bytes per step, both ranks' sends from the comm ledger: %.0f; the formula: %.0f  %s\n", sent, formula,
+              std::abs(sent - formula) < 0.5 ? "equal" : "DIFFERENT");
   return 0;
 }

@@ -52,6 +52,9 @@ ParamSpec replicated(std::vector<int64_t> shape, double std, bool partial_over_t
 
 void LlamaOptions::validate(const ParallelContext& ctx) const {
   const int64_t tp = ctx.tp_size();
+  MIH_CHECK(dropout() == 0 || !ctx.config().pipelined(), "llama: dropout ", dropout(), " under pipeline parallelism (",
+            ctx.config().name(), ") is not supported yet: the masks follow one forward through the whole model; "
+            "set dropout to 0 for pp configs");
   MIH_CHECK(hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(), ") must divide by num_heads(",
             num_heads(), ")");
   MIH_CHECK((hidden_size() / num_heads()) % 2 == 0, "llama: head_dim = hidden_size / num_heads = ",

@@ -88,6 +88,8 @@ at::Tensor VisionTowerImpl::forward(const at::Tensor& pixel_values) {
 
 VlmForConditionalGeneration::VlmForConditionalGeneration(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx), o_(o) {
   o.validate(ctx);
+  MIH_CHECK(!ctx.config().pipelined(), "vlm: the model does not split into pipeline stages (config '",
+            ctx.config().name(), "'); run it without pp and vpp");
   vision_tower = register_module("vision_tower", VisionTower(ctx, o));
   const int64_t h = o.text().hidden_size();
   projector_ = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());

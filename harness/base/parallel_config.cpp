@@ -212,7 +212,7 @@ void ParallelConfig::validate(int world) const {
   MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
             "': sequence_parallel needs tp > 1 (it shards activations over tp)");
   MIH_CHECK(vpp >= 1, "parallel config '", name(), "': vpp must be >= 1 (1: one stage per pp rank), got ", vpp);
-  MIH_CHECK(pp == 1 || ep == 1, "parallel config '", name(), "': pp(", pp, ") with ep(", ep,
+  MIH_CHECK(!pipelined() || ep == 1, "parallel config '", name(), "': pp(", pp, ") x vpp(", vpp, ") with ep(", ep,
             "): expert parallelism inside pipeline stages is not supported yet; run the moe under pp without ep, "
             "or under ep without pp");
   if (pipelined()) {

@@ -104,8 +104,8 @@ struct ParallelConfig {
   bool pipelined() const { return pp * vpp > 1; }
   /// The pipeline of one step: {pp, vpp, micro_batches}.
   mih::pp::PipelineShape pipeline_shape() const { return {pp, vpp, micro_batches}; }
-  /// "pp2_vpp2_dp_shard2_cp2zz_tp2_ep2_sp_ac_mb2_nt" (and "gpipe" for that schedule): the
-  /// case-name part ("single" when all are 1).
+  /// "pp2_dp_shard2_cp2zz_tp2_ep2_vpp2_gpipe_sp_ac_mb2_nt": the case-name part ("single"
+  /// when all are 1; "gpipe" for that schedule, 1F1B and interleaved 1F1B being implied).
   std::string name() const;
   /// The mesh degrees only: "dp_shard=2,tp=2,ep=2" (degree-1 axes omitted; "1" if all are).
   std::string mesh_str() const;

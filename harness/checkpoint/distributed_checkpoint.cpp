@@ -116,6 +116,13 @@ std::vector<Piece> pieces_to_save(ParallelContext& ctx, torch::optim::Optimizer*
       if (state.defined()) out.push_back({"optim/" + p->fqn + "/" + m, state, p->global_shape, boxes});
     }
   }
+  if (ctx.mesh().config().pp > 1 && ctx.mesh().axis_rank(MeshAxis::kPp) > 0) {
+    for (const auto& b : ctx.buffers()) {
+      MIH_CHECK(!b.persistent, "checkpoint: the persistent buffer '", b.fqn, "' is on pipeline rank ",
+                ctx.mesh().axis_rank(MeshAxis::kPp), ", and only the first stage's buffers are saved so far; ",
+                "make it non-persistent (rebuilt from the config) or save without pp");
+    }
+  }
   if (ctx.mesh().rank() == 0) {
     for (const auto& b : ctx.buffers()) {
       if (!b.persistent) continue;

@@ -81,6 +81,7 @@ std::vector<std::string> ShardedParameter::grad_domain() const {
     if (mesh.*d.degree <= 1) continue;
     if (d.data_parallel || (d.degree == &ParallelConfig::tp && tp_partial_grad)) out.emplace_back(d.name);
   }
+  if (pp_ranks.size() > 1) out.emplace_back("pp");  // copies tied across stages, summed over pp
   return out;
 }
 
@@ -133,6 +134,12 @@ void ParallelContext::begin_micro_batch(int64_t step, int64_t first_row) {
 at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training, const ActivationLayout& layout) {
   MIH_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0) return x;
+  // The keys are drawn in the call order of one forward through the whole model, restarted
+  // per micro-batch; a pipeline stage would restart them at its first layer, and a recompute
+  // under 1F1B would see another micro-batch's rows.
+  MIH_CHECK(!config_.pipelined(), "dropout(p=", p, ") under pipeline parallelism (", config_.name(),
+            ") is not supported yet: the masks would differ from the unsplit model's; set dropout to 0 for pp "
+            "configs");
   uint64_t key = 0;
   {
     std::lock_guard<std::mutex> lock(dropout_gen_.mutex());
@@ -409,6 +416,30 @@ void ParallelContext::find_pipeline_copies() {
       p->pp_ranks.push_back(r);
     }
     p->pp_counted = p->pp_ranks.front() == pp.rank();
+  }
+  // A tied parameter's names on every stage (the embedding's FQN on the first, the head's
+  // alias on the last) are each copy's names, so a pattern (frozen, no weight decay) that
+  // names either treats every copy alike.
+  nlohmann::json names = nlohmann::json::object();
+  for (const auto& p : ordered_) {
+    if (p->pp_ranks.size() < 2) continue;
+    nlohmann::json list = {p->fqn};
+    for (const auto& a : p->aliases) list.push_back(a);
+    names[std::to_string(p->index)] = list;
+  }
+  const std::vector<nlohmann::json> every_stage = all_gather_json(pp, names, device_, "pipeline.tied_names");
+  for (const auto& p : ordered_) {
+    if (p->pp_ranks.size() < 2) continue;
+    for (const nlohmann::json& stage : every_stage) {
+      const auto it = stage.find(std::to_string(p->index));
+      if (it == stage.end()) continue;
+      for (const auto& n : *it) {
+        const std::string name = n.get<std::string>();
+        if (name != p->fqn && std::find(p->aliases.begin(), p->aliases.end(), name) == p->aliases.end()) {
+          p->aliases.push_back(name);
+        }
+      }
+    }
   }
   // The parameters tied across stages, in creation order (every pp rank walks the same list
   // in synchronize_gradients, holders and others alike): index and local element count.

@@ -23,7 +23,7 @@ int tag_of(const PipelineShape& shape, int later_stage, int micro_batch, bool gr
 
 }  // namespace
 
-PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, const PipelineShape& shape,
+PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const PipelineShape& shape,
                                const std::vector<std::vector<Action>>& orders, const StageModel& model,
                                int64_t global_valid_tokens) {
   MIH_CHECK(comm.size() == shape.pp, "pipeline: the pp group (axis ", comm.axis(), ") has ", comm.size(),
@@ -55,7 +55,7 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
       return;
     }
     step.bytes_sent += buffer.numel() * static_cast<int64_t>(buffer.element_size());
-    sends.push_back(compat::isend(comm.group(), buffer, dst, tag));
+    sends.push_back(comm.isend(buffer, dst, tag, tag % 2 == 0 ? "pipeline.activation" : "pipeline.gradient"));
     send_buffers.push_back(std::move(buffer));
   };
   auto receive = [&](at::Tensor into, int stage_from, int tag) {
@@ -67,7 +67,7 @@ PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, cons
       local.erase(it);
       return into;
     }
-    compat::irecv(comm.group(), into, src, tag).wait();
+    comm.recv(into, src, tag, tag % 2 == 0 ? "pipeline.activation" : "pipeline.gradient");
     return into;
   };
   for (const Action& a : orders[static_cast<size_t>(me)]) {

@@ -62,7 +62,7 @@ struct PipelineStep {
 /// Throws: mih::Error{kInvalidSpec} when comm.size() is not shape.pp, when
 ///   global_valid_tokens < 1, or listing pp::order_problems of `orders`; as the
 ///   collectives (kDeadlineExceeded, kUnavailable) for a transport failure; as `model`.
-PipelineStep run_pipeline_step(const Communicator& comm, ScheduleKind kind, const PipelineShape& shape,
+PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const PipelineShape& shape,
                                const std::vector<std::vector<Action>>& orders, const StageModel& model,
                                int64_t global_valid_tokens);
 

@@ -1,6 +1,8 @@
 // Communicator: ledger records and error context around the compat collectives.
 #include "harness/runtime/communicator.h"
 
+#include <optional>
+
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -100,6 +102,12 @@ void Communicator::barrier(CallSite site) {
 
 void Communicator::send(const at::Tensor& tensor, int dst, int tag, CallSite site) {
   record("send", &tensor, site, [&] { compat::isend(group_, tensor, dst, tag).wait(); });
+}
+
+compat::Work Communicator::isend(const at::Tensor& tensor, int dst, int tag, CallSite site) {
+  std::optional<compat::Work> work;  // (Work's default constructor needs its Impl)
+  record("send", &tensor, site, [&] { work.emplace(compat::isend(group_, tensor, dst, tag)); });
+  return std::move(*work);
 }
 
 void Communicator::recv(at::Tensor& tensor, int src, int tag, CallSite site) {

@@ -76,6 +76,10 @@ class Communicator {
   void send(const at::Tensor& tensor, int dst, int tag = 0, CallSite site = {});
   /// Receives into `tensor` from axis rank `src`.
   void recv(at::Tensor& tensor, int src, int tag = 0, CallSite site = {});
+  /// Starts sending `tensor` to axis rank `dst` and returns at once; the transfer completes
+  /// by Work::wait (keep `tensor` alive until then). Recorded in the ledger as a "send" of
+  /// the tensor's bytes when started (a pipeline stage's activation or its gradient).
+  compat::Work isend(const at::Tensor& tensor, int dst, int tag = 0, CallSite site = {});
   /// Sends `to_send` to `dst` and receives `to_recv` from `src` concurrently (a ring step
   /// that cannot deadlock whatever the order of the ranks).
   void send_recv(const at::Tensor& to_send, int dst, at::Tensor& to_recv, int src, int tag = 0,

@@ -148,6 +148,11 @@ ParallelConfig config_from(const json& j, const json& defaults, const std::strin
     throw;
   }
   with_context(where, [&] { c.validate(c.world_size()); });
+  // The runtime trains pp configs (ParallelConfig::pp); the suites' checks are not stage-wise
+  // yet (issue 37), so a case would check less than it says: refused by name.
+  MIH_CHECK(!c.pipelined(), where, ": pipeline-parallel cases (pp(", c.pp, ") x vpp(", c.vpp,
+            ")) are not supported by the conformance suites yet: their checks assume every rank holds every module; "
+            "remove 'pp' and 'vpp' from the case");
   return c;
 }
 

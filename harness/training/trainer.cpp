@@ -202,12 +202,14 @@ StepMetrics Trainer::step() {
 
   const int64_t mb_rows = local_rows / config_.micro_batches;
   std::vector<double> normalizers(config_.micro_batches, static_cast<double>(global_valid));
-  if (fault::active(fault::Fault::kF05)) {
+  // (The pipelined step normalizes by the global count in its executor: these faults are not
+  // planted there.)
+  if (!config_.pipelined() && fault::active(fault::Fault::kF05)) {
     // F05 (FAULTS.md): the loss divided by this rank's own valid-token count, then averaged
     // over the data-parallel ranks.
     const double own = static_cast<double>(local.labels.ne(kIgnoreIndex).sum().item<int64_t>());
     std::fill(normalizers.begin(), normalizers.end(), own * mesh_->comm(MeshAxis::kDpCp).size());
-  } else if (fault::active(fault::Fault::kF22)) {
+  } else if (!config_.pipelined() && fault::active(fault::Fault::kF22)) {
     // F22: each micro-batch's loss divided by its own (global) valid-token count, then averaged
     // over the micro-batches (transformers' gradient-accumulation loss before 4.46).
     at::Tensor counts = at::empty({config_.micro_batches}, at::kLong);
@@ -262,6 +264,19 @@ StepMetrics Trainer::step() {
     pipelined = pp::run_pipeline_step(mesh_->comm(MeshAxis::kPp), config_.pp_schedule, shape,
                                       pp::schedule(config_.pp_schedule, shape), stages, global_valid);
     loss_sum = pipelined.loss;
+    // What every pp rank ran, checked from the orders alone (not from the generator that
+    // made them): each action once, each forward before its backward, an order the ranks can
+    // run, the schedule's bound on activations in flight.
+    nlohmann::json mine = nlohmann::json::array();
+    for (const auto& a : pipelined.executed) mine.push_back(a.text());
+    std::vector<std::vector<pp::Action>> executed;
+    for (const nlohmann::json& rank : all_gather_json(mesh_->comm(MeshAxis::kPp), mine, device, "trainer.pipeline_order")) {
+      executed.emplace_back();
+      for (const auto& text : rank) executed.back().push_back(pp::Action::parse(text.get<std::string>()));
+    }
+    const std::vector<std::string> problems = pp::order_problems(config_.pp_schedule, shape, executed);
+    MIH_CHECK_CODE(problems.empty(), Code::kInternal, "step ", step, ": the pipeline ran an order that is not a valid ",
+                   pp::schedule_name(config_.pp_schedule), " step: ", problems.front());
   }
   for (int mb = 0; mb < config_.micro_batches && !config_.pipelined(); ++mb) {
     Batch micro = rows(local, mb * mb_rows, mb_rows);

@@ -135,7 +135,7 @@ StepRun run(ScheduleKind kind, PipelineShape shape, std::vector<std::vector<Acti
   ParallelConfig dims;
   dims.dp_shard = 2;  // the 2-rank group the pipeline runs over
   out.errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
-    const Communicator& comm = mesh.comm(MeshAxis::kDpShard);
+    Communicator& comm = mesh.comm(MeshAxis::kDpShard);
     const int me = comm.rank();
     const Params mine = trainable(start);
     const auto layers = stage_layers(kLayers, shape);

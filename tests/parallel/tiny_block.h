@@ -94,6 +94,9 @@ class TinyBlockLM : public ParallelModel {
   /// creation indices, and the initial values, of the unsplit model. Under a tied embedding
   /// the last stage holds a copy of the embedding (as Megatron-LM's last stage does).
   TinyBlockLM(ParallelContext& ctx, const TinyBlockOptions& o) : ctx_(&ctx), o_(o) {
+    MIH_CHECK(o.dropout == 0 || !ctx.config().pipelined(), "tiny block: dropout ", o.dropout,
+              " under pipeline parallelism is not supported yet (the masks follow one forward through the whole "
+              "model); set it to 0");
     stages_ = ctx.pipeline_stages(o.layers);
     const bool first = stages_.front().first, last = stages_.back().last;
     {

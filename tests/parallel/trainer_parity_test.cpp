@@ -142,6 +142,41 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"Pp2Checkpointed", pipelined(cfg(1, 1, 1, false, 1, 1, CpLayout::kContiguous, true), 2, 2)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
+// The pipeline's point-to-point traffic is in the comm ledger on the pp axis: per step,
+// summed over the pp ranks, exactly pp::p2p_bytes_per_step (each micro-batch's activation
+// [b, s, H] crosses every stage boundary forward and its gradient backward), and it equals
+// what the executor counted. 1F1B over 2 stages and interleaved over 4, 4 micro-batches.
+TEST(PipelineLedgerTest, PointToPointBytesMatchTheFormula) {
+  for (ParallelConfig c : {pipelined(cfg(1, 1, 1), 2, 4), pipelined(cfg(1, 1, 1), 2, 4, kInterleaved, 2)}) {
+    c.dtype = DType::kFloat64;
+    std::mutex mutex;
+    int64_t ledger_bytes = 0, counted = 0;
+    std::set<std::string> sites;
+    compat::Store store = compat::make_hash_store(std::chrono::seconds(20));
+    auto errors = testing::run_ranks(2, [&](int rank) {
+      MeshOptions o;
+      o.group = testing::thread_group_options();
+      o.ledger = std::make_shared<CommLedger>();
+      DeviceMesh mesh(c, store, rank, 2, o);
+      Trainer t(mesh, c, testing::tiny_block_factory(four_layers()), testing::tiny_batches(8, 8, 37), options());
+      const StepMetrics m = t.step();
+      std::lock_guard<std::mutex> lock(mutex);
+      counted += m.pipeline_bytes_sent;
+      for (const auto& r : o.ledger->completed()) {
+        if (r.axis != "pp" || r.op != "send") continue;
+        ledger_bytes += r.bytes;
+        sites.insert(r.site.substr(0, r.site.find(' ')));
+      }
+    });
+    ASSERT_THAT(errors, IsEmpty());
+    // 8 rows / 4 micro-batches = 2 rows of 8 tokens, hidden 16, float64.
+    const int64_t expected = pp::p2p_bytes_per_step(c.pipeline_shape(), 2 * 8 * 16 * 8);
+    EXPECT_EQ(ledger_bytes, expected) << c.name();
+    EXPECT_EQ(counted, expected) << c.name();
+    EXPECT_THAT(sites, ::testing::ElementsAre("pipeline.activation", "pipeline.gradient")) << c.name();
+  }
+}
+
 // Context parallelism with grouped-query attention (4 query heads, 2 K/V heads), alone and
 // combined with tp and dp_shard, in both layouts; activation checkpointing under tp and
 // dp_shard. Sequences of 8 tokens: zigzag cp=2 cuts them into 4 chunks of 2.
@@ -452,12 +487,12 @@ TEST(TrainerEquivalenceTest, TiedWeightsStayTied) {
     EXPECT_TRUE(MatchesReference(run, ref)) << c.name();
     for (const auto& p : run.layout["parameters"]) {
       if (p["fqn"] != "embed.weight") continue;
-      if (c.pp == 1) {
-        EXPECT_EQ(p["aliases"], nlohmann::json({"head.weight"})) << c.name();
-      } else {
-        // Rank 0's first stage holds the embedding, the last stage's rank the tied copy.
-        EXPECT_EQ(p["aliases"], nlohmann::json::array()) << c.name();
+      // Under pp rank 0's first stage holds the embedding and the last stage a tied copy: one
+      // logical parameter with both names on every copy, its gradient summed over pp.
+      EXPECT_EQ(p["aliases"], nlohmann::json({"head.weight"})) << c.name();
+      if (c.pp > 1) {
         EXPECT_EQ(p["pp_ranks"], nlohmann::json({0, 1})) << c.name();
+        EXPECT_THAT(p["grad_domain"], ::testing::Contains("pp")) << c.name();
       }
     }
   }
@@ -486,6 +521,26 @@ TEST(TrainerConfigTest, BatchThatDoesNotSplitIsNamed) {
                                        "the global batch of 3 sequences does not split over dp_replicate(1) * dp_shard(2)")));
   });
   EXPECT_THAT(errors, IsEmpty());
+}
+
+// What a pipelined run cannot do yet is refused by name before anything trains: dropout (its
+// keys follow one forward through the whole model), a model that does not split into stages.
+TEST(PipelineConfigTest, DropoutAndAModelWithoutStagesAreRefused) {
+  testing::TinyBlockOptions dropout = four_layers();
+  dropout.dropout = 0.1;
+  const ParallelConfig c = pipelined(cfg(1, 1, 1), 2, 2);
+  auto errors = testing::run_mesh(c, [&](DeviceMesh& mesh) {
+    EXPECT_THAT([&] { Trainer(mesh, c, testing::tiny_block_factory(dropout), testing::tiny_batches(8, 8, 37), options()); },
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr("dropout 0.1 under pipeline parallelism")));
+  });
+  EXPECT_THAT(errors, IsEmpty());
+  auto whole = testing::run_mesh(c, [&](DeviceMesh& mesh) {
+    EXPECT_THAT([&] {
+      Trainer t(mesh, c, [](ParallelContext& ctx) { return std::make_shared<ThreeRows>(ctx); },
+                testing::tiny_batches(8, 8, 37), options());
+    }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("did not split itself into stages")));
+  });
+  EXPECT_THAT(whole, IsEmpty());
 }
 
 }  // namespace

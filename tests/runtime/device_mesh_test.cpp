@@ -126,7 +126,7 @@ TEST(ParallelConfigTest, JsonRoundTripAndUnknownKeys) {
               ThrowsMessage<Error>(HasSubstr("unknown pipeline schedule 'zb': expected gpipe, 1f1b or interleaved_1f1b")));
   ParallelConfig with_ep = ParallelConfig::parse_mesh("pp=2,dp_shard=2,ep=2");
   EXPECT_THAT([&] { with_ep.validate(4); },
-              ThrowsMessage<Error>(HasSubstr("pp(2) with ep(2): expert parallelism inside pipeline stages is not supported yet")));
+              ThrowsMessage<Error>(HasSubstr("pp(2) x vpp(1) with ep(2): expert parallelism inside pipeline stages is not supported yet")));
   ParallelConfig one_f_one_b = ParallelConfig::parse_mesh("pp=2");
   one_f_one_b.vpp = 2;
   one_f_one_b.micro_batches = 2;

@@ -282,7 +282,7 @@ TEST(SessionTest, OffModeIsNoOpHooksAndTrainsIdentically) {
 TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentShape) {
   spec::ModelSpec s = get("llama");
   s.checkpoint.tied = {{"embed_tokens.weight", "lm_head.weight"}};  // the model does not tie them
-  auto errors = testing::run_mesh(ParallelConfig{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig::parse_mesh("dp_shard=2"), [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(2), s.factory, s.data.make_batches(), s.data.apply_sharding(TrainerOptions()));
     EXPECT_THAT(codes(checks::check_structure(t.state(), get("llama")).findings), IsEmpty());
     const auto& params = t.context().parameters();
@@ -329,7 +329,7 @@ TEST(StructureCheckTest, ExpertsGetAUnitOfTheirOwnNeverTheRootNorADenseOne) {
 
 TEST(OptimizerLayoutCheckTest, NamesTensorsThatAreNotLiveShardsFrozenAndMisgroupedParameters) {
   spec::ModelSpec s = get("llama");
-  auto errors = testing::run_mesh(ParallelConfig{1, 2, 1, 1}, [&](DeviceMesh& mesh) {
+  auto errors = testing::run_mesh(ParallelConfig::parse_mesh("dp_shard=2"), [&](DeviceMesh& mesh) {
     const TrainerOptions options = s.data.apply_sharding(TrainerOptions());
     Trainer t(mesh, config(2), s.factory, s.data.make_batches(), options);
     EXPECT_THAT(codes(checks::check_optimizer_layout(t.state(), options, spec::Phase::kStructure).findings), IsEmpty());
