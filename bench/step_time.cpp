@@ -75,6 +75,22 @@ nlohmann::json expected_bytes(const Sizes& s, int dp_shard, int tp) {
   return out;
 }
 
+// One warm-up step, then the timed ones: their median step time (ms); `first` gets the comm
+// ledger's records of the first timed step.
+double timed_steps(mih::WorkerContext& ctx, mih::Trainer& trainer, std::vector<mih::CommRecord>* first) {
+  trainer.step();  // warm-up
+  std::vector<double> ms;
+  for (int64_t i = 0; i < ctx.int_option("steps"); ++i) {
+    const size_t before = ctx.ledger()->completed().size();
+    ms.push_back(trainer.step().step_ms);
+    if (i > 0) continue;
+    const auto records = ctx.ledger()->completed();
+    first->assign(records.begin() + static_cast<std::ptrdiff_t>(before), records.end());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 MIH_WORKER_TASK(bench_step, "trains the tiny block and reports step times and bytes per axis",
                 {"dims", "dp_shard=2,tp=2", "1"}, {"steps", "timed steps", "5"}, {"hidden", "", "256"},
                 {"heads", "", "8"}, {"ffn", "", "512"}, {"layers", "", "4"}, {"vocab", "", "2048"}, {"seq", "", "128"},
@@ -94,20 +110,11 @@ MIH_WORKER_TASK(bench_step, "trains the tiny block and reports step times and by
   model.vocab = s.vocab;
   mih::Trainer trainer(mesh, config, mih::testing::tiny_block_factory(model),
                        mih::testing::tiny_batches(s.batch, s.seq, s.vocab), mih::TrainerOptions().lr(1e-4));
-  trainer.step();  // warm-up
-  std::vector<double> ms;
+  std::vector<mih::CommRecord> first;
+  const double median_ms = timed_steps(ctx, trainer, &first);
   nlohmann::json bytes = nlohmann::json::object();
-  for (int64_t i = 0; i < ctx.int_option("steps"); ++i) {
-    const size_t before = ctx.ledger()->completed().size();
-    ms.push_back(trainer.step().step_ms);
-    if (i > 0) continue;
-    auto records = ctx.ledger()->completed();
-    for (size_t k = before; k < records.size(); ++k) {
-      bytes[records[k].axis] = bytes.value(records[k].axis, 0.0) + static_cast<double>(records[k].bytes);
-    }
-  }
-  std::sort(ms.begin(), ms.end());
-  nlohmann::json result = {{"median_step_ms", ms[ms.size() / 2]},
+  for (const auto& r : first) bytes[r.axis] = bytes.value(r.axis, 0.0) + static_cast<double>(r.bytes);
+  nlohmann::json result = {{"median_step_ms", median_ms},
                            {"bytes", bytes},
                            {"expected_bytes", expected_bytes(s, dims.dp_shard, dims.tp)}};
   mih::write_file_atomic(ctx.run_dir() / ("step_rank" + std::to_string(ctx.world().rank) + ".json"), result.dump());
@@ -130,21 +137,14 @@ MIH_WORKER_TASK(bench_pipeline, "trains the reference llama and reports step tim
                          .vocab_size(2048);
   mih::Trainer trainer(mesh, config, mih::models::make_llama(llama), mih::testing::tiny_batches(batch, seq, 2048),
                        mih::TrainerOptions().lr(1e-4));
-  trainer.step();  // warm-up
-  std::vector<double> ms;
+  std::vector<mih::CommRecord> first;
+  const double median_ms = timed_steps(ctx, trainer, &first);
   double pp_bytes = 0;
-  for (int64_t i = 0; i < ctx.int_option("steps"); ++i) {
-    const size_t before = ctx.ledger()->completed().size();
-    ms.push_back(trainer.step().step_ms);
-    if (i > 0) continue;
-    auto records = ctx.ledger()->completed();
-    for (size_t k = before; k < records.size(); ++k) {
-      if (records[k].axis == "pp" && records[k].op == "send") pp_bytes += static_cast<double>(records[k].bytes);
-    }
+  for (const auto& r : first) {
+    if (r.axis == "pp" && r.op == "send") pp_bytes += static_cast<double>(r.bytes);
   }
-  std::sort(ms.begin(), ms.end());
   const int64_t activation = batch / config.micro_batches * seq * hidden * 4;
-  nlohmann::json result = {{"median_step_ms", ms[ms.size() / 2]},
+  nlohmann::json result = {{"median_step_ms", median_ms},
                            {"pp_bytes_sent", pp_bytes},
                            {"pp_bytes_formula", config.pp > 1 ? mih::pp::p2p_bytes_per_step(config.pipeline_shape(), activation) : 0}};
   mih::write_file_atomic(ctx.run_dir() / ("step_rank" + std::to_string(ctx.world().rank) + ".json"), result.dump());

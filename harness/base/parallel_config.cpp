@@ -212,9 +212,13 @@ void ParallelConfig::validate(int world) const {
   MIH_CHECK(!sequence_parallel || tp > 1, "parallel config '", name(),
             "': sequence_parallel needs tp > 1 (it shards activations over tp)");
   MIH_CHECK(vpp >= 1, "parallel config '", name(), "': vpp must be >= 1 (1: one stage per pp rank), got ", vpp);
+  // Before anything multiplies them in an int (pipelined(), the stage count).
+  MIH_CHECK(static_cast<int64_t>(pp) * vpp <= 4096, "parallel config '", name(), "': pp(", pp, ") x vpp(", vpp,
+            ") = ", static_cast<int64_t>(pp) * vpp, " pipeline stages; at most 4096 (each stage holds a decoder layer)");
+  MIH_CHECK(pipelined() || pp_schedule == pp::ScheduleKind::k1F1B, "parallel config '", name(), "': pp_schedule '",
+            pp::schedule_name(pp_schedule), "' without pipeline stages (pp(1) x vpp(1)) has no effect; remove it");
   MIH_CHECK(!pipelined() || ep == 1, "parallel config '", name(), "': pp(", pp, ") x vpp(", vpp, ") with ep(", ep,
-            "): expert parallelism inside pipeline stages is not supported yet; run the moe under pp without ep, "
-            "or under ep without pp");
+            "): expert parallelism inside pipeline stages is not supported yet; drop ep or pp");
   if (pipelined()) {
     with_context(internal::str("parallel config '", name(), "'"), [&] { pp::validate(pp_schedule, pipeline_shape()); });
   }

@@ -207,7 +207,7 @@ CommandRun setup_selftest(CLI::App& sub, const Invocation& inv) {
   auto selftest = std::make_shared<SelftestOptions>();
   flags->add_to(sub);
   sub.add_option("--mesh", *mesh_text,
-                 "mesh degrees, e.g. dp_shard=2,tp=2 (axes dp_replicate, dp_shard, cp, tp; product = world size; "
+                 "mesh degrees, e.g. dp_shard=2,tp=2 (axes pp, dp_replicate, dp_shard, cp, tp, outer to inner; product = world size; "
                  "ep=N carves expert parallelism out of dp_shard x cp and must divide dp_shard * cp; default: the world size's prime factors spread over tp, cp, dp_shard, dp_replicate)");
   sub.add_option("--repeats", selftest->repeats, "calls per (axis, op, dtype); the median time is shown")
       ->check(at_least(1))

@@ -66,9 +66,9 @@ ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions
   MIH_CHECK(options_.mode != SessionMode::kOff, "ValidationSession in mode off: use make_session, which returns no-op hooks");
   // Its checks gather over the world what one rank's modules hold; a pipeline stage holds part
   // of them (issue 37: the stage-wise checks are not there yet). Refused before any collective.
-  MIH_CHECK(mesh.config().pp == 1, "the validation session does not run under pipeline parallelism yet (mesh ",
-            mesh.config().mesh_str(), "): its checks assume every rank holds every module; train pp configs "
-            "without a session (the Trainer supports pp) or run the case without pp");
+  MIH_CHECK(!options_.config.pipelined() && mesh.config().pp == 1, "the validation session does not run under pipeline parallelism yet (",
+            options_.config.name(), "): its checks assume every rank holds every module in one forward; train pp "
+            "configs without a session (the Trainer supports pp) or run the case without pp and vpp");
   spec.validate();
   if (!options_.evidence_dir.empty()) {
     evidence_ = std::make_unique<EvidenceDir>(options_.evidence_dir);

@@ -127,6 +127,14 @@ TEST(ParallelConfigTest, JsonRoundTripAndUnknownKeys) {
   ParallelConfig with_ep = ParallelConfig::parse_mesh("pp=2,dp_shard=2,ep=2");
   EXPECT_THAT([&] { with_ep.validate(4); },
               ThrowsMessage<Error>(HasSubstr("pp(2) x vpp(1) with ep(2): expert parallelism inside pipeline stages is not supported yet")));
+  // A vpp whose product with pp overflows an int is refused before anything multiplies them;
+  // a schedule without pipeline stages is a knob with no effect.
+  nlohmann::json overflow = {{"pp", 2}, {"vpp", 1073741824}, {"micro_batches", 2}};
+  EXPECT_THAT([&] { overflow.get<ParallelConfig>().validate(2); },
+              ThrowsMessage<Error>(HasSubstr("pp(2) x vpp(1073741824) = 2147483648 pipeline stages; at most 4096")));
+  nlohmann::json idle = {{"dp_shard", 2}, {"pp_schedule", "gpipe"}};
+  EXPECT_THAT([&] { idle.get<ParallelConfig>().validate(2); },
+              ThrowsMessage<Error>(HasSubstr("pp_schedule 'gpipe' without pipeline stages (pp(1) x vpp(1)) has no effect")));
   ParallelConfig one_f_one_b = ParallelConfig::parse_mesh("pp=2");
   one_f_one_b.vpp = 2;
   one_f_one_b.micro_batches = 2;
