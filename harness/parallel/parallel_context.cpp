@@ -404,11 +404,12 @@ void ParallelContext::find_pipeline_copies() {
   for (const auto& p : ordered_) held[pp.rank()][p->index] = p->local.numel();
   held = held.to(device_);
   pp.all_reduce(held, ReduceOp::kSum, "pipeline.parameter_copies");
-  held = held.cpu();
+  held = held.cpu().contiguous();
+  const auto copies = held.accessor<int64_t, 2>();
   for (const auto& p : ordered_) {
     p->pp_ranks.clear();
     for (int r = 0; r < pp.size(); ++r) {
-      const int64_t numel = held[r][p->index].item<int64_t>();
+      const int64_t numel = copies[r][p->index];
       if (numel == 0 && r != pp.rank()) continue;
       MIH_CHECK(numel == p->local.numel(), "pipeline: '", p->fqn, "' has ", p->local.numel(),
                 " elements on pp rank ", pp.rank(), " but its copy on pp rank ", r, " has ", numel,
@@ -448,9 +449,9 @@ void ParallelContext::find_pipeline_copies() {
     int holders = 0;
     int64_t numel = 0;
     for (int r = 0; r < pp.size(); ++r) {
-      if (held[r][i].item<int64_t>() > 0) {
+      if (copies[r][i] > 0) {
         ++holders;
-        numel = held[r][i].item<int64_t>();
+        numel = copies[r][i];
       }
     }
     if (holders > 1) tied_over_pp_.emplace_back(i, numel);

@@ -245,7 +245,8 @@ StepMetrics Trainer::step() {
       micro.push_back(rows(local, mb * mb_rows, mb_rows));
       hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro.back());
     }
-    const int last_stage = config_.pp * config_.vpp - 1;
+    const pp::PipelineShape shape = config_.pipeline_shape();
+    const int last_stage = shape.stages() - 1;
     pp::StageModel stages;
     stages.forward = [&](int stage, int mb, const at::Tensor& input) {
       context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
@@ -260,7 +261,6 @@ StepMetrics Trainer::step() {
     stages.empty_activation = [&](int stage, int mb) {
       return model_->stage_input(stage, micro[static_cast<size_t>(mb)]);
     };
-    const pp::PipelineShape shape = config_.pipeline_shape();
     pipelined = pp::run_pipeline_step(mesh_->comm(MeshAxis::kPp), config_.pp_schedule, shape,
                                       pp::schedule(config_.pp_schedule, shape), stages, global_valid);
     loss_sum = pipelined.loss;
