@@ -103,6 +103,7 @@ spec::ModelSpec llama_spec_with(const std::string& name, const models::LlamaOpti
   spec::ModelSpec s = language_model_spec("llama", o);
   s.name = name;
   s.factory = models::make_llama(o);
+  s.pipeline_layers = o.num_layers();  // the reference llama builds its pipeline stages
   s.invariants = inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(tie_invariant("embed_tokens.weight", "lm_head.weight", o.tie_word_embeddings()));
   s.parity_cases = {fused_swiglu_case(), attention_case()};
@@ -152,6 +153,16 @@ spec::ModelSpec llama_unsharded_root_spec() {
 spec::ModelSpec llama_dropout_spec() {
   spec::ModelSpec s = llama_spec_with("llama_dropout", models::LlamaOptions().dropout(0.1));
   s.description = "llama with dropout 0.1 on the attention context and the residual branches";
+  // Its masks are not drawn stage-wise yet (LlamaOptions::validate refuses dropout under pp).
+  s.pipeline_layers = 0;
+  return s;
+}
+
+// Four decoder layers: stages enough for interleaved 1F1B (pp 2 x vpp 2) and pp 4.
+spec::ModelSpec llama_deep_spec() {
+  spec::ModelSpec s = llama_spec_with("llama_deep", models::LlamaOptions().num_layers(4));
+  s.description = "llama with 4 decoder layers (the pipeline stages of pp 2 x vpp 2 and of pp 4)";
+  s.checkpoint.source = "";  // the listing is of the 2-layer model
   return s;
 }
 
@@ -169,6 +180,7 @@ MIH_REGISTER_SPEC(llama_tied_spec);
 MIH_REGISTER_SPEC(llama_bias_spec);
 MIH_REGISTER_SPEC(llama_unsharded_root_spec);
 MIH_REGISTER_SPEC(llama_dropout_spec);
+MIH_REGISTER_SPEC(llama_deep_spec);
 MIH_REGISTER_SPEC(llama_unobserved_spec);
 
 }  // namespace
@@ -199,6 +211,9 @@ MIH_CONFORMANCE_SUITES(Llama, "llama", "cpu-smoke");
 MIH_CONFORMANCE_SUITES(LlamaTied, "llama_tied", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaBias, "llama_bias", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaUnshardedRoot, "llama_unsharded_root", "cpu-smoke-variants");
+// Four layers: the lane's interleaved (pp 2 x vpp 2) and pp 4 cases, which the two-layer
+// specs cannot take.
+MIH_CONFORMANCE_SUITES(LlamaDeep, "llama_deep", "cpu-smoke-variants");
 // Dropout 0.1 on every case: its masks depend only on each element's global position
 // (ParallelContext::dropout), so every split of the batch matches the one-rank reference.
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");

@@ -7,10 +7,13 @@ using verdicts::no_error_findings;
 
 bool ReplicaConsistency::applies([[maybe_unused]] const SuiteContext& s) {
   // Only tp, cp and dp_replicate make ranks hold the same piece (dp_shard splits every FSDP
-  // parameter into distinct rows).
-  return s.c.config.tp * s.c.config.cp * s.c.config.dp_replicate > 1;
+  // parameter into distinct rows), and pp a declared tie: a copy on the first and on the last
+  // stage (llama_tied's embedding and head).
+  return s.c.config.tp * s.c.config.cp * s.c.config.dp_replicate > 1 || (s.c.config.pp > 1 && !s.spec.checkpoint.tied.empty());
 }
-const char* ReplicaConsistency::where() { return "cases where some rank pieces are replicated (tp, cp or dp_replicate > 1)"; }
+const char* ReplicaConsistency::where() {
+  return "cases where some rank pieces are replicated (tp, cp or dp_replicate > 1, or pp with a declared tie)";
+}
 
 TEST_P(ReplicaConsistency, ReplicasAgreeAfterEveryStep) {
   MIH_CASE_EVIDENCE(ev);

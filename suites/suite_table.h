@@ -54,7 +54,8 @@
   X(arg, TensorParallelGradients) \
   X(arg, ReplicaConsistency) \
   X(arg, ActivationCheckpointEquivalence) \
-  X(arg, CommVolume)
+  X(arg, CommVolume) \
+  X(arg, PipelineSchedule)
 
 namespace mih::conformance {
 

@@ -32,8 +32,8 @@ struct Case {
   /// "ResumeDpShard2", "ResumeDpShard2ToTp2".
   std::string name;
   CaseKind kind = CaseKind::kTrain;
-  /// "reference", "axis", "combined", "activation_checkpoint", "grad_accumulation",
-  /// "resume", "cross_resume".
+  /// "reference", "axis", "combined", "pipeline", "activation_checkpoint",
+  /// "grad_accumulation", "resume", "cross_resume".
   std::string group;
   /// The config it trains under (for a resume: after the load).
   ParallelConfig config;

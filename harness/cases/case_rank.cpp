@@ -32,6 +32,7 @@
 #include "harness/cases/hf_interop.h"
 #include "harness/compat/collectives.h"
 #include "harness/evidence/evidence_store.h"
+#include "harness/runtime/communicator.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
 #include "harness/runtime/worker.h"
@@ -51,6 +52,7 @@ nlohmann::json tensor_hashes(TrainingBackend& backend) {
   nlohmann::json out = nlohmann::json::object();
   TrainingState st = backend.state();
   for (const auto& p : st.context->parameters()) {
+    if (!p->pp_counted) continue;  // a copy tied across pipeline stages: its first stage's
     for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
       if (std::string(what) != "param" && !p->local.requires_grad()) continue;
       const at::Tensor full = backend.gather_full(*p, what);
@@ -60,6 +62,15 @@ nlohmann::json tensor_hashes(TrainingBackend& backend) {
       out[std::string(what) == "param" ? p->fqn : p->fqn + "/" + what] = {{"sha256", sha256_hex(bytes)},
                                                                            {"shape", full.sizes().vec()}};
     }
+  }
+  // Under pp each stage hashed its own parameters: every stage's (a collective over pp).
+  DeviceMesh& mesh = st.context->mesh();
+  if (mesh.config().pp > 1) {
+    nlohmann::json every = nlohmann::json::object();
+    for (const auto& stage : all_gather_json(mesh.comm(MeshAxis::kPp), out, st.context->device(), "mih.case.tensor_hashes")) {
+      every.update(stage);
+    }
+    out = std::move(every);
   }
   return {{"tensors", out}, {"next_step", backend.next_step()}};
 }

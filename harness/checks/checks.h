@@ -155,6 +155,20 @@ nlohmann::json input_identity_of(const Batch& global_batch);
 CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::CheckpointSpec& checkpoint,
                                       const std::vector<std::string>* source_keys);
 
+/// A tensor checkpoint coverage examines: a parameter (its canonical FQN, its other names)
+/// or a persistent buffer, with its global shape.
+struct CoverageTarget {
+  std::string fqn;
+  std::vector<std::string> aliases;
+  std::vector<int64_t> shape;
+};
+/// This rank's targets: its parameters, then its persistent buffers.
+std::vector<CoverageTarget> coverage_targets(const ParallelContext& ctx);
+/// The same over `targets` (under pp, every stage's: a target one of whose names an earlier
+/// target already has, a tied parameter's copy on a later stage, is covered once).
+CheckOutput check_checkpoint_coverage(const std::vector<CoverageTarget>& targets, const spec::CheckpointSpec& checkpoint,
+                                      const std::vector<std::string>* source_keys);
+
 /// Shared state of one step's forwards (rank-local) against the spec: every declared key
 /// published by its producer and consumed by each declared consumer, no consume before its
 /// publish, no key published twice in one forward (an activation-checkpoint recompute
@@ -166,7 +180,8 @@ CheckOutput check_shared_state(const std::vector<SharedStateEvent>& events,
                                const std::vector<spec::SharedStateSpec>& declared, int64_t step,
                                const std::set<std::string>* fields_seen = nullptr);
 
-/// Modality gradients (collective over the world), after backward: for each modality whose
+/// Modality gradients (collective over the ranks of this pipeline stage, MeshAxis::kStage:
+/// the world without pp), after backward: for each modality whose
 /// field reached the model this step, every parameter of its group has a defined, finite,
 /// non-zero gradient on every rank that holds a non-empty piece of it. Evidence: per
 /// modality and parameter the ranks without a gradient, with a non-finite or an all-zero one.
@@ -189,8 +204,9 @@ CheckOutput check_gradient_reductions(const ParallelContext& ctx, int64_t step);
 /// Evidence: {"step", "parameters": {fqn: {partial_over_tp, declared_partial, relative_spread}}}.
 CheckOutput check_tp_partial_gradients(const ParallelContext& ctx, int64_t step);
 
-/// The trainable parameters no rank's backward gave a gradient this step (collective over
-/// the world), after synchronization: on every rank the gradient is undefined or was
+/// The trainable parameters of this pipeline stage no rank's backward gave a gradient this
+/// step (collective over the stage's ranks, MeshAxis::kStage: the world without pp), after
+/// synchronization: on every rank the gradient is undefined or was
 /// zero-filled only for the collectives (ParallelContext::kNoGradient in
 /// gradient_reductions()). Canonical FQNs, in parameter order. Measured here, not taken from
 /// the runtime's parameters_without_gradient().

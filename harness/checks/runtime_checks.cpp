@@ -156,7 +156,7 @@ CheckOutput check_modality_gradients(const ParallelContext& ctx, const std::vect
   }
   at::Tensor reduced = at::from_blob(stats.data(), {static_cast<int64_t>(stats.size())}, at::kDouble)
                            .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
-  ctx.mesh().comm(MeshAxis::kWorld).all_reduce(reduced, ReduceOp::kSum, "mih.session.modality_gradients");
+  ctx.mesh().comm(MeshAxis::kStage).all_reduce(reduced, ReduceOp::kSum, "mih.session.modality_gradients");
   reduced = reduced.cpu().contiguous();
   const double* all = reduced.data_ptr<double>();
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -317,7 +317,7 @@ std::vector<std::string> parameters_without_gradient(const ParallelContext& ctx)
   if (!trainable.empty()) {
     at::Tensor t = at::from_blob(had.data(), {static_cast<int64_t>(had.size())}, at::kDouble)
                        .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
-    ctx.mesh().comm(MeshAxis::kWorld).all_reduce(t, ReduceOp::kSum, "mih.session.gradient_presence");
+    ctx.mesh().comm(MeshAxis::kStage).all_reduce(t, ReduceOp::kSum, "mih.session.gradient_presence");
     t = t.cpu().contiguous();
     std::copy(t.data_ptr<double>(), t.data_ptr<double>() + t.numel(), had.begin());
   }

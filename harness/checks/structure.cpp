@@ -385,7 +385,21 @@ CheckOutput check_frozen_parameters(const TrainingState& state, const std::vecto
   return out;
 }
 
+std::vector<CoverageTarget> coverage_targets(const ParallelContext& ctx) {
+  std::vector<CoverageTarget> out;
+  for (const auto& p : ctx.parameters()) out.push_back({p->fqn, p->aliases, p->global_shape});
+  for (const auto& b : ctx.buffers()) {
+    if (b.persistent) out.push_back({b.fqn, {}, b.tensor.sizes().vec()});
+  }
+  return out;
+}
+
 CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::CheckpointSpec& checkpoint,
+                                      const std::vector<std::string>* source_keys) {
+  return check_checkpoint_coverage(coverage_targets(ctx), checkpoint, source_keys);
+}
+
+CheckOutput check_checkpoint_coverage(const std::vector<CoverageTarget>& tensors, const spec::CheckpointSpec& checkpoint,
                                       const std::vector<std::string>* source_keys) {
   CheckOutput out;
   const KeyMap map(checkpoint.key_map);
@@ -433,9 +447,12 @@ CheckOutput check_checkpoint_coverage(const ParallelContext& ctx, const spec::Ch
                              "fix the KeyRule so to_external and from_external are inverse"));
     }
   };
-  for (const auto& p : ctx.parameters()) cover(p->fqn, p->global_shape);
-  for (const auto& b : ctx.buffers()) {
-    if (b.persistent) cover(b.fqn, b.tensor.sizes().vec());
+  std::set<std::string> named;  // every name of the targets covered so far
+  for (const CoverageTarget& t : tensors) {
+    if (named.count(t.fqn)) continue;
+    named.insert(t.fqn);
+    named.insert(t.aliases.begin(), t.aliases.end());
+    cover(t.fqn, t.shape);
   }
   out.findings.ran(codes::kCheckCoverage, static_cast<int64_t>(targets.size()), "parameters and persistent buffers");
   json sources = json::object();

@@ -196,4 +196,11 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev);
 /// (checkpoint/load_rank<r>.json), not in a step's.
 Verdict comm_volume(const CaseEvidence& ev);
 
+/// The pipeline schedule every rank ran (performance_rank<r>.jsonl "pipeline_order", per
+/// step): for each pp group, pp::order_problems of the pp ranks' orders is empty, i.e. every
+/// forward and backward of every stage and micro-batch ran once, on the rank its stage lives
+/// on, each backward after its forward, in an order the ranks can run, within the schedule's
+/// bound on activations in flight. Fails naming the step, the ranks and the first problem.
+Verdict pipeline_schedule(const CaseEvidence& ev);
+
 }  // namespace mih::verdicts

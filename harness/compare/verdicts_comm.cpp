@@ -16,6 +16,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/pipeline_schedule.h"
 #include "harness/base/reduction_paths.h"
 #include "harness/base/strings.h"
 #include "harness/compare/verdicts_internal.h"
@@ -31,11 +32,20 @@ namespace {
 // (structure.json, rank 0's pieces): the tp-partial gradients (grad domain "tp") all-reduced
 // over tp once, and every gradient over each data-parallel axis that is not dp_shard's FSDP
 // (dp_replicate, cp).
+// Whether a parameter entry of structure.json is held by rank 0, whose traffic metrics.jsonl
+// records: without pp every one; under pp those of its stages (pp rank 0 among pp_ranks), a
+// parameter tied across stages by the copy on its first stage (pp_counted).
+bool on_rank0(const json& p) {
+  if (!p.contains("pp_ranks")) return true;
+  const json& ranks = p.at("pp_ranks");
+  return std::find(ranks.begin(), ranks.end(), 0) != ranks.end() && p.value("pp_counted", true);
+}
+
 std::map<std::string, std::map<std::string, double>> grad_sync_bytes(const CaseEvidence& ev) {
   std::map<std::string, std::map<std::string, double>> out;
   const auto& cfg = ev.config();
   for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
-    if (!p.value("requires_grad", true)) continue;
+    if (!p.value("requires_grad", true) || !on_rank0(p)) continue;
     const double bytes = static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", "float32")));
     const auto& domain = p.value("grad_domain", json::array());
     // Each bucket is labelled with its reduction path (reduction_paths.h): what the parameter
@@ -110,7 +120,112 @@ Verdict sites_as_declared(const CaseEvidence& ev, const json& row,
   return Verdict::pass();
 }
 
+// pp: every activation and activation gradient rank 0 sent or received, counted from the
+// order it ran (metrics "pipeline": each forward of a stage after the first receives the
+// previous stage's activation, each forward before the last sends its own; each backward
+// the reverse), times the bytes of one message: rows of one micro-batch on one data-parallel
+// rank (from the step's global batch) x the rest of the message's shape x its element size.
+Verdict pipeline_sites(const CaseEvidence& ev, const json& row) {
+  const auto& cfg = ev.config();
+  const int64_t step = row.value("step", int64_t{-1});
+  const std::string file = rel_path(ev, layout::kMetrics);
+  const json pipe = row.value("pipeline", json());
+  if (!pipe.is_object() || !pipe.contains("order") || !pipe.contains("message_shape") || !pipe.contains("message_dtype")) {
+    return Verdict::fail("metrics of step " + std::to_string(step) + " of a pp case have no pipeline record (order, "
+                         "message_shape, message_dtype): the evidence predates it or was edited; rerun the case (open " +
+                         file + ")");
+  }
+  const pp::PipelineShape shape = cfg.pipeline_shape();
+  const int last = shape.stages() - 1;
+  int64_t activations = 0, gradients = 0;
+  for (const auto& text : pipe.at("order")) {
+    const pp::Action a = pp::Action::parse(text.get<std::string>());
+    const bool forward = a.kind == pp::Action::Kind::kForward;
+    activations += forward ? (a.stage > 0) + (a.stage < last) : 0;
+    gradients += forward ? 0 : (a.stage > 0) + (a.stage < last);
+  }
+  const auto& message = pipe.at("message_shape");
+  int64_t per_message = 0;
+  if (!message.empty()) {
+    // The rows of one micro-batch: the step's global rows over the data-parallel ranks and
+    // the micro-batches (input_identity.jsonl records the global batch's rows per step).
+    int64_t global_rows = -1;
+    for (const auto& id : ev.jsonl(layout::kInputIdentity)) {
+      if (id.value("step", int64_t{-2}) == step) global_rows = id.value("rows", int64_t{-1});
+    }
+    const int64_t rows = global_rows / (cfg.dp_replicate * cfg.dp_shard) / cfg.micro_batches;
+    if (message[0].get<int64_t>() != rows) {
+      return Verdict::fail("axis pp at step " + std::to_string(step) + ": the pipeline's messages have shape " +
+                           message.dump() + ", " + std::to_string(message[0].get<int64_t>()) + " rows where one micro-batch " +
+                           "of one data-parallel rank has " + std::to_string(rows) + " (" + std::to_string(global_rows) +
+                           " global rows / dp " + std::to_string(cfg.dp_replicate * cfg.dp_shard) + " / micro_batches " +
+                           std::to_string(cfg.micro_batches) + "): a stage sends another batch than it ran (open " + file + ")");
+    }
+    per_message = numel(message) * element_size(pipe.at("message_dtype").get<std::string>());
+  }
+  const json moved = row.value("comm_sites", json::object()).value("pp", json::object());
+  for (const auto& [site, count] : {std::pair<std::string, int64_t>{"pipeline.activation", activations},
+                                    std::pair<std::string, int64_t>{"pipeline.gradient", gradients}}) {
+    const int64_t want = count * per_message, got = moved.value(site, int64_t{0});
+    if (want != got) {
+      return Verdict::fail("axis pp, call site " + site + ": moved " + std::to_string(got) + " bytes at step " +
+                           std::to_string(step) + ", the schedule rank 0 ran implies " + std::to_string(count) +
+                           " messages of " + std::to_string(per_message) + " bytes (shape " + message.dump() + ", " +
+                           pipe.at("message_dtype").get<std::string>() + ") = " + std::to_string(want) +
+                           ": a send or receive is missing, repeated or moves the wrong size (open " + file +
+                           " and the comm ledgers under run/)");
+    }
+  }
+  return Verdict::pass();
+}
+
 }  // namespace
+
+Verdict pipeline_schedule(const CaseEvidence& ev) {
+  const auto& cfg = ev.config();
+  if (!cfg.pipelined()) return Verdict::fail("config '" + cfg.name() + "' has no pipeline stages: nothing to examine");
+  const pp::PipelineShape shape = cfg.pipeline_shape();
+  const int world = cfg.world_size(), per_pp = world / cfg.pp;
+  // Every rank's record (pp is the outermost mesh dim: pp rank p of group g is rank p * per_pp + g).
+  std::vector<const std::vector<json>*> rows;
+  for (int r = 0; r < world; ++r) rows.push_back(&ev.jsonl(layout::performance_rank(r)));
+  int64_t steps = 0;
+  for (size_t k = 0; k < rows[0]->size(); ++k) {
+    const int64_t step = (*rows[0])[k].value("step", int64_t{-1});
+    for (int g = 0; g < per_pp; ++g) {
+      std::vector<std::vector<pp::Action>> executed;
+      for (int p = 0; p < cfg.pp; ++p) {
+        const int r = p * per_pp + g;
+        const std::string file = rel_path(ev, layout::performance_rank(r));
+        if (rows[static_cast<size_t>(r)]->size() != rows[0]->size()) {
+          return Verdict::fail("rank " + std::to_string(r) + " recorded " + std::to_string(rows[static_cast<size_t>(r)]->size()) +
+                               " steps, rank 0 " + std::to_string(rows[0]->size()) + " (open " + file + ")");
+        }
+        const json& row = (*rows[static_cast<size_t>(r)])[k];
+        if (!row.contains("pipeline_order") || !row["pipeline_order"].is_array()) {
+          return Verdict::fail("step " + std::to_string(step) + " of rank " + std::to_string(r) +
+                               " has no pipeline_order: the evidence predates it or was edited; rerun the case (open " + file + ")");
+        }
+        executed.emplace_back();
+        for (const auto& text : row["pipeline_order"]) executed.back().push_back(pp::Action::parse(text.get<std::string>()));
+      }
+      const std::vector<std::string> problems = pp::order_problems(cfg.pp_schedule, shape, executed);
+      if (!problems.empty()) {
+        std::string ranks;
+        for (int p = 0; p < cfg.pp; ++p) ranks += (p ? ", " : "") + std::to_string(p * per_pp + g);
+        return Verdict::fail("step " + std::to_string(step) + ", the pp ranks " + ranks + " ran an order that is not a " +
+                             pp::schedule_name(cfg.pp_schedule) + " step of pp(" + std::to_string(shape.pp) + ") x vpp(" +
+                             std::to_string(shape.vpp) + ") with " + std::to_string(shape.micro_batches) +
+                             " micro-batches: " + problems.front() + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "") +
+                             " (open " + rel_path(ev, layout::performance_rank(0)) + ")");
+      }
+    }
+    ++steps;
+  }
+  if (steps == 0) return Verdict::fail("no step recorded (open " + rel_path(ev, layout::performance_rank(0)) + ")");
+  return Verdict::pass(std::to_string(steps) + " steps x " + std::to_string(per_pp) + " pp group(s) of " +
+                       std::to_string(cfg.pp) + " ranks: " + pp::schedule_name(cfg.pp_schedule) + " orders");
+}
 
 Verdict comm_volume(const CaseEvidence& ev) {
   const auto& cfg = ev.config();
@@ -130,7 +245,7 @@ Verdict comm_volume(const CaseEvidence& ev) {
   std::map<std::string, double> fsdp_bytes;
   if (dp_shard > 1) {
     for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
-      if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty()) continue;
+      if (!p.contains("fsdp_rows") || p.value("fsdp_unit", "").empty() || !on_rank0(p)) continue;
       if (p.value("fsdp_axis", "dp_shard") != "dp_shard") continue;  // experts under ep: over edp
       const int64_t e = element_size(p.value("dtype", dtype_name(cfg.dtype)));
       const int64_t chunk = p["fsdp_rows"].value("chunk", int64_t{0});
@@ -146,7 +261,10 @@ Verdict comm_volume(const CaseEvidence& ev) {
     // parameter, one outside every unit: reduction path dense.unsharded.dp_shard).
     double unsharded = 0;
     for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
-      if (p.contains("fsdp_rows") || !p.value("requires_grad", true) || p.value("gradient_kind", "DENSE") == "EXPERT") continue;
+      if (p.contains("fsdp_rows") || !p.value("requires_grad", true) || p.value("gradient_kind", "DENSE") == "EXPERT" ||
+          !on_rank0(p)) {
+        continue;
+      }
       unsharded += static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", dtype_name(cfg.dtype))));
     }
     if (unsharded > 0) expected["dp_shard"] = unsharded;
@@ -202,6 +320,9 @@ Verdict comm_volume(const CaseEvidence& ev) {
       }
     }
     if (Verdict v = sites_as_declared(ev, r, grad_sync); !v.passed()) return v;
+    if (cfg.pp > 1) {
+      if (Verdict v = pipeline_sites(ev, r); !v.passed()) return v;
+    }
     // The expert all-to-alls move what the routing sends, which changes from step to step;
     // dp_shard changes with the parameters a step uses (checked exactly above).
     json steady = bytes;

@@ -233,7 +233,7 @@ std::vector<ActivationProbes::Record> ActivationProbes::take_reduced() {
   }
   at::Tensor t = at::from_blob(flat.data(), {static_cast<int64_t>(flat.size())}, at::kDouble)
                      .to(ctx_->device(), /*non_blocking=*/false, /*copy=*/true);
-  if (!flat.empty()) ctx_->mesh().comm(MeshAxis::kWorld).all_reduce(t, ReduceOp::kSum, "mih.session.activations");
+  if (!flat.empty()) ctx_->mesh().comm(MeshAxis::kStage).all_reduce(t, ReduceOp::kSum, "mih.session.activations");
   const at::Tensor reduced = t.cpu().contiguous();
   const double* r = reduced.data_ptr<double>();
   std::map<std::string, int64_t> slot;

@@ -110,8 +110,8 @@ class ActivationProbes {
     std::string module;
     ActivationStats forward, grad;
   };
-  /// This rank's records since the last take, reduced over the world (a collective: every
-  /// rank calls it), in this rank's first-observation (forward) order; empties them.
+  /// This rank's records since the last take, reduced over the ranks of this pipeline stage
+  /// (MeshAxis::kStage, the world without pp; a collective: every rank calls it), in this rank's first-observation (forward) order; empties them.
   std::vector<Record> take_reduced();
 
  private:

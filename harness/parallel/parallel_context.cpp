@@ -106,7 +106,10 @@ void to_json(nlohmann::json& j, const ShardedParameter& p) {
        {"gradient_kind", p.gradient_kind()},
        {"fsdp_unit", p.unit},
        {"dtype", dtype_name(p.local.scalar_type())}};
-  if (p.mesh.pp > 1) j["pp_ranks"] = p.pp_ranks;
+  if (p.mesh.pp > 1) {
+    j["pp_ranks"] = p.pp_ranks;
+    j["pp_counted"] = p.pp_counted;  // this copy is the one the grad norm counts
+  }
   if (p.fsdp) {
     j["fsdp_rows"] = {{"offset", p.fsdp_range.offset}, {"size", p.fsdp_range.size}, {"chunk", p.fsdp_range.chunk}};
     j["fsdp_axis"] = mesh_axis_name(p.fsdp_axis);

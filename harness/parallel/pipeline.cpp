@@ -10,6 +10,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/strings.h"
+#include "harness/runtime/dtypes.h"
 
 namespace mih::pp {
 
@@ -47,6 +48,11 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
   std::vector<at::Tensor> send_buffers;       // alive until every send is waited on
   std::map<int, at::Tensor> local;            // by tag: a successor stage on this rank
   PipelineStep step;
+  auto note_message = [&](const at::Tensor& t) {
+    if (!step.message_shape.empty()) return;
+    step.message_shape = t.sizes().vec();
+    step.message_dtype = dtype_name(t.scalar_type());
+  };
   auto send = [&](const at::Tensor& t, int stage_to, int tag) {
     const int dst = shape.rank_of(stage_to);
     at::Tensor buffer = t.detach().contiguous();
@@ -55,6 +61,7 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
       return;
     }
     step.bytes_sent += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+    note_message(buffer);
     sends.push_back(comm.isend(buffer, dst, tag, tag % 2 == 0 ? "pipeline.activation" : "pipeline.gradient"));
     send_buffers.push_back(std::move(buffer));
   };
@@ -68,6 +75,7 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
       return into;
     }
     comm.recv(into, src, tag, tag % 2 == 0 ? "pipeline.activation" : "pipeline.gradient");
+    note_message(into);
     return into;
   };
   for (const Action& a : orders[static_cast<size_t>(me)]) {

@@ -51,6 +51,10 @@ struct PipelineStep {
   std::vector<Action> executed;
   /// Bytes this rank sent over the pp group (activations forward, their gradients backward).
   int64_t bytes_sent = 0;
+  /// The shape and dtype of the first message this rank sent or received over the pp group
+  /// (an activation [rows, seq, hidden] or its gradient); empty when it moved none.
+  std::vector<int64_t> message_shape;
+  std::string message_dtype;
 };
 
 /// Runs rank comm.rank()'s part of one step: orders[comm.rank()] in order, the parameter

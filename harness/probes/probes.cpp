@@ -86,6 +86,9 @@ std::vector<WatchEntry> build_watchlist(const ParallelContext& ctx, const Watchl
   std::vector<WatchEntry> out;
   std::set<std::string> groups;
   for (const auto& p : ctx.parameters()) {
+    // A parameter tied across pipeline stages is watched on its first stage; its other copies
+    // are held to that one by the replica check.
+    if (!p->pp_counted) continue;
     std::string reason;
     const std::string group = group_of(*p);
     if (total <= options.watch_all_up_to) {
@@ -317,13 +320,13 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
       }
     }
   }
-  Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
+  Communicator& holders = ctx.mesh().comm(MeshAxis::kStage);  // the ranks holding these parameters
   at::Tensor s = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
                      .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
   at::Tensor m = at::from_blob(extremes.data(), {static_cast<int64_t>(extremes.size())}, at::kDouble)
                      .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
-  world.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
-  world.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
+  holders.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
+  holders.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
   const at::Tensor st = s.cpu().narrow(0, 0, n_items * width).reshape({n_items, width}).contiguous();
   const at::Tensor vals = s.cpu().narrow(0, n_items * width, values_len).contiguous();
   const at::Tensor ex = m.cpu().reshape({n_items, 2}).contiguous();
@@ -353,11 +356,18 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
 }
 
 FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json* evidence) {
-  // Only pieces some other rank also holds (replicas() > 1, the same on every rank) can be
-  // compared; with none (world size 1, or everything sharded) there is nothing to gather.
+  // Only pieces some other rank also holds can be compared: replicas() > 1 within a stage, or
+  // a parameter tied across pipeline stages (its copies, one per stage, must stay one value).
+  // A tied copy is keyed by the first of its names over the stages (fqn and aliases), which
+  // every stage's copy shares.
+  auto key_of = [](const ShardedParameter& p) {
+    std::string key = p.fqn;
+    for (const auto& a : p.aliases) key = std::min(key, a);
+    return key;
+  };
   std::vector<const ShardedParameter*> replicated;
   for (const auto& p : ctx.parameters()) {
-    if (p->replicas() > 1) replicated.push_back(p.get());
+    if (p->replicas() > 1 || p->pp_ranks.size() > 1) replicated.push_back(p.get());
   }
   json mine = json::object();
   for (const ShardedParameter* p : replicated) {
@@ -366,22 +376,27 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
     const at::Tensor bytes = p->local.detach().to(at::kCPU).contiguous();
     const std::string digest =
         Sha256().update(bytes.data_ptr(), static_cast<size_t>(bytes.numel()) * bytes.element_size()).hex_digest();
-    mine[p->fqn] = {boxes.dump(), digest};
+    mine[key_of(*p)] = {boxes.dump(), digest};
   }
-  const std::vector<json> all = replicated.empty() ? std::vector<json>{}
-                                                   : all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine,
-                                                                     ctx.device(), "mih.session.replicas");
+  // Without pp every rank holds the same parameters, so all or none gather; under pp a stage
+  // may hold none replicated while another does: every rank gathers.
+  const bool gather = !replicated.empty() || ctx.mesh().config().pp > 1;
+  const std::vector<json> all = gather ? all_gather_json(ctx.mesh().comm(MeshAxis::kWorld), mine, ctx.device(),
+                                                         "mih.session.replicas")
+                                       : std::vector<json>{};
   FindingReport report;
   json checked = json::object();
   int64_t replicated_pieces = 0;
   for (const auto& p : ctx.parameters()) {
-    if (p->replicas() == 1) checked[p->fqn] = {{"replicas", 1}, {"compared", false}};
+    if (p->replicas() == 1 && p->pp_ranks.size() <= 1) checked[p->fqn] = {{"replicas", 1}, {"compared", false}};
   }
   for (const ShardedParameter* p : replicated) {
     // piece (its boxes) -> digest -> ranks
     std::map<std::string, std::map<std::string, std::vector<int>>> pieces;
+    const std::string key = key_of(*p);
     for (size_t r = 0; r < all.size(); ++r) {
-      const json& e = all[r].at(p->fqn);
+      if (!all[r].contains(key)) continue;  // another pipeline stage's rank
+      const json& e = all[r].at(key);
       pieces[e[0].get<std::string>()][e[1].get<std::string>()].push_back(static_cast<int>(r));
     }
     int replicas_compared = 0;

@@ -50,7 +50,8 @@ enum class Stage { kModelBefore, kGradBeforeClip, kGradAfterClip, kAfterOptimize
 /// "model_before", "grad_before_clip", "grad_after_clip", "after_optimizer", "optimizer_state".
 std::string stage_name(Stage stage);
 
-/// Statistics of each watched tensor at `stage` (collective over the world): for the
+/// Statistics of each watched tensor at `stage` (collective over the ranks of this pipeline
+/// stage, MeshAxis::kStage: the world without pp; each stage probes its own parameters): for the
 /// parameters' values (model_before, after_optimizer), gradients (grad_*) or AdamW moments
 /// (optimizer_state: "<fqn>/exp_avg", "<fqn>/exp_avg_sq"). Per tensor: sum, sum_sq, min,
 /// max, nonfinite (count), defined_ranks, sketch (k sums of x[i] * sign_j(i), the sign a
@@ -66,7 +67,8 @@ nlohmann::json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& 
 using ::mih::projection_signs;
 
 /// Replica consistency after the optimizer (collective over the world): every rank holding
-/// the same piece of a parameter (the same boxes) holds the same bytes. Findings
+/// the same piece of a parameter (the same boxes) holds the same bytes, and so do the copies
+/// of a parameter tied across pipeline stages (ShardedParameter::pp_ranks). Findings
 /// MIH-PROBE-001 name the parameter, the step and the ranks that differ.
 FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, nlohmann::json* evidence);
 

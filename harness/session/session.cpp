@@ -7,6 +7,8 @@
 #include <cmath>
 #include <chrono>
 #include <map>
+#include <set>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
@@ -43,6 +45,36 @@ json harness_versions() {
           {"compiler", __VERSION__}};
 }
 
+// Under pp: one stage's evidence `from` merged into another's `into`, in stage order. Objects
+// keyed by parameter, module or unit hold each stage's own keys (a key both hold merges
+// inside); lists that differ are concatenated (the stages' modules, units, forward order);
+// a flag holds only if it holds on both (an invariant passed on every stage); another value
+// both hold equal (a step, a shape) stays; one they hold apart is the first stage's.
+void merge_stage_evidence(json& into, const json& from) {
+  if (into.is_object() && from.is_object()) {
+    for (const auto& [k, v] : from.items()) {
+      if (!into.contains(k)) {
+        into[k] = v;
+      } else {
+        merge_stage_evidence(into[k], v);
+      }
+    }
+  } else if (into.is_array() && from.is_array()) {
+    if (into != from) {
+      for (const auto& v : from) into.push_back(v);
+    }
+  } else if (into.is_boolean() && from.is_boolean()) {
+    into = into.get<bool>() && from.get<bool>();
+  }
+}
+
+// A CSV table's rows after `into`'s (its header kept once).
+void merge_stage_table(json& into, const json& from) {
+  const std::string text = from.get<std::string>();
+  const size_t header = text.find('\n');
+  into = into.get<std::string>() + (header == std::string::npos ? "" : text.substr(header + 1));
+}
+
 }  // namespace
 
 std::string session_mode_name(SessionMode mode) {
@@ -64,11 +96,6 @@ SessionMode parse_session_mode(const std::string& name) {
 ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh)
     : spec_(&spec), options_(std::move(options)), mesh_(&mesh) {
   MIH_CHECK(options_.mode != SessionMode::kOff, "ValidationSession in mode off: use make_session, which returns no-op hooks");
-  // Its checks gather over the world what one rank's modules hold; a pipeline stage holds part
-  // of them (issue 37: the stage-wise checks are not there yet). Refused before any collective.
-  MIH_CHECK(!options_.config.pipelined() && mesh.config().pp == 1, "the validation session does not run under pipeline parallelism yet (",
-            options_.config.name(), "): its checks assume every rank holds every module in one forward; train pp "
-            "configs without a session (the Trainer supports pp) or run the case without pp and vpp");
   spec.validate();
   if (!options_.evidence_dir.empty()) {
     evidence_ = std::make_unique<EvidenceDir>(options_.evidence_dir);
@@ -96,11 +123,84 @@ ValidationSession::~ValidationSession() = default;
 
 
 void ValidationSession::write(std::string_view relative, const json& j) const {
+  if (pipelined()) return buffer_stage_evidence(relative, j, "json");
   if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j);
 }
 
 void ValidationSession::write_step(std::string_view relative, const json& j) const {
+  if (pipelined()) return buffer_stage_evidence(relative, j, "step");
   if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j, Durability::kDeferred);
+}
+
+bool ValidationSession::pipelined() const { return mesh_->config().pp > 1; }
+
+void ValidationSession::buffer_stage_evidence(std::string_view relative, const json& j, const char* how) const {
+  if (!evidence_ || mesh_->comm(MeshAxis::kStage).rank() != 0) return;
+  stage_evidence_.push_back({{"path", std::string(relative)}, {"how", how}, {"value", j}});
+}
+
+void ValidationSession::flush_stage_evidence() {
+  // Every pp group but rank 0's holds ranks that write nothing: only rank 0's group gathers.
+  if (!pipelined() || !evidence_ || mesh_->comm(MeshAxis::kStage).rank() != 0) return;
+  json mine = std::exchange(stage_evidence_, json::array());
+  const std::vector<json> stages =
+      all_gather_json(mesh_->comm(MeshAxis::kPp), mine,
+                      state_.context ? state_.context->device() : c10::Device(c10::DeviceType::CPU),
+                      "mih.session.stage_evidence");
+  if (mesh_->rank() != 0) return;
+  std::vector<std::string> order;  // the paths in the order first written
+  std::map<std::string, std::pair<std::string, json>> files;
+  std::map<std::string, std::vector<json>> lines;
+  for (size_t stage = 0; stage < stages.size(); ++stage) {
+    // This pp rank's files as last written, and its lines per file in order.
+    std::map<std::string, std::pair<std::string, json>> last;
+    std::map<std::string, std::vector<json>> appended;
+    for (const json& w : stages[stage]) {
+      const std::string path = w.at("path").get<std::string>(), how = w.at("how").get<std::string>();
+      if (!files.count(path) && !lines.count(path) && !last.count(path) && !appended.count(path)) order.push_back(path);
+      if (how == "append") {
+        appended[path].push_back(w.at("value"));
+      } else {
+        last[path] = {how, w.at("value")};
+      }
+    }
+    for (auto& [path, file] : last) {
+      auto it = files.find(path);
+      if (it == files.end()) {
+        files.emplace(path, std::move(file));
+      } else if (file.first == "text") {
+        merge_stage_table(it->second.second, file.second);
+      } else {
+        merge_stage_evidence(it->second.second, file.second);
+      }
+    }
+    for (auto& [path, mine_lines] : appended) {
+      std::vector<json>& merged = lines[path];
+      MIH_CHECK_CODE(merged.empty() || merged.size() == mine_lines.size(), Code::kInternal, "evidence ", path, ": pp rank ",
+                     stage, " appended ", mine_lines.size(), " lines where pp rank 0 appended ", merged.size(),
+                     ": the stages' hooks ran apart");
+      if (merged.empty()) {
+        merged = std::move(mine_lines);
+        continue;
+      }
+      for (size_t k = 0; k < merged.size(); ++k) merge_stage_evidence(merged[k], mine_lines[k]);
+    }
+  }
+  std::set<std::string> seen;
+  for (const std::string& path : order) {
+    if (!seen.insert(path).second) continue;
+    if (auto it = files.find(path); it != files.end()) {
+      const auto& [how, value] = it->second;
+      if (how == "text") {
+        evidence_->write_text(path, value.get<std::string>());
+      } else {
+        evidence_->write_json(path, value, how == "step" ? Durability::kDeferred : Durability::kFsync);
+      }
+    }
+    if (auto it = lines.find(path); it != lines.end()) {
+      for (const json& line : it->second) evidence_->append_jsonl(path, line);
+    }
+  }
 }
 
 void ValidationSession::write_rank_file(std::string_view relative, const json& j) const {
@@ -115,12 +215,19 @@ void ValidationSession::take(FindingReport& into, const FindingReport& from) {
     for (int64_t i = 0; i < r.runs; ++i) runs.ran(r.check, i == 0 ? r.examined : 0, r.unit);
   }
   findings_.absorb(runs);
+  if (pipelined()) stage_runs_.absorb(runs);
 }
 
 void ValidationSession::merge(FindingReport local, const json& perf) {
+  flush_stage_evidence();
   take(pending_, local);
   json mine = {{"findings", pending_.to_json()["findings"]}, {"perf", perf}};
   pending_ = FindingReport();
+  // Under pp the checks of a later stage examined its parameters and modules: the record of
+  // their runs joins rank 0's from each later stage's writing rank.
+  const bool later_stage = pipelined() && mesh_->comm(MeshAxis::kPp).rank() > 0 && mesh_->comm(MeshAxis::kStage).rank() == 0;
+  mine["runs"] = later_stage ? stage_runs_.to_json()["checks"] : json::object();
+  stage_runs_ = FindingReport();
   const std::vector<json> all =
       all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, state_.context ? state_.context->device()
                                                                           : c10::Device(c10::DeviceType::CPU),
@@ -135,6 +242,13 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
         order.push_back(key);
       }
       merged[key].second.push_back(static_cast<int>(r));
+    }
+    const json runs = all[r].value("runs", json::object());  // alive through the loop
+    for (const auto& [check, run] : runs.items()) {
+      const int64_t n = run.at("runs").get<int64_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        findings_.ran(check, i == 0 ? run.at("examined").get<int64_t>() : 0, run.at("unit").get<std::string>());
+      }
     }
   }
   for (const auto& key : order) {
@@ -154,7 +268,8 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
     metrics_.back()["peak_memory_bytes"] = peak;
     check_valid_tokens(all, perf.value("step", int64_t{0}));
   }
-  if (!order.empty()) write(layout::kFindings, findings_.to_json());
+  // Merged over the world already: written as they are, never buffered per stage.
+  if (!order.empty() && evidence_ && mesh_->rank() == 0) evidence_->write_json(layout::kFindings, findings_.to_json());
 }
 
 void ValidationSession::check_valid_tokens(const std::vector<json>& all, int64_t step) {
@@ -204,6 +319,11 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     state_ = state;
     ParallelContext& ctx = *state.context;
     ctx.shared_state().set_recording(runtime());
+    // What the build moved (under pp, the stages' table of parameter copies) belongs to no
+    // step: the first step's communication starts here.
+    (void)take_comm_bytes();
+    json setup_expected;
+    (void)take_expected_comm(&setup_expected);
     std::vector<std::string> names;
     for (const auto& p : ctx.parameters()) {
       names.push_back(p->fqn);
@@ -211,6 +331,14 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     }
     for (const auto& b : ctx.buffers()) names.push_back(b.fqn);
     for (const auto& item : state.model->named_modules()) names.push_back(item.key());
+    if (pipelined()) {
+      // A stage holds its own modules: the spec names those of every stage (a collective).
+      std::vector<std::string> every_stage;
+      for (const json& stage : all_gather_json(mesh_->comm(MeshAxis::kPp), names, ctx.device(), "mih.session.names")) {
+        for (const auto& n : stage) every_stage.push_back(n.get<std::string>());
+      }
+      names = std::move(every_stage);
+    }
     spec_->validate_against(names);
 
     FindingReport local;
@@ -218,7 +346,11 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     take(local, structure.findings);
     write(layout::kStructure, structure.evidence);
     write(layout::kFsdpUnits, structure.evidence["fsdp_units"]);
-    if (evidence_ && mesh_->rank() == 0) evidence_->write_text(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx));
+    if (pipelined()) {
+      buffer_stage_evidence(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx), "text");
+    } else if (evidence_ && mesh_->rank() == 0) {
+      evidence_->write_text(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx));
+    }
 
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure, spec_->decayed_1d);
     take(local, optimizer.findings);
@@ -231,10 +363,24 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     if (!source_keys && !spec_->checkpoint.source.empty()) {
       source_keys = safetensors::checkpoint_keys(spec_->checkpoint.source);
     }
-    checks::CheckOutput coverage =
-        checks::check_checkpoint_coverage(ctx, spec_->checkpoint, source_keys ? &*source_keys : nullptr);
-    take(local, coverage.findings);
-    write(layout::kCheckpointCoverage, coverage.evidence);
+    std::vector<checks::CoverageTarget> targets = checks::coverage_targets(ctx);
+    if (pipelined()) {
+      // A key map covers the whole model: every stage's targets, judged on the first stage.
+      json mine = json::array();
+      for (const auto& t : targets) mine.push_back({t.fqn, t.aliases, t.shape});
+      targets.clear();
+      for (const json& stage : all_gather_json(mesh_->comm(MeshAxis::kPp), mine, ctx.device(), "mih.session.coverage")) {
+        for (const json& t : stage) {
+          targets.push_back({t[0].get<std::string>(), t[1].get<std::vector<std::string>>(), t[2].get<std::vector<int64_t>>()});
+        }
+      }
+    }
+    if (!pipelined() || mesh_->comm(MeshAxis::kPp).rank() == 0) {
+      checks::CheckOutput coverage =
+          checks::check_checkpoint_coverage(targets, spec_->checkpoint, source_keys ? &*source_keys : nullptr);
+      take(local, coverage.findings);
+      write(layout::kCheckpointCoverage, coverage.evidence);
+    }
 
     checks::CheckOutput structure_inv = checks::run_invariants(spec_->invariants, spec::Phase::kStructure, state);
     take(local, structure_inv.findings);
@@ -244,6 +390,21 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
       materialization_invariants(local, "the build's initialization (seed " + std::to_string(options_.config.seed) + ")");
     }
 
+    // The shared state this rank's modules can publish and consume: under pp a stage's
+    // (a key whose producer is on another stage is that stage's to check).
+    shared_state_.clear();
+    std::vector<std::string> modules;
+    for (const auto& item : state.model->named_modules()) modules.push_back(item.key());
+    auto here = [&](const std::string& pattern) {
+      return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return checks::glob_match(pattern, m); });
+    };
+    for (spec::SharedStateSpec s : spec_->shared_state) {
+      if (pipelined()) {
+        if (!here(s.producer)) continue;
+        std::erase_if(s.consumers, [&](const std::string& c) { return !here(c); });
+      }
+      shared_state_.push_back(std::move(s));
+    }
     watchlist_ = probes::build_watchlist(ctx, options_.watch);
     ctx.activation_probes().configure(spec_->activation_watch, options_.watch.projections);
     write(layout::kParameterWatchlist, probes::to_json(watchlist_));
@@ -318,7 +479,7 @@ bool ValidationSession::finish() {
               options_.weights_loaded_from + ") and weights_loaded() was not called after the load");
     return false;
   }
-  if (runtime() && !presence_steps_.empty()) {
+  if (runtime() && !presence_steps_.empty() && !gradients_checked_) {
     try {
       gradients_received();
     } catch (const std::exception& e) {
@@ -342,6 +503,26 @@ void ValidationSession::gradients_received() {
   // phase), whose record rank 0 wrote where it writes (the other ranks judge this session's
   // steps alone; only rank 0's findings are written).
   std::set<std::string> received = gradient_received_;
+  std::vector<checks::ParameterNames> trainable = trainable_;
+  if (pipelined() && mesh_->comm(MeshAxis::kStage).rank() == 0) {
+    // Each stage knows its own parameters: the stages' writing ranks judge their union.
+    json mine = {{"trainable", json::array()}, {"received", received}};
+    for (const auto& p : trainable_) mine["trainable"].push_back({{"fqn", p.fqn}, {"aliases", p.aliases}});
+    const std::vector<json> all =
+        all_gather_json(mesh_->comm(MeshAxis::kPp), mine,
+                        state_.context ? state_.context->device() : c10::Device(c10::DeviceType::CPU),
+                        "mih.session.gradients_received");
+    trainable.clear();
+    std::set<std::string> listed;
+    for (const json& stage : all) {
+      for (const auto& name : stage.at("received")) received.insert(name.get<std::string>());
+      for (const auto& p : stage.at("trainable")) {
+        if (!listed.insert(p.at("fqn").get<std::string>()).second) continue;
+        trainable.push_back({p.at("fqn").get<std::string>(), p.at("aliases").get<std::vector<std::string>>()});
+      }
+    }
+  }
+  gradients_checked_ = true;
   std::vector<int64_t> steps = presence_steps_;
   json earlier;
   if (!options_.continues_evidence.empty() && mesh_->rank() == 0) {
@@ -357,13 +538,13 @@ void ValidationSession::gradients_received() {
                    "version; rerun the case");
     std::set<std::string> never_before;
     for (const auto& f : earlier["never_received"]) never_before.insert(f.get<std::string>());
-    for (const auto& p : trainable_) {
+    for (const auto& p : trainable) {
       if (!never_before.count(p.fqn)) received.insert(p.fqn);
     }
     const std::vector<int64_t> before = earlier["steps"].get<std::vector<int64_t>>();
     steps.insert(steps.begin(), before.begin(), before.end());
   }
-  checks::CheckOutput out = checks::check_gradients_received(trainable_, received, steps, spec_->unused_parameters);
+  checks::CheckOutput out = checks::check_gradients_received(trainable, received, steps, spec_->unused_parameters);
   // Not the end of the run: a later step may still reach a parameter.
   if (!options_.run_continues) {
     for (const auto& f : out.findings.findings()) findings_.add(f);

@@ -158,6 +158,12 @@ class ValidationSession : public TrainingHooks {
   // At finish: the run-level gradient check (MIH-GRAD-004) over this session's steps and
   // those of the run it continues; writes check/gradients_received.json.
   void gradients_received();
+  // Under pp: whether this rank writes for its stage (its rank within the stage is 0; rank 0
+  // for the first stage), and the collective over those ranks (the pp group of rank 0) that
+  // merges the stages' buffered evidence into rank 0's files (see flush_stage_evidence).
+  bool pipelined() const;
+  void flush_stage_evidence();
+  void buffer_stage_evidence(std::string_view relative, const nlohmann::json& j, const char* how) const;
 
 
   const spec::ModelSpec* spec_;
@@ -169,6 +175,8 @@ class ValidationSession : public TrainingHooks {
   FindingReport findings_;
   FindingReport pending_;  // this rank's findings since the last merge
   std::vector<probes::WatchEntry> watchlist_;
+  // The declared shared state of this rank's modules (under pp, of its stage's; else all).
+  std::vector<spec::SharedStateSpec> shared_state_;
   std::unique_ptr<checks::InputIdentity> identity_;
   std::set<std::string> fields_seen_;
   std::vector<nlohmann::json> metrics_, input_identity_, performance_;
@@ -198,6 +206,14 @@ class ValidationSession : public TrainingHooks {
   std::map<std::string, at::Tensor> without_gradient_before_;
   std::set<std::string> gradient_received_;
   std::vector<int64_t> presence_steps_;
+  // Under pp: what this stage's writing rank wrote since the last flush, in order
+  // ({"path", "how": "json" | "step" | "append" | "text", "value"}).
+  mutable nlohmann::json stage_evidence_ = nlohmann::json::array();
+  // Under pp: the runs of checks this rank recorded since the last merge, which rank 0 adds
+  // to its record when this rank writes for a later stage (its checks examined that stage).
+  FindingReport stage_runs_;
+  // Under pp: the run-level gradient check ran at the last step (its collective), not at finish.
+  bool gradients_checked_ = false;
   // The trainable parameters' names, as of the last backward: finish() runs when the backend,
   // and the parameters with it, may be gone.
   std::vector<checks::ParameterNames> trainable_;

@@ -148,6 +148,7 @@ void ValidationSession::after_optimizer(int64_t step) {
 void ValidationSession::probe(probes::Stage stage, int64_t step) {
   json j = probes::probe_stage(*state_.context, watchlist_, stage, state_.optimizer, options_.watch);
   j["step"] = step;
+  if (pipelined()) return buffer_stage_evidence(layout::kProbes, j, "append");
   if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kProbes, j);
 }
 
@@ -170,9 +171,14 @@ void ValidationSession::probe_activations(int64_t step) {
     if (r.forward.seen) forward[r.module] = stats(r.forward);
     if (r.grad.seen) grad[r.module] = stats(r.grad);
   }
-  if (evidence_ && mesh_->rank() == 0) {
-    evidence_->append_jsonl(layout::kProbes, {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}});
-    evidence_->append_jsonl(layout::kProbes, {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}});
+  const json forward_line = {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}};
+  const json grad_line = {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}};
+  if (pipelined()) {
+    buffer_stage_evidence(layout::kProbes, forward_line, "append");
+    buffer_stage_evidence(layout::kProbes, grad_line, "append");
+  } else if (evidence_ && mesh_->rank() == 0) {
+    evidence_->append_jsonl(layout::kProbes, forward_line);
+    evidence_->append_jsonl(layout::kProbes, grad_line);
   }
 }
 
@@ -191,7 +197,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
     if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kInputIdentity, identity);
 
     checks::CheckOutput shared =
-        checks::check_shared_state(ctx.shared_state().events(), spec_->shared_state, step, &fields_seen_);
+        checks::check_shared_state(ctx.shared_state().events(), shared_state_, step, &fields_seen_);
     take(local, shared.findings);
     write_step(layout::shared_state_step(step), shared.evidence);
 
@@ -225,15 +231,27 @@ void ValidationSession::end_step(const StepMetrics& m) {
     row["comm_expected"] = expected;
     // The FSDP parameters this step's forwards gathered (CommVolume counts their traffic).
     row["fsdp_gather_forwards"] = ctx.fsdp_gather_forwards();
+    // Under pp: what this rank's schedule ran and the shape of what it moved (CommVolume
+    // recomputes the pp bytes from them, PipelineSchedule checks the order).
+    if (pipelined()) {
+      row["pipeline"] = {{"order", m.pipeline_order},
+                         {"message_shape", m.pipeline_message_shape},
+                         {"message_dtype", m.pipeline_message_dtype}};
+    }
     metrics_.push_back(row);
     json perf = {{"step", step},
                  {"step_ms", m.step_ms},
                  {"peak_memory_bytes", probes::peak_memory_bytes(ctx.device())},
                  {"comm_bytes", comm},
-                 // tp ranks see the same rows: count them once.
-                 {"valid_labels", mesh_->comm(MeshAxis::kTp).rank() == 0 ? labels_seen_ : 0},
+                 // tp ranks see the same rows, and so do the pp ranks: count them once.
+                 {"valid_labels", mesh_->comm(MeshAxis::kTp).rank() == 0 && mesh_->comm(MeshAxis::kPp).rank() == 0
+                                      ? labels_seen_ : 0},
                  {"loss_normalizers", m.loss_normalizers},
                  {"valid_tokens_reported", m.valid_tokens}};
+    if (pipelined()) perf["pipeline_order"] = m.pipeline_order;
+    // Under pp the run-level gradient check gathers the stages' parameters (a collective):
+    // at the last step, where every rank still runs, not at finish.
+    if (pipelined() && step == options_.last_step && !presence_steps_.empty()) gradients_received();
     merge(std::move(local), perf);
     hook_ms_["end_step"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     perf["session_ms"] = hook_ms_;
@@ -264,8 +282,8 @@ void ValidationSession::record_fsdp_trace(int64_t step) {
                                                     {"steps", checkpoint_steps_}});
     // At the first step this session trains: step 0, or the first after a resume's load (whose
     // evidence directory is the case's own).
-    if (step != first_step_) return;
-    write(layout::kFsdpTrace, ctx.to_json());
+    if (step == first_step_) write(layout::kFsdpTrace, ctx.to_json());
+    flush_stage_evidence();  // under pp: a collective of the stages' writing ranks
   });
 }
 

@@ -28,7 +28,9 @@ using nlohmann::json;
 // (reduction_paths.h; `mih reach` and ctest `reference/reach` check it): plain DDP
 // (DpReplicate2), FSDP shards summed over cp (DpShard2Cp2, also the contiguous cp layout),
 // expert gradients over dp_replicate (DpReplicate2DpShard2Ep2) and over edp without FSDP
-// (Cp4ZzEp2: ep carved out of cp).
+// (Cp4ZzEp2: ep carved out of cp). pp: 1F1B alone (four micro-batches), with FSDP and with tp
+// under sequence parallelism (four ranks), and a resume from pp stages into FSDP and back (one
+// micro-batch on both sides: the moe's objective depends on the micro-batching).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
@@ -43,6 +45,9 @@ const char* kCpuSmoke = R"({
     {"cp": 2, "cp_layout": "zigzag", "tp": 2},
     {"dp_shard": 2, "activation_checkpointing": true},
     {"dp_shard": 2, "micro_batches": 2},
+    {"pp": 2, "micro_batches": 4},
+    {"dp_shard": 2, "pp": 2, "micro_batches": 2},
+    {"pp": 2, "tp": 2, "sequence_parallel": true, "micro_batches": 2},
     {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2},
     {"dp_shard": 2, "ep": 2},
@@ -52,18 +57,25 @@ const char* kCpuSmoke = R"({
     {"dp_replicate": 2, "dp_shard": 2, "ep": 2},
     {"cp": 4, "cp_layout": "zigzag", "ep": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2, "ep": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
-    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"dp_shard": 2, "ep": 2}, "resume_at": 2}
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"dp_shard": 2, "ep": 2}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {"pp": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"pp": 2}, "resume_at": 2}
   ]})";
 
-// The model variants' lane (tied embedding and head, row-parallel biases): the layouts their
-// features change, FSDP and tp with and without sequence parallelism.
+// The model variants' lane (tied embedding and head, row-parallel biases, four layers): the
+// layouts their features change, FSDP, tp with and without sequence parallelism, and pp (a
+// tie across the first and last stage; the interleaved schedule and pp 4, which only the
+// four-layer llama_deep can take).
 const char* kCpuSmokeVariants = R"({
   "name": "cpu-smoke-variants", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3,
   "max_world_size": 4,
   "cases": [
     {"dp_shard": 2},
     {"tp": 2},
-    {"tp": 2, "sequence_parallel": true}
+    {"tp": 2, "sequence_parallel": true},
+    {"pp": 2, "micro_batches": 2},
+    {"pp": 2, "vpp": 2, "micro_batches": 4},
+    {"pp": 4, "micro_batches": 4}
   ]})";
 
 // The reduced-precision lane's CI cases (float32 unless `@bfloat16` or --dtype says otherwise):
@@ -127,6 +139,7 @@ std::string camel(const std::string& snake) {
 }
 
 std::string group_of(const ParallelConfig& c) {
+  if (c.pipelined()) return "pipeline";  // its micro-batches are the schedule's
   if (c.micro_batches > 1) return "grad_accumulation";
   if (c.activation_checkpointing) return "activation_checkpoint";
   if (c.ep > 1) return "expert_parallel";
@@ -148,11 +161,6 @@ ParallelConfig config_from(const json& j, const json& defaults, const std::strin
     throw;
   }
   with_context(where, [&] { c.validate(c.world_size()); });
-  // The runtime trains pp configs (ParallelConfig::pp); the suites' checks are not stage-wise
-  // yet (issue 37), so a case would check less than it says: refused by name.
-  MIH_CHECK(!c.pipelined(), where, ": pipeline-parallel cases (pp(", c.pp, ") x vpp(", c.vpp,
-            ")) are not supported by the conformance suites yet: their checks assume every rank holds every module; "
-            "remove 'pp' and 'vpp' from the case");
   return c;
 }
 
@@ -275,6 +283,16 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
   if (c.ep > 1 && (c.dp_shard * c.cp) % c.ep != 0) {
     return "ep(" + std::to_string(c.ep) + ") does not divide dp_shard(" + std::to_string(c.dp_shard) + ") * cp(" +
            std::to_string(c.cp) + ") = " + std::to_string(c.dp_shard * c.cp);
+  }
+  if (c.pipelined() && spec.pipeline_layers == 0) {
+    return "pp(" + std::to_string(c.pp) + ") x vpp(" + std::to_string(c.vpp) + ") splits the model into pipeline stages, " +
+           "and spec '" + spec.name + "' declares no layers to split (ModelSpec::pipeline_layers is 0: the port builds " +
+           "no stages)";
+  }
+  if (c.pipelined() && spec.pipeline_layers % (int64_t{c.pp} * c.vpp) != 0) {
+    return "pp(" + std::to_string(c.pp) + ") x vpp(" + std::to_string(c.vpp) + ") = " + std::to_string(c.pp * c.vpp) +
+           " stages do not divide the " + std::to_string(spec.pipeline_layers) + " layers of spec '" + spec.name +
+           "' (ModelSpec::pipeline_layers)";
   }
   const int64_t split = static_cast<int64_t>(c.dp_replicate) * c.dp_shard * c.micro_batches;
   if (global_batch % split != 0) {

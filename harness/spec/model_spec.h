@@ -221,6 +221,11 @@ struct ModelSpec {
   /// Routed experts per MoE layer (ParamSpec::experts of its stacked expert weights): ep must
   /// divide it. 0: a dense model, for which the matrix rejects ep > 1 (nothing to shard).
   int64_t num_experts = 0;
+  /// The decoder layers the port splits into pipeline stages (ParallelContext::
+  /// pipeline_stages; each stage builds its own, ParallelModel::stage_forward runs them): pp x
+  /// vpp must divide it. 0: the port builds no stages, for which the matrix rejects pp > 1 and
+  /// vpp > 1.
+  int64_t pipeline_layers = 0;
   DataSpec data;
   CheckpointSpec checkpoint;
   std::vector<SharedStateSpec> shared_state;

@@ -317,6 +317,8 @@ StepMetrics Trainer::step() {
   m.loss_normalizers = normalizers;
   for (const auto& a : pipelined.executed) m.pipeline_order.push_back(a.text());
   m.pipeline_bytes_sent = pipelined.bytes_sent;
+  m.pipeline_message_shape = pipelined.message_shape;
+  m.pipeline_message_dtype = pipelined.message_dtype;
   m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   hooks_->end_step(m);
   hooks_->record_fsdp_trace(step);

@@ -118,9 +118,12 @@ struct StepMetrics {
   /// Wall time of the step on this rank, milliseconds.
   double step_ms = 0;
   /// Under pp: the forwards and backwards this rank ran, in order ("F0.1", "B0.1", ...:
-  /// pp::Action::text), and the bytes it sent to other pp ranks. Not in to_json.
+  /// pp::Action::text), the bytes it sent to other pp ranks, and the shape and dtype of the
+  /// first activation (or activation gradient) it moved. Not in to_json.
   std::vector<std::string> pipeline_order;
   int64_t pipeline_bytes_sent = 0;
+  std::vector<int64_t> pipeline_message_shape;
+  std::string pipeline_message_dtype;
 };
 
 void to_json(nlohmann::json& j, const StepMetrics& m);

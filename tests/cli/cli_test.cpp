@@ -250,7 +250,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_EQ(smoke.status, 0) << smoke.output;
   // moe: the 14 cases of every spec, its 8 expert-parallel ones and the EP=1 controls DpShard4
   // and Cp4Zz.
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 24 cases, 0 rejected"),
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 30 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
                                   HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),
@@ -278,7 +278,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
               HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -511,51 +511,68 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // PipelineOutputs on every case: every reduction path a mesh of 4 ranks can take. Then 3245
   // on 90 cases: MatchesOriginal (4 tests) on the Reference of llama, moe, moe_qwen and gpt2
   // (their goldens of the original model), and moe_qwen (138 tests) and gpt2 (122) on the
-  // variants lane, the ports of the config-invariant faults.
-  EXPECT_EQ(total, 3245) << list.output;
+  // variants lane, the ports of the config-invariant faults. Then 4049 on 113 cases: the pp
+  // cases of cpu-smoke on llama and moe (Pp2Mb4, Pp2DpShard2Mb2, Pp2Tp2SpMb2, the resumes
+  // from pp2 into dp_shard2 and back, the twin Pp2), llama_tied's Pp2Mb2 (its tie across the
+  // stages a replica pair), llama_deep (four layers) on the variants lane with Pp2Vpp2Mb4 and
+  // Pp4Mb4, and PipelineSchedule on every pipelined case.
+  EXPECT_EQ(total, 4049) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
-  const std::set<std::string> all = {"Reference",     "DpShard2",      "DpReplicate2", "Tp2",      "Tp2Sp",
-                                     "Cp2Zz",         "DpShard2Cp2",   "DpShard2Tp2Sp", "DpReplicate2DpShard2",
-                                     "Cp2ZzTp2",      "DpShard2Ac",    "DpShard2Mb2",  "ResumeDpShard2",
-                                     "ResumeDpShard2ToTp2"};
-  std::set<std::string> compared = all;
+  // The cases without pp (the specs whose port builds no pipeline stages run only these).
+  const std::set<std::string> flat = {"Reference",     "DpShard2",      "DpReplicate2", "Tp2",      "Tp2Sp",
+                                      "Cp2Zz",         "DpShard2Cp2",   "DpShard2Tp2Sp", "DpReplicate2DpShard2",
+                                      "Cp2ZzTp2",      "DpShard2Ac",    "DpShard2Mb2",  "ResumeDpShard2",
+                                      "ResumeDpShard2ToTp2"};
+  const std::set<std::string> pipelined = {"Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "ResumeDpShard2ToPp2", "Pp2"};
+  std::set<std::string> all = flat;
+  all.insert(pipelined.begin(), pipelined.end());
+  all.insert("ResumePp2ToDpShard2");
+  std::set<std::string> compared = all, flat_compared = flat;
   compared.erase("Reference");
+  flat_compared.erase("Reference");
   EXPECT_EQ(cases_of["Llama/Structure"], all);
   EXPECT_EQ(cases_of["Llama/CommVolume"], all);
   EXPECT_EQ(cases_of["Llama/GradientPresence"], all);
   EXPECT_EQ(cases_of["Llama/FsdpUnits"], (std::set<std::string>{"DpShard2", "DpShard2Cp2", "DpShard2Tp2Sp",
                                                                 "DpReplicate2DpShard2", "DpShard2Ac", "DpShard2Mb2",
-                                                                "ResumeDpShard2"}));
+                                                                "ResumeDpShard2", "Pp2DpShard2Mb2", "ResumePp2ToDpShard2"}));
+  EXPECT_EQ(cases_of["Llama/PipelineSchedule"], pipelined);
+  EXPECT_EQ(cases_of.count("Vlm/PipelineSchedule"), 0u);  // the vlm builds no stages
   // Every case of a spec whose pipeline cuts rows out of documents (every reference spec).
   EXPECT_EQ(cases_of["Llama/PipelineOutputs"], all);
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
   EXPECT_EQ(cases_of["Llama/GradientSync"], compared);
   EXPECT_EQ(cases_of["Llama/TensorParallelGradients"],
-            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
-  EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2"}));
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
+  EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
+                                                             "ResumeDpShard2ToPp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
   EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
             (std::set<std::string>{"DpReplicate2", "Tp2Sp", "Cp2Zz", "DpShard2Cp2", "DpShard2Tp2Sp",
-                                   "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
+                                   "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
+  // A tie across the first and the last pipeline stage: its two copies are replicas.
+  EXPECT_EQ(cases_of["LlamaTied/ReplicaConsistency"], (std::set<std::string>{"Tp2", "Tp2Sp", "Pp2Mb2"}));
   EXPECT_EQ(cases_of["Llama/TensorParallelInputs"],
-            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2"}));
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
   EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
   EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "DpShard2Cp2", "Cp2ZzTp2"}));  // pixel_values
   EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
-  EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
-  EXPECT_EQ(cases_of["LlamaDropout/Structure"], all);
-  EXPECT_EQ(cases_of["LlamaDropout/NumericParity"], compared);
+  EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Pp2Mb2"}));
+  // Dropout is refused under pp (its masks are not drawn stage-wise): llama_dropout declares no
+  // pipeline layers.
+  EXPECT_EQ(cases_of["LlamaDropout/Structure"], flat);
+  EXPECT_EQ(cases_of["LlamaDropout/NumericParity"], flat_compared);
   EXPECT_EQ(cases_of["Llama/UndeclaredSharedState"], all);
   EXPECT_EQ(cases_of["Llama/InputIdentity"], compared);
   EXPECT_EQ(cases_of["Llama/NumericParity"], compared);
   // moe declares gradient accumulation not comparable (with its reason): no parity there.
   // Its expert-parallel cases and their EP=1 control are moe's alone.
   std::set<std::string> moe_parity = compared;
-  moe_parity.erase("DpShard2Mb2");
+  for (const char* mb : {"DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2"}) moe_parity.erase(mb);
   moe_parity.insert({"DpShard2Ep2", "DpShard2Ep2Ac", "DpShard2Tp2Ep2Sp", "DpShard4", "DpShard4Ep2",
                      "DpReplicate2DpShard2Ep2", "Cp4ZzEp2", "Cp4Zz", "ResumeDpShard2Ep2ToDpShard2",
                      "ResumeDpShard2ToDpShard2Ep2"});
@@ -563,7 +580,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // Only the vlm declares a modality.
   EXPECT_EQ(cases_of.count("Llama/ModalityGradients"), 0u);
   EXPECT_EQ(cases_of.count("Moe/ModalityGradients"), 0u);
-  EXPECT_EQ(cases_of["Vlm/ModalityGradients"], all);
+  EXPECT_EQ(cases_of["Vlm/ModalityGradients"], flat);
   // The ctest labels come from the same table.
   CliRun labels = mih("test --mih-list-cases");
   ASSERT_EQ(labels.status, 0) << labels.output;

@@ -28,7 +28,7 @@ SPECS_OF_PREFIX = {"Llama": "llama", "Moe": "moe", "Vlm": "vlm", "LlamaTied": "l
                    "VlmFrozenVision": "vlm_frozen_vision"}
 # The cases of the clean base run: where every mutation's test applies.
 BASE = ["Llama/*.*/Reference", "Llama/*.*/DpShard2", "Llama/*.*/DpShard2Ac", "Llama/*.*/Tp2Sp",
-        "Llama/*.*/ResumeDpShard2", "Vlm/*.*/Reference", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/Reference",
+        "Llama/*.*/ResumeDpShard2", "Llama/*.*/Pp2Mb4", "Vlm/*.*/Reference", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/Reference",
         "VlmFrozenVision/*.*/DpShard2"]
 
 
@@ -67,6 +67,34 @@ def drop_first_metrics_row(case_dir):
         f.writelines(lines[1:])
 
 
+def backward_before_forward(case_dir):
+    """The last pp rank's first backward moved before its forward (a schedule that runs a
+    micro-batch's backward on activations it never computed)."""
+    path = os.path.join(case_dir, "cases", "runtime", "performance_rank1.jsonl")
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    order = rows[0]["pipeline_order"]
+    b = next(i for i, a in enumerate(order) if a.startswith("B"))
+    f_ = next(i for i, a in enumerate(order) if a.startswith("F") and a[1:] == order[b][1:])
+    order[f_], order[b] = order[b], order[f_]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def activations_sent_twice(case_dir):
+    """Every pp activation message counted twice in rank 0's traffic (a stage that
+    sends each activation again), the axis total with it."""
+    path = os.path.join(case_dir, "cases", "runtime", "metrics.jsonl")
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    for r in rows:
+        extra = r["comm_sites"]["pp"]["pipeline.activation"]
+        r["comm_sites"]["pp"]["pipeline.activation"] += extra
+        r["comm_bytes"]["pp"] += extra
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
 def unit_loses_a_parameter(units):
     for u in units.values():
         if u.get("parameters"):
@@ -98,6 +126,8 @@ MUTATIONS = {
     "DataContract.EveryFieldHasOneOwner":
         ("llama", "DpShard2", "position_ids written by the pipeline and by the runtime",
          finding("MIH-DATA-003", "position_ids", "field 'position_ids' is produced by the pipeline and declared runtime-owned")),
+    "PipelineSchedule.EveryRankRanAValidOrder":
+        ("llama", "Pp2Mb4", "a 1F1B rank that runs a micro-batch's backward before its forward", backward_before_forward),
     "PipelineOutputs.FieldsRecomputedFromTheRawDocuments":
         ("llama", "DpShard2", "packed positions that do not restart at a document start (the reference shares them)",
          finding("MIH-DATA-009", "position_ids", "field 'position_ids' differs from its recomputation from the raw "
@@ -172,6 +202,14 @@ MUTATIONS = {
     "TensorParallelInputs.RanksSeeTheSameInputs":
         ("llama", "Tp2Sp", "the batch split over tp ranks as if they were data-parallel",
          finding("MIH-INPUT-002", "global_batch", "tp rank 1 saw other inputs than tp rank 0 at step 0")),
+}
+
+
+# Further inputs a test proven above (or by a fault) must also fail on: test -> [(spec, case,
+# bug, mutation)]; a check a new axis adds to an existing test is shown failing here.
+ALSO = {
+    "CommVolume.BytesPerAxisMatchTheConfig": [
+        ("llama", "Pp2Mb4", "a pipeline stage that sends each activation twice", activations_sent_twice)],
 }
 
 
@@ -256,7 +294,9 @@ def main():
             if " examined " in part:
                 checks_ran.add(part.split(" examined ")[0])
     problems = []
-    for i, (test, (spec, case, bug, mutate)) in enumerate(sorted(MUTATIONS.items())):
+    inputs = [(test, *m) for test, m in sorted(MUTATIONS.items())]
+    inputs += [(test, *m) for test, ms in sorted(ALSO.items()) for m in ms]
+    for i, (test, spec, case, bug, mutate) in enumerate(inputs):
         if test not in tests:
             problems.append(f"mutation for {test}, which is no TEST_P of the suite table")
             continue

@@ -40,9 +40,15 @@ TEST_P(PresetTest, ResolvesForEveryReferenceSpecWithinItsRankLimit) {
         EXPECT_THAT(names(m), Contains(c.compare_to)) << c.name;
       }
     }
-    // cpu-smoke rejects only its ep cases, on the specs without routed experts.
+    // cpu-smoke rejects only its ep cases, on the specs without routed experts, and its pp
+    // cases, on the specs whose port builds no pipeline stages.
     for (const auto& r : m.rejected) {
       if (GetParam() == "cpu-full") continue;
+      if (r.name.rfind("Pp", 0) == 0 || r.name.find("Pp2") != std::string::npos) {
+        EXPECT_THAT(r.reason, HasSubstr("(ModelSpec::pipeline_layers is 0: the port builds no stages)")) << spec << " " << r.name;
+        EXPECT_EQ(SpecRegistry::instance().get(spec).pipeline_layers, 0) << spec;
+        continue;
+      }
       EXPECT_THAT(r.reason, HasSubstr("has none (ModelSpec::num_experts is 0)")) << spec << " " << r.name;
       EXPECT_EQ(SpecRegistry::instance().get(spec).num_experts, 0) << spec;
     }
@@ -58,7 +64,12 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
   EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "DpReplicate2", "Tp2", "Tp2Sp", "Cp2Zz",
                                                "DpShard2Cp2", "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2",
-                                               "DpShard2Ac", "DpShard2Mb2", "ResumeDpShard2", "ResumeDpShard2ToTp2"));
+                                               "DpShard2Ac", "DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2",
+                                               "ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
+                                               "ResumeDpShard2ToPp2", "Pp2"));
+  EXPECT_EQ(m.at("Pp2Mb4").group, "pipeline");
+  EXPECT_EQ(m.at("Pp2Mb4").config.pp_schedule, pp::ScheduleKind::k1F1B);
+  EXPECT_EQ(m.at("ResumeDpShard2ToPp2").compare_to, "Pp2");
   EXPECT_EQ(m.at("DpReplicate2").group, "axis");
   EXPECT_EQ(m.at("DpShard2Cp2").config.cp_layout, CpLayout::kContiguous);
   EXPECT_EQ(m.at("DpShard2Tp2Sp").group, "combined");
@@ -84,12 +95,11 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
 TEST(CaseMatrixTest, CpuSmokeHoldsEachAxisAloneAtDegreeTwo) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
   for (const auto& d : kMeshDims) {
-    // pp cases are refused until the suites check stage-wise (PipelineCasesAreRefused... below).
-    if (d.name == "pp") continue;
     bool alone = false;
     for (const auto& c : m.cases) {
+      // A pipeline needs micro-batches to overlap its stages: pp alone is pp with them.
       if (c.kind != CaseKind::kTrain || c.config.sequence_parallel || c.config.activation_checkpointing ||
-          c.config.micro_batches > 1) {
+          (c.config.micro_batches > 1 && d.name != "pp") || c.config.vpp > 1) {
         continue;
       }
       int others = 0;
@@ -156,14 +166,21 @@ TEST(CaseMatrixTest, RejectsWhatTheTopologyCannotTakeWithTheArithmetic) {
   EXPECT_EQ(names(m), std::vector<std::string>{"Reference"});
 }
 
-// A pipeline-parallel case is refused by name while the suites' checks are not stage-wise
-// (the runtime trains it; a session would check less than it says).
-TEST(CaseMatrixTest, PipelineCasesAreRefusedUntilTheSuitesCheckStageWise) {
-  const ModelSpec llama = SpecRegistry::instance().get("llama");
-  const json matrix = {{"name", "t"}, {"dtype", "float64"}, {"cases", {{{"pp", 2}, {"micro_batches", 2}}}}};
-  EXPECT_THAT([&] { resolve_matrix(llama, matrix); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("pipeline-parallel cases (pp(2) x vpp(1)) are not supported by "
-                                                        "the conformance suites yet")));
+// A pipeline-parallel case runs where the spec declares layers its port splits into stages
+// (ModelSpec::pipeline_layers) that the stages divide; elsewhere it is rejected with the
+// arithmetic, never trained on a model that builds no stages.
+TEST(CaseMatrixTest, PipelineCasesNeedLayersTheStagesDivide) {
+  const json matrix = {{"name", "t"}, {"dtype", "float64"},
+                       {"cases", {{{"pp", 2}, {"micro_batches", 2}}, {{"pp", 2}, {"vpp", 2}, {"micro_batches", 2}}}}};
+  const CaseMatrix llama = resolve_matrix(SpecRegistry::instance().get("llama"), matrix);
+  EXPECT_EQ(names(llama), (std::vector<std::string>{"Reference", "Pp2Mb2"})) << llama.table();
+  ASSERT_EQ(llama.rejected.size(), 1u);
+  EXPECT_EQ(llama.rejected[0].name, "Pp2Vpp2Mb2");
+  EXPECT_THAT(llama.rejected[0].reason, HasSubstr("pp(2) x vpp(2) = 4 stages do not divide the 2 layers of spec 'llama'"));
+  const CaseMatrix vlm = resolve_matrix(SpecRegistry::instance().get("vlm"), matrix);
+  EXPECT_EQ(names(vlm), std::vector<std::string>{"Reference"});
+  ASSERT_EQ(vlm.rejected.size(), 2u);
+  EXPECT_THAT(vlm.rejected[0].reason, HasSubstr("spec 'vlm' declares no layers to split (ModelSpec::pipeline_layers is 0"));
 }
 
 // A user's file without "dtype" is the float64 lane the presets are (the README's float64

@@ -49,7 +49,7 @@ TEST(ReferenceSpecsTest, AllAreRegistered) {
   // ports the runtime tests use (one that observes no module, a vlm with text-only steps), and
   // the ports of the original model's config-invariant faults (gpt2, moe_qwen).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("gpt2", "llama", "llama_bias", "llama_dropout", "llama_tied", "llama_unobserved",
+              ElementsAre("gpt2", "llama", "llama_bias", "llama_deep", "llama_dropout", "llama_tied", "llama_unobserved",
                           "llama_unsharded_root", "moe", "moe_qwen", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
@@ -136,7 +136,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt3"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
