@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (FAULTS.md F01-F32, `mih faults`): each catalogued
+// Fault injection for the fault catalog (FAULTS.md F01-F35, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //
@@ -31,11 +31,12 @@ enum class Fault : int {
   kF26,
   kF27,  // the data pipeline shared by the reference and every case
   kF28, kF29, kF30, kF31, kF32,  // the original model (config-invariant; only MatchesOriginal sees them)
+  kF33, kF34, kF35,  // pipeline parallelism
 };
 /// How many faults are catalogued, and the largest ID.
-inline constexpr int kFaultCount = 32;
-inline constexpr int kMaxFaultId = 32;
-/// True for the ID of a catalogued fault (1-32).
+inline constexpr int kFaultCount = 35;
+inline constexpr int kMaxFaultId = 35;
+/// True for the ID of a catalogued fault (1-35).
 constexpr bool catalogued(int id) noexcept { return id >= 1 && id <= kMaxFaultId; }
 
 namespace detail {

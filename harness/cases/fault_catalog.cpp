@@ -14,6 +14,8 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json cross = {{"kind", "cross_resume"}, {"save", dp_shard2}, {"load", tp2}, {"resume_at", 2}};
   const json ep2 = {{"dp_shard", 2}, {"ep", 2}};
   const json dp_replicate2 = {{"dp_replicate", 2}}, reference = "Reference";
+  const json pp2_mb4 = {{"pp", 2}, {"micro_batches", 4}}, pp2_mb2 = {{"pp", 2}, {"micro_batches", 2}};
+  const json dp_shard2_mb2 = {{"dp_shard", 2}, {"micro_batches", 2}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -175,6 +177,29 @@ const std::vector<FaultEntry>& fault_catalog() {
        "gpt2", tp2_sp, {"MatchesOriginal"}, {R"(localized to 'h\.0')"},
        "huggingface/transformers' ACT2FN gelu vs gelu_new", "h.0",
        {}, "original_model", true},
+      // Pipeline parallelism: each in a pp case, its control a data-parallel case with the same
+      // micro-batching (so only pp tells them apart).
+      {"F33", "pipeline parallelism (loss normalization)",
+       "each micro-batch's loss averaged over its own valid tokens and backpropagated so on the last stage, never "
+       "divided by the step's valid-token count (the micro-batches' means summed)",
+       "harness/parallel/pipeline.cpp", "Llama", "llama", pp2_mb4, {"NumericParity.LossMatchesReference"}, {"loss"},
+       "pytorch/torchtitan#2972 (PP gradients scaled by the token count: the loss backpropagated un-normalized), "
+       "deepspeedai/DeepSpeed#7773 (gradient accumulation summed instead of averaged)", "loss",
+       {dp_shard2_mb2}, "pp>1"},
+      {"F34", "pipeline parallelism (tied weights)",
+       "the gradients of a parameter tied across the first and the last stage (the embedding and the head) never "
+       "summed over pp: each stage updates its copy with its own part and the tie comes apart",
+       "harness/parallel/parallel_context_grads.cpp", "LlamaTied", "llama_tied", pp2_mb2,
+       {"ReplicaConsistency", "GradientSync", "NumericParity"}, {R"(embed_tokens\.weight)"},
+       "NVIDIA/Megatron-LM#844 and #4641 (the embedding group's all-reduce of the tied word embeddings missing or "
+       "in the wrong order)", "embed_tokens",
+       {dp_shard2_mb2}, "pp>1"},
+      {"F35", "pipeline parallelism (grad-norm scope)",
+       "the global grad norm summed over the stage's own ranks only, never over pp: each stage clips by the norm of "
+       "its own parameters",
+       "harness/parallel/parallel_context_grads.cpp", "Llama", "llama", pp2_mb4, {"NumericParity.GradNormsMatchReference"},
+       {"grad_norm"}, "pytorch/torchtitan#596 (the grad norm clipped per pipeline stage)", "grad_norm",
+       {dp_shard2_mb2}, "pp>1"},
   };
   return catalog;
 }

@@ -275,8 +275,12 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   o.tolerance = tolerance;
   o.first_step = first_step;
   o.calibration = calibration;
+  // Runs with the same micro-batching optimize the same objective (a case with activation
+  // checkpointing and its twin without): only a different split is not comparable.
   const std::string reason = not_comparable_reason(candidate);
-  if (!reason.empty()) return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
+  if (!reason.empty() && reference.config().micro_batches != candidate.config().micro_batches) {
+    return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
+  }
   const Comparison c = compare_evidence(reference.dir(), candidate.dir(), o);
   if (calibration && record) {
     json j = calibration_evidence(*calibration, c);

@@ -98,7 +98,9 @@ enum class Quantity { kInput, kLoss, kGradNorms, kLr, kTensors };
 /// on the first divergence of kind `quantity`, with its message and the number of others.
 /// With a `calibration` each quantity has its calibrated tolerance (`tolerance` is unused),
 /// every message reports error / noise, and (`record`) the whole comparison is written to
-/// the candidate's compare/calibration.json (calibration_evidence).
+/// the candidate's compare/calibration.json (calibration_evidence). A spec's reason why
+/// gradient accumulation is not comparable (not_comparable_reason) skips it only when the two
+/// runs split the batch into different numbers of micro-batches.
 /// Throws: as compare_evidence; kFailedPrecondition when calibration.json cannot be written.
 Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Quantity quantity, double tolerance,
                int64_t first_step = 0, const Calibration* calibration = nullptr, bool record = true);

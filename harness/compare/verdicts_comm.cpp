@@ -145,6 +145,11 @@ Verdict pipeline_sites(const CaseEvidence& ev, const json& row) {
     gradients += forward ? 0 : (a.stage > 0) + (a.stage < last);
   }
   const auto& message = pipe.at("message_shape");
+  if (message.empty() && activations + gradients > 0) {
+    return Verdict::fail("axis pp at step " + std::to_string(step) + ": the order rank 0 ran implies " +
+                         std::to_string(activations + gradients) + " messages, and its pipeline record has no message "
+                         "shape: it moved none, or the record was edited (open " + file + ")");
+  }
   int64_t per_message = 0;
   if (!message.empty()) {
     // The rows of one micro-batch: the step's global rows over the data-parallel ranks and
@@ -176,6 +181,21 @@ Verdict pipeline_sites(const CaseEvidence& ev, const json& row) {
                            " and the comm ledgers under run/)");
     }
   }
+  // The gradient of a parameter tied across stages, summed over pp once a step (rank 0's copy:
+  // the first stage's).
+  double tied = 0;
+  for (const auto& p : ev.json(layout::kStructure).at("parameters")) {
+    if (p.value("pp_ranks", json::array()).size() > 1 && p.value("requires_grad", true) && on_rank0(p)) {
+      tied += static_cast<double>(numel(p.at("local_shape")) * element_size(p.value("dtype", "float32")));
+    }
+  }
+  const double tied_moved = moved.value("grad_sync.tied.pp", 0.0);
+  if (std::abs(tied_moved - tied) > 0.5) {
+    return Verdict::fail("axis pp, call site grad_sync.tied.pp: moved " + std::to_string(static_cast<int64_t>(tied_moved)) +
+                         " bytes at step " + std::to_string(step) + ", the parameters tied across stages that rank 0 " +
+                         "holds (structure.json pp_ranks) imply " + std::to_string(static_cast<int64_t>(tied)) +
+                         ": a tie's gradients are not summed over pp, or summed twice (open " + file + ")");
+  }
   return Verdict::pass();
 }
 
@@ -189,9 +209,20 @@ Verdict pipeline_schedule(const CaseEvidence& ev) {
   // Every rank's record (pp is the outermost mesh dim: pp rank p of group g is rank p * per_pp + g).
   std::vector<const std::vector<json>*> rows;
   for (int r = 0; r < world; ++r) rows.push_back(&ev.jsonl(layout::performance_rank(r)));
+  const std::vector<json>& metrics = ev.jsonl(layout::kMetrics);
   int64_t steps = 0;
   for (size_t k = 0; k < rows[0]->size(); ++k) {
     const int64_t step = (*rows[0])[k].value("step", int64_t{-1});
+    // What metrics.jsonl says rank 0 ran (CommVolume counts its messages) is what it recorded.
+    const json* metric = nullptr;
+    for (const auto& m : metrics) {
+      if (m.value("step", int64_t{-2}) == step) metric = &m;
+    }
+    if (!metric || !metric->contains("pipeline") || (*metric)["pipeline"].value("order", json()) != (*rows[0])[k].value("pipeline_order", json())) {
+      return Verdict::fail("step " + std::to_string(step) + ": the order metrics.jsonl records for rank 0 is not the one rank 0 "
+                           "recorded (open " + rel_path(ev, layout::kMetrics) + " and " +
+                           rel_path(ev, layout::performance_rank(0)) + ")");
+    }
     for (int g = 0; g < per_pp; ++g) {
       std::vector<std::vector<pp::Action>> executed;
       for (int p = 0; p < cfg.pp; ++p) {
@@ -202,6 +233,11 @@ Verdict pipeline_schedule(const CaseEvidence& ev) {
                                " steps, rank 0 " + std::to_string(rows[0]->size()) + " (open " + file + ")");
         }
         const json& row = (*rows[static_cast<size_t>(r)])[k];
+        if (row.value("step", int64_t{-2}) != step) {
+          return Verdict::fail("row " + std::to_string(k) + " of rank " + std::to_string(r) + " is step " +
+                               std::to_string(row.value("step", int64_t{-2})) + ", rank 0's is step " + std::to_string(step) +
+                               " (open " + file + ")");
+        }
         if (!row.contains("pipeline_order") || !row["pipeline_order"].is_array()) {
           return Verdict::fail("step " + std::to_string(step) + " of rank " + std::to_string(r) +
                                " has no pipeline_order: the evidence predates it or was edited; rerun the case (open " + file + ")");
@@ -217,7 +253,7 @@ Verdict pipeline_schedule(const CaseEvidence& ev) {
                              pp::schedule_name(cfg.pp_schedule) + " step of pp(" + std::to_string(shape.pp) + ") x vpp(" +
                              std::to_string(shape.vpp) + ") with " + std::to_string(shape.micro_batches) +
                              " micro-batches: " + problems.front() + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "") +
-                             " (open " + rel_path(ev, layout::performance_rank(0)) + ")");
+                             " (open performance_rank<r>.jsonl of those ranks under " + rel_path(ev, layout::kRuntimeDir) + ")");
       }
     }
     ++steps;

@@ -119,7 +119,9 @@ void ParallelContext::synchronize_gradients() {
   // on the last): its copies' gradients, each already summed over data parallelism, are summed
   // over the pp ranks (zeros from a rank holding no copy), so every copy takes the one
   // logical parameter's update (Megatron-LM's embedding group).
-  if (!tied_over_pp_.empty()) {
+  // F34 (FAULTS.md): the copies' gradients never summed, so each stage updates its copy with
+  // its own part of the gradient and the tie comes apart.
+  if (!tied_over_pp_.empty() && !fault::active(fault::Fault::kF34)) {
     std::map<int64_t, ShardedParameter*> mine;
     for (const auto& p : ordered_) mine[p->index] = p.get();
     int64_t total = 0;
@@ -180,7 +182,10 @@ double ParallelContext::grad_norm() {
   // F03 (FAULTS.md): the norm of this rank's shards only, never summed over the mesh.
   if (!fault::active(fault::Fault::kF03)) {
     const ReductionPath& path = reduction_path("grad_norm.world");
-    Communicator& world = mesh_->comm(MeshAxis::kWorld);
+    // F35 (FAULTS.md): under pp, the norm of this stage's parameters only (summed over the
+    // stage's ranks, never over pp), so every stage clips by another norm.
+    const bool stage_only = mesh_->config().pp > 1 && fault::active(fault::Fault::kF35);
+    Communicator& world = mesh_->comm(stage_only ? MeshAxis::kStage : MeshAxis::kWorld);
     world.all_reduce(total, ReduceOp::kSum, path.site);
     record_reduction_path(path, world.size());
   }

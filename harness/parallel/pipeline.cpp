@@ -1,6 +1,7 @@
 // The pipeline executor (see pipeline.h).
 #include "harness/parallel/pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -9,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/base/strings.h"
 #include "harness/runtime/dtypes.h"
 
@@ -94,7 +96,10 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
         const at::Tensor mask = model.loss_mask(a.micro_batch).to(out.scalar_type());
         MIH_CHECK(mask.sizes() == out.sizes(), "pipeline: micro-batch ", a.micro_batch, "'s loss has shape ",
                   out.sizes(), " and its loss mask ", mask.sizes(), ": the last stage returns one loss per token");
-        out = (out * mask).sum() / normalizer;
+        // F33 (FAULTS.md): each micro-batch's loss averaged over its own valid tokens and
+        // backpropagated so, never normalized by the step's count (the micro-batches summed).
+        out = fault::active(fault::Fault::kF33) ? (out * mask).sum() / std::max(mask.sum().item<double>(), 1.0)
+                                                : (out * mask).sum() / normalizer;
         step.loss += out.item<double>();
       } else {
         send(out, a.stage + 1, tag_of(shape, a.stage + 1, a.micro_batch, false));
@@ -103,6 +108,7 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
       slots[key] = std::move(slot);
     } else {
       Slot& slot = slots.at(key);  // order_problems: every backward follows its forward
+      if (model.before_backward) model.before_backward(a.stage, a.micro_batch);
       if (a.stage == last) {
         slot.output.backward();
       } else {

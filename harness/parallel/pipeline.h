@@ -39,6 +39,10 @@ struct StageModel {
   /// An activation of the shape, dtype and device stage `stage` (> 0) receives for
   /// `micro_batch` from stage - 1 (its contents are overwritten).
   std::function<at::Tensor(int stage, int micro_batch)> empty_activation;
+  /// Optional: called before the backward of micro-batch `micro_batch` through stage `stage`
+  /// (whose activation-checkpointed regions recompute their forward in it), so that the
+  /// model's per-micro-batch state is that micro-batch's again, not the last forward's.
+  std::function<void(int stage, int micro_batch)> before_backward;
 };
 
 /// What one rank's step did.

@@ -399,12 +399,23 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
       const json& e = all[r].at(key);
       pieces[e[0].get<std::string>()][e[1].get<std::string>()].push_back(static_cast<int>(r));
     }
-    int replicas_compared = 0;
+    bool compared = true;
+    // Every piece is held by its replicas within a stage, on each stage holding a copy.
+    const size_t expected_holders = static_cast<size_t>(p->replicas()) * std::max<size_t>(p->pp_ranks.size(), 1);
     for (const auto& [piece, by_digest] : pieces) {
-      replicas_compared += static_cast<int>(by_digest.size() > 0);
       size_t holders = 0;
       for (const auto& [digest, ranks] : by_digest) holders += ranks.size();
       replicated_pieces += holders > 1;
+      compared = compared && holders > 1;
+      if (holders < expected_holders) {
+        report.add({codes::kProbeReplicas, "runtime", p->fqn, Severity::kError,
+                    "piece " + piece + " of '" + p->fqn + "' is held by " + std::to_string(holders) + " rank(s) at step " +
+                        std::to_string(step) + ", where " + std::to_string(expected_holders) +
+                        " hold it (replicas x pipeline stages with a copy): a copy was not found to compare",
+                    {{"step", step}, {"holders", holders}, {"expected_holders", expected_holders}},
+                    "a replica that is not compared can train apart unseen (a tie's copy under another name or split)",
+                    "give every copy of a tied parameter the same names (ParallelContext's tie across stages) and layout"});
+      }
       if (by_digest.size() < 2) continue;
       json groups = json::array();
       for (const auto& [digest, ranks] : by_digest) groups.push_back({{"ranks", ranks}, {"sha256", digest}});
@@ -417,7 +428,8 @@ FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json
                   "all-reduce the gradient over every axis the parameter is replicated on (e.g. tp for a norm weight "
                   "under sequence parallelism)"});
     }
-    checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}, {"compared", true}};
+    checked[p->fqn] = {{"pieces", pieces.size()}, {"replicas", p->replicas()}, {"pp_copies", p->pp_ranks.size()},
+                       {"compared", compared}};
   }
   report.ran(codes::kCheckReplicas, replicated_pieces, "parameter pieces held by more than one rank");
   if (evidence) *evidence = {{"step", step}, {"parameters", checked}};

@@ -60,7 +60,20 @@ void merge_stage_evidence(json& into, const json& from) {
       }
     }
   } else if (into.is_array() && from.is_array()) {
-    if (into != from) {
+    // One entry per step on every stage (activation_checkpoint.json's steps): merged entry by
+    // entry, not listed twice.
+    const auto per_step = [](const json& a, const json& b) {
+      if (a.size() != b.size() || a.empty()) return false;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].is_object() || !b[i].is_object() || !a[i].contains("step") || a[i]["step"] != b[i].value("step", json())) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (per_step(into, from)) {
+      for (size_t i = 0; i < into.size(); ++i) merge_stage_evidence(into[i], from[i]);
+    } else if (into != from) {
       for (const auto& v : from) into.push_back(v);
     }
   } else if (into.is_boolean() && from.is_boolean()) {
@@ -96,6 +109,11 @@ SessionMode parse_session_mode(const std::string& name) {
 ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions options, DeviceMesh& mesh)
     : spec_(&spec), options_(std::move(options)), mesh_(&mesh) {
   MIH_CHECK(options_.mode != SessionMode::kOff, "ValidationSession in mode off: use make_session, which returns no-op hooks");
+  // Under pp the run-level gradient check gathers the stages' parameters at the last step,
+  // while every rank still trains (at finish a rank may be gone): it must know that step.
+  MIH_CHECK(mesh.config().pp == 1 || options_.mode != SessionMode::kRuntime || options_.last_step >= 0,
+            "the validation session under pp (", options_.config.name(), ") needs SessionOptions::last_step, the last step "
+            "this session trains (its gradient check gathers every stage's parameters there); set it");
   spec.validate();
   if (!options_.evidence_dir.empty()) {
     evidence_ = std::make_unique<EvidenceDir>(options_.evidence_dir);
@@ -245,6 +263,11 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
     }
     const json runs = all[r].value("runs", json::object());  // alive through the loop
     for (const auto& [check, run] : runs.items()) {
+      // The data checks run alike on every stage (each receives the whole micro-batches).
+      if (check == codes::kCheckDataContract || check == codes::kCheckBatchDocuments ||
+          check == codes::kCheckForwardFields || check == codes::kCheckInputTp || check == codes::kCheckInputCp) {
+        continue;
+      }
       const int64_t n = run.at("runs").get<int64_t>();
       for (int64_t i = 0; i < n; ++i) {
         findings_.ran(check, i == 0 ? run.at("examined").get<int64_t>() : 0, run.at("unit").get<std::string>());

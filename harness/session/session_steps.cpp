@@ -233,7 +233,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
     row["fsdp_gather_forwards"] = ctx.fsdp_gather_forwards();
     // Under pp: what this rank's schedule ran and the shape of what it moved (CommVolume
     // recomputes the pp bytes from them, PipelineSchedule checks the order).
-    if (pipelined()) {
+    if (!m.pipeline_order.empty()) {  // a pipeline schedule ran (pp, or vpp stages on one rank)
       row["pipeline"] = {{"order", m.pipeline_order},
                          {"message_shape", m.pipeline_message_shape},
                          {"message_dtype", m.pipeline_message_dtype}};
@@ -248,7 +248,7 @@ void ValidationSession::end_step(const StepMetrics& m) {
                                       ? labels_seen_ : 0},
                  {"loss_normalizers", m.loss_normalizers},
                  {"valid_tokens_reported", m.valid_tokens}};
-    if (pipelined()) perf["pipeline_order"] = m.pipeline_order;
+    if (!m.pipeline_order.empty()) perf["pipeline_order"] = m.pipeline_order;
     // Under pp the run-level gradient check gathers the stages' parameters (a collective):
     // at the last step, where every rank still runs, not at finish.
     if (pipelined() && step == options_.last_step && !presence_steps_.empty()) gradients_received();

@@ -28,9 +28,10 @@ using nlohmann::json;
 // (reduction_paths.h; `mih reach` and ctest `reference/reach` check it): plain DDP
 // (DpReplicate2), FSDP shards summed over cp (DpShard2Cp2, also the contiguous cp layout),
 // expert gradients over dp_replicate (DpReplicate2DpShard2Ep2) and over edp without FSDP
-// (Cp4ZzEp2: ep carved out of cp). pp: 1F1B alone (four micro-batches), with FSDP and with tp
-// under sequence parallelism (four ranks), and a resume from pp stages into FSDP and back (one
-// micro-batch on both sides: the moe's objective depends on the micro-batching).
+// (Cp4ZzEp2: ep carved out of cp). pp: 1F1B alone (four micro-batches), with FSDP, with tp
+// under sequence parallelism (four ranks), with activation checkpointing (a recompute in the
+// backward of an earlier micro-batch than the last forward's), and a resume from pp stages into
+// FSDP and back (one micro-batch on both sides: the moe's objective depends on the micro-batching).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
@@ -48,6 +49,7 @@ const char* kCpuSmoke = R"({
     {"pp": 2, "micro_batches": 4},
     {"dp_shard": 2, "pp": 2, "micro_batches": 2},
     {"pp": 2, "tp": 2, "sequence_parallel": true, "micro_batches": 2},
+    {"pp": 2, "micro_batches": 4, "activation_checkpointing": true},
     {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2},
     {"dp_shard": 2, "ep": 2},

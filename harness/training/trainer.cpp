@@ -258,6 +258,9 @@ StepMetrics Trainer::step() {
       return out.reshape(-1);
     };
     stages.loss_mask = [&](int mb) { return micro[static_cast<size_t>(mb)].labels.ne(kIgnoreIndex).reshape(-1); };
+    // A recompute in backward (activation checkpointing) runs under its own micro-batch's rows
+    // (the activation probes' signs and deduplication), not the last forward's.
+    stages.before_backward = [&](int /*stage*/, int mb) { context_->begin_micro_batch(step, first_local_row + mb * mb_rows); };
     stages.empty_activation = [&](int stage, int mb) {
       return model_->stage_input(stage, micro[static_cast<size_t>(mb)]);
     };

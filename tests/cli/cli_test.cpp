@@ -250,7 +250,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   EXPECT_EQ(smoke.status, 0) << smoke.output;
   // moe: the 14 cases of every spec, its 8 expert-parallel ones and the EP=1 controls DpShard4
   // and Cp4Zz.
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 30 cases, 0 rejected"),
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 31 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
                                   HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),
@@ -511,12 +511,12 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // PipelineOutputs on every case: every reduction path a mesh of 4 ranks can take. Then 3245
   // on 90 cases: MatchesOriginal (4 tests) on the Reference of llama, moe, moe_qwen and gpt2
   // (their goldens of the original model), and moe_qwen (138 tests) and gpt2 (122) on the
-  // variants lane, the ports of the config-invariant faults. Then 4049 on 113 cases: the pp
-  // cases of cpu-smoke on llama and moe (Pp2Mb4, Pp2DpShard2Mb2, Pp2Tp2SpMb2, the resumes
+  // variants lane, the ports of the config-invariant faults. Then 4119 on 115 cases: the pp
+  // cases of cpu-smoke on llama and moe (Pp2Mb4, Pp2DpShard2Mb2, Pp2Tp2SpMb2, Pp2AcMb4, the resumes
   // from pp2 into dp_shard2 and back, the twin Pp2), llama_tied's Pp2Mb2 (its tie across the
   // stages a replica pair), llama_deep (four layers) on the variants lane with Pp2Vpp2Mb4 and
   // Pp4Mb4, and PipelineSchedule on every pipelined case.
-  EXPECT_EQ(total, 4049) << list.output;
+  EXPECT_EQ(total, 4119) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   // The cases without pp (the specs whose port builds no pipeline stages run only these).
@@ -524,7 +524,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
                                       "Cp2Zz",         "DpShard2Cp2",   "DpShard2Tp2Sp", "DpReplicate2DpShard2",
                                       "Cp2ZzTp2",      "DpShard2Ac",    "DpShard2Mb2",  "ResumeDpShard2",
                                       "ResumeDpShard2ToTp2"};
-  const std::set<std::string> pipelined = {"Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "ResumeDpShard2ToPp2", "Pp2"};
+  const std::set<std::string> pipelined = {"Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "Pp2AcMb4", "ResumeDpShard2ToPp2",
+                                           "Pp2"};
   std::set<std::string> all = flat;
   all.insert(pipelined.begin(), pipelined.end());
   all.insert("ResumePp2ToDpShard2");
@@ -548,7 +549,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
                                                              "ResumeDpShard2ToPp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
-  EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac"}));
+  EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac", "Pp2AcMb4"}));
   EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
             (std::set<std::string>{"DpReplicate2", "Tp2Sp", "Cp2Zz", "DpShard2Cp2", "DpShard2Tp2Sp",
                                    "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
@@ -572,7 +573,7 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // moe declares gradient accumulation not comparable (with its reason): no parity there.
   // Its expert-parallel cases and their EP=1 control are moe's alone.
   std::set<std::string> moe_parity = compared;
-  for (const char* mb : {"DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2"}) moe_parity.erase(mb);
+  for (const char* mb : {"DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "Pp2AcMb4"}) moe_parity.erase(mb);
   moe_parity.insert({"DpShard2Ep2", "DpShard2Ep2Ac", "DpShard2Tp2Ep2Sp", "DpShard4", "DpShard4Ep2",
                      "DpReplicate2DpShard2Ep2", "Cp4ZzEp2", "Cp4Zz", "ResumeDpShard2Ep2ToDpShard2",
                      "ResumeDpShard2ToDpShard2Ep2"});
@@ -740,7 +741,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
            {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
            {"test --fault F03" + r, "--fault and --fault-cases go together"},
-           {"faults --fault F33 --out " + (root / "faults").string(), "unknown fault 'F33'"},
+           {"faults --fault F36 --out " + (root / "faults").string(), "unknown fault 'F36'"},
            // An empty selection would run nothing and exit 0.
            {"faults --fault '' --out " + (root / "faults").string(), "--fault '' names no fault"}}) {
     CliRun bad_fault = mih(command);

@@ -64,7 +64,7 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
   EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "DpReplicate2", "Tp2", "Tp2Sp", "Cp2Zz",
                                                "DpShard2Cp2", "DpShard2Tp2Sp", "DpReplicate2DpShard2", "Cp2ZzTp2",
-                                               "DpShard2Ac", "DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2",
+                                               "DpShard2Ac", "DpShard2Mb2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "Pp2AcMb4",
                                                "ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
                                                "ResumeDpShard2ToPp2", "Pp2"));
   EXPECT_EQ(m.at("Pp2Mb4").group, "pipeline");
