@@ -120,7 +120,10 @@ const char* kCpuFull = R"({
     {"kind": "resume", "config": {"tp": 2, "sequence_parallel": true}, "resume_at": 1},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"tp": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"tp": 2}, "load": {"cp": 2, "cp_layout": "zigzag"}, "resume_at": 2},
-    {"kind": "cross_resume", "save": {}, "load": {"dp_shard": 4}, "resume_at": 2}
+    {"kind": "cross_resume", "save": {}, "load": {"dp_shard": 4}, "resume_at": 2},
+    {"pp": 2, "micro_batches": 4, "pp_schedule": "gpipe"}, {"pp": 2, "dp_replicate": 2, "micro_batches": 2},
+    {"pp": 2, "cp": 2, "cp_layout": "zigzag", "micro_batches": 2}, {"pp": 4, "micro_batches": 4},
+    {"pp": 2, "vpp": 2, "micro_batches": 4}, {"kind": "resume", "config": {"pp": 2, "micro_batches": 2}, "resume_at": 2}
   ]})";
 
 // "dp_shard2_cp2zz_tp2_sp" -> "DpShard2Cp2ZzTp2Sp".
