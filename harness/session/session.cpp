@@ -150,6 +150,20 @@ void ValidationSession::write_step(std::string_view relative, const json& j) con
   if (evidence_ && mesh_->rank() == 0) evidence_->write_json(relative, j, Durability::kDeferred);
 }
 
+void ValidationSession::append(std::string_view relative, const json& line) const {
+  if (pipelined()) return buffer_stage_evidence(relative, line, "append");
+  if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(relative, line);
+}
+
+void ValidationSession::write_text(std::string_view relative, const std::string& text) const {
+  if (pipelined()) return buffer_stage_evidence(relative, text, "text");
+  if (evidence_ && mesh_->rank() == 0) evidence_->write_text(relative, text);
+}
+
+c10::Device ValidationSession::device() const {
+  return state_.context ? state_.context->device() : c10::Device(c10::DeviceType::CPU);
+}
+
 bool ValidationSession::pipelined() const { return mesh_->config().pp > 1; }
 
 void ValidationSession::buffer_stage_evidence(std::string_view relative, const json& j, const char* how) const {
@@ -161,10 +175,7 @@ void ValidationSession::flush_stage_evidence() {
   // Every pp group but rank 0's holds ranks that write nothing: only rank 0's group gathers.
   if (!pipelined() || !evidence_ || mesh_->comm(MeshAxis::kStage).rank() != 0) return;
   json mine = std::exchange(stage_evidence_, json::array());
-  const std::vector<json> stages =
-      all_gather_json(mesh_->comm(MeshAxis::kPp), mine,
-                      state_.context ? state_.context->device() : c10::Device(c10::DeviceType::CPU),
-                      "mih.session.stage_evidence");
+  const std::vector<json> stages = all_gather_json(mesh_->comm(MeshAxis::kPp), mine, device(), "mih.session.stage_evidence");
   if (mesh_->rank() != 0) return;
   std::vector<std::string> order;  // the paths in the order first written
   std::map<std::string, std::pair<std::string, json>> files;
@@ -246,10 +257,7 @@ void ValidationSession::merge(FindingReport local, const json& perf) {
   const bool later_stage = pipelined() && mesh_->comm(MeshAxis::kPp).rank() > 0 && mesh_->comm(MeshAxis::kStage).rank() == 0;
   mine["runs"] = later_stage ? stage_runs_.to_json()["checks"] : json::object();
   stage_runs_ = FindingReport();
-  const std::vector<json> all =
-      all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, state_.context ? state_.context->device()
-                                                                          : c10::Device(c10::DeviceType::CPU),
-                      "mih.session.findings");
+  const std::vector<json> all = all_gather_json(mesh_->comm(MeshAxis::kWorld), mine, device(), "mih.session.findings");
   std::map<std::string, std::pair<json, std::vector<int>>> merged;
   std::vector<std::string> order;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -353,7 +361,9 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
       names.insert(names.end(), p->aliases.begin(), p->aliases.end());
     }
     for (const auto& b : ctx.buffers()) names.push_back(b.fqn);
-    for (const auto& item : state.model->named_modules()) names.push_back(item.key());
+    std::vector<std::string> modules;  // this rank's (under pp, its stage's)
+    for (const auto& item : state.model->named_modules()) modules.push_back(item.key());
+    names.insert(names.end(), modules.begin(), modules.end());
     if (pipelined()) {
       // A stage holds its own modules: the spec names those of every stage (a collective).
       std::vector<std::string> every_stage;
@@ -369,11 +379,7 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     take(local, structure.findings);
     write(layout::kStructure, structure.evidence);
     write(layout::kFsdpUnits, structure.evidence["fsdp_units"]);
-    if (pipelined()) {
-      buffer_stage_evidence(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx), "text");
-    } else if (evidence_ && mesh_->rank() == 0) {
-      evidence_->write_text(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx));
-    }
+    write_text(layout::kParameterOwnership, checks::parameter_ownership_csv(ctx));
 
     checks::CheckOutput optimizer = checks::check_optimizer_layout(state, options_.trainer, spec::Phase::kStructure, spec_->decayed_1d);
     take(local, optimizer.findings);
@@ -416,8 +422,6 @@ void ValidationSession::attach_optimizer(const TrainingState& state) {
     // The shared state this rank's modules can publish and consume: under pp a stage's
     // (a key whose producer is on another stage is that stage's to check).
     shared_state_.clear();
-    std::vector<std::string> modules;
-    for (const auto& item : state.model->named_modules()) modules.push_back(item.key());
     auto here = [&](const std::string& pattern) {
       return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return checks::glob_match(pattern, m); });
     };
@@ -531,10 +535,7 @@ void ValidationSession::gradients_received() {
     // Each stage knows its own parameters: the stages' writing ranks judge their union.
     json mine = {{"trainable", json::array()}, {"received", received}};
     for (const auto& p : trainable_) mine["trainable"].push_back({{"fqn", p.fqn}, {"aliases", p.aliases}});
-    const std::vector<json> all =
-        all_gather_json(mesh_->comm(MeshAxis::kPp), mine,
-                        state_.context ? state_.context->device() : c10::Device(c10::DeviceType::CPU),
-                        "mih.session.gradients_received");
+    const std::vector<json> all = all_gather_json(mesh_->comm(MeshAxis::kPp), mine, device(), "mih.session.gradients_received");
     trainable.clear();
     std::set<std::string> listed;
     for (const json& stage : all) {

@@ -146,7 +146,13 @@ class ValidationSession : public TrainingHooks {
   // A file of one step (cases/runtime/*_step<N>.json): written without an fsync
   // (Durability::kDeferred), since a session writes several at every step.
   void write_step(std::string_view relative, const nlohmann::json& j) const;
+  // A line of a JSONL file and a text file, written by rank 0 (buffered per stage under pp, as
+  // write and write_step are).
+  void append(std::string_view relative, const nlohmann::json& line) const;
+  void write_text(std::string_view relative, const std::string& text) const;
   void write_rank_file(std::string_view relative, const nlohmann::json& j) const;
+  // The device the session's collectives stage their buffers on (the CPU before attach).
+  c10::Device device() const;
   bool runtime() const { return options_.mode == SessionMode::kRuntime; }
   void probe(probes::Stage stage, int64_t step);
   // The materialization invariants on the weights as they are now, which came from `weights`
@@ -158,9 +164,9 @@ class ValidationSession : public TrainingHooks {
   // At finish: the run-level gradient check (MIH-GRAD-004) over this session's steps and
   // those of the run it continues; writes check/gradients_received.json.
   void gradients_received();
-  // Under pp: whether this rank writes for its stage (its rank within the stage is 0; rank 0
-  // for the first stage), and the collective over those ranks (the pp group of rank 0) that
-  // merges the stages' buffered evidence into rank 0's files (see flush_stage_evidence).
+  // Whether the mesh has pp > 1. Then the writes are buffered by each stage's writing rank
+  // (its rank within the stage is 0; rank 0 for the first stage), and the collective over
+  // those ranks (the pp group of rank 0) merges them into rank 0's files.
   bool pipelined() const;
   void flush_stage_evidence();
   void buffer_stage_evidence(std::string_view relative, const nlohmann::json& j, const char* how) const;

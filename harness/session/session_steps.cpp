@@ -148,8 +148,7 @@ void ValidationSession::after_optimizer(int64_t step) {
 void ValidationSession::probe(probes::Stage stage, int64_t step) {
   json j = probes::probe_stage(*state_.context, watchlist_, stage, state_.optimizer, options_.watch);
   j["step"] = step;
-  if (pipelined()) return buffer_stage_evidence(layout::kProbes, j, "append");
-  if (evidence_ && mesh_->rank() == 0) evidence_->append_jsonl(layout::kProbes, j);
+  append(layout::kProbes, j);
 }
 
 void ValidationSession::probe_activations(int64_t step) {
@@ -171,15 +170,8 @@ void ValidationSession::probe_activations(int64_t step) {
     if (r.forward.seen) forward[r.module] = stats(r.forward);
     if (r.grad.seen) grad[r.module] = stats(r.grad);
   }
-  const json forward_line = {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}};
-  const json grad_line = {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}};
-  if (pipelined()) {
-    buffer_stage_evidence(layout::kProbes, forward_line, "append");
-    buffer_stage_evidence(layout::kProbes, grad_line, "append");
-  } else if (evidence_ && mesh_->rank() == 0) {
-    evidence_->append_jsonl(layout::kProbes, forward_line);
-    evidence_->append_jsonl(layout::kProbes, grad_line);
-  }
+  append(layout::kProbes, {{"stage", "forward_output"}, {"step", step}, {"order", order}, {"tensors", forward}});
+  append(layout::kProbes, {{"stage", "output_grad"}, {"step", step}, {"order", order}, {"tensors", grad}});
 }
 
 void ValidationSession::end_step(const StepMetrics& m) {
