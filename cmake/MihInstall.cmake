@@ -34,6 +34,10 @@ install(FILES specs/spec_support.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/spec
 install(FILES suites/conformance.h suites/suite_table.h DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/suites")
 install(FILES harness/cli/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADIR}")
 install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
+# The evidence contract (docs/evidence.md) for writers other than mih's session.
+install(DIRECTORY schemas/ DESTINATION "${MIH_INSTALL_DATADIR}/schemas")
+# The contract's PyTorch writer (torch only): a Python training loop's evidence (docs/evidence.md).
+install(FILES python/mih_evidence.py DESTINATION "${MIH_INSTALL_DATADIR}/python")
 # The golden producer (docs/golden.md): any Python with torch runs it; `mih golden` and
 # mih_add_golden find it here.
 install(FILES golden/mih_golden.py golden/builtin_models.py golden/transformers_impl.py golden/safetensors_io.py

@@ -22,6 +22,7 @@
 #include "harness/base/process_stat.h"
 #include "harness/base/version.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/base/sha256.h"
 #include "harness/base/strings.h"
@@ -178,6 +179,10 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
                  p.c.name, " at ", dir.string(), "; produce it first, e.g. `mih run --spec ", p.spec, " --case ",
                  p.c.name, " --matrix ", p.matrix.text(), " --evidence-root ", run_options().evidence_root.string(),
                  "` or the torchrun/srun launch of docs/gpu-nightly.md, or restrict the run with --gtest_filter");
+  // The contract first: nothing below reads a file it has not validated (docs/evidence.md).
+  const contract::Validation valid = contract::require_valid_case_dir(
+      dir, "a check reads only evidence that does: rerun the case, or fix the writer that produced it");
+  if (!valid.writer.empty()) progress(p.spec + "/" + p.c.name + ": evidence written by " + valid.writer);
   verdicts::CaseEvidence ev(dir);
   const std::string& held = ev.resolved_case().name;
   MIH_CHECK_CODE(held == p.c.name, Code::kFailedPrecondition, "evidence ", dir.string(),
@@ -188,7 +193,9 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
                  "', not '", p.spec, "': point --evidence-root at the run of this spec");
   // Evidence of another harness release may mean other checks, formats or tolerances: it is
   // not this binary's to judge unless the user says so.
-  if (!run_options().allow_other_version) {
+  // Another writer of the contract has no mih version to match: the contract's is the one.
+  const bool mih_wrote = valid.writer.empty() || valid.writer.rfind("mih ", 0) == 0;
+  if (mih_wrote && !run_options().allow_other_version) {
     const json& env = ev.json(layout::kEnvironment);
     const json* recorded = env.contains("versions") && env["versions"].is_object() && env["versions"].contains("mih")
                                ? &env["versions"]["mih"]

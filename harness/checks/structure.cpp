@@ -234,11 +234,19 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
 std::string parameter_ownership_csv(const ParallelContext& ctx) {
   std::string csv =
       "fqn,owner,aliases,gradient_kind,grad_domain,placements,global_shape,local_shape,dtype,device,fsdp_unit\n";
+  // RFC 4180: a field holding a comma or a quote is quoted, its quotes doubled (a placement
+  // "Shard(0, partitions=2|3)" has a comma), so every row has the header's 11 fields.
+  auto field = [](const std::string& f) {
+    if (f.find_first_of(",\"\n") == std::string::npos) return f;
+    std::string q = "\"";
+    for (char ch : f) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return q + "\"";
+  };
   for (const auto& p : ctx.parameters()) {
-    csv += p->fqn + "," + owner_module(p->fqn) + "," + join(p->aliases, ";") + "," + p->gradient_kind() + "," +
-           join(p->grad_domain(), ";") + "," +
-           placements_str(*p) + "," + shape_str(p->global_shape) + "," + shape_str(p->local_shape) + "," +
-           dtype_name(p->local.scalar_type()) + "," + p->local.device().str() + "," + p->unit + "\n";
+    csv += field(p->fqn) + "," + field(owner_module(p->fqn)) + "," + field(join(p->aliases, ";")) + "," +
+           field(p->gradient_kind()) + "," + field(join(p->grad_domain(), ";")) + "," + field(placements_str(*p)) + "," +
+           field(shape_str(p->global_shape)) + "," + field(shape_str(p->local_shape)) + "," +
+           field(dtype_name(p->local.scalar_type())) + "," + field(p->local.device().str()) + "," + field(p->unit) + "\n";
   }
   return csv;
 }

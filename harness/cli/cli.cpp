@@ -70,8 +70,16 @@ const std::vector<Command>& commands() {
       {"compare",
        "Compare a case's evidence with a reference's (or last night's with tonight's): the inputs of every step, "
        "loss, grad norms, lr, and every watched tensor at every stage. Prints the first divergence (parameter, "
-       "step, stage, errors, tolerance, file to open); exit 1 when any quantity diverges.",
+       "step, stage, errors, tolerance, file to open); exit 1 when any quantity diverges. Both directories must follow the "
+       "evidence contract (docs/evidence.md; each side's writer is printed first): one that does not is refused, "
+       "naming the file and field (exit 12).",
        setup_compare},
+      {"validate",
+       "mih validate <dir>...: check evidence against the evidence contract (docs/evidence.md; the schemas this mih "
+       "compiled, installed in share/mih/schemas): each case directory, or every case directory of a run root. "
+       "Prints each one's writer and counts, or its problems naming the file and field; exit 12 when any does not "
+       "follow the contract. What a writer other than mih's session runs before `mih check` and `mih compare`.",
+       setup_validate},
       {"run",
        "Run one case of a matrix (its ranks as processes, a runtime validation session writing the evidence) and "
        "print where its evidence is and its state. Exit 1 when the case FAILED a check.",

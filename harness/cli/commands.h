@@ -50,6 +50,7 @@ CommandRun setup_scaffold(CLI::App& sub, const Invocation& inv);
 CommandRun setup_matrix(CLI::App& sub, const Invocation& inv);
 CommandRun setup_list(CLI::App& sub, const Invocation& inv);
 CommandRun setup_compare(CLI::App& sub, const Invocation& inv);
+CommandRun setup_validate(CLI::App& sub, const Invocation& inv);
 CommandRun setup_run(CLI::App& sub, const Invocation& inv);
 CommandRun setup_test(CLI::App& sub, const Invocation& inv);
 CommandRun setup_check(CLI::App& sub, const Invocation& inv);

@@ -30,6 +30,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/faults.h"
+#include "harness/cases/foreign_check.h"
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/conformance_run.h"
@@ -38,6 +39,7 @@
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/verdicts.h"
+#include "harness/evidence/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
 #include "harness/runtime/cli_support.h"
@@ -128,6 +130,12 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
   MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
                  " is not a directory; give a case's evidence directory (<root>/<spec>/<case>) or a run root");
   std::vector<std::string> args = {"--verify-only"};
+  // A case directory: the contract before any of its files is read here (a run root's cases
+  // are validated one by one as the run reaches them, cases::verify_only_outcome).
+  if (fs::exists(target / layout::kEnvironment) || fs::exists(target / layout::kCaseRecord)) {
+    contract::require_valid_case_dir(target, "a check reads only evidence that does: rerun the case, or fix the writer "
+                                             "that produced it");
+  }
   if (fs::exists(target / layout::kEnvironment) && fs::exists(target / layout::kSpecResolved)) {
     const verdicts::CaseEvidence ev(target);
     const std::string spec_name = ev.spec_name();
@@ -507,6 +515,11 @@ int run_conformance_tests(const std::vector<std::string>& args) {
   std::vector<std::string> all;
   if (!args.empty() && args[0] == "--check") {
     MIH_CHECK(args.size() >= 2, "mih check needs an evidence directory");
+    // Another writer's evidence (docs/evidence.md): the suites of measured evidence, at this
+    // mih's tolerances, since no spec compiled in describes it.
+    if (!cases::foreign_case_dirs(args[1]).empty()) {
+      return cases::check_foreign_evidence(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
+    }
     // A check judges the evidence and writes nothing into it (its verdict: the output and the
     // exit status; --gtest_output=json:FILE for a machine-readable copy).
     std::string filter;

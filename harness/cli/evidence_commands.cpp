@@ -19,6 +19,7 @@
 #include "harness/cases/memo.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/compare.h"
+#include "harness/evidence/contract.h"
 #include "harness/evidence/report.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
@@ -192,9 +193,71 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
       ->capture_default_str()
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   return [f] {
+    // Nothing is compared that the contract does not describe: a foreign writer's evidence is
+    // welcome, a damaged or edited file is refused before it is read.
+    for (const auto* side : {&f->reference, &f->candidate}) {
+      std::error_code ec;
+      MIH_CHECK_CODE(std::filesystem::exists(*side / layout::kEnvironment, ec) ||
+                         std::filesystem::exists(*side / layout::kCaseRecord, ec),
+                     Code::kFailedPrecondition, "evidence directory ", side->string(), " has no ", layout::kEnvironment,
+                     " and no ", layout::kCaseRecord, ": it is not a case directory; give <root>/<spec>/<case>");
+      const contract::Validation v = contract::require_valid_case_dir(
+          *side, "compare only evidence that does: rerun its case, or fix the writer that produced it");
+      std::printf("%s: %s, written by %s (%d files, %d values valid)\n", side == &f->reference ? "reference" : "candidate",
+                  side->string().c_str(), v.writer.c_str(), v.files, v.values);
+    }
     const Comparison c = compare_evidence(f->reference, f->candidate, f->options);
     std::printf("%s\n", c.summary().c_str());
     return c.passed() ? 0 : 1;
+  };
+}
+
+CommandRun setup_validate(CLI::App& sub, const Invocation&) {
+  auto dirs = std::make_shared<std::vector<std::filesystem::path>>();
+  sub.add_option("dir", *dirs, "case directories (<root>/<spec>/<case>) or run roots")->required()->check(cli::non_empty_path());
+  return [dirs] {
+    namespace fs = std::filesystem;
+    std::vector<fs::path> cases;
+    for (const fs::path& dir : *dirs) {
+      std::error_code ec;
+      MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, dir.string(), " is not a directory");
+      if (fs::exists(dir / layout::kCaseRecord, ec) || fs::exists(dir / layout::kEnvironment, ec)) {
+        cases.push_back(dir);
+        continue;
+      }
+      // A run root: <root>/<spec>/<case>, the case directories (a record or a session's files).
+      std::vector<fs::path> found;
+      for (const auto& spec : fs::directory_iterator(dir, ec)) {
+        if (!spec.is_directory() || spec.is_symlink()) continue;
+        for (const auto& c : fs::directory_iterator(spec.path(), ec)) {
+          if (c.is_directory() && !c.is_symlink() &&
+              (fs::exists(c.path() / layout::kCaseRecord) || fs::exists(c.path() / layout::kEnvironment))) {
+            found.push_back(c.path());
+          }
+        }
+      }
+      MIH_CHECK_CODE(!found.empty(), Code::kFailedPrecondition, dir.string(),
+                     " holds no case directory (<spec>/<case>/ with case_run.json or environment.json) and is none");
+      std::sort(found.begin(), found.end());
+      cases.insert(cases.end(), found.begin(), found.end());
+    }
+    int invalid = 0;
+    for (const fs::path& dir : cases) {
+      // A case that never started training (its record says so) has no session files.
+      const contract::Validation v = contract::validate_case_dir(dir, contract::case_trained(dir));
+      if (v.ok()) {
+        std::printf("valid    %s: %s; %d files, %d values\n", dir.string().c_str(),
+                    v.writer.empty() ? "no session files (the case did not train)" : ("written by " + v.writer).c_str(),
+                    v.files, v.values);
+      } else {
+        ++invalid;
+        std::printf("INVALID  %s%s:%s\n", dir.string().c_str(), v.writer.empty() ? "" : (" (written by " + v.writer + ")").c_str(),
+                    contract::summary(v, 10).c_str());
+      }
+    }
+    std::printf("%zu case director%s, %d not following %s version %d\n", cases.size(), cases.size() == 1 ? "y" : "ies",
+                invalid, contract::kName, contract::kVersion);
+    return invalid == 0 ? 0 : exit_status(Code::kFailedPrecondition);
   };
 }
 

@@ -18,6 +18,7 @@
 #include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/evidence/contract.h"
 #include "harness/compat/collectives.h"
 #include "harness/findings/codes.h"
 #include "harness/runtime/communicator.h"
@@ -123,6 +124,8 @@ ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions
       env["world_size"] = mesh.world_size();
       env["session_mode"] = session_mode_name(options_.mode);
       env["versions"] = harness_versions();
+      // The contract the case directory follows and who wrote it (docs/evidence.md).
+      env[contract::kStampKey] = contract::stamp("mih " + std::string(harness_version()) + " (session)");
       evidence_->write_json(layout::kEnvironment, capture_environment(options_.source_dir, env));
       evidence_->write_json(layout::kSpecResolved, spec.to_json());
       json config = options_.config;

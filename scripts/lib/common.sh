@@ -7,13 +7,15 @@ MIH_JOBS=${MIH_JOBS:-$(nproc)}
 
 # Debian 12 packages of the build. libopenblas0-pthread matters: with Debian's reference BLAS,
 # libtorch matmuls run about 30x slower (7 vs 216 GFLOP/s for 512x512 fp32 measured here).
-# libxml2-utils: xmllint, which the evidence tests validate the JUnit report with.
+# libxml2-utils: xmllint, which the evidence tests validate the JUnit report with. libvalijson-dev:
+# the JSON Schema validator of the evidence contract (header-only, build only).
 MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libssl-dev libopenblas0-pthread
-              libstb-dev libxml2-utils python3)
+              libstb-dev libxml2-utils libvalijson-dev python3)
 # What scripts/test adds: the real launchers its tests run (torchrun from python3-torch,
-# mpirun from openmpi-bin) and ip(8) for the two-host test's network namespaces.
-MIH_TEST_PACKAGES=(python3-torch openmpi-bin iproute2)
+# mpirun from openmpi-bin), ip(8) for the two-host test's network namespaces, and python3-jsonschema:
+# a second JSON Schema implementation the contract test validates evidence with.
+MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 

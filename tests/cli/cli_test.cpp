@@ -55,8 +55,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, run, test, check, report, reach, faults, warm, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, test, check, report, reach, faults, warm, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, test, check, report, reach, faults, warm, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},
@@ -422,7 +422,7 @@ TEST(CliCompareTest, ACaseMatchesTheReferenceAndATamperedParameterIsNamed) {
   EXPECT_THAT(reversed.output, HasSubstr("recorded by the candidate, missing from the reference"));
   CliRun missing = mih("compare " + ref + " " + root.string());
   EXPECT_EQ(missing.status, exit_status(Code::kFailedPrecondition)) << missing.output;
-  EXPECT_THAT(missing.output, HasSubstr("has no cases/runtime/metrics.jsonl"));
+  EXPECT_THAT(missing.output, HasSubstr("has no environment.json and no case_run.json: it is not a case directory"));
 }
 
 TEST(CliInputTest, BadInputIsRejectedBeforeAnyRankStarts) {

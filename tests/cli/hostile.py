@@ -264,14 +264,25 @@ def options_and_records(mih, work):
     # mih check trusts no file its run did not write: an edit is exit 12 unless asked for.
     edited = os.path.join(work, "edited", "llama", "Reference")
     shutil.copytree(ref, edited)
-    with open(os.path.join(edited, "cases", "runtime", "metrics.jsonl"), "a") as f:
-        f.write("\n")
+    # An edit the contract cannot see (a number changed, the file still valid): the digest.
+    metrics = os.path.join(edited, "cases", "runtime", "metrics.jsonl")
+    rows = [json.loads(l) for l in open(metrics)]
+    rows[-1]["loss"] += 1.0
+    with open(metrics, "w") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
     r = run(mih, ["check", edited])
     check(r.returncode == 12 and "metrics.jsonl changed after its run wrote it" in r.stdout,
           f"6: check of an edited evidence file is exit 12 naming it (got {r.returncode})", r.stdout[-800:])
     r = run(mih, ["check", edited, "--allow-edited-evidence", "--gtest_brief=1"])
     check(r.returncode in (0, 1) and "changed after" not in r.stdout, f"6: --allow-edited-evidence checks it as it "
           f"is (exit {r.returncode})", r.stdout[-800:])
+    # An edit that breaks the file (an empty line): the evidence contract, whatever the flags.
+    with open(metrics, "a") as f:
+        f.write("\n")
+    r = run(mih, ["check", edited, "--allow-edited-evidence"])
+    check(r.returncode == 12 and "cases/runtime/metrics.jsonl: field line 4: is not JSON" in r.stdout,
+          f"6: check of a broken evidence file is exit 12 naming its line, even with --allow-edited-evidence "
+          f"(got {r.returncode})", r.stdout[-800:])
     # `mih run` writes the fingerprint `mih test` computes: the case is reused, not relaunched.
     reuse = os.path.join(work, "reuse")
     r = run(mih, ["run", "--spec", "llama", "--case", "Reference", "--evidence-root", reuse])
@@ -337,7 +348,8 @@ def damaged_evidence(mih, work):
     with open(metrics, "wb") as f:
         f.write(data[: len(data) - len(data.splitlines()[-1]) // 2 - 1])  # the last line cut in half
     c = run(mih, ["compare", a, b])
-    check(c.returncode == 12 and "ends in the middle of a line" in c.stdout, f"6: compare of a truncated metrics.jsonl "
+    check(c.returncode == 12 and "metrics.jsonl: field line 3: the last line has no newline: the file was truncated"
+          in c.stdout, f"6: compare of a truncated metrics.jsonl "
           f"is exit 12 naming it, not a divergence (got {c.returncode})", c.stdout[-600:])
     os.remove(metrics)
     os.mkfifo(metrics)
@@ -362,7 +374,8 @@ def damaged_evidence(mih, work):
     with open(record, "w") as f:
         f.write("[1, 2]\n")
     c = run(mih, ["check", d])
-    check(c.returncode == 12 and "not a JSON object" in c.stdout, f"6: a case_run.json that is no object is exit 12 "
+    check(c.returncode == 12 and "case_run.json: Value type not permitted by 'type' constraint (the value is array [1,2])"
+          in c.stdout, f"6: a case_run.json that is no object is exit 12 "
           f"naming it (got {c.returncode})", c.stdout[-600:])
     rep = os.path.join(work, "stale")
     os.makedirs(rep)
@@ -451,19 +464,19 @@ def forged_records(mih, work):
     shutil.copyfile(findings, outside)
     os.remove(findings)
     os.symlink(outside, findings)
-    expect_12(d, ["findings.json", "symbolic link"], "an evidence file replaced by a link out of the case")
+    expect_12(d, ["check/findings.json: is a symlink"], "an evidence file replaced by a link out of the case")
     _, d = copy("spec-array")
     with open(os.path.join(d, "spec.resolved.json"), "w") as f:
         f.write("[1]\n")
     rehash(d, "spec.resolved.json")
-    expect_12(d, ["spec.resolved.json", "name"], "a resolved spec that is an array")
+    expect_12(d, ["spec.resolved.json: Value type not permitted", "array [1]"], "a resolved spec that is an array")
     _, d = copy("request-field")
     request = os.path.join(d, "run", "case.json")
     req = json.load(open(request))
     req["fault"] = 3
     json.dump(req, open(request, "w"))
     rehash(d, "run/case.json")
-    expect_12(d, ["run/case.json", "field 'fault'"], "a case request with a mistyped field")
+    expect_12(d, ["run/case.json: field fault: Value type not permitted", "number 3"], "a case request with a mistyped field")
     # The report of a root whose record lost its outcome: JUnit fails the case.
     root, d = copy("junit")
     edit_record(d, lambda r: r.pop("outcome"))

@@ -16,6 +16,7 @@
 #include "harness/base/fault.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/checks/checks.h"
+#include "harness/evidence/contract.h"
 #include "harness/findings/codes.h"
 #include "harness/probes/probes.h"
 #include "harness/session/session.h"
@@ -231,6 +232,11 @@ TEST(SessionTest, WritesTheEvidenceLayoutAndValidatesTheCase) {
                                              "1 grad_before_clip", "1 forward_output", "1 output_grad",
                                              "1 grad_after_clip", "1 after_optimizer", "1 optimizer_state"));
   EXPECT_THAT(ev.read_json("check/activation_checkpoint.json")["regions"].dump(), HasSubstr("layers.0"));
+  // Every file the session wrote follows the published evidence contract, which names it.
+  const contract::Validation v = contract::validate_case_dir(dir);
+  EXPECT_TRUE(v.ok()) << contract::summary(v, 20);
+  EXPECT_THAT(v.writer, ::testing::StartsWith("mih "));
+  EXPECT_GE(v.files, 24);
 }
 
 TEST(SessionTest, ACheckThatRaisesSetsTheCaseFailedWithTheReason) {

@@ -1,0 +1,347 @@
+"""mih_evidence: the evidence contract (docs/evidence.md, mih-evidence version 1) written from a
+PyTorch training loop, so that `mih validate` and `mih compare` judge a run of your own trainer
+against its 1-rank run. torch only; installed as share/mih/python/mih_evidence.py.
+
+A loop calls the hooks of mih's validation session at the same points (every rank calls every
+hook: some are collectives over the group):
+
+    ev = mih_evidence.Session("runs/ddp2/mymodel/DpReplicate2", model, case="DpReplicate2",
+                              compare_to="Reference", config={"dp_replicate": 2})
+    ev.attach_optimizer(optimizer)
+    for step in range(steps):
+        ev.begin_step(step)
+        for mb, (first_row, batch) in enumerate(micro_batches):    # batch: {"input_ids": ..., "labels": ...}
+            ev.record_batch(step, mb, first_row, batch)
+            ...forward, backward...
+        ev.after_backward_before_clip(step)                         # the gradients, synchronized
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        ev.after_clip(step, norm)
+        optimizer.step()
+        ev.after_optimizer(step)
+        ev.end_step(step, loss=global_loss, lr=lr)                  # the loss over the global batch
+    ev.finish()
+
+What it writes, under the case directory (rank 0; every value global, gathered over the group):
+environment.json (the contract's stamp, writer "mih-evidence.py <version> (python)", the case),
+config.resolved.json, check/structure.json (the parameter table: FQN, global and local shape,
+placement per axis: Replicate() under DDP; the optimizer's sharding under
+ZeroRedundancyOptimizer), check/parameter_watchlist.json, data/input_identity.jsonl (SHA-256 of
+every field of the global batch, assembled from every rank's rows), cases/runtime/metrics.jsonl
+(loss, grad norms, lr, input hash, the bytes DDP's communication hook moved),
+cases/runtime/performance_rank<r>.jsonl, probes/rank0.jsonl (every parameter before the first
+step, its gradient before and after clipping, after the optimizer: sum, sum of squares, min,
+max, the random-projection sketch of mih's probes, values of small tensors; and every module's
+forward output and the gradient of the global loss with respect to it per step, by forward and
+tensor hooks, in global row coordinates; `loss_scale` says what each rank's backpropagated loss
+is over its share of the global loss: the world size under DDP by default).
+
+Placements are recorded where the framework exposes them: a DistributedDataParallel module's
+parameters are Replicate() over "dp_replicate"; ZeroRedundancyOptimizer shards the optimizer
+state, not the parameters. torch.distributed collectives are ledgered where they can be
+observed: DDP's gradient all-reduce through `Session.ddp_comm_hook` (register it with
+`ddp_model.register_comm_hook(None, ev.ddp_comm_hook)`). FSDP in Python is untested here
+(Debian's python3-torch 1.13 cannot import it on Python 3.11).
+"""
+import hashlib
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+VERSION = "0.2.0"
+CONTRACT = {"contract": "mih-evidence", "version": 1}
+VALUES_UP_TO = 64  # tensors of at most this many elements also record their values (float64)
+PROJECTIONS = 4    # the sketch's random +-1 projections (mih's WatchlistOptions::projections)
+_MASK = (1 << 31) - 1
+
+
+def projection_signs(index, j):
+    """The +-1 sign of sketch projection j for global element indices `index` (int64): the hash
+    mih's probes use (harness/parallel/activations.cpp projection_signs), so a tensor's sketch
+    is the same whatever the sharding and whichever writer computed it."""
+    h = ((index & _MASK) * 1540483477 + (j * 668265263 + 374761393)) & _MASK
+    h = h ^ (h >> 15)
+    h = (h * 739982445) & _MASK
+    h = h ^ (h >> 13)
+    return ((h & 1) * 2 - 1).to(torch.float64)
+
+
+def tensor_statistics(x, first_index=0, total_numel=None):
+    """Sharding-invariant statistics of x (any shape), whose element i is global element
+    first_index + i: sum, sum_sq, min, max, nonfinite, numel, sketch; values when small.
+    Returns the partial statistics of this piece (add them over the pieces)."""
+    x = x.detach().to(torch.float64).reshape(-1).cpu()
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    index = torch.arange(first_index, first_index + x.numel(), dtype=torch.int64)
+    sketch = [float((xf * projection_signs(index, j)).sum()) for j in range(PROJECTIONS)]
+    out = {"sum": float(xf.sum()), "sum_sq": float((xf * xf).sum()), "nonfinite": int((~finite).sum()),
+           "numel": int(x.numel()), "sketch": sketch}
+    if x.numel():
+        out["min"] = float(x.min())
+        out["max"] = float(x.max())
+    if (total_numel if total_numel is not None else x.numel()) <= VALUES_UP_TO and first_index == 0:
+        out["values"] = [v if v == v and abs(v) != float("inf") else None for v in x.tolist()]
+    return out
+
+
+def _hash_rows(t):
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+class Session:
+    """The hooks of a validation session for a PyTorch loop; see the module's docstring.
+
+    case_dir: the case directory (<root>/<spec>/<case>); it must not hold a run already.
+    model: the module being trained (a DistributedDataParallel wrapper is unwrapped for names).
+    case, compare_to: this case's name and the case it must equal (its 1-rank run), or "".
+    config: the parallel degrees ({"dp_replicate": 2}); the others are 1.
+    group: the process group of the data-parallel ranks (default: the world; None when
+      torch.distributed is not initialized).
+    Raises FileExistsError when case_dir holds a run's evidence (nothing is overwritten).
+    """
+
+    def __init__(self, case_dir, model, case, compare_to="", config=None, group=None, dtype=None, steps=None,
+                 loss_scale=None):
+        self.dir = case_dir
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = group if group is not None else (dist.group.WORLD if self.distributed else None)
+        self.rank = dist.get_rank(self.group) if self.distributed else 0
+        self.world = dist.get_world_size(self.group) if self.distributed else 1
+        self.model = model.module if hasattr(model, "module") else model
+        self.ddp = hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        # What the loss each rank backpropagates is, over its share of the global batch's loss:
+        # under DDP (which averages the ranks' gradients) the world size, so that the averaged
+        # gradient is the global loss's.
+        self.loss_scale = float(loss_scale if loss_scale is not None else (self.world if self.ddp else 1))
+        self.optimizer = None
+        self.step_rows = {}
+        self.comm = {}
+        self.step_start = None
+        self.activations = {}
+        self.output_grads = {}
+        self.order = []
+        self.first_row = 0
+        self.rows = 0
+        params = list(self.model.named_parameters())
+        if dtype is None:
+            dtype = str(params[0][1].dtype).replace("torch.", "") if params else "float32"
+        degrees = {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 1}
+        degrees.update(config or {})
+        self.config = dict(degrees, cp_layout="contiguous", sequence_parallel=False, activation_checkpointing=False,
+                           micro_batches=1, vpp=1, pp_schedule="1f1b", noise_twin=False, dtype=dtype, seed=0,
+                           name=case)
+        self.case = {"name": case, "kind": "reference" if not compare_to else "train",
+                     "group": "reference" if not compare_to else "axis", "config": self.config,
+                     "steps": int(steps or 0), "compare_to": compare_to, "device": "cpu",
+                     "pg_backend": dist.get_backend(self.group) if self.distributed else "gloo",
+                     "world_size": self.world}
+        if self.rank == 0:
+            if os.path.exists(os.path.join(case_dir, "environment.json")):
+                raise FileExistsError(f"{case_dir} holds a run's evidence already; write each run to a new directory")
+            os.makedirs(case_dir, exist_ok=True)
+            self._write("environment.json", {
+                "evidence_contract": dict(CONTRACT, writer=f"mih-evidence.py {VERSION} (python)"),
+                "case": self.case, "world_size": self.world,
+                "versions": {"torch": torch.__version__, "mih_evidence": VERSION}})
+            self._write("config.resolved.json", self.config)
+            total = sum(p.numel() for _, p in params)
+            self._write("check/parameter_watchlist.json",
+                        [{"fqn": n, "global_shape": list(p.shape), "reason": f"whole model ({total} elements)"}
+                         for n, p in params])
+        self._hook_modules()
+        self._probe("model_before", 0, {n: p for n, p in params})
+
+    # ---- files --------------------------------------------------------------------------
+    def _path(self, relative):
+        path = os.path.join(self.dir, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def _write(self, relative, value):
+        path = self._path(relative)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    def _append(self, relative, value):
+        with open(self._path(relative), "a") as f:
+            f.write(json.dumps(value, allow_nan=False, separators=(",", ":")) + "\n")
+
+    # ---- collectives -------------------------------------------------------------------
+    def _sum(self, values):
+        """Sums a list of floats over the group (float64)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.distributed and self.world > 1:
+            dist.all_reduce(t, group=self.group)
+        return t.tolist()
+
+    def _gather_objects(self, obj):
+        if not (self.distributed and self.world > 1):
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    # ---- probes ------------------------------------------------------------------------
+    def _probe(self, stage, step, tensors):
+        """Statistics of full tensors every rank holds whole (DDP's parameters and, after its
+        all-reduce, gradients): rank 0's copy, so each element is counted once."""
+        out = {}
+        for name, t in tensors.items():
+            if t is None:
+                out[name] = {"defined_ranks": 0, "nonfinite": 0, "numel": 0, "sum": 0.0, "sum_sq": 0.0,
+                             "sketch": [0.0] * PROJECTIONS}
+                continue
+            s = tensor_statistics(t, 0, t.numel())
+            s["defined_ranks"] = self.world
+            out[name] = s
+        if self.rank == 0:
+            self._append("probes/rank0.jsonl", {"stage": stage, "step": step, "tensors": out})
+
+    def _hook_modules(self):
+        for name, module in self.model.named_modules():
+            if name:
+                module.register_forward_hook(self._forward_hook(name))
+
+    @staticmethod
+    def _accumulate(table, name, s):
+        acc = table.setdefault(name, {"sum": 0.0, "sum_sq": 0.0, "nonfinite": 0, "numel": 0,
+                                      "sketch": [0.0] * PROJECTIONS})
+        for k in ("sum", "sum_sq", "nonfinite", "numel"):
+            acc[k] += s[k]
+        acc["sketch"] = [a + b for a, b in zip(acc["sketch"], s["sketch"])]
+
+    def _forward_hook(self, name):
+        def hook(module, inputs, output):
+            if not isinstance(output, torch.Tensor) or not self.model.training or not torch.is_grad_enabled():
+                return
+            if name not in self.order:
+                self.order.append(name)  # the order forwards complete in: a module after its children
+            # Rows of the global batch: [B_global, ...]; this rank's first row is first_row.
+            per_row = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
+            first = self.first_row * per_row
+            self._accumulate(self.activations, name, tensor_statistics(output, first))
+            if output.requires_grad:
+                # The gradient of the global loss with respect to the output: what this rank
+                # backpropagates, divided by the factor its loss carries (loss_scale).
+                output.register_hook(lambda g: self._accumulate(
+                    self.output_grads, name, tensor_statistics(g / self.loss_scale, first)))
+        return hook
+
+    # ---- DDP's communication, ledgered ---------------------------------------------------
+    def ddp_comm_hook(self, state, bucket):
+        """A DDP communication hook that all-reduces (average) as DDP does and ledgers the
+        bytes: register with ddp_model.register_comm_hook(None, session.ddp_comm_hook)."""
+        buffer = bucket.buffer()
+        site = self.comm.setdefault("dp_replicate", {}).setdefault("ddp.all_reduce", 0)
+        self.comm["dp_replicate"]["ddp.all_reduce"] = site + buffer.numel() * buffer.element_size()
+        buffer.div_(self.world)
+        fut = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    # ---- the hooks -----------------------------------------------------------------------
+    def attach_optimizer(self, optimizer):
+        """After the model and optimizer are built: the parameter table (placements per axis)."""
+        self.optimizer = optimizer
+        zero = type(optimizer).__name__ == "ZeroRedundancyOptimizer"
+        rows = []
+        for n, p in self.model.named_parameters():
+            placements = {"dp_replicate": "Replicate()" if self.world > 1 else "Replicate()"}
+            row = {"fqn": n, "global_shape": list(p.shape), "local_shape": list(p.shape),
+                   "dtype": str(p.dtype).replace("torch.", ""), "requires_grad": p.requires_grad,
+                   "placements": placements, "gradient_kind": "DENSE",
+                   "grad_domain": ["dp_replicate"] if self.world > 1 else []}
+            if zero:
+                row["optimizer_state"] = "sharded over dp_replicate (ZeroRedundancyOptimizer)"
+            rows.append(row)
+        if self.rank == 0:
+            self._write("check/structure.json", {"parameters": rows})
+
+    def begin_step(self, step):
+        self.step_start = time.monotonic()
+        self.step_rows = {}
+        self.activations = {}
+        self.output_grads = {}
+        self.comm = {}
+
+    def record_batch(self, step, micro_batch, first_row, batch):
+        """Per micro-batch, before its forward: this rank's rows of the global batch, the first
+        of which is row first_row. batch: {field: tensor [b, ...]}."""
+        self.first_row = first_row
+        for field, t in batch.items():
+            self.step_rows.setdefault(field, []).append((first_row, t.detach().cpu()))
+
+    def after_backward_before_clip(self, step):
+        self._input_identity(step)
+        self._probe("grad_before_clip", step, {n: p.grad for n, p in self.model.named_parameters()})
+        # The forward outputs of the step and their gradients, summed over the ranks (collective).
+        for stage, table in (("forward_output", self.activations), ("output_grad", self.output_grads)):
+            names = [n for n in self.order if n in table]
+            flat = []
+            for n in names:
+                a = table[n]
+                flat += [a["sum"], a["sum_sq"], a["nonfinite"], a["numel"]] + a["sketch"]
+            flat = self._sum(flat) if names else []
+            tensors = {}
+            for i, n in enumerate(names):
+                v = flat[i * (4 + PROJECTIONS):(i + 1) * (4 + PROJECTIONS)]
+                tensors[n] = {"sum": v[0], "sum_sq": v[1], "nonfinite": int(v[2]), "numel": int(v[3]),
+                              "sketch": v[4:]}
+            if self.rank == 0 and names:
+                self._append("probes/rank0.jsonl", {"stage": stage, "step": step, "order": names, "tensors": tensors})
+
+    def _input_identity(self, step):
+        gathered = self._gather_objects(self.step_rows)
+        fields = {}
+        for rows in gathered:
+            for field, pieces in rows.items():
+                fields.setdefault(field, []).extend(pieces)
+        hashes, total = {}, 0
+        for field, pieces in sorted(fields.items()):
+            pieces.sort(key=lambda p: p[0])
+            whole = torch.cat([t for _, t in pieces], 0)
+            total = max(total, whole.shape[0])
+            hashes[field] = _hash_rows(whole)
+        h = hashlib.sha256()
+        for field, digest in sorted(hashes.items()):
+            h.update(field.encode() + b"\0" + digest.encode() + b"\0")
+        self.input = {"step": step, "global": h.hexdigest(), "fields": hashes, "rows": total}
+        if self.rank == 0:
+            self._append("data/input_identity.jsonl", self.input)
+
+    def after_clip(self, step, grad_norm):
+        self.grad_norm_pre_clip = float(grad_norm)
+        self._probe("grad_after_clip", step, {n: p.grad for n, p in self.model.named_parameters()})
+
+    def after_optimizer(self, step):
+        self._probe("after_optimizer", step, dict(self.model.named_parameters()))
+
+    def end_step(self, step, loss, lr):
+        """loss: the loss over the global batch (every rank's tokens), as a float."""
+        norm = torch.sqrt(sum((p.grad.detach().to(torch.float64) ** 2).sum()
+                              for p in self.model.parameters() if p.grad is not None))
+        row = {"step": step, "loss": float(loss), "grad_norm_pre_clip": self.grad_norm_pre_clip,
+               "grad_norm_post_clip": float(norm), "lr": float(lr), "input_hash": self.input["global"],
+               "valid_tokens": int(self.input_valid_tokens()),
+               "comm_bytes": {axis: sum(sites.values()) for axis, sites in self.comm.items()},
+               "comm_sites": self.comm}
+        ms = (time.monotonic() - self.step_start) * 1000.0
+        self._append(f"cases/runtime/performance_rank{self.rank}.jsonl", {"step": step, "step_ms": ms})
+        if self.rank == 0:
+            self._append("cases/runtime/metrics.jsonl", row)
+
+    def input_valid_tokens(self):
+        labels = self.step_rows.get("labels", [])
+        local = sum(int(t.ne(-100).sum()) for _, t in labels)
+        return int(self._sum([float(local)])[0])
+
+    def finish(self):
+        """Ends the run: a barrier, so rank 0's files are whole when any rank returns."""
+        if self.distributed and self.world > 1:
+            dist.barrier(group=self.group)
