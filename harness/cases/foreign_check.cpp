@@ -97,6 +97,10 @@ ForeignCase read_case(const fs::path& dir) {
                  " holds the evidence of case '", out.name, "' (environment.json case.name): check it where it was "
                  "written, <root>/<spec>/", out.name);
   const std::string compare_to = c.value("compare_to", "");
+  // A sibling case's name, never a path: the reference is read inside the same spec directory.
+  MIH_CHECK_CODE(compare_to.find_first_of("/\\") == std::string::npos && compare_to != "." && compare_to != "..",
+                 Code::kFailedPrecondition, "evidence ", (dir / layout::kEnvironment).string(), ": case.compare_to '",
+                 compare_to, "' is not a case name (a sibling directory of ", dir.string(), ")");
   if (!compare_to.empty()) out.reference = dir.parent_path() / compare_to;
   return out;
 }

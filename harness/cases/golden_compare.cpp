@@ -129,7 +129,7 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
     } else if (!reader.contains("loss")) {
       e.missing_from = "golden";
     } else {
-      const double x = (*row)["loss"].get<double>(), y = load("loss").item<double>();
+      const double x = ((*row)["loss"].is_number() ? (*row)["loss"].get<double>() : NAN), y = load("loss").item<double>();
       e.m.max_abs_error = std::abs(x - y);
       e.m.relative_error = e.m.max_abs_error / std::max(std::abs(y), 1e-300);
     }

@@ -468,7 +468,10 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
     }
     for (const char* m : {"loss", "grad_norm_pre_clip", "grad_norm_post_clip", "lr"}) {
       ++out.compared;
-      const double x = a.at(m).get<double>(), y = b.at(m).get<double>();
+      // A non-finite metric is written as null (JSON has no NaN): NaN here, which no tolerance
+      // holds, so a divergence, never a crash.
+      const double x = a.at(m).is_number() ? a.at(m).get<double>() : NAN;
+      const double y = b.at(m).is_number() ? b.at(m).get<double>() : NAN;
       const double abs = std::abs(x - y), rel = abs / std::max(std::abs(y), 1e-300);
       check({"metric", m, step, "metrics", rel, abs}, metrics_path, "");
     }

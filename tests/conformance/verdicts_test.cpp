@@ -233,6 +233,21 @@ TEST_F(VerdictsTest, ParityNamesTheFirstDivergentQuantity) {
   EXPECT_TRUE(verdicts::parity(ref, ev, Quantity::kLoss, 1e-6).passed()) << "within a looser tolerance";
 }
 
+// A metric that went non-finite is written as null (JSON has no NaN): a divergence naming it,
+// never an exception (mih compare answered such a run with an internal error).
+TEST_F(VerdictsTest, ANonFiniteMetricIsADivergenceNotACrash) {
+  const fs::path dir = copy("llama", "DpShard2");
+  auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
+  rows[1]["loss"] = nullptr;
+  rows[1]["grad_norm_pre_clip"] = nullptr;
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  const Comparison c = compare_evidence(real("llama", "Reference"), dir, {});
+  ASSERT_FALSE(c.passed());
+  EXPECT_THAT(c.divergences.front().message, HasSubstr("metric 'loss' at step 1"));
+  CaseEvidence ref(real("llama", "Reference"));
+  expect_fail(verdicts::parity(ref, CaseEvidence(dir), Quantity::kGradNorms, 1e-10), "metric 'grad_norm_pre_clip' at step 1");
+}
+
 // The activation probes of real evidence: every module the llama port observes, in forward
 // order, at the first two steps and the last (here steps 0, 1 and 2), on every case.
 TEST_F(VerdictsTest, ActivationProbesListEveryObservedModuleInForwardOrder) {

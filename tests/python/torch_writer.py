@@ -136,6 +136,18 @@ def main():
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     expect("mih check, an edited metrics row", [a.mih, "check", ddp], 12,
            "cases/runtime/metrics.jsonl: field line 2: grad_norm_pre_clip")
+    # A reference named by a path, not a sibling case: refused, never read outside the spec.
+    escape = os.path.join(a.work, "escape", "tiny")
+    shutil.copytree(ref, os.path.join(escape, "Reference"))
+    shutil.copytree(zero, os.path.join(escape, "DpReplicate2Zero"))
+    env_file = os.path.join(escape, "DpReplicate2Zero", "environment.json")
+    with open(env_file) as f:
+        env = json.load(f)
+    env["case"]["compare_to"] = "../../good/tiny/Reference"
+    with open(env_file, "w") as f:
+        json.dump(env, f)
+    expect("mih check, compare_to a path", [a.mih, "check", os.path.dirname(escape)], 12,
+           "case.compare_to '../../good/tiny/Reference' is not a case name")
     print(f"{len(FAILED)} failure(s)")
     return 1 if FAILED else 0
 
