@@ -28,7 +28,8 @@ placement per axis: Replicate() under DDP; the optimizer's sharding under
 ZeroRedundancyOptimizer), check/parameter_watchlist.json, data/input_identity.jsonl (SHA-256 of
 every field of the global batch, assembled from every rank's rows), cases/runtime/metrics.jsonl
 (loss, grad norms, lr, input hash, the bytes DDP's communication hook moved),
-cases/runtime/performance_rank<r>.jsonl, probes/rank0.jsonl (every parameter before the first
+cases/runtime/performance_rank<r>.jsonl, cases/runtime/replicas_step<k>.json (every rank's SHA-256 of
+every parameter after the optimizer), probes/rank0.jsonl (every parameter before the first
 step, its gradient before and after clipping, after the optimizer: sum, sum of squares, min,
 max, the random-projection sketch of mih's probes, values of small tensors; and every module's
 forward output and the gradient of the global loss with respect to it per step, by forward and
@@ -116,6 +117,10 @@ class Session:
         # What the loss each rank backpropagates is, over its share of the global batch's loss:
         # under DDP (which averages the ranks' gradients) the world size, so that the averaged
         # gradient is the global loss's.
+        if loss_scale is None and self.world > 1 and not self.ddp:
+            raise ValueError("mih_evidence.Session: on %d ranks pass the DistributedDataParallel module (its gradients are "
+                             "averaged, so each rank's loss carries the world size) or loss_scale=<what each rank's "
+                             "backpropagated loss is over its share of the global loss>" % self.world)
         self.loss_scale = float(loss_scale if loss_scale is not None else (self.world if self.ddp else 1))
         self.optimizer = None
         self.step_rows = {}
@@ -321,6 +326,15 @@ class Session:
 
     def after_optimizer(self, step):
         self._probe("after_optimizer", step, dict(self.model.named_parameters()))
+        # Replica consistency: every rank's copy of every parameter, by its bytes' SHA-256
+        # (collective), so that a rank whose copy left the others' is seen (rank 0's probes
+        # alone cannot see it).
+        mine = {n: _hash_rows(p) for n, p in self.model.named_parameters()}
+        every = self._gather_objects(mine)
+        if self.rank == 0:
+            self._write(f"cases/runtime/replicas_step{step}.json", {"step": step, "parameters": {
+                n: {"replicas": self.world, "compared": True, "pieces": 1, "digests": [d[n] for d in every]}
+                for n in mine}})
 
     def end_step(self, step, loss, lr):
         """loss: the loss over the global batch (every rank's tokens), as a float."""

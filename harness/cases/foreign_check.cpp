@@ -30,7 +30,7 @@ using nlohmann::json;
 // The suites no foreign writer's evidence instantiates, and why (docs/evidence.md, "What each
 // suite reads").
 constexpr char kNotInstantiated[] =
-    "not instantiated for it: GradientSync, TensorParallelGradients, ReplicaConsistency, GradientPresence, "
+    "not instantiated for it: GradientSync, TensorParallelGradients, GradientPresence, "
     "OptimizerLayout, SharedState, UndeclaredSharedState, DataContract, CpReplicatedInputs, TensorParallelInputs, "
     "CheckpointCoverage, SourceCheckpoint, FrozenParameters, Structure, TiedParameters and PipelineOutputs judge the "
     "findings of mih's session checks, which run inside mih's trainer on its live state (a findings file of another "
@@ -48,9 +48,14 @@ std::vector<fs::path> case_dirs(const fs::path& evidence) {
   if (is_case_dir(evidence)) return {evidence};
   std::vector<fs::path> out;
   std::error_code ec;
-  for (const auto& spec : fs::directory_iterator(evidence, ec)) {
-    if (!spec.is_directory() || spec.is_symlink()) continue;
-    for (const auto& c : fs::directory_iterator(spec.path(), ec)) {
+  // A run root (<root>/<spec>/<case>) or a spec's directory (<spec>/<case>).
+  for (const auto& child : fs::directory_iterator(evidence, ec)) {
+    if (!child.is_directory() || child.is_symlink()) continue;
+    if (is_case_dir(child.path())) {
+      out.push_back(child.path());
+      continue;
+    }
+    for (const auto& c : fs::directory_iterator(child.path(), ec)) {
       if (is_case_dir(c.path())) out.push_back(c.path());
     }
   }
@@ -63,7 +68,9 @@ std::string writer_of(const fs::path& dir) {
   try {
     const json env = read_json_file(dir / layout::kEnvironment);
     if (env.is_object() && env.contains(contract::kStampKey) && env[contract::kStampKey].is_object()) {
-      return env[contract::kStampKey].value("writer", "");
+      const json& s = env[contract::kStampKey];
+      // A stamp of another shape is the contract's to refuse, as mih's evidence would be.
+      return s.contains("writer") && s["writer"].is_string() ? s["writer"].get<std::string>() : "";
     }
   } catch (const Error&) {
   }
@@ -101,7 +108,22 @@ ForeignCase read_case(const fs::path& dir) {
   MIH_CHECK_CODE(compare_to.find_first_of("/\\") == std::string::npos && compare_to != "." && compare_to != "..",
                  Code::kFailedPrecondition, "evidence ", (dir / layout::kEnvironment).string(), ": case.compare_to '",
                  compare_to, "' is not a case name (a sibling directory of ", dir.string(), ")");
+  MIH_CHECK_CODE(compare_to != out.name, Code::kFailedPrecondition, "evidence ", (dir / layout::kEnvironment).string(),
+                 ": case.compare_to names the case itself: a case is compared with another run (its 1-rank run)");
   if (!compare_to.empty()) out.reference = dir.parent_path() / compare_to;
+  // mih's case runner writes case_run.json (outcome, digests): such a directory is mih's
+  // evidence, checked by every suite that applies to it, never by this weaker check because
+  // its stamp was renamed.
+  std::error_code ec;
+  MIH_CHECK_CODE(!fs::exists(dir / layout::kCaseRecord, ec) && !fs::exists(dir / layout::kCaseRequest, ec),
+                 Code::kFailedPrecondition, "evidence ", dir.string(), " holds mih's case records (",
+                 layout::kCaseRecord, ", ", layout::kCaseRequest, ") but names the writer '", v.writer,
+                 "': mih's evidence is checked as mih's; rerun the case, or restore its environment.json");
+  // What the foreign suites read: missing, it is bad evidence (12), not a failed test.
+  for (const char* file : {layout::kMetrics, layout::kProbes, layout::kParameterWatchlist}) {
+    MIH_CHECK_CODE(fs::exists(dir / file, ec), Code::kFailedPrecondition, "evidence ", dir.string(), " has no ", file,
+                   ", which mih check reads (NumericParity); the writer must write it (docs/evidence.md)");
+  }
   return out;
 }
 
@@ -153,11 +175,22 @@ void numeric_parity(const ForeignCase& c, double tolerance) {
 // InputIdentity on a foreign case: every step of the reference's global batch, field by field.
 void same_inputs(const ForeignCase& c) {
   const EvidenceDir mine = EvidenceDir::open_existing(c.dir), theirs = EvidenceDir::open_existing(c.reference);
-  std::map<int64_t, json> ref;
-  for (const json& row : theirs.read_jsonl(layout::kInputIdentity)) ref[row.at("step").get<int64_t>()] = row;
+  // Rows by step; two rows of one step are not one run's (the second would hide the first).
+  auto by_step = [](const EvidenceDir& d) {
+    std::map<int64_t, json> out;
+    for (const json& row : d.read_jsonl(layout::kInputIdentity)) {
+      const int64_t step = row.at("step").get<int64_t>();
+      MIH_CHECK_CODE(out.emplace(step, row).second, Code::kFailedPrecondition, "evidence file ",
+                     (d.root() / layout::kInputIdentity).string(), " has two rows for step ", step);
+    }
+    return out;
+  };
+  std::error_code ec;
+  ASSERT_TRUE(fs::exists(c.dir / layout::kInputIdentity, ec) && fs::exists(c.reference / layout::kInputIdentity, ec))
+      << c.spec << "/" << c.name << ": " << (c.dir / layout::kInputIdentity).string() << " and "
+      << (c.reference / layout::kInputIdentity).string() << " must both exist (one side recorded its inputs)";
+  const std::map<int64_t, json> ref = by_step(theirs), seen = by_step(mine);
   int steps = 0;
-  std::map<int64_t, json> seen;
-  for (const json& row : mine.read_jsonl(layout::kInputIdentity)) seen[row.at("step").get<int64_t>()] = row;
   for (const auto& [step, row] : seen) {
     const auto it = ref.find(step);
     if (it == ref.end()) {
@@ -166,7 +199,12 @@ void same_inputs(const ForeignCase& c) {
       continue;
     }
     ++steps;
-    if (row.at("global") == it->second.at("global")) continue;
+    // Every part: the global hash, each field's, the row count (a field edited under an
+    // unchanged global hash is not the same batch).
+    if (row.at("global") == it->second.at("global") && row.at("fields") == it->second.at("fields") &&
+        row.at("rows") == it->second.at("rows")) {
+      continue;
+    }
     std::string fields;
     for (const auto& [field, hash] : row.at("fields").items()) {
       const json& other = it->second.at("fields");
@@ -181,6 +219,49 @@ void same_inputs(const ForeignCase& c) {
   }
   ASSERT_GT(steps, 0) << c.spec << "/" << c.name << ": no step in common with the reference's input identity";
   std::printf("  examined the global batch of %d step(s) against %s\n", steps, c.reference.filename().string().c_str());
+}
+
+// The cases/runtime/replicas_step<k>.json files of `dir` whose records carry digests, by step.
+std::map<int64_t, fs::path> replica_files(const fs::path& dir) {
+  std::map<int64_t, fs::path> out;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir / layout::kRuntimeDir, ec)) {
+    const std::string name = f.path().filename().string();
+    const std::string prefix = fs::path(layout::replicas_step(0)).filename().string();  // "replicas_step0.json"
+    const std::string head = prefix.substr(0, prefix.find('0'));
+    if (name.rfind(head, 0) != 0) continue;
+    const json j = read_json_file(f.path());
+    if (j.contains("step") && j["step"].is_number_integer()) out[j["step"].get<int64_t>()] = f.path();
+  }
+  return out;
+}
+
+// ReplicaConsistency on a foreign case: after every step's optimizer, every rank's copy of
+// every parameter has the same bytes (the digests each rank computed of its own copy).
+void replicas_agree(const ForeignCase& c) {
+  int64_t compared = 0, steps = 0;
+  for (const auto& [step, file] : replica_files(c.dir)) {
+    ++steps;
+    const json j = read_json_file(file);
+    if (!j.contains("parameters") || !j["parameters"].is_object()) continue;
+    for (const auto& [fqn, record] : j["parameters"].items()) {
+      if (!record.is_object() || !record.contains("digests") || !record["digests"].is_array()) continue;
+      const json& d = record["digests"];
+      if (d.size() < 2) continue;
+      ++compared;
+      std::string differ;
+      for (size_t r = 1; r < d.size(); ++r) {
+        if (d[r] != d[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      }
+      EXPECT_TRUE(differ.empty()) << c.spec << "/" << c.name << ": parameter '" << fqn << "' after step " << step
+                                  << "'s optimizer: rank(s) " << differ << " hold other bytes than rank 0 (open "
+                                  << file.string() << ")";
+    }
+  }
+  ASSERT_GT(compared, 0) << c.spec << "/" << c.name << ": no parameter was held by two ranks or more in the replica "
+                         << "records under " << (c.dir / layout::kRuntimeDir).string();
+  std::printf("  examined %lld replicated parameter record(s) over %lld step(s)\n", static_cast<long long>(compared),
+              static_cast<long long>(steps));
 }
 
 }  // namespace
@@ -204,8 +285,9 @@ int check_foreign_evidence(const fs::path& evidence, const std::vector<std::stri
       filtered = filtered || a.rfind("--gtest_filter=", 0) == 0;
       gtest.push_back(a);
     } else {
-      MIH_THROW(Code::kInvalidSpec, "mih check of another writer's evidence takes --gtest_* flags and --no-progress, not '",
-                a, "': its tolerances and suites are this mih's own (docs/evidence.md)");
+      std::fprintf(stderr, "mih check: another writer's evidence takes --gtest_* flags and --no-progress, not '%s': "
+                   "its tolerances and suites are this mih's own (docs/evidence.md)\n", a.c_str());
+      return 2;
     }
   }
   std::vector<ForeignCase> cases;
@@ -241,14 +323,30 @@ int check_foreign_evidence(const fs::path& evidence, const std::vector<std::stri
       register_test("Foreign/InputIdentity", "SameInputsAsReference/" + c.spec + "/" + c.name, [c] { same_inputs(c); });
       ++registered;
     }
+    // Where the writer recorded every rank's copy (more than one rank), those copies.
+    bool digests = false;
+    for (const auto& [step, file] : replica_files(c.dir)) {
+      const json j = read_json_file(file);
+      if (!j.contains("parameters") || !j["parameters"].is_object()) continue;
+      for (const auto& [fqn, record] : j["parameters"].items()) {
+        digests = digests || (record.is_object() && record.contains("digests") && record["digests"].is_array() &&
+                              record["digests"].size() > 1);
+      }
+    }
+    if (digests) {
+      register_test("Foreign/ReplicaConsistency", "ReplicasAgreeAfterEveryStep/" + c.spec + "/" + c.name,
+                    [c] { replicas_agree(c); });
+      ++registered;
+    }
   }
-  MIH_CHECK(registered > 0, "mih check: no case of ", evidence.string(),
-            " names a reference (environment.json case.compare_to): there is nothing to check it against");
+  MIH_CHECK_CODE(registered > 0, Code::kFailedPrecondition, "mih check: no case of ", evidence.string(),
+                 " names a reference (environment.json case.compare_to): there is nothing to check it against");
   if (progress) {
     std::string names;
     for (const auto& [w, n] : writers) names += (names.empty() ? "" : ", ") + w + " (" + std::to_string(n) + ")";
     std::fprintf(stderr, "mih check: %zu case director%s written by %s, valid under %s version %d; %d test(s) of "
-                 "measured evidence (NumericParity, InputIdentity), at this mih's tolerances; %s\n",
+                 "measured evidence (NumericParity, InputIdentity, ReplicaConsistency where each rank's copies are recorded), at "
+                 "this mih's tolerances; %s\n",
                  cases.size(), cases.size() == 1 ? "y" : "ies", names.c_str(), contract::kName, contract::kVersion,
                  registered, kNotInstantiated);
   }

@@ -10,6 +10,8 @@
 //     divergence localized)
 //   Foreign/InputIdentity.SameInputsAsReference/<spec>/<case>   (the global batch of every
 //     step, field by field)
+//   Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/<spec>/<case>   (where the writer
+//     recorded each rank's SHA-256 of every parameter after the optimizer: all equal)
 // The suites that judge the findings of mih's session checks or its runtime's records are not
 // instantiated for such evidence, and the check says which and why.
 #pragma once

@@ -14,6 +14,7 @@
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -24,6 +25,7 @@
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/spec/model_spec.h"
 #include "harness/base/strings.h"
 
 namespace mih::cli {
@@ -186,13 +188,15 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
   auto f = std::make_shared<Flags>();
   sub.add_option("reference", f->reference, "reference evidence directory")->required();
   sub.add_option("candidate", f->candidate, "evidence directory to check")->required();
-  sub.add_option("--tolerance", f->options.tolerance, "relative tolerance (a finite number >= 0)")
-      ->capture_default_str()
-      ->check(at_least(0.0));
+  CLI::Option* tolerance =
+      sub.add_option("--tolerance", f->options.tolerance,
+                     "relative tolerance (a finite number >= 0; default: this mih's cross-topology tolerance for the "
+                     "candidate's dtype: float64 1e-10, float32 1e-3, bfloat16 5e-2)")
+          ->check(at_least(0.0));
   sub.add_option("--from-step", f->options.first_step, "compare steps from this one (a resume)")
       ->capture_default_str()
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
-  return [f] {
+  return [f, tolerance] {
     // Nothing is compared that the contract does not describe: a foreign writer's evidence is
     // welcome, a damaged or edited file is refused before it is read.
     for (const auto* side : {&f->reference, &f->candidate}) {
@@ -205,6 +209,25 @@ CommandRun setup_compare(CLI::App& sub, const Invocation&) {
           *side, "compare only evidence that does: rerun its case, or fix the writer that produced it");
       std::printf("%s: %s, written by %s (%d files, %d values valid)\n", side == &f->reference ? "reference" : "candidate",
                   side->string().c_str(), v.writer.c_str(), v.files, v.values);
+    }
+    if (tolerance->count() == 0) {
+      // The candidate's dtype (config.resolved.json, else environment.json's case) picks this
+      // mih's default; evidence never sets a tolerance itself.
+      std::string dtype;
+      for (const auto& [file, pointer] : {std::pair<const char*, const char*>{layout::kConfigResolved, "/dtype"},
+                                          {layout::kEnvironment, "/case/config/dtype"}}) {
+        if (!dtype.empty() || !std::filesystem::exists(f->candidate / file)) continue;
+        const nlohmann::json j = read_json_file(f->candidate / file);
+        const nlohmann::json::json_pointer at(pointer);
+        if (j.contains(at) && j[at].is_string()) dtype = j[at].get<std::string>();
+      }
+      const spec::Tolerances defaults;
+      const auto it = defaults.cross_topology.find(dtype.empty() ? "float64" : dtype);
+      MIH_CHECK_CODE(it != defaults.cross_topology.end(), Code::kFailedPrecondition, "evidence ",
+                     f->candidate.string(), " is of dtype '", dtype, "', which has no default tolerance here: pass --tolerance");
+      f->options.tolerance = it->second;
+      std::printf("tolerance %g (%s's cross-topology default; --tolerance sets another)\n", it->second,
+                  dtype.empty() ? "float64" : dtype.c_str());
     }
     const Comparison c = compare_evidence(f->reference, f->candidate, f->options);
     std::printf("%s\n", c.summary().c_str());
@@ -225,19 +248,26 @@ CommandRun setup_validate(CLI::App& sub, const Invocation&) {
         cases.push_back(dir);
         continue;
       }
-      // A run root: <root>/<spec>/<case>, the case directories (a record or a session's files).
+      // A run root (<root>/<spec>/<case>) or a spec's directory (<spec>/<case>): its case
+      // directories (a record or a session's files).
+      auto is_case = [](const fs::directory_entry& c) {
+        return c.is_directory() && !c.is_symlink() &&
+               (fs::exists(c.path() / layout::kCaseRecord) || fs::exists(c.path() / layout::kEnvironment));
+      };
       std::vector<fs::path> found;
-      for (const auto& spec : fs::directory_iterator(dir, ec)) {
-        if (!spec.is_directory() || spec.is_symlink()) continue;
-        for (const auto& c : fs::directory_iterator(spec.path(), ec)) {
-          if (c.is_directory() && !c.is_symlink() &&
-              (fs::exists(c.path() / layout::kCaseRecord) || fs::exists(c.path() / layout::kEnvironment))) {
-            found.push_back(c.path());
-          }
+      for (const auto& child : fs::directory_iterator(dir, ec)) {
+        if (!child.is_directory() || child.is_symlink()) continue;
+        if (is_case(child)) {
+          found.push_back(child.path());
+          continue;
+        }
+        for (const auto& c : fs::directory_iterator(child.path(), ec)) {
+          if (is_case(c)) found.push_back(c.path());
         }
       }
       MIH_CHECK_CODE(!found.empty(), Code::kFailedPrecondition, dir.string(),
-                     " holds no case directory (<spec>/<case>/ with case_run.json or environment.json) and is none");
+                     " is no case directory (case_run.json or environment.json in it) and holds none, as a spec's "
+                     "directory (<spec>/<case>/) or a run root (<root>/<spec>/<case>/) does");
       std::sort(found.begin(), found.end());
       cases.insert(cases.end(), found.begin(), found.end());
     }

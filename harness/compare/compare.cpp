@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -33,10 +34,15 @@ std::string fmt(double v) {
   return buf;
 }
 
-// step -> row (or stage -> line) of a JSONL evidence file.
-std::map<int64_t, json> by_step(const std::vector<json>& rows) {
+// step -> row of a JSONL evidence file. Two rows of one step are refused: which one a
+// comparison read would decide the verdict (a wrong first row hidden by a right second one).
+std::map<int64_t, json> by_step(const std::vector<json>& rows, const std::string& file) {
   std::map<int64_t, json> out;
-  for (const auto& r : rows) out[r.at("step").get<int64_t>()] = r;
+  for (const auto& r : rows) {
+    const int64_t step = r.at("step").get<int64_t>();
+    MIH_CHECK_CODE(out.emplace(step, r).second, Code::kFailedPrecondition, "evidence file ", file, " has two rows for step ",
+                   step, ": one run writes one row per step; it is not one run's evidence");
+  }
   return out;
 }
 
@@ -346,14 +352,14 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
                  candidate.string(), " of spec '", cand_spec, "'; compare two cases of one spec");
   Comparison out;
   const std::string metrics_file = layout::kMetrics, probes_file = layout::kProbes;
-  const auto ref_metrics = by_step(read_required(ref, metrics_file));
-  const auto cand_metrics = by_step(read_required(cand, metrics_file));
+  const auto ref_metrics = by_step(read_required(ref, metrics_file), (reference / metrics_file).string());
+  const auto cand_metrics = by_step(read_required(cand, metrics_file), (candidate / metrics_file).string());
   std::vector<int64_t> steps;
   for (const auto& [step, row] : cand_metrics) {
     if (step >= o.first_step && ref_metrics.count(step)) steps.push_back(step);
   }
-  MIH_CHECK(!steps.empty(), "evidence ", candidate.string(), " and reference ", reference.string(),
-            " have no step in common at or after step ", o.first_step);
+  MIH_CHECK_CODE(!steps.empty(), Code::kFailedPrecondition, "evidence ", candidate.string(), " and reference ",
+                 reference.string(), " have no step in common at or after step ", o.first_step);
 
   // Both sides must hold the same quantities: what one side recorded and the other did not
   // is a divergence naming the side that lacks it, never a silent skip.
@@ -440,8 +446,15 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
     }
   }
   std::map<std::pair<int64_t, std::string>, json> ref_probes, cand_probes;
-  for (const auto& l : read_required(ref, probes_file)) ref_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
-  for (const auto& l : read_required(cand, probes_file)) cand_probes[{l["step"].get<int64_t>(), l["stage"].get<std::string>()}] = l;
+  for (auto [side, probes, dir] : {std::tuple{&ref, &ref_probes, &reference}, std::tuple{&cand, &cand_probes, &candidate}}) {
+    for (const auto& l : read_required(*side, probes_file)) {
+      const int64_t step = l["step"].get<int64_t>();
+      const std::string stage = l["stage"].get<std::string>();
+      MIH_CHECK_CODE(probes->emplace(std::make_pair(step, stage), l).second, Code::kFailedPrecondition, "evidence file ",
+                     (*dir / probes_file).string(), " has two lines for step ", step, ", stage ", stage,
+                     ": one run probes each stage once per step; it is not one run's evidence");
+    }
+  }
   // A session probes the parameters before a step only at its first step: later, they are the
   // parameters after the previous step's optimizer.
   for (auto* side : {&ref_probes, &cand_probes}) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -189,7 +190,8 @@ std::vector<Problem> validate_with(const Contract& c, const Entry& e, const std:
     }
   }
   if (at && message.find("Missing required property") == std::string::npos) {
-    message += " (the value is " + std::string(at->type_name()) + " " + json_summary(*at, 80) + ")";
+    message += at->is_null() ? std::string(" (the value is null)")
+                             : " (the value is " + std::string(at->type_name()) + " " + json_summary(*at, 80) + ")";
   }
   out.push_back({relative, field, message});
   return out;
@@ -254,6 +256,11 @@ void check_file(const Contract& c, const fs::path& dir, const std::string& relat
     add("", "cannot be read");
     return;
   }
+  // A NUL byte would end the parse early and pass what follows it unread.
+  if (text.find('\0') != std::string::npos) {
+    add("", "holds a NUL byte at offset " + std::to_string(text.find('\0')) + ": it is not JSON, JSONL or CSV text");
+    return;
+  }
   if (e->format == "json") {
     json value;
     try {
@@ -266,13 +273,24 @@ void check_file(const Contract& c, const fs::path& dir, const std::string& relat
     if (pattern_path == layout::kEnvironment && value.is_object() && value.contains(kStampKey) &&
         value[kStampKey].is_object()) {
       const json& s = value[kStampKey];
-      if (s.value("contract", "") == kName && s.contains("version") && s["version"] != kVersion) {
+      // Another version of this contract (an integer other than ours) is said as such; any
+      // other shape of the stamp is the schema's to name.
+      if (s.contains("contract") && s["contract"] == kName && s.contains("version") &&
+          s["version"].is_number_integer() && s["version"] != kVersion) {
         add(std::string(kStampKey) + ".version",
             "the evidence follows " + std::string(kName) + " version " + json_summary(s["version"]) +
                 "; this mih reads version " + std::to_string(kVersion) + ": check it with a mih of that contract");
         return;
       }
-      if (s.contains("writer") && s["writer"].is_string()) v.writer = s["writer"].get<std::string>();
+      if (s.contains("writer") && s["writer"].is_string()) {
+        const std::string writer = s["writer"].get<std::string>();
+        // Printed in every verdict that names it: one line of text.
+        if (std::any_of(writer.begin(), writer.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; })) {
+          add(std::string(kStampKey) + ".writer", "holds a control character: a writer is named on one line of text");
+          return;
+        }
+        v.writer = writer;
+      }
     }
     for (Problem& p : validate_with(c, *e, relative, value, 0)) {
       if (v.problems.size() < max_problems) v.problems.push_back(std::move(p));
@@ -284,8 +302,9 @@ void check_file(const Contract& c, const fs::path& dir, const std::string& relat
   std::vector<std::string> header;
   for (size_t end; (end = text.find('\n', start)) != std::string::npos && v.problems.size() < max_problems;
        start = end + 1, ++line) {
-    const std::string_view row = std::string_view(text).substr(start, end - start);
+    std::string_view row = std::string_view(text).substr(start, end - start);
     if (e->format == "csv") {
+      if (!row.empty() && row.back() == '\r') row.remove_suffix(1);  // RFC 4180's CRLF
       const std::vector<std::string> fields = csv_fields(row);
       if (line == 1) {
         header = fields;
@@ -323,7 +342,19 @@ void check_file(const Contract& c, const fs::path& dir, const std::string& relat
 json stamp(const std::string& writer) { return {{"contract", kName}, {"version", kVersion}, {"writer", writer}}; }
 
 std::string Problem::text() const {
-  return file + (field.empty() ? std::string() : ": field " + field) + ": " + message;
+  // A file name is the directory's, not ours: a newline or an escape sequence in it must not
+  // forge a line of the report or reach the terminal.
+  std::string name;
+  for (unsigned char ch : file) {
+    if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      name += buf;
+    } else {
+      name += static_cast<char>(ch);
+    }
+  }
+  return name + (field.empty() ? std::string() : ": field " + field) + ": " + message;
 }
 
 Validation validate_case_dir(const fs::path& dir, bool require_stamp, size_t max_problems) {

@@ -95,6 +95,18 @@ def activations_sent_twice(case_dir):
         f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
+def lr_schedule_stepped_twice(case_dir):
+    """The learning-rate scheduler stepped twice per step on the case (an extra
+    scheduler.step() in a gradient-accumulation loop): its lr from step 1 on is the next one's."""
+    path = os.path.join(case_dir, "cases", "runtime", "metrics.jsonl")
+    with open(path) as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    for r in rows[1:]:
+        r["lr"] *= 0.5
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
 def unit_loses_a_parameter(units):
     for u in units.values():
         if u.get("parameters"):
@@ -126,6 +138,8 @@ MUTATIONS = {
     "DataContract.EveryFieldHasOneOwner":
         ("llama", "DpShard2", "position_ids written by the pipeline and by the runtime",
          finding("MIH-DATA-003", "position_ids", "field 'position_ids' is produced by the pipeline and declared runtime-owned")),
+    "NumericParity.LearningRateMatchesReference":
+        ("llama", "DpShard2", "an lr scheduler stepped twice per step", lr_schedule_stepped_twice),
     "PipelineSchedule.EveryRankRanAValidOrder":
         ("llama", "Pp2Mb4", "a 1F1B rank that runs a micro-batch's backward before its forward", backward_before_forward),
     "PipelineOutputs.FieldsRecomputedFromTheRawDocuments":

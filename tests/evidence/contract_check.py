@@ -255,6 +255,21 @@ def main():
     expect_refused("mih validate, contract version 2", [a.mih, "validate", d], "environment.json",
                    "evidence_contract.version", "version 1")
 
+    # mih's evidence under another writer's name: still mih's (its case records), never the
+    # weaker check of a foreign writer.
+    d = fresh()
+    with open(os.path.join(d, "environment.json")) as f:
+        doc = json.load(f)
+    doc["evidence_contract"]["writer"] = "totally-not-mih 1.0 (x)"
+    with open(os.path.join(d, "environment.json"), "w") as f:
+        json.dump(doc, f)
+    expect_refused("mih check, mih's evidence under another writer's name", [a.mih, "check", d],
+                   "holds mih's case records")
+    doc["evidence_contract"]["writer"] = 5
+    with open(os.path.join(d, "environment.json"), "w") as f:
+        json.dump(doc, f)
+    expect_refused("mih check, a writer that is a number", [a.mih, "check", d, "--allow-edited-evidence"],
+                   "field evidence_contract.writer", "number 5")
     print(f"{len(FAILED)} failure(s)")
     return 1 if FAILED else 0
 

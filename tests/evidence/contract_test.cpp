@@ -156,6 +156,37 @@ TEST(EvidenceContractTest, ACsvRowWithAnotherFieldCountOrAnotherHeaderIsNamed) {
   EXPECT_THAT(v.problems[0].message, HasSubstr("the header is not the contract's columns"));
 }
 
+TEST(EvidenceContractTest, HostileTextIsAProblemNeverACrashOrAForgedLine) {
+  const fs::path dir = valid_case("contract_hostile");
+  // A NUL byte would end the parse early: what follows it is never read as valid.
+  write(dir / "data/input_identity.jsonl", identity_row(0).dump() + std::string(1, '\0') + "{{{\n");
+  // A stamp of the wrong shape: the writer a number.
+  json env = {{contract::kStampKey, contract::stamp("x")}};
+  env[contract::kStampKey]["writer"] = 5;
+  write(dir / "environment.json", env.dump());
+  // A file name with a newline and an escape sequence.
+  write(dir / "check/a\nINVALID  forged\x1b[31m", "{}");
+  contract::Validation v = contract::validate_case_dir(dir);
+  const std::string all = texts(v);
+  EXPECT_THAT(all, HasSubstr("data/input_identity.jsonl: holds a NUL byte at offset"));
+  EXPECT_THAT(all, HasSubstr("environment.json: field evidence_contract.writer: Value type not permitted by 'type' "
+                             "constraint (the value is number 5)"));
+  EXPECT_THAT(all, HasSubstr("check/a\\x0aINVALID  forged\\x1b[31m: no entry"));
+  EXPECT_EQ(all.find("\nINVALID"), std::string::npos) << all;
+  // A writer with a control character, and CRLF line ends in the CSV (RFC 4180's own).
+  env[contract::kStampKey]["writer"] = "trainer\nINVALID";
+  write(dir / "environment.json", env.dump());
+  fs::remove(dir / "check/a\nINVALID  forged\x1b[31m");
+  write(dir / "data/input_identity.jsonl", identity_row(0).dump() + "\n");
+  write(dir / "check/parameter_ownership.csv",
+        "fqn,owner,aliases,gradient_kind,grad_domain,placements,global_shape,local_shape,dtype,device,fsdp_unit\r\n"
+        "w,,,DENSE,,Replicate(),[4x4],[4x4],float32,cpu,root\r\n");
+  v = contract::validate_case_dir(dir);
+  ASSERT_THAT(v.problems, SizeIs(1)) << texts(v);
+  EXPECT_EQ(v.problems[0].field, "evidence_contract.writer");
+  EXPECT_THAT(v.problems[0].message, HasSubstr("control character"));
+}
+
 TEST(EvidenceContractTest, NestedPhasesFollowTheSameContract) {
   const fs::path dir = valid_case("contract_nested");
   json bad = identity_row(0);

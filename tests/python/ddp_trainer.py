@@ -11,7 +11,9 @@ one of two classic DDP bugs:
   per_rank_mean  each rank averages over its own valid targets (DDP then averages the ranks'
                  gradients: a weighted mean, not the global one);
   no_sync_drop   the last micro-batch runs under no_sync (its gradient is never all-reduced:
-                 each rank keeps its own, and the other rank's micro-batch is dropped).
+                 each rank keeps its own, and the other rank's micro-batch is dropped);
+  rank_lr_last   rank 1 steps with twice the lr at the last step (its copy of the model leaves
+                 rank 0's, which alone the probes see).
 """
 import argparse
 import contextlib
@@ -85,7 +87,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer over the DDP ranks")
-    ap.add_argument("--bug", choices=["none", "per_rank_mean", "no_sync_drop"], default="none")
+    ap.add_argument("--bug", choices=["none", "per_rank_mean", "no_sync_drop", "rank_lr_last"], default="none")
     a = ap.parse_args()
 
     distributed = "WORLD_SIZE" in os.environ
@@ -139,6 +141,9 @@ def main():
         ev.after_backward_before_clip(step)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         ev.after_clip(step, norm)
+        if a.bug == "rank_lr_last" and rank == 1 and step == a.steps - 1:
+            for group in optimizer.param_groups:
+                group["lr"] *= 2  # rank 1's copy leaves the others' at the last step
         optimizer.step()
         ev.after_optimizer(step)
         if distributed:

@@ -10,6 +10,8 @@ fails at import there, so FSDP-in-Python is untested here):
   BugPerRankMean     DpReplicate2Zero's loop with each rank's loss averaged over its own targets
   BugNoSync          DpReplicate2's loop with the last micro-batch under no_sync (its gradient is
                      never all-reduced)
+  BugRankLr          DDP with rank 1 stepping at twice the lr at the last step (its replica
+                     leaves rank 0's; the probes, global values of rank 0, match)
 and checks: every directory follows the contract (`mih validate`, and Debian's python3-jsonschema
 against the installed schemas); `mih check` and `mih compare` pass the correct runs against the
 1-rank Reference and fail each bug, naming the divergence; an edited file is refused (exit 12).
@@ -92,26 +94,28 @@ def main():
     shutil.copytree(ref, os.path.join(bugs, "tiny", "Reference"))
     mean = train(bugs, "BugPerRankMean", 2, "--zero", "--bug", "per_rank_mean")
     nosync = train(bugs, "BugNoSync", 2, "--micro-batches", "2", "--bug", "no_sync_drop")
+    replicas = train(bugs, "BugRankLr", 2, "--bug", "rank_lr_last")
     if FAILED:
         return 1
 
     # The contract, by both implementations.
     expect("mih validate, the Python writer's evidence", [a.mih, "validate", good, bugs], 0,
-           "written by mih-evidence.py", "6 case directories, 0 not following")
+           "written by mih-evidence.py", "7 case directories, 0 not following")
     sys.path.insert(0, os.path.join(HERE, "..", "evidence"))
     import contract_check  # Debian's python3-jsonschema against the schema files
     contract = contract_check.Contract(a.schemas)
-    for d in (ref, ddp, zero, mean, nosync):
+    for d in (ref, ddp, zero, mean, nosync, replicas):
         files, values, problems = contract.problems(d)
         if problems:
             fail(f"python3-jsonschema: {d}: {problems[:3]}")
-    print("ok: python3-jsonschema: 5 case directories valid", flush=True)
+    print("ok: python3-jsonschema: 6 case directories valid", flush=True)
 
     # The correct runs equal their 1-rank run; the checks say what they examined.
     out = expect("mih check, DDP and DDP + ZeroRedundancyOptimizer against the 1-rank run",
                  [a.mih, "check", good], 0, "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2",
                  "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Zero",
-                 "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2", "4 tests", "examined",
+                 "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2",
+                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "6 tests", "examined",
                  "written by mih-evidence.py", "not instantiated for it: GradientSync")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
@@ -126,6 +130,10 @@ def main():
            "Foreign/NumericParity.MatchesReference/tiny/BugNoSync", "FAILED",
            "the activations and their gradients match at step 0", "weight gradient or its reduction")
     expect("mih compare, the last micro-batch under no_sync", [a.mih, "compare", ref, nosync], 1, "step 0")
+
+    expect("mih check, rank 1's copy leaving rank 0's at the last step", [a.mih, "check", replicas], 1,
+           "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/BugRankLr", "after step 2's optimizer: rank(s) 1 "
+           "hold other bytes than rank 0")
 
     # Evidence that breaks the contract is refused, naming file and field.
     metrics = os.path.join(ddp, "cases", "runtime", "metrics.jsonl")
@@ -148,6 +156,52 @@ def main():
         json.dump(env, f)
     expect("mih check, compare_to a path", [a.mih, "check", os.path.dirname(escape)], 12,
            "case.compare_to '../../good/tiny/Reference' is not a case name")
+    # Each of these is bad evidence (12) or a failed check (1), never a pass.
+    def variant(name, edit):
+        root = os.path.join(a.work, name, "tiny")
+        shutil.copytree(ref, os.path.join(root, "Reference"))
+        case = os.path.join(root, "DpReplicate2Zero")
+        shutil.copytree(zero, case)
+        edit(case)
+        return case
+
+    def edit_lines(relative, change):
+        def apply(case):
+            path = os.path.join(case, relative)
+            with open(path) as f:
+                rows = [json.loads(l) for l in f]
+            rows = change(rows)
+            with open(path, "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+        return apply
+
+    def wrong_then_right(rows):
+        wrong = dict(rows[0], loss=rows[0]["loss"] + 1.0)
+        return [wrong] + rows
+    d = variant("duplicate", edit_lines("cases/runtime/metrics.jsonl", wrong_then_right))
+    expect("mih compare, a wrong row before the right one", [a.mih, "compare", os.path.join(os.path.dirname(d), "Reference"), d],
+           12, "has two rows for step 0")
+
+    def field_edit(rows):
+        rows[0]["fields"]["labels"] = "0" * 64
+        return rows
+    d = variant("fields", edit_lines("data/input_identity.jsonl", field_edit))
+    expect("mih check, a field's hash edited under the same global hash", [a.mih, "check", d], 1,
+           "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2Zero", "differs from Reference's in labels")
+
+    def self_reference(case):
+        path = os.path.join(case, "environment.json")
+        with open(path) as f:
+            env = json.load(f)
+        env["case"]["compare_to"] = "DpReplicate2Zero"
+        with open(path, "w") as f:
+            json.dump(env, f)
+    d = variant("self", self_reference)
+    expect("mih check, a case its own reference", [a.mih, "check", d], 12, "names the case itself")
+    d = variant("noprobes", lambda case: os.remove(os.path.join(case, "probes", "rank0.jsonl")))
+    expect("mih check, no probes", [a.mih, "check", d], 12, "has no probes/rank0.jsonl")
+    expect("mih compare picks the dtype's tolerance", [a.mih, "compare", ref, zero], 0,
+           "tolerance 1e-10 (float64's cross-topology default")
     print(f"{len(FAILED)} failure(s)")
     return 1 if FAILED else 0
 
