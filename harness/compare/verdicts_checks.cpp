@@ -60,14 +60,30 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
 Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate) {
   const auto& a = candidate.jsonl(layout::kInputIdentity);
   std::map<int64_t, const json*> ref;
-  for (const auto& row : reference.jsonl(layout::kInputIdentity)) ref[row.value("step", int64_t{-1})] = &row;
+  for (const auto& row : reference.jsonl(layout::kInputIdentity)) {
+    if (!ref.emplace(row.value("step", int64_t{-1}), &row).second) {
+      return Verdict::fail("the reference's data/input_identity.jsonl has two rows for step " +
+                           std::to_string(row.value("step", int64_t{-1})) + ": it is not one run's evidence");
+    }
+  }
+  std::set<int64_t> seen;
   int compared = 0;
   for (const auto& row : a) {
     const int64_t step = row.value("step", int64_t{-1});
+    if (!seen.insert(step).second) {
+      return Verdict::fail("data/input_identity.jsonl has two rows for step " + std::to_string(step) +
+                           ": it is not one run's evidence (open " + rel_path(candidate, layout::kInputIdentity) + ")");
+    }
     auto it = ref.find(step);
     if (it == ref.end()) continue;
     ++compared;
-    if (row.value("global", "") == it->second->value("global", "")) continue;
+    // Every part: the global hash, each field's and the row count (a field changed under an
+    // unchanged global hash is not the same batch).
+    if (row.value("global", "") == it->second->value("global", "") &&
+        row.value("fields", json::object()) == it->second->value("fields", json::object()) &&
+        row.value("rows", 0) == it->second->value("rows", 0)) {
+      continue;
+    }
     std::string fields;
     const json mine = row.value("fields", json::object()), theirs = it->second->value("fields", json::object());
     for (const auto& [name, hash] : mine.items()) {
@@ -85,7 +101,7 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
     return Verdict::fail("no step in common with the reference in data/input_identity.jsonl (open " +
                          rel_path(candidate, layout::kInputIdentity) + ")");
   }
-  return Verdict::pass();
+  return Verdict::pass("examined the global batch of " + std::to_string(compared) + " step(s), field by field");
 }
 
 Verdict checkpoint_round_trip(const CaseEvidence& ev) {

@@ -346,6 +346,16 @@ TEST_F(VerdictsTest, InputIdentityNamesTheFieldThatDiffers) {
   rows[0]["fields"]["labels"] = "0000";
   write_lines(dir / "data/input_identity.jsonl", rows);
   expect_fail(verdicts::same_inputs_as_reference(ref, CaseEvidence(dir)), "in field(s) labels");
+  // A field's hash changed under the reference's global hash: not the same batch either.
+  rows = read_lines(real("llama", "DpShard2") / "data/input_identity.jsonl");
+  rows[1]["fields"]["labels"] = std::string(64, '0');
+  write_lines(dir / "data/input_identity.jsonl", rows);
+  expect_fail(verdicts::same_inputs_as_reference(ref, CaseEvidence(dir)), "step 1 differs from the reference's in field(s) labels");
+  // Two rows of one step: which one is read would decide the verdict.
+  rows = read_lines(real("llama", "DpShard2") / "data/input_identity.jsonl");
+  rows.insert(rows.begin(), rows[0]);
+  write_lines(dir / "data/input_identity.jsonl", rows);
+  expect_fail(verdicts::same_inputs_as_reference(ref, CaseEvidence(dir)), "two rows for step 0");
 }
 
 TEST_F(VerdictsTest, FsdpUnitsMustCoverEveryShardedParameter) {
