@@ -62,7 +62,7 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
   std::map<int64_t, const json*> ref;
   for (const auto& row : reference.jsonl(layout::kInputIdentity)) {
     if (!ref.emplace(row.value("step", int64_t{-1}), &row).second) {
-      return Verdict::fail("the reference's data/input_identity.jsonl has two rows for step " +
+      return Verdict::fail("the reference's " + std::string(layout::kInputIdentity) + " has two rows for step " +
                            std::to_string(row.value("step", int64_t{-1})) + ": it is not one run's evidence");
     }
   }
@@ -71,7 +71,7 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
   for (const auto& row : a) {
     const int64_t step = row.value("step", int64_t{-1});
     if (!seen.insert(step).second) {
-      return Verdict::fail("data/input_identity.jsonl has two rows for step " + std::to_string(step) +
+      return Verdict::fail(std::string(layout::kInputIdentity) + " has two rows for step " + std::to_string(step) +
                            ": it is not one run's evidence (open " + rel_path(candidate, layout::kInputIdentity) + ")");
     }
     auto it = ref.find(step);
