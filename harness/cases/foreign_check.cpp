@@ -44,25 +44,6 @@ bool is_case_dir(const fs::path& dir) {
          (fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec));
 }
 
-std::vector<fs::path> case_dirs(const fs::path& evidence) {
-  if (is_case_dir(evidence)) return {evidence};
-  std::vector<fs::path> out;
-  std::error_code ec;
-  // A run root (<root>/<spec>/<case>) or a spec's directory (<spec>/<case>).
-  for (const auto& child : fs::directory_iterator(evidence, ec)) {
-    if (!child.is_directory() || child.is_symlink()) continue;
-    if (is_case_dir(child.path())) {
-      out.push_back(child.path());
-      continue;
-    }
-    for (const auto& c : fs::directory_iterator(child.path(), ec)) {
-      if (is_case_dir(c.path())) out.push_back(c.path());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // environment.json's stamp's writer, "" when it has none or cannot be read.
 std::string writer_of(const fs::path& dir) {
   try {
@@ -268,14 +249,14 @@ void replicas_agree(const ForeignCase& c) {
 
 std::vector<fs::path> foreign_case_dirs(const fs::path& evidence) {
   std::vector<fs::path> out;
-  for (const fs::path& dir : case_dirs(evidence)) {
+  for (const fs::path& dir : contract::case_dirs(evidence)) {
     if (!mih_writer(writer_of(dir))) out.push_back(dir);
   }
   return out;
 }
 
 int check_foreign_evidence(const fs::path& evidence, const std::vector<std::string>& args) {
-  const std::vector<fs::path> dirs = case_dirs(evidence);
+  const std::vector<fs::path> dirs = contract::case_dirs(evidence);
   std::vector<std::string> gtest = {"mih check"};
   bool progress = true, filtered = false;
   for (const std::string& a : args) {

@@ -244,31 +244,10 @@ CommandRun setup_validate(CLI::App& sub, const Invocation&) {
     for (const fs::path& dir : *dirs) {
       std::error_code ec;
       MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, dir.string(), " is not a directory");
-      if (fs::exists(dir / layout::kCaseRecord, ec) || fs::exists(dir / layout::kEnvironment, ec)) {
-        cases.push_back(dir);
-        continue;
-      }
-      // A run root (<root>/<spec>/<case>) or a spec's directory (<spec>/<case>): its case
-      // directories (a record or a session's files).
-      auto is_case = [](const fs::directory_entry& c) {
-        return c.is_directory() && !c.is_symlink() &&
-               (fs::exists(c.path() / layout::kCaseRecord) || fs::exists(c.path() / layout::kEnvironment));
-      };
-      std::vector<fs::path> found;
-      for (const auto& child : fs::directory_iterator(dir, ec)) {
-        if (!child.is_directory() || child.is_symlink()) continue;
-        if (is_case(child)) {
-          found.push_back(child.path());
-          continue;
-        }
-        for (const auto& c : fs::directory_iterator(child.path(), ec)) {
-          if (is_case(c)) found.push_back(c.path());
-        }
-      }
+      const std::vector<fs::path> found = contract::case_dirs(dir);
       MIH_CHECK_CODE(!found.empty(), Code::kFailedPrecondition, dir.string(),
                      " is no case directory (case_run.json or environment.json in it) and holds none, as a spec's "
                      "directory (<spec>/<case>/) or a run root (<root>/<spec>/<case>/) does");
-      std::sort(found.begin(), found.end());
       cases.insert(cases.end(), found.begin(), found.end());
     }
     int invalid = 0;

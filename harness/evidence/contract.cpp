@@ -406,6 +406,34 @@ Validation validate_case_dir(const fs::path& dir, bool require_stamp, size_t max
   return v;
 }
 
+std::vector<fs::path> case_dirs(const fs::path& evidence) {
+  auto holds_case = [](const fs::path& dir) {
+    std::error_code ec;
+    return fs::is_directory(dir, ec) &&
+           (fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec));
+  };
+  // The directory named is taken as given; below it, a symlink is never followed.
+  auto is_case = [&](const fs::path& dir) {
+    std::error_code ec;
+    return !fs::is_symlink(dir, ec) && holds_case(dir);
+  };
+  if (holds_case(evidence)) return {evidence};
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& child : fs::directory_iterator(evidence, ec)) {
+    if (!child.is_directory(ec) || child.is_symlink(ec)) continue;
+    if (is_case(child.path())) {
+      out.push_back(child.path());
+      continue;
+    }
+    for (const auto& c : fs::directory_iterator(child.path(), ec)) {
+      if (is_case(c.path())) out.push_back(c.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool case_trained(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(dir / layout::kCaseRecord, ec)) return true;

@@ -62,6 +62,11 @@ struct Validation {
 /// Throws: mih::Error{kFailedPrecondition} if `dir` is not a directory.
 Validation validate_case_dir(const std::filesystem::path& dir, bool require_stamp = true, size_t max_problems = 20);
 
+/// The case directories of `evidence` (a directory holding case_run.json or environment.json;
+/// below `evidence`, never a symlink): itself when it is one, else those among its children (a spec's directory)
+/// and grandchildren (a run root, <root>/<spec>/<case>), sorted. Empty when it holds none.
+std::vector<std::filesystem::path> case_dirs(const std::filesystem::path& evidence);
+
 /// Whether the case in `dir` trained, so that a session's files are expected: false only when
 /// its case_run.json records an outcome without a verdict (a case that never started training);
 /// true without a record or when the record cannot be read (the contract then says why).
