@@ -47,6 +47,7 @@ std::string shared_state_step(int64_t step) { return runtime_step("shared_state"
 std::string modality_gradients_step(int64_t step) { return runtime_step("modality_gradients", step); }
 std::string optimizer_layout_step(int64_t step) { return runtime_step("optimizer_layout", step); }
 std::string replicas_step(int64_t step) { return runtime_step("replicas", step); }
+std::string gradient_replicas_step(int64_t step) { return runtime_step("gradient_replicas", step); }
 std::string gradient_presence_step(int64_t step) { return runtime_step("gradient_presence", step); }
 std::string tp_partial_gradients_step(int64_t step) { return runtime_step("tp_partial_gradients", step); }
 std::string gradient_reductions_step(int64_t step) { return runtime_step("gradient_reductions", step); }

@@ -167,6 +167,9 @@ std::string modality_gradients_step(int64_t step);
 std::string optimizer_layout_step(int64_t step);
 /// cases/runtime/replicas_step<k>.json.
 std::string replicas_step(int64_t step);
+/// cases/runtime/gradient_replicas_step<k>.json (TrainerSession: every rank's gradient piece
+/// after the trainer's synchronization).
+std::string gradient_replicas_step(int64_t step);
 /// cases/runtime/gradient_presence_step<k>.json.
 std::string gradient_presence_step(int64_t step);
 /// cases/runtime/tp_partial_gradients_step<k>.json.

@@ -3,9 +3,11 @@
 #include "harness/cases/foreign_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/strings.h"
 #include "harness/compare/compare.h"
 #include "harness/evidence/contract.h"
 #include "harness/evidence/evidence_store.h"
@@ -30,12 +33,12 @@ using nlohmann::json;
 // The suites no foreign writer's evidence instantiates, and why (docs/evidence.md, "What each
 // suite reads").
 constexpr char kNotInstantiated[] =
-    "not instantiated for it: GradientSync, TensorParallelGradients, GradientPresence, "
+    "TensorParallelGradients, GradientPresence, "
     "OptimizerLayout, SharedState, UndeclaredSharedState, DataContract, CpReplicatedInputs, TensorParallelInputs, "
     "CheckpointCoverage, SourceCheckpoint, FrozenParameters, Structure, TiedParameters and PipelineOutputs judge the "
     "findings of mih's session checks, which run inside mih's trainer on its live state (a findings file of another "
     "writer is not evidence of them); CommVolume, PipelineSchedule, FsdpUnits, ActivationCheckpointEquivalence, "
-    "CheckpointRoundTrip, Resume, StateInvariants, ModuleParity, ModalityGradients and MatchesOriginal judge records "
+    "Resume, StateInvariants, ModuleParity, ModalityGradients and MatchesOriginal judge records "
     "of mih's runtime or a spec's declarations, and no spec compiled into this mih describes this evidence";
 
 bool is_case_dir(const fs::path& dir) {
@@ -126,6 +129,12 @@ void register_test(const std::string& suite, const std::string& name, std::funct
 void numeric_parity(const ForeignCase& c, double tolerance) {
   CompareOptions o;
   o.tolerance = tolerance;
+  // A resumed run (its load phase captured the checkpoint) starts at the step it resumed at.
+  std::error_code ec;
+  if (fs::exists(c.dir / layout::kRoundtripLoad, ec)) {
+    const json loaded = read_json_file(c.dir / layout::kRoundtripLoad);
+    if (loaded.contains("next_step") && loaded["next_step"].is_number_integer()) o.first_step = loaded["next_step"].get<int64_t>();
+  }
   const Comparison cmp = compare_evidence(c.reference, c.dir, o);
   double worst = 0;
   std::string worst_name;
@@ -202,47 +211,189 @@ void same_inputs(const ForeignCase& c) {
   std::printf("  examined the global batch of %d step(s) against %s\n", steps, c.reference.filename().string().c_str());
 }
 
-// The cases/runtime/replicas_step<k>.json files of `dir` whose records carry digests, by step.
-std::map<int64_t, fs::path> replica_files(const fs::path& dir) {
+// The cases/runtime/<prefix><k>.json files of `dir` (replicas_step, gradient_replicas_step)
+// whose records carry digests, by step.
+std::map<int64_t, fs::path> replica_files(const fs::path& dir, const std::string& prefix) {
   std::map<int64_t, fs::path> out;
   std::error_code ec;
+  const std::string example =
+      fs::path(prefix == "replicas_step" ? layout::replicas_step(0) : layout::gradient_replicas_step(0)).filename().string();
+  const std::string head = example.substr(0, example.find('0'));  // "replicas_step"
   for (const auto& f : fs::directory_iterator(dir / layout::kRuntimeDir, ec)) {
     const std::string name = f.path().filename().string();
-    const std::string prefix = fs::path(layout::replicas_step(0)).filename().string();  // "replicas_step0.json"
-    const std::string head = prefix.substr(0, prefix.find('0'));
-    if (name.rfind(head, 0) != 0) continue;
+    if (name.rfind(head, 0) != 0 || name.size() <= head.size() || !std::isdigit(static_cast<unsigned char>(name[head.size()]))) continue;
     const json j = read_json_file(f.path());
     if (j.contains("step") && j["step"].is_number_integer()) out[j["step"].get<int64_t>()] = f.path();
   }
   return out;
 }
 
-// ReplicaConsistency on a foreign case: after every step's optimizer, every rank's copy of
-// every parameter has the same bytes (the digests each rank computed of its own copy).
-void replicas_agree(const ForeignCase& c) {
-  int64_t compared = 0, steps = 0;
-  for (const auto& [step, file] : replica_files(c.dir)) {
-    ++steps;
+// The ranks holding each piece of a replica record, by box ("" when the writer recorded no
+// boxes: every rank holds the whole tensor), in rank order.
+std::map<std::string, std::vector<size_t>> holders(const json& record) {
+  std::map<std::string, std::vector<size_t>> out;
+  if (!record.is_object() || !record.contains("digests") || !record["digests"].is_array()) return out;
+  const json& d = record["digests"];
+  const bool boxed = record.contains("boxes") && record["boxes"].is_array();
+  MIH_CHECK_CODE(!boxed || record["boxes"].size() == d.size(), Code::kFailedPrecondition,
+                 "a replica record has ", d.size(), " digests and ", record["boxes"].size(), " boxes: one of each per rank");
+  for (size_t r = 0; r < d.size(); ++r) out[boxed ? record["boxes"][r].get<std::string>() : ""].push_back(r);
+  return out;
+}
+
+// Whether some piece of some record of `files` is held by two ranks or more.
+bool any_compared(const std::map<int64_t, fs::path>& files) {
+  for (const auto& [step, file] : files) {
     const json j = read_json_file(file);
     if (!j.contains("parameters") || !j["parameters"].is_object()) continue;
     for (const auto& [fqn, record] : j["parameters"].items()) {
-      if (!record.is_object() || !record.contains("digests") || !record["digests"].is_array()) continue;
-      const json& d = record["digests"];
-      if (d.size() < 2) continue;
-      ++compared;
-      std::string differ;
-      for (size_t r = 1; r < d.size(); ++r) {
-        if (d[r] != d[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      for (const auto& [box, ranks] : holders(record)) {
+        if (ranks.size() > 1) return true;
       }
-      EXPECT_TRUE(differ.empty()) << c.spec << "/" << c.name << ": parameter '" << fqn << "' after step " << step
-                                  << "'s optimizer: rank(s) " << differ << " hold other bytes than rank 0 (open "
-                                  << file.string() << ")";
     }
   }
-  ASSERT_GT(compared, 0) << c.spec << "/" << c.name << ": no parameter was held by two ranks or more in the replica "
+  return false;
+}
+
+// The ranks among `ranks` whose digest differs from the first one's, as text ("1, 3").
+std::string differing(const json& digests, const std::vector<size_t>& ranks) {
+  std::string out;
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    if (digests[ranks[i]] != digests[ranks[0]]) out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+// One failure per step of a check over many tensors: the first few, and how many more.
+void fail_step(const ForeignCase& c, int64_t step, const std::vector<std::string>& items, const std::string& what,
+               const fs::path& file) {
+  if (items.empty()) return;
+  std::string text;
+  for (size_t i = 0; i < items.size() && i < 6; ++i) text += "\n    " + items[i];
+  if (items.size() > 6) text += "\n    and " + std::to_string(items.size() - 6) + " more";
+  ADD_FAILURE() << c.spec << "/" << c.name << " step " << step << ": " << what << " (" << items.size() << "):" << text
+                << "\n  (open " << file.string() << ")";
+}
+
+// ReplicaConsistency on a foreign case: after every step's optimizer, every rank holding a
+// piece of a parameter (the same box; every rank when the writer records no boxes) holds the
+// same bytes (the digests each rank computed of its own copy).
+void replicas_agree(const ForeignCase& c) {
+  int64_t compared = 0, steps = 0;
+  for (const auto& [step, file] : replica_files(c.dir, "replicas_step")) {
+    ++steps;
+    const json j = read_json_file(file);
+    if (!j.contains("parameters") || !j["parameters"].is_object()) continue;
+    std::vector<std::string> bad;
+    for (const auto& [fqn, record] : j["parameters"].items()) {
+      for (const auto& [box, ranks] : holders(record)) {
+        if (ranks.size() < 2) continue;
+        ++compared;
+        const std::string differ = differing(record["digests"], ranks);
+        if (!differ.empty()) {
+          bad.push_back("'" + fqn + "'" + (box.empty() ? "" : " piece " + box) + ": rank(s) " + differ +
+                        " hold other bytes than rank " + std::to_string(ranks[0]));
+        }
+      }
+    }
+    fail_step(c, step, bad, "parameter copies differ after the optimizer", file);
+  }
+  ASSERT_GT(compared, 0) << c.spec << "/" << c.name << ": no parameter piece was held by two ranks or more in the replica "
                          << "records under " << (c.dir / layout::kRuntimeDir).string();
-  std::printf("  examined %lld replicated parameter record(s) over %lld step(s)\n", static_cast<long long>(compared),
+  std::printf("  examined %lld replicated parameter piece(s) over %lld step(s)\n", static_cast<long long>(compared),
               static_cast<long long>(steps));
+}
+
+// GradientSync on a foreign case: after the trainer's synchronization, every rank holding a
+// piece of a gradient holds the same bytes (a gradient left unreduced over an axis whose ranks
+// saw other rows differs between them), and every axis a gradient must be reduced over moved
+// bytes in that step (the metrics' comm_bytes, from the trainer's ledgered collectives).
+void gradients_agree(const ForeignCase& c) {
+  std::map<int64_t, json> comm;
+  for (const json& row : EvidenceDir::open_existing(c.dir).read_jsonl(layout::kMetrics)) {
+    comm[row.at("step").get<int64_t>()] = row.value("comm_bytes", json::object());
+  }
+  // The degree of each axis (config.resolved.json): a reduction over a 1-rank axis moves nothing.
+  std::error_code ec;
+  ASSERT_TRUE(fs::exists(c.dir / layout::kConfigResolved, ec))
+      << c.spec << "/" << c.name << ": " << (c.dir / layout::kConfigResolved).string()
+      << " is missing: GradientSync reads each axis's degree from it";
+  const json config = read_json_file(c.dir / layout::kConfigResolved);
+  auto degree = [&](const std::string& axis) {
+    return config.is_object() && config.contains(axis) && config[axis].is_number_integer() ? config[axis].get<int64_t>() : 1;
+  };
+  int64_t compared = 0, steps = 0, reductions = 0;
+  std::set<std::string> domains;
+  for (const auto& [step, file] : replica_files(c.dir, "gradient_replicas_step")) {
+    ++steps;
+    const json j = read_json_file(file);
+    std::vector<std::string> bad;
+    for (const auto& [fqn, record] : j.at("parameters").items()) {
+      std::string domain;
+      for (const json& axis : record.at("grad_domain")) {
+        domain += (domain.empty() ? "" : ", ") + axis.get<std::string>();
+        if (degree(axis.get<std::string>()) < 2) continue;
+        domains.insert(axis.get<std::string>());
+        const auto it = comm.find(step);
+        const bool moved = it != comm.end() && it->second.value(axis.get<std::string>(), int64_t{0}) > 0;
+        ++reductions;
+        EXPECT_TRUE(moved)
+            << c.spec << "/" << c.name << ": parameter '" << fqn << "' must have its gradient reduced over "
+            << axis.get<std::string>() << ", and no collective on " << axis.get<std::string>() << " moved a byte at step "
+            << step << " (" << (c.dir / layout::kMetrics).string() << " comm_bytes)";
+      }
+      for (const auto& [box, ranks] : holders(record)) {
+        if (ranks.size() < 2) continue;
+        ++compared;
+        const std::string differ = differing(record["digests"], ranks);
+        if (!differ.empty()) {
+          bad.push_back("the gradient of '" + fqn + "'" + (box.empty() ? "" : " piece " + box) + ": rank(s) " + differ +
+                        " hold another than rank " + std::to_string(ranks[0]) + " (declared reduced over: " +
+                        (domain.empty() ? "no axis" : domain) + ")");
+        }
+      }
+    }
+    fail_step(c, step, bad, "gradient copies differ after the trainer's synchronization (a reduction skipped, or over "
+              "the wrong group)", file);
+  }
+  ASSERT_GT(compared + reductions, 0)
+      << c.spec << "/" << c.name << ": no gradient piece held by two ranks and no declared reduction to check";
+  std::printf("  examined %lld replicated gradient piece(s) over %lld step(s), and %lld declared reduction(s) of a "
+              "gradient over an axis whose collectives moved bytes that step (axes: %s)\n",
+              static_cast<long long>(compared), static_cast<long long>(steps), static_cast<long long>(reductions),
+              domains.empty() ? "none" : mih::join(std::vector<std::string>(domains.begin(), domains.end()), ", ").c_str());
+}
+
+// CheckpointRoundTrip on a foreign case: what the load restored equals what the save saved,
+// tensor by tensor (full tensors' SHA-256 and shapes), and the step it resumes at.
+void checkpoint_round_trip(const ForeignCase& c) {
+  const fs::path saved = c.dir / layout::before_save(layout::kRoundtripSave), loaded = c.dir / layout::kRoundtripLoad;
+  std::error_code ec;
+  ASSERT_TRUE(fs::exists(saved, ec) && fs::exists(loaded, ec))
+      << c.spec << "/" << c.name << ": " << saved.string() << " and " << loaded.string()
+      << " must both exist (the save phase's capture_checkpoint_payload(\"save\") and the load phase's \"load\")";
+  const json a = read_json_file(saved), b = read_json_file(loaded);
+  EXPECT_EQ(a.at("next_step"), b.at("next_step")) << c.spec << "/" << c.name << ": the load resumes at another step";
+  int64_t same = 0;
+  for (const auto& [name, t] : a.at("tensors").items()) {
+    if (!b.at("tensors").contains(name)) {
+      ADD_FAILURE() << c.spec << "/" << c.name << ": '" << name << "' was saved and not restored (" << loaded.string() << ")";
+      continue;
+    }
+    const json& u = b.at("tensors")[name];
+    if (u == t) {
+      ++same;
+      continue;
+    }
+    ADD_FAILURE() << c.spec << "/" << c.name << ": '" << name << "' restored " << (u.at("shape") == t.at("shape") ? "other values" : "another shape")
+                  << " than were saved (" << saved.string() << " against " << loaded.string() << ")";
+  }
+  for (const auto& [name, t] : b.at("tensors").items()) {
+    if (!a.at("tensors").contains(name)) ADD_FAILURE() << c.spec << "/" << c.name << ": '" << name << "' was restored, never saved";
+  }
+  ASSERT_GT(same, 0) << c.spec << "/" << c.name << ": no tensor was saved";
+  std::printf("  examined %lld tensor(s) saved and restored, resuming at step %s\n", static_cast<long long>(same),
+              a.at("next_step").dump().c_str());
 }
 
 }  // namespace
@@ -283,6 +434,7 @@ int check_foreign_evidence(const fs::path& evidence, const std::vector<std::stri
   }
   const spec::Tolerances defaults;
   int registered = 0;
+  std::set<std::string> suites;  // the Foreign suites registered for some case
   for (const ForeignCase& c : cases) {
     if (c.reference.empty()) continue;
     MIH_CHECK_CODE(is_case_dir(c.reference), Code::kFailedPrecondition, "evidence ", c.dir.string(),
@@ -304,20 +456,26 @@ int check_foreign_evidence(const fs::path& evidence, const std::vector<std::stri
       register_test("Foreign/InputIdentity", "SameInputsAsReference/" + c.spec + "/" + c.name, [c] { same_inputs(c); });
       ++registered;
     }
-    // Where the writer recorded every rank's copy (more than one rank), those copies.
-    bool digests = false;
-    for (const auto& [step, file] : replica_files(c.dir)) {
-      const json j = read_json_file(file);
-      if (!j.contains("parameters") || !j["parameters"].is_object()) continue;
-      for (const auto& [fqn, record] : j["parameters"].items()) {
-        digests = digests || (record.is_object() && record.contains("digests") && record["digests"].is_array() &&
-                              record["digests"].size() > 1);
-      }
-    }
-    if (digests) {
+    // Where the writer recorded every rank's copy (more than one rank holding a piece).
+    if (any_compared(replica_files(c.dir, "replicas_step"))) {
       register_test("Foreign/ReplicaConsistency", "ReplicasAgreeAfterEveryStep/" + c.spec + "/" + c.name,
                     [c] { replicas_agree(c); });
       ++registered;
+      suites.insert("ReplicaConsistency");
+    }
+    // Where the writer recorded every rank's gradient pieces after its synchronization.
+    if (!replica_files(c.dir, "gradient_replicas_step").empty()) {
+      register_test("Foreign/GradientSync", "GradientsAgreeAfterSync/" + c.spec + "/" + c.name,
+                    [c] { gradients_agree(c); });
+      ++registered;
+      suites.insert("GradientSync");
+    }
+    // Where it captured a checkpoint's save (before_save/) or load.
+    if (fs::exists(c.dir / layout::kRoundtripLoad, ec) || fs::exists(c.dir / layout::before_save(layout::kRoundtripSave), ec)) {
+      register_test("Foreign/CheckpointRoundTrip", "RestoresWhatWasSaved/" + c.spec + "/" + c.name,
+                    [c] { checkpoint_round_trip(c); });
+      ++registered;
+      suites.insert("CheckpointRoundTrip");
     }
   }
   MIH_CHECK_CODE(registered > 0, Code::kFailedPrecondition, "mih check: no case of ", evidence.string(),
@@ -325,11 +483,26 @@ int check_foreign_evidence(const fs::path& evidence, const std::vector<std::stri
   if (progress) {
     std::string names;
     for (const auto& [w, n] : writers) names += (names.empty() ? "" : ", ") + w + " (" + std::to_string(n) + ")";
+    // What this evidence instantiates beyond NumericParity and InputIdentity, and what it does not, with why.
+    const std::vector<std::pair<std::string, std::string>> measured = {
+        {"ReplicaConsistency", "no case records a parameter piece's copies on two ranks or more "
+                               "(cases/runtime/replicas_step<k>.json digests)"},
+        {"GradientSync", "no case records every rank's gradient pieces after its synchronization "
+                         "(cases/runtime/gradient_replicas_step<k>.json: a trainer session writes them, the Python writer "
+                         "does not)"},
+        {"CheckpointRoundTrip", "no case captured a checkpoint's save and load (checkpoint/roundtrip_load.json)"}};
+    std::string ran = "NumericParity, InputIdentity", absent;
+    for (const auto& [suite, why] : measured) {
+      if (suites.count(suite)) {
+        ran += ", " + suite;
+      } else {
+        absent += suite + " (" + why + "); ";
+      }
+    }
     std::fprintf(stderr, "mih check: %zu case director%s written by %s, valid under %s version %d; %d test(s) of "
-                 "measured evidence (NumericParity, InputIdentity, ReplicaConsistency where each rank's copies are recorded), at "
-                 "this mih's tolerances; %s\n",
+                 "measured evidence (%s), at this mih's tolerances; not instantiated for it: %s%s\n",
                  cases.size(), cases.size() == 1 ? "y" : "ies", names.c_str(), contract::kName, contract::kVersion,
-                 registered, kNotInstantiated);
+                 registered, ran.c_str(), absent.c_str(), kNotInstantiated);
   }
   if (!filtered) gtest.push_back("--gtest_filter=Foreign/*");
   std::vector<char*> argv;

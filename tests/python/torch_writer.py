@@ -116,7 +116,7 @@ def main():
                  "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Zero",
                  "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2",
                  "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "6 tests", "examined",
-                 "written by mih-evidence.py", "not instantiated for it: GradientSync")
+                 "written by mih-evidence.py", "not instantiated for it: GradientSync (no case records every rank's gradient pieces")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
                "written by mih-evidence.py")
@@ -132,7 +132,7 @@ def main():
     expect("mih compare, the last micro-batch under no_sync", [a.mih, "compare", ref, nosync], 1, "step 0")
 
     expect("mih check, rank 1's copy leaving rank 0's at the last step", [a.mih, "check", replicas], 1,
-           "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/BugRankLr", "after step 2's optimizer: rank(s) 1 "
+           "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/BugRankLr", "step 2: parameter copies differ after the optimizer", "rank(s) 1 "
            "hold other bytes than rank 0")
 
     # Evidence that breaks the contract is refused, naming file and field.

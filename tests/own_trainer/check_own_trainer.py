@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""ctest OwnTrainer: a libtorch trainer of its own (tests/own_trainer/own_trainer.cpp: its own
+c10d groups, model, gradient synchronization, ZeRO-3 and tensor parallelism, AdamW), driven
+through mih::TrainerSession, writes the evidence contract that mih judges.
+
+Runs, with Debian's torchrun (1.13; `-r 1 -t 1` on Python 3.11, `--no_python` for a binary),
+each root on its own so that a bug's case never shares a run with the good ones:
+  good/own_mlp/Reference        one process, no torchrun (--parallel none)
+  good/own_mlp/DpReplicate2     2 ranks, DDP: every gradient all-reduced over dp_replicate
+  good/own_mlp/DpShard2         2 ranks, ZeRO-3 over dp_shard: shards all-gathered,
+                                gradients reduce-scattered, AdamW stepping the shards
+  good/own_mlp/Tp2              2 ranks, Megatron MLP over tp (column- then row-parallel)
+  good/own_mlp/DpShard2Resume   DpShard2 saved after step 1 (before_save/) and resumed at step 2
+  bug_skip/own_mlp/DpReplicate2 DDP with layers.1.up.weight's all-reduce skipped
+  bug_mean/own_mlp/DpReplicate2 DDP with each rank's loss its own tokens' mean, gradients averaged
+  bug_ckpt/own_mlp/DpShard2Resume  the resume's load phase restoring the parameters, not AdamW's
+                                state (its save phase copied from good/)
+(each bug root holds a copy of the Reference), and checks: the good runs follow the contract
+(`mih validate`) and pass every Foreign suite (`mih check`: NumericParity, GradientSync,
+ReplicaConsistency, CheckpointRoundTrip); the skipped all-reduce fails GradientSync naming
+layers.1.up.weight, ReplicaConsistency and NumericParity localized to layers.1.up's weight gradient; the
+per-rank mean fails NumericParity, localized to the loss; the lost optimizer state fails
+CheckpointRoundTrip naming the AdamW moments.
+
+Usage: check_own_trainer.py --mih build/bin/mih --trainer build/bin/mih_own_trainer --work DIR
+"""
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+SPEC = "own_mlp"
+STEPS = "4"
+TORCHRUN = "/usr/bin/torchrun"
+FAILED = []
+PASSED = []
+PARAMETERS = ["embed.weight"] + [f"layers.{i}.{m}.{p}" for i in range(2) for m, ps in
+                                 (("ln", ("weight", "bias")), ("up", ("weight", "bias")), ("down", ("weight", "bias")))
+                                 for p in ps] + ["norm.weight", "norm.bias", "head.weight"]
+
+
+def fail(msg):
+    FAILED.append(msg)
+    print("FAIL: " + msg, flush=True)
+
+
+def ok(msg):
+    PASSED.append(msg)
+    print("ok: " + msg, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env():
+    """This process's environment without a rendezvous of its own (a ctest run under torchrun)."""
+    env = dict(os.environ)
+    for var in list(env):
+        if var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT") or var.startswith("TORCHELASTIC_"):
+            del env[var]
+    return env
+
+
+def train(trainer, case_dir, case, parallel, *extra):
+    """Runs one case into case_dir: one process for --parallel none, else 2 ranks under torchrun."""
+    cmd = [trainer, "--case-dir", case_dir, "--case", case, "--parallel", parallel, "--steps", STEPS]
+    if case != "Reference":
+        cmd += ["--compare-to", "Reference"]
+    cmd += list(extra)
+    if parallel != "none":
+        cmd = [TORCHRUN, "--nnodes", "1", "--nproc_per_node", "2", "-r", "1", "-t", "1", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), "--no_python"] + cmd
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                           env=clean_env())
+    except subprocess.TimeoutExpired as e:
+        fail(f"{case_dir}: the trainer did not finish in 300 s\n{(e.stdout or '')[-3000:]}")
+        return False
+    if p.returncode != 0:
+        fail(f"{case_dir}: the trainer exited {p.returncode}\n{' '.join(cmd)}\n{p.stdout[-3000:]}")
+        return False
+    return True
+
+
+def run(cmd):
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        return -1, f"timed out after 300 s\n{e.stdout or ''}"
+    return p.returncode, p.stdout
+
+
+def test_block(out, test):
+    """gtest test `test` (its full name) in `out`: (its output from [ RUN ] to its verdict line, the verdict
+    "OK" or "FAILED"), or (None, None) when it did not run."""
+    name = re.escape(test) + r"(?=[ ,]|$)"
+    m = re.search(r"^\[ RUN      \] " + name + r".*?^\[ *(OK|FAILED) *\] " + name + r"[^\n]*", out, re.S | re.M)
+    return (m.group(0), m.group(1)) if m else (None, None)
+
+
+def expect(what, cmd, code, needles=(), absent=()):
+    rc, out = run(cmd)
+    if rc != code:
+        fail(f"{what}: exit {rc}, want {code}\n{out[-4000:]}")
+        return None
+    for n in needles:
+        if n not in out:
+            fail(f"{what}: the output does not say {n!r}\n{out[-4000:]}")
+            return None
+    for n in absent:
+        if n in out:
+            fail(f"{what}: the output says {n!r}\n{out[-4000:]}")
+            return None
+    ok(f"{what}: exit {code}" + (f", saying {', '.join(repr(n) for n in needles)}" if needles else ""))
+    return out
+
+
+def expect_test(what, out, test, verdict, *needles):
+    """gtest test `test` in `out` ended with `verdict` ("OK" or "FAILED"), its own output saying every needle."""
+    if out is None:
+        return  # its command failed already
+    block, got = test_block(out, test)
+    if block is None:
+        fail(f"{what}: {test} did not run\n{out[-4000:]}")
+        return
+    if got != verdict:
+        fail(f"{what}: {test} ended {got}, want {verdict}\n{block[-4000:]}")
+        return
+    for n in needles:
+        if n not in block:
+            fail(f"{what}: {test} does not say {n!r}\n{block[-4000:]}")
+            return
+    ok(f"{what}: {test} {verdict}" + (f", saying {', '.join(repr(n) for n in needles)}" if needles else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mih", required=True)
+    ap.add_argument("--trainer", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    if not os.access(TORCHRUN, os.X_OK):
+        sys.exit(f"{TORCHRUN} not found: install Debian's python3-torch (scripts/test does)")
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    good, skip, mean, lost = (os.path.join(a.work, r) for r in ("good", "bug_skip", "bug_mean", "bug_ckpt"))
+    case = lambda root, name: os.path.join(root, SPEC, name)  # noqa: E731
+
+    ran = train(a.trainer, case(good, "Reference"), "Reference", "none")
+    ran = train(a.trainer, case(good, "DpReplicate2"), "DpReplicate2", "ddp") and ran
+    ran = train(a.trainer, case(good, "DpShard2"), "DpShard2", "zero3") and ran
+    ran = train(a.trainer, case(good, "Tp2"), "Tp2", "tp") and ran
+    # A resume: saved after step 1 into before_save/, loaded and trained from step 2.
+    ckpt = os.path.join(a.work, "ckpt", "DpShard2Resume")  # outside the evidence roots
+    os.makedirs(ckpt)
+    resume = case(good, "DpShard2Resume")
+    saved = train(a.trainer, os.path.join(resume, "before_save"), "DpShard2Resume", "zero3", "--save-at", "2",
+                  "--ckpt", ckpt)
+    ran = saved and train(a.trainer, resume, "DpShard2Resume", "zero3", "--load", "--ckpt", ckpt) and ran
+    for root, bug in ((skip, "skip_allreduce"), (mean, "per_rank_mean")):
+        if os.path.isdir(case(good, "Reference")):
+            shutil.copytree(case(good, "Reference"), case(root, "Reference"))
+        ran = train(a.trainer, case(root, "DpReplicate2"), "DpReplicate2", "ddp", "--bug", bug) and ran
+    # The resume's load phase with AdamW's state left behind, after the good save phase.
+    if os.path.isdir(case(good, "Reference")) and os.path.isdir(os.path.join(resume, "before_save")):
+        shutil.copytree(case(good, "Reference"), case(lost, "Reference"))
+        shutil.copytree(os.path.join(resume, "before_save"), os.path.join(case(lost, "DpShard2Resume"), "before_save"))
+        ran = train(a.trainer, case(lost, "DpShard2Resume"), "DpShard2Resume", "zero3", "--load", "--ckpt", ckpt,
+                    "--bug", "skip_optimizer_load") and ran
+    if not ran:
+        return 1
+
+    # The contract, and every Foreign suite passing the good runs against their 1-rank run.
+    expect("mih validate, the good runs", [a.mih, "validate", good], 0, ["written by mih-trainer-session", "(own_trainer 1.0)", ", 0 not following"])
+    out = expect("mih check, the good runs", [a.mih, "check", good, "--no-progress"], 0,
+                 ["Foreign/NumericParity", "Foreign/GradientSync", "Foreign/ReplicaConsistency",
+                  "Foreign/CheckpointRoundTrip"], absent=["FAILED"])
+    for name in ("DpReplicate2", "DpShard2", "Tp2", "DpShard2Resume"):
+        expect_test("mih check, the good runs", out, f"Foreign/NumericParity.MatchesReference/{SPEC}/{name}", "OK")
+    for name in ("DpReplicate2", "DpShard2", "Tp2"):
+        expect_test("mih check, the good runs", out, f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/{name}", "OK")
+    for name in ("DpReplicate2", "Tp2"):
+        expect_test("mih check, the good runs", out, f"Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/{SPEC}/{name}",
+                    "OK", "examined")
+    expect_test("mih check, the good runs", out, f"Foreign/CheckpointRoundTrip.RestoresWhatWasSaved/{SPEC}/DpShard2Resume",
+                "OK", "resuming at step 2")
+
+    # The skipped all-reduce: GradientSync names the one parameter and no other; NumericParity
+    # fails, localized.
+    out = expect("mih check, layers.1.up.weight's all-reduce skipped", [a.mih, "check", skip, "--no-progress"], 1,
+                 ["FAILED", "layers.1.up.weight"])
+    test = f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/DpReplicate2"
+    expect_test("mih check, layers.1.up.weight's all-reduce skipped", out, test, "FAILED", "'layers.1.up.weight'")
+    block = test_block(out, test)[0] if out else None
+    others = [p for p in PARAMETERS if p != "layers.1.up.weight" and f"'{p}'" in (block or "")]
+    if others:
+        fail(f"GradientSync blames parameters whose gradients were all-reduced: {others}\n{block[-4000:]}")
+    expect_test("mih check, layers.1.up.weight's all-reduce skipped", out,
+                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpReplicate2", "FAILED", "localized to 'layers.1.up'",
+                "the gradient of parameter 'layers.1.up.weight' is the first to diverge")
+    expect_test("mih check, layers.1.up.weight's all-reduce skipped", out,
+                f"Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/{SPEC}/DpReplicate2", "FAILED",
+                "parameter copies differ after the optimizer")
+
+    # Each rank's own mean, the gradients averaged: the numbers leave the reference, localized;
+    # the ranks' gradients still agree with each other (a wrong value, not a missed reduction).
+    out = expect("mih check, each rank's loss over its own tokens", [a.mih, "check", mean, "--no-progress"], 1, ["FAILED"])
+    expect_test("mih check, each rank's loss over its own tokens", out,
+                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpReplicate2", "FAILED", "localized to 'loss'")
+    expect_test("mih check, each rank's loss over its own tokens", out,
+                f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/DpReplicate2", "OK")
+
+    # AdamW's state not restored: the round trip names the moments, and the run leaves the reference.
+    out = expect("mih check, the optimizer state not loaded", [a.mih, "check", lost, "--no-progress"], 1, ["FAILED"])
+    expect_test("mih check, the optimizer state not loaded", out,
+                f"Foreign/CheckpointRoundTrip.RestoresWhatWasSaved/{SPEC}/DpShard2Resume", "FAILED",
+                "'layers.0.up.weight/exp_avg' restored other values than were saved")
+    expect_test("mih check, the optimizer state not loaded", out,
+                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpShard2Resume", "FAILED", "localized to")
+
+    if FAILED:
+        print(f"own trainer: {len(FAILED)} check(s) failed, {len(PASSED)} passed")
+        return 1
+    print(f"own trainer: {len(PASSED)} checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
