@@ -253,17 +253,22 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
   MIH_CHECK(options.loss_scale > 0 && std::isfinite(options.loss_scale), "TrainerSession: loss_scale ",
             options.loss_scale, " must be positive");
   impl_ = std::make_unique<Impl>(std::move(options), compat::adopt_group(world, "world", ranks));
-  // Nothing is overwritten: every rank learns whether rank 0 found a run there.
+  // Nothing is overwritten or appended to: every rank learns whether rank 0 found files there
+  // (a load phase's case directory holds its save phase's before_save/ only).
   at::Tensor taken = at::zeros({1}, at::kLong);
+  std::string found;
   if (impl_->writer()) {
     std::error_code ec;
-    taken[0] = fs::exists(impl_->o.case_dir / layout::kEnvironment, ec) ? 1 : 0;
-    if (taken[0].item<int64_t>() == 0) fs::create_directories(impl_->o.case_dir);
+    for (const auto& e : fs::directory_iterator(impl_->o.case_dir, ec)) {
+      if (e.path().filename() != layout::kBeforeSave) found = e.path().filename().string();
+    }
+    taken[0] = found.empty() ? 0 : 1;
+    if (found.empty()) fs::create_directories(impl_->o.case_dir);
   }
   impl_->world.all_reduce(taken, ReduceOp::kSum, "mih.session.start");
   MIH_CHECK_CODE(taken[0].item<int64_t>() == 0, Code::kFailedPrecondition, "TrainerSession: ",
-                 impl_->o.case_dir.string(), " holds a run's evidence already (", layout::kEnvironment,
-                 "); write each run to a new case directory");
+                 impl_->o.case_dir.string(), " holds files already", found.empty() ? "" : " (" + found + ")",
+                 ": write each run to a new case directory (nothing is overwritten)");
 }
 
 TrainerSession::~TrainerSession() = default;
@@ -479,7 +484,13 @@ void TrainerSession::end_step(int64_t step, double loss) {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.started).count();
   s.dir.append_jsonl(layout::performance_rank(s.rank()), {{"step", step}, {"step_ms", ms}});
   if (s.writer()) {
-    const double lr = s.optimizer->param_groups().front().options().get_lr();
+    double lr = NAN;
+    try {
+      lr = s.optimizer->param_groups().front().options().get_lr();
+    } catch (const std::exception& e) {
+      MIH_CHECK(false, "TrainerSession::end_step: the optimizer's options give no learning rate (get_lr: ",
+                std::string(e.what()).substr(0, 200), "); an optimizer of your own must implement OptimizerOptions::get_lr");
+    }
     json row = {{"step", step}, {"loss", std::isfinite(loss) ? json(loss) : json()},
                 {"grad_norm_pre_clip", std::isfinite(s.grad_norm) ? json(s.grad_norm) : json()},
                 {"grad_norm_post_clip", std::sqrt(sq[0].item<double>())}, {"lr", lr}, {"input_hash", s.input_hash},

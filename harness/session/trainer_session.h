@@ -87,7 +87,7 @@ struct TrainerSessionOptions {
 /// The hooks; see the file comment. Not thread-safe: the training thread calls them.
 /// All methods throw mih::Error: kInvalidSpec for an inconsistent description (a local
 /// shape that is not the piece its placements give, an unknown axis, a hook out of order),
-/// kFailedPrecondition when the case directory holds a run already, and the collectives'
+/// kFailedPrecondition when the case directory holds files already, and the collectives'
 /// codes (kDeadlineExceeded, kUnavailable) when a peer fails.
 class TrainerSession {
  public:

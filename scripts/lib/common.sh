@@ -15,7 +15,7 @@ MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-jso
 # What scripts/test adds: the real launchers its tests run (torchrun from python3-torch,
 # mpirun from openmpi-bin), ip(8) for the two-host test's network namespaces, and python3-jsonschema:
 # a second JSON Schema implementation the contract test validates evidence with.
-MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2)
+MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2 slurm-wlm munge)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 
