@@ -2,10 +2,13 @@
 // draft-07 validator, Debian's libvalijson-dev) over nlohmann values, and the CSV header.
 #include "harness/evidence/contract.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -144,16 +147,91 @@ std::string field_of(const std::vector<std::string>& context) {
   return out;
 }
 
+// Strings longer than this are refused before any schema rule sees them: valijson matches
+// patterns with std::regex, whose backtracking recurses once per character (a 50k-character
+// string under a `*` pattern overflowed an 8 MiB stack).
+constexpr size_t kMaxString = 256 * 1024;
+// Values holding a string longer than this are validated on a thread with a stack of
+// kValidationStack bytes (reserved, committed only as it is used).
+constexpr size_t kLongString = 2048;
+constexpr size_t kValidationStack = size_t{512} << 20;
+
+// The longest string in `value` (keys included) and where it is ("a.b[3]"), iteratively.
+size_t longest_string(const json& value, std::string* where) {
+  size_t longest = 0;
+  std::vector<std::pair<const json*, std::string>> stack = {{&value, ""}};
+  while (!stack.empty()) {
+    auto [v, path] = stack.back();
+    stack.pop_back();
+    if (v->is_string()) {
+      const size_t n = v->get_ref<const std::string&>().size();
+      if (n > longest) longest = n, *where = path;
+    } else if (v->is_object()) {
+      for (const auto& [k, child] : v->items()) {
+        if (k.size() > longest) longest = k.size(), *where = path;
+        stack.emplace_back(&child, path.empty() ? k : path + "." + k);
+      }
+    } else if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i) stack.emplace_back(&(*v)[i], path + "[" + std::to_string(i) + "]");
+    }
+  }
+  return longest;
+}
+
+// Runs `fn` on a thread with a `stack`-byte stack and waits for it; an exception it throws is
+// rethrown here.
+void with_stack(size_t stack, const std::function<void()>& fn) {
+  struct Job {
+    const std::function<void()>* fn;
+    std::exception_ptr error;
+  } job{&fn, nullptr};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, stack);
+  pthread_t thread;
+  const int rc = pthread_create(
+      &thread, &attr,
+      [](void* p) -> void* {
+        auto* j = static_cast<Job*>(p);
+        try {
+          (*j->fn)();
+        } catch (...) {
+          j->error = std::current_exception();
+        }
+        return nullptr;
+      },
+      &job);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    fn();  // no thread to be had: the caller's stack, as before
+    return;
+  }
+  pthread_join(thread, nullptr);
+  if (job.error) std::rethrow_exception(job.error);
+}
+
 std::vector<Problem> validate_with(const Contract& c, const Entry& e, const std::string& relative, const json& value,
                                    int line) {
   std::vector<Problem> out;
+  std::string where;
+  const size_t longest = longest_string(value, &where);
+  if (longest > kMaxString) {
+    out.push_back({relative, (line > 0 ? "line " + std::to_string(line) + (where.empty() ? "" : ": ") : "") + where,
+                   "a string of " + std::to_string(longest) + " characters; evidence holds none longer than " +
+                       std::to_string(kMaxString)});
+    return out;
+  }
   valijson::Validator validator;  // strong types: 1 is not "1", 1.5 is no integer
   valijson::ValidationResults results;
   valijson::adapters::NlohmannJsonAdapter target(value);
   const valijson::Schema& schema = *c.schemas.at(e.schema);
   bool valid = false;
   try {
-    valid = validator.validate(schema, target, &results);
+    if (longest > kLongString) {
+      with_stack(kValidationStack, [&] { valid = validator.validate(schema, target, &results); });
+    } else {
+      valid = validator.validate(schema, target, &results);
+    }
   } catch (const std::exception& ex) {
     out.push_back({relative, line > 0 ? "line " + std::to_string(line) : "", std::string("cannot be validated: ") + ex.what()});
     return out;

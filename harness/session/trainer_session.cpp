@@ -67,11 +67,13 @@ struct TrainerSession::Impl {
   std::map<std::string, AxisInfo> axes;
   std::map<std::string, Communicator> quiet;  // per axis, not ledgered (checkpoint gathers)
   std::shared_ptr<CommLedger> ledger;
-  EvidenceDir dir;
+  std::unique_ptr<EvidenceDir> dir;  // made once rank 0 found the case directory free
   std::vector<Param> params;
   bool described = false, probed_initial = false;
   torch::optim::Optimizer* optimizer = nullptr;
-  // The step in flight.
+  // The step in flight, and the last hook called in it (the order of the seed's hooks).
+  enum class Hook { kNone, kBegin, kBackward, kClip, kOptimizer, kEnd };
+  Hook last = Hook::kNone;
   int64_t step = -1;
   int64_t first_row = 0;
   size_t ledger_mark = 0;
@@ -84,10 +86,21 @@ struct TrainerSession::Impl {
   int64_t valid_tokens = 0;
 
   Impl(TrainerSessionOptions options, compat::Group g)
-      : o(std::move(options)), world_group(g), world("world", g, nullptr), dir(o.case_dir) {}
+      : o(std::move(options)), world_group(g), world("world", g, nullptr) {}
 
   int rank() const { return world_group.rank(); }
   bool writer() const { return rank() == 0; }
+
+  // Checks that `hook` of step `at_step` follows the hook before it, and records it.
+  void advance(const char* hook, int64_t at_step, Hook expected_last, Hook now) {
+    static const char* names[] = {"(none)", "begin_step", "after_backward_before_clip", "after_clip", "after_optimizer",
+                                  "end_step"};
+    MIH_CHECK(at_step == step, "TrainerSession::", hook, ": step ", at_step, " is not the step begun (", step, ")");
+    MIH_CHECK(last == expected_last, "TrainerSession::", hook, "(", at_step, "): called after ",
+              names[static_cast<int>(last)], "; the hooks of a step are begin_step, record_batch (per micro-batch), "
+              "after_backward_before_clip, after_clip, after_optimizer, end_step, in this order, on every rank");
+    last = now;
+  }
 
   void require_described(const char* hook) const {
     MIH_CHECK(described, "TrainerSession::", hook, ": call describe_parameters(table) first, once, after the model is "
@@ -105,7 +118,7 @@ struct TrainerSession::Impl {
       stats.emplace_back(p.entry.fqn, std::move(s));
     }
     json tensors = finish_stats(world, stats, true);
-    if (writer()) dir.append_jsonl(layout::kProbes, {{"stage", stage}, {"step", at_step}, {"tensors", tensors}});
+    if (writer()) dir->append_jsonl(layout::kProbes, {{"stage", stage}, {"step", at_step}, {"tensors", tensors}});
   }
 
   // Every rank's (box, digest) of each parameter or gradient, recorded by rank 0.
@@ -215,7 +228,7 @@ struct TrainerSession::Impl {
     }
     input_hash = global.hex_digest();
     if (writer()) {
-      dir.append_jsonl(layout::kInputIdentity,
+      dir->append_jsonl(layout::kInputIdentity,
                        {{"step", at_step}, {"global", input_hash}, {"fields", hashes}, {"rows", total_rows}});
     }
   }
@@ -231,7 +244,7 @@ struct TrainerSession::Impl {
       if (stats.empty()) continue;
       json tensors = finish_stats(world, stats, false);
       if (writer()) {
-        dir.append_jsonl(layout::kProbes, {{"stage", stage}, {"step", at_step}, {"order", order}, {"tensors", tensors}});
+        dir->append_jsonl(layout::kProbes, {{"stage", stage}, {"step", at_step}, {"order", order}, {"tensors", tensors}});
       }
     }
   }
@@ -269,6 +282,9 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
   MIH_CHECK_CODE(taken[0].item<int64_t>() == 0, Code::kFailedPrecondition, "TrainerSession: ",
                  impl_->o.case_dir.string(), " holds files already", found.empty() ? "" : " (" + found + ")",
                  ": write each run to a new case directory (nothing is overwritten)");
+  // Only now: an EvidenceDir probes that its directory is writable with a file of its own,
+  // which rank 0's look for files above would have seen.
+  impl_->dir = std::make_unique<EvidenceDir>(impl_->o.case_dir);
 }
 
 TrainerSession::~TrainerSession() = default;
@@ -325,6 +341,28 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
     p.entry = std::move(e);
     s.params.push_back(std::move(p));
   }
+  // Every rank describes the same table (the probes sum its entries in this order over the
+  // world): FQNs, global shapes and placements, rank 0's against each rank's.
+  json mine = json::array();
+  for (const Param& p : s.params) {
+    json placements = json::array();
+    for (const AxisPlacement& a : p.entry.placements) placements.push_back(a.axis + "=" + a.str());
+    mine.push_back({p.entry.fqn, p.global, placements, p.entry.grad_reduce_axes});
+  }
+  const std::vector<json> every = all_gather_json(s.world, mine);
+  for (size_t r = 1; r < every.size(); ++r) {
+    if (every[r] == every[0]) continue;
+    std::string first;
+    for (size_t i = 0; i < std::max(every[0].size(), every[r].size()) && first.empty(); ++i) {
+      if (i >= every[0].size() || i >= every[r].size() || every[0][i] != every[r][i]) {
+        first = "entry " + std::to_string(i) + ": rank 0 " + (i < every[0].size() ? every[0][i].dump() : "none") +
+                ", rank " + std::to_string(r) + " " + (i < every[r].size() ? every[r][i].dump() : "none");
+      }
+    }
+    MIH_CHECK(false, "TrainerSession::describe_parameters: rank ", r, " describes another parameter table than rank 0 (",
+              first.substr(0, 400), "): every rank passes the same FQNs, global shapes, placements and reduction axes, "
+              "in one order");
+  }
   s.described = true;
   if (!s.writer()) return;
   json degrees = {{"pp", 1}, {"dp_replicate", 1}, {"dp_shard", 1}, {"cp", 1}, {"tp", 1}, {"ep", 1}};
@@ -342,11 +380,11 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
                   {"pg_backend", std::string(compat::backend_name(s.world_group.backend()))},
                   {"world_size", s.world_group.size()}};
   const std::string writer = "mih-trainer-session " + std::string(harness_version()) + " (" + s.o.trainer + ")";
-  s.dir.write_json(layout::kEnvironment, {{contract::kStampKey, contract::stamp(writer)}, {"case", c},
+  s.dir->write_json(layout::kEnvironment, {{contract::kStampKey, contract::stamp(writer)}, {"case", c},
                                           {"world_size", s.world_group.size()},
                                           {"versions", {{"torch", compat::torch_version()},
                                                         {"mih_trainer_session", std::string(harness_version())}}}});
-  s.dir.write_json(layout::kConfigResolved, config);
+  s.dir->write_json(layout::kConfigResolved, config);
   json rows = json::array(), watch = json::array();
   for (const Param& p : s.params) {
     json row = {{"fqn", p.entry.fqn}, {"global_shape", p.global}, {"local_shape", p.box.length},
@@ -358,8 +396,8 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
     watch.push_back({{"fqn", p.entry.fqn}, {"global_shape", p.global},
                      {"reason", "whole model (" + std::to_string(elements) + " elements)"}});
   }
-  s.dir.write_json(layout::kStructure, {{"parameters", rows}});
-  s.dir.write_json(layout::kParameterWatchlist, watch);
+  s.dir->write_json(layout::kStructure, {{"parameters", rows}});
+  s.dir->write_json(layout::kParameterWatchlist, watch);
 }
 
 void TrainerSession::attach_optimizer(torch::optim::Optimizer& optimizer) {
@@ -373,7 +411,10 @@ void TrainerSession::begin_step(int64_t step) {
   s.require_described("begin_step");
   MIH_CHECK(step >= 0 && step > s.step, "TrainerSession::begin_step(", step, "): steps must increase (the last was ",
             s.step, ")");
+  MIH_CHECK(s.last == Impl::Hook::kNone || s.last == Impl::Hook::kEnd, "TrainerSession::begin_step(", step,
+            "): step ", s.step, " did not reach end_step");
   s.step = step;
+  s.last = Impl::Hook::kBegin;
   s.first_row = 0;
   s.rows.clear();
   s.activations.clear();
@@ -389,7 +430,8 @@ void TrainerSession::begin_step(int64_t step) {
 void TrainerSession::record_batch(int64_t step, int micro_batch, int64_t first_row,
                                   const std::map<std::string, at::Tensor>& batch) {
   Impl& s = *impl_;
-  MIH_CHECK(step == s.step, "TrainerSession::record_batch: step ", step, " is not the step begun (", s.step, ")");
+  MIH_CHECK(step == s.step && s.last == Impl::Hook::kBegin, "TrainerSession::record_batch: step ", step,
+            " is not a step begun and not yet past its backward (step ", s.step, ")");
   MIH_CHECK(micro_batch >= 0 && first_row >= 0, "TrainerSession::record_batch: micro_batch and first_row must be >= 0");
   s.first_row = first_row;
   for (const auto& [field, t] : batch) {
@@ -433,34 +475,50 @@ at::Tensor TrainerSession::mark_output(const std::string& module, const at::Tens
 
 void TrainerSession::after_backward_before_clip(int64_t step) {
   Impl& s = *impl_;
-  MIH_CHECK(step == s.step, "TrainerSession::after_backward_before_clip: step ", step, " is not the step begun (",
-            s.step, ")");
+  MIH_CHECK(!s.rows.empty(), "TrainerSession::after_backward_before_clip(", step, "): no record_batch in this step: "
+            "record each micro-batch's rows before its forward");
+  s.advance("after_backward_before_clip", step, Impl::Hook::kBegin, Impl::Hook::kBackward);
   s.write_identity(step);
   s.probe_parameters("grad_before_clip", step, true);
   s.write_activations(step);
   json grads = s.replica_records(true);
-  if (s.writer()) s.dir.write_json(layout::gradient_replicas_step(step), {{"step", step}, {"parameters", grads}});
+  // What this rank's reducing collectives moved per axis since begin_step (GradientSync's
+  // lower bound: at least the bytes of the gradient pieces declared reduced over the axis).
+  json reductions = json::object();
+  for (const auto& [name, axis] : s.axes) reductions[name] = int64_t{0};
+  if (s.ledger) {
+    const std::vector<CommRecord> done = s.ledger->completed();
+    for (size_t i = s.ledger_mark; i < done.size(); ++i) {
+      const CommRecord& r = done[i];
+      if (r.event == "end" && (r.op.rfind("all_reduce", 0) == 0 || r.op.rfind("reduce_scatter", 0) == 0)) {
+        reductions[r.axis] = reductions.value(r.axis, int64_t{0}) + r.bytes;
+      }
+    }
+  }
+  if (s.writer()) {
+    s.dir->write_json(layout::gradient_replicas_step(step),
+                     {{"step", step}, {"reductions", reductions}, {"parameters", grads}});
+  }
 }
 
 void TrainerSession::after_clip(int64_t step, double grad_norm) {
   Impl& s = *impl_;
-  MIH_CHECK(step == s.step, "TrainerSession::after_clip: step ", step, " is not the step begun (", s.step, ")");
+  s.advance("after_clip", step, Impl::Hook::kBackward, Impl::Hook::kClip);
   s.grad_norm = grad_norm;
   s.probe_parameters("grad_after_clip", step, true);
 }
 
 void TrainerSession::after_optimizer(int64_t step) {
   Impl& s = *impl_;
-  MIH_CHECK(step == s.step, "TrainerSession::after_optimizer: step ", step, " is not the step begun (", s.step, ")");
+  s.advance("after_optimizer", step, Impl::Hook::kClip, Impl::Hook::kOptimizer);
   s.probe_parameters("after_optimizer", step, false);
   json params = s.replica_records(false);
-  if (s.writer()) s.dir.write_json(layout::replicas_step(step), {{"step", step}, {"parameters", params}});
+  if (s.writer()) s.dir->write_json(layout::replicas_step(step), {{"step", step}, {"parameters", params}});
 }
 
 void TrainerSession::end_step(int64_t step, double loss) {
   Impl& s = *impl_;
-  MIH_CHECK(step == s.step, "TrainerSession::end_step: step ", step, " is not the step begun (", s.step, ")");
-  MIH_CHECK(!std::isnan(s.grad_norm), "TrainerSession::end_step(", step, "): call after_clip first");
+  s.advance("end_step", step, Impl::Hook::kOptimizer, Impl::Hook::kEnd);
   MIH_CHECK(s.optimizer, "TrainerSession::end_step: call attach_optimizer(optimizer) first");
   // The gradient norm after clipping, over every piece counted once.
   at::Tensor sq = at::zeros({1}, at::kDouble);
@@ -482,21 +540,21 @@ void TrainerSession::end_step(int64_t step, double loss) {
     }
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.started).count();
-  s.dir.append_jsonl(layout::performance_rank(s.rank()), {{"step", step}, {"step_ms", ms}});
+  s.dir->append_jsonl(layout::performance_rank(s.rank()), {{"step", step}, {"step_ms", ms}});
+  double lr = NAN;
+  try {
+    lr = s.optimizer->param_groups().front().options().get_lr();
+  } catch (const std::exception& e) {
+    MIH_CHECK(false, "TrainerSession::end_step: the optimizer's options give no learning rate (get_lr: ",
+              std::string(e.what()).substr(0, 200), "); an optimizer of your own must implement OptimizerOptions::get_lr");
+  }
   if (s.writer()) {
-    double lr = NAN;
-    try {
-      lr = s.optimizer->param_groups().front().options().get_lr();
-    } catch (const std::exception& e) {
-      MIH_CHECK(false, "TrainerSession::end_step: the optimizer's options give no learning rate (get_lr: ",
-                std::string(e.what()).substr(0, 200), "); an optimizer of your own must implement OptimizerOptions::get_lr");
-    }
     json row = {{"step", step}, {"loss", std::isfinite(loss) ? json(loss) : json()},
                 {"grad_norm_pre_clip", std::isfinite(s.grad_norm) ? json(s.grad_norm) : json()},
                 {"grad_norm_post_clip", std::sqrt(sq[0].item<double>())}, {"lr", lr}, {"input_hash", s.input_hash},
                 {"valid_tokens", s.valid_tokens}, {"comm_bytes", comm_bytes}, {"comm_sites", comm_sites}, {"step_ms", ms}};
     if (!std::isfinite(row["grad_norm_post_clip"].get<double>())) row["grad_norm_post_clip"] = nullptr;
-    s.dir.append_jsonl(layout::kMetrics, row);
+    s.dir->append_jsonl(layout::kMetrics, row);
   }
 }
 
@@ -506,6 +564,10 @@ void TrainerSession::capture_checkpoint_payload(const std::string& event, int64_
   MIH_CHECK(event == "save" || event == "load", "TrainerSession::capture_checkpoint_payload: event '", event,
             "' is neither save nor load");
   MIH_CHECK(next_step >= 0, "TrainerSession::capture_checkpoint_payload: next_step must be >= 0");
+  const bool nested = s.o.case_dir.filename() == layout::kBeforeSave;
+  MIH_CHECK(nested == (event == "save"), "TrainerSession::capture_checkpoint_payload('", event, "'): the save is "
+            "captured by the save phase's run, whose case_dir is <case>/", layout::kBeforeSave, ", the load by the load "
+            "phase's, whose case_dir is <case>; this session's is ", s.o.case_dir.string());
   auto* adamw = dynamic_cast<torch::optim::AdamW*>(s.optimizer);
   json tensors = json::object();
   auto record = [&](const std::string& name, const at::Tensor& whole) {
@@ -520,11 +582,7 @@ void TrainerSession::capture_checkpoint_payload(const std::string& event, int64_
   }
   if (!s.writer()) return;
   const std::string file = event == "save" ? layout::kRoundtripSave : layout::kRoundtripLoad;
-  const bool nested = s.o.case_dir.filename() == layout::kBeforeSave;
-  MIH_CHECK(nested == (event == "save"), "TrainerSession::capture_checkpoint_payload('", event, "'): the save is "
-            "captured by the save phase's run, whose case_dir is <case>/", layout::kBeforeSave, ", the load by the load "
-            "phase's, whose case_dir is <case>; this session's is ", s.o.case_dir.string());
-  s.dir.write_json(file, {{"tensors", tensors}, {"next_step", next_step}});
+  s.dir->write_json(file, {{"tensors", tensors}, {"next_step", next_step}});
 }
 
 void TrainerSession::finish() { impl_->world.barrier("mih.session.finish"); }

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -37,13 +36,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from outcomes import FAILURES, check, prepared_command, run  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from testkit import free_port  # noqa: E402
+
 FILTER = "--gtest_filter=Llama/*.*/Reference:Llama/*.*/DpShard2"
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher_argv(kind, n, rdzv="static"):

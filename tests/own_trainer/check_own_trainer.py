@@ -25,37 +25,24 @@ CheckpointRoundTrip naming the AdamW moments.
 Usage: check_own_trainer.py --mih build/bin/mih --trainer build/bin/mih_own_trainer --work DIR
 """
 import argparse
+import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from testkit import Tally, free_port  # noqa: E402
 
 SPEC = "own_mlp"
 STEPS = "4"
 TORCHRUN = "/usr/bin/torchrun"
-FAILED = []
-PASSED = []
+TALLY = Tally()
+fail, ok, expect, FAILED, PASSED = TALLY.fail, TALLY.ok, TALLY.expect, TALLY.failed, TALLY.passed
 PARAMETERS = ["embed.weight"] + [f"layers.{i}.{m}.{p}" for i in range(2) for m, ps in
                                  (("ln", ("weight", "bias")), ("up", ("weight", "bias")), ("down", ("weight", "bias")))
                                  for p in ps] + ["norm.weight", "norm.bias", "head.weight"]
-
-
-def fail(msg):
-    FAILED.append(msg)
-    print("FAIL: " + msg, flush=True)
-
-
-def ok(msg):
-    PASSED.append(msg)
-    print("ok: " + msg, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env():
@@ -89,37 +76,12 @@ def train(trainer, case_dir, case, parallel, *extra):
     return True
 
 
-def run(cmd):
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        return -1, f"timed out after 300 s\n{e.stdout or ''}"
-    return p.returncode, p.stdout
-
-
 def test_block(out, test):
     """gtest test `test` (its full name) in `out`: (its output from [ RUN ] to its verdict line, the verdict
     "OK" or "FAILED"), or (None, None) when it did not run."""
     name = re.escape(test) + r"(?=[ ,]|$)"
     m = re.search(r"^\[ RUN      \] " + name + r".*?^\[ *(OK|FAILED) *\] " + name + r"[^\n]*", out, re.S | re.M)
     return (m.group(0), m.group(1)) if m else (None, None)
-
-
-def expect(what, cmd, code, needles=(), absent=()):
-    rc, out = run(cmd)
-    if rc != code:
-        fail(f"{what}: exit {rc}, want {code}\n{out[-4000:]}")
-        return None
-    for n in needles:
-        if n not in out:
-            fail(f"{what}: the output does not say {n!r}\n{out[-4000:]}")
-            return None
-    for n in absent:
-        if n in out:
-            fail(f"{what}: the output says {n!r}\n{out[-4000:]}")
-            return None
-    ok(f"{what}: exit {code}" + (f", saying {', '.join(repr(n) for n in needles)}" if needles else ""))
-    return out
 
 
 def expect_test(what, out, test, verdict, *needles):
@@ -197,7 +159,8 @@ def main():
     out = expect("mih check, layers.1.up.weight's all-reduce skipped", [a.mih, "check", skip, "--no-progress"], 1,
                  ["FAILED", "layers.1.up.weight"])
     test = f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/DpReplicate2"
-    expect_test("mih check, layers.1.up.weight's all-reduce skipped", out, test, "FAILED", "'layers.1.up.weight'")
+    expect_test("mih check, layers.1.up.weight's all-reduce skipped", out, test, "FAILED", "'layers.1.up.weight'",
+                "a reduction skipped")
     block = test_block(out, test)[0] if out else None
     others = [p for p in PARAMETERS if p != "layers.1.up.weight" and f"'{p}'" in (block or "")]
     if others:
@@ -224,6 +187,55 @@ def main():
                 "'layers.0.up.weight/exp_avg' restored other values than were saved")
     expect_test("mih check, the optimizer state not loaded", out,
                 f"Foreign/NumericParity.MatchesReference/{SPEC}/DpShard2Resume", "FAILED", "localized to")
+
+    # Evidence edited to hide a failure, or to look like what it is not, is refused before any test
+    # (exit 12, naming file and field) or fails the test that reads it; never a silent pass.
+    edits = os.path.join(a.work, "edits")
+
+    def edited(tag, mutate):
+        root = os.path.join(edits, tag)
+        for name in ("Reference", "DpReplicate2"):
+            shutil.copytree(case(good, name), case(root, name))
+        mutate(case(root, "DpReplicate2"), case(root, "Reference"))
+        return root
+
+    def edit_json(path, change):
+        with open(path) as f:
+            value = json.load(f)
+        change(value)
+        with open(path, "w") as f:
+            json.dump(value, f)
+
+    runtime = lambda d, f: os.path.join(d, "cases", "runtime", f)  # noqa: E731
+    hostile = [
+        ("a rank's box emptied", lambda d, r: edit_json(runtime(d, "replicas_step2.json"), lambda v: v["parameters"][
+            "head.weight"]["boxes"].__setitem__(1, "[]")), 12, "box '[]' is not a box of a 2-dim tensor"),
+        ("a step's replica record removed", lambda d, r: os.remove(runtime(d, "replicas_step2.json")), 12,
+         "exists for 3 step(s) and metrics.jsonl has 4"),
+        ("a parameter's gradient record removed", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"),
+                                                                           lambda v: v["parameters"].pop("head.weight")),
+         12, "parameter 'head.weight' of check/structure.json has no record"),
+        ("the config's degrees shrunk", lambda d, r: edit_json(os.path.join(d, "config.resolved.json"),
+                                                               lambda v: v.__setitem__("dp_replicate", 1)), 12,
+         "make 1 rank(s), and environment.json says world_size 2"),
+        ("a 2-rank run as the reference", lambda d, r: (shutil.rmtree(r), shutil.copytree(d, r), edit_json(
+            os.path.join(r, "environment.json"), lambda v: v["case"].update(name="Reference", compare_to=""))), 12,
+         "a case's compare_to is its 1-rank run"),
+        ("the last step's metrics cut", lambda d, r: open(runtime(d, "metrics.jsonl"), "w").writelines(
+            open(os.path.join(good, SPEC, "DpReplicate2", "cases", "runtime", "metrics.jsonl")).readlines()[:3]), 12,
+         "the run did not finish"),
+        # A pattern over a long string recursed through std::regex until the stack overflowed.
+        ("a box of 100000 characters", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"), lambda v: v[
+            "parameters"]["head.weight"]["boxes"].__setitem__(0, "[" + "0" * 100000 + "]")), 12,
+         "is not a box of a 2-dim tensor"),
+        ("a placement of 300000 characters", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"), lambda v: v[
+            "parameters"]["head.weight"]["placements"].__setitem__("dp_replicate", "Shard(" + "1" * 300000 + ")")), 12,
+         "a string of 300007 characters"),
+        ("a gradient no rank holds", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"), lambda v: v[
+            "parameters"]["head.weight"].__setitem__("digests", [None, None])), 1, "no rank holding it has one"),
+    ]
+    for i, (what, mutate, code, needle) in enumerate(hostile):
+        expect(f"mih check, {what}", [a.mih, "check", edited(f"e{i}", mutate), "--no-progress"], code, [needle])
 
     if FAILED:
         print(f"own trainer: {len(FAILED)} check(s) failed, {len(PASSED)} passed")

@@ -22,23 +22,15 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from testkit import Tally, free_port  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAILED = []
-
-
-def fail(msg):
-    FAILED.append(msg)
-    print("FAIL: " + msg, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TALLY = Tally()
+fail, FAILED = TALLY.fail, TALLY.failed
 
 
 def train(root, case, ranks, *extra):
@@ -62,22 +54,8 @@ def train(root, case, ranks, *extra):
     return out
 
 
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    return p.returncode, p.stdout
-
-
 def expect(what, cmd, code, *needles):
-    rc, out = run(cmd)
-    if rc != code:
-        fail(f"{what}: exit {rc}, want {code}\n{out[-3000:]}")
-        return out
-    for n in needles:
-        if n not in out:
-            fail(f"{what}: the output does not say {n!r}\n{out[-3000:]}")
-            return out
-    print(f"ok: {what}: exit {code}" + (f", saying {', '.join(repr(n) for n in needles)}" if needles else ""), flush=True)
-    return out
+    return TALLY.expect(what, cmd, code, needles) or ""
 
 
 def main():

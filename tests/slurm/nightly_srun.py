@@ -23,13 +23,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slurm_cluster import Skip, SlurmCluster  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from testkit import Tally  # noqa: E402
+
 CASES = (("Reference", 1), ("Tp2Sp", 2), ("DpShard2", 2))
-FAILED = []
-
-
-def fail(msg):
-    FAILED.append(msg)
-    print("FAIL: " + msg, flush=True)
+TALLY = Tally()
+fail, FAILED = TALLY.fail, TALLY.failed
 
 
 def main():

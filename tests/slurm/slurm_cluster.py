@@ -15,17 +15,15 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from testkit import free_port  # noqa: E402
 
 
 class Skip(Exception):
     """The cluster cannot run here; the message says why (a test reports it as a skip)."""
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path, lines=15):
@@ -88,7 +86,7 @@ class SlurmCluster:
         if p.returncode != 0:
             raise Skip("munged did not start: " + p.stdout.strip()[-500:])
         self.pids["munged"] = self._read_pid(pidfile)
-        ctld_port, d_port = _free_port(), _free_port()
+        ctld_port, d_port = free_port(), free_port()
         d = self.dir
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=mihtest

@@ -1,0 +1,54 @@
+"""What the Python test drivers share (tests/python, tests/own_trainer, tests/slurm, tests/cli):
+a free TCP port on the loopback, and the tally of checks a driver prints as it goes."""
+import socket
+import subprocess
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (for MASTER_PORT, a daemon's port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tally:
+    """The checks of a driver: `ok` and `fail` print one line each as they happen."""
+
+    def __init__(self):
+        self.passed, self.failed = [], []
+
+    def ok(self, msg):
+        self.passed.append(msg)
+        print("ok: " + msg, flush=True)
+
+    def fail(self, msg):
+        self.failed.append(msg)
+        print("FAIL: " + msg, flush=True)
+
+    def expect(self, what, cmd, code, needles=(), absent=(), timeout=300):
+        """Runs `cmd`: it must exit `code` and its output (stdout and stderr) say every needle and
+        none of `absent`. Returns the output, or None when a check failed (said already)."""
+        rc, out = run(cmd, timeout)
+        if rc != code:
+            self.fail(f"{what}: exit {rc}, want {code}\n{out[-4000:]}")
+            return None
+        for n in needles:
+            if n not in out:
+                self.fail(f"{what}: the output does not say {n!r}\n{out[-4000:]}")
+                return None
+        for n in absent:
+            if n in out:
+                self.fail(f"{what}: the output says {n!r}\n{out[-4000:]}")
+                return None
+        self.ok(f"{what}: exit {code}" + (f", saying {', '.join(repr(n) for n in needles)}" if needles else ""))
+        return out
+
+
+def run(cmd, timeout=300):
+    """(exit status, stdout and stderr) of `cmd`; -1 and what it printed when it ran past `timeout` s."""
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return -1, f"timed out after {timeout} s\n{out}"
+    return p.returncode, p.stdout
