@@ -276,9 +276,15 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
       if (e.path().filename() != layout::kBeforeSave) found = e.path().filename().string();
     }
     taken[0] = found.empty() ? 0 : 1;
-    if (found.empty()) fs::create_directories(impl_->o.case_dir);
+    // A directory rank 0 cannot create fails every rank here, not the others at a later collective.
+    if (found.empty() && !fs::create_directories(impl_->o.case_dir, ec) && ec) {
+      taken[0] = 2;
+      found = ec.message();
+    }
   }
   impl_->world.all_reduce(taken, ReduceOp::kSum, "mih.session.start");
+  MIH_CHECK_CODE(taken[0].item<int64_t>() != 2, Code::kFailedPrecondition, "TrainerSession: rank 0 cannot create ",
+                 impl_->o.case_dir.string(), found.empty() ? "" : " (" + found + ")");
   MIH_CHECK_CODE(taken[0].item<int64_t>() == 0, Code::kFailedPrecondition, "TrainerSession: ",
                  impl_->o.case_dir.string(), " holds files already", found.empty() ? "" : " (" + found + ")",
                  ": write each run to a new case directory (nothing is overwritten)");
