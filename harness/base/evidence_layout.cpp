@@ -48,6 +48,13 @@ std::string modality_gradients_step(int64_t step) { return runtime_step("modalit
 std::string optimizer_layout_step(int64_t step) { return runtime_step("optimizer_layout", step); }
 std::string replicas_step(int64_t step) { return runtime_step("replicas", step); }
 std::string gradient_replicas_step(int64_t step) { return runtime_step("gradient_replicas", step); }
+std::string submit_dir(const std::string& spec) { return std::string(kSubmitDir) + "/" + spec; }
+std::string submit_jobs(const std::string& spec) { return submit_dir(spec) + "/jobs.json"; }
+std::string submit_states(const std::string& spec) { return submit_dir(spec) + "/states.txt"; }
+std::string submit_script(const std::string& spec, const std::string& job) { return submit_dir(spec) + "/" + job + ".sbatch"; }
+std::string submit_log(const std::string& spec, const std::string& job, const std::string& id) {
+  return submit_dir(spec) + "/" + job + "." + id + ".log";
+}
 std::string gradient_presence_step(int64_t step) { return runtime_step("gradient_presence", step); }
 std::string tp_partial_gradients_step(int64_t step) { return runtime_step("tp_partial_gradients", step); }
 std::string gradient_reductions_step(int64_t step) { return runtime_step("gradient_reductions", step); }

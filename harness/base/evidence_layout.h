@@ -186,6 +186,24 @@ inline constexpr char kProbes[] = "probes/rank0.jsonl";
 inline constexpr char kCalibration[] = "compare/calibration.json";
 inline constexpr char kGoldenComparison[] = "compare/golden.json";
 
+// ---- mih submit's records, under the evidence root (cli/submit_command.cpp) ----------------
+inline constexpr char kSubmitDir[] = ".mih-submit";  ///< <root>/.mih-submit/<spec>/
+/// .mih-submit/<spec>: the batch scripts and their logs (<case>.<phase>.<job id>.log).
+std::string submit_dir(const std::string& spec);
+/// .mih-submit/<spec>/jobs.json: {"<spec>/<case>:<phase>": "<job id>", ..., "<spec>:verify": ...}.
+std::string submit_jobs(const std::string& spec);
+/// .mih-submit/<spec>/states.txt: the scheduler's state of every job, as the final job read it.
+std::string submit_states(const std::string& spec);
+/// The night's verdict at the evidence root, written by mih submit's final job.
+inline constexpr char kNightReportMd[] = "report.md";
+inline constexpr char kNightReportHtml[] = "report.html";
+inline constexpr char kNightJunit[] = "junit.xml";
+inline constexpr char kNightCompare[] = "compare-previous.txt";  ///< `mih compare` with last night's, case by case
+/// .mih-submit/<spec>/<job>.sbatch, the batch script of job <job> ("Tp2Sp.train", "verify").
+std::string submit_script(const std::string& spec, const std::string& job);
+/// .mih-submit/<spec>/<job>.<id>.log: its output (`id` "%j" in the script: SLURM's job id).
+std::string submit_log(const std::string& spec, const std::string& job, const std::string& id);
+
 // ---- A launch's run directory (runtime/launcher.h) -----------------------------------------
 inline constexpr char kRunLock[] = ".lock";  ///< flock'ed by the launch, holds its pid
 inline constexpr char kStore[] = "store";    ///< the FileStore of a launch without a hosted store

@@ -28,6 +28,7 @@
 #include "harness/base/strings.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/conformance_run.h"
+#include "harness/evidence/scheduler_jobs.h"
 #include "harness/compare/verdicts.h"
 
 namespace mih::cases {
@@ -175,6 +176,15 @@ std::vector<std::string> disagreements(const CaseRequest& p, const verdicts::Cas
 CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
   CaseOutcome out;
   out.evidence = dir;
+  // A night `mih submit` ran: a job of this case that did not complete (cancelled, timed out,
+  // its node lost, or failed before the case left evidence) is the case's infrastructure
+  // outcome, whatever partial evidence it left; never a verdict, never a model failure.
+  if (const auto job = infrastructure_job(run_options().evidence_root, p.spec, p.c.name, dir)) {
+    out.outcome = Outcome::kTransportFailure;
+    out.code = job->state == "TIMEOUT" || job->state == "DEADLINE" ? Code::kDeadlineExceeded : Code::kUnavailable;
+    out.error = describe_job_failure(*job);
+    return out;
+  }
   MIH_CHECK_CODE(fs::is_directory(dir), Code::kFailedPrecondition, "verify-only: no evidence for case ", p.spec, "/",
                  p.c.name, " at ", dir.string(), "; produce it first, e.g. `mih run --spec ", p.spec, " --case ",
                  p.c.name, " --matrix ", p.matrix.text(), " --evidence-root ", run_options().evidence_root.string(),

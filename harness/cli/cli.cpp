@@ -84,6 +84,12 @@ const std::vector<Command>& commands() {
        "Run one case of a matrix (its ranks as processes, a runtime validation session writing the evidence) and "
        "print where its evidence is and its state. Exit 1 when the case FAILED a check.",
        setup_run},
+      {"submit",
+       "Submit a spec's matrix to SLURM as batch jobs: one per case phase, whose ranks srun starts, each case "
+       "after its reference and a resume's load after its save, and a final job after all of them (whatever "
+       "their outcome) running `mih test --verify-only` and writing report.md, report.html and junit.xml. "
+       "--dry-run prints the scripts and the dependency graph. Site settings come from --site FILE.",
+       setup_submit},
       {"test",
        "Run the conformance suites of the linked specs: each case launched once, every suite asserting on its "
        "evidence. `mih test --help` lists the options (--evidence-root, --matrix, --verify-only, --case-timeout, "

@@ -4,7 +4,7 @@
 //
 // How to add a command: write `CommandRun setup_<name>(CLI::App& sub, const Invocation& inv)`
 // in the file of its kind (launch_commands.cpp, evidence_commands.cpp, conformance_command.cpp,
-// scaffold_command.cpp, reach_command.cpp, golden_command.cpp),
+// scaffold_command.cpp, reach_command.cpp, golden_command.cpp, submit_command.cpp),
 // declare it below and add a row to commands() in cli.cpp.
 #pragma once
 
@@ -52,6 +52,7 @@ CommandRun setup_list(CLI::App& sub, const Invocation& inv);
 CommandRun setup_compare(CLI::App& sub, const Invocation& inv);
 CommandRun setup_validate(CLI::App& sub, const Invocation& inv);
 CommandRun setup_run(CLI::App& sub, const Invocation& inv);
+CommandRun setup_submit(CLI::App& sub, const Invocation& inv);
 CommandRun setup_test(CLI::App& sub, const Invocation& inv);
 CommandRun setup_check(CLI::App& sub, const Invocation& inv);
 CommandRun setup_report(CLI::App& sub, const Invocation& inv);

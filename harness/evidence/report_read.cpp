@@ -22,6 +22,7 @@
 #include "harness/base/json_fields.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
+#include "harness/evidence/scheduler_jobs.h"
 
 namespace mih {
 namespace {
@@ -166,6 +167,18 @@ void read_case_files(const fs::path& root, CaseResult* c) {
                    {"other_s", r.timing.other_s}};
     } catch (const Error& e) {
       c->problems.push_back(case_run.string() + ": " + e.message());
+    }
+  }
+  // A case of a `mih submit` night has no case_run.json: a job of it that did not complete
+  // is its outcome (infrastructure), as the verify-only run said.
+  if (!c->outcome) {
+    try {
+      if (const auto job = infrastructure_job(root, c->spec, c->name, dir)) {
+        c->outcome = Outcome::kTransportFailure;
+        c->error = describe_job_failure(*job);
+      }
+    } catch (const Error& e) {
+      c->problems.push_back(e.message());
     }
   }
   const fs::path case_file = dir / layout::kCaseRequest;

@@ -1,0 +1,351 @@
+// `mih submit`: a spec's matrix as SLURM batch jobs with their dependencies (each case's
+// comparison after its reference, a resume's load after its save) and a final job after all of
+// them, whatever their outcome, that runs `mih test --verify-only` and writes the reports.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
+#include "harness/base/files.h"
+#include "harness/base/json_fields.h"
+#include "harness/cases/case_runner.h"
+#include "harness/cases/hf_interop.h"
+#include "harness/cases/registrations.h"
+#include "harness/evidence/scheduler_jobs.h"
+#include "harness/cli/commands.h"
+#include "harness/spec/model_spec.h"
+
+namespace mih::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Where a site's cluster differs (a JSON file; every key optional, none other accepted).
+struct Site {
+  std::string partition, account, container, srun_args, mih;
+  int gpus_per_node = 0;
+  int time_minutes = 0;
+  std::vector<std::string> modules;
+  std::string pg_backend;  // "" : the case's
+};
+
+Site read_site(const std::string& path) {
+  Site s;
+  if (path.empty()) return s;
+  const json j = read_json_file(path);
+  MIH_CHECK_CODE(j.is_object(), Code::kInvalidSpec, "site file ", path, ": expected a JSON object");
+  static const std::set<std::string> known = {"partition", "account", "container", "srun_args", "mih",
+                                              "gpus_per_node", "time_minutes", "modules", "pg_backend"};
+  for (const auto& [k, v] : j.items()) {
+    MIH_CHECK_CODE(known.count(k), Code::kInvalidSpec, "site file ", path, ": unknown key '", k,
+                   "' (partition, account, gpus_per_node, time_minutes, modules, container, srun_args, pg_backend, mih)");
+  }
+  auto text = [&](const char* k, std::string* out) {
+    if (!j.contains(k)) return;
+    MIH_CHECK_CODE(j[k].is_string() && j[k].get<std::string>().find('\n') == std::string::npos, Code::kInvalidSpec,
+                   "site file ", path, ": '", k, "' must be a string of one line");
+    *out = j[k].get<std::string>();
+  };
+  text("partition", &s.partition);
+  text("account", &s.account);
+  text("container", &s.container);
+  text("srun_args", &s.srun_args);
+  text("mih", &s.mih);
+  text("pg_backend", &s.pg_backend);
+  MIH_CHECK_CODE(s.pg_backend.empty() || s.pg_backend == "gloo" || s.pg_backend == "nccl", Code::kInvalidSpec,
+                 "site file ", path, ": pg_backend must be gloo or nccl");
+  for (const char* k : {"gpus_per_node", "time_minutes"}) {
+    if (!j.contains(k)) continue;
+    MIH_CHECK_CODE(j[k].is_number_integer() && j[k].get<int64_t>() >= 0 && j[k].get<int64_t>() <= 100000,
+                   Code::kInvalidSpec, "site file ", path, ": '", k, "' must be a non-negative integer");
+    (std::string(k) == "gpus_per_node" ? s.gpus_per_node : s.time_minutes) = j[k].get<int>();
+  }
+  if (j.contains("modules")) {
+    MIH_CHECK_CODE(j["modules"].is_array(), Code::kInvalidSpec, "site file ", path, ": 'modules' must be a list");
+    for (const json& m : j["modules"]) {
+      MIH_CHECK_CODE(m.is_string() && m.get<std::string>().find('\n') == std::string::npos, Code::kInvalidSpec,
+                     "site file ", path, ": each module is a string of one line");
+      s.modules.push_back(m.get<std::string>());
+    }
+  }
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(t.count()) / 1000.0);
+  return buf;
+}
+
+// One batch job of the night.
+struct Job {
+  std::string name;    // "llama/Tp2Sp:train", "verify"
+  std::string script;  // the batch script's text
+  fs::path path;       // where it is written
+  std::vector<std::pair<std::string, std::string>> after;  // (job name, "afterany" | "afterok")
+  std::string id;      // SLURM's job id, once submitted
+};
+
+std::string header(const Site& site, const std::string& name, int tasks, const fs::path& log) {
+  std::string h = "#!/bin/bash\n#SBATCH --job-name=" + name + "\n#SBATCH --output=" + log.string() + "\n";
+  if (tasks > 0) h += "#SBATCH --ntasks=" + std::to_string(tasks) + "\n";
+  if (!site.partition.empty()) h += "#SBATCH --partition=" + site.partition + "\n";
+  if (!site.account.empty()) h += "#SBATCH --account=" + site.account + "\n";
+  if (site.gpus_per_node > 0 && tasks > 0) h += "#SBATCH --gpus-per-node=" + std::to_string(site.gpus_per_node) + "\n";
+  if (site.time_minutes > 0) h += "#SBATCH --time=" + std::to_string(site.time_minutes) + "\n";
+  h += "set -u\n";
+  for (const std::string& m : site.modules) h += "module load " + m + "\n";
+  return h;
+}
+
+// Runs sbatch --parsable with `options` on `script`; returns the job id.
+std::string sbatch(const std::vector<std::string>& options, const fs::path& script) {
+  int out[2];
+  MIH_CHECK_CODE(::pipe(out) == 0, Code::kUnavailable, "mih submit: pipe failed");
+  const pid_t pid = ::fork();
+  MIH_CHECK_CODE(pid >= 0, Code::kUnavailable, "mih submit: fork failed");
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::vector<std::string> args = {"sbatch", "--parsable"};
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back(script.string());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp("sbatch", argv.data());
+    std::fprintf(stderr, "cannot run sbatch: not on PATH\n");
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  const std::string id = text.substr(0, text.find(';'));
+  MIH_CHECK_CODE(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !id.empty() &&
+                     id.find_first_not_of("0123456789") == std::string::npos,
+                 Code::kUnavailable, "mih submit: sbatch ", script.string(), " failed: ", text.substr(0, 500),
+                 " (jobs submitted before it stay queued; `scancel --name` them or rerun)");
+  return id;
+}
+
+}  // namespace
+
+CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
+  struct Flags {
+    std::string spec, matrix = "cpu-smoke", root, site, previous;
+    std::vector<std::string> cases;
+    bool dry_run = false;
+  };
+  auto f = std::make_shared<Flags>();
+  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
+  sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
+  sub.add_option("--evidence-root", f->root, "the night's evidence root, on a file system every node sees")->required();
+  sub.add_option("--cases", f->cases, "only these cases (and the cases they are compared with)")->delimiter(',');
+  sub.add_option("--site", f->site, "site settings: a JSON file (partition, account, gpus_per_node, time_minutes, "
+                                    "modules, container, srun_args, pg_backend, mih)");
+  sub.add_option("--previous", f->previous, "last night's evidence root: the final job compares each case with it");
+  sub.add_flag("--dry-run", f->dry_run, "print the batch scripts and the dependency graph; submit nothing, write nothing");
+  const std::string self = inv.argc > 0 ? fs::weakly_canonical(fs::absolute(fs::path(inv.argv[0]))).string() : "mih";
+  return [f, self] {
+    const Site site = read_site(f->site);
+    const std::string mih = site.mih.empty() ? self : site.mih;
+    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
+    const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
+    const fs::path root = fs::absolute(f->root);
+    std::string prefix;
+    for (const cases::Registration& r : cases::registrations()) {
+      if (r.spec == s.name && prefix.empty()) prefix = r.prefix;
+    }
+    // The cases asked for and, transitively, those they are compared with.
+    std::map<std::string, const spec::Case*> by_name;
+    for (const spec::Case& c : matrix.cases) by_name[c.name] = &c;
+    std::set<std::string> wanted;
+    std::vector<std::string> todo = f->cases.empty() ? std::vector<std::string>() : f->cases;
+    if (todo.empty()) {
+      for (const spec::Case& c : matrix.cases) todo.push_back(c.name);
+    }
+    while (!todo.empty()) {
+      const std::string name = todo.back();
+      todo.pop_back();
+      MIH_CHECK_CODE(by_name.count(name), Code::kInvalidSpec, "mih submit: matrix ", f->matrix, " of spec ", s.name,
+                     " has no case '", name, "' (see `mih matrix --spec ", s.name, "`)");
+      if (!wanted.insert(name).second) continue;
+      if (!by_name[name]->compare_to.empty()) todo.push_back(by_name[name]->compare_to);
+    }
+    const fs::path jobs_dir = root / layout::submit_dir(s.name);
+    std::vector<Job> jobs;
+    std::map<std::string, std::string> last_job;  // case -> the name of its last phase's job
+    std::map<std::string, std::string> kept;      // job name -> id, of cases complete before
+    std::string filter;
+    for (const spec::Case& c : matrix.cases) {  // matrix order: the reference first
+      if (!wanted.count(c.name)) continue;
+      filter += (filter.empty() ? "" : ":") + std::string("*/") + c.name;
+      CaseRequest q;
+      q.spec = s.name;
+      q.matrix = MatrixSource::parse(f->matrix);
+      q.c = c;
+      q.training_backend = "trainer";
+      if (!s.checkpoint.init_from.empty()) {
+        const cases::InitSource checked = cases::check_init_from(s, s.checkpoint.init_from);
+        q.init_from = checked.dir.string();
+        q.init_from_sha256 = checked.sha256;
+      }
+      const fs::path dir = layout::case_dir(root, s.name, c.name);
+      // A night submitted again: what completed is kept, what did not is set aside and resubmitted.
+      std::error_code ec;
+      const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec);
+      const std::vector<SubmittedJob> before = submitted_jobs(root, s.name, c.name);
+      const bool complete = has_evidence && !before.empty() &&
+                            std::all_of(before.begin(), before.end(),
+                                        [](const SubmittedJob& j) { return j.state == "COMPLETED"; });
+      if (complete) {
+        std::printf("%s/%s: complete in an earlier submission (jobs", s.name.c_str(), c.name.c_str());
+        for (const SubmittedJob& j : before) {
+          std::printf(" %s", j.id.c_str());
+          kept[j.name] = j.id;
+        }
+        std::printf("): kept\n");
+        continue;
+      }
+      if (!f->dry_run) {
+        if (has_evidence && !before.empty()) {
+          const fs::path aside = root / layout::submit_dir(s.name) / "incomplete" /
+                                 (c.name + "." + std::to_string(std::time(nullptr)));
+          fs::create_directories(aside.parent_path());
+          fs::rename(dir, aside);
+          std::printf("%s/%s: its last submission did not complete; its evidence moved to %s\n", s.name.c_str(),
+                      c.name.c_str(), aside.c_str());
+        }
+        cases::CaseRunOptions o;
+        o.evidence_root = root;
+        cases::prepare_case(q, o);  // run/case.json; refuses a directory that holds a run's evidence
+      }
+      const std::string flags = " --collective-timeout " +
+                                seconds(q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout) +
+                                " --case-timeout " + seconds(q.case_timeout);
+      const std::string backend = site.pg_backend.empty() ? c.pg_backend : site.pg_backend;
+      std::string previous_phase;
+      for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
+        const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
+        Job j;
+        j.name = s.name + "/" + c.name + ":" + phase;
+        j.path = root / layout::submit_script(s.name, c.name + "." + phase);
+        j.script = header(site, "mih:" + j.name, n, root / layout::submit_log(s.name, c.name + "." + phase, "%j")) +
+                   "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+                   "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
+                   "srun --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + site.srun_args) + " " +
+                   (site.container.empty() ? "" : site.container + " ") + quote(mih) + " worker --run-dir " +
+                   quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " + backend + flags +
+                   " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
+        if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
+        if (previous_phase.empty() && !c.compare_to.empty() && last_job.count(c.compare_to)) {
+          j.after.push_back({last_job[c.compare_to], "afterany"});  // compared after its reference ran
+        }
+        previous_phase = j.name;
+        jobs.push_back(std::move(j));
+      }
+      last_job[c.name] = previous_phase;
+    }
+    // The verdict of the whole night, after every job whatever its outcome.
+    Job verify;
+    verify.name = s.name + ":verify";
+    verify.path = root / layout::submit_script(s.name, "verify");
+    // What the scheduler says of every job (sacct where accounting runs, scontrol while the
+    // controller remembers them): a job that did not complete is the case's infrastructure
+    // outcome in the verdict, never a model failure (cases/scheduler_jobs.h).
+    verify.script = header(site, "mih:" + verify.name, 1, root / layout::submit_log(s.name, "verify", "%j")) +
+                    "ids=@JOB_IDS@\n(sacct -n -P -o JobID,State,ExitCode -j \"$ids\" 2>/dev/null; for id in ${ids//,/ }; do "
+                    "scontrol show job -o \"$id\" 2>/dev/null; done) > " +
+                    quote((root / layout::submit_states(s.name)).string()) + "\n" +
+                    quote(mih) + " test --verify-only --evidence-root " + quote(root.string()) + " --matrix " +
+                    quote(f->matrix) + (prefix.empty() ? "" : " --prefixes " + prefix) + " --no-progress " +
+                    quote("--gtest_filter=" + filter) + " " + quote("--gtest_output=xml:" + (root / layout::kNightJunit).string()) +
+                    "\nrc=$?\n" + quote(mih) + " report " + quote(root.string()) + " --format md -o " +
+                    quote((root / layout::kNightReportMd).string()) + "\n" + quote(mih) + " report " + quote(root.string()) +
+                    " --format html -o " + quote((root / layout::kNightReportHtml).string()) + "\n";
+    if (!f->previous.empty()) {
+      for (const std::string& name : wanted) {
+        verify.script += quote(mih) + " compare " + quote((fs::absolute(f->previous) / s.name / name).string()) + " " +
+                         quote(layout::case_dir(root, s.name, name).string()) + " >> " +
+                         quote((root / layout::kNightCompare).string()) + " 2>&1\n";
+      }
+    }
+    verify.script += "exit $rc\n";
+    for (const Job& j : jobs) verify.after.push_back({j.name, "afterany"});
+    jobs.push_back(std::move(verify));
+
+    auto with_ids = [](std::string script, const std::string& ids) {
+      const size_t at = script.find("@JOB_IDS@");
+      if (at != std::string::npos) script.replace(at, 9, ids);
+      return script;
+    };
+    if (f->dry_run) {
+      for (const Job& j : jobs) {
+        std::printf("== %s (%s)\n%s\n", j.name.c_str(), j.path.c_str(), with_ids(j.script, "'<the job ids>'").c_str());
+      }
+    }
+    std::printf("dependency graph of %s's night (%zu jobs):\n", s.name.c_str(), jobs.size());
+    for (const Job& j : jobs) {
+      std::string deps;
+      for (const auto& [name, kind] : j.after) deps += (deps.empty() ? "" : ", ") + kind + ":" + name;
+      std::printf("  %s%s%s\n", j.name.c_str(), deps.empty() ? "" : " after ", deps.c_str());
+    }
+    if (f->dry_run) return 0;
+    std::map<std::string, std::string> ids;
+    json record = json::object();
+    for (const auto& [name, id] : kept) record[name] = id;
+    std::string all_ids;
+    for (Job& j : jobs) {
+      j.script = with_ids(j.script, all_ids);  // the final job's: every job before it
+      write_file_atomic(j.path, j.script);
+      std::string dependency;
+      for (const auto& [name, kind] : j.after) dependency += (dependency.empty() ? "" : ",") + kind + ":" + ids.at(name);
+      std::vector<std::string> options;
+      if (!dependency.empty()) options.push_back("--dependency=" + dependency);
+      // A load whose save failed never runs: cancelled at once, so the final job still comes.
+      for (const auto& [name, kind] : j.after) {
+        if (kind == "afterok") {
+          options.push_back("--kill-on-invalid-dep=yes");
+          break;
+        }
+      }
+      j.id = sbatch(options, j.path);
+      all_ids += (all_ids.empty() ? "" : ",") + j.id;
+      ids[j.name] = j.id;
+      record[j.name] = j.id;
+      std::printf("submitted %s: job %s\n", j.name.c_str(), j.id.c_str());
+    }
+    write_file_atomic(root / layout::submit_jobs(s.name), record.dump(2) + "\n");
+    std::printf("the night's verdict: %s (%s, %s, %s) when job %s ends\n", root.c_str(), layout::kNightReportMd,
+                layout::kNightReportHtml, layout::kNightJunit, ids.at(jobs.back().name).c_str());
+    return 0;
+  };
+}
+
+}  // namespace mih::cli

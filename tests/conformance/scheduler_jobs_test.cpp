@@ -1,0 +1,60 @@
+// The SLURM job states a verify-only run of a `mih submit` night reads (cases/scheduler_jobs.h):
+// scontrol and sacct lines, the jobs of one case, and which states are infrastructure outcomes.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/base/error.h"
+#include "harness/base/evidence_layout.h"
+#include "harness/base/files.h"
+#include "harness/evidence/scheduler_jobs.h"
+#include "tests/support/temp_dir.h"
+
+namespace mih {
+namespace {
+
+TEST(SchedulerJobsTest, ParsesScontrolAndSacctLines) {
+  const auto states = parse_job_states(
+      "JobId=2 JobName=mih:llama/Tp2Sp:train UserId=root(0) JobState=CANCELLED Reason=None ExitCode=0:15 Partition=debug\n"
+      "slurm_load_jobs error: Invalid job id specified\n"
+      "3|TIMEOUT|0:0\n"
+      "3.batch|CANCELLED|0:15\n"
+      "4|CANCELLED by 0|0:0\n"
+      "JobID|State|ExitCode\n");
+  ASSERT_EQ(states.size(), 3u);
+  EXPECT_EQ(states.at("2"), std::make_pair(std::string("CANCELLED"), std::string("0:15")));
+  EXPECT_EQ(states.at("3"), std::make_pair(std::string("TIMEOUT"), std::string("0:0")));  // not its step's
+  EXPECT_EQ(states.at("4").first, "CANCELLED");
+}
+
+TEST(SchedulerJobsTest, JobsOfOneCaseWithStatesAndLogs) {
+  const auto root = mih::testing::temp_dir("scheduler_jobs");
+  write_file_atomic(root / layout::submit_jobs("llama"),
+                    nlohmann::json({{"llama/Reference:train", "1"}, {"llama/Tp2Sp:train", "2"},
+                                    {"llama/Tp2SpX:train", "5"}, {"llama:verify", "3"}})
+                        .dump());
+  write_file_atomic(root / layout::submit_states("llama"), "1|COMPLETED|0:0\n2|CANCELLED by 0|0:0\n");
+  const auto jobs = submitted_jobs(root, "llama", "Tp2Sp");
+  ASSERT_EQ(jobs.size(), 1u);  // not Tp2SpX's, not the verify job
+  EXPECT_EQ(jobs[0].id, "2");
+  EXPECT_EQ(jobs[0].state, "CANCELLED");
+  EXPECT_EQ(jobs[0].log, root / layout::submit_log("llama", "Tp2Sp.train", "2"));
+  EXPECT_TRUE(submitted_jobs(root, "llama", "DpShard2").empty());
+  EXPECT_TRUE(submitted_jobs(root, "moe", "Tp2Sp").empty());
+  write_file_atomic(root / layout::submit_jobs("llama"), "{\"llama/Tp2Sp:train\": \"2; rm -rf /\"}");
+  EXPECT_THROW(submitted_jobs(root, "llama", "Tp2Sp"), Error);
+}
+
+TEST(SchedulerJobsTest, WhichStatesAreInfrastructure) {
+  EXPECT_FALSE(job_is_infrastructure("COMPLETED", true));
+  for (const char* state : {"CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}) {
+    EXPECT_TRUE(job_is_infrastructure(state, true)) << state;  // partial evidence is never judged
+  }
+  EXPECT_FALSE(job_is_infrastructure("FAILED", true));  // a rank raised: its evidence says so
+  EXPECT_TRUE(job_is_infrastructure("FAILED", false));
+  EXPECT_FALSE(job_is_infrastructure("", true));  // forgotten by the scheduler, the evidence judged
+  EXPECT_TRUE(job_is_infrastructure("", false));
+}
+
+}  // namespace
+}  // namespace mih
