@@ -72,10 +72,18 @@ std::vector<SubmittedJob> submitted_jobs(const fs::path& root, const std::string
   return out;
 }
 
-bool job_is_infrastructure(const std::string& state, bool has_evidence) {
+bool job_is_infrastructure(const std::string& state, const std::string& exit_code, bool has_evidence) {
   if (state == "COMPLETED") return false;
-  if ((state == "FAILED" || state.empty()) && has_evidence) return false;
-  return true;
+  if (state.empty()) return !has_evidence;
+  if (state != "FAILED" || !has_evidence) return true;
+  // FAILED with evidence: the model's failure unless a signal or a transport's status ended it.
+  const size_t colon = exit_code.find(':');
+  const std::string status = exit_code.substr(0, colon), signal = colon == std::string::npos ? "" : exit_code.substr(colon + 1);
+  if (!signal.empty() && signal != "0") return true;
+  for (const Code c : {Code::kDeadlineExceeded, Code::kUnavailable, Code::kAborted}) {
+    if (status == std::to_string(exit_status(c))) return true;
+  }
+  return false;
 }
 
 std::string describe_job_failure(const SubmittedJob& j) {
@@ -90,7 +98,7 @@ std::optional<SubmittedJob> infrastructure_job(const fs::path& root, const std::
   std::error_code ec;
   const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec);
   for (const SubmittedJob& j : submitted_jobs(root, spec, case_name)) {
-    if (job_is_infrastructure(j.state, has_evidence)) return j;
+    if (job_is_infrastructure(j.state, j.exit_code, has_evidence)) return j;
   }
   return std::nullopt;
 }

@@ -32,11 +32,13 @@ std::map<std::string, std::pair<std::string, std::string>> parse_job_states(cons
 std::vector<SubmittedJob> submitted_jobs(const std::filesystem::path& root, const std::string& spec,
                                          const std::string& case_name);
 
-/// Whether a job that ended in `state` gives its case an infrastructure outcome: every state
-/// but COMPLETED, except FAILED when the case left evidence (`has_evidence`: a rank that
-/// raised, which the evidence records and the suites judge) and a state the scheduler no
-/// longer knows ("") when it did.
-bool job_is_infrastructure(const std::string& state, bool has_evidence);
+/// Whether a job that ended in `state` with `exit_code` ("status:signal") gives its case an
+/// infrastructure outcome: every state but COMPLETED, except where the case left evidence
+/// (`has_evidence`) and the job FAILED with a status that is not a transport's (a rank that
+/// raised in the model exits with its error's status, which the evidence records and the
+/// suites judge), or the scheduler no longer knows the job (""). A signal, or the status of a
+/// timeout (14), a lost peer (15) or a crashed rank (16), is the infrastructure's.
+bool job_is_infrastructure(const std::string& state, const std::string& exit_code, bool has_evidence);
 
 /// "SLURM job 2 (llama/Tp2Sp:train) ended CANCELLED (exit 0:15); its log: <path>. Rerun `mih
 /// submit` on this root: it resubmits what did not complete".

@@ -55,8 +55,8 @@ TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
     const char* args;
     const char* says;
   };
-  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, test, check, report, reach, faults, warm, worker]"},
-                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, test, check, report, reach, faults, warm, worker]"},
+  for (const Case& c : {Case{"", "a command is required; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, submit, test, check, report, reach, faults, warm, worker]"},
+                        Case{"selftset", "unknown command 'selftset'; valid: [selftest, launch, export, inspect, golden, scaffold, matrix, list, compare, validate, run, submit, test, check, report, reach, faults, warm, worker]"},
                         Case{"selftest -n 0", "must be >= 1, got '0'"},
                         Case{"selftest --collective-timeout 0.0001", "must be >= 0.001"},
                         Case{"selftest --bogus", "--bogus"},

@@ -46,14 +46,19 @@ TEST(SchedulerJobsTest, JobsOfOneCaseWithStatesAndLogs) {
 }
 
 TEST(SchedulerJobsTest, WhichStatesAreInfrastructure) {
-  EXPECT_FALSE(job_is_infrastructure("COMPLETED", true));
+  EXPECT_FALSE(job_is_infrastructure("COMPLETED", "0:0", true));
   for (const char* state : {"CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}) {
-    EXPECT_TRUE(job_is_infrastructure(state, true)) << state;  // partial evidence is never judged
+    EXPECT_TRUE(job_is_infrastructure(state, "0:0", true)) << state;  // partial evidence is never judged
   }
-  EXPECT_FALSE(job_is_infrastructure("FAILED", true));  // a rank raised: its evidence says so
-  EXPECT_TRUE(job_is_infrastructure("FAILED", false));
-  EXPECT_FALSE(job_is_infrastructure("", true));  // forgotten by the scheduler, the evidence judged
-  EXPECT_TRUE(job_is_infrastructure("", false));
+  EXPECT_FALSE(job_is_infrastructure("FAILED", "17:0", true));  // a rank raised in the model: its evidence says so
+  EXPECT_FALSE(job_is_infrastructure("FAILED", "1:0", true));
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "15:0", true));  // a peer lost
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "14:0", true));  // a collective past its timeout
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "16:0", true));  // a rank crashed
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "0:9", true));   // killed by a signal
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "1:0", false));
+  EXPECT_FALSE(job_is_infrastructure("", "", true));  // forgotten by the scheduler, the evidence judged
+  EXPECT_TRUE(job_is_infrastructure("", "", false));
 }
 
 }  // namespace
