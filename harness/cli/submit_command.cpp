@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -182,29 +183,31 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
     for (const cases::Registration& r : cases::registrations()) {
       if (r.spec == s.name && prefix.empty()) prefix = r.prefix;
     }
-    // The cases asked for and, transitively, those they are compared with.
+    // The cases asked for and, transitively, those they are compared with, each after the case
+    // it is compared with (whose job it waits for), else in matrix order.
     std::map<std::string, const spec::Case*> by_name;
     for (const spec::Case& c : matrix.cases) by_name[c.name] = &c;
-    std::set<std::string> wanted;
-    std::vector<std::string> todo = f->cases.empty() ? std::vector<std::string>() : f->cases;
-    if (todo.empty()) {
-      for (const spec::Case& c : matrix.cases) todo.push_back(c.name);
-    }
-    while (!todo.empty()) {
-      const std::string name = todo.back();
-      todo.pop_back();
+    for (const std::string& name : f->cases) {
       MIH_CHECK_CODE(by_name.count(name), Code::kInvalidSpec, "mih submit: matrix ", f->matrix, " of spec ", s.name,
                      " has no case '", name, "' (see `mih matrix --spec ", s.name, "`)");
-      if (!wanted.insert(name).second) continue;
-      if (!by_name[name]->compare_to.empty()) todo.push_back(by_name[name]->compare_to);
     }
-    const fs::path jobs_dir = root / layout::submit_dir(s.name);
+    const std::set<std::string> asked(f->cases.begin(), f->cases.end());
+    std::set<std::string> wanted;
+    std::vector<const spec::Case*> order;
+    std::function<void(const std::string&)> want = [&](const std::string& name) {
+      if (!by_name.count(name) || !wanted.insert(name).second) return;
+      if (!by_name[name]->compare_to.empty()) want(by_name[name]->compare_to);
+      order.push_back(by_name[name]);
+    };
+    for (const spec::Case& c : matrix.cases) {
+      if (asked.empty() || asked.count(c.name)) want(c.name);
+    }
     std::vector<Job> jobs;
     std::map<std::string, std::string> last_job;  // case -> the name of its last phase's job
     std::map<std::string, std::string> kept;      // job name -> id, of cases complete before
     std::string filter;
-    for (const spec::Case& c : matrix.cases) {  // matrix order: the reference first
-      if (!wanted.count(c.name)) continue;
+    for (const spec::Case* case_ptr : order) {
+      const spec::Case& c = *case_ptr;
       filter += (filter.empty() ? "" : ":") + std::string("*/") + c.name;
       CaseRequest q;
       q.spec = s.name;
@@ -264,8 +267,8 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
                    quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " + backend + flags +
                    " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
         if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
-        if (previous_phase.empty() && !c.compare_to.empty() && last_job.count(c.compare_to)) {
-          j.after.push_back({last_job[c.compare_to], "afterany"});  // compared after its reference ran
+        if (previous_phase.empty() && last_job.count(c.compare_to)) {
+          j.after.push_back({last_job[c.compare_to], "afterany"});  // compared after its reference ran (unless kept)
         }
         previous_phase = j.name;
         jobs.push_back(std::move(j));
@@ -291,7 +294,7 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
                     " --format html -o " + quote((root / layout::kNightReportHtml).string()) + "\n";
     if (!f->previous.empty()) {
       for (const std::string& name : wanted) {
-        verify.script += quote(mih) + " compare " + quote((fs::absolute(f->previous) / s.name / name).string()) + " " +
+        verify.script += quote(mih) + " compare " + quote(layout::case_dir(fs::absolute(f->previous), s.name, name).string()) + " " +
                          quote(layout::case_dir(root, s.name, name).string()) + " >> " +
                          quote((root / layout::kNightCompare).string()) + " 2>&1\n";
       }

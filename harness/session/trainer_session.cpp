@@ -102,6 +102,17 @@ struct TrainerSession::Impl {
     last = now;
   }
 
+  // The trainer's collectives completed since begin_step (this rank's ledger).
+  std::vector<CommRecord> step_collectives() const {
+    std::vector<CommRecord> out;
+    if (!ledger) return out;
+    const std::vector<CommRecord> done = ledger->completed();
+    for (size_t i = ledger_mark; i < done.size(); ++i) {
+      if (done[i].event == "end") out.push_back(done[i]);
+    }
+    return out;
+  }
+
   void require_described(const char* hook) const {
     MIH_CHECK(described, "TrainerSession::", hook, ": call describe_parameters(table) first, once, after the model is "
               "built (the session cannot probe parameters it was not told about)");
@@ -492,13 +503,9 @@ void TrainerSession::after_backward_before_clip(int64_t step) {
   // lower bound: at least the bytes of the gradient pieces declared reduced over the axis).
   json reductions = json::object();
   for (const auto& [name, axis] : s.axes) reductions[name] = int64_t{0};
-  if (s.ledger) {
-    const std::vector<CommRecord> done = s.ledger->completed();
-    for (size_t i = s.ledger_mark; i < done.size(); ++i) {
-      const CommRecord& r = done[i];
-      if (r.event == "end" && (r.op.rfind("all_reduce", 0) == 0 || r.op.rfind("reduce_scatter", 0) == 0)) {
-        reductions[r.axis] = reductions.value(r.axis, int64_t{0}) + r.bytes;
-      }
+  for (const CommRecord& r : s.step_collectives()) {
+    if (r.op.rfind("all_reduce", 0) == 0 || r.op.rfind("reduce_scatter", 0) == 0) {
+      reductions[r.axis] = reductions.value(r.axis, int64_t{0}) + r.bytes;
     }
   }
   if (s.writer()) {
@@ -534,16 +541,11 @@ void TrainerSession::end_step(int64_t step, double loss) {
   }
   s.world.all_reduce(sq, ReduceOp::kSum, "mih.session.grad_norm");
   json comm_bytes = json::object(), comm_sites = json::object();
-  if (s.ledger) {
-    const std::vector<CommRecord> done = s.ledger->completed();
-    for (size_t i = s.ledger_mark; i < done.size(); ++i) {
-      const CommRecord& r = done[i];
-      if (r.event != "end") continue;
-      const std::string site = r.site.substr(0, r.site.find(" @"));
-      comm_bytes[r.axis] = comm_bytes.value(r.axis, int64_t{0}) + r.bytes;
-      if (!comm_sites.contains(r.axis)) comm_sites[r.axis] = json::object();
-      comm_sites[r.axis][site] = comm_sites[r.axis].value(site, int64_t{0}) + r.bytes;
-    }
+  for (const CommRecord& r : s.step_collectives()) {
+    const std::string site = r.site.substr(0, r.site.find(" @"));
+    comm_bytes[r.axis] = comm_bytes.value(r.axis, int64_t{0}) + r.bytes;
+    if (!comm_sites.contains(r.axis)) comm_sites[r.axis] = json::object();
+    comm_sites[r.axis][site] = comm_sites[r.axis].value(site, int64_t{0}) + r.bytes;
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.started).count();
   s.dir->append_jsonl(layout::performance_rank(s.rank()), {{"step", step}, {"step_ms", ms}});

@@ -39,7 +39,7 @@ SPEC = "own_mlp"
 STEPS = "4"
 TORCHRUN = "/usr/bin/torchrun"
 TALLY = Tally()
-fail, ok, expect, FAILED, PASSED = TALLY.fail, TALLY.ok, TALLY.expect, TALLY.failed, TALLY.passed
+fail, ok, expect = TALLY.fail, TALLY.ok, TALLY.expect
 PARAMETERS = ["embed.weight"] + [f"layers.{i}.{m}.{p}" for i in range(2) for m, ps in
                                  (("ln", ("weight", "bias")), ("up", ("weight", "bias")), ("down", ("weight", "bias")))
                                  for p in ps] + ["norm.weight", "norm.bias", "head.weight"]
@@ -237,11 +237,7 @@ def main():
     for i, (what, mutate, code, needle) in enumerate(hostile):
         expect(f"mih check, {what}", [a.mih, "check", edited(f"e{i}", mutate), "--no-progress"], code, [needle])
 
-    if FAILED:
-        print(f"own trainer: {len(FAILED)} check(s) failed, {len(PASSED)} passed")
-        return 1
-    print(f"own trainer: {len(PASSED)} checks passed")
-    return 0
+    return TALLY.summary("own trainer")
 
 
 if __name__ == "__main__":

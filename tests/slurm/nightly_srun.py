@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from testkit import Tally  # noqa: E402
 
 TALLY = Tally()
-fail, ok, FAILED = TALLY.fail, TALLY.ok, TALLY.failed
+fail, ok = TALLY.fail, TALLY.ok
 CASES = ("Reference", "Tp2Sp", "DpShard2", "ResumeDpShard2")
 GRAPH = [  # (job, its dependencies as `mih submit` prints them)
     "llama/Reference:train\n",
@@ -42,6 +42,17 @@ GRAPH = [  # (job, its dependencies as `mih submit` prints them)
     "llama:verify after afterany:llama/Reference:train, afterany:llama/DpShard2:train, afterany:llama/Tp2Sp:train, "
     "afterany:llama/ResumeDpShard2:save, afterany:llama/ResumeDpShard2:load\n",
 ]
+
+
+def submit_night(cluster, cmd, root, what):
+    """Runs `mih submit` (cmd) under the cluster; returns its output and the jobs it recorded in
+    <root>/.mih-submit/llama/jobs.json, or (output, None) after saying the failure."""
+    p = cluster.run(cmd, timeout=120)
+    if p.returncode != 0:
+        fail(f"mih submit ({what}): exit {p.returncode}\n{p.stdout}")
+        return p.stdout, None
+    with open(os.path.join(root, ".mih-submit", "llama", "jobs.json")) as f:
+        return p.stdout, json.load(f)
 
 
 def main():
@@ -74,12 +85,9 @@ def main():
 
     try:
         with SlurmCluster(os.path.join(work, "slurm"), cpus=4) as cluster:
-            p = cluster.run(submit, timeout=120)
-            if p.returncode != 0:
-                fail(f"mih submit: exit {p.returncode}\n{p.stdout}")
+            _, jobs = submit_night(cluster, submit, root, "the first night")
+            if jobs is None:
                 return 1
-            with open(os.path.join(root, ".mih-submit", "llama", "jobs.json")) as f:
-                jobs = json.load(f)
             states = cluster.wait(list(jobs.values()), timeout=300)
             for name, job in jobs.items():
                 state, code = states[job]
@@ -96,12 +104,9 @@ def main():
             # night completes.
             night2 = os.path.join(work, "night2")
             again = [mih, "submit", "--spec", "llama", "--cases", "Tp2Sp", "--evidence-root", night2, "--site", site]
-            p = cluster.run(again, timeout=120)
-            if p.returncode != 0:
-                fail(f"mih submit (second night): exit {p.returncode}\n{p.stdout}")
+            _, jobs2 = submit_night(cluster, again, night2, "the second night")
+            if jobs2 is None:
                 return 1
-            with open(os.path.join(night2, ".mih-submit", "llama", "jobs.json")) as f:
-                jobs2 = json.load(f)
             cancelled = jobs2["llama/Tp2Sp:train"]
             cluster.run(["/usr/bin/scancel", cancelled])
             states = cluster.wait(list(jobs2.values()), timeout=300)
@@ -127,13 +132,13 @@ def main():
                 fail("report.md of the incomplete night does not say the infrastructure outcome\n" + report[-2000:])
             else:
                 ok("report.md of the incomplete night says the infrastructure outcome")
-            p = cluster.run(again, timeout=120)
-            if p.returncode != 0 or "llama/Reference: complete in an earlier submission" not in p.stdout:
-                fail(f"mih submit again: exit {p.returncode}, the Reference not kept\n{p.stdout}")
+            out, jobs3 = submit_night(cluster, again, night2, "the second night again")
+            if jobs3 is None:
+                return 1
+            if "llama/Reference: complete in an earlier submission" not in out:
+                fail(f"mih submit again: the Reference not kept\n{out}")
             else:
                 ok("mih submit again keeps the completed Reference and resubmits Tp2Sp")
-            with open(os.path.join(night2, ".mih-submit", "llama", "jobs.json")) as f:
-                jobs3 = json.load(f)
             fresh = [jobs3["llama/Tp2Sp:train"], jobs3["llama:verify"]]
             states = cluster.wait(fresh, timeout=300)
             if any(states[j][0] != "COMPLETED" for j in fresh):
@@ -164,11 +169,7 @@ def main():
             ok(f"{report} names every case")
     if os.path.exists(os.path.join(root, "junit.xml")) and 'failures="0"' not in open(os.path.join(root, "junit.xml")).read():
         fail("junit.xml records failures")
-    if FAILED:
-        print(f"slurm nightly path: {len(FAILED)} failure(s)")
-        return 1
-    print(f"slurm nightly path: {len(TALLY.passed)} checks passed")
-    return 0
+    return TALLY.summary("slurm nightly path")
 
 
 if __name__ == "__main__":

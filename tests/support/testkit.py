@@ -25,6 +25,14 @@ class Tally:
         self.failed.append(msg)
         print("FAIL: " + msg, flush=True)
 
+    def summary(self, label):
+        """Prints the tally's last line; returns the exit status (1 when a check failed)."""
+        if self.failed:
+            print(f"{label}: {len(self.failed)} check(s) failed, {len(self.passed)} passed", flush=True)
+            return 1
+        print(f"{label}: {len(self.passed)} checks passed", flush=True)
+        return 0
+
     def expect(self, what, cmd, code, needles=(), absent=(), timeout=300):
         """Runs `cmd`: it must exit `code` and its output (stdout and stderr) say every needle and
         none of `absent`. Returns the output, or None when a check failed (said already)."""
