@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,8 +18,10 @@
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
+#include "harness/cases/memo_internal.h"
 #include "harness/cases/run_diagnosis_internal.h"
 #include "harness/cases/run_results_internal.h"
+#include "harness/cases/shard.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/model_spec.h"
@@ -37,6 +41,110 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
     if (f.rfind("--gtest_filter=", 0) == 0) return " (" + f + ")";
   }
   return "";
+}
+
+// After the tests: the cases that did not complete (an infrastructure outcome: a dead rank, a
+// timeout, a cancelled job) and their failed tests, which GoogleTest counts among its FAILED
+// though none is a verdict: "" when there is none, else the line that says the run is
+// incomplete and what was judged.
+std::string not_judged_line() {
+  std::map<std::string, std::string> cases;  // "<spec>/<case>" -> its error
+  int not_judged = 0, failed = 0, passed = 0;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    const std::string full = suite.name();
+    const Registration* r = find_registration(full.substr(0, full.find('/')));
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const ::testing::TestInfo& test = *suite.GetTestInfo(j);
+      if (!test.should_run()) continue;
+      if (!test.result()->Failed()) {
+        ++passed;
+        continue;
+      }
+      const std::string name = test.name();
+      const CaseOutcome* o = r && name.rfind('/') != std::string::npos
+                                 ? memoized_outcome(r->spec, name.substr(name.rfind('/') + 1))
+                                 : nullptr;
+      const std::string case_name = name.substr(name.rfind('/') + 1);
+      const auto [dependency, dependency_outcome] =
+          r ? incomplete_dependency(*r, case_name) : std::pair<std::string, const CaseOutcome*>{"", nullptr};
+      if (o && classify(o->outcome) == OutcomeClass::kInfrastructure) {
+        ++not_judged;
+        cases.emplace(r->spec + "/" + case_name, o->error.substr(0, o->error.find('\n')));
+      } else if (dependency_outcome && classify(dependency_outcome->outcome) == OutcomeClass::kInfrastructure) {
+        // Its tests read a case that did not complete (the Reference it is compared with).
+        ++not_judged;
+        cases.emplace(dependency, dependency_outcome->error.substr(0, dependency_outcome->error.find('\n')));
+      } else {
+        ++failed;
+      }
+    }
+  }
+  if (cases.empty()) return "";
+  std::string list;
+  for (const auto& [name, error] : cases) list += "\n  " + name + ": " + error;
+  return "INCOMPLETE: " + std::to_string(cases.size()) + (cases.size() == 1 ? " case" : " cases") +
+         " did not complete (infrastructure, not a conformance verdict); " + std::to_string(not_judged) +
+         " of GoogleTest's FAILED tests are theirs or read them, and judge nothing; of the rest, " + std::to_string(passed) +
+         " passed and " + std::to_string(failed) + " failed" + list;
+}
+
+// `--shard i/N`: narrows GoogleTest's filter to the cases of this run's share. The cases are
+// those of the selected registrations with a test the filter selects; each gets a share
+// (assign_shards, its cost the rank-steps of its launches) and the filter loses the tests of
+// the cases of every other share. Returns what the share holds, for the progress line.
+// Throws: mih::Error{kInvalidSpec} when the share holds no case (more shares than cases).
+std::string apply_shard(const RunOptions& o) {
+  const std::string where = "--shard " + std::to_string(o.shard_index) + "/" + std::to_string(o.shard_count);
+  // GoogleTest's own sharding splits by test: a case's tests over two jobs, and a share halved.
+  const char* gtest_shards = std::getenv("GTEST_TOTAL_SHARDS");
+  MIH_CHECK_CODE(!gtest_shards || !*gtest_shards, Code::kInvalidSpec, where, " with GTEST_TOTAL_SHARDS=", gtest_shards,
+                 " in the environment: GoogleTest would split this share again, by test; unset GTEST_TOTAL_SHARDS and "
+                 "GTEST_SHARD_INDEX (--shard is the split, by whole cases)");
+  const std::string filter = ::testing::GTEST_FLAG(filter);
+  // "<prefix>/<case>" of every instantiated test the filter selects.
+  std::set<std::string> wanted;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const std::string name = std::string(suite.name()) + "." + suite.GetTestInfo(j)->name();
+      if (!filter_selects(filter, name)) continue;
+      wanted.insert(name.substr(0, name.find('/')) + "/" + name.substr(name.rfind('/') + 1));
+    }
+  }
+  std::vector<ShardItem> items;
+  for (const auto& r : registrations()) {
+    if (!selected(r)) continue;
+    for (const spec::Case* c : runnable_cases(r)) {
+      const std::string key = r.prefix + "/" + c->name;
+      if (!wanted.count(key)) continue;
+      const int ranks = std::max(c->world_size(), c->save_config ? c->save_config->world_size() : 0);
+      const int launches = c->save_config ? 2 : 1;
+      items.push_back({key, static_cast<double>(ranks) * static_cast<double>(c->steps + 2 * launches)});
+    }
+  }
+  // More shares than cases: some job would test nothing. Every job says so, not only the last.
+  MIH_CHECK_CODE(!items.empty() && static_cast<size_t>(o.shard_count) <= items.size(), Code::kInvalidSpec, where,
+                 ": the run selects ", items.size(), " case", items.size() == 1 ? "" : "s",
+                 filter == "*" ? "" : " (filter " + filter + ")", ", fewer than its ", o.shard_count,
+                 " shares, so a share would hold no case; use at most ", items.size(), " shares");
+  const std::vector<int> shares = assign_shards(items, o.shard_count);
+  std::vector<std::string> mine, excluded;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string& key = items[i].key;
+    if (shares[i] == o.shard_index) {
+      mine.push_back(key);
+    } else {
+      excluded.push_back(key.substr(0, key.find('/')) + "/*.*/" + key.substr(key.find('/') + 1));
+    }
+  }
+  MIH_CHECK_CODE(!mine.empty(), Code::kInternal, where, ": the share holds none of ", items.size(), " cases");
+  ::testing::GTEST_FLAG(filter) = filter_excluding(filter, excluded);
+  return where + ": " + std::to_string(mine.size()) + " of the " + std::to_string(items.size()) +
+         " selected cases (" + join(mine, ", ") + ")" +
+         (o.verify_only ? "" : "; the cases they compare with run here too where needed");
 }
 
 }  // namespace
@@ -221,6 +329,8 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
                    "the run's matrix", o.matrix.empty() ? std::string() : " '" + o.matrix + "'",
                    ": the run used another binary, matrix or lane; check it with the conformance binary that ran it");
   }
+  std::string share;
+  if (o.shard_count > 0) share = apply_shard(o);
   if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new_results_writer());
   // After the writer: its end event comes first, above GoogleTest's list of failures.
   if (!listing) ::testing::UnitTest::GetInstance()->listeners().Append(new_diagnosis_printer(o.evidence_root));
@@ -244,6 +354,7 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
         << json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2);
   }
   progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
+  if (!share.empty()) progress(share);
   if (listing) return RUN_ALL_TESTS();
   install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, what is done written and said
   const int rc = RUN_ALL_TESTS();
@@ -255,6 +366,7 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
                  what_exists().c_str());
     return ::mih::exit_status(Code::kInvalidSpec);
   }
+  if (const std::string line = not_judged_line(); !line.empty()) std::fprintf(stderr, "mih: %s\n", line.c_str());
   const std::vector<std::string> disagree = record_case_states();
   for (const auto& line : disagree) std::fprintf(stderr, "mih: conformance failure: %s\n", line.c_str());
   if (o.read_only) {

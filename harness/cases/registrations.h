@@ -97,6 +97,12 @@ struct RunOptions {
   /// `mih check` of a run root: the tests its run recorded it would run (results.jsonl's start
   /// lines), every one of which must be a test of this binary; empty otherwise.
   std::vector<std::string> recorded_tests;
+  /// `mih test --shard i/N`: the run tests only the cases of share `shard_index` (1-based) of
+  /// `shard_count` (cases::assign_shards over the cases the filter selects, so N runs of
+  /// 1/N ... N/N test every selected case once); the references they compare with still run
+  /// where needed. 0: the whole selection.
+  int shard_index = 0;
+  int shard_count = 0;
 };
 /// The options of the current run (ConformanceRun::current()), or the defaults when there is
 /// none (a harness test binary).

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -188,6 +189,30 @@ std::string module_parity_on_evidence(const Registration& r) {
 //     module parity does not hold; no state was written): returned, and the run exits 1.
 // Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
 // BLOCKED is returned when its tests passed.
+std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registration& r, const std::string& case_name) {
+  const spec::CaseMatrix& m = resolved_matrix(r.spec, matrix_of(r));
+  auto find = [&](const std::string& name) -> const spec::Case* {
+    for (const spec::Case& c : m.cases) {
+      if (c.name == name) return &c;
+    }
+    return nullptr;
+  };
+  std::vector<std::string> reads;
+  std::set<std::string> seen = {case_name};
+  for (const spec::Case* c = find(case_name); c && !c->compare_to.empty() && seen.insert(c->compare_to).second;
+       c = find(c->compare_to)) {
+    reads.push_back(c->compare_to);
+  }
+  for (const char* lane : {spec::kLaneReference, spec::kNoiseTwin}) {
+    if (find(lane) && seen.insert(lane).second) reads.push_back(lane);
+  }
+  for (const std::string& name : reads) {
+    const CaseOutcome* o = memoized_outcome(r.spec, name);
+    if (o && o->outcome != Outcome::kRan) return {r.spec + "/" + name, o};
+  }
+  return {"", nullptr};
+}
+
 std::vector<std::string> record_case_states() {
   struct Tally {
     int total = 0, ran = 0;
@@ -270,6 +295,9 @@ std::vector<std::string> record_case_states() {
       const std::string spec_name = key.substr(0, key.find('/'));
       const CaseOutcome* outcome = memoized_outcome(spec_name, key.substr(key.find('/') + 1));
       if (!outcome || outcome->outcome != Outcome::kRan) continue;
+      // Nor does a case whose tests read a case that did not complete (its Reference died):
+      // they judged nothing, and a rerun judges it.
+      if (incomplete_dependency(*t.registration, key.substr(key.find('/') + 1)).second) continue;
       std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
       for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
       if (t.failed.size() > 5) reason += ", ...";

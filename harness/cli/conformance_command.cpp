@@ -3,7 +3,6 @@
 // (results.jsonl), the ctest case list with its labels from the suite table, and the run's
 // exit status.
 #include <fcntl.h>
-#include <fnmatch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +35,8 @@
 #include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"
 #include "harness/cases/registrations.h"
+#include "harness/cases/shard.h"
+#include "harness/cli/check_arguments.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/verdicts.h"
@@ -62,227 +63,6 @@ std::string run_id() {
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
   return std::string(stamp) + "-" + std::to_string(::getpid());
-}
-
-// "<Prefix>/<Suite>.<Test>/<Case>", the name of a conformance test (GoogleTest's for a
-// value-parameterized test): no character GoogleTest's filter would read as a pattern.
-bool conformance_test_name(const std::string& name) {
-  static const std::regex kName("[A-Za-z0-9_]+/[A-Za-z0-9_]+\\.[A-Za-z0-9_]+/[A-Za-z0-9_]+");
-  return name.size() < 512 && std::regex_match(name, kName);
-}
-
-// The tests the run of `root` recorded it would run: the start line of each of its processes
-// in results.jsonl (ResultsWriter), in order, once each; empty when there is none.
-// Throws: mih::Error{kFailedPrecondition} naming the file and line for a line that is not
-//   JSON (but a torn last one) or a start line whose tests are not conformance test names.
-std::vector<std::string> recorded_tests(const fs::path& root) {
-  const fs::path file = root / layout::kResults;
-  std::error_code ec;
-  if (fs::symlink_status(file, ec).type() == fs::file_type::not_found) return {};
-  std::string text;
-  MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "mih check: ", file.string(),
-                 " cannot be read as a file: it is not the record of a run mih wrote");
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  size_t start = 0;
-  for (int line_number = 1; start < text.size(); ++line_number) {
-    size_t end = text.find('\n', start);
-    const bool terminated = end != std::string::npos;
-    if (!terminated) end = text.size();
-    const std::string line = text.substr(start, end - start);
-    start = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() && !terminated) break;  // a writer died mid-line
-    const std::string where = file.string() + " line " + std::to_string(line_number);
-    MIH_CHECK_CODE(!j.is_discarded(), Code::kFailedPrecondition, "mih check: ", where,
-                   " is not JSON: the run's record was truncated or edited, so what it ran cannot be read; rerun it");
-    if (!j.is_object() || !j.contains("run") || !j["run"].is_object() || j["run"].value("event", json()) != "start") continue;
-    const json& tests = j["run"].value("tests", json());
-    MIH_CHECK_CODE(tests.is_array(), Code::kFailedPrecondition, "mih check: ", where, ": a start line lists no 'tests'");
-    for (const auto& t : tests) {
-      MIH_CHECK_CODE(t.is_string() && conformance_test_name(t.get<std::string>()), Code::kFailedPrecondition,
-                     "mih check: ", where, ": ", t.is_string() ? "'" + t.get<std::string>().substr(0, 200) + "'" : t.type_name(),
-                     " is not a conformance test name mih wrote (<Prefix>/<Suite>.<Test>/<Case>)");
-      if (seen.insert(t.get<std::string>()).second) out.push_back(t.get<std::string>());
-    }
-  }
-  return out;
-}
-
-// The fault of the catalog the record of `case_dir` names: its case_run.json, or the run/case.json
-// of a case launched by torchrun or srun (which has no case_run.json); "" for none, no record,
-// or a name that is no fault (the verify-only run then refuses the record, naming the field).
-std::string recorded_fault(const fs::path& case_dir) {
-  std::error_code ec;
-  try {
-    const std::string named = fs::exists(case_dir / layout::kCaseRecord, ec)
-                                  ? read_case_record(case_dir / layout::kCaseRecord).fault
-                                  : read_case_request(case_dir / layout::kCaseRequest).fault;
-    return named.empty() ? std::string() : fault::name(fault::parse(named));
-  } catch (const Error&) {
-    return "";
-  }
-}
-
-// `mih check <dir>`: a case directory (<root>/<spec>/<case>) or a run root.
-std::vector<std::string> check_arguments(const fs::path& target, std::string* filter, std::vector<std::string>* recorded_out) {
-  MIH_CHECK_CODE(fs::is_directory(target), Code::kFailedPrecondition, "mih check: ", target.string(),
-                 " is not a directory; give a case's evidence directory (<root>/<spec>/<case>) or a run root");
-  std::vector<std::string> args = {"--verify-only"};
-  // A case directory: the contract before any of its files is read here (a run root's cases
-  // are validated one by one as the run reaches them, cases::verify_only_outcome).
-  if (fs::exists(target / layout::kEnvironment) || fs::exists(target / layout::kCaseRecord)) {
-    contract::require_valid_case_dir(target, "a check reads only evidence that does: rerun the case, or fix the writer "
-                                             "that produced it");
-  }
-  if (fs::exists(target / layout::kEnvironment) && fs::exists(target / layout::kSpecResolved)) {
-    const verdicts::CaseEvidence ev(target);
-    const std::string spec_name = ev.spec_name();
-    fs::path dir = fs::absolute(target).lexically_normal();
-    if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
-    const fs::path root = dir.parent_path().parent_path();
-    // The verdicts read <root>/<spec>/<case>: a directory holding another case's evidence
-    // (a copy, a rename) would have them check that other case instead.
-    const std::string case_name = ev.resolved_case().name;
-    MIH_CHECK_CODE(dir.filename() == case_name && dir.parent_path().filename() == spec_name, Code::kFailedPrecondition,
-                   "mih check: ", target.string(), " holds the evidence of ", spec_name, "/", case_name,
-                   " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
-                   dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
-    args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
-    if (ev.has(layout::kCaseRecord)) {
-      const fs::path file = dir / layout::kCaseRecord;
-      const MatrixSource matrix = read_case_record(file).matrix;
-      // The record's matrix is what this check resolves the case from: one that does not
-      // resolve here is the record's problem (a file moved, an edit), said as such.
-      const spec::ModelSpec& spec = spec::SpecRegistry::instance().get(spec_name);  // not compiled in: 11
-      try {
-        (void)spec::resolve_matrix_source(spec, matrix);
-      } catch (const Error& e) {
-        MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), ": its matrix '", matrix.text().substr(0, 200),
-                  "' does not resolve here (", e.message(), "); check the case from the directory its matrix file "
-                  "is relative to, or rerun it");
-      }
-      args.insert(args.end(), {"--matrix", matrix.text()});
-    }
-    // A case that started from a checkpoint is checked as one (its source keys included).
-    if (ev.has(layout::kCaseRequest)) {
-      const CaseRequest request = read_case_request(dir / layout::kCaseRequest);
-      if (!request.init_from.empty()) args.insert(args.end(), {"--init-from", request.init_from});
-    }
-    // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
-    std::string prefixes;
-    for (const auto& r : cases::registrations()) {
-      if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
-    }
-    if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
-    // A case run with a fault of the catalog is checked as that fault run, never as the port.
-    if (const std::string fault = recorded_fault(dir); !fault.empty()) {
-      args.insert(args.end(), {"--fault", fault, "--fault-cases", case_name});
-      std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked as "
-                   "that fault run, never as the fault-free port\n", spec_name.c_str(), case_name.c_str(), fault.c_str());
-    }
-    *filter = "*/*.*/" + ev.resolved_case().name;
-  } else {
-    args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
-    // What the run ran: the tests its processes recorded in results.jsonl's start lines. A
-    // check of a filtered run judges those, never the whole default matrix (whose other cases
-    // were never asked for); a root without that record (cases launched by torchrun or srun)
-    // is checked over the matrix of every spec with evidence there.
-    const std::vector<std::string> recorded = recorded_tests(target);
-    std::set<std::string> recorded_prefixes, recorded_cases;  // "<prefix>", "<prefix>/<case>"
-    for (const auto& name : recorded) {
-      const std::string prefix = name.substr(0, name.find('/'));
-      recorded_cases.insert(prefix + "/" + name.substr(name.rfind('/') + 1));
-      MIH_CHECK_CODE(cases::find_registration(prefix) != nullptr, Code::kFailedPrecondition, "mih check: ",
-                     (target / layout::kResults).string(), " records test ", name, " of registration '", prefix,
-                     "', which this mih does not link; check the run with the conformance binary that ran it");
-      recorded_prefixes.insert(prefix);
-    }
-    std::string matrix;
-    if (fs::exists(target / layout::kRunRecord)) {
-      const json run = read_json_file(target / layout::kRunRecord);
-      matrix = run.value("matrix", "");
-      // The matrix each recorded registration ran, its lane included (run.json's registrations).
-      std::set<std::string> ran;
-      for (const auto& r : run.value("registrations", json::array())) {
-        if (r.is_object() && r.value("prefix", json()).is_string() && recorded_prefixes.count(r["prefix"].get<std::string>()) &&
-            r.value("matrix", json()).is_string()) {
-          ran.insert(r["matrix"].get<std::string>());
-        }
-      }
-      if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
-      // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
-      const json init = run.value("init_from", json::object());
-      if (init.is_object() && init.size() == 1 && fs::is_directory(target / init.begin().key())) {
-        std::set<std::string> spec_dirs;
-        for (const auto& r : cases::registrations()) {
-          if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
-        }
-        if (spec_dirs.size() == 1 && init.begin().value().contains("dir")) {
-          args.insert(args.end(), {"--init-from", init.begin().value()["dir"].get<std::string>()});
-        }
-      }
-    }
-    if (!matrix.empty()) args.insert(args.end(), {"--matrix", matrix});
-    // Only the specs with evidence under this root.
-    std::string specs, prefixes;
-    for (const auto& r : cases::registrations()) {
-      if (recorded.empty() ? !fs::is_directory(target / r.spec) : !recorded_prefixes.count(r.prefix)) continue;
-      specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
-      prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
-    }
-    MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
-                   " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
-    // Every case's record must be readable: a truncated or foreign case_run.json is named
-    // here, not reported as hundreds of failing tests.
-    for (const auto& r : cases::registrations()) {
-      std::error_code ec;
-      if (!fs::is_directory(target / r.spec, ec)) continue;
-      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
-        const fs::path record = entry.path() / layout::kCaseRecord;
-        if (!fs::exists(record, ec)) continue;
-        try {
-          (void)read_case_record(record);
-        } catch (const Error& e) {
-          MIH_THROW(Code::kFailedPrecondition, "mih check: ", e.message(), ": mih run --spec ", r.spec, " --case ",
-                    entry.path().filename().string(), " --evidence-root ", target.string());
-        }
-      }
-    }
-    args.insert(args.end(), {"--prefixes", prefixes});
-    // The cases run with a fault of the catalog (their case_run.json) are checked as that
-    // fault run, never as the port: `mih test --fault F --fault-cases ...` as the run was.
-    std::map<std::string, std::set<std::string>> fault_cases;  // fault -> case names
-    for (const auto& r : cases::registrations()) {
-      std::error_code ec;
-      if (!(recorded.empty() ? fs::is_directory(target / r.spec, ec) : recorded_prefixes.count(r.prefix) > 0)) continue;
-      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
-        if (!recorded.empty() && !recorded_cases.count(r.prefix + "/" + entry.path().filename().string())) continue;
-        const std::string fault = recorded_fault(entry.path());
-        if (fault.empty()) continue;
-        fault_cases[fault].insert(entry.path().filename().string());
-        std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked "
-                     "as that fault run, never as the fault-free port\n", r.spec.c_str(),
-                     entry.path().filename().string().c_str(), fault.c_str());
-      }
-    }
-    MIH_CHECK_CODE(fault_cases.size() <= 1, Code::kFailedPrecondition, "mih check: the cases of ", target.string(),
-                   " ran with different faults of the catalog (", fault_cases.begin()->first, " and ",
-                   std::next(fault_cases.begin())->first, "), which no one run injects; check each case directory");
-    if (!fault_cases.empty()) {
-      std::string names = join(fault_cases.begin()->second, ",");
-      args.insert(args.end(), {"--fault", fault_cases.begin()->first, "--fault-cases", names});
-    }
-    if (recorded.empty()) {
-      *filter = specs;
-    } else {
-      *recorded_out = recorded;
-      *filter = "";
-      for (const auto& name : recorded) *filter += (filter->empty() ? "" : ":") + name;
-    }
-  }
-  return args;
 }
 
 // For ctest registration (cmake/MihConformance.cmake): one line per case of every selected
@@ -326,31 +106,11 @@ std::string gtest_filter_of(const std::vector<std::string>& gtest_flags) {
   return filter;
 }
 
-// Whether GoogleTest's filter selects test `name` ("Llama/MatchesOriginal.X/Reference"): a
-// positive pattern matches it (':'-separated, '*' and '?' wildcards; none: "*") and no negative
-// one (after '-') does.
-bool filter_selects(const std::string& filter, const std::string& name) {
-  auto any = [&](const std::string& patterns) {
-    size_t start = 0;
-    while (true) {
-      const size_t end = patterns.find(':', start);
-      const std::string p = patterns.substr(start, end == std::string::npos ? std::string::npos : end - start);
-      if (!p.empty() && ::fnmatch(p.c_str(), name.c_str(), 0) == 0) return true;
-      if (end == std::string::npos) return false;
-      start = end + 1;
-    }
-  };
-  const size_t dash = filter.find('-');
-  const std::string positive = dash == std::string::npos ? filter : filter.substr(0, dash);
-  const std::string negative = dash == std::string::npos ? "" : filter.substr(dash + 1);
-  return any(positive.empty() ? "*" : positive) && !any(negative);
-}
-
 // The conformance run's own flags; what CLI11 does not know goes to GoogleTest when it is a
 // --gtest_* flag and is a usage error otherwise.
 // The flags that are not one field of cases::RunOptions (those are bound to it directly).
 struct RunFlags {
-  std::string evidence_root, fault, dtype;
+  std::string evidence_root, fault, dtype, shard;
   int64_t seed = -1;
   std::vector<std::string> prefixes, fault_cases, goldens;
   bool no_progress = false, list_cases = false;
@@ -404,6 +164,22 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
       ->check(cli::non_empty_path());
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
+  app.add_option("--shard", f->shard,
+                 "i/N: test only share i of N of the cases the filter selects (the same split in every job given the "
+                 "same binary, matrix and filter; the cases they compare with run where needed); `mih test "
+                 "--verify-only` over the shared root then reports the whole matrix")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              (void)cases::parse_shard(v);
+              return std::string();
+            } catch (const Error& e) {
+              // CLI11 names the option before the message.
+              const std::string m = e.message();
+              return m.rfind("--shard ", 0) == 0 ? m.substr(8) : m;
+            }
+          },
+          "i/N"));
   app.add_option("--fault", f->fault, "fault of the catalog (F01-F35) the --fault-cases run with")
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
@@ -471,6 +247,11 @@ int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<
               "' is linked");
     o.prefixes.insert(x);
   }
+  if (!f.shard.empty()) {
+    const cases::Shard shard = cases::parse_shard(f.shard);
+    o.shard_index = shard.index;
+    o.shard_count = shard.count;
+  }
   if (!f.fault.empty()) o.fault = fault::name(fault::parse(f.fault));
   o.fault_cases.insert(f.fault_cases.begin(), f.fault_cases.end());
   if (f.evidence_root.empty()) {
@@ -484,6 +265,9 @@ int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<
   o.evidence_root = fs::absolute(o.evidence_root);
   cases::ConformanceRun run(std::move(o));
   if (f.list_cases) {
+    // ctest's registration lists every case: a share of them would leave the rest unregistered.
+    MIH_CHECK(run.options().shard_count == 0, "--mih-list-cases lists every case for ctest; --shard takes a share "
+              "of a run's tests (list a share with --gtest_list_tests --shard i/N)");
     print_cases();
     return 0;
   }
@@ -500,7 +284,7 @@ int run_tests(const std::vector<std::string>& args, bool read_only, std::vector<
         if (!conformance::suite_row("MatchesOriginal").applies({s, *c})) continue;
         for (const char* test : {"LossAndLogitsMatchOriginal", "HiddenStatesMatchOriginal", "GradientsMatchOriginal",
                                  "StepMatchesOriginal"}) {
-          if (filter_selects(filter, r.prefix + "/MatchesOriginal." + test + "/" + c->name)) return true;
+          if (cases::filter_selects(filter, r.prefix + "/MatchesOriginal." + test + "/" + c->name)) return true;
         }
       }
     }

@@ -262,7 +262,9 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
         j.script = header(site, "mih:" + j.name, n, root / layout::submit_log(s.name, c.name + "." + phase, "%j")) +
                    "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
                    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
-                   "srun --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + site.srun_args) + " " +
+                   // A rank that dies stops its peers at once (as torchrun does): a failed job,
+                   // not peers waiting in a collective until the job's time limit.
+                   "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + site.srun_args) + " " +
                    (site.container.empty() ? "" : site.container + " ") + quote(mih) + " worker --run-dir " +
                    quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " + backend + flags +
                    " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -584,12 +585,21 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
       }
     }
     for (const auto& s : c.failed_suites) c.passed_suites.erase(s);
+    // A case it is compared with (along compare_to) that did not complete: its failures judged nothing.
+    const CaseResult* incomplete_reference = nullptr;
+    std::set<std::string> seen = {r.name};
+    for (const CaseResult* d = run.find_case(r.spec, r.compare_to); d && !incomplete_reference && seen.insert(d->name).second;
+         d = run.find_case(r.spec, d->compare_to)) {
+      if (d->outcome && classify(*d->outcome) == OutcomeClass::kInfrastructure) incomplete_reference = d;
+    }
     if (!r.config) {
       c.no_verdict = "no run/case.json says its configuration";
     } else if (r.outcome && classify(*r.outcome) != OutcomeClass::kVerdict &&
                classify(*r.outcome) != OutcomeClass::kConformanceFailure) {
       // No verdict on the model: infrastructure, the environment, or bad input.
       c.no_verdict = outcome_name(*r.outcome);
+    } else if (incomplete_reference && any_failed) {
+      c.no_verdict = "compared with " + incomplete_reference->name + ", which did not complete";
     } else if (any_failed) {
       c.verdict = DiagnosisCase::Verdict::kFailed;
     } else if (any_passed) {

@@ -1,6 +1,8 @@
 // The SLURM jobs of a night submitted by `mih submit` (scheduler_jobs.h).
 #include "harness/evidence/scheduler_jobs.h"
 
+#include <algorithm>
+
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +82,11 @@ bool job_is_infrastructure(const std::string& state, const std::string& exit_cod
   const size_t colon = exit_code.find(':');
   const std::string status = exit_code.substr(0, colon), signal = colon == std::string::npos ? "" : exit_code.substr(colon + 1);
   if (!signal.empty() && signal != "0") return true;
+  // A shell's or srun's status for a task a signal killed: 128 + the signal (137: SIGKILL).
+  if (status.size() == 3 && std::all_of(status.begin(), status.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    const int n = std::stoi(status);
+    if (n > 128 && n <= 128 + 64) return true;
+  }
   for (const Code c : {Code::kDeadlineExceeded, Code::kUnavailable, Code::kAborted}) {
     if (status == std::to_string(exit_status(c))) return true;
   }

@@ -36,8 +36,9 @@ std::vector<SubmittedJob> submitted_jobs(const std::filesystem::path& root, cons
 /// infrastructure outcome: every state but COMPLETED, except where the case left evidence
 /// (`has_evidence`) and the job FAILED with a status that is not a transport's (a rank that
 /// raised in the model exits with its error's status, which the evidence records and the
-/// suites judge), or the scheduler no longer knows the job (""). A signal, or the status of a
-/// timeout (14), a lost peer (15) or a crashed rank (16), is the infrastructure's.
+/// suites judge), or the scheduler no longer knows the job (""). A signal (the exit code's
+/// signal, or a status of 128 + the signal, as srun reports a task it killed), or the status
+/// of a timeout (14), a lost peer (15) or a crashed rank (16), is the infrastructure's.
 bool job_is_infrastructure(const std::string& state, const std::string& exit_code, bool has_evidence);
 
 /// "SLURM job 2 (llama/Tp2Sp:train) ended CANCELLED (exit 0:15); its log: <path>. Rerun `mih

@@ -56,6 +56,11 @@ TEST(SchedulerJobsTest, WhichStatesAreInfrastructure) {
   EXPECT_TRUE(job_is_infrastructure("FAILED", "14:0", true));  // a collective past its timeout
   EXPECT_TRUE(job_is_infrastructure("FAILED", "16:0", true));  // a rank crashed
   EXPECT_TRUE(job_is_infrastructure("FAILED", "0:9", true));   // killed by a signal
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "137:0", true));  // srun: a task SIGKILLed (128 + 9)
+  EXPECT_TRUE(job_is_infrastructure("FAILED", "143:0", true));  // SIGTERM
+  EXPECT_FALSE(job_is_infrastructure("FAILED", "128:0", true));
+  EXPECT_FALSE(job_is_infrastructure("FAILED", "200:0", true));
+  EXPECT_FALSE(job_is_infrastructure("FAILED", "1370:0", true));
   EXPECT_TRUE(job_is_infrastructure("FAILED", "1:0", false));
   EXPECT_FALSE(job_is_infrastructure("", "", true));  // forgotten by the scheduler, the evidence judged
   EXPECT_TRUE(job_is_infrastructure("", "", false));

@@ -1,7 +1,22 @@
 """What the Python test drivers share (tests/python, tests/own_trainer, tests/slurm, tests/cli):
 a free TCP port on the loopback, and the tally of checks a driver prints as it goes."""
+import argparse
+import os
+import shutil
 import socket
 import subprocess
+
+
+def mih_and_work():
+    """The driver's `--mih BIN --work DIR` as absolute paths, DIR emptied and created."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mih", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    work = os.path.abspath(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return os.path.abspath(a.mih), work
 
 
 def free_port():
