@@ -178,7 +178,7 @@ def main():
     root = os.path.join(work, "retry")
     cmd = [mih, "test", "--shard", "2/2", "--evidence-root", root, "--gtest_brief=1", "--gtest_filter=" + SMALL]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = kill_first_rank(os.path.join(root, "llama", "Reference") + "/")
+    killed = kill_first_rank(os.path.join(root, "llama", "Reference"))
     out = job.communicate(timeout=300)[0]
     state_file = os.path.join(root, "llama", "Tp2Sp", "integration_state.json")
     state = json.load(open(state_file)).get("state") if os.path.exists(state_file) else None
@@ -191,37 +191,19 @@ def main():
     return TALLY.summary("sharded run")
 
 
-def open_files(pid):
-    """The paths the process `pid` holds open."""
-    out = []
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return out
-
-
 def kill_first_rank(case_dir, timeout=60):
-    """SIGKILLs the first rank process (mih-rank*) that holds a file of case `case_dir` open (its
-    log, as soon as it starts); its pid, or None."""
+    """SIGKILLs rank 0 of case `case_dir` as soon as its launch records its pid
+    (run/train/logs/rank0.pid); the pid, or None."""
+    path = os.path.join(case_dir, "run", "train", "logs", "rank0.pid")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/comm") as f:
-                    comm = f.read().strip()
-            except OSError:
-                continue
-            if comm.startswith("mih-rank") and any(p.startswith(case_dir) for p in open_files(entry)):
-                os.kill(int(entry), signal.SIGKILL)
-                return int(entry)
-        time.sleep(0.005)
+        try:
+            pid = int(open(path).read().strip())
+        except (OSError, ValueError):
+            time.sleep(0.005)
+            continue
+        os.kill(pid, signal.SIGKILL)
+        return pid
     return None
 
 

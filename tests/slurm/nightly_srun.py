@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slurm_cluster import Skip, SlurmCluster  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from testkit import Tally, mih_and_work  # noqa: E402
+from testkit import Tally, mih_and_work, processes  # noqa: E402
 
 TALLY = Tally()
 fail, ok = TALLY.fail, TALLY.ok
@@ -54,17 +54,8 @@ def rank_pids(case_dir, n, timeout=120):
     run = os.path.join(case_dir, "run") + "/"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().decode(errors="replace").split("\0")
-            except OSError:
-                continue
-            if argv and os.path.basename(argv[0]) in ("mih", "mih-core") and "worker" in argv and any(a.startswith(run) for a in argv):
-                pids.append(int(entry))
+        pids = [pid for pid, argv in processes() if argv and os.path.basename(argv[0]) in ("mih", "mih-core")
+                and "worker" in argv and any(a.startswith(run) for a in argv)]
         if len(pids) >= n:
             return sorted(pids)[:n]
         time.sleep(0.02)

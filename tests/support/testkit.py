@@ -19,6 +19,19 @@ def mih_and_work():
     return os.path.abspath(a.mih), work
 
 
+def processes():
+    """(pid, argv) of every process /proc shows now (argv empty for a kernel thread)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        yield int(entry), [a for a in argv if a]
+
+
 def free_port():
     """A TCP port free on 127.0.0.1 now (for MASTER_PORT, a daemon's port)."""
     with socket.socket() as s:
