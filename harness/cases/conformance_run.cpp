@@ -44,9 +44,9 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
 }
 
 // After the tests: the cases that did not complete (an infrastructure outcome: a dead rank, a
-// timeout, a cancelled job) and their failed tests, which GoogleTest counts among its FAILED
-// though none is a verdict: "" when there is none, else the line that says the run is
-// incomplete and what was judged.
+// timeout, a cancelled job) and the failed tests of those cases and of the cases that read them
+// (incomplete_dependency), which GoogleTest counts among its FAILED though none is a verdict:
+// "" when there is none, else the line that says the run is incomplete and what was judged.
 std::string not_judged_line() {
   std::map<std::string, std::string> cases;  // "<spec>/<case>" -> its error
   int not_judged = 0, failed = 0, passed = 0;
@@ -63,10 +63,8 @@ std::string not_judged_line() {
         continue;
       }
       const std::string name = test.name();
-      const CaseOutcome* o = r && name.rfind('/') != std::string::npos
-                                 ? memoized_outcome(r->spec, name.substr(name.rfind('/') + 1))
-                                 : nullptr;
       const std::string case_name = name.substr(name.rfind('/') + 1);
+      const CaseOutcome* o = r && name.rfind('/') != std::string::npos ? memoized_outcome(r->spec, case_name) : nullptr;
       const auto [dependency, dependency_outcome] =
           r ? incomplete_dependency(*r, case_name) : std::pair<std::string, const CaseOutcome*>{"", nullptr};
       if (o && classify(o->outcome) == OutcomeClass::kInfrastructure) {
@@ -94,7 +92,9 @@ std::string not_judged_line() {
 // those of the selected registrations with a test the filter selects; each gets a share
 // (assign_shards, its cost the rank-steps of its launches) and the filter loses the tests of
 // the cases of every other share. Returns what the share holds, for the progress line.
-// Throws: mih::Error{kInvalidSpec} when the share holds no case (more shares than cases).
+// Throws: mih::Error{kInvalidSpec} for more shares than selected cases (in every share, so no
+//   job of the fan-out passes while another tests nothing), or with GoogleTest's own sharding
+//   (GTEST_TOTAL_SHARDS) in the environment, which would split the share by test.
 std::string apply_shard(const RunOptions& o) {
   const std::string where = "--shard " + std::to_string(o.shard_index) + "/" + std::to_string(o.shard_count);
   // GoogleTest's own sharding splits by test: a case's tests over two jobs, and a share halved.
