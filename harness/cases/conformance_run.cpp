@@ -98,10 +98,12 @@ std::string not_judged_line() {
 std::string apply_shard(const RunOptions& o) {
   const std::string where = "--shard " + std::to_string(o.shard_index) + "/" + std::to_string(o.shard_count);
   // GoogleTest's own sharding splits by test: a case's tests over two jobs, and a share halved.
-  const char* gtest_shards = std::getenv("GTEST_TOTAL_SHARDS");
-  MIH_CHECK_CODE(!gtest_shards || !*gtest_shards, Code::kInvalidSpec, where, " with GTEST_TOTAL_SHARDS=", gtest_shards,
-                 " in the environment: GoogleTest would split this share again, by test; unset GTEST_TOTAL_SHARDS and "
-                 "GTEST_SHARD_INDEX (--shard is the split, by whole cases)");
+  for (const char* var : {"GTEST_TOTAL_SHARDS", "GTEST_SHARD_INDEX"}) {
+    const char* value = std::getenv(var);
+    MIH_CHECK_CODE(!value, Code::kInvalidSpec, where, " with ", var, "=", value ? value : "",
+                   " in the environment: GoogleTest would split this share again, by test; unset GTEST_TOTAL_SHARDS "
+                   "and GTEST_SHARD_INDEX (--shard is the split, by whole cases)");
+  }
   const std::string filter = ::testing::GTEST_FLAG(filter);
   // "<prefix>/<case>" of every instantiated test the filter selects.
   std::set<std::string> wanted;
@@ -126,7 +128,9 @@ std::string apply_shard(const RunOptions& o) {
     }
   }
   // More shares than cases: some job would test nothing. Every job says so, not only the last.
-  MIH_CHECK_CODE(!items.empty() && static_cast<size_t>(o.shard_count) <= items.size(), Code::kInvalidSpec, where,
+  MIH_CHECK_CODE(!items.empty(), Code::kInvalidSpec, where, ": the run selects no case",
+                 filter == "*" ? "" : " (filter " + filter + ")", "; what exists:\n", what_exists());
+  MIH_CHECK_CODE(static_cast<size_t>(o.shard_count) <= items.size(), Code::kInvalidSpec, where,
                  ": the run selects ", items.size(), " case", items.size() == 1 ? "" : "s",
                  filter == "*" ? "" : " (filter " + filter + ")", ", fewer than its ", o.shard_count,
                  " shares, so a share would hold no case; use at most ", items.size(), " shares");

@@ -189,6 +189,24 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
                  p.c.name, " at ", dir.string(), "; produce it first, e.g. `mih run --spec ", p.spec, " --case ",
                  p.c.name, " --matrix ", p.matrix.text(), " --evidence-root ", run_options().evidence_root.string(),
                  "` or the torchrun/srun launch of docs/gpu-nightly.md, or restrict the run with --gtest_filter");
+  // A case whose own run recorded that it did not complete (a rank killed, a timeout) gets no
+  // verdict, so nothing else of it is read: its outcome is the answer, even where the dead rank
+  // left a torn file behind (an edit that claims such an outcome only turns a case into "not
+  // judged", never into a pass).
+  if (fs::exists(dir / layout::kCaseRecord)) {
+    try {
+      const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
+      if (classify(run.outcome) == OutcomeClass::kInfrastructure) {
+        out.outcome = run.outcome;
+        out.error = run.error;
+        out.seconds = run.seconds;
+        out.code = outcome_code(out.outcome, Code::kOk);
+        return out;
+      }
+    } catch (const Error&) {
+      // Read and refused below, naming the problem.
+    }
+  }
   // The contract first: nothing below reads a file it has not validated (docs/evidence.md).
   const contract::Validation valid = contract::require_valid_case_dir(
       dir, "a check reads only evidence that does: rerun the case, or fix the writer that produced it");

@@ -208,7 +208,7 @@ std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registrat
   }
   for (const std::string& name : reads) {
     const CaseOutcome* o = memoized_outcome(r.spec, name);
-    if (o && o->outcome != Outcome::kRan) return {r.spec + "/" + name, o};
+    if (o && o->outcome != Outcome::kRan && o->outcome != Outcome::kVerifyOnly) return {r.spec + "/" + name, o};
   }
   return {"", nullptr};
 }

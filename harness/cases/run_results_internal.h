@@ -19,8 +19,8 @@ struct Registration;
 
 /// The first case that case `case_name` of `r` reads beside its own evidence (what it is
 /// compared with, along the compare_to chain; a reduced lane's reference and noise twin) whose
-/// outcome in this process is not a completed run, with that outcome; {"", null} when every
-/// such case that ran here completed. A case whose dependency did not complete is not judged:
+/// outcome in this process is not a completed run (nor evidence produced elsewhere, verify-only),
+/// with that outcome; {"", null} when every such case that ran or was read here completed. A case whose dependency did not complete is not judged:
 /// its failed tests are not verdicts on the model.
 std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registration& r, const std::string& case_name);
 

@@ -16,7 +16,8 @@ out over jobs themselves.
   4. Two jobs on roots of their own, copied together: the verify-only run over the copy passes
      every test; over one job's root alone it refuses the missing case (exit 12), never a pass.
   5. A job whose Reference's rank is SIGKILLed: an infrastructure exit, the case compared with
-     the Reference not judged (not FAILED), and the job's retry passes.
+     the Reference not judged (not FAILED; the report counts its failed tests as not judged and
+     blames nothing), and the job's retry passes.
 
 Usage: shards.py --mih build/bin/mih --work DIR
 """
@@ -187,6 +188,10 @@ def main():
         fail(f"a share whose Reference died: killed {killed}, exit {job.returncode}, Tp2Sp's state {state}\n{out[-3000:]}")
     else:
         ok(f"a share whose Reference died: exit {job.returncode}, Tp2Sp not judged (state {state}), said INCOMPLETE")
+        # The report reads the Reference too (no test of this share names it): not judged, no blame.
+        TALLY.expect("mih report of the share whose Reference died", [mih, "report", root, "--format", "md"], 0,
+                     [" 0 failed, ", " not judged (infrastructure: 1 case did not complete)", "Verdict: NOT PASSED"],
+                     absent=["fails (llama/Tp2Sp)"])
         TALLY.expect("the share's retry", cmd, 0, ["[  PASSED  ]"])
     return TALLY.summary("sharded run")
 
