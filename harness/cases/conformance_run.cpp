@@ -43,6 +43,16 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
   return "";
 }
 
+// Calls `f(suite, test)` for every instantiated test (should_run is decided in RUN_ALL_TESTS).
+template <typename F>
+void for_each_test(F&& f) {
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    for (int j = 0; j < suite.total_test_count(); ++j) f(suite, *suite.GetTestInfo(j));
+  }
+}
+
 // After the tests: the cases that did not complete (an infrastructure outcome: a dead rank, a
 // timeout, a cancelled job) and the failed tests of those cases and of the cases that read them
 // (incomplete_dependency), which GoogleTest counts among its FAILED though none is a verdict:
@@ -50,35 +60,29 @@ std::string filter_text(const std::vector<std::string>& gtest_flags) {
 std::string not_judged_line() {
   std::map<std::string, std::string> cases;  // "<spec>/<case>" -> its error
   int not_judged = 0, failed = 0, passed = 0;
-  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
-  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-    const std::string full = suite.name();
-    const Registration* r = find_registration(full.substr(0, full.find('/')));
-    for (int j = 0; j < suite.total_test_count(); ++j) {
-      const ::testing::TestInfo& test = *suite.GetTestInfo(j);
-      if (!test.should_run()) continue;
-      if (!test.result()->Failed()) {
-        ++passed;
-        continue;
-      }
-      const std::string name = test.name();
-      const std::string case_name = name.substr(name.rfind('/') + 1);
-      const CaseOutcome* o = r && name.rfind('/') != std::string::npos ? memoized_outcome(r->spec, case_name) : nullptr;
-      const auto [dependency, dependency_outcome] =
-          r ? incomplete_dependency(*r, case_name) : std::pair<std::string, const CaseOutcome*>{"", nullptr};
-      if (o && classify(o->outcome) == OutcomeClass::kInfrastructure) {
-        ++not_judged;
-        cases.emplace(r->spec + "/" + case_name, o->error.substr(0, o->error.find('\n')));
-      } else if (dependency_outcome && classify(dependency_outcome->outcome) == OutcomeClass::kInfrastructure) {
-        // Its tests read a case that did not complete (the Reference it is compared with).
-        ++not_judged;
-        cases.emplace(dependency, dependency_outcome->error.substr(0, dependency_outcome->error.find('\n')));
-      } else {
-        ++failed;
-      }
+  for_each_test([&](const ::testing::TestSuite& suite, const ::testing::TestInfo& test) {
+    if (!test.should_run()) return;
+    if (!test.result()->Failed()) {
+      ++passed;
+      return;
     }
-  }
+    const std::string full = suite.name(), name = test.name();
+    const Registration* r = find_registration(full.substr(0, full.find('/')));
+    const std::string case_name = name.substr(name.rfind('/') + 1);
+    const CaseOutcome* o = r && name.rfind('/') != std::string::npos ? memoized_outcome(r->spec, case_name) : nullptr;
+    const auto [dependency, dependency_outcome] =
+        r ? incomplete_dependency(*r, case_name) : std::pair<std::string, const CaseOutcome*>{"", nullptr};
+    if (o && classify(o->outcome) == OutcomeClass::kInfrastructure) {
+      ++not_judged;
+      cases.emplace(r->spec + "/" + case_name, o->error.substr(0, o->error.find('\n')));
+    } else if (dependency_outcome && classify(dependency_outcome->outcome) == OutcomeClass::kInfrastructure) {
+      // Its tests read a case that did not complete (the Reference it is compared with).
+      ++not_judged;
+      cases.emplace(dependency, dependency_outcome->error.substr(0, dependency_outcome->error.find('\n')));
+    } else {
+      ++failed;
+    }
+  });
   if (cases.empty()) return "";
   std::string list;
   for (const auto& [name, error] : cases) list += "\n  " + name + ": " + error;
@@ -107,15 +111,10 @@ std::string apply_shard(const RunOptions& o) {
   const std::string filter = ::testing::GTEST_FLAG(filter);
   // "<prefix>/<case>" of every instantiated test the filter selects.
   std::set<std::string> wanted;
-  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
-  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-    for (int j = 0; j < suite.total_test_count(); ++j) {
-      const std::string name = std::string(suite.name()) + "." + suite.GetTestInfo(j)->name();
-      if (!filter_selects(filter, name)) continue;
-      wanted.insert(name.substr(0, name.find('/')) + "/" + name.substr(name.rfind('/') + 1));
-    }
-  }
+  for_each_test([&](const ::testing::TestSuite& suite, const ::testing::TestInfo& test) {
+    const std::string name = std::string(suite.name()) + "." + test.name();
+    if (filter_selects(filter, name)) wanted.insert(name.substr(0, name.find('/')) + "/" + name.substr(name.rfind('/') + 1));
+  });
   std::vector<ShardItem> items;
   for (const auto& r : registrations()) {
     if (!selected(r)) continue;
@@ -313,16 +312,10 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
   if (!o.recorded_tests.empty()) {
     // `mih check` of a run root: every test the run recorded is one of this binary's under the
     // run's matrix, or the check would judge less than the run ran.
-    std::set<std::string> here;
-    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
-    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
-      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
-      // Every instantiated test (should_run is decided later, in RUN_ALL_TESTS; the filter
-      // is exactly the recorded names).
-      for (int j = 0; j < suite.total_test_count(); ++j) {
-        here.insert(std::string(suite.name()) + "." + suite.GetTestInfo(j)->name());
-      }
-    }
+    std::set<std::string> here;  // every instantiated test (the filter is exactly the recorded names)
+    for_each_test([&](const ::testing::TestSuite& suite, const ::testing::TestInfo& test) {
+      here.insert(std::string(suite.name()) + "." + test.name());
+    });
     std::vector<std::string> missing;
     for (const auto& name : o.recorded_tests) {
       if (!here.count(name)) missing.push_back(name);

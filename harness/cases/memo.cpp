@@ -193,19 +193,20 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
   // verdict, so nothing else of it is read: its outcome is the answer, even where the dead rank
   // left a torn file behind (an edit that claims such an outcome only turns a case into "not
   // judged", never into a pass).
+  std::optional<CaseRecord> record;
   if (fs::exists(dir / layout::kCaseRecord)) {
     try {
-      const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
-      if (classify(run.outcome) == OutcomeClass::kInfrastructure) {
-        out.outcome = run.outcome;
-        out.error = run.error;
-        out.seconds = run.seconds;
-        out.code = outcome_code(out.outcome, Code::kOk);
-        return out;
-      }
+      record = read_case_record(dir / layout::kCaseRecord);
     } catch (const Error&) {
-      // Read and refused below, naming the problem.
+      // Read again and refused below, naming the problem.
     }
+  }
+  if (record && classify(record->outcome) == OutcomeClass::kInfrastructure) {
+    out.outcome = record->outcome;
+    out.error = record->error;
+    out.seconds = record->seconds;
+    out.code = outcome_code(out.outcome, Code::kOk);
+    return out;
   }
   // The contract first: nothing below reads a file it has not validated (docs/evidence.md).
   const contract::Validation valid = contract::require_valid_case_dir(
@@ -240,7 +241,7 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
   }
   out.outcome = Outcome::kVerifyOnly;
   if (ev.has(layout::kCaseRecord)) {
-    const CaseRecord run = read_case_record(dir / layout::kCaseRecord);
+    const CaseRecord run = record ? *record : read_case_record(dir / layout::kCaseRecord);
     // Evidence that is not what its run wrote is not that run's evidence: stale or damaged
     // (a truncated file that no verdict reads would pass), never checked as if it were.
     if (!run_options().allow_edited_evidence) {

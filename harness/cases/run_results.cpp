@@ -175,20 +175,6 @@ std::string module_parity_on_evidence(const Registration& r) {
 
 ::testing::TestEventListener* new_results_writer() { return new ResultsWriter; }
 
-// The integration state of every case whose tests all ran in this run (a case a filter left
-// tests of out is not judged, and keeps its state), and the rule that makes it agree with the
-// exit status (README "Exit codes"):
-//   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
-//     tests in this run, or, when the run did not run them, the same verdict on the Reference's
-//     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
-//   - a test failed on a case that ran to its end (Outcome::kRan): FAILED, naming the failed
-//     tests (the run exits non-zero for the test); a case that did not (infrastructure, bad
-//     input, environment) keeps its state;
-//   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
-//     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
-//     module parity does not hold; no state was written): returned, and the run exits 1.
-// Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
-// BLOCKED is returned when its tests passed.
 std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registration& r, const std::string& case_name) {
   const spec::CaseMatrix& m = resolved_matrix(r.spec, matrix_of(r));
   auto find = [&](const std::string& name) -> const spec::Case* {
@@ -213,6 +199,21 @@ std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registrat
   return {"", nullptr};
 }
 
+// The integration state of every case whose tests all ran in this run (a case a filter left
+// tests of out is not judged, and keeps its state), and the rule that makes it agree with the
+// exit status (README "Exit codes"):
+//   - every test passed: MATRIX_PASSED, once the spec's module parity holds (its ModuleParity
+//     tests in this run, or, when the run did not run them, the same verdict on the Reference's
+//     evidence); the gates advance one at a time, through MODULE_PARITY_PASSED;
+//   - a test failed on a case that ran to its end (Outcome::kRan): FAILED, naming the failed
+//     tests (the run exits non-zero for the test); a case that did not (infrastructure, bad
+//     input, environment), or whose tests read one that did not (incomplete_dependency), keeps
+//     its state;
+//   - every test passed, yet the case cannot be MATRIX_PASSED (the session failed it: an error
+//     finding, a hook that raised; an earlier run's tests failed on the same evidence; the
+//     module parity does not hold; no state was written): returned, and the run exits 1.
+// Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
+// BLOCKED is returned when its tests passed.
 std::vector<std::string> record_case_states() {
   struct Tally {
     int total = 0, ran = 0;

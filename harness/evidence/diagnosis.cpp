@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <tuple>
 #include <utility>
 
@@ -17,6 +16,7 @@
 
 #include "harness/base/error.h"
 #include "harness/evidence/report.h"
+#include "harness/evidence/report_internal.h"
 #include "harness/base/strings.h"
 
 namespace mih {
@@ -586,12 +586,7 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
     }
     for (const auto& s : c.failed_suites) c.passed_suites.erase(s);
     // A case it is compared with (along compare_to) that did not complete: its failures judged nothing.
-    const CaseResult* incomplete_reference = nullptr;
-    std::set<std::string> seen = {r.name};
-    for (const CaseResult* d = run.find_case(r.spec, r.compare_to); d && !incomplete_reference && seen.insert(d->name).second;
-         d = run.find_case(r.spec, d->compare_to)) {
-      if (d->outcome && classify(*d->outcome) == OutcomeClass::kInfrastructure) incomplete_reference = d;
-    }
+    const CaseResult* incomplete_reference = report_internal::incomplete_along(run, run.find_case(r.spec, r.compare_to));
     if (!r.config) {
       c.no_verdict = "no run/case.json says its configuration";
     } else if (r.outcome && classify(*r.outcome) != OutcomeClass::kVerdict &&

@@ -149,15 +149,22 @@ std::map<std::string, SpecTable> spec_tables(const RunResults& run) {
 std::string spec_title(const std::string& spec) { return spec.empty() ? "(no spec)" : spec; }
 std::string case_title(const std::string& name) { return name.empty() ? "(no case)" : name; }
 
-bool transport_failure(const RunResults& run, const TestResult& t) {
-  if (t.status != TestStatus::kFailed || t.case_name.empty()) return false;
-  // The test's case, or a case it is compared with (along compare_to), that did not complete.
+const CaseResult* incomplete_along(const RunResults& run, const CaseResult* c) {
   std::set<std::string> seen;
-  for (const CaseResult* c = run.find_case(t.spec, t.case_name); c && seen.insert(c->name).second;
-       c = c->compare_to.empty() ? nullptr : run.find_case(t.spec, c->compare_to)) {
-    if (c->outcome && classify(*c->outcome) == OutcomeClass::kInfrastructure) return true;
+  for (; c && seen.insert(c->name).second; c = run.find_case(c->spec, c->compare_to)) {
+    if (c->outcome && classify(*c->outcome) == OutcomeClass::kInfrastructure) return c;
   }
-  return false;
+  return nullptr;
+}
+
+bool transport_failure(const RunResults& run, const TestResult& t) {
+  return t.status == TestStatus::kFailed && !t.case_name.empty() &&
+         incomplete_along(run, run.find_case(t.spec, t.case_name)) != nullptr;
+}
+
+int not_judged(const RunResults& run) {
+  return static_cast<int>(
+      std::count_if(run.tests.begin(), run.tests.end(), [&](const TestResult& t) { return transport_failure(run, t); }));
 }
 
 bool case_needs_attention(const CaseResult& c) {
@@ -170,22 +177,16 @@ std::string evidence_path(const RunResults& run, const std::string& evidence) {
 }
 
 // The failed tests of cases that did not complete (infrastructure, never a model failure) are
-// counted apart from the failed tests that are verdicts, with the cases they belong to.
+// counted apart from the failed tests that are verdicts, with the cases that did not complete.
 std::string totals_line(const RunResults& run) {
-  int infrastructure = 0;
-  std::set<std::string> cases;  // those that did not complete
-  for (const TestResult& t : run.tests) {
-    if (!transport_failure(run, t)) continue;
-    ++infrastructure;
-  }
-  for (const CaseResult& c : run.cases) {
-    if (c.outcome && classify(*c.outcome) == OutcomeClass::kInfrastructure) cases.insert(c.spec + "/" + c.name);
-  }
+  const int infrastructure = not_judged(run);
+  const auto incomplete = std::count_if(run.cases.begin(), run.cases.end(),
+                                        [&](const CaseResult& c) { return incomplete_along(run, &c) == &c; });
   return (run.incomplete.empty() ? "" : run.incomplete + "; ") + std::to_string(run.tests.size()) + " tests: " +
          std::to_string(run.passed()) + " passed, " + std::to_string(run.failed() - infrastructure) + " failed, " +
          (infrastructure == 0 ? std::string()
                               : std::to_string(infrastructure) + " not judged (infrastructure: " +
-                                    std::to_string(cases.size()) + (cases.size() == 1 ? " case" : " cases") +
+                                    std::to_string(incomplete) + (incomplete == 1 ? " case" : " cases") +
                                     " did not complete), ") +
          std::to_string(run.skipped()) + " skipped; " + std::to_string(run.cases.size()) + " cases";
 }
@@ -284,9 +285,7 @@ std::vector<std::string> not_passed_reasons(const RunResults& run) {
   std::vector<std::string> out;
   if (run.tests.empty()) out.push_back("no test has finished in this run");
   if (!run.incomplete.empty()) out.push_back(run.incomplete);
-  const int judged_failed = static_cast<int>(std::count_if(run.tests.begin(), run.tests.end(), [&](const TestResult& t) {
-    return t.status == TestStatus::kFailed && !report_internal::transport_failure(run, t);
-  }));
+  const int judged_failed = run.failed() - report_internal::not_judged(run);
   if (judged_failed > 0) out.push_back(std::to_string(judged_failed) + " test" + (judged_failed == 1 ? "" : "s") + " failed");
   for (const CaseResult& c : run.cases) {
     const std::string name = report_internal::spec_title(c.spec) + "/" + c.name;

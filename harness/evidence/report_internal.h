@@ -70,13 +70,20 @@ std::map<std::string, SpecTable> spec_tables(const RunResults& run);
 
 std::string spec_title(const std::string& spec);
 std::string case_title(const std::string& name);
-/// A failed test of a case whose outcome is "transport_failure".
+/// `c`, or the first case along its compare_to chain, whose outcome is infrastructure (it did
+/// not complete); null when none (or `c` is null).
+const CaseResult* incomplete_along(const RunResults& run, const CaseResult* c);
+/// A failed test of a case that did not complete, or of one compared with such a case
+/// (incomplete_along): not a verdict.
 bool transport_failure(const RunResults& run, const TestResult& t);
+/// How many of the run's failed tests are transport failures (not judged).
+int not_judged(const RunResults& run);
 /// An outcome other than "ran", state FAILED or BLOCKED, or unreadable evidence.
 bool case_needs_attention(const CaseResult& c);
 /// The evidence directory under the run root, "-" for none.
 std::string evidence_path(const RunResults& run, const std::string& evidence);
-/// "<n> tests: <p> passed, <f> failed, <s> skipped; <c> cases".
+/// "<n> tests: <p> passed, <f> failed, [<j> not judged (infrastructure: <k> cases did not
+/// complete), ]<s> skipped; <c> cases".
 std::string totals_line(const RunResults& run);
 /// The case's facts joined by "; ": kind, world size, seconds, outcome, state, compare_to, error,
 /// the fault injected.

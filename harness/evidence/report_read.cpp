@@ -378,22 +378,21 @@ RunResults read_run_results(const fs::path& root) {
   }
   // The cases a case is compared with that no test of the run names (a run that selected only
   // the comparison): read too, so that one that did not complete is said, and the comparison's
-  // failures are not counted as verdicts.
-  for (size_t added = 1; added > 0 && cases.size() < 100000;) {
-    added = 0;
-    std::vector<CaseResult> more;
-    for (const auto& [key, c] : cases) {
-      if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
-      CaseResult ref;
-      ref.spec = c.spec;
-      ref.name = c.compare_to;
-      ref.evidence = (fs::path(c.evidence).parent_path() / c.compare_to).string();
-      std::error_code ec;
-      if (!fs::is_directory(root / ref.evidence, ec)) continue;
-      read_case_files(root, &ref);
-      more.push_back(std::move(ref));
-    }
-    for (auto& ref : more) added += cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).second ? 1 : 0;
+  // failures are not counted as verdicts. Each read once, along compare_to chains.
+  std::vector<const CaseResult*> todo;
+  for (const auto& [key, c] : cases) todo.push_back(&c);
+  while (!todo.empty()) {
+    const CaseResult& c = *todo.back();
+    todo.pop_back();
+    if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
+    CaseResult ref;
+    ref.spec = c.spec;
+    ref.name = c.compare_to;
+    ref.evidence = (fs::path(c.evidence).parent_path() / c.compare_to).string();
+    std::error_code ec;
+    if (!fs::is_directory(root / ref.evidence, ec)) continue;
+    read_case_files(root, &ref);
+    todo.push_back(&cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).first->second);
   }
   for (auto& [key, c] : cases) run.cases.push_back(std::move(c));
   return run;
