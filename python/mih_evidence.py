@@ -10,8 +10,8 @@ hook: some are collectives over the group):
     ev.attach_optimizer(optimizer)
     for step in range(steps):
         ev.begin_step(step)
-        for mb, (first_row, batch) in enumerate(micro_batches):    # batch: {"input_ids": ..., "labels": ...}
-            ev.record_batch(step, mb, first_row, batch)
+        for mb, (rows, batch) in enumerate(micro_batches):    # batch: {"input_ids": ..., "labels": ...}
+            ev.record_batch(step, mb, rows, batch)              # rows: its global rows (or the first)
             ...forward, backward...
         ev.after_backward_before_clip(step)                         # the gradients, synchronized
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -51,7 +51,7 @@ import time
 import torch
 import torch.distributed as dist
 
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 CONTRACT = {"contract": "mih-evidence", "version": 1}
 VALUES_UP_TO = 64  # tensors of at most this many elements also record their values (float64)
 PROJECTIONS = 4    # the sketch's random +-1 projections (mih's WatchlistOptions::projections)
@@ -69,14 +69,21 @@ def projection_signs(index, j):
     return ((h & 1) * 2 - 1).to(torch.float64)
 
 
-def tensor_statistics(x, first_index=0, total_numel=None):
+def tensor_statistics(x, first_index=0, total_numel=None, index=None):
     """Sharding-invariant statistics of x (any shape), whose element i is global element
-    first_index + i: sum, sum_sq, min, max, nonfinite, numel, sketch; values when small.
-    Returns the partial statistics of this piece (add them over the pieces)."""
+    first_index + i (or index[i] when `index`, an int64 tensor of x.numel() global element
+    indices, is given: rows of the global batch that are not contiguous): sum, sum_sq, min, max,
+    nonfinite, numel, sketch; values when small and whole. Returns the partial statistics of
+    this piece (add them over the pieces)."""
     x = x.detach().to(torch.float64).reshape(-1).cpu()
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
-    index = torch.arange(first_index, first_index + x.numel(), dtype=torch.int64)
+    if index is None:
+        index = torch.arange(first_index, first_index + x.numel(), dtype=torch.int64)
+    elif index.numel() != x.numel():
+        raise ValueError(f"tensor_statistics: index has {index.numel()} elements, the tensor {x.numel()}")
+    else:
+        first_index = -1  # not known to be the whole tensor in order: no values
     sketch = [float((xf * projection_signs(index, j)).sum()) for j in range(PROJECTIONS)]
     out = {"sum": float(xf.sum()), "sum_sq": float((xf * xf).sum()), "nonfinite": int((~finite).sum()),
            "numel": int(x.numel()), "sketch": sketch}
@@ -91,6 +98,41 @@ def tensor_statistics(x, first_index=0, total_numel=None):
 def _hash_rows(t):
     t = t.detach().contiguous().cpu()
     return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def sampler_rows(rank, world, first, count):
+    """The global rows of `count` consecutive samples of a DistributedSampler's share, from
+    the rank's sample `first` of the step on: rank r of W takes positions r, r + W, r + 2 W, ...
+    of the global batch (shuffled or not: the sampler shuffles the whole index list once, the
+    same on every rank, then strides it). E.g. rank 1 of 2, micro-batch 1 of 2 with 2 rows
+    each: sampler_rows(1, 2, 2, 2) == [5, 7]."""
+    return [rank + world * (first + i) for i in range(count)]
+
+
+def _row_index(rows, batch):
+    """record_batch's rows as an int64 tensor [b] of global rows, checked against the batch."""
+    sizes = {field: (t.shape[0] if t.dim() else None) for field, t in batch.items()}
+    b = next(iter(sizes.values()), 0)
+    if any(size != b for size in sizes.values()):
+        raise ValueError(f"record_batch: every field needs the same number of rows (dim 0), got {sizes}")
+    if isinstance(rows, bool) or not isinstance(rows, (int, list, tuple, range, torch.Tensor)):
+        raise ValueError(f"record_batch: rows is the first global row (an int) or one global row per row of the "
+                         f"batch (a sequence of ints), got {type(rows).__name__}")
+    if isinstance(rows, int):
+        index = torch.arange(rows, rows + (b or 0), dtype=torch.int64)
+    else:
+        index = torch.as_tensor(list(rows) if not isinstance(rows, torch.Tensor) else rows).reshape(-1)
+        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"record_batch: rows must be integers, got {index.dtype}")
+        index = index.to(torch.int64)
+        if index.numel() != b:
+            raise ValueError(f"record_batch: rows names {index.numel()} global rows, the batch holds {b} "
+                             f"(one row index per row of every field)")
+    if index.numel() and int(index.min()) < 0:
+        raise ValueError(f"record_batch: global rows start at 0, got {int(index.min())}")
+    if torch.unique(index).numel() != index.numel():
+        raise ValueError("record_batch: a global row is named twice in one micro-batch")
+    return index
 
 
 class Session:
@@ -129,7 +171,7 @@ class Session:
         self.activations = {}
         self.output_grads = {}
         self.order = []
-        self.first_row = 0
+        self.row_index = None
         self.rows = 0
         params = list(self.model.named_parameters())
         if dtype is None:
@@ -228,16 +270,27 @@ class Session:
                 return
             if name not in self.order:
                 self.order.append(name)  # the order forwards complete in: a module after its children
-            # Rows of the global batch: [B_global, ...]; this rank's first row is first_row.
-            per_row = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
-            first = self.first_row * per_row
-            self._accumulate(self.activations, name, tensor_statistics(output, first))
+            # Rows of the global batch: [B_global, ...]; this rank's rows are row_index.
+            index = self._element_index(output)
+            self._accumulate(self.activations, name, tensor_statistics(output, index=index))
             if output.requires_grad:
                 # The gradient of the global loss with respect to the output: what this rank
                 # backpropagates, divided by the factor its loss carries (loss_scale).
                 output.register_hook(lambda g: self._accumulate(
-                    self.output_grads, name, tensor_statistics(g / self.loss_scale, first)))
+                    self.output_grads, name, tensor_statistics(g / self.loss_scale, index=index)))
         return hook
+
+    def _element_index(self, output):
+        """The global element index of every element of a module output [b, ...] whose rows
+        are this micro-batch's rows (row_index): row g's elements are g * per_row + [0, per_row).
+        An output whose dim 0 is not the micro-batch's rows is placed as if its rows were
+        contiguous from the first recorded row (the writer's 0.2 behaviour)."""
+        per_row = output[0].numel() if output.dim() > 0 and output.shape[0] else 0
+        rows = self.row_index
+        if rows is None or output.dim() == 0 or output.shape[0] != rows.numel():
+            first = int(rows[0]) if rows is not None and rows.numel() else 0
+            return torch.arange(first * per_row, first * per_row + output.numel(), dtype=torch.int64)
+        return (rows.reshape(-1, 1) * per_row + torch.arange(per_row, dtype=torch.int64)).reshape(-1)
 
     # ---- DDP's communication, ledgered ---------------------------------------------------
     def ddp_comm_hook(self, state, bucket):
@@ -275,12 +328,23 @@ class Session:
         self.output_grads = {}
         self.comm = {}
 
-    def record_batch(self, step, micro_batch, first_row, batch):
-        """Per micro-batch, before its forward: this rank's rows of the global batch, the first
-        of which is row first_row. batch: {field: tensor [b, ...]}."""
-        self.first_row = first_row
+    def record_batch(self, step, micro_batch, rows, batch):
+        """Per micro-batch, before its forward: which rows of the global batch this rank's
+        micro-batch holds, and their fields. batch: {field: tensor [b, ...]}.
+
+        rows: an int, the global row of the micro-batch's first row when its b rows are
+          contiguous (rank r of W with b rows each: r * b); or a sequence (or int64 tensor) of
+          b global row indices, one per row, in the order of the batch: what a
+          DistributedSampler gives (rank r of W takes positions r, r + W, r + 2 W, ...: see
+          `sampler_rows`). Global rows are positions in the step's global batch as the 1-rank
+          run orders it, so the input identity and the activation sketches of any split equal
+          the 1-rank run's.
+        Raises ValueError when rows is neither, is negative, repeats a row, or does not give
+        one row per row of every field."""
+        index = _row_index(rows, batch)
+        self.row_index = index
         for field, t in batch.items():
-            self.step_rows.setdefault(field, []).append((first_row, t.detach().cpu()))
+            self.step_rows.setdefault(field, []).append((index, t.detach().cpu()))
 
     def after_backward_before_clip(self, step):
         self._input_identity(step)
@@ -309,8 +373,10 @@ class Session:
                 fields.setdefault(field, []).extend(pieces)
         hashes, total = {}, 0
         for field, pieces in sorted(fields.items()):
-            pieces.sort(key=lambda p: p[0])
-            whole = torch.cat([t for _, t in pieces], 0)
+            # Every rank's rows in global row order (a row recorded twice stays twice: the
+            # hash then differs from the 1-rank run's, and InputIdentity says so).
+            index = torch.cat([i for i, _ in pieces], 0)
+            whole = torch.cat([t for _, t in pieces], 0)[torch.argsort(index, stable=True)]
             total = max(total, whole.shape[0])
             hashes[field] = _hash_rows(whole)
         h = hashlib.sha256()

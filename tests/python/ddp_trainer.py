@@ -13,7 +13,11 @@ one of two classic DDP bugs:
   no_sync_drop   the last micro-batch runs under no_sync (its gradient is never all-reduced:
                  each rank keeps its own, and the other rank's micro-batch is dropped);
   rank_lr_last   rank 1 steps with twice the lr at the last step (its copy of the model leaves
-                 rank 0's, which alone the probes see).
+                 rank 0's, which alone the probes see);
+  rows_as_first  under --rows strided, each micro-batch declared by its first row as if its rows
+                 were contiguous (all the 0.2 writer could say of a DistributedSampler's rows).
+--rows strided gives rank r of W the rows r, r + W, ... of each step's global batch, as a
+DistributedSampler does, declared to the writer row by row (mih_evidence.sampler_rows).
 """
 import argparse
 import contextlib
@@ -87,7 +91,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer over the DDP ranks")
-    ap.add_argument("--bug", choices=["none", "per_rank_mean", "no_sync_drop", "rank_lr_last"], default="none")
+    ap.add_argument("--rows", choices=["contiguous", "strided"], default="contiguous")
+    ap.add_argument("--bug", choices=["none", "per_rank_mean", "no_sync_drop", "rank_lr_last", "rows_as_first"],
+                    default="none")
     a = ap.parse_args()
 
     distributed = "WORLD_SIZE" in os.environ
@@ -121,8 +127,14 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         for mb in range(a.micro_batches):
             first = rank * rows + mb * mb_rows
-            ids, lab = input_ids[first:first + mb_rows], labels[first:first + mb_rows]
-            ev.record_batch(step, mb, first, {"input_ids": ids, "labels": lab})
+            if a.rows == "strided":
+                mine = mih_evidence.sampler_rows(rank, world, mb * mb_rows, mb_rows)
+                ids, lab = input_ids[mine], labels[mine]
+                declared = first if a.bug == "rows_as_first" else mine
+            else:
+                ids, lab = input_ids[first:first + mb_rows], labels[first:first + mb_rows]
+                declared = first
+            ev.record_batch(step, mb, declared, {"input_ids": ids, "labels": lab})
             # DDP all-reduces at the backward of a forward run outside no_sync: once per step,
             # at the last micro-batch (the accumulated gradients of all of them).
             last = mb == a.micro_batches - 1
@@ -132,8 +144,8 @@ def main():
                 token_losses = F.cross_entropy(logits.reshape(-1, VOCAB), lab.reshape(-1), ignore_index=-100,
                                                reduction="none")
                 if a.bug == "per_rank_mean":
-                    mine = int(labels[rank * rows:(rank + 1) * rows].ne(-100).sum())
-                    loss = token_losses.sum() / mine  # DDP averages over ranks: x world / world
+                    own = int(labels[rank * rows:(rank + 1) * rows].ne(-100).sum())
+                    loss = token_losses.sum() / own  # DDP averages over ranks: x world / world
                 else:
                     loss = token_losses.sum() / valid * world  # DDP divides the summed gradients by world
                 loss.backward()

@@ -12,6 +12,12 @@ fails at import there, so FSDP-in-Python is untested here):
                      never all-reduced)
   BugRankLr          DDP with rank 1 stepping at twice the lr at the last step (its replica
                      leaves rank 0's; the probes, global values of rank 0, match)
+  DpReplicate2Strided  DDP, 2 micro-batches, rank r taking rows r, r + 2, ... of the global batch
+                     (a DistributedSampler's share), declared row by row
+  BugRowsAsFirst     the same rows declared by each micro-batch's first row (contiguous): all that
+                     the 0.2 writer could say, which failed a correct loop
+  example/*          python/mih_evidence_example.py, the installed example loop (DistributedSampler
+                     shuffled, DataLoader, micro-batches), on 1 and 2 ranks
 and checks: every directory follows the contract (`mih validate`, and Debian's python3-jsonschema
 against the installed schemas); `mih check` and `mih compare` pass the correct runs against the
 1-rank Reference and fail each bug, naming the divergence; an edited file is refused (exit 12).
@@ -33,9 +39,12 @@ TALLY = Tally()
 fail, FAILED = TALLY.fail, TALLY.failed
 
 
-def train(root, case, ranks, *extra):
-    out = os.path.join(root, "tiny", case)
-    cmd = [sys.executable, os.path.join(HERE, "ddp_trainer.py"), "--out", out, "--case", case]
+EXAMPLE = os.path.join(HERE, "..", "..", "python", "mih_evidence_example.py")
+
+
+def train(root, case, ranks, *extra, program=os.path.join(HERE, "ddp_trainer.py"), spec="tiny"):
+    out = os.path.join(root, spec, case)
+    cmd = [sys.executable, program, "--out", out, "--case", case]
     if case != "Reference":
         cmd += ["--compare-to", "Reference"]
     cmd += list(extra)
@@ -73,31 +82,44 @@ def main():
     mean = train(bugs, "BugPerRankMean", 2, "--zero", "--bug", "per_rank_mean")
     nosync = train(bugs, "BugNoSync", 2, "--micro-batches", "2", "--bug", "no_sync_drop")
     replicas = train(bugs, "BugRankLr", 2, "--bug", "rank_lr_last")
+    strided = train(good, "DpReplicate2Strided", 2, "--micro-batches", "2", "--rows", "strided")
+    as_first = train(bugs, "BugRowsAsFirst", 2, "--rows", "strided", "--bug", "rows_as_first")
+    example = [train(good, "Reference", 1, program=EXAMPLE, spec="example"),
+               train(good, "DpReplicate2", 2, "--micro-batches", "2", program=EXAMPLE, spec="example")]
     if FAILED:
         return 1
 
     # The contract, by both implementations.
     expect("mih validate, the Python writer's evidence", [a.mih, "validate", good, bugs], 0,
-           "written by mih-evidence.py", "7 case directories, 0 not following")
+           "written by mih-evidence.py", "11 case directories, 0 not following")
     sys.path.insert(0, os.path.join(HERE, "..", "evidence"))
     import contract_check  # Debian's python3-jsonschema against the schema files
     contract = contract_check.Contract(a.schemas)
-    for d in (ref, ddp, zero, mean, nosync, replicas):
+    dirs = (ref, ddp, zero, mean, nosync, replicas, strided, as_first, *example)
+    for d in dirs:
         files, values, problems = contract.problems(d)
         if problems:
             fail(f"python3-jsonschema: {d}: {problems[:3]}")
-    print("ok: python3-jsonschema: 6 case directories valid", flush=True)
+    print(f"ok: python3-jsonschema: {len(dirs)} case directories valid", flush=True)
 
     # The correct runs equal their 1-rank run; the checks say what they examined.
-    out = expect("mih check, DDP and DDP + ZeroRedundancyOptimizer against the 1-rank run",
+    out = expect("mih check, DDP, DDP + ZeroRedundancyOptimizer, a sampler's rows and the example against the 1-rank run",
                  [a.mih, "check", good], 0, "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2",
                  "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Zero",
                  "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2",
-                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "6 tests", "examined",
+                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "12 tests", "examined",
                  "written by mih-evidence.py", "not instantiated for it: GradientSync (no case records every rank's gradient pieces")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
                "written by mih-evidence.py")
+    # A DistributedSampler's rows (rank r takes r, r + W, ...), declared row by row, equal the
+    # 1-rank run; the installed example loop (shuffled sampler, DataLoader) too.
+    expect("mih check, DDP over a DistributedSampler's rows declared row by row", [a.mih, "check", strided], 0,
+           "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2Strided",
+           "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Strided")
+    expect("mih check, the example loop on 2 ranks against its 1-rank run", [a.mih, "check", example[1]], 0,
+           "Foreign/InputIdentity.SameInputsAsReference/example/DpReplicate2",
+           "Foreign/NumericParity.MatchesReference/example/DpReplicate2")
 
     # The planted bugs fail, named.
     expect("mih check, each rank's loss averaged over its own targets",
@@ -112,6 +134,11 @@ def main():
     expect("mih check, rank 1's copy leaving rank 0's at the last step", [a.mih, "check", replicas], 1,
            "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/BugRankLr", "step 2: parameter copies differ after the optimizer", "rank(s) 1 "
            "hold other bytes than rank 0")
+
+    # The same strided rows declared by each micro-batch's first row, as if contiguous: the
+    # inputs are those of the 1-rank run in another order, and InputIdentity says so.
+    expect("mih check, a DistributedSampler's rows declared as contiguous", [a.mih, "check", as_first], 1,
+           "Foreign/InputIdentity.SameInputsAsReference/tiny/BugRowsAsFirst", "FAILED")
 
     # Evidence that breaks the contract is refused, naming file and field.
     metrics = os.path.join(ddp, "cases", "runtime", "metrics.jsonl")
@@ -180,6 +207,22 @@ def main():
     expect("mih check, no probes", [a.mih, "check", d], 12, "has no probes/rank0.jsonl")
     expect("mih compare picks the dtype's tolerance", [a.mih, "compare", ref, zero], 0,
            "tolerance 1e-10 (float64's cross-topology default")
+    # record_batch's rows: refused when they cannot be the batch's global rows.
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import mih_evidence
+    import torch
+    batch = {"input_ids": torch.zeros(2, 3, dtype=torch.int64)}
+    if mih_evidence.sampler_rows(1, 2, 2, 2) != [5, 7]:
+        fail(f"sampler_rows(1, 2, 2, 2) is {mih_evidence.sampler_rows(1, 2, 2, 2)}, not [5, 7]")
+    for rows, needle in (([3, 3], "named twice"), ([1, 2, 3], "names 3 global rows, the batch holds 2"),
+                         ([-1, 0], "start at 0"), (1.5, "got float"), (torch.tensor([0.0, 1.0]), "integers")):
+        try:
+            mih_evidence._row_index(rows, batch)
+            fail(f"record_batch rows {rows!r}: accepted")
+        except ValueError as e:
+            if needle not in str(e):
+                fail(f"record_batch rows {rows!r}: {e} does not say {needle!r}")
+    print("ok: record_batch refuses rows that cannot be the batch's global rows", flush=True)
     print(f"{len(FAILED)} failure(s)")
     return 1 if FAILED else 0
 
