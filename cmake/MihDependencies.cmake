@@ -15,7 +15,7 @@ include(MihFindDependencies)
 message(STATUS "mih: libtorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
 
 # Gloo: Debian ships its headers (libgloo-dev); pip wheels do not (GLOO_INSTALL OFF), so the
-# Gloo factory compiles only where the headers are found. See libtorch_compat.md section 1.6.
+# Gloo factory compiles only where the headers are found. See docs/libtorch-compat.md section 1.6.
 include(CheckIncludeFileCXX)
 set(CMAKE_REQUIRED_INCLUDES ${TORCH_INCLUDE_DIRS})
 set(CMAKE_REQUIRED_QUIET ON)

@@ -172,6 +172,40 @@ def step(params, training):
     return {k: p.detach().clone() for k, p in params.items()}
 
 
+def collapsed_aliases(description, weights):
+    """The ties `mih export` wrote once (mih_export.json "aliases": one tensor the port registers
+    under two names, written under the first name's keys only), for the messages of a refusal:
+    [(alias, fqn, the alias's own keys (the key map's; none without a rule), those the
+    checkpoint lacks, the keys written)]."""
+    listed = description.get("aliases")
+    out = []
+    for a in listed if isinstance(listed, list) else []:
+        if not isinstance(a, dict) or not isinstance(a.get("fqn"), str) or not isinstance(a.get("of"), str):
+            continue
+        keys = [k for k in a.get("keys", []) if isinstance(k, str)]
+        written = [k for k in a.get("written_as", []) if isinstance(k, str)]
+        out.append((a["fqn"], a["of"], keys, [k for k in keys if k not in weights], written))
+    return out
+
+
+def explain_aliases(error, aliases):
+    """`error`, a refusal of the export's weights, with the aliases it comes from: a key the
+    original reads that the port wrote once for two names is named with both names."""
+    named = [a for a in aliases if any("'%s'" % k in error.message for k in a[3])]
+    if not named and "the checkpoint has no" in error.message:
+        named = [a for a in aliases if not a[2]]  # an alias without keys of its own may be the missing one
+    if not named:
+        return error
+    parts = []
+    for alias, fqn, _, missing, written in named:
+        under = ", ".join("'%s'" % k for k in written) or "the key(s) of '%s'" % fqn
+        parts.append("'%s' is an alias of '%s' in the port (one tensor registered under both names), so the export "
+                     "wrote it once, under %s%s" % (alias, fqn, under, " and not under " +
+                                                    ", ".join("'%s'" % k for k in missing) if missing else ""))
+    return GoldenError(error.code, error.message + "; " + "; ".join(parts) + ": the original keeps them apart, so give "
+                       "the alias its own parameter in the port (and drop the pair from the spec's checkpoint.tied)")
+
+
 def run_builtin(config_json, weights, batch, training, twin):
     import torch
 
@@ -224,9 +258,13 @@ def produce(export_dir, out_dir, impl, noise_twin=True):
     for k in batch:
         batch[k] = batch[k].to(torch.int64)
 
+    aliases = collapsed_aliases(description, weights)
     noise = {}
     if impl == "builtin":
-        main, defaulted = run_builtin(config_json, weights, batch, training, twin=False)
+        try:
+            main, defaulted = run_builtin(config_json, weights, batch, training, twin=False)
+        except GoldenError as e:
+            raise explain_aliases(e, aliases)
         implementation = {"name": "builtin", "version": PRODUCER_VERSION, "architecture": config_json.get("model_type"),
                           "torch": torch.__version__}
         epsilon = 2.0 ** -52
@@ -235,7 +273,10 @@ def produce(export_dir, out_dir, impl, noise_twin=True):
             a, b = twin.tensors(), main.tensors()
             noise = {k: relative_error(a[k], b[k]) for k in b}
     else:
-        main, version = run_transformers(export_dir, config_json, batch, training)
+        try:
+            main, version = run_transformers(export_dir, config_json, batch, training)
+        except GoldenError as e:
+            raise explain_aliases(e, aliases)
         defaulted = {}
         implementation = {"name": "transformers", "version": version, "architecture": config_json.get("model_type"),
                           "torch": torch.__version__}

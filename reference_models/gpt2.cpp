@@ -51,7 +51,7 @@ class MlpImpl : public torch::nn::Module {
                                                                    .init_std(o.initializer_range())));
   }
   at::Tensor forward(const at::Tensor& x) {
-    // F32 (FAULTS.md): the exact (erf) GELU where GPT-2 has the tanh approximation, in every
+    // F32 (docs/fault-catalog.md): the exact (erf) GELU where GPT-2 has the tanh approximation, in every
     // configuration alike.
     return c_proj(at::gelu(c_fc(x), fault::active(fault::Fault::kF32) ? "none" : "tanh"));
   }

@@ -61,8 +61,12 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
             hidden_size() / num_heads(), " must be even for rotary embeddings");
   MIH_CHECK(num_heads() % num_kv_heads() == 0, "llama: num_heads(", num_heads(), ") must be a multiple of num_kv_heads(",
             num_kv_heads(), ")");
-  MIH_CHECK(num_kv_heads() % tp == 0, "llama: num_kv_heads(", num_kv_heads(), ") must divide by tp(", tp,
-            "): each tp rank holds whole key/value heads; use tp in the divisors of ", num_kv_heads());
+  MIH_CHECK(num_heads() % tp == 0, "llama: num_heads(", num_heads(), ") must divide by tp(", tp, "): ", num_heads(),
+            " % ", tp, " = ", num_heads() % tp, "; each tp rank holds whole query heads");
+  MIH_CHECK(num_kv_heads() % tp == 0 || tp % num_kv_heads() == 0, "llama: num_kv_heads(", num_kv_heads(),
+            ") must divide by tp(", tp, ") or tp be a multiple of it (the KV heads replicated over tp): ", num_kv_heads(),
+            " % ", tp, " = ", num_kv_heads() % tp, ", ", tp, " % ", num_kv_heads(), " = ", tp % num_kv_heads(),
+            "; use tp in the divisors or multiples of ", num_kv_heads());
   MIH_CHECK(intermediate_size() % tp == 0, "llama: intermediate_size(", intermediate_size(), ") must divide by tp(", tp, ")");
   MIH_CHECK(top_k() >= 1 && top_k() <= num_experts(), "moe: top_k(", top_k(), ") must be in [1, num_experts(",
             num_experts(), ")]");
@@ -78,8 +82,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions&
     return ColumnParallelLinearOptions(h, out).bias(o.attention_bias()).init_std(o.init_std());
   };
   q_proj = register_module("q_proj", ColumnParallelLinear(ctx, column(o.num_heads() * d)));
-  k_proj = register_module("k_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
-  v_proj = register_module("v_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d)));
+  // At tp above the KV heads each is replicated over tp / num_kv_heads ranks (vLLM's
+  // num_kv_head_replicas): tp rank t computes KV head t / (tp / num_kv_heads), the one its
+  // query heads [t Hq/TP, (t + 1) Hq/TP) attend with.
+  k_proj = register_module("k_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d).heads(o.num_kv_heads())));
+  v_proj = register_module("v_proj", ColumnParallelLinear(ctx, column(o.num_kv_heads() * d).heads(o.num_kv_heads())));
   o_proj = register_module("o_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.num_heads() * d, h)
                                                                  .bias(o.attention_bias())
                                                                  .init_std(o.init_std())));
@@ -87,13 +94,14 @@ LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions&
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t d = o_.hidden_size() / o_.num_heads();
-  const int64_t heads = o_.num_heads() / ctx_->tp_size(), kv_heads = o_.num_kv_heads() / ctx_->tp_size();
+  // KV heads of this rank: KV/TP, or the one replicated head at tp > KV.
+  const int64_t heads = o_.num_heads() / ctx_->tp_size(), kv_heads = std::max<int64_t>(o_.num_kv_heads() / ctx_->tp_size(), 1);
   at::Tensor q = q_proj(x);  // [B, S, Hq/TP * D], the sequence gathered under sequence parallelism
   const int64_t b = q.size(0), s = q.size(1);
   auto split_heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, d}).transpose(1, 2); };
   at::Tensor qh = apply_rotary(split_heads(q, heads), cos, sin);
   at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
-  // F29 (FAULTS.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
+  // F29 (docs/fault-catalog.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
   // scores by 1 / sqrt(D) itself: the scores scaled by 1 / D, in every configuration alike.
   if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
   at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
@@ -104,7 +112,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 
 LlamaMlpImpl::LlamaMlpImpl(ParallelContext& ctx, const LlamaOptions& o) {
   gate_up_proj = register_module(
-      // F09 (FAULTS.md): the fused [gate; up] split over tp as one block, so one rank holds all
+      // F09 (docs/fault-catalog.md): the fused [gate; up] split over tp as one block, so one rank holds all
       // of gate and the other all of up.
       "gate_up_proj", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(o.hidden_size(), 2 * o.intermediate_size())
                                                     .partitions(fault::active(fault::Fault::kF09) ? 1 : 2)
@@ -151,7 +159,7 @@ at::Tensor MoeExpertsImpl::forward(const at::Tensor& x, const std::vector<int64_
 
 MoeMlpImpl::MoeMlpImpl(ParallelContext& ctx, const LlamaOptions& o, std::string name)
     : ctx_(&ctx), o_(o), name_(std::move(name)) {
-  // F02 (FAULTS.md): the router's gradient, partial over tp under sequence parallelism (each tp
+  // F02 (docs/fault-catalog.md): the router's gradient, partial over tp under sequence parallelism (each tp
   // rank routes its own tokens), not marked so: it is never all-reduced.
   const bool router_partial = ctx.sequence_parallel() && !fault::active(fault::Fault::kF02);
   router = register_parameter(
@@ -172,12 +180,12 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   at::Tensor tokens = x.reshape({-1, h});  // [N, H]: this rank's tokens
   const int64_t n = tokens.size(0);
   at::Tensor probs = at::softmax(at::matmul(tokens, ctx_->use(router).t()), -1);  // [N, E]
-  // F31 (FAULTS.md): the top_k probabilities renormalized although the original does not
+  // F31 (docs/fault-catalog.md): the top_k probabilities renormalized although the original does not
   // (Qwen2-MoE's norm_topk_prob false), in every configuration alike.
   const bool renormalize = o_.norm_topk_prob() || fault::active(fault::Fault::kF31);
   TopKRouting routing = top_k_routing(probs, k, /*normalize_top_k=*/renormalize);  // [N, k] experts and gates
   Communicator& ep = ctx_->mesh().comm(MeshAxis::kEp);
-  // F24 (FAULTS.md): the gates detached under ep, so the router learns only from its aux loss.
+  // F24 (docs/fault-catalog.md): the gates detached under ep, so the router learns only from its aux loss.
   if (ep.size() > 1 && fault::active(fault::Fault::kF24)) routing.gates = routing.gates.detach();
   // Dispatch to the ep ranks of the experts, this rank's experts on what they received,
   // combine back (expert_parallel.h).
@@ -189,7 +197,7 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   at::Tensor global_counts = dispatched.slots_per_expert.to(x.device());  // [E]
   int64_t replicas_of_tokens = ctx_->mesh().comm(MeshAxis::kDpCp).size();
   if (ep.size() > 1 && fault::active(fault::Fault::kF25)) {
-    // F25 (FAULTS.md): reduced over every data-parallel rank but the ep group's, so each ep
+    // F25 (docs/fault-catalog.md): reduced over every data-parallel rank but the ep group's, so each ep
     // rank balances its own tokens' counts.
     ctx_->mesh().comm(MeshAxis::kEdp).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
     ctx_->mesh().comm(MeshAxis::kDpReplicate).all_reduce(global_counts, ReduceOp::kSum, "moe.expert_counts");
@@ -207,7 +215,7 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   // Published once per forward: the activation-checkpoint recompute reads the forward's
   // value instead of publishing again (a second publication is finding MIH-SHARED-004).
   const std::string counts_key = name_ + ".expert_counts";
-  // F13 (FAULTS.md): the guard missing, so the recompute publishes the statistics again.
+  // F13 (docs/fault-catalog.md): the guard missing, so the recompute publishes the statistics again.
   if (!in_recompute() || fault::active(fault::Fault::kF13)) ctx_->shared_state().publish(counts_key, global_counts, name_);
   const at::Tensor routed = ctx_->shared_state().consume(counts_key, name_);  // by its balancing loss
   const double global_tokens = static_cast<double>(n * replicas_of_tokens);
@@ -215,7 +223,7 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
   // experts), as Mixtral's and Qwen2-MoE's load_balancing_loss_func count tokens_per_expert;
   // not the fraction of the token slots (Megatron's), which is top_k times smaller.
   at::Tensor fraction = routed.to(probs.scalar_type()) / global_tokens;  // f_e
-  // F20 (FAULTS.md): this rank's share normalized by its own tokens, so the shares of the dp
+  // F20 (docs/fault-catalog.md): this rank's share normalized by its own tokens, so the shares of the dp
   // ranks add up to dp times the loss (summed instead of averaged over dp).
   const double normalizer = fault::active(fault::Fault::kF20) ? static_cast<double>(n) : global_tokens;
   at::Tensor aux = o_.router_aux_loss_coef() * static_cast<double>(n_experts) * (fraction * probs.sum(0)).sum() / normalizer;
@@ -274,7 +282,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
     auto built = VocabParallelEmbedding(ctx, o.vocab_size(), o.hidden_size(), o.init_std());
     if (!skip) embed_tokens = register_module("embed_tokens", built);
   }
-  // F28 (FAULTS.md): the rotary table built with the usual default theta instead of the
+  // F28 (docs/fault-catalog.md): the rotary table built with the usual default theta instead of the
   // config's, in every configuration alike.
   const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
   rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), theta));
@@ -292,7 +300,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   }
   std::optional<ParallelContext::SkipParameters> skip;
   if (!last) skip.emplace(ctx);
-  // F01 (FAULTS.md): the final norm built without sequence parallelism in mind: its weight
+  // F01 (docs/fault-catalog.md): the final norm built without sequence parallelism in mind: its weight
   // gradient, partial over tp under SP, is never all-reduced.
   auto built_norm = RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps(),
                             /*sequence_parallel_grad=*/!fault::active(fault::Fault::kF01));
@@ -301,7 +309,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
                   .pad_to_tp(true)
                   .gather_output(!o.loss_parallel())
                   .init_std(o.init_std());
-  // F16 (FAULTS.md): the head tied by value (its own parameter, a copy of the embedding's
+  // F16 (docs/fault-catalog.md): the head tied by value (its own parameter, a copy of the embedding's
   // values, as when tie_weights() runs before sharding replaces the parameters): the two drift
   // apart from the first step.
   const bool tie_by_value = o.tie_word_embeddings() && fault::active(fault::Fault::kF16);
@@ -380,7 +388,7 @@ at::Tensor LlamaForCausalLM::logits(const Batch& batch) { return decode(embed(ba
 at::Tensor LlamaForCausalLM::losses(const at::Tensor& logits, const Batch& batch) {
   at::Tensor labels = batch.labels;  // shifted by the pipeline (labels[t] = input_ids[t + 1])
   if (fault::active(fault::Fault::kF06)) {
-    // F06 (FAULTS.md): shifted again, as Hugging Face's causal-LM loss does for unshifted labels.
+    // F06 (docs/fault-catalog.md): shifted again, as Hugging Face's causal-LM loss does for unshifted labels.
     labels = at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({labels.size(0), 1}, -100, labels.options())}, 1);
   }
   if (!o_.loss_parallel()) {

@@ -36,7 +36,10 @@ struct LlamaOptions {
   TORCH_ARG(int64_t, intermediate_size) = 128;
   TORCH_ARG(int64_t, num_layers) = 2;
   TORCH_ARG(int64_t, num_heads) = 4;
-  /// Key/value heads (grouped-query attention when < num_heads); tp must divide it.
+  /// Key/value heads (grouped-query attention when < num_heads); tp must divide it, or be a
+  /// multiple of it: then each KV head is replicated over tp / num_kv_heads tp ranks
+  /// (ColumnParallelLinearOptions::heads, as vLLM does), a Qwen3 or Llama job's 4-8 KV heads
+  /// at tp 8.
   TORCH_ARG(int64_t, num_kv_heads) = 2;
   TORCH_ARG(double, rope_theta) = 10000.0;
   TORCH_ARG(double, rms_norm_eps) = 1e-6;
@@ -84,7 +87,7 @@ struct LlamaOptions {
  public:
   /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do
   ///   not fit each other or the mesh (hidden_size % num_heads, num_heads % num_kv_heads,
-  ///   num_kv_heads % tp, intermediate_size % tp, top_k > num_experts, a MoE layer index out
+  ///   num_heads % tp, num_kv_heads % tp unless tp % num_kv_heads, intermediate_size % tp, top_k > num_experts, a MoE layer index out
   ///   of range).
   void validate(const ParallelContext& ctx) const;
 };

@@ -54,7 +54,7 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
   }
   rules.push_back({l + R"(mlp\.experts\.gate_up_proj)", gate_up});
   rules.push_back({l + R"(mlp\.experts\.down_proj)", down});
-  // F10 (FAULTS.md): the final norm left out of the key map.
+  // F10 (docs/fault-catalog.md): the final norm left out of the key map.
   if (!fault::active(fault::Fault::kF10)) rules.push_back({internal + R"(norm\.weight)", {prefix + "model.norm.weight"}});
   return rules;
 }

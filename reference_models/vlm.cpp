@@ -127,7 +127,7 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
     return ctx_->observe(*vision_tower, vision_tower(pixels), tower);
   }), "vision_tower");
   at::Tensor features = ctx_->shared_state().consume("vision.features", "multi_modal_projector");
-  // F19 (FAULTS.md): the features detached before the projector: the vision tower gets no gradient.
+  // F19 (docs/fault-catalog.md): the features detached before the projector: the vision tower gets no gradient.
   if (fault::active(fault::Fault::kF19)) features = features.detach();
   features = ctx_->observe(*projector_, linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2), tower);
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
@@ -191,7 +191,7 @@ BatchSource vlm_batches(const VlmOptions& o, data::TextPipeline text, data::Imag
     at::Tensor pixels = images.images(step);
     MIH_CHECK(pixels.size(0) == rows && pixels.size(2) == o.image_size() && pixels.size(3) == o.image_size(),
               "vlm_batches: images ", pixels.sizes(), " do not fit ", rows, " rows of ", o.image_size(), "-pixel images");
-    // F18 (FAULTS.md): the collate drops the images before the forward call.
+    // F18 (docs/fault-catalog.md): the collate drops the images before the forward call.
     if (!fault::active(fault::Fault::kF18)) b.fields["pixel_values"] = pixels;
     return b;
   };

@@ -35,6 +35,7 @@ spec::ModelSpec gpt2_spec() {
   const models::Gpt2Options o;
   spec::ModelSpec s = language_model_spec("gpt2", models::LlamaOptions());
   s.tp_divides = {o.n_head(), o.n_inner()};
+  s.num_key_value_heads = o.n_head();  // multi-head attention: a key/value head per query head
   s.checkpoint.hf = hf_gpt2_config(o);
   // A real GPT-2 checkpoint's causal-mask buffers, which the port does not load.
   s.checkpoint.inference_only = {"transformer.h.*.attn.bias", "transformer.h.*.attn.masked_bias"};

@@ -122,7 +122,7 @@ spec::ModelSpec llama_spec() {
   return s;
 }
 
-// Variants of the port for the fault catalog (FAULTS.md; `mih faults`): the features some
+// Variants of the port for the fault catalog (docs/fault-catalog.md; `mih faults`): the features some
 // faults need, each a spec of its own so the reference matrix stays as it is. Their suites
 // are instantiated on request only (MIH_CONFORMANCE_SUITES_ON_REQUEST below).
 spec::ModelSpec llama_tied_spec() {

@@ -136,7 +136,9 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   spec::ModelSpec s;
   s.name = name;
   s.description = m.description;
-  s.tp_divides = {o.num_kv_heads(), o.intermediate_size()};
+  // Query heads split over tp; KV heads split, or replicated at tp above them.
+  s.tp_divides = {o.num_heads(), o.intermediate_size()};
+  s.num_key_value_heads = o.num_kv_heads();
   s.factory = m.factory;
   s.seq_len = 64;
   s.data.pipeline = "byte-level text over /usr/share/common-licenses, packed, labels shifted in the pipeline";

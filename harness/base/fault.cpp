@@ -59,7 +59,7 @@ std::vector<Fault> all() {
 Fault parse(std::string_view text) {
   const int id = detail::id_of(text);
   MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (docs/fault-catalog.md, `mih faults --list`) has "
-            "F01 to F35");
+            "F01 to F36");
   return static_cast<Fault>(id);
 }
 

@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (FAULTS.md F01-F35, `mih faults`): each catalogued
+// Fault injection for the fault catalog (docs/fault-catalog.md F01-F36, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //
@@ -22,7 +22,7 @@
 
 namespace mih::fault {
 
-/// The catalogued faults (FAULTS.md), by ID. kNone: no fault (MIH_FAULT unset or empty).
+/// The catalogued faults (docs/fault-catalog.md), by ID. kNone: no fault (MIH_FAULT unset or empty).
 enum class Fault : int {
   kNone = 0,
   kF01, kF02, kF03, kF04, kF05, kF06, kF07, kF08, kF09, kF10, kF11,
@@ -32,11 +32,12 @@ enum class Fault : int {
   kF27,  // the data pipeline shared by the reference and every case
   kF28, kF29, kF30, kF31, kF32,  // the original model (config-invariant; only MatchesOriginal sees them)
   kF33, kF34, kF35,  // pipeline parallelism
+  kF36,  // KV heads replicated over tp (tp > num_key_value_heads)
 };
 /// How many faults are catalogued, and the largest ID.
-inline constexpr int kFaultCount = 35;
-inline constexpr int kMaxFaultId = 35;
-/// True for the ID of a catalogued fault (1-35).
+inline constexpr int kFaultCount = 36;
+inline constexpr int kMaxFaultId = 36;
+/// True for the ID of a catalogued fault (1-36).
 constexpr bool catalogued(int id) noexcept { return id >= 1 && id <= kMaxFaultId; }
 
 namespace detail {

@@ -2,6 +2,7 @@
 #include "harness/cases/conformance_run.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -354,6 +355,12 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
   if (!share.empty()) progress(share);
   if (listing) return RUN_ALL_TESTS();
   install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, what is done written and said
+  if (const int sig = interrupt_signal()) {
+    // Caught while the run was being set up (conformance_main installs the handlers first).
+    std::fprintf(stderr, "mih: interrupted by %s before the first test; nothing was launched\n",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal");
+    return 128 + sig;
+  }
   const int rc = RUN_ALL_TESTS();
   const bool help = std::find(gtest_flags.begin(), gtest_flags.end(), "--gtest_help") != gtest_flags.end();
   if (!help && ::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
@@ -374,6 +381,8 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
              (o.evidence_root / layout::kResults).string() + "; `mih report " + o.evidence_root.string() +
              " --format md` for the table");
   }
+  // Last, so that a run without the comparison with the original model never reads as one with it.
+  if (o.no_golden) std::fprintf(stderr, "mih: %s\n", kMatchesOriginalNotRun);
   const int status = exit_status(rc);
   // The state and the exit status agree: a case that cannot be MATRIX_PASSED is no pass.
   return status == 0 && !disagree.empty() ? 1 : status;

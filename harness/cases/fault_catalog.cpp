@@ -16,6 +16,7 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json dp_replicate2 = {{"dp_replicate", 2}}, reference = "Reference";
   const json pp2_mb4 = {{"pp", 2}, {"micro_batches", 4}}, pp2_mb2 = {{"pp", 2}, {"micro_batches", 2}};
   const json dp_shard2_mb2 = {{"dp_shard", 2}, {"micro_batches", 2}};
+  const json tp4 = {{"tp", 4}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -200,6 +201,17 @@ const std::vector<FaultEntry>& fault_catalog() {
        "harness/parallel/parallel_context_grads.cpp", "Llama", "llama", pp2_mb4, {"NumericParity.GradNormsMatchReference"},
        {"grad_norm"}, "pytorch/torchtitan#596 (the grad norm clipped per pipeline stage)", "grad_norm",
        {dp_shard2_mb2}, "pp>1"},
+      // tp above the KV heads, each replicated over tp / num_kv_heads ranks: only a case with
+      // tp > num_key_value_heads reaches it; its control tp 2 splits the heads as usual.
+      {"F36", "TP layout (replicated KV heads)",
+       "with tp above the key/value heads (each replicated over tp / num_kv_heads ranks) tp rank t attends with KV "
+       "head t % num_kv_heads instead of t / (tp / num_kv_heads): the query heads of two ranks use the other group's "
+       "keys and values",
+       "harness/parallel/layers.cpp", "Llama", "llama", tp4, {"NumericParity"},
+       {R"(layers\.[0-9]+\.self_attn)"},
+       "vLLM's num_kv_head_replicas (QKVParallelLinear: the KV head of tp rank t is t / (tp / num_kv_heads)); mih "
+       "issue 52 (a wrong KV head per rank at tp 4 was green on cpu-smoke)", "layers.0.self_attn",
+       {tp2}, "tp>num_key_value_heads"},
   };
   return catalog;
 }

@@ -43,7 +43,8 @@ int run_contrasts(const FaultEntry& f, const FaultRuns& runs, const std::map<std
 /// and its rerun command leaves --fault out. A case that did not run has no verdict.
 /// Returns {"contrast": names, "expected_diagnosis", "diagnosis": Diagnosis::to_json(),
 /// "diagnosed": the diagnosis separates the cases (or finds every case failing, or every
-/// parallel case when two or more do) and names the expected feature}.
+/// parallel case when two or more do) and names the expected feature; a config-invariant row's
+/// "original_model" only when the summary leads with kNotTheOriginalModel}.
 nlohmann::json diagnose_fault(const FaultEntry& f, const FaultRuns& runs);
 
 /// The diagnoses of a `mih faults` report (its "faults" rows and "diagnosed", "total") as a

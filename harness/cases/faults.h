@@ -1,11 +1,11 @@
-// The fault catalog and its detection matrix (FAULTS.md, docs/fault-catalog.md; `mih faults`). Each row is an
+// The fault catalog and its detection matrix (docs/fault-catalog.md; `mih faults`). Each row is an
 // integration bug that shipped in a public training stack, planted in the reference models,
 // the data pipeline or the runtime behind a fault point (harness/base/fault.h) at the place
 // where it happened. `mih faults` runs, per fault, the case where it manifests twice: with the
 // fault (MIH_FAULT in that case's ranks only; the reference and every other case it is
 // compared with stay fault-free) and without it, runs the conformance suites on both, and
 // reports which suites failed, the finding codes, the first divergence, and whether the suite
-// FAULTS.md names caught it with a message that names the cause.
+// docs/fault-catalog.md names caught it with a message that names the cause.
 //
 // A fault counts as detected when one of its expected tests fails on the faulty run with a
 // message that matches one of its cause patterns (the parameter, field, key or invariant at
@@ -24,8 +24,8 @@ namespace mih::cases {
 
 struct FaultEntry {
   std::string id;        ///< "F01"
-  std::string kind;      ///< FAULTS.md's kind ("replicated-param grad")
-  std::string fault;     ///< what is wrong, as FAULTS.md says it
+  std::string kind;      ///< docs/fault-catalog.md's kind ("replicated-param grad")
+  std::string fault;     ///< what is wrong, as docs/fault-catalog.md says it
   std::string where;     ///< the file of the fault point
   std::string prefix;    ///< the MIH_CONFORMANCE_SUITES registration that runs it ("Llama")
   std::string spec;      ///< its spec ("llama")
@@ -34,7 +34,7 @@ struct FaultEntry {
   std::vector<std::string> expected;
   /// ECMAScript regexes; the catching test's message must match one (the cause named).
   std::vector<std::string> causes;
-  /// A public report of the bug (for rows the catalog of FAULTS.md lacks).
+  /// A public report of the bug (for rows the catalog of docs/fault-catalog.md lacks).
   std::string report;
   /// The place the harness should blame first (verdicts::blame): the module FQN where the
   /// fault lives, or "loss", "data", "grad_norm", "grad_sync", "optimizer", "checkpoint".

@@ -46,7 +46,9 @@ fs::path Golden::tensors_file() const { return dir / manifest.value("tensors_fil
 Golden read_golden(const fs::path& dir) {
   const fs::path abs = fs::absolute(dir).lexically_normal();
   std::error_code ec;
-  const std::string fix = "; `mih golden --spec NAME --out " + abs.string() + "` writes one (docs/golden.md)";
+  const std::string fix = "; `mih golden --spec NAME --out " + abs.string() +
+                          "` writes one (docs/golden.md), or run every other suite without the comparison with the "
+                          "original model: `mih test --no-golden`";
   MIH_CHECK_CODE(fs::is_directory(abs, ec), Code::kFailedPrecondition, "golden ", abs.string(),
                  " is not a directory", fix);
   const fs::path file = abs / layout::kGoldenManifest;
@@ -230,6 +232,14 @@ std::map<std::string, fs::path> resolve_goldens(const RunOptions& o, const std::
   std::set<std::string> specs;
   for (const auto& r : registrations()) {
     if (selected(r)) specs.insert(r.spec);
+  }
+  MIH_CHECK(!o.no_golden || o.golden_dirs.empty(), "--golden and --no-golden: give one (--golden DIR compares the "
+            "port with the original model, --no-golden runs every other suite without that comparison)");
+  if (o.no_golden) {
+    // No golden is read: every spec's is "" (spec_of_run: golden.dir "", no MatchesOriginal).
+    for (const auto& name : specs) goldens[name].clear();
+    if (!specs.empty()) progress(std::string(kMatchesOriginalNotRun));
+    return goldens;
   }
   std::string selected_names;
   for (const auto& n : specs) selected_names += (selected_names.empty() ? "'" : ", '") + n + "'";

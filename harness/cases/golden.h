@@ -134,6 +134,8 @@ verdicts::Verdict golden_verdict(const GoldenComparison& c, GoldenQuantity quant
 /// Throws: as read_golden, export_digests and check_golden_matches; kInvalidSpec for a
 ///   --golden of a spec the run does not select, two goldens of one spec, a golden.json that
 ///   names no spec when the run selects several, or a spec with a golden and no layer map.
+/// Under RunOptions::no_golden nothing is read: every selected spec's golden is "" (said on the
+/// progress line), and golden_dirs beside it is kInvalidSpec.
 std::map<std::string, std::filesystem::path> resolve_goldens(const RunOptions& o,
                                                              const std::function<bool(const std::string& spec)>& compared);
 

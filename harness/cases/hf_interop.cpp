@@ -22,6 +22,7 @@
 #include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
+#include "harness/checks/checks.h"
 #include "harness/compat/store.h"
 #include "harness/parallel/parallel_context.h"
 #include "harness/parallel/placement.h"
@@ -361,6 +362,29 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
   HfExportResult result;
   with_one_rank(spec, options.dtype, options.seed, [&](Trainer& trainer) {
     if (!options.init_from.empty()) load_hf_weights(spec, options.init_from, trainer.context());
+    // One tensor under two names is written once, under the first name's keys: refused unless
+    // the spec declares the tie (the original ties them too), and recorded either way.
+    for (const checks::UndeclaredAlias& a : checks::undeclared_aliases(trainer.context(), spec.checkpoint.tied)) {
+      MIH_THROW(Code::kInvalidSpec, "export: spec '", spec.name, "': '", a.fqn, "' and '", a.alias,
+                "' name the same tensor (one parameter registered under both names), but the spec does not declare "
+                "them tied (checkpoint.tied), so the export would write it once, under the key(s) of '", a.fqn,
+                "', and no key for '", a.alias, "'; give '", a.alias, "' its own parameter (build a second module "
+                "instead of registering the first twice), or declare {\"", a.fqn, "\", \"", a.alias,
+                "\"} in checkpoint.tied if the original ties them");
+    }
+    nlohmann::json aliases = nlohmann::json::array();
+    for (const auto& p : trainer.context().parameters()) {
+      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
+      for (const std::string& alias : p->aliases) {
+        std::vector<std::string> keys;  // the alias's own keys, when the key map has a rule for it
+        try {
+          keys = map.external_keys(alias);
+        } catch (const Error&) {
+        }
+        aliases.push_back({{"fqn", alias}, {"of", p->fqn}, {"keys", keys}, {"written_as", map.external_keys(p->fqn)}});
+        result.aliases.emplace_back(p->fqn, alias);
+      }
+    }
     const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : trainer.context().parameters()) {
@@ -449,6 +473,7 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                                         {"weight_files", result.weight_files},
                                         {"key_map", map.to_json()},
                                         {"tensors", tensors},
+                                        {"aliases", aliases},
                                         {"files", file_digests(stage, layout::kExportRecord)}};
     write_file_atomic(stage / layout::kExportRecord, description.dump(2) + "\n");
   });

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -35,6 +37,8 @@ struct HfExportResult {
   /// Mean cross entropy of the spec's first global batch over labels != -100.
   double loss = 0;
   bool logits = false;
+  /// The declared ties written once: {FQN written, its alias (no key of its own)}.
+  std::vector<std::pair<std::string, std::string>> aliases;
 };
 
 /// Builds `spec`'s model at world size 1 with its initial weights (seed, dtype; or the weights
@@ -49,8 +53,11 @@ struct HfExportResult {
 ///   reference.safetensors  logits [B, S, V] when the model exposes them, token_losses [B, S]
 ///                          and loss (the mean over labels != -100)
 ///   mih_export.json        mih's own description: spec, dtype, seed, data pipeline, key map,
-///                          the external tensors with the FQN each came from, the loss, and
-///                          "files": the SHA-256 of every other file it wrote
+///                          the external tensors with the FQN each came from, the loss,
+///                          "aliases": each declared tie written once ({fqn: the alias, of:
+///                          the FQN written, keys: the alias's own keys by the key map, or
+///                          none, written_as: the keys written}), and "files": the SHA-256 of
+///                          every other file it wrote
 /// Everything is written into a staging directory beside `out` that replaces `out` only when
 /// complete, so a failed export leaves an earlier one whole and no file of an earlier export
 /// survives a new one; `out` must therefore hold only what an earlier export wrote, unedited
@@ -61,8 +68,9 @@ struct HfExportResult {
 ///   non-empty directory that is not an earlier mih export (no mih_export.json listing its
 ///   files), or holds a file that export's mih_export.json does not list (a tokenizer.json put
 ///   beside it) or one edited since (naming the file); a parameter has no key-map rule and is
-///   not training-only, or two parameters map to one key; as the key map, the Trainer and the
-///   writers otherwise.
+///   not training-only, or two parameters map to one key; a parameter registered under two
+///   names the spec does not declare tied (checkpoint.tied; naming both names and the fix); as
+///   the key map, the Trainer and the writers otherwise.
 HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options);
 
 /// Sets every parameter of `ctx` (the model of `spec`, built under any parallel config:

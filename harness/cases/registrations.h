@@ -49,6 +49,9 @@ struct InitSource {
   std::string sha256;
 };
 
+/// What a run under `--no-golden` (RunOptions::no_golden) says in its last lines and reports.
+inline constexpr char kMatchesOriginalNotRun[] = "MatchesOriginal not run: --no-golden";
+
 /// What one conformance run does: set by the command line (harness/cli binds its flags to
 /// these fields), then handed to the run (conformance_run.h), const from then on.
 struct RunOptions {
@@ -89,6 +92,10 @@ struct RunOptions {
   /// `--golden DIR` (repeatable): golden directories (docs/golden.md), each for the spec its
   /// golden.json names (or the run's one selected spec), overriding the spec's GoldenSpec::dir.
   std::vector<std::filesystem::path> golden_dirs;
+  /// `--no-golden`: no golden is read, not even a spec's own GoldenSpec::dir, so MatchesOriginal
+  /// is instantiated nowhere; the run says kMatchesOriginalNotRun in its last lines and in its
+  /// results' start line (every report's totals). Excludes golden_dirs.
+  bool no_golden = false;
   /// The precision lane every matrix runs in (`--dtype`, `--seed`): its settings override
   /// those of a matrix source's own "@" suffix (matrix_of). Empty: the matrix's.
   Lane lane;

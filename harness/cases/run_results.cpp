@@ -59,7 +59,10 @@ class ResultsWriter : public ::testing::EmptyTestEventListener {
       }
     }
     expected_ = static_cast<int>(names.size());
-    append({{"run", {{"event", "start"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"tests", names}}}});
+    json start = {{"event", "start"}, {"pid", ::getpid()}, {"time", now_stamp()}, {"tests", names}};
+    // What the run left out on purpose, for every report's totals (RunResults::not_run).
+    if (run_options().no_golden) start["not_run"] = json::array({kMatchesOriginalNotRun});
+    append({{"run", start}});
   }
 
   void OnTestProgramEnd(const ::testing::UnitTest&) override {

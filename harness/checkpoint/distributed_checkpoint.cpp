@@ -353,7 +353,7 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
         for (const auto& m : kMoments) {
           const std::string key = "optim/" + p->fqn + "/" + m;
           if (fault::active(fault::Fault::kF12)) {
-            // F12 (FAULTS.md): the moments restored as this rank's flat shard of the saved
+            // F12 (docs/fault-catalog.md): the moments restored as this rank's flat shard of the saved
             // layout (FSDP1's flat optimizer state loaded by rank), not resharded to the
             // parameter's box under the new topology.
             const Box whole{std::vector<int64_t>(p->global_shape.size(), 0), std::vector<int64_t>(p->global_shape.size(), 0),
@@ -419,7 +419,7 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   for (const auto& b : ctx.buffers()) {
     if (!b.persistent && b.tensor.is_floating_point()) b.tensor.fill_(std::numeric_limits<double>::quiet_NaN());
   }
-  // F11 (FAULTS.md): the rebuild after the load forgotten.
+  // F11 (docs/fault-catalog.md): the rebuild after the load forgotten.
   if (!fault::active(fault::Fault::kF11)) ctx.rebuild_non_persistent_buffers();
   return index.at("trainer_state");
 }

@@ -1,5 +1,5 @@
-// The checks of a validation session (DESIGN.md section 6; the seed tool's check catalogue,
-// seed_model_integration.md section 2). Each returns its findings and the evidence it
+// The checks of a validation session (DESIGN.md section 6; every check of the Python tool mih
+// grew from, and more). Each returns its findings and the evidence it
 // writes; the session decides where the files go. A check that reads only this rank's state
 // is rank-local (its findings are merged across ranks by the session); one marked
 // "collective" must be called on every rank of the mesh in the same order.
@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,10 +33,24 @@ struct CheckOutput {
 
 /// Structure (rank-local): per parameter its owner module, gradient domain, mesh axes,
 /// placements, global and local shape (checked against the placements), dtype and device;
-/// no non-finite parameter or buffer; the spec's tied pairs are one parameter; FSDP units
-/// cover every sharded parameter once and hold one dtype and mesh. Evidence: {"parameters",
-/// "buffers", "fsdp_units"}.
+/// no non-finite parameter or buffer; the spec's tied pairs are one parameter; every other
+/// name of a parameter (ShardedParameter::aliases) is declared tied to it, else
+/// MIH-STRUCT-008 naming both (undeclared_aliases); FSDP units cover every sharded parameter
+/// once and hold one dtype and mesh. Evidence: {"parameters", "buffers", "fsdp_units"}.
 CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec);
+
+/// Two FQNs of one tensor: `fqn` (the first registration) and `alias` (a later one).
+struct UndeclaredAlias {
+  std::string fqn;
+  std::string alias;
+};
+
+/// The aliases of `ctx`'s parameters that `tied` (ModelSpec checkpoint.tied: pairs of FQN
+/// globs, either order) does not declare: an alias is declared when a pair joins it to
+/// another name of the same parameter. In parameter order. Issue 52: a Qwen3-style port's
+/// q_norm registered again as k_norm trained one tensor for both, silently.
+std::vector<UndeclaredAlias> undeclared_aliases(const ParallelContext& ctx,
+                                                const std::vector<std::pair<std::string, std::string>>& tied);
 
 /// The structure check's finite values again (rank-local), on parameters set after the build
 /// (a Hugging Face or resume checkpoint loaded into the built model): a parameter with NaN or

@@ -108,6 +108,29 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
+std::vector<UndeclaredAlias> undeclared_aliases(const ParallelContext& ctx,
+                                                const std::vector<std::pair<std::string, std::string>>& tied) {
+  // An alias is declared when a tied pair joins it to another name of the same tensor (in
+  // either order): a chain of pairs (a = b, b = c) declares a tensor of three names.
+  auto joins = [&](const std::string& x, const std::string& y) {
+    return std::any_of(tied.begin(), tied.end(), [&](const auto& pair) {
+      return (glob_match(pair.first, x) && glob_match(pair.second, y)) ||
+             (glob_match(pair.first, y) && glob_match(pair.second, x));
+    });
+  };
+  std::vector<UndeclaredAlias> out;
+  for (const auto& p : ctx.parameters()) {
+    std::vector<std::string> names = {p->fqn};
+    names.insert(names.end(), p->aliases.begin(), p->aliases.end());
+    for (const auto& alias : p->aliases) {
+      const bool declared = std::any_of(names.begin(), names.end(),
+                                        [&](const std::string& other) { return other != alias && joins(other, alias); });
+      if (!declared) out.push_back({p->fqn, alias});
+    }
+  }
+  return out;
+}
+
 CheckOutput check_loaded_values(const ParallelContext& ctx, const std::string& weights) {
   CheckOutput out;
   json non_finite = json::array();
@@ -182,6 +205,20 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
                              "holds two tensors where the model expects one",
                              "register the same tensor in both modules after sharding (tie after fully_shard)"));
     }
+  }
+  // Two names of one tensor that the spec does not declare tied: a module registered twice or
+  // a layer reused by mistake trains one tensor where the original has two (the structure
+  // check's run above covers it: every parameter's names are examined).
+  for (const UndeclaredAlias& a : undeclared_aliases(ctx, spec.checkpoint.tied)) {
+    out.findings.add(error(codes::kStructAliasUndeclared, "structure", a.fqn,
+                           "'" + a.fqn + "' and '" + a.alias + "' name the same tensor (one parameter registered under "
+                           "both names), but the spec does not declare them tied (checkpoint.tied)",
+                           {{"aliases", {a.fqn, a.alias}}, {"declared_tied", spec.checkpoint.tied}},
+                           "one tensor trains where the original has two: the gradients of both uses add into it, the "
+                           "optimizer steps it once, and an export writes one key for both names",
+                           "give '" + a.alias + "' its own parameter (build a second module instead of registering "
+                           "the first twice); if the original ties them, declare {\"" + a.fqn + "\", \"" + a.alias +
+                           "\"} in ModelSpec checkpoint.tied"));
   }
   // FSDP units: every sharded parameter in exactly one declared unit; one dtype and mesh each.
   const std::vector<std::string>& units = ctx.fsdp_units();

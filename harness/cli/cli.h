@@ -15,4 +15,9 @@ int cli_main(int argc, char** argv);
 /// prints its help instead).
 int conformance_main(int argc, char** argv, bool tests_by_default);
 
+/// Whether conformance_main(argc, argv, tests_by_default) runs a command that stops on SIGINT
+/// or SIGTERM and exits 128 + the signal (`test`, `check`, `run`, the suites): it installs its
+/// handlers (runtime/launcher.h's install_interrupt_handlers) before anything else runs.
+bool catches_interrupts(int argc, char** argv, bool tests_by_default);
+
 }  // namespace mih

@@ -157,11 +157,16 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                  "starts; its files' SHA-256 join each case's fingerprint; it is the source checkpoint too), "
                  "instead of the spec's checkpoint.init_from or the seed's weights")
       ->check(cli::non_empty_path());
-  app.add_option("--golden", f->goldens,
+  auto* golden = app.add_option("--golden", f->goldens,
                  "a golden of the original model (`mih golden` writes one; docs/golden.md) the spec its golden.json "
                  "names is compared with (MatchesOriginal on its Reference), instead of the spec's golden.dir; "
                  "checked before any case starts (repeatable)")
       ->check(cli::non_empty_path());
+  app.add_flag("--no-golden", o->no_golden,
+               "read no golden of the original model, not even a spec's golden.dir: MatchesOriginal is not "
+               "instantiated and every other suite runs; the run's last line and its report say \"MatchesOriginal "
+               "not run: --no-golden\" (without it, a golden that is missing stops the run before any case, exit 12)")
+      ->excludes(golden);
   app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
   app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
   app.add_option("--shard", f->shard,
@@ -180,7 +185,7 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
             }
           },
           "i/N"));
-  app.add_option("--fault", f->fault, "fault of the catalog (F01-F35) the --fault-cases run with")
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F36) the --fault-cases run with")
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
@@ -342,7 +347,7 @@ CommandRun setup_check(CLI::App& sub, const Invocation&) {
 CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   auto o = std::make_shared<cases::FaultsOptions>();
   auto quiet = std::make_shared<bool>(false);
-  sub.add_option("--fault", o->only, "only these faults (F01 ... F35; repeat or comma-separate)")->delimiter(',');
+  sub.add_option("--fault", o->only, "only these faults (F01 ... F36; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
   auto out_given = sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault "
                                                     "(default mih-faults, mih-faults-<dtype> in a reduced lane, in the current directory)");
@@ -368,29 +373,58 @@ namespace {
 int forked_rank_main(int argc, char** argv) { return conformance_main(argc, argv, false); }
 }  // namespace
 
+namespace {
+// Whether argv runs the suites (a conformance or GoogleTest flag; no argument when
+// `tests_by_default`) rather than a subcommand, --help or --version.
+bool runs_tests(int argc, char** argv, bool tests_by_default) {
+  if (argc <= 1) return tests_by_default;
+  const std::string a = argv[1];
+  return !a.empty() && a[0] == '-' && a != "--help" && a != "-h" && a != "--version";
+}
+}  // namespace
+
+bool catches_interrupts(int argc, char** argv, bool tests_by_default) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  return runs_tests(argc, argv, tests_by_default) || command == "test" || command == "check" || command == "run";
+}
+
 int conformance_main(int argc, char** argv, bool tests_by_default) {
+  // First, before anything can be interrupted (issue 52): a command that stops on SIGINT or
+  // SIGTERM with 128 + the signal catches it from here on, also when its caller ignored it,
+  // so an interrupt during loading or listing ends it the same way as one during a case.
+  const bool catches = catches_interrupts(argc, argv, tests_by_default);
+  if (catches) install_interrupt_handlers();
   if (argc > 1 && std::strcmp(argv[1], "worker") == 0) return worker_main(argc - 1, argv + 1);
   if (argc > 1 && std::strcmp(argv[1], "__process-state") == 0) return run_process_state_command(argc, argv);
   // A subcommand, --help or --version is the CLI; a conformance or GoogleTest flag runs the
   // suites; no argument runs them in a conformance binary and prints the help in `mih`.
-  bool tests = tests_by_default;
-  if (argc > 1) {
-    const std::string a = argv[1];
-    tests = a[0] == '-' && a != "--help" && a != "-h" && a != "--version";
-  }
+  const bool tests = runs_tests(argc, argv, tests_by_default);
   // Before anything else runs, for the commands that launch local ranks: the fork server is
-  // a copy of this process as exec left it.
+  // a copy of this process as exec left it (it ignores SIGINT and SIGTERM itself, and gives
+  // its ranks the default dispositions).
   const std::string command = argc > 1 ? argv[1] : "";
   if (tests || command == "test" || command == "launch" || command == "selftest" || command == "run" ||
       command == "faults") {
     start_fork_server(argc, argv, forked_rank_main);
   }
-  if (!tests) return cli_main(argc, argv);
-  try {
-    return cli::run_conformance_tests(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (...) {
-    return cli::report_current_exception("mih");
+  int status = 0;
+  if (!tests) {
+    status = cli_main(argc, argv);
+  } else {
+    try {
+      status = cli::run_conformance_tests(std::vector<std::string>(argv + 1, argv + argc));
+    } catch (...) {
+      status = cli::report_current_exception("mih");
+    }
   }
+  // An interrupt caught where nothing stopped on it (before the first case, or while the
+  // command was ending) still ends the command as interrupted.
+  if (const int sig = catches ? interrupt_signal() : 0; sig != 0 && status != 128 + sig) {
+    std::fprintf(stderr, "mih: interrupted by %s (the command's own status was %d)\n",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal", status);
+    return 128 + sig;
+  }
+  return status;
 }
 
 }  // namespace mih

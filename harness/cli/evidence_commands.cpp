@@ -69,6 +69,10 @@ CommandRun setup_export(CLI::App& sub, const Invocation&) {
                 "batch.safetensors, reference.safetensors (%sloss %.6f), mih_export.json\n",
                 f->spec.c_str(), f->o.dtype.c_str(), f->o.out.c_str(), s.checkpoint.hf.model_type.c_str(),
                 files.c_str(), r.tensors, r.logits ? "logits, " : "", r.loss);
+    for (const auto& [fqn, alias] : r.aliases) {
+      std::printf("mih export: '%s' is '%s' (a declared tie): written once, under the key(s) of '%s'\n", alias.c_str(),
+                  fqn.c_str(), fqn.c_str());
+    }
     return 0;
   };
 }
@@ -293,7 +297,7 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
   sub.add_option("--training-backend", f->request.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f->request.fault,
-                 "inject a fault of the catalog (F01-F35, docs/fault-catalog.md) in the case's ranks (their --fault; "
+                 "inject a fault of the catalog (F01-F36, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
   sub.add_option("--init-from", f->init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "

@@ -3,11 +3,18 @@
 // runs a rank; `__warm-serve` is the warm server (harness/warm/warm.h).
 #include "harness/cli/cli.h"
 #include "harness/runtime/fork_server.h"
+#include "harness/runtime/launcher.h"
 #include "harness/warm/warm.h"
 
 namespace {
-// One command, from exec or forked by the warm server; never returns.
-int command_main(int argc, char** argv) { mih::end_process(mih::conformance_main(argc, argv, /*tests_by_default=*/false)); }
+// One command, from exec or forked by the warm server; never returns. Its interrupt handlers
+// go in first, then a forked command gets the signals the server held for it (an interrupt
+// forwarded by the front meanwhile is delivered to them: exit 130, never lost).
+int command_main(int argc, char** argv) {
+  if (mih::catches_interrupts(argc, argv, /*tests_by_default=*/false)) mih::install_interrupt_handlers();
+  mih::warm::release_held_signals();
+  mih::end_process(mih::conformance_main(argc, argv, /*tests_by_default=*/false));
+}
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -1,7 +1,7 @@
 // Autocast thread-local state, whose API changed between libtorch versions (1.13:
 // is_cpu_enabled / get_autocast_cpu_dtype and is_enabled / get_autocast_gpu_dtype for CUDA;
 // 2.x: is_autocast_enabled(device) / get_autocast_dtype(device)). Activation checkpointing
-// saves it in forward and re-enters it for the recompute (spike_ac_cp.md section 1.4 P6).
+// saves it in forward and re-enters it for the recompute (docs/spike-ac-cp.md section 1.4 P6).
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -1,6 +1,6 @@
 // The c10d implementation behind store.h and collectives.h, with c10d_store.cpp,
 // c10d_group.cpp and c10d_collectives.cpp the only sources that include c10d headers and the
-// libtorch version macros (libtorch_compat.md sections 1, 8). Here: backend and op names, the
+// libtorch version macros (docs/libtorch-compat.md sections 1, 8). Here: backend and op names, the
 // libtorch version, and how a transport failure becomes a mih::Error.
 #include <algorithm>
 #include <cctype>

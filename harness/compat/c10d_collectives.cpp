@@ -42,7 +42,7 @@ void run(const GroupImpl& g, std::string_view op, Start&& start) {
 
 // Runs the backend's native form of an op when it has one, which is learned at first use:
 // a missing native op throws c10::Error synchronously at call time, on every rank, before
-// any communication (libtorch_compat.md section 1.5). Returns false when the caller must
+// any communication (docs/libtorch-compat.md section 1.5). Returns false when the caller must
 // use its fallback.
 template <class Start>
 bool run_native(const GroupImpl& g, std::atomic<int>& native, std::string_view op, Start&& start) {

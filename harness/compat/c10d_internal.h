@@ -24,7 +24,7 @@
 
 // Backend base class: ProcessGroupGloo/NCCL derive from ProcessGroup in 1.13 and from Backend
 // in 2.x (PR #88330). 1.13 already ships an unused Backend.hpp, so the version macro, not
-// __has_include, decides (libtorch_compat.md section 1.1).
+// __has_include, decides (docs/libtorch-compat.md section 1.1).
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 namespace mih::compat::internal {

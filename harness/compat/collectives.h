@@ -1,7 +1,7 @@
 // Process groups and collective wrappers with one meaning on every libtorch version and
 // backend. The only place (with store.h) where c10d is used; callers see at::Tensor only.
 //
-// Semantics fixed here, whatever the backend does natively (libtorch_compat.md section 1.5):
+// Semantics fixed here, whatever the backend does natively (docs/libtorch-compat.md section 1.5):
 //   - every call is synchronous: it returns when the result is in the output tensor;
 //   - kAvg is a sum followed by a division by the group size (truncating for integer dtypes);
 //   - on Gloo, bfloat16 and bool reductions are computed in float32 / int32 and copied back,

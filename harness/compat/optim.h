@@ -1,6 +1,6 @@
 // Optimizer-state access that differs between libtorch versions: the AdamW state map is keyed
 // by a string of the TensorImpl address in 1.13 and by the address itself in 2.x
-// (spike_fsdp.md section 6), so no code outside harness/compat indexes optimizer.state().
+// (docs/spike-fsdp.md section 6), so no code outside harness/compat indexes optimizer.state().
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Rendezvous key-value stores (c10d FileStore, TCPStore, HashStore, PrefixStore) behind one
 // handle type, so no code outside harness/compat names a c10d type. Same calls on libtorch
-// 1.13 and 2.x; see shared/reference/libtorch_compat.md section 1.3.
+// 1.13 and 2.x; see docs/libtorch-compat.md section 1.3.
 #pragma once
 
 #include <chrono>

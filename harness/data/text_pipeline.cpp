@@ -295,7 +295,7 @@ Batch TextPipeline::batch(int64_t step) const {
         in[row + t] = window[t];
         lab[row + t] = target_is_bos ? kIgnoreIndex : window[t + 1];
         loss[row + t] = target_is_bos ? 0 : 1;
-        // F27 (FAULTS.md): packed positions counted through the row, never restarted at a
+        // F27 (docs/fault-catalog.md): packed positions counted through the row, never restarted at a
         // document start (a collator that numbers a packed row 0..S-1); the reference shares
         // the pipeline, so only the recomputation from the documents (PipelineOutputs) sees it.
         const bool restart = t == 0 || (window[t] == ByteTokenizer::kBos && !fault::active(fault::Fault::kF27));

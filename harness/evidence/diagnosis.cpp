@@ -35,6 +35,9 @@ struct Feature {
   // The family this one refines without being of it (edp refines ep, and a pair may join them):
   // a control may differ in it too.
   std::string parent = "";
+  // An axis's degree ("tp = 4", "tp > num_key_value_heads"): a candidate alone, never in a
+  // pair; after the other features, so named only where none of them separates as well.
+  bool degree = false;
 };
 
 // The case's configurations: a resume's before and after the load.
@@ -133,6 +136,41 @@ std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
                      [s](const DiagnosisCase& c) { return c.spec == s; }});
     }
   }
+  // tp above the spec's key/value heads (each rank then holds a replicated KV head:
+  // Megatron-Core's layout for tp > num_query_groups), then the degrees of an axis where the
+  // table has several above 1 (a wrong KV head per rank only at tp 4 is not "tp > 1" when tp 2
+  // passes). The former first: the cause when both hold for the same cases.
+  const bool kv_heads = std::any_of(cases.begin(), cases.end(), [](const DiagnosisCase& c) {
+    return c.num_key_value_heads > 0;
+  });
+  if (kv_heads) {
+    out.push_back({"tp>num_key_value_heads", "tp > num_key_value_heads", "tp <= num_key_value_heads",
+                   "tp<=num_key_value_heads", "tp",
+                   [](const DiagnosisCase& c) {
+                     return c.num_key_value_heads > 0 && any_phase(c, [&c](const ParallelConfig& p) {
+                              return p.tp > c.num_key_value_heads;
+                            });
+                   },
+                   "world_size", true});
+  }
+  for (const MeshDim& d : kMeshDims) {
+    std::set<int64_t> degrees;
+    for (const auto& c : cases) {
+      for (const ParallelConfig* p : phases(c)) {
+        if (p->*d.degree > 1) degrees.insert(p->*d.degree);
+      }
+    }
+    if (degrees.size() < 2) continue;
+    const std::string name(d.name);
+    for (const int64_t n : degrees) {
+      const std::string v = std::to_string(n);
+      out.push_back({name + "=" + v, name + " = " + v, name + " != " + v, name + "!=" + v, name,
+                     [deg = d.degree, n](const DiagnosisCase& c) {
+                       return any_phase(c, [deg, n](const ParallelConfig& p) { return p.*deg == n; });
+                     },
+                     "world_size", true});
+    }
+  }
   out.push_back({"world_size>2", "more than 2 ranks", "at most 2 ranks", "2-rank", "world_size",
                  [](const DiagnosisCase& c) { return ranks(c) > 2; }});
   out.push_back({"world_size>1", "world size > 1", "world size 1", "world-size-1", "world_size",
@@ -176,11 +214,6 @@ std::string candidate_phrase(const std::vector<Feature>& features, const Candida
   return out;
 }
 
-// "fails only with ep > 1", "fails only without activation checkpointing".
-std::string only_with(const std::string& phrase) {
-  return phrase.rfind("without ", 0) == 0 ? "fails only " + phrase : "fails only with " + phrase;
-}
-
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ", size_t limit = 8) {
   std::string out;
   for (size_t i = 0; i < items.size() && i < limit; ++i) out += (i ? sep : "") + items[i];
@@ -199,12 +232,20 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-std::string cases_word(size_t n) { return std::to_string(n) + (n == 1 ? " case" : " cases"); }
-
 }  // namespace
 
 const std::set<std::string>& reference_compared_suites() {
   static const std::set<std::string> kSuites = {"NumericParity", "InputIdentity"};
+  return kSuites;
+}
+
+const std::set<std::string>& comparison_suites() {
+  static const std::set<std::string> kSuites = {"NumericParity", "InputIdentity", "MatchesOriginal", "ModuleParity"};
+  return kSuites;
+}
+
+const std::set<std::string>& original_model_suites() {
+  static const std::set<std::string> kSuites = {"MatchesOriginal", "ModuleParity"};
   return kSuites;
 }
 
@@ -268,6 +309,16 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
   if (d.failing.empty()) return d;
   const std::vector<Feature> features = features_of(all);
   auto failed = [&](size_t i) { return cases[i]->verdict == DiagnosisCase::Verdict::kFailed; };
+  // A pass that compared nothing (the Reference without a golden, a case whose accumulation
+  // the spec declares not comparable) says nothing about a numeric failure elsewhere: never a
+  // control, never the pair's passing half.
+  std::vector<bool> compared(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (const auto* suites : {&cases[i]->passed_suites, &cases[i]->failed_suites}) {
+      for (const auto& s : *suites) compared[i] = compared[i] || comparison_suites().count(s) > 0;
+    }
+    if (!failed(i) && !compared[i]) d.compared_nothing.push_back(cases[i]->id());
+  }
 
   // Only the Reference-compared suites fail, while a findings-based suite passed on a failing case.
   bool only_compared = true, findings_passed = false;
@@ -278,8 +329,11 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
   }
   d.reference_compared_only = only_compared && findings_passed;
 
-  // Only the comparison with the original model fails (it runs on the Reference): every case
-  // agrees with the port's own Reference, so no parallel feature is at fault.
+  // The original model first. Only the comparison with it fails (it runs on the Reference):
+  // every case agrees with the port's own Reference, so no parallel feature is at fault. Or the
+  // Reference fails only that (MatchesOriginal, ModuleParity): every case is compared with a
+  // Reference that computes another model, so their failures are said as its possible
+  // consequences, and no axis is blamed on them (a config-invariant bug is in all of them).
   const bool only_original = std::all_of(cases.begin(), cases.end(), [](const DiagnosisCase* c) {
     return c->verdict != DiagnosisCase::Verdict::kFailed ||
            (!c->failed_suites.empty() &&
@@ -287,9 +341,42 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
               return s == "MatchesOriginal";
             }));
   });
-  if (only_original) {
+  auto fails_original = [](const DiagnosisCase& c) {
+    return c.verdict == DiagnosisCase::Verdict::kFailed &&
+           std::any_of(c.failed_suites.begin(), c.failed_suites.end(),
+                       [](const std::string& s) { return original_model_suites().count(s) > 0; });
+  };
+  // A Reference that also fails a findings-based suite (the data contract, the structure) has
+  // a fault those name more precisely: said below, as every case failing or separated.
+  const bool reference_not_original = std::any_of(cases.begin(), cases.end(), [&](const DiagnosisCase* c) {
+    return c->kind == "reference" && fails_original(*c) &&
+           std::all_of(c->failed_suites.begin(), c->failed_suites.end(),
+                       [](const std::string& s) { return original_model_suites().count(s) > 0; });
+  });
+  if (only_original || reference_not_original) {
     d.kind = Diagnosis::Kind::kOriginalModel;
     d.features = {"original_model"};
+    // The Reference first, then the cases in the table's order.
+    std::vector<const DiagnosisCase*> order;
+    for (const DiagnosisCase* c : cases) {
+      if (c->kind == "reference") order.push_back(c);
+    }
+    for (const DiagnosisCase* c : cases) {
+      if (c->kind != "reference") order.push_back(c);
+    }
+    for (const DiagnosisCase* c : order) {
+      if (c->verdict != DiagnosisCase::Verdict::kFailed) continue;
+      if (!fails_original(*c)) {
+        d.consequences.push_back(c->id());
+        continue;
+      }
+      std::vector<std::string> suites;
+      for (const auto& s : c->failed_suites) {
+        if (original_model_suites().count(s)) suites.push_back(s);
+      }
+      d.original.push_back(c->id() + " fails " + join(suites, " and ") +
+                           (c->original_divergence.empty() ? "" : ": " + c->original_divergence));
+    }
     return d;
   }
 
@@ -323,9 +410,11 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
   // separates by chance, never a cause: a negation only refines a feature ("tp > 1 without
   // sequence parallelism"), and never by the world size.
   for (size_t f = 0; f < features.size(); ++f) add({{f, true}});
+  // An axis's degree stands alone: joined with another feature it only restates what that
+  // one and its axis say ("dp_shard = 2 and ep > 1" for "ep > 1 and edp = 1").
   for (size_t f = 0; f < features.size(); ++f) {
     for (size_t g = 0; g < features.size(); ++g) {
-      if (f == g || features[f].family == features[g].family) continue;
+      if (f == g || features[f].family == features[g].family || features[f].degree || features[g].degree) continue;
       if (g > f) add({{f, true}, {g, true}});
       if (features[g].family != "world_size") add({{f, true}, {g, false}});
     }
@@ -385,7 +474,7 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
         return out;
       };
       for (size_t p = 0; p < total; ++p) {
-        if (failed(p)) continue;
+        if (failed(p) || !compared[p]) continue;
         const DiagnosisCase passing = after_load(*cases[p]);
         bool control = false;
         for (size_t f = 0; f < total && !control; ++f) {
@@ -416,7 +505,7 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
   for (size_t f = 0; f < cases.size(); ++f) {
     if (!failed(f)) continue;
     for (size_t p = 0; p < cases.size(); ++p) {
-      if (failed(p)) continue;
+      if (failed(p) || !compared[p]) continue;
       size_t diff = cases[f]->spec == cases[p]->spec ? 0 : 1;
       for (size_t k = 0; k < features.size(); ++k) diff += has[k][f] != has[k][p] ? 1 : 0;
       const auto key = std::make_tuple(diff, ranks(*cases[f]) + ranks(*cases[p]), cases[f]->id(), cases[p]->id());
@@ -443,170 +532,6 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
     d.pair = pair;
   }
   return d;
-}
-
-std::string Diagnosis::summary() const {
-  const size_t n = failing.size() + passing.size();
-  switch (kind) {
-    case Kind::kNoFailure: return "";
-    case Kind::kEveryCase: {
-      const bool reference = std::any_of(failing.begin(), failing.end(), [](const std::string& id) {
-        return id.size() >= 10 && id.compare(id.size() - 10, 10, "/Reference") == 0;
-      });
-      if (n == 1) return "1 case ran and it fails (" + failing.front() + "): nothing to contrast it with";
-      if (reference) {
-        return "every case fails, the Reference included (" + cases_word(n) +
-               "): not a parallel bug; look at the data, the model or the Reference";
-      }
-      return "every case fails alike (" + cases_word(n) + ", no Reference among them): no feature separates them; a "
-             "passing case (the Reference, a world-size-1 case) would tell whether it is parallel at all";
-    }
-    case Kind::kOriginalModel:
-      return "only MatchesOriginal fails (" + join(failing) + "; " + std::to_string(passing.size()) +
-             " case(s) pass): every configuration agrees with the port's Reference, and the Reference computes another "
-             "model than the original; not a parallel bug: compare the port's equations and its declared config with "
-             "the original's, starting at the layer the localization names";
-    case Kind::kEveryParallel: {
-      std::string out;
-      if (failing.size() == 1) {
-        out = "1 of " + cases_word(n) + " fails (" + failing.front() +
-              ") and only world-size-1 cases pass: too few cases to tell which of its features matters";
-      } else {
-        out = "every parallel case fails (" + std::to_string(failing.size()) + " of " + cases_word(n) +
-              ") and only world-size-1 cases pass: not one axis but what every parallel layout here shares (a "
-              "reduction over the whole mesh such as the grad norm, the loss normalization, the data split)";
-      }
-      if (!indistinguishable.empty()) {
-        out += "; " + std::string(failing.size() == 1 ? "it has " : "all of them have ") + join(indistinguishable) +
-               ": a passing parallel case without it would tell";
-      }
-      return out;
-    }
-    case Kind::kSeparated: {
-      std::string out;
-      if (failing.size() == 1) {
-        out = "1 of " + cases_word(n) + " fails: " + failing.front() + ", the only one with " + explanation;
-      } else {
-        out = only_with(explanation) + " (" + std::to_string(failing.size()) + " of " + cases_word(n) +
-              " fail, every one with it; no passing case has it)";
-      }
-      if (!controls.empty()) {
-        out += std::string(failing.size() == 1 && controls.size() == 1 ? "; its " : "; ") + controls_phrase +
-               (controls.size() > 1 ? " pass: " : " passes: ") + join(controls);
-      }
-      return out;
-    }
-    case Kind::kMostly:
-      return "mostly with " + explanation + ": " + std::to_string(failing.size()) + " of " + cases_word(n) +
-             " fail, with " + std::to_string(exceptions.size()) + " exception" + (exceptions.size() == 1 ? "" : "s") +
-             " (" + join(exceptions) + ")";
-    case Kind::kInconclusive:
-      return "no feature of the configurations, nor a pair of them, separates the " +
-             std::to_string(failing.size()) + " failing from the " + std::to_string(passing.size()) +
-             " passing cases (failing: " + join(failing) + ")";
-  }
-  return "";
-}
-
-std::vector<std::string> Diagnosis::lines() const {
-  if (kind == Kind::kNoFailure) return {};
-  std::vector<std::string> out = {summary()};
-  if ((kind == Kind::kSeparated || kind == Kind::kMostly) && !indistinguishable.empty()) {
-    out.push_back("the run cannot tell " + explanation + " from " + join(indistinguishable, " or ") +
-                  " (no case has one without the other)");
-  }
-  if (reference_compared_only) {
-    std::string suites = join(reference_compared_suites(), ", ");
-    out.push_back("only the suites that compare with the Reference fail (" + suites +
-                  "); every findings-based suite passes on the failing cases: the numbers differ while every "
-                  "structural check holds (a reduction, a normalization, or the Reference itself)");
-  }
-  if (pair) {
-    out.push_back("smallest pair to rerun" +
-                  (pair->differences.empty() ? std::string() : " (they differ in: " + join(pair->differences) + ")") +
-                  ":");
-    out.push_back("  fails:  " + pair->failing_command);
-    out.push_back("  passes: " + pair->passing_command +
-                  (pair->passing_fault_not_reached ? "  (it never reached the fault's code: it ran the correct code)"
-                                                   : ""));
-    if (!pair->test_command.empty()) out.push_back("  both verdicts: " + pair->test_command);
-  }
-  if (!no_verdict.empty()) out.push_back("left out, without a verdict: " + join(no_verdict));
-  return out;
-}
-
-json Diagnosis::to_json() const {
-  json j = {{"kind", diagnosis_kind_name(kind)},
-            {"summary", summary()},
-            {"lines", lines()},
-            {"features", features},
-            {"explanation", explanation},
-            {"indistinguishable", indistinguishable},
-            {"failing", failing},
-            {"passing", passing},
-            {"no_verdict", no_verdict},
-            {"exceptions", exceptions},
-            {"controls", controls},
-            {"reference_compared_only", reference_compared_only},
-            {"pair", nullptr}};
-  if (pair) {
-    j["pair"] = {{"failing", pair->failing},
-                 {"passing", pair->passing},
-                 {"failing_command", pair->failing_command},
-                 {"passing_command", pair->passing_command},
-                 {"differences", pair->differences},
-                 {"passing_fault_not_reached", pair->passing_fault_not_reached},
-                 {"test_command", pair->test_command}};
-  }
-  return j;
-}
-
-std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
-  std::vector<DiagnosisCase> out;
-  for (const CaseResult& r : run.cases) {
-    DiagnosisCase c;
-    c.spec = r.spec;
-    c.name = r.name;
-    c.kind = r.kind.empty() ? "train" : r.kind;
-    c.matrix = r.matrix;
-    c.fault = r.fault;
-    c.init_from = r.init_from;
-    c.training_backend = r.training_backend;
-    bool any_failed = false, any_passed = false;
-    for (const TestResult& t : run.tests) {
-      if (t.spec != r.spec || t.case_name != r.name) continue;
-      if (c.prefix.empty() && t.name.find('/') != std::string::npos) c.prefix = t.name.substr(0, t.name.find('/'));
-      if (t.status == TestStatus::kFailed) {
-        any_failed = true;
-        c.failed_suites.insert(t.suite);
-      } else if (t.status == TestStatus::kPassed) {
-        any_passed = true;
-        c.passed_suites.insert(t.suite);
-      }
-    }
-    for (const auto& s : c.failed_suites) c.passed_suites.erase(s);
-    // A case it is compared with (along compare_to) that did not complete: its failures judged nothing.
-    const CaseResult* incomplete_reference = report_internal::incomplete_along(run, run.find_case(r.spec, r.compare_to));
-    if (!r.config) {
-      c.no_verdict = "no run/case.json says its configuration";
-    } else if (r.outcome && classify(*r.outcome) != OutcomeClass::kVerdict &&
-               classify(*r.outcome) != OutcomeClass::kConformanceFailure) {
-      // No verdict on the model: infrastructure, the environment, or bad input.
-      c.no_verdict = outcome_name(*r.outcome);
-    } else if (incomplete_reference && any_failed) {
-      c.no_verdict = "compared with " + incomplete_reference->name + ", which did not complete";
-    } else if (any_failed) {
-      c.verdict = DiagnosisCase::Verdict::kFailed;
-    } else if (any_passed) {
-      c.verdict = DiagnosisCase::Verdict::kPassed;
-    } else {
-      c.no_verdict = "no test ran";
-    }
-    if (r.config) c.config = *r.config;
-    c.save_config = r.save_config;
-    out.push_back(std::move(c));
-  }
-  return out;
 }
 
 }  // namespace mih

@@ -5,6 +5,7 @@
 // fault of the catalog. No torch.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -41,6 +42,13 @@ struct DiagnosisCase {
   /// It ran with `fault` but never reached the fault's code (a catalog contrast): it ran the
   /// correct code, so its rerun command leaves --fault out.
   bool fault_not_reached = false;
+  /// Where it diverges from the original model when it fails MatchesOriginal or ModuleParity:
+  /// the localization of its failure ("localized to 'layers.0': its forward output is the first
+  /// to diverge ..."), else the failure's first line; "" otherwise.
+  std::string original_divergence;
+  /// The spec's attention key/value heads (ModelSpec::num_key_value_heads, spec.resolved.json);
+  /// 0 when the spec does not declare them. Gives the feature "tp > num_key_value_heads".
+  int64_t num_key_value_heads = 0;
 
   std::string id() const { return spec + "/" + name; }
 };
@@ -48,6 +56,19 @@ struct DiagnosisCase {
 /// The suites that compare a case's numbers or inputs with the Reference (the others judge
 /// findings of the case itself): NumericParity, InputIdentity.
 const std::set<std::string>& reference_compared_suites();
+
+/// The suites that compare a case with something else: the Reference-compared ones, and the
+/// comparisons with the original model (MatchesOriginal, ModuleParity). A case on which none
+/// ran compared nothing: its pass is never a control of a diagnosis.
+const std::set<std::string>& comparison_suites();
+
+/// The suites that compare the port with the original model: MatchesOriginal (the golden),
+/// ModuleParity (independent implementations of its modules). One failing on the Reference
+/// means the port does not compute the original model, in every configuration.
+const std::set<std::string>& original_model_suites();
+
+/// The first words of a kOriginalModel diagnosis.
+inline constexpr char kNotTheOriginalModel[] = "the port does not compute the original model";
 
 /// What the diagnosis found.
 struct Diagnosis {
@@ -58,8 +79,10 @@ struct Diagnosis {
     kSeparated,     ///< a feature, or a pair, holds for every failing case and for no passing one
     kMostly,        ///< one does, but for a few exceptions (at most 1 in 5 cases)
     kInconclusive,  ///< no feature or pair of features separates them
-    /// every failing case fails MatchesOriginal and nothing else: the port computes another model
-    /// than the original the same way in every configuration (feature "original_model")
+    /// the Reference fails MatchesOriginal or ModuleParity and nothing else, or every failing case
+    /// fails MatchesOriginal and nothing else: the port computes another model than the original
+    /// the same way in every configuration (feature "original_model"); said first, the other
+    /// failing cases its possible consequences, no axis blamed, no pair
     kOriginalModel,
   };
   Kind kind = Kind::kNoFailure;
@@ -76,6 +99,14 @@ struct Diagnosis {
   /// Passing cases that differ from a failing one only in the explanation's features.
   std::vector<std::string> controls;
   std::string controls_phrase;  ///< "EP=1 controls", "controls without sequence parallelism"
+  /// Passing cases on which no comparison suite ran (comparison_suites()): they compared
+  /// nothing, so they are never controls nor the passing half of the pair.
+  std::vector<std::string> compared_nothing;
+  /// kOriginalModel: the cases failing MatchesOriginal or ModuleParity with where they diverge
+  /// first ("llama/Reference fails MatchesOriginal: localized to 'layers.0': ...").
+  std::vector<std::string> original;
+  /// kOriginalModel: the other failing cases, its possible consequences (no axis is blamed).
+  std::vector<std::string> consequences;
   /// The failing cases fail only suites that compare with the Reference, and pass a suite
   /// that judges their own findings.
   bool reference_compared_only = false;
@@ -97,32 +128,42 @@ struct Diagnosis {
   /// The summary line alone ("" for kNoFailure).
   std::string summary() const;
   /// Every field; "kind" as "no_failure", "every_case", "every_parallel", "separated",
-  /// "mostly", "inconclusive".
+  /// "mostly", "inconclusive", "original_model".
   nlohmann::json to_json() const;
 };
 
 std::string diagnosis_kind_name(Diagnosis::Kind kind);
 
-/// Reads the whole table. The features of a case's configuration: each mesh axis > 1, ep > 1,
-/// edp > 1 (ep > 1 with the experts also FSDP-sharded: dp_shard * cp / ep > 1), sequence parallelism, the zigzag or contiguous cp layout, activation checkpointing,
-/// micro_batches > 1, a resume (on the same topology, across topologies), the noise twin, the
-/// dtype and the spec where the table has several, more than 2 ranks, world size > 1 (a resume
-/// has the features of both its configurations). The candidates: each feature, then each
-/// conjunction of two features of different families, or of a feature and the absence of
-/// another ("tp > 1 without sequence parallelism"; never an absence alone, nor of a world
-/// size). The explanation is the candidate with the fewest exceptions (failing cases where it
-/// is false, passing ones where it is true), then the fewest literals, positive before negative,
-/// then in that order of features. It refuses to over-claim: a single failing case is said to
-/// be one case ("the only one with ..."); when world size > 1 alone explains it, "every
-/// parallel case fails", with the features the run cannot tell from it; other features true on
-/// exactly the same cases are named as indistinguishable; exceptions are accepted only in a
-/// table of at least 5 cases, at most 1 in 5, and otherwise it says that nothing separates
-/// them. Every case failing is kEveryCase ("the Reference included": not a parallel bug).
+/// Reads the whole table. First the original model: when a Reference fails MatchesOriginal or
+/// ModuleParity and nothing else (or every failing case fails MatchesOriginal alone),
+/// kOriginalModel says "the port does not compute the original model" with where it diverges, and
+/// the other failing cases are its possible consequences, never an axis's. The features of a case's
+/// configuration: each mesh axis > 1, an axis's degree where the table has several degrees > 1 of
+/// it ("tp = 4"), tp > num_key_value_heads (a spec that declares them), ep > 1, edp > 1 (ep > 1
+/// with the experts also FSDP-sharded: dp_shard * cp / ep > 1), sequence parallelism, the zigzag or
+/// contiguous cp layout, activation checkpointing, micro_batches > 1, a resume (on the same
+/// topology, across topologies), the noise twin, the dtype and the spec where the table has
+/// several, more than 2 ranks, world size > 1 (a resume has the features of both its
+/// configurations). The candidates: each feature, then each conjunction of two features of
+/// different families, or of a feature and the absence of another ("tp > 1 without sequence
+/// parallelism"; never an absence alone, nor of a world size). The explanation is the candidate
+/// with the fewest exceptions (failing cases where it is false, passing ones where it is true),
+/// then the fewest literals, positive before negative, then in that order of features (an axis's
+/// degree after the others, before the world size, and alone: "tp = 4" only where "tp > 1" does not
+/// do as well). A passing case that compared nothing (no comparison suite ran on it) is never a
+/// control nor the pair's passing half. It refuses to over-claim: a single failing case is said to
+/// be one case ("the only one with ..."); when world size > 1 alone explains it, "every parallel
+/// case fails", with the features the run cannot tell from it; other features true on exactly the
+/// same cases are named as indistinguishable; exceptions are accepted only in a table of at least 5
+/// cases, at most 1 in 5, and otherwise it says that nothing separates them. Every case failing is
+/// kEveryCase ("the Reference included": not a parallel bug).
 Diagnosis diagnose(const std::vector<DiagnosisCase>& cases);
 
 /// The cases of a run root as read_run_results read them: verdicts from their tests (a case
 /// whose outcome is not "ran", or that has no run/case.json to say its configuration, has no
-/// verdict), configurations from run/case.json, the rerun command from case_run.json.
+/// verdict), configurations from run/case.json, the rerun command from case_run.json, the
+/// spec's num_key_value_heads from spec.resolved.json, where it diverges from the original
+/// model from its failed MatchesOriginal (HiddenStatesMatchOriginal first) or ModuleParity test.
 std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run);
 
 /// `mih run --spec S --case C [--matrix M] [--fault F] [--init-from D]`, each value quoted for a

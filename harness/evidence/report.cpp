@@ -188,7 +188,8 @@ std::string totals_line(const RunResults& run) {
                               : std::to_string(infrastructure) + " not judged (infrastructure: " +
                                     std::to_string(incomplete) + (incomplete == 1 ? " case" : " cases") +
                                     " did not complete), ") +
-         std::to_string(run.skipped()) + " skipped; " + std::to_string(run.cases.size()) + " cases";
+         std::to_string(run.skipped()) + " skipped; " + std::to_string(run.cases.size()) + " cases" +
+         (run.not_run.empty() ? "" : "; " + join(run.not_run, "; "));
 }
 
 std::string case_facts(const CaseResult& c) {

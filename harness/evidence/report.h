@@ -135,6 +135,9 @@ struct RunResults {
   /// "" for a complete run; else "incomplete: K of N tests (why; the fix)", the first words of
   /// every report's summary.
   std::string incomplete;
+  /// What the run left out on purpose, said in every report's totals ("MatchesOriginal not
+  /// run: --no-golden"): the last start line's "not_run".
+  std::vector<std::string> not_run;
 
   int passed() const;
   int failed() const;

@@ -292,6 +292,7 @@ RunResults read_run_results(const fs::path& root) {
   std::map<std::string, int> last_start;   // test -> line of the last start line listing it
   std::map<std::string, int> last_result;  // test -> line of its last result
   std::string interrupted;                 // the signal the last end line names
+  std::vector<std::string> not_run;        // the last start line's
   int last_start_line = 0, last_end_line = 0;
   // results.jsonl is evidence mih writes: a damaged line is bad evidence (exit 12), like any
   // other evidence file, never bad input.
@@ -314,6 +315,11 @@ RunResults read_run_results(const fs::path& root) {
         (event == "start" ? last_start_line : last_end_line) = line_number;
         if (event == "start") {
           MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
+          not_run.clear();
+          for (const auto& n : m.value("not_run", json::array())) {
+            MIH_CHECK(n.is_string(), where, ": 'not_run' must be strings, got ", json_summary(n));
+            not_run.push_back(n.get<std::string>());
+          }
           for (const auto& n : m["tests"]) {
             MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
             last_start[n.get<std::string>()] = line_number;
@@ -339,6 +345,7 @@ RunResults read_run_results(const fs::path& root) {
 
   RunResults run;
   run.root = root;
+  run.not_run = std::move(not_run);
   // Incomplete: a test has no result after the last start line that lists it (the run was
   // interrupted, its process died, or its disk filled); an older result does not count.
   if (!last_start.empty()) {

@@ -16,6 +16,7 @@ inline constexpr const char* kStructTie = "MIH-STRUCT-004";            ///< decl
 inline constexpr const char* kStructFsdpUnit = "MIH-STRUCT-005";       ///< FSDP parameter outside a declared unit
 inline constexpr const char* kStructUnitMixed = "MIH-STRUCT-006";      ///< FSDP unit mixes dtypes, meshes or gradient domains
 inline constexpr const char* kStructExpertInRoot = "MIH-STRUCT-007";   ///< expert parameter in the root FSDP unit
+inline constexpr const char* kStructAliasUndeclared = "MIH-STRUCT-008";///< one tensor under two FQNs, no declared tie
 // Optimizer layout (checks/structure.cpp).
 inline constexpr const char* kOptimNotLive = "MIH-OPTIM-001";          ///< optimizer tensor that is not a live parameter
 inline constexpr const char* kOptimTwoGroups = "MIH-OPTIM-002";        ///< parameter in two groups (or twice)
@@ -103,11 +104,11 @@ struct CodeRow {
 
 /// Every code above with its check, in order (for tests that every asserted code has an
 /// emitter, and for verdicts that require the emitting check to have run).
-inline constexpr std::array<CodeRow, 48> kAllCodes = {{
+inline constexpr std::array<CodeRow, 49> kAllCodes = {{
     {kStructLocalShape, kCheckStructure},       {kStructDtypeDevice, kCheckStructure},
     {kStructNonFinite, kCheckStructure},        {kStructTie, kCheckTies},
     {kStructFsdpUnit, kCheckFsdpUnits},         {kStructUnitMixed, kCheckFsdpUnits},
-    {kStructExpertInRoot, kCheckFsdpUnits},
+    {kStructExpertInRoot, kCheckFsdpUnits},     {kStructAliasUndeclared, kCheckStructure},
     {kOptimNotLive, kCheckOptimizer},           {kOptimTwoGroups, kCheckOptimizer},
     {kOptimFrozen, kCheckOptimizer},            {kOptimMissing, kCheckOptimizer},
     {kOptimWeightDecay, kCheckOptimizer},       {kOptimStateShape, kCheckOptimizer},

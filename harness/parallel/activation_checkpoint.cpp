@@ -1,5 +1,5 @@
 // The checkpoint Function (see activation_checkpoint.h). Backward, in order
-// (spike_ac_cp.md section 1.6): unpack the saved inputs (this fails if one was modified in
+// (docs/spike-ac-cp.md section 1.6): unpack the saved inputs (this fails if one was modified in
 // place); fork the RNG (save current, set the forward's); re-enter the forward's autocast
 // state under grad mode; recompute on detached inputs; restore RNG and autocast; walk the
 // recomputed graph; grad() for the inputs that need it.
@@ -151,7 +151,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
     const at::Tensor cpu_now = get_rng_state(cpu_gen);
     at::Tensor cuda_now;
-    // F14 (FAULTS.md): the recompute runs on the current streams, not the forward's, so
+    // F14 (docs/fault-catalog.md): the recompute runs on the current streams, not the forward's, so
     // dropout draws other masks than the forward did.
     const bool replay = !fault::active(fault::Fault::kF14);
     if (replay) set_rng_state(cpu_gen, region->cpu_rng);
@@ -211,7 +211,15 @@ at::Tensor checkpoint(const std::string& region, const RegionForward& forward, c
   r->name = region;
   r->forward = forward;
   r->generators = generators;
-  return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(params), r);
+  // One entry per leaf: a tensor listed twice (a module registered under two names, a tie
+  // inside the region; torch::nn::Module::parameters() keeps both) would get the region's
+  // whole gradient once per entry, and AccumulateGrad would sum them into twice the gradient.
+  std::vector<at::Tensor> unique_params;
+  std::set<const void*> seen;
+  for (const auto& p : params) {
+    if (!p.defined() || seen.insert(p.unsafeGetTensorImpl()).second) unique_params.push_back(p);
+  }
+  return CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(unique_params), r);
 }
 
 bool in_recompute() { return t_recompute_depth > 0; }

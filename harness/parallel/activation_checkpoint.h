@@ -3,7 +3,7 @@
 // Sublinear Memory Cost"; PyTorch's torch.utils.checkpoint, reentrant variant). Implemented as
 // one autograd Function whose inputs are the region's tensor inputs and its parameters, so the
 // outer engine accumulates parameter gradients and every gradient hook fires
-// (spike_ac_cp.md section 1, option A). The recompute replays the forward's RNG state (CPU,
+// (docs/spike-ac-cp.md section 1, option A). The recompute replays the forward's RNG state (CPU,
 // and CUDA when the inputs are on CUDA) so dropout masks match, re-enters the forward's
 // autocast state, and puts the current RNG state back afterwards.
 #pragma once
@@ -23,8 +23,10 @@ using RegionForward = std::function<at::Tensor(const std::vector<at::Tensor>& in
 
 /// Runs `forward(inputs)` without saving activations; backward recomputes it and returns the
 /// gradients of `inputs` and `params`. `params` must list every leaf that requires grad the
-/// region reads (its module's parameters, plus tied or shared ones); `inputs` every
-/// non-parameter tensor that requires grad (activations, a learned table computed outside).
+/// region reads (its module's parameters, plus tied or shared ones; a tensor listed more than
+/// once, as a module registered under two names, counts once: its first entry is kept);
+/// `inputs` every non-parameter tensor that requires grad (activations, a learned table
+/// computed outside).
 /// Tensors that need no grad (masks, rotary tables) may be captured, if never modified in
 /// place; pass them in `inputs` to have their version checked.
 /// After the recompute the region's graph is walked: a leaf that requires grad and is not in

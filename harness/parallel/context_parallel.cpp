@@ -110,7 +110,7 @@ at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const a
     values = values.repeat_interleave(hq / hkv, 1);
   }
   at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  // F21 (FAULTS.md): the queries numbered in this rank's local coordinates (0..S/CP) while the
+  // F21 (docs/fault-catalog.md): the queries numbered in this rank's local coordinates (0..S/CP) while the
   // gathered keys carry global ones, so the causal mask hides the wrong keys.
   const at::Tensor q_ids = (fault::active(fault::Fault::kF21) ? at::arange(local_seq, at::kLong) : cp.query_ids(local_seq))
                                .to(q.device());

@@ -1,6 +1,6 @@
 // Which tokens of a sequence a rank holds, and context-parallel attention. Context
 // parallelism (CP) shards the sequence dim of every activation over the cp axis, and attention
-// all-gathers K and V over cp so each rank's queries see every key (spike_ac_cp.md section 2;
+// all-gathers K and V over cp so each rank's queries see every key (docs/spike-ac-cp.md section 2;
 // Megatron-LM's context parallelism without the ring). Which tokens a cp rank holds is the
 // layout:
 //   contiguous: rank r holds tokens [r*S/CP, (r+1)*S/CP);
@@ -11,7 +11,7 @@
 // contiguous chunks of them (sequence_token_ids, sp_shard_sequence; in a model,
 // ParallelContext::sequence_parallel_chunk and local_token_ids).
 // Masks and positions are computed from global token ids, never from a rank offset: an offset
-// formula is right for one layout only (spike_ac_cp.md section 2.3).
+// formula is right for one layout only (docs/spike-ac-cp.md section 2.3).
 #pragma once
 
 #include <cstdint>

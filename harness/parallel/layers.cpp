@@ -113,7 +113,23 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
   MIH_CHECK_CODE(o.partitions() == 1 || !o.gather_output(), Code::kUnimplemented,
                  "ColumnParallelLinear: gather_output with partitions > 1 is not supported");
   const int64_t pad = o.pad_to_tp() ? ctx.tp_size() : 1;
-  const Placement tp = Placement::shard(0, o.partitions());
+  Placement tp = Placement::shard(0, o.partitions());
+  if (o.heads() > 0) {
+    const int64_t heads = o.heads(), tp_size = ctx.tp_size();
+    MIH_CHECK(o.out_features() % heads == 0, "ColumnParallelLinear: out_features(", o.out_features(),
+              ") must divide into heads(", heads, "): ", o.out_features(), " % ", heads, " = ", o.out_features() % heads);
+    MIH_CHECK(heads % tp_size == 0 || tp_size % heads == 0, "ColumnParallelLinear: tp(", tp_size, ") must divide heads(",
+              heads, ") or be a multiple of them (the heads then replicated over tp): ", heads, " % ", tp_size, " = ",
+              heads % tp_size, " and ", tp_size, " % ", heads, " = ", tp_size % heads,
+              "; use tp in the divisors or multiples of ", heads);
+    if (tp_size > heads) {
+      MIH_CHECK(o.partitions() == 1 && !o.gather_output() && !o.pad_to_tp() && !tied_weight.defined(),
+                "ColumnParallelLinear: heads(", heads, ") replicated over tp(", tp_size,
+                ") take no partitions, gather_output, pad_to_tp or tied weight");
+      head_replicas_ = tp_size / heads;
+      tp = Placement::replicate();
+    }
+  }
   if (tied_weight.defined()) {
     const ShardedParameter& tied = ctx.parameter(tied_weight);
     MIH_CHECK(tied.global_shape == std::vector<int64_t>({o.out_features(), o.in_features()}) && tied.tp == tp,
@@ -121,12 +137,25 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
               "] parameter laid out as ", tp.str(), " over tp");
     weight = register_parameter("weight", tied_weight);
   } else {
-    weight = register_parameter("weight", ctx.make_parameter(weight_spec(o.out_features(), o.in_features(), tp,
-                                                                         o.init_std(), pad)));
+    // Replicated heads: every tp rank holds the whole weight and backpropagates only its own
+    // query heads' share into its head's rows, so the gradient is partial over tp.
+    ParamSpec spec = weight_spec(o.out_features(), o.in_features(), tp, o.init_std(), pad);
+    spec.tp_partial_grad = head_replicas_ > 1;
+    weight = register_parameter("weight", ctx.make_parameter(spec));
   }
   if (o.bias()) {
-    bias = register_parameter("bias", ctx.make_parameter(vector_spec(o.out_features(), tp, 0.0, false, pad)));
+    bias = register_parameter("bias",
+                              ctx.make_parameter(vector_spec(o.out_features(), tp, 0.0, head_replicas_ > 1, pad)));
   }
+}
+
+int64_t ColumnParallelLinearImpl::replicated_head() const {
+  if (head_replicas_ == 1) return 0;
+  // F36 (docs/fault-catalog.md): the KV head picked by tp_rank % heads, as when the head index wraps around
+  // the heads instead of counting tp / heads consecutive ranks per head: ranks whose query
+  // heads belong to one KV head attend with another.
+  if (fault::active(fault::Fault::kF36)) return ctx_->tp_rank() % options.heads();
+  return ctx_->tp_rank() / head_replicas_;
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
@@ -145,7 +174,14 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
     }
   }
   at::Tensor input = ctx_->sequence_parallel() ? sequence_all_gather(x, tp, kSeqDim) : copy_to_region(x, tp);
-  at::Tensor y = linear(*ctx_, input, ctx_->use(weight), bias.defined() ? ctx_->use(bias) : at::Tensor());
+  at::Tensor w = ctx_->use(weight), b = bias.defined() ? ctx_->use(bias) : at::Tensor();
+  if (head_replicas_ > 1) {
+    // Replicated heads: this rank's head's rows (the gradient of the others stays zero here).
+    const int64_t size = options.out_features() / options.heads(), first = replicated_head() * size;
+    w = w.narrow(0, first, size);
+    if (b.defined()) b = b.narrow(0, first, size);
+  }
+  at::Tensor y = linear(*ctx_, input, w, b);
   if (!options.gather_output()) return y;
   if (tp.size() > 1) tp.expect("region.all_gather", y.numel() * static_cast<int64_t>(y.element_size()), layer);
   // Padded outputs (pad_to_tp) are the last ones of the last rank: drop them after the gather.
@@ -169,7 +205,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(ParallelContext& ctx, const RowPara
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
   Communicator& tp = ctx_->tp_group();
-  // F08 (FAULTS.md): the bias folded into the local matmul, so each of the tp partial sums
+  // F08 (docs/fault-catalog.md): the bias folded into the local matmul, so each of the tp partial sums
   // carries it and the reduction adds it tp times.
   const bool bias_before_reduce = bias.defined() && fault::active(fault::Fault::kF08);
   at::Tensor partial = linear(*ctx_, x, ctx_->use(weight), bias_before_reduce ? ctx_->use(bias) : at::Tensor());
@@ -212,7 +248,7 @@ RMSNormImpl::RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps, bool 
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  // F30 (FAULTS.md): Gemma's (1 + w) * x / rms where the architecture has w * x / rms, in every
+  // F30 (docs/fault-catalog.md): Gemma's (1 + w) * x / rms where the architecture has w * x / rms, in every
   // configuration alike.
   if (fault::active(fault::Fault::kF30)) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * (1 + ctx_->use(weight));
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * ctx_->use(weight);

@@ -45,11 +45,26 @@ struct ColumnParallelLinearOptions {
   /// Pad out_features up to a multiple of tp (padding outputs are zero; a vocabulary head
   /// sets it). Default false.
   TORCH_ARG(bool, pad_to_tp) = false;
+  /// The outputs are this many attention heads of out_features / heads features each (the k
+  /// or v projection of grouped-query attention: num_key_value_heads). When tp is a multiple
+  /// of them and above them, the heads are replicated over tp as vLLM replicates KV heads
+  /// (num_kv_head_replicas = tp / heads): the weight [out, in] and the bias are Replicate over
+  /// tp, tp rank t computes head t / (tp / heads) only (the one its query heads attend with,
+  /// output [B, S, out / heads]), and their gradient, each rank's share of its head's, is
+  /// partial over tp (ParamSpec::tp_partial_grad: all-reduced over tp before the optimizer).
+  /// tp <= heads: sharded as usual (tp must divide them). 0: not heads (tp must divide
+  /// out_features). Default 0.
+  TORCH_ARG(int64_t, heads) = 0;
 };
 
-/// y = x W^T + b with W's output features split over tp (W: [out, in], Shard(0)).
+/// y = x W^T + b with W's output features split over tp (W: [out, in], Shard(0)), or, for
+/// heads replicated over tp (ColumnParallelLinearOptions::heads < tp), W Replicate and this
+/// rank's head's rows of it.
 /// Input: [B, S, in] replicated over tp (sequence parallel: [B, S/TP, in], all-gathered).
-/// Output: [B, S, out/TP] (gather_output: [B, S, out]).
+/// Output: [B, S, out/TP] (gather_output: [B, S, out]; replicated heads: [B, S, out/heads]).
+/// Throws: mih::Error{kInvalidSpec} when tp divides neither heads nor is a multiple of them
+///   (with the arithmetic), or when replicated heads are asked with partitions, gather_output,
+///   pad_to_tp or a tied weight.
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
   ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& options);
@@ -58,12 +73,18 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   ColumnParallelLinearImpl(ParallelContext& ctx, const ColumnParallelLinearOptions& options,
                            const at::Tensor& tied_weight);
   at::Tensor forward(const at::Tensor& x);
+  /// The tp ranks that compute each head: tp / heads when the heads are replicated over tp,
+  /// else 1.
+  int64_t head_replicas() const { return head_replicas_; }
+  /// The head this tp rank computes when head_replicas() > 1: tp_rank / head_replicas().
+  int64_t replicated_head() const;
 
   at::Tensor weight, bias;
   ColumnParallelLinearOptions options;
 
  private:
   ParallelContext* ctx_;
+  int64_t head_replicas_ = 1;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -122,7 +143,7 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   /// `sequence_parallel_grad`: the weight's gradient is marked partial over tp under sequence
   /// parallelism (each tp rank normalizes only its S/TP tokens), so it is all-reduced over tp
-  /// before the optimizer; false only to plant fault F01 (FAULTS.md).
+  /// before the optimizer; false only to plant fault F01 (docs/fault-catalog.md).
   RMSNormImpl(ParallelContext& ctx, int64_t hidden, double eps = 1e-6, bool sequence_parallel_grad = true);
   at::Tensor forward(const at::Tensor& x);
 
@@ -142,8 +163,11 @@ TORCH_MODULE(RMSNorm);
 /// is declared so (ParamSpec::tp_partial_grad) and all-reduced over tp before the optimizer,
 /// as Megatron-Core's finalize_model_grads all-reduces qk_layernorm weights over tp. A plain
 /// RMSNorm here declares its gradient partial only under sequence parallelism: at tp > 1 each
-/// rank would update its copy with its own heads' share (finding MIH-GRAD-002). For heads that
-/// every tp rank holds whole (replicated KV heads), use RMSNorm.
+/// rank would update its copy with its own heads' share (finding MIH-GRAD-002). Replicated KV
+/// heads (tp > num_key_value_heads, ColumnParallelLinearOptions::heads) need it too: each tp
+/// rank holds its KV head whole but backpropagates only its own query heads' share through it,
+/// so a k_norm's gradient is still partial over tp (a plain RMSNorm there fails at tp 4 with
+/// MIH-GRAD-002 as well).
 /// Shape: [.., D] -> [.., D], e.g. [B, Hq/TP, S, D].
 class HeadRMSNormImpl : public torch::nn::Module {
  public:

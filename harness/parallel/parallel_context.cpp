@@ -150,7 +150,7 @@ at::Tensor ParallelContext::dropout(const at::Tensor& x, double p, bool training
   }
   ActivationLayout where = layout;
   if (fault::active(fault::Fault::kF26)) {
-    // F26 (FAULTS.md): the mask drawn as if the tensor were whole on every tp rank, so each
+    // F26 (docs/fault-catalog.md): the mask drawn as if the tensor were whole on every tp rank, so each
     // shard of a tp-sharded activation gets the same mask.
     where.sequence_sharded_over_tp = where.features_sharded_over_tp = false;
   }

@@ -3,7 +3,7 @@
 // units re-shard them on dim 0 over dp_shard, and after backward it synchronizes gradients
 // (DDP and tensor-parallel partial sums), computes the global grad norm and gathers any
 // sharded tensor back to its full value. One ShardedParameter per logical parameter: tied
-// registrations are one entry (libtorch lists them twice; spike_fsdp.md section 5).
+// registrations are one entry (libtorch lists them twice; docs/spike-fsdp.md section 5).
 #pragma once
 
 #include <cstdint>

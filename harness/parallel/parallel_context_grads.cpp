@@ -101,7 +101,7 @@ void ParallelContext::synchronize_gradients() {
     std::vector<PathGrad> grads;
     for (const auto& p : ordered_) {
       if (!p->local.requires_grad()) continue;
-      // F23 (FAULTS.md): expert gradients reduced like dense ones, over cp and dp_shard (so
+      // F23 (docs/fault-catalog.md): expert gradients reduced like dense ones, over cp and dp_shard (so
       // over the ep ranks, which hold other experts), not over edp.
       const bool expert = p->expert_parallel() && !fault::active(fault::Fault::kF23);
       const GradientKind kind = expert ? GradientKind::kExpert : GradientKind::kDense;
@@ -119,7 +119,7 @@ void ParallelContext::synchronize_gradients() {
   // on the last): its copies' gradients, each already summed over data parallelism, are summed
   // over the pp ranks (zeros from a rank holding no copy), so every copy takes the one
   // logical parameter's update (Megatron-LM's embedding group).
-  // F34 (FAULTS.md): the copies' gradients never summed, so each stage updates its copy with
+  // F34 (docs/fault-catalog.md): the copies' gradients never summed, so each stage updates its copy with
   // its own part of the gradient and the tie comes apart.
   if (!tied_over_pp_.empty() && !fault::active(fault::Fault::kF34)) {
     std::map<int64_t, ShardedParameter*> mine;
@@ -174,15 +174,15 @@ double ParallelContext::grad_norm() {
     // A parameter tied across pipeline stages counts once, on the first stage holding it.
     if (!p->pp_counted) continue;
     // Each piece is held by replicas() ranks: weight it so the sum over the world counts it once.
-    // F04 (FAULTS.md): the replicated (unsharded) pieces counted once per rank holding them.
+    // F04 (docs/fault-catalog.md): the replicated (unsharded) pieces counted once per rank holding them.
     const double replicas = fault::active(fault::Fault::kF04) ? 1.0 : static_cast<double>(p->replicas());
     local += g.to(at::kDouble).pow(2).sum().item<double>() / replicas;
   }
   at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(device_));
-  // F03 (FAULTS.md): the norm of this rank's shards only, never summed over the mesh.
+  // F03 (docs/fault-catalog.md): the norm of this rank's shards only, never summed over the mesh.
   if (!fault::active(fault::Fault::kF03)) {
     const ReductionPath& path = reduction_path("grad_norm.world");
-    // F35 (FAULTS.md): under pp, the norm of this stage's parameters only (summed over the
+    // F35 (docs/fault-catalog.md): under pp, the norm of this stage's parameters only (summed over the
     // stage's ranks, never over pp), so every stage clips by another norm.
     const bool stage_only = mesh_->config().pp > 1 && fault::active(fault::Fault::kF35);
     Communicator& world = mesh_->comm(stage_only ? MeshAxis::kStage : MeshAxis::kWorld);

@@ -96,7 +96,7 @@ PipelineStep run_pipeline_step(Communicator& comm, ScheduleKind kind, const Pipe
         const at::Tensor mask = model.loss_mask(a.micro_batch).to(out.scalar_type());
         MIH_CHECK(mask.sizes() == out.sizes(), "pipeline: micro-batch ", a.micro_batch, "'s loss has shape ",
                   out.sizes(), " and its loss mask ", mask.sizes(), ": the last stage returns one loss per token");
-        // F33 (FAULTS.md): each micro-batch's loss averaged over its own valid tokens and
+        // F33 (docs/fault-catalog.md): each micro-batch's loss averaged over its own valid tokens and
         // backpropagated so, never normalized by the step's count (the micro-batches summed).
         out = fault::active(fault::Fault::kF33) ? (out * mask).sum() / std::max(mask.sum().item<double>(), 1.0)
                                                 : (out * mask).sum() / normalizer;

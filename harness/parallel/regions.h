@@ -2,7 +2,7 @@
 // parallelism as differentiable ops (Megatron-LM's mappings.py, PyTorch FSDP's all-gather).
 // Each is the identity on a 1-rank axis, so a model written with them is plain single-device
 // code at degree 1. Every backward runs its collective exactly once: a second backward
-// through the same graph throws instead of silently re-reducing (spike_fsdp.md section 3.4).
+// through the same graph throws instead of silently re-reducing (docs/spike-fsdp.md section 3.4).
 //
 // Shapes: `dim` is any tensor dim (negative counts from the end); N = the axis size.
 #pragma once

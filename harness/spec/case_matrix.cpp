@@ -30,8 +30,11 @@ using nlohmann::json;
 // expert gradients over dp_replicate (DpReplicate2DpShard2Ep2) and over edp without FSDP
 // (Cp4ZzEp2: ep carved out of cp). pp: 1F1B alone (four micro-batches), with FSDP, with tp
 // under sequence parallelism (four ranks), with activation checkpointing (a recompute in the
-// backward of an earlier micro-batch than the last forward's), and a resume from pp stages into
-// FSDP and back (one micro-batch on both sides: the moe's objective depends on the micro-batching).
+// backward of an earlier micro-batch than the last forward's), one micro-batch (Pp2: the one pp
+// case whose numbers a moe can be held to, its load-balancing loss depending on the
+// micro-batching; also the uninterrupted twin of the resume into pp), and a resume from pp stages
+// into FSDP and back. Tp4: tp above the 2 key/value heads of every GQA spec (each KV head
+// replicated over 2 tp ranks, a Qwen3 or Llama job's 4-8 KV heads at tp 8).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
@@ -39,6 +42,7 @@ const char* kCpuSmoke = R"({
     {"dp_replicate": 2},
     {"tp": 2},
     {"tp": 2, "sequence_parallel": true},
+    {"tp": 4},
     {"cp": 2, "cp_layout": "zigzag"},
     {"dp_shard": 2, "cp": 2},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
@@ -46,6 +50,7 @@ const char* kCpuSmoke = R"({
     {"cp": 2, "cp_layout": "zigzag", "tp": 2},
     {"dp_shard": 2, "activation_checkpointing": true},
     {"dp_shard": 2, "micro_batches": 2},
+    {"pp": 2},
     {"pp": 2, "micro_batches": 4},
     {"dp_shard": 2, "pp": 2, "micro_batches": 2},
     {"pp": 2, "tp": 2, "sequence_parallel": true, "micro_batches": 2},
@@ -65,8 +70,9 @@ const char* kCpuSmoke = R"({
   ]})";
 
 // The model variants' lane (tied embedding and head, row-parallel biases, four layers): the
-// layouts their features change, FSDP, tp with and without sequence parallelism, and pp (a
-// tie across the first and last stage; the interleaved schedule and pp 4, which only the
+// layouts their features change, FSDP, tp with and without sequence parallelism, tp 4 with it
+// (above the 2 KV heads: replicated k/v weights and biases, their input gathered over tp), and
+// pp (a tie across the first and last stage; the interleaved schedule and pp 4, which only the
 // four-layer llama_deep can take).
 const char* kCpuSmokeVariants = R"({
   "name": "cpu-smoke-variants", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3,
@@ -75,6 +81,7 @@ const char* kCpuSmokeVariants = R"({
     {"dp_shard": 2},
     {"tp": 2},
     {"tp": 2, "sequence_parallel": true},
+    {"tp": 4, "sequence_parallel": true},
     {"pp": 2, "micro_batches": 2},
     {"pp": 2, "vpp": 2, "micro_batches": 4},
     {"pp": 4, "micro_batches": 4}
@@ -267,6 +274,13 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
       return "tp=" + std::to_string(c.tp) + " does not divide " + std::to_string(n) + " (spec '" + spec.name +
              "' tp_divides: " + std::to_string(n) + " % " + std::to_string(c.tp) + " = " + std::to_string(n % c.tp) + ")";
     }
+  }
+  if (const int64_t kv = spec.num_key_value_heads; kv > 0 && kv % c.tp != 0 && c.tp % kv != 0) {
+    return "tp=" + std::to_string(c.tp) + " neither divides the " + std::to_string(kv) + " key/value heads of spec '" +
+           spec.name + "' nor is a multiple of them (" + std::to_string(kv) + " % " + std::to_string(c.tp) + " = " +
+           std::to_string(kv % c.tp) + ", " + std::to_string(c.tp) + " % " + std::to_string(kv) + " = " +
+           std::to_string(c.tp % kv) + "): each tp rank holds whole KV heads, or one replicated over tp / " +
+           std::to_string(kv) + " ranks";
   }
   if (c.cp > 1 && spec.seq_len > 0) {
     const int64_t chunks = c.cp_layout == CpLayout::kZigzag ? 2 * c.cp : c.cp;

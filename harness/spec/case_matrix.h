@@ -2,9 +2,9 @@
 // trains a spec under, resolved from a preset ("cpu-smoke", "cpu-full") or a JSON matrix file
 // (suites/matrices/gpu-nightly.json is the GPU example). Every case is compared with the
 // reference (world size 1, float64 on CPU); a resume case is compared with its uninterrupted
-// twin. A case the spec's topology cannot take (tp not dividing the KV heads, a sequence cp
-// cannot split, a global batch dp x micro-batches cannot split, more ranks than the preset
-// allows) is rejected with the arithmetic, never silently dropped.
+// twin. A case the spec's topology cannot take (tp neither dividing the KV heads nor a multiple
+// of them, a sequence cp cannot split, a global batch dp x micro-batches cannot split, more
+// ranks than the preset allows) is rejected with the arithmetic, never silently dropped.
 #pragma once
 
 #include <cstdint>
@@ -95,7 +95,8 @@ CaseMatrix resolve_matrix_source(const ModelSpec& spec, const MatrixSource& sour
 CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_or_path, const Lane& lane = {});
 
 /// Why `config` cannot run `spec` on at most `max_world_size` ranks with a global batch of
-/// `global_batch` rows, or "" when it can: tp must divide every spec.tp_divides, cp must
+/// `global_batch` rows, or "" when it can: tp must divide every spec.tp_divides and divide
+/// spec.num_key_value_heads or be a multiple of them (replicated KV heads), cp must
 /// split spec.seq_len into cp (contiguous) or 2 * cp (zigzag) chunks, the global batch must
 /// split over dp_replicate * dp_shard * micro_batches.
 std::string topology_problem(const ModelSpec& spec, const ParallelConfig& config, int64_t global_batch,

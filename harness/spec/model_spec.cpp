@@ -171,6 +171,7 @@ nlohmann::json ModelSpec::to_json() const {
   return {{"name", name},
           {"description", description},
           {"tp_divides", tp_divides},
+          {"num_key_value_heads", num_key_value_heads},
           {"seq_len", seq_len},
           {"data", {{"pipeline", data.pipeline}, {"labels_are_shifted", data.labels_are_shifted},
                     {"causal_lm", data.causal_lm}, {"rows_from_documents", data.rows_from_documents},

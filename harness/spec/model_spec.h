@@ -214,8 +214,16 @@ struct ModelSpec {
   std::string name;
   std::string description;
   ModelFactory factory;
-  /// Degrees the model supports: tp must divide each of these (e.g. num_kv_heads).
+  /// Degrees the model supports: tp must divide each of these (e.g. num_heads, the MLP's
+  /// inner size).
   std::vector<int64_t> tp_divides;
+  /// The attention's key/value heads (Hugging Face's num_key_value_heads; grouped-query
+  /// attention when fewer than the query heads): tp must divide them, or be a multiple of
+  /// them where the port replicates each KV head over tp / num_key_value_heads ranks
+  /// (ColumnParallelLinearOptions::heads). Recorded in spec.resolved.json as
+  /// "num_key_value_heads", where the diagnosis reads it ("tp > num_key_value_heads").
+  /// 0: not declared (no rule, nothing recorded).
+  int64_t num_key_value_heads = 0;
   /// cp must divide the sequence into 2 * cp chunks (zigzag) of this sequence length.
   int64_t seq_len = 0;
   /// Routed experts per MoE layer (ParamSpec::experts of its stacked expert weights): ep must

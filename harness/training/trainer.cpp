@@ -87,7 +87,7 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
             "' is pipelined (pp(", config_.pp, ") x vpp(", config_.vpp, ") stages) but the model did not split ",
             "itself into stages: it must call ParallelContext::pipeline_stages in its constructor, build only its ",
             "stages' modules and override stage_forward; run it without pp otherwise");
-  // F15 (FAULTS.md): the optimizer's parameters taken from the model before fully_shard. FSDP1
+  // F15 (docs/fault-catalog.md): the optimizer's parameters taken from the model before fully_shard. FSDP1
   // without use_orig_params swaps the modules' parameters for flat shards, so such an optimizer
   // holds unsharded originals the model no longer reads (here: copies of them).
   std::vector<at::Tensor> before_sharding;
@@ -160,7 +160,7 @@ StepMetrics Trainer::step() {
   const int64_t local_rows = batch / dp.size();
   MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
             " sequences does not split into ", config_.micro_batches, " micro-batches");
-  // F17 (FAULTS.md): every data-parallel rank takes the first rows (the sampler not sharded).
+  // F17 (docs/fault-catalog.md): every data-parallel rank takes the first rows (the sampler not sharded).
   const int64_t first_local_row = fault::active(fault::Fault::kF17) ? 0 : dp.rank() * local_rows;
   Batch local = rows(global, first_local_row, local_rows);
 
@@ -172,7 +172,7 @@ StepMetrics Trainer::step() {
       local.input_ids = shard(local.input_ids);
       local.labels = shard(local.labels);
       local.position_ids = shard(local.position_ids);
-      // F07 (FAULTS.md): each cp rank numbers its own tokens from 0.
+      // F07 (docs/fault-catalog.md): each cp rank numbers its own tokens from 0.
       if (fault::active(fault::Fault::kF07)) {
         local.position_ids = at::arange(local.input_ids.size(1), local.position_ids.options()).expand_as(local.input_ids);
       }
@@ -205,7 +205,7 @@ StepMetrics Trainer::step() {
   // (The pipelined step normalizes by the global count in its executor: these faults are not
   // planted there.)
   if (!config_.pipelined() && fault::active(fault::Fault::kF05)) {
-    // F05 (FAULTS.md): the loss divided by this rank's own valid-token count, then averaged
+    // F05 (docs/fault-catalog.md): the loss divided by this rank's own valid-token count, then averaged
     // over the data-parallel ranks.
     const double own = static_cast<double>(local.labels.ne(kIgnoreIndex).sum().item<int64_t>());
     std::fill(normalizers.begin(), normalizers.end(), own * mesh_->comm(MeshAxis::kDpCp).size());

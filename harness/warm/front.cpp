@@ -81,7 +81,12 @@ void on_forwarded(int sig) {
   errno = saved;
 }
 
+void give_back_signals();
+
+// Execs the core binary with the caller's signal dispositions; a signal the front caught
+// meanwhile takes its action first (as it would have in the exec'd command's loading).
 [[noreturn]] void exec_core(const std::string& core, int argc, char** argv) {
+  give_back_signals();
   std::vector<char*> args;
   args.push_back(const_cast<char*>(core.c_str()));
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
@@ -223,7 +228,11 @@ struct Caller {
 };
 Caller g_caller;
 
+bool g_captured = false;
+
 void capture_caller() {
+  if (g_captured) return;
+  g_captured = true;
   g_caller.stdio_bits = open_stdio_bits();
   for (int i = 0; i < 3; ++i) {
     if (!((g_caller.stdio_bits >> i) & 1)) (void)::open("/dev/null", O_RDWR | O_CLOEXEC);  // takes slot i
@@ -242,6 +251,35 @@ void capture_caller() {
     ::sigaction(kForwarded[i], nullptr, &g_caller.forwarded[i]);
   }
   ::sigaction(SIGTSTP, nullptr, &g_caller.tstp);
+}
+
+// The caller's state captured, then the forwarding handlers in: a signal from now on reaches
+// the command (kept in g_pending until it exists), whose own dispositions, the caller's ignored
+// ones included, decide what it does, as when exec'd.
+void take_signals() {
+  if (g_captured) return;
+  capture_caller();
+  struct sigaction sa {};
+  sa.sa_handler = on_forwarded;
+  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
+  struct sigaction tstp {};
+  tstp.sa_handler = on_tstp;
+  ::sigaction(SIGTSTP, &tstp, nullptr);
+}
+
+// Where the front runs no command of its own (an exec, `mih warm`, an early error): the
+// caller's dispositions back, then each signal that came meanwhile takes its action (Ctrl-C
+// before the start ends the front here, with SIGINT, as it would have ended the command).
+void give_back_signals() {
+  if (!g_captured) return;
+  for (size_t i = 0; i < sizeof kForwarded / sizeof kForwarded[0]; ++i) {
+    ::sigaction(kForwarded[i], &g_caller.forwarded[i], nullptr);
+  }
+  ::sigaction(SIGTSTP, &g_caller.tstp, nullptr);
+  const uint64_t pending = g_pending.exchange(0);
+  for (int sig = 1; sig <= 64; ++sig) {
+    if ((pending >> (sig - 1)) & 1) ::raise(sig);
+  }
 }
 
 // Sends the run request (the fds go only once the server said it is ready: send_fds).
@@ -319,18 +357,26 @@ std::string core_beside(const std::string& front) {
   return dir + "/../libexec/mih/mih-core";
 }
 
+void catch_signals() { take_signals(); }
+
 int front_main(int argc, char** argv, const std::string& core) {
+  take_signals();  // first (issue 52): no signal meets the default action while the front decides
   if (::access(core.c_str(), X_OK) != 0) {
+    give_back_signals();
     std::fprintf(stderr, "mih: the mih core binary '%s' is missing or not executable: %s (reinstall mih, or rebuild "
                  "it)\n", core.c_str(), std::strerror(errno));
     return 12;
   }
   if (const std::string bad = internal::bad_settings(); !bad.empty()) {
+    give_back_signals();
     std::fprintf(stderr, "mih: %s\n", bad.c_str());
     return 2;
   }
   const std::string command = argc > 1 ? argv[1] : "";
-  if (command == "warm") return warm_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (command == "warm") {
+    give_back_signals();
+    return warm_command(std::vector<std::string>(argv + 2, argv + argc));
+  }
   // A worker is the process its launcher (torchrun, srun, mpirun) started and watches: never forked elsewhere.
   if (command == "worker" || internal::switched_off(kWarmVar)) exec_core(core, argc, argv);
   // A server pins its caller with a pidfd (Linux 5.3+); without one it would refuse every caller.
@@ -341,16 +387,6 @@ int front_main(int argc, char** argv, const std::string& core) {
   }
   const std::string id = identity(core);
   if (id.empty()) exec_core(core, argc, argv);
-
-  capture_caller();
-  // The handlers go in before the request: a signal from now on reaches the command, whose own
-  // dispositions (the caller's ignored ones included) decide what it does, as when exec'd.
-  struct sigaction sa {};
-  sa.sa_handler = on_forwarded;
-  for (int sig : kForwarded) ::sigaction(sig, &sa, nullptr);
-  struct sigaction tstp {};
-  tstp.sa_handler = on_tstp;
-  ::sigaction(SIGTSTP, &tstp, nullptr);
 
   int fd = -1;
   Reply reply;
@@ -394,16 +430,7 @@ int front_main(int argc, char** argv, const std::string& core) {
     if (!retry) break;
   }
   if (fd < 0) {
-    // Nothing was started: the command runs exec'd, with the signals as they were; one that
-    // came meanwhile takes its default action first (Ctrl-C before the start ends it here).
-    for (size_t i = 0; i < sizeof kForwarded / sizeof kForwarded[0]; ++i) {
-      ::sigaction(kForwarded[i], &g_caller.forwarded[i], nullptr);
-    }
-    ::sigaction(SIGTSTP, &g_caller.tstp, nullptr);
-    const uint64_t pending = g_pending.exchange(0);
-    for (int sig = 1; sig <= 64; ++sig) {
-      if ((pending >> (sig - 1)) & 1) ::raise(sig);
-    }
+    // Nothing was started: the command runs exec'd, with the signals as they were (exec_core).
     exec_core(core, argc, argv);
   }
   const auto pid = static_cast<pid_t>(reply.value);

@@ -8,6 +8,7 @@
 #include "harness/warm/warm.h"
 
 int main(int argc, char** argv) {
+  mih::warm::catch_signals();  // first: a signal from here on reaches the command (issue 52)
   char self[4096] = {0};
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) {

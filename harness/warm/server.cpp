@@ -77,6 +77,15 @@ struct Server {
 Server* g_server = nullptr;
 volatile sig_atomic_t g_stop = 0;
 
+// The signals a forked command holds blocked until it has its handlers (release_held_signals).
+constexpr uint64_t kHeldBits = (uint64_t{1} << (SIGINT - 1)) | (uint64_t{1} << (SIGTERM - 1));
+// In a forked command: the caller's mask and which held signals it ignored, until released.
+struct Held {
+  bool active = false;
+  uint64_t ignored = 0, blocked = 0;
+};
+Held g_held;
+
 int thread_count() {
   DIR* d = ::opendir("/proc/self/task");
   if (!d) return -1;
@@ -207,13 +216,17 @@ void restore_blas_pool(const Server& s) {
   // the server sees, and ends it too.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != server) ::_exit(16);
-  child::reset_signal_dispositions(r.ignored);
+  // SIGINT and SIGTERM stay blocked, with their default action, until the command has
+  // installed its handlers (release_held_signals): an interrupt forwarded meanwhile is kept
+  // for them, not lost to SIG_IGN (which would discard it) nor taken by the default action.
+  child::reset_signal_dispositions(r.ignored & ~kHeldBits);
+  g_held = {true, r.ignored & kHeldBits, r.blocked};
   ::umask(static_cast<mode_t>(r.umask));
   const std::string exe = r.argv[0];
   child::set_name(exe.substr(exe.rfind('/') + 1));
   child::set_title(s.title, std::vector<std::string_view>(r.argv.begin(), r.argv.end()));
   restore_blas_pool(s);
-  child::set_signal_mask(r.blocked);
+  child::set_signal_mask(r.blocked | kHeldBits);
   // Owned by this process until it exits, as exec's copies would be.
   auto* args = new std::vector<std::string>(r.argv);
   auto* env = new std::vector<std::string>(r.env);
@@ -381,8 +394,15 @@ void handle(Server& s, int conn) {
     return;
   }
   const pid_t server = ::getpid();
+  // The command is forked with every signal blocked: one its front forwards before the command
+  // has its own dispositions waits (pending) instead of meeting the server's (SIGINT ignored,
+  // SIGTERM this loop's), which would lose it.
+  sigset_t all, before;
+  sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, &before);
   const pid_t pid = ::fork();
   if (pid == 0) become_command(s, r, fds, h.fd_bits, server, go[0]);
+  ::sigprocmask(SIG_SETMASK, &before, nullptr);
   done();
   ::close(go[0]);
   if (pid < 0) {
@@ -501,6 +521,20 @@ int serve(Server& s) {
 }
 
 }  // namespace
+
+void release_held_signals() {
+  if (!g_held.active) return;
+  g_held.active = false;
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction now {};
+    // One the command does not catch gets the caller's disposition, as exec would have kept
+    // it (SIG_IGN discards one that came meanwhile, as exec'd it would have been discarded).
+    if (((g_held.ignored >> (sig - 1)) & 1) && ::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) {
+      ::signal(sig, SIG_IGN);
+    }
+  }
+  child::set_signal_mask(g_held.blocked);
+}
 
 bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status) {
   if (argc < 4 || std::strcmp(argv[1], kServeArg) != 0) return false;

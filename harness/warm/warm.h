@@ -45,6 +45,11 @@ inline constexpr const char* kServeArg = "__warm-serve";
 /// The core binary's main() for one command (argv[0] the core binary).
 using CommandEntry = int (*)(int argc, char** argv);
 
+/// The front's first call in main(): records the caller's signal dispositions and mask, then
+/// installs the handlers that forward signals to the command (kept until it exists), so that
+/// no signal meets a default action while the front starts. front_main calls it too (once).
+void catch_signals();
+
 /// The front's main(): runs `argv` (argv[0] the front) as a command of `core`, warm when it
 /// can, else by exec'ing `core` with argv[0] = `core`. Returns only the command's exit status
 /// (a command killed by a signal kills the front with it); exit 12 when `core` is missing.
@@ -57,6 +62,13 @@ std::string core_beside(const std::string& front);
 /// ends: idle, stopped or stale) and returns true with its exit status in *status; false
 /// otherwise (a command: call `entry` as usual). Call it first in main(), before anything else.
 bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status);
+
+/// In a command forked by the warm server, which starts with SIGINT and SIGTERM blocked (one
+/// its front forwards early waits for the command's handlers): gives the command its caller's
+/// signal mask, and SIG_IGN back to a held signal the caller ignored and the command did not
+/// catch. No-op in an exec'd command. Call it in the CommandEntry, right after installing the
+/// command's own handlers and before anything else.
+void release_held_signals();
 
 /// `mih warm status|stop`: lists this user's warm servers (socket, pid, commands served and
 /// running, seconds idle, core binary) or stops them; returns the exit status (0; 2 on a bad

@@ -515,15 +515,19 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // cases of cpu-smoke on llama and moe (Pp2Mb4, Pp2DpShard2Mb2, Pp2Tp2SpMb2, Pp2AcMb4, the resumes
   // from pp2 into dp_shard2 and back, the twin Pp2), llama_tied's Pp2Mb2 (its tie across the
   // stages a replica pair), llama_deep (four layers) on the variants lane with Pp2Vpp2Mb4 and
-  // Pp4Mb4, and PipelineSchedule on every pipelined case.
-  EXPECT_EQ(total, 4119) << list.output;
-  EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp"}));
+  // Pp4Mb4, and PipelineSchedule on every pipelined case. Then 4234: Structure's alias test on
+  // every case (issue 52). Then 4646 on 126 cases: tp above the 2 KV heads, Tp4 on llama,
+  // llama_dropout, moe and vlm (152 tests) and Tp4Sp on the variants lane's 7 specs (260); Pp2,
+  // listed now, was already there as a resume's twin.
+  EXPECT_EQ(total, 4646) << list.output;
+  EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
+            (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
   // The cases without pp (the specs whose port builds no pipeline stages run only these).
   const std::set<std::string> flat = {"Reference",     "DpShard2",      "DpReplicate2", "Tp2",      "Tp2Sp",
-                                      "Cp2Zz",         "DpShard2Cp2",   "DpShard2Tp2Sp", "DpReplicate2DpShard2",
-                                      "Cp2ZzTp2",      "DpShard2Ac",    "DpShard2Mb2",  "ResumeDpShard2",
-                                      "ResumeDpShard2ToTp2"};
+                                      "Tp4",           "Cp2Zz",         "DpShard2Cp2",  "DpShard2Tp2Sp",
+                                      "DpReplicate2DpShard2", "Cp2ZzTp2", "DpShard2Ac",   "DpShard2Mb2",
+                                      "ResumeDpShard2", "ResumeDpShard2ToTp2"};
   const std::set<std::string> pipelined = {"Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2", "Pp2AcMb4", "ResumeDpShard2ToPp2",
                                            "Pp2"};
   std::set<std::string> all = flat;
@@ -545,24 +549,25 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   EXPECT_EQ(cases_of["Llama/ModuleParity"], (std::set<std::string>{"Reference"}));
   EXPECT_EQ(cases_of["Llama/GradientSync"], compared);
   EXPECT_EQ(cases_of["Llama/TensorParallelGradients"],
-            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Tp4", "Pp2Tp2SpMb2"}));
   EXPECT_EQ(cases_of["Llama/Resume"], (std::set<std::string>{"ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
                                                              "ResumeDpShard2ToPp2"}));
   EXPECT_EQ(cases_of["Llama/CheckpointRoundTrip"], cases_of["Llama/Resume"]);
   EXPECT_EQ(cases_of["Llama/ActivationCheckpointEquivalence"], (std::set<std::string>{"DpShard2Ac", "Pp2AcMb4"}));
   EXPECT_EQ(cases_of["Llama/ReplicaConsistency"],
             (std::set<std::string>{"DpReplicate2", "Tp2Sp", "Cp2Zz", "DpShard2Cp2", "DpShard2Tp2Sp",
-                                   "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
+                                   "DpReplicate2DpShard2", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Tp4", "Pp2Tp2SpMb2"}));
   // A tie across the first and the last pipeline stage: its two copies are replicas.
-  EXPECT_EQ(cases_of["LlamaTied/ReplicaConsistency"], (std::set<std::string>{"Tp2", "Tp2Sp", "Pp2Mb2"}));
+  EXPECT_EQ(cases_of["LlamaTied/ReplicaConsistency"], (std::set<std::string>{"Tp2", "Tp2Sp", "Tp4Sp", "Pp2Mb2"}));
   EXPECT_EQ(cases_of["Llama/TensorParallelInputs"],
-            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Pp2Tp2SpMb2"}));
+            (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Tp4", "Pp2Tp2SpMb2"}));
   EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
   EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "DpShard2Cp2", "Cp2ZzTp2"}));  // pixel_values
   EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie
-  EXPECT_EQ(cases_of["LlamaTied/TiedParameters"], (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Pp2Mb2"}));
+  EXPECT_EQ(cases_of["LlamaTied/TiedParameters"],
+            (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Tp4Sp", "Pp2Mb2"}));
   // Dropout is refused under pp (its masks are not drawn stage-wise): llama_dropout declares no
   // pipeline layers.
   EXPECT_EQ(cases_of["LlamaDropout/Structure"], flat);
@@ -629,23 +634,23 @@ TEST(CliConformanceTest, NothingSelectedOrNothingRunnableIsAnError) {
   EXPECT_THAT(none.output, AllOf(HasSubstr("the run selected no test (--gtest_filter=Nope/*)"),
                                  HasSubstr("Llama (spec llama, matrix cpu-smoke): Reference, DpShard2"),
                                  HasSubstr("e.g. --gtest_filter='Llama/*.*/DpShard2'")));
-  const std::filesystem::path tp4 = root / "tp4.json";
-  write_file_atomic(tp4, R"({"name": "tp4", "dtype": "float64", "reference": false, "cases": [{"tp": 4}]})");
-  CliRun nothing = mih("test --prefixes Llama --matrix " + tp4.string() + r);
+  const std::filesystem::path tp3 = root / "tp3.json";
+  write_file_atomic(tp3, R"({"name": "tp3", "dtype": "float64", "reference": false, "cases": [{"tp": 3}]})");
+  CliRun nothing = mih("test --prefixes Llama --matrix " + tp3.string() + r);
   EXPECT_EQ(nothing.status, exit_status(Code::kInvalidSpec)) << nothing.output;
-  EXPECT_THAT(nothing.output, AllOf(HasSubstr("matrix 'tp4' lists no case spec 'llama' (Llama) can run; rejected: Tp4 (tp=4 "
-                                              "does not divide 2"),
+  EXPECT_THAT(nothing.output, AllOf(HasSubstr("matrix 'tp3' lists no case spec 'llama' (Llama) can run; rejected: Tp3 (tp=3 "
+                                              "does not divide 4"),
                                     HasSubstr("`mih matrix --spec llama --matrix")));
-  const std::filesystem::path with_ref = root / "tp4_ref.json";
-  write_file_atomic(with_ref, R"({"name": "tp4r", "dtype": "float64", "cases": [{"tp": 4}]})");
-  CliRun filtered = mih("test --prefixes Llama --matrix " + with_ref.string() + r + " --gtest_filter='Llama/*.*/Tp4'");
+  const std::filesystem::path with_ref = root / "tp3_ref.json";
+  write_file_atomic(with_ref, R"({"name": "tp3r", "dtype": "float64", "cases": [{"tp": 3}]})");
+  CliRun filtered = mih("test --prefixes Llama --matrix " + with_ref.string() + r + " --gtest_filter='Llama/*.*/Tp3'");
   EXPECT_EQ(filtered.status, exit_status(Code::kInvalidSpec)) << filtered.output;
   // Its only parallel case rejected, the reference alone is not a run either.
-  EXPECT_THAT(filtered.output, HasSubstr("matrix 'tp4r' lists no case spec 'llama' (Llama) can run; rejected: Tp4 (tp=4 "
-                                         "does not divide 2"));
-  CliRun run = mih("run --spec llama --case Tp4 --matrix " + with_ref.string() + " --evidence-root " + root.string());
+  EXPECT_THAT(filtered.output, HasSubstr("matrix 'tp3r' lists no case spec 'llama' (Llama) can run; rejected: Tp3 (tp=3 "
+                                         "does not divide 4"));
+  CliRun run = mih("run --spec llama --case Tp3 --matrix " + with_ref.string() + " --evidence-root " + root.string());
   EXPECT_EQ(run.status, exit_status(Code::kInvalidSpec)) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("case 'Tp4' of matrix 'tp4r' cannot run spec 'llama': tp=4 does not divide 2"));
+  EXPECT_THAT(run.output, HasSubstr("case 'Tp3' of matrix 'tp3r' cannot run spec 'llama': tp=3 does not divide 4"));
   EXPECT_FALSE(std::filesystem::exists(root / "llama")) << "nothing launched";
 }
 
@@ -663,13 +668,13 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   // The process's start line (the tests it will run) first, its end line last.
   ASSERT_GE(results.size(), 2u);
   EXPECT_EQ(results.front()["run"]["event"], "start");
-  EXPECT_EQ(results.front()["run"]["tests"].size(), 37u);
+  EXPECT_EQ(results.front()["run"]["tests"].size(), 38u);
   EXPECT_EQ(results.back()["run"]["event"], "end");
-  EXPECT_EQ(results.back()["run"]["completed"], 37);
+  EXPECT_EQ(results.back()["run"]["completed"], 38);
   results = std::vector<nlohmann::json>(results.begin() + 1, results.end() - 1);
   // The TEST_Ps of the suites the suite table applies to Tp2Sp (llama declares no modality;
   // no FSDP, resume or activation checkpointing here), and nothing skipped.
-  ASSERT_EQ(results.size(), 37u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests, then GradientPresence's two, then PipelineOutputs
+  ASSERT_EQ(results.size(), 38u);  // 31, then the gradient-sync, tp-partial and undeclared-frozen tests, then GradientPresence's two, then PipelineOutputs, then Structure's aliases
   std::set<std::string> suites;
   for (const auto& line : results) {
     EXPECT_EQ(line["status"], "passed") << line.dump();
@@ -741,7 +746,7 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
            {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
            {"test --fault F03" + r, "--fault and --fault-cases go together"},
-           {"faults --fault F36 --out " + (root / "faults").string(), "unknown fault 'F36'"},
+           {"faults --fault F37 --out " + (root / "faults").string(), "unknown fault 'F37'"},
            // An empty selection would run nothing and exit 0.
            {"faults --fault '' --out " + (root / "faults").string(), "--fault '' names no fault"}}) {
     CliRun bad_fault = mih(command);

@@ -10,7 +10,8 @@ starts, exit 11 naming the hash (another checkpoint: the run's seed 1; another b
 trainer options; a stale tensors file), as is an unknown format version (exit 11), a golden of a
 spec the run does not select, a compute_epsilon or noise that would loosen the tolerances, a
 tensor holding NaN or of another shape (exit 11, naming it); a missing directory is exit 12. The producer refuses an export
-whose key map renamed a weight, naming it. Prints the float64 agreement figures (the largest
+whose key map renamed a weight, naming it, and one missing a weight the port wrote once for two names (a tie the
+original does not have), naming both. Prints the float64 agreement figures (the largest
 relative error per quantity kind) of llama and moe against the builtin.
 
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
@@ -292,6 +293,24 @@ def main():
                        capture_output=True, text=True, timeout=300)
     check(p.returncode == 11 and "the checkpoint has no 'model.layers.0.mlp.gate_proj.weight'" in p.stderr,
           "the producer refuses an export missing a weight the architecture reads, naming it (exit 11)",
+          p.stdout + p.stderr)
+
+    # A tie the original does not have (issue 52): llama_tied's export writes the head once, as
+    # the embedding; an original that keeps them apart misses lm_head.weight, named with both
+    # of the port's names for it.
+    tied = w("tied")
+    rc, out = run([a.mih, "export", "--spec", "llama_tied", "--dtype", "float64", "--out", tied])
+    check(rc == 0 and "'lm_head.weight' is 'embed_tokens.weight' (a declared tie)" in out,
+          "mih export names a declared tie it writes once", out)
+    config = json.load(open(os.path.join(tied, "config.json")))
+    config["tie_word_embeddings"] = False
+    with open(os.path.join(tied, "config.json"), "w") as f:
+        json.dump(config, f)
+    p = subprocess.run([a.python, a.producer, "--export", tied, "--out", w("tied-golden")],
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 11 and "the checkpoint has no 'lm_head.weight'" in p.stderr and
+          "'lm_head.weight' is an alias of 'embed_tokens.weight' in the port" in p.stderr,
+          "the producer refuses an export missing a weight the port wrote once for two names, naming both (exit 11)",
           p.stdout + p.stderr)
     print("%d failure(s)" % len(FAILURES))
     return 1 if FAILURES else 0

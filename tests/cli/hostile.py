@@ -534,9 +534,9 @@ def strict_json(mih, work):
           f"name are exit 11, not one silently dropped (got {r.returncode})", r.stdout[-600:])
     rejected = os.path.join(work, "rejected.json")
     with open(rejected, "w") as f:
-        json.dump(dict(base, cases=[{"tp": 4}]), f)
+        json.dump(dict(base, cases=[{"tp": 3}]), f)
     r = run(mih, ["matrix", "--spec", "llama", "--matrix", rejected])
-    check(r.returncode == 11 and "rejected Tp4" in r.stdout, f"7: a matrix with no runnable case is exit 11 with the "
+    check(r.returncode == 11 and "rejected Tp3" in r.stdout, f"7: a matrix with no runnable case is exit 11 with the "
           f"arithmetic (got {r.returncode})", r.stdout[-600:])
     many = os.path.join(work, "many.json")
     with open(many, "w") as f:

@@ -10,7 +10,11 @@ to fail.
      (quantities, largest error / tolerance and error / noise)
   2. per lane: the Markdown report has the precision section and the HTML report the heat map
   3. per lane: fault F01 (the final norm's gradient a partial sum under sequence parallelism)
-     injected in Tp2Sp fails NumericParity, naming norm.weight, with its error / noise
+     injected in Tp2Sp fails NumericParity, naming norm.weight, with its error / noise: in
+     float32 always; in bfloat16 where the fault's effect on norm.weight's gradient at step 0
+     is at least MARGIN times the correct run's calibrated tolerance there (the bf16 noise
+     depends on the CPU's kernels), else it says that it did not assert it; the branch taken is
+     printed and recorded in <work>/<dtype>-F01/assertion.json
   4. float32: k = 0 (an uncalibrated tolerance: the floor alone) fails the correct port
 
 Exit status: 0 every check held; 1 otherwise."""
@@ -38,6 +42,70 @@ def summary(cal):
     ratios = [r["error_over_noise"] for r in rows if r["error_over_noise"] is not None]
     return (f"{len(rows)} quantities, largest error / tolerance {cal['max_error_over_tolerance']:.3g} "
             f"({cal['worst']}), largest error / noise {max(ratios):.3g}, factor {cal['factor']:g}")
+
+
+# F01 makes the final norm's weight gradient a partial sum per tp rank: at step 0, before the
+# optimizer has spread it anywhere, its error is the fault's effect (about half the gradient
+# missing, whatever the CPU), plus the lane's rounding. Whether the lane can see it depends on
+# the lane's tolerance there, calibrated from the noise between the lane's reference and its
+# twin, which in bfloat16 depends on the CPU's reduced-precision kernels (issue 52: an AMD EPYC
+# without AVX-512 had a bf16 noise that hid it). So detection is asserted where the effect is
+# at least MARGIN times the correct run's tolerance for that quantity, and otherwise the test
+# says it did not assert it and why; float32's margin is large on any CPU (it is asserted
+# unconditionally and its margin printed).
+FAULT_QUANTITY = ("norm.weight", 0, "grad_before_clip")  # name, step, stage
+MARGIN = 3.0
+
+
+def quantity_row(cal_path, key=FAULT_QUANTITY):
+    """The row of compare/calibration.json at `key` (name, step, stage), or None."""
+    try:
+        cal = json.load(open(cal_path))
+    except (OSError, ValueError):
+        return None
+    for row in cal.get("quantities", []):
+        if (row.get("name"), row.get("step"), row.get("stage")) == key:
+            return row
+    return None
+
+
+def judge_fault(dtype, returncode, output, fault_case, correct_case, record_dir):
+    """Checks the F01 run of lane `dtype` (its exit status and output, its case evidence) against
+    the correct run's calibrated tolerance (`correct_case`); prints and records in
+    `record_dir`/assertion.json which branch was taken. Returns whether detection was asserted."""
+    name, step, stage = FAULT_QUANTITY
+    effect_row = quantity_row(os.path.join(fault_case, "compare", "calibration.json"))
+    noise_row = quantity_row(os.path.join(correct_case, "compare", "calibration.json"))
+    check(effect_row is not None and noise_row is not None and noise_row["tolerance"] > 0,
+          f"{dtype}: the F01 run and the correct run both calibrated '{name}' at step {step}, {stage}",
+          output[-2000:])
+    if effect_row is None or noise_row is None or not noise_row["tolerance"] > 0:
+        return False
+    effect, tolerance = effect_row["error"], noise_row["tolerance"]
+    asserted = dtype == "float32" or effect >= MARGIN * tolerance
+    if asserted:
+        branch = (f"asserted: effect {effect:.3g} >= {MARGIN:g} x tolerance {tolerance:.3g} (margin "
+                  f"{effect / tolerance:.3g})" if effect >= MARGIN * tolerance else
+                  f"asserted (float32, always): effect {effect:.3g}, tolerance {tolerance:.3g}, margin only "
+                  f"{effect / tolerance:.3g}")
+    else:
+        branch = (f"not asserted: effect {effect:.3g} below {MARGIN:g} x the bf16 noise's tolerance {tolerance:.3g} on "
+                  f"this CPU (margin {effect / tolerance:.3g})")
+    print(f"      {dtype}: F01 '{name}' step {step} {stage}: {branch}")
+    with open(os.path.join(record_dir, "assertion.json"), "w") as f:
+        json.dump({"dtype": dtype, "quantity": {"name": name, "step": step, "stage": stage}, "effect": effect,
+                   "tolerance": tolerance, "margin": MARGIN, "asserted": asserted, "branch": branch,
+                   "exit_status": returncode}, f, indent=2)
+    if asserted:
+        check(returncode == 1 and "norm.weight" in output and "error / noise" in output,
+              f"{dtype}: F01 in Tp2Sp fails NumericParity, naming norm.weight with its error / noise ({branch}; exit "
+              f"{returncode})", output[-3000:])
+    else:
+        # Below the noise the lane may or may not see it; what it must not do is fail for a
+        # reason other than a verdict (bad input, a crash).
+        check(returncode in (0, 1), f"{dtype}: F01 in Tp2Sp ends with a verdict ({branch}; exit {returncode})",
+              output[-3000:])
+    return asserted
 
 
 def lane(mih, work, dtype):
@@ -72,9 +140,8 @@ def lane(mih, work, dtype):
     fault_root = os.path.join(work, dtype + "-F01")
     r = mih_test(mih, fault_root, dtype, "--fault", "F01", "--fault-cases", "Tp2Sp",
                  "--gtest_filter=Llama/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/Tp2Sp")
-    check(r.returncode == 1 and "norm.weight" in r.stdout and "error / noise" in r.stdout,
-          f"{dtype}: F01 in Tp2Sp fails NumericParity, naming norm.weight with its error / noise (exit {r.returncode})",
-          r.stdout[-3000:])
+    judge_fault(dtype, r.returncode, r.stdout, os.path.join(fault_root, "llama", "Tp2Sp"),
+                os.path.join(root, "llama", "Tp2Sp"), fault_root)
     for line in r.stdout.splitlines():
         if "first divergence" in line:
             print("      " + line.strip()[:400])

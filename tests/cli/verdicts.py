@@ -17,7 +17,9 @@
    evidence holds, per step and region, the checkpointed forwards and the recomputes backward
    ran; evidence of a run that recomputed nothing fails it.
 5. `mih faults` gates the localization: a fault detected but blamed elsewhere than the catalog
-   expects makes it exit 1, naming the row.
+   expects makes it exit 1, naming the row (made so on every CPU: the float64 lane, the row's
+   expected place replaced through the test hook MIH_TEST_EXPECTED_BLAME; a malformed hook
+   value is bad input).
 
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
@@ -76,10 +78,11 @@ def failed_tests(gtest_json):
 
 def matrices(a):
     """1. The matrix's listed cases are what a run checks."""
-    tp4 = os.path.join(a.work, "tp4.json")
-    write_json(tp4, {"name": "tp4", "cases": [{"tp": 4}]})  # the issue's file: no dtype, tp=4 for no spec
-    r = run(a.mih, ["matrix", "--spec", "llama", "--matrix", tp4])
-    check(r.returncode == 11 and "lists no case spec 'llama' can run" in r.stdout and "Tp4 (tp=4 does not divide" in r.stdout,
+    tp3 = os.path.join(a.work, "tp3.json")
+    # The issue's file had tp=4, which the GQA specs now take (KV heads replicated): tp=3 for no spec.
+    write_json(tp3, {"name": "tp3", "cases": [{"tp": 3}]})
+    r = run(a.mih, ["matrix", "--spec", "llama", "--matrix", tp3])
+    check(r.returncode == 11 and "lists no case spec 'llama' can run" in r.stdout and "Tp3 (tp=3 does not divide" in r.stdout,
           f"1: mih matrix of a file whose only case the spec rejects: exit 11 naming the rejection (got {r.returncode})",
           r.stdout[-1500:])
     plain = os.path.join(a.work, "dp.json")
@@ -95,13 +98,13 @@ def matrices(a):
           f"1: a file without dtype is the float64 lane, no LaneReference or NoiseTwin, DpShard2 listed ({dtypes}, "
           f"listed {listed})", r.stdout[-1500:])
 
-    root = os.path.join(a.work, "tp4-all")
-    r = run(a.mih, ["test", "--matrix", tp4, "--evidence-root", root, "--no-progress"], timeout=900)
-    named = all(f"spec '{s}' ({p}) can run; rejected: Tp4 (tp=4" in r.stdout for s, p in
+    root = os.path.join(a.work, "tp3-all")
+    r = run(a.mih, ["test", "--matrix", tp3, "--evidence-root", root, "--no-progress"], timeout=900)
+    named = all(f"spec '{s}' ({p}) can run; rejected: Tp3 (tp=3" in r.stdout for s, p in
                 (("llama", "Llama"), ("moe", "Moe"), ("vlm", "Vlm")))
     launched = [d for d in ("llama", "moe", "vlm") if os.path.exists(os.path.join(root, d))]
     check(r.returncode == 11 and named and "no case the matrix lists can run" in r.stdout and not launched,
-          f"1: mih test --matrix tp4.json: exit 11 naming every spec's rejection, nothing launched (got "
+          f"1: mih test --matrix tp3.json: exit 11 naming every spec's rejection, nothing launched (got "
           f"{r.returncode}; launched {launched})", r.stdout[-3000:])
 
     # One spec can run the listed case and one cannot: the one that cannot is named, and the
@@ -117,9 +120,9 @@ def matrices(a):
           f"nothing launched (got {r.returncode})", r.stdout[-3000:])
 
     if a.plain:
-        root = os.path.join(a.work, "tp4-plain")
-        r = run(a.plain, ["--matrix", tp4, "--evidence-root", root, "--no-progress"], timeout=900)
-        check(r.returncode == 11 and "spec 'llama' (PlainLlama) can run; rejected: Tp4" in r.stdout
+        root = os.path.join(a.work, "tp3-plain")
+        r = run(a.plain, ["--matrix", tp3, "--evidence-root", root, "--no-progress"], timeout=900)
+        check(r.returncode == 11 and "spec 'llama' (PlainLlama) can run; rejected: Tp3" in r.stdout
               and not os.path.exists(os.path.join(root, "llama")),
               f"1: a conformance binary (mih_plain_conformance) with the same matrix: exit 11, nothing launched "
               f"(got {r.returncode})", r.stdout[-2000:])
@@ -257,21 +260,45 @@ def recomputes(a, clean_root):
 
 
 def faults_gate(a):
-    """5. A fault detected but not localized where the catalog expects fails `mih faults`."""
+    """5. A fault detected but not localized where the catalog expects fails `mih faults`.
+
+    Deterministic: the float64 lane (no reduced-precision kernel decides anything) with the
+    row's expected place replaced by a deliberately wrong one through the test hook
+    MIH_TEST_EXPECTED_BLAME (harness/cases/faults.cpp), so the fault is detected and blamed
+    elsewhere than "expected" on every CPU."""
+    hook = "MIH_TEST_EXPECTED_BLAME"
+    env = dict(os.environ)
+    env.pop(hook, None)
+    # A malformed hook value is bad input naming the variable, before anything runs.
+    r = subprocess.run([a.mih, "faults", "--fault", a.mislocalized_fault, "--out", os.path.join(a.work, "faults-bad"),
+                        "--no-progress"], env=dict(env, **{hook: "F99=lm_head"}), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(r.returncode == 11 and f"{hook}='F99=lm_head'" in r.stdout and "ID=place" in r.stdout
+          and not os.path.exists(os.path.join(a.work, "faults-bad", "fault-free")),
+          f"5: {hook} naming no catalog row is bad input naming the variable, nothing run (got {r.returncode})",
+          r.stdout[-1500:])
     out = os.path.join(a.work, "faults")
-    r = run(a.mih, ["faults", "--fault", a.mislocalized_fault, "--dtype", a.mislocalized_dtype, "--out", out,
-                    "--no-progress"], timeout=900)
+    wrong = f"{a.mislocalized_fault}={a.wrong_blame}"
+    try:
+        r = subprocess.run([a.mih, "faults", "--fault", a.mislocalized_fault, "--out", out, "--no-progress"],
+                           env=dict(env, **{hook: wrong}), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=900)
+    except subprocess.TimeoutExpired as e:
+        check(False, "5: mih faults ended within 900 s", str(e))
+        return
     try:
         row = read_json(os.path.join(out, "faults.json"))["faults"][0]
     except (OSError, ValueError, KeyError, IndexError) as e:
         check(False, "5: mih faults wrote faults.json", str(e) + r.stdout[-2000:])
         return
-    print(f"      {row['id']} ({a.mislocalized_dtype}): detected {row['detected']} by {row['caught_by']}, blamed "
+    print(f"      {row['id']} (float64, {hook}={wrong}): detected {row['detected']} by {row['caught_by']}, blamed "
           f"'{row['blamed']}', expected '{row['expected_blame']}'")
-    check(row["detected"] and not row["localized"] and r.returncode == 1 and f"NOT LOCALIZED {row['id']}" in r.stdout
-          and row["expected_blame"] in r.stdout,
-          f"5: mih faults --fault {row['id']} --dtype {a.mislocalized_dtype}, detected and blamed elsewhere: exit 1 "
-          f"naming the row (got {r.returncode})", r.stdout[-2000:])
+    check(row["detected"] and row["blamed"] and row["blamed"] != a.wrong_blame and not row["localized"]
+          and row["expected_blame"] == a.wrong_blame and row.get("expected_blame_from") == hook
+          and r.returncode == 1 and f"NOT LOCALIZED {row['id']}" in r.stdout and f"expects '{a.wrong_blame}'" in r.stdout
+          and f"{hook} is set" in r.stdout,
+          f"5: mih faults --fault {row['id']} with its expected place made wrong ({wrong}), detected and blamed "
+          f"elsewhere: exit 1 naming the row and saying the hook is set (got {r.returncode})", r.stdout[-2000:])
 
 
 def main():
@@ -279,8 +306,9 @@ def main():
     ap.add_argument("--mih", required=True)
     ap.add_argument("--plain", help="a conformance binary (mih_plain_conformance)")
     ap.add_argument("--work", required=True)
-    ap.add_argument("--mislocalized-fault", default="F08", help="a catalog fault detected but blamed elsewhere in ...")
-    ap.add_argument("--mislocalized-dtype", default="bfloat16", help="... this lane")
+    ap.add_argument("--mislocalized-fault", default="F08",
+                    help="a catalog fault the float64 lane detects, made mislocalized by ...")
+    ap.add_argument("--wrong-blame", default="lm_head", help="... expecting it blamed here instead (not where it lives)")
     ap.add_argument("--only", help="comma-separated sections to run (matrices,states,codes,recomputes,faults)")
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)

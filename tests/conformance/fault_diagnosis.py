@@ -40,6 +40,11 @@ def check_row(row):
             problems.append("a config-invariant fault must fail only MatchesOriginal, on the Reference")
         if f"{row['spec']}/{row['case']}" not in d.get("passing", []):
             problems.append(f"its parallel case {row['spec']}/{row['case']} must pass (it agrees with its Reference)")
+        # Said first, with the layer where the Reference leaves the original (issue 52).
+        summary = d.get("summary", "")
+        if not summary.startswith("the port does not compute the original model") or "localized to '" not in summary:
+            problems.append("the diagnosis does not lead with 'the port does not compute the original model' naming "
+                            f"the first diverging layer: {summary[:200]}")
     elif expected == "world_size>1":
         # A fault of what every parallel layout shares (a reduction over the whole mesh): every
         # parallel case fails, two of them at least (one is "too few cases to tell").

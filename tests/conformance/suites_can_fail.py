@@ -207,6 +207,10 @@ MUTATIONS = {
     "Structure.DtypeAndDeviceAsConfigured":
         ("llama", "DpShard2", "a parameter cast to float32 after creation",
          finding("MIH-STRUCT-002", "norm.weight", "parameter is float32 on cpu, the run's parameters are float64 on cpu")),
+    "Structure.EveryAliasIsADeclaredTie":
+        ("llama", "DpShard2", "the q_proj module registered again as k_proj (one tensor, two names, no declared tie)",
+         finding("MIH-STRUCT-008", "layers.0.self_attn.q_proj.weight",
+                 "'layers.0.self_attn.q_proj.weight' and 'layers.0.self_attn.k_proj.weight' name the same tensor")),
     "Structure.LocalShapesMatchPlacements":
         ("llama", "DpShard2", "a row-parallel weight sharded on the wrong dim",
          finding("MIH-STRUCT-001", "layers.0.self_attn.o_proj.weight", "local shape inconsistent with placements")),

@@ -240,8 +240,13 @@ TEST(LlamaOptionsTest, SizesThatDoNotFitTheMeshAreNamed) {
   dims.tp = 2;
   auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
     ParallelContext ctx(mesh, mesh.config());
-    EXPECT_THAT([&] { models::LlamaOptions().num_kv_heads(1).validate(ctx); },
-                ::testing::ThrowsMessage<Error>(HasSubstr("num_kv_heads(1) must divide by tp(2)")));
+    EXPECT_THAT([&] { models::LlamaOptions().hidden_size(96).num_heads(6).num_kv_heads(3).validate(ctx); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("num_kv_heads(3) must divide by tp(2) or tp be a multiple of "
+                                                          "it (the KV heads replicated over tp): 3 % 2 = 1, 2 % 3 = 2")));
+    EXPECT_THAT([&] { models::LlamaOptions().hidden_size(96).num_heads(3).num_kv_heads(1).validate(ctx); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("num_heads(3) must divide by tp(2): 3 % 2 = 1")));
+    // One KV head (multi-query attention) at tp 2: replicated over both ranks.
+    EXPECT_NO_THROW(models::LlamaOptions().num_kv_heads(1).validate(ctx));
     EXPECT_THAT([&] { models::LlamaOptions().top_k(5).validate(ctx); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("top_k(5) must be in [1, num_experts(4)]")));
   });

@@ -1,12 +1,15 @@
 // mih::checkpoint on one device, against the same region run plainly: bit-exact gradients
 // with dropout over several steps (the RNG replayed in the recompute and restored after it),
-// an input without grad, autocast re-entered, and each silent-loss trap turned into an error
-// (spike_ac_cp.md section 1.4).
+// an input without grad, autocast re-entered, a parameter listed twice (a tie inside the region)
+// given its gradient once, and each silent-loss trap turned into an error
+// (docs/spike-ac-cp.md section 1.4).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include "harness/base/error.h"
 #include "harness/compat/autocast.h"
@@ -103,6 +106,45 @@ TEST(ActivationCheckpointTest, AutocastStateIsReenteredInTheRecompute) {
     return w.grad();
   };
   EXPECT_TRUE(at::equal(grads(false), grads(true)));
+}
+
+// A tie inside the region: one norm module registered under two names (a port whose q_norm
+// and k_norm are the same module), so Module::parameters() lists its weight twice. Each entry
+// used to get the region's whole gradient, and the leaf accumulated both: exactly 2x.
+struct TiedNormBlockImpl : torch::nn::Module {
+  at::Tensor w;
+  torch::nn::Linear q{nullptr}, k{nullptr};
+  explicit TiedNormBlockImpl(at::Generator gen) {
+    q = register_module("q", torch::nn::Linear(torch::nn::LinearOptions(6, 6).bias(false)));
+    k = register_module("k", torch::nn::Linear(torch::nn::LinearOptions(6, 6).bias(false)));
+    at::NoGradGuard no_grad;
+    for (auto& p : parameters()) p.set_data(at::randn(p.sizes(), gen, at::kDouble));
+    w = at::randn({6}, gen, at::kDouble).requires_grad_(true);
+    register_parameter("q_norm_weight", w);
+    register_parameter("k_norm_weight", w);  // the same tensor under a second name
+  }
+  // [N, 6] -> [N, 6]
+  at::Tensor forward(const at::Tensor& x) { return q(x) * w + (k(x) * w).tanh(); }
+};
+TORCH_MODULE(TiedNormBlock);
+
+TEST(ActivationCheckpointTest, AParameterListedTwiceGetsItsGradientOnce) {
+  auto grads = [](bool checkpointed) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    TiedNormBlock block(gen);
+    EXPECT_EQ(block->parameters().size(), 4u) << "the tied weight is listed under both names";
+    at::Tensor x = at::randn({3, 6}, gen, at::kDouble).requires_grad_(true);
+    auto f = [impl = block.ptr()](const std::vector<at::Tensor>& in) { return impl->forward(in[0]); };
+    at::Tensor y = checkpointed ? checkpoint("layers.0", f, {x}, block->parameters()) : f({x});
+    y.pow(2).sum().backward();
+    return std::vector<at::Tensor>{block->w.grad(), block->q->weight.grad(), x.grad()};
+  };
+  const std::vector<at::Tensor> plain = grads(false), checkpointed = grads(true);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const double diff = (checkpointed[i] - plain[i]).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-12) << "gradient " << i << " (0: the tied weight): checkpointed / plain = "
+                           << (checkpointed[i] / plain[i]).mean().item<double>();
+  }
 }
 
 TEST(ActivationCheckpointTest, UndeclaredLeafIsAnError) {

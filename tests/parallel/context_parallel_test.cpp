@@ -1,7 +1,7 @@
 // Context-parallel layouts and attention: the token ids of each layout, the shard/unshard
 // round trip, and CP attention on thread ranks against full-sequence attention on one device
 // (output and the gradients of q, k and v: a gather whose backward only sliced would leave
-// the output right and dk, dv wrong; spike_ac_cp.md section 2.3).
+// the output right and dk, dv wrong; docs/spike-ac-cp.md section 2.3).
 #include <limits>
 
 #include <ATen/ATen.h>

@@ -146,5 +146,65 @@ TEST(HeadRMSNormTest, APlainNormOnTheHeadsIsFindingGrad002) {
   EXPECT_TRUE(Close(runs[0].synced_grad + runs[1].synced_grad, expected));
 }
 
+// A k_norm on KV heads replicated over tp (tp 4 > 2 KV heads, ColumnParallelLinearOptions::
+// heads): tp rank t holds KV head t / 2 whole, but its loss is only its own query heads' share,
+// so the norm's gradient is still partial over tp. A plain RMSNorm there (what layers.h once
+// advised for replicated KV heads) is MIH-GRAD-002 at tp 4; HeadRMSNorm is declared partial and
+// synchronizes to one device's gradient.
+TEST(HeadRMSNormTest, AKNormOnReplicatedKvHeadsIsPartialOverTpToo) {
+  constexpr int64_t kKvHeads = 2, kTp = 4;
+  const at::Tensor kv = all_heads().narrow(1, 0, kKvHeads);  // [B, 2, S, D]
+  auto share = [&](int64_t t) { return head_loss_weights().narrow(1, t / 2, 1) * static_cast<double>(1 + t); };
+  at::Tensor expected;
+  {
+    at::Tensor w = at::ones({kHeadDim}, at::kDouble).requires_grad_(true);
+    const at::Tensor y = kv * at::rsqrt(kv.pow(2).mean(-1, true) + 1e-6) * w;
+    at::Tensor loss = at::zeros({}, at::kDouble);
+    for (int64_t t = 0; t < kTp; ++t) loss = loss + (y.narrow(1, t / 2, 1) * share(t)).sum();
+    loss.backward();
+    expected = w.grad();
+  }
+  for (bool head_norm : {false, true}) {
+    SCOPED_TRACE(head_norm ? "HeadRMSNorm" : "RMSNorm");
+    std::vector<NormRun> runs(kTp);
+    ParallelConfig dims;
+    dims.tp = kTp;
+    ASSERT_THAT(testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+                  ParallelConfig config = mesh.config();
+                  config.dtype = DType::kFloat64;
+                  ParallelContext ctx(mesh, config);
+                  struct Attention : torch::nn::Module {
+                    std::shared_ptr<torch::nn::Module> k_norm;
+                  } attn;
+                  std::function<at::Tensor(const at::Tensor&)> forward;
+                  if (head_norm) {
+                    HeadRMSNorm norm(ctx, kHeadDim);
+                    attn.k_norm = attn.register_module("k_norm", norm.ptr());
+                    forward = [norm](const at::Tensor& k) mutable { return norm->forward(k); };
+                  } else {
+                    RMSNorm norm(ctx, kHeadDim);
+                    attn.k_norm = attn.register_module("k_norm", norm.ptr());
+                    forward = [norm](const at::Tensor& k) mutable { return norm->forward(k); };
+                  }
+                  ctx.finalize(attn);
+                  const int64_t t = ctx.tp_rank();
+                  (forward(kv.narrow(1, t / 2, 1)) * share(t)).sum().backward();
+                  NormRun& run = runs[static_cast<size_t>(t)];
+                  run.before_sync = checks::check_tp_partial_gradients(ctx, 0).findings;
+                  ctx.synchronize_gradients();
+                  run.synced_grad = ctx.parameters().at(0)->local.grad().clone();
+                }),
+                IsEmpty());
+    for (const NormRun& run : runs) {
+      if (head_norm) {
+        EXPECT_THAT(codes_of(run.before_sync), IsEmpty()) << run.before_sync.summary();
+        EXPECT_TRUE(Close(run.synced_grad, expected));
+      } else {
+        EXPECT_THAT(codes_of(run.before_sync), Contains(std::string(codes::kGradTpPartialUndeclared) + " k_norm.weight"));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mih

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/layers.h"
 #include "tests/support/thread_ranks.h"
 
@@ -98,6 +99,83 @@ TEST(TensorParallelLayerTest, ColumnThenRowEqualsTheDenseMlp) {
                 }),
                 IsEmpty());
   }
+}
+
+// KV heads replicated over tp (ColumnParallelLinearOptions::heads below tp, vLLM's layout): at
+// tp=4 with 2 heads every rank holds the whole weight and computes head t / 2, and the weight's
+// and bias's gradients (each rank's query heads' share of its head's) are declared partial over
+// tp, so after the synchronization they are one device's, with and without sequence
+// parallelism; the input's gradient too. tp neither dividing the heads nor a multiple of them
+// is refused with the arithmetic.
+TEST(TensorParallelLayerTest, HeadsReplicatedOverTpComputeEachRanksHead) {
+  constexpr int64_t kKvHeads = 2, kHeadDim = 3, kHidden = 5, kSeq = 4, kTp = 4;
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "no sequence parallel");
+    ParallelConfig dims;
+    dims.tp = kTp;
+    EXPECT_THAT(testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+                  ParallelContext ctx(mesh, f64(mesh, sp));
+                  struct Attention : torch::nn::Module {
+                    ColumnParallelLinear k_proj{nullptr};
+                  } attn;
+                  attn.k_proj = attn.register_module(
+                      "k_proj", ColumnParallelLinear(ctx, ColumnParallelLinearOptions(kHidden, kKvHeads * kHeadDim).heads(kKvHeads)));
+                  const ShardedParameter& w = named(ctx, attn, "k_proj.weight");
+                  const ShardedParameter& b = named(ctx, attn, "k_proj.bias");
+                  EXPECT_TRUE(w.tp.is_replicate() && b.tp.is_replicate());
+                  EXPECT_TRUE(w.tp_partial_grad && b.tp_partial_grad);
+                  const int64_t t = ctx.tp_rank(), head = t / 2;
+                  EXPECT_EQ(attn.k_proj->head_replicas(), 2);
+                  EXPECT_EQ(attn.k_proj->replicated_head(), head);
+                  {
+                    at::NoGradGuard no_grad;  // a bias of 0.1, not its initial 0
+                    b.local.fill_(0.1);
+                  }
+                  const at::Tensor full_x = input(2, kSeq, kHidden);
+                  at::Tensor x = (sp ? full_x.chunk(kTp, 1)[t] : full_x).clone().requires_grad_(true);
+                  at::Tensor y = attn.k_proj(x);  // [B, S, D]: this rank's head, the whole sequence
+                  // Each rank's query heads weigh its keys their own way.
+                  auto weights = [&](int64_t r) {
+                    return at::cos(at::arange(2 * kSeq * kHeadDim, at::kDouble).reshape({2, kSeq, kHeadDim}) * (0.3 + 0.1 * r));
+                  };
+                  (y * weights(t)).sum().backward();
+                  // One device: every rank's head, weighted by that rank's weights.
+                  at::Tensor rw = w.local.detach().clone().requires_grad_(true);
+                  at::Tensor rb = b.local.detach().clone().requires_grad_(true);
+                  at::Tensor rx = full_x.clone().requires_grad_(true);
+                  at::Tensor all = at::linear(rx, rw, rb);  // [B, S, KV * D]
+                  at::Tensor loss = at::zeros({}, at::kDouble);
+                  for (int64_t r = 0; r < kTp; ++r) loss = loss + (all.narrow(-1, (r / 2) * kHeadDim, kHeadDim) * weights(r)).sum();
+                  loss.backward();
+                  EXPECT_TRUE(Close(y, all.detach().narrow(-1, head * kHeadDim, kHeadDim)));
+                  ctx.synchronize_gradients();
+                  EXPECT_TRUE(Close(w.local.grad(), rw.grad()));
+                  EXPECT_TRUE(Close(b.local.grad(), rb.grad()));
+                  EXPECT_TRUE(Close(x.grad(), sp ? rx.grad().chunk(kTp, 1)[t] : rx.grad()));
+                  EXPECT_THAT([&] { ColumnParallelLinear(ctx, ColumnParallelLinearOptions(kHidden, 3 * kHeadDim).heads(3)); },
+                              ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                                  "tp(4) must divide heads(3) or be a multiple of them (the heads then replicated over tp): "
+                                  "3 % 4 = 3 and 4 % 3 = 1")));
+                }),
+                IsEmpty());
+  }
+}
+
+// F36 (docs/fault-catalog.md): the head of tp rank t taken as t % heads, so ranks 1 and 2 compute the other
+// group's KV head; a fault point reached only where the heads are replicated.
+TEST(TensorParallelLayerTest, FaultF36GivesTwoRanksTheOtherKvHead) {
+  fault::ScopedFault wrong_head(fault::Fault::kF36);
+  std::vector<int64_t> heads(4, -1);
+  ParallelConfig dims;
+  dims.tp = 4;
+  EXPECT_THAT(testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+                ParallelContext ctx(mesh, f64(mesh));
+                ColumnParallelLinear k_proj(ctx, ColumnParallelLinearOptions(5, 6).heads(2));
+                heads[static_cast<size_t>(ctx.tp_rank())] = k_proj->replicated_head();
+              }),
+              IsEmpty());
+  EXPECT_EQ(heads, (std::vector<int64_t>{0, 1, 0, 1}));
+  EXPECT_TRUE(fault::reached());
 }
 
 // Each rank must hold matching halves of gate and of up ([gate_r; up_r]), not one of them

@@ -303,6 +303,28 @@ TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentSha
   EXPECT_THAT(errors, IsEmpty());
 }
 
+// Issue 52: one tensor under two names is a finding naming both unless the spec declares the
+// tie (in either order). llama_tied's model registers the embedding's weight again as the head's.
+TEST(StructureCheckTest, AnAliasTheSpecDoesNotDeclareTiedIsNamedWithBothNames) {
+  const spec::ModelSpec tied = get("llama_tied");
+  spec::ModelSpec reversed = tied, undeclared = tied;
+  reversed.checkpoint.tied = {{"lm_head.weight", "embed_tokens.weight"}};
+  undeclared.checkpoint.tied.clear();
+  auto errors = testing::run_mesh(ParallelConfig::parse_mesh("dp_shard=2"), [&](DeviceMesh& mesh) {
+    Trainer t(mesh, config(2), tied.factory, tied.data.make_batches(), tied.data.apply_sharding(TrainerOptions()));
+    EXPECT_THAT(codes(checks::check_structure(t.state(), tied).findings), IsEmpty());
+    EXPECT_THAT(codes(checks::check_structure(t.state(), reversed).findings), IsEmpty());
+    const FindingReport r = checks::check_structure(t.state(), undeclared).findings;
+    EXPECT_THAT(codes(r), ::testing::ElementsAre("MIH-STRUCT-008 embed_tokens.weight"));
+    for (const auto& f : r.findings()) {
+      EXPECT_THAT(f.message, HasSubstr("'embed_tokens.weight' and 'lm_head.weight' name the same tensor"));
+      EXPECT_THAT(f.remediation, HasSubstr("declare {\"embed_tokens.weight\", \"lm_head.weight\"}"));
+    }
+    EXPECT_EQ(codes::check_of(codes::kStructAliasUndeclared), codes::kCheckStructure);
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
 // ---- optimizer layout ----
 
 // The seed's HP-FSDP-004 and 005 under expert parallelism: the routed experts (EXPERT domain,

@@ -476,5 +476,31 @@ TEST(HfExportTest, ASpecWithoutAHuggingFaceConfigIsNotExported) {
               ::testing::ThrowsMessage<Error>(HasSubstr("spec 'llama' declares no Hugging Face config")));
 }
 
+// Issue 52: the export wrote one key for a tensor registered under two names, silently.
+// llama_tied's model registers the embedding's weight again as lm_head.weight: declared, the
+// export writes it once and records the alias; undeclared, it refuses, naming both names.
+TEST(HfExportTest, ATensorUnderTwoNamesIsRefusedUnlessDeclaredTiedAndRecordedWhenItIs) {
+  spec::ModelSpec s = spec::SpecRegistry::instance().get("llama_tied");
+  cases::HfExportOptions o;
+  o.out = testing::temp_dir("hf_export_tied");
+  const cases::HfExportResult declared = cases::export_hf(s, o);
+  EXPECT_EQ(declared.aliases, (std::vector<std::pair<std::string, std::string>>{{"embed_tokens.weight", "lm_head.weight"}}));
+  const nlohmann::json aliases = read_json_file(o.out / "mih_export.json").value("aliases", nlohmann::json());
+  ASSERT_EQ(aliases.size(), 1u) << aliases.dump();
+  EXPECT_EQ(aliases[0]["fqn"], "lm_head.weight");
+  EXPECT_EQ(aliases[0]["of"], "embed_tokens.weight");
+  EXPECT_EQ(aliases[0]["keys"], nlohmann::json::array({"lm_head.weight"}));
+  EXPECT_EQ(aliases[0]["written_as"], nlohmann::json::array({"model.embed_tokens.weight"}));
+
+  s.checkpoint.tied.clear();
+  cases::HfExportOptions u;
+  u.out = testing::temp_dir("hf_export_undeclared_alias") / "out";
+  EXPECT_THAT([&] { cases::export_hf(s, u); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                  HasSubstr("export: spec 'llama_tied': 'embed_tokens.weight' and 'lm_head.weight' name the same tensor"),
+                  HasSubstr("no key for 'lm_head.weight'"), HasSubstr("declare {\"embed_tokens.weight\", \"lm_head.weight\"}"))));
+  EXPECT_FALSE(fs::exists(u.out)) << "a refused export writes nothing";
+}
+
 }  // namespace
 }  // namespace mih
