@@ -45,6 +45,7 @@ observed: DDP's gradient all-reduce through `Session.ddp_comm_hook` (register it
 """
 import hashlib
 import json
+import numbers
 import os
 import time
 
@@ -82,8 +83,8 @@ def tensor_statistics(x, first_index=0, total_numel=None, index=None):
         index = torch.arange(first_index, first_index + x.numel(), dtype=torch.int64)
     elif index.numel() != x.numel():
         raise ValueError(f"tensor_statistics: index has {index.numel()} elements, the tensor {x.numel()}")
-    else:
-        first_index = -1  # not known to be the whole tensor in order: no values
+    elif not bool((index == torch.arange(index.numel(), dtype=torch.int64)).all()):
+        first_index = -1  # not the whole tensor in order: no values
     sketch = [float((xf * projection_signs(index, j)).sum()) for j in range(PROJECTIONS)]
     out = {"sum": float(xf.sum()), "sum_sq": float((xf * xf).sum()), "nonfinite": int((~finite).sum()),
            "numel": int(x.numel()), "sketch": sketch}
@@ -115,13 +116,19 @@ def _row_index(rows, batch):
     b = next(iter(sizes.values()), 0)
     if any(size != b for size in sizes.values()):
         raise ValueError(f"record_batch: every field needs the same number of rows (dim 0), got {sizes}")
-    if isinstance(rows, bool) or not isinstance(rows, (int, list, tuple, range, torch.Tensor)):
+    if isinstance(rows, bool) or not (isinstance(rows, (numbers.Integral, list, tuple, range, torch.Tensor)) or
+                                      hasattr(rows, "__array__")):
         raise ValueError(f"record_batch: rows is the first global row (an int) or one global row per row of the "
                          f"batch (a sequence of ints), got {type(rows).__name__}")
-    if isinstance(rows, int):
-        index = torch.arange(rows, rows + (b or 0), dtype=torch.int64)
+    if isinstance(rows, numbers.Integral):
+        index = torch.arange(int(rows), int(rows) + (b or 0), dtype=torch.int64)
     else:
-        index = torch.as_tensor(list(rows) if not isinstance(rows, torch.Tensor) else rows).reshape(-1)
+        if not isinstance(rows, torch.Tensor):  # a list, a range, a numpy array of ints
+            values = rows.tolist() if hasattr(rows, "tolist") else list(rows)
+            if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+                raise ValueError(f"record_batch: rows must be integers, got {values[:4]}")
+            rows = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        index = rows.reshape(-1)
         if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"record_batch: rows must be integers, got {index.dtype}")
         index = index.to(torch.int64)

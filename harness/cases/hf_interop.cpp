@@ -372,6 +372,8 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
                 "instead of registering the first twice), or declare {\"", a.fqn, "\", \"", a.alias,
                 "\"} in checkpoint.tied if the original ties them");
     }
+    // The key map's own refusals (no rule for a parameter) come first, naming the parameter.
+    const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
     nlohmann::json aliases = nlohmann::json::array();
     for (const auto& p : trainer.context().parameters()) {
       if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
@@ -385,7 +387,6 @@ HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& opt
         result.aliases.emplace_back(p->fqn, alias);
       }
     }
-    const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
     std::map<std::string, at::Tensor> weights;
     for (const auto& p : trainer.context().parameters()) {
       if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;

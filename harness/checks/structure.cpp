@@ -111,11 +111,13 @@ bool glob_match(const std::string& pattern, const std::string& name) {
 std::vector<UndeclaredAlias> undeclared_aliases(const ParallelContext& ctx,
                                                 const std::vector<std::pair<std::string, std::string>>& tied) {
   // An alias is declared when a tied pair joins it to another name of the same tensor (in
-  // either order): a chain of pairs (a = b, b = c) declares a tensor of three names.
+  // either order): a chain of pairs (a = b, b = c) declares a tensor of three names. Names
+  // compare exactly, as the tie's own check (MIH-STRUCT-004) finds them: a glob pair
+  // ("layers.*.q_norm.weight", "layers.*.k_norm.weight") would also declare layer 1's q_norm
+  // an alias of layer 0's k_norm.
   auto joins = [&](const std::string& x, const std::string& y) {
     return std::any_of(tied.begin(), tied.end(), [&](const auto& pair) {
-      return (glob_match(pair.first, x) && glob_match(pair.second, y)) ||
-             (glob_match(pair.first, y) && glob_match(pair.second, x));
+      return (pair.first == x && pair.second == y) || (pair.first == y && pair.second == x);
     });
   };
   std::vector<UndeclaredAlias> out;

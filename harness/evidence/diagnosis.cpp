@@ -280,6 +280,39 @@ std::string test_command(const DiagnosisCase& f, const DiagnosisCase& p) {
   return out + " " + shell_quote("--gtest_filter=" + f.prefix + "/*.*/" + f.name + ":" + p.prefix + "/*.*/" + p.name);
 }
 
+bool fails_original(const DiagnosisCase& c) {
+  return c.verdict == DiagnosisCase::Verdict::kFailed &&
+         std::any_of(c.failed_suites.begin(), c.failed_suites.end(),
+                     [](const std::string& s) { return original_model_suites().count(s) > 0; });
+}
+
+// Fills d.original (each case of `specs` failing the original's suites, the Reference first,
+// with where it diverges) and d.consequences (the other failing cases of those specs).
+void record_original(Diagnosis& d, const std::vector<const DiagnosisCase*>& cases,
+                     const std::set<std::string>& specs) {
+  std::vector<const DiagnosisCase*> order;
+  for (const DiagnosisCase* c : cases) {
+    if (c->kind == "reference" && specs.count(c->spec)) order.push_back(c);
+  }
+  for (const DiagnosisCase* c : cases) {
+    if (c->kind != "reference" && specs.count(c->spec)) order.push_back(c);
+  }
+  for (const DiagnosisCase* c : order) {
+    if (c->verdict != DiagnosisCase::Verdict::kFailed) continue;
+    if (!fails_original(*c)) {
+      d.consequences.push_back(c->id());
+      continue;
+    }
+    std::vector<std::string> suites;
+    for (const auto& s : c->failed_suites) {
+      if (original_model_suites().count(s)) suites.push_back(s);
+    }
+    d.original.push_back(c->id() + " fails " + join(suites, " and ") +
+                         (c->original_divergence.empty() ? "" : ": " + c->original_divergence));
+    d.original_suites.insert(suites.begin(), suites.end());
+  }
+}
+
 }  // namespace
 
 std::string diagnosis_kind_name(Diagnosis::Kind kind) {
@@ -341,42 +374,36 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
               return s == "MatchesOriginal";
             }));
   });
-  auto fails_original = [](const DiagnosisCase& c) {
-    return c.verdict == DiagnosisCase::Verdict::kFailed &&
-           std::any_of(c.failed_suites.begin(), c.failed_suites.end(),
-                       [](const std::string& s) { return original_model_suites().count(s) > 0; });
-  };
   // A Reference that also fails a findings-based suite (the data contract, the structure) has
-  // a fault those name more precisely: said below, as every case failing or separated.
-  const bool reference_not_original = std::any_of(cases.begin(), cases.end(), [&](const DiagnosisCase* c) {
-    return c->kind == "reference" && fails_original(*c) &&
-           std::all_of(c->failed_suites.begin(), c->failed_suites.end(),
-                       [](const std::string& s) { return original_model_suites().count(s) > 0; });
+  // a fault those name more precisely: said below, as every case failing or separated. The
+  // rule holds per spec: only the cases of a spec whose own Reference is not the original are
+  // its consequences; another spec's failures are diagnosed on their own.
+  std::set<std::string> not_original;  // specs whose Reference fails only the original's suites
+  for (const DiagnosisCase* c : cases) {
+    if (c->kind == "reference" && fails_original(*c) &&
+        std::all_of(c->failed_suites.begin(), c->failed_suites.end(),
+                    [](const std::string& s) { return original_model_suites().count(s) > 0; })) {
+      not_original.insert(c->spec);
+    }
+  }
+  const bool others_fail = std::any_of(cases.begin(), cases.end(), [&](const DiagnosisCase* c) {
+    return c->verdict == DiagnosisCase::Verdict::kFailed && !not_original.count(c->spec);
   });
-  if (only_original || reference_not_original) {
+  if (!only_original && !not_original.empty() && others_fail) {
+    std::vector<DiagnosisCase> rest;
+    for (const auto& c : all) {
+      if (!not_original.count(c.spec)) rest.push_back(c);
+    }
+    Diagnosis mixed = diagnose(rest);  // the other specs' table, counted alone
+    record_original(mixed, cases, not_original);
+    return mixed;
+  }
+  if (only_original || !not_original.empty()) {
     d.kind = Diagnosis::Kind::kOriginalModel;
     d.features = {"original_model"};
-    // The Reference first, then the cases in the table's order.
-    std::vector<const DiagnosisCase*> order;
-    for (const DiagnosisCase* c : cases) {
-      if (c->kind == "reference") order.push_back(c);
-    }
-    for (const DiagnosisCase* c : cases) {
-      if (c->kind != "reference") order.push_back(c);
-    }
-    for (const DiagnosisCase* c : order) {
-      if (c->verdict != DiagnosisCase::Verdict::kFailed) continue;
-      if (!fails_original(*c)) {
-        d.consequences.push_back(c->id());
-        continue;
-      }
-      std::vector<std::string> suites;
-      for (const auto& s : c->failed_suites) {
-        if (original_model_suites().count(s)) suites.push_back(s);
-      }
-      d.original.push_back(c->id() + " fails " + join(suites, " and ") +
-                           (c->original_divergence.empty() ? "" : ": " + c->original_divergence));
-    }
+    std::set<std::string> every_spec;
+    for (const DiagnosisCase* c : cases) every_spec.insert(c->spec);
+    record_original(d, cases, only_original ? every_spec : not_original);
     return d;
   }
 

@@ -106,7 +106,11 @@ struct Diagnosis {
   /// first ("llama/Reference fails MatchesOriginal: localized to 'layers.0': ...").
   std::vector<std::string> original;
   /// kOriginalModel: the other failing cases, its possible consequences (no axis is blamed).
+  /// Under another kind: the same for the specs whose Reference is not the original, said
+  /// first; the kind and the rest describe the other specs' cases alone.
   std::vector<std::string> consequences;
+  /// The original's suites that fail ("MatchesOriginal", "ModuleParity").
+  std::set<std::string> original_suites;
   /// The failing cases fail only suites that compare with the Reference, and pass a suite
   /// that judges their own findings.
   bool reference_compared_only = false;
@@ -125,8 +129,12 @@ struct Diagnosis {
 
   /// The diagnosis in a few lines, the summary first; none for kNoFailure.
   std::vector<std::string> lines() const;
-  /// The summary line alone ("" for kNoFailure).
+  /// The summary line alone ("" for kNoFailure): table_summary(), led by "the port does not
+  /// compute the original model: ..." when some spec's Reference is not the original and
+  /// another spec's cases fail besides.
   std::string summary() const;
+  /// What `kind` says of the table it was computed on.
+  std::string table_summary() const;
   /// Every field; "kind" as "no_failure", "every_case", "every_parallel", "separated",
   /// "mostly", "inconclusive", "original_model".
   nlohmann::json to_json() const;

@@ -40,6 +40,14 @@ std::string cases_word(size_t n) { return std::to_string(n) + (n == 1 ? " case" 
 }  // namespace
 
 std::string Diagnosis::summary() const {
+  if (kind == Kind::kOriginalModel || original.empty()) return table_summary();
+  // Some specs' Reference is not the original, another spec fails besides: that first.
+  return std::string(kNotTheOriginalModel) + ": " + join(original, "; ") +
+         (consequences.empty() ? "" : "; its failing cases (" + join(consequences) + ") are its consequences") +
+         "; besides, the other specs: " + table_summary();
+}
+
+std::string Diagnosis::table_summary() const {
   const size_t n = failing.size() + passing.size();
   switch (kind) {
     case Kind::kNoFailure: return "";
@@ -61,7 +69,9 @@ std::string Diagnosis::summary() const {
       const std::string fix = "compare the port's equations and its declared config with the original's, starting "
                               "at the layer the localization names";
       if (consequences.empty()) {
-        return out + " (only MatchesOriginal fails; " + std::to_string(passing.size()) +
+        std::vector<std::string> suites(original_suites.begin(), original_suites.end());
+        return out + " (only " + (suites.empty() ? std::string("MatchesOriginal") : join(suites, " and ")) +
+               " fail" + (suites.size() > 1 ? "" : "s") + "; " + std::to_string(passing.size()) +
                " case(s) pass: every configuration agrees with the port's Reference): not a parallel bug; " + fix;
       }
       return out + "; the " + cases_word(consequences.size()) + " failing besides (" + join(consequences) +
@@ -156,6 +166,7 @@ json Diagnosis::to_json() const {
             {"compared_nothing", compared_nothing},
             {"original", original},
             {"consequences", consequences},
+            {"original_suites", original_suites},
             {"reference_compared_only", reference_compared_only},
             {"pair", nullptr}};
   if (pair) {

@@ -114,6 +114,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
                  "ColumnParallelLinear: gather_output with partitions > 1 is not supported");
   const int64_t pad = o.pad_to_tp() ? ctx.tp_size() : 1;
   Placement tp = Placement::shard(0, o.partitions());
+  MIH_CHECK(o.heads() >= 0, "ColumnParallelLinear: heads must be the number of attention heads of the output, or 0 "
+            "for a plain column-parallel layer; got ", o.heads());
   if (o.heads() > 0) {
     const int64_t heads = o.heads(), tp_size = ctx.tp_size();
     MIH_CHECK(o.out_features() % heads == 0, "ColumnParallelLinear: out_features(", o.out_features(),
@@ -125,7 +127,10 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ParallelContext& ctx, const C
     if (tp_size > heads) {
       MIH_CHECK(o.partitions() == 1 && !o.gather_output() && !o.pad_to_tp() && !tied_weight.defined(),
                 "ColumnParallelLinear: heads(", heads, ") replicated over tp(", tp_size,
-                ") take no partitions, gather_output, pad_to_tp or tied weight");
+                ") take no partitions, gather_output, pad_to_tp or tied weight; got partitions(", o.partitions(),
+                "), gather_output(", o.gather_output(), "), pad_to_tp(", o.pad_to_tp(), "), tied weight(",
+                tied_weight.defined(), "): give the replicated projection a weight of its own, one partition, "
+                "its output sharded by heads");
       head_replicas_ = tp_size / heads;
       tp = Placement::replicate();
     }

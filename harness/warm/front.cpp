@@ -62,9 +62,11 @@ void forward(int sig) {
 }
 
 // Ctrl-Z: the command stops, then the front (with the default action, once this returns).
+// Before a command exists the front stops alone: nothing is kept to send later (the user's
+// `fg` resumed it; a kept SIGTSTP would stop the command again).
 void on_tstp(int) {
   const int saved = errno;
-  forward(SIGTSTP);
+  if (const pid_t pid = g_command.load(); pid > 0) ::kill(pid, SIGTSTP);
   ::signal(SIGTSTP, SIG_DFL);
   ::raise(SIGTSTP);
   errno = saved;
@@ -83,15 +85,29 @@ void on_forwarded(int sig) {
 
 void give_back_signals();
 
-// Execs the core binary with the caller's signal dispositions; a signal the front caught
-// meanwhile takes its action first (as it would have in the exec'd command's loading).
+// Execs the core binary with the caller's signal dispositions. SIGINT and SIGTERM cross the
+// exec blocked (kHeldVar), one the front caught kept pending: the core delivers it to its own
+// handlers (release_held_signals), so an interrupt at any moment ends `mih test` with 130, as
+// warm. Another signal the front caught takes its action first.
 [[noreturn]] void exec_core(const std::string& core, int argc, char** argv) {
-  give_back_signals();
+  sigset_t held, caller;
+  ::sigemptyset(&held);
+  ::sigaddset(&held, SIGINT);
+  ::sigaddset(&held, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &held, &caller);
+  uint64_t caller_blocked = 0;
+  for (int sig : {SIGINT, SIGTERM}) {
+    if (::sigismember(&caller, sig) == 1) caller_blocked |= uint64_t{1} << (sig - 1);
+  }
+  ::setenv(kHeldVar, std::to_string(caller_blocked).c_str(), 1);
+  give_back_signals();  // a blocked SIGINT or SIGTERM raised here stays pending, even if ignored
   std::vector<char*> args;
   args.push_back(const_cast<char*>(core.c_str()));
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   ::execv(core.c_str(), args.data());
+  ::unsetenv(kHeldVar);
+  ::sigprocmask(SIG_SETMASK, &caller, nullptr);
   std::fprintf(stderr, "mih: cannot run the mih core binary '%s': %s (reinstall mih, or rebuild it)\n", core.c_str(),
                std::strerror(errno));
   std::exit(12);

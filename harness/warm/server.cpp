@@ -523,6 +523,16 @@ int serve(Server& s) {
 }  // namespace
 
 void release_held_signals() {
+  if (const char* held = std::getenv(kHeldVar)) {  // exec'd by the front with them held
+    const uint64_t caller_blocked = std::strtoull(held, nullptr, 10) & kHeldBits;
+    ::unsetenv(kHeldVar);  // the command's own children start from their own masks
+    sigset_t release;
+    ::sigemptyset(&release);
+    for (int sig : {SIGINT, SIGTERM}) {
+      if (!((caller_blocked >> (sig - 1)) & 1)) ::sigaddset(&release, sig);
+    }
+    ::sigprocmask(SIG_UNBLOCK, &release, nullptr);
+  }
   if (!g_held.active) return;
   g_held.active = false;
   for (int sig : {SIGINT, SIGTERM}) {

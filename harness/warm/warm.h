@@ -39,6 +39,10 @@ inline constexpr const char* kTimeoutVar = "MIH_WARM_TIMEOUT";
 /// The directory of the servers' sockets (default $XDG_RUNTIME_DIR/mih, else /tmp/mih-<uid>);
 /// it must be a directory of this user's that nobody else may enter (mode 0700).
 inline constexpr const char* kDirVar = "MIH_WARM_DIR";
+/// Set by the front when it execs the core (not warm): SIGINT and SIGTERM are blocked across
+/// the exec, one that came meanwhile kept pending, and the value (decimal bits, bit sig - 1)
+/// says which of them the caller itself had blocked; release_held_signals reads and removes it.
+inline constexpr const char* kHeldVar = "MIH_WARM_HELD_SIGNALS";
 /// argv[1] of the core binary started as a warm server (`mih-core __warm-serve SOCKET FD`).
 inline constexpr const char* kServeArg = "__warm-serve";
 
@@ -63,11 +67,12 @@ std::string core_beside(const std::string& front);
 /// otherwise (a command: call `entry` as usual). Call it first in main(), before anything else.
 bool serve_if_asked(int argc, char** argv, CommandEntry entry, int* status);
 
-/// In a command forked by the warm server, which starts with SIGINT and SIGTERM blocked (one
-/// its front forwards early waits for the command's handlers): gives the command its caller's
-/// signal mask, and SIG_IGN back to a held signal the caller ignored and the command did not
-/// catch. No-op in an exec'd command. Call it in the CommandEntry, right after installing the
-/// command's own handlers and before anything else.
+/// In a command forked by the warm server, or exec'd by the front, which starts with SIGINT
+/// and SIGTERM blocked (one that came early waits for the command's handlers): gives the
+/// command its caller's signal mask, and (forked) SIG_IGN back to a held signal the caller
+/// ignored and the command did not catch (exec'd, exec kept the caller's SIG_IGN). No-op in a
+/// core binary run directly. Call it in the CommandEntry, right after installing the command's
+/// own handlers and before anything else.
 void release_held_signals();
 
 /// `mih warm status|stop`: lists this user's warm servers (socket, pid, commands served and

@@ -248,9 +248,10 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                                  HasSubstr("cpu-full")));
   CliRun smoke = mih("matrix --spec moe --preset cpu-smoke");
   EXPECT_EQ(smoke.status, 0) << smoke.output;
-  // moe: the 14 cases of every spec, its 8 expert-parallel ones and the EP=1 controls DpShard4
-  // and Cp4Zz.
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 31 cases, 0 rejected"),
+  // moe: the cases of every spec (Tp4 above its 2 KV heads among them), its 8 expert-parallel
+  // ones, the EP=1 controls DpShard4 and Cp4Zz, and the pipelined ones (Pp2 with one
+  // micro-batch, compared numerically).
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 32 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
                                   HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),

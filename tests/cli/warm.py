@@ -273,10 +273,10 @@ def long_command(mih, env, root):
 
 
 def interrupt_at_once(mih, work, env, label, extra, runs=3):
-    """SIGINT sent the moment the process can be reached: (a) the instant it catches it (its
-    handler in SigCgt, polled every 0.5 ms: warm, the front's, before it connected and before
-    any command exists; exec'd, the core binary's, before it read its arguments), which must
-    end `mih test` with 130 on every run; (b) right after the front was started (no wait at
+    """SIGINT sent the moment the process can be reached: (a) the instant the front catches it
+    (its handler in SigCgt, polled every 0.5 ms: before it connected, before any command
+    exists, and exec'd before it execs the core binary, across which the signal is held
+    pending for the core's handlers), which must end `mih test` with 130 on every run; (b) right after the front was started (no wait at
     all), which must end it by the interrupt: 130, or death by SIGINT when the signal came
     while the kernel was still loading the program, before any of its code ran (no program can
     catch that; a shell reports both as 130); never a run that goes on to exit 0. Both are
@@ -288,9 +288,7 @@ def interrupt_at_once(mih, work, env, label, extra, runs=3):
             p = subprocess.Popen([mih, "test", "--gtest_filter=Llama/*.*/DpShard2", "--evidence-root", root,
                                   "--no-progress"], env=dict(env, **extra), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-            if mode == "a" and extra:  # exec'd: the front hands over to the core binary, which catches it itself
-                until(lambda: exe_is_core(p.pid) and catches(p.pid) or p.poll() is not None, 30)
-            elif mode == "a":
+            if mode == "a":
                 until(lambda: catches(p.pid) or p.poll() is not None, 30)
             p.send_signal(signal.SIGINT)
             try:

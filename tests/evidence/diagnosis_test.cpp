@@ -283,6 +283,29 @@ TEST(DiagnosisTest, LeadsWithTheOriginalModelWhenTheReferenceFailsIt) {
   EXPECT_EQ(diagnose({reference, make("Tp2", "tp=2", kFail, "llama")}).kind, Diagnosis::Kind::kEveryCase);
 }
 
+// The original-model rule holds per spec: moe's Reference not being the original says nothing
+// of llama's tp failures, which are diagnosed on llama's table alone (they were hidden as "its
+// consequences"). And a Reference failing ModuleParity alone is said as ModuleParity.
+TEST(DiagnosisTest, TheOriginalModelRuleHoldsPerSpec) {
+  DiagnosisCase moe_reference = make("Reference", "1", kFail, "moe");
+  moe_reference.failed_suites = {"ModuleParity"};
+  moe_reference.original_divergence = "parity case 'router' forward: relative error 0.5 > tolerance 1e-12";
+  const Diagnosis d = diagnose({moe_reference, make("DpShard2", "dp_shard=2", kFail, "moe"),
+                                make("Reference", "1", kPass, "llama"), make("DpShard2", "dp_shard=2", kPass, "llama"),
+                                make("Tp2", "tp=2", kFail, "llama"), make("DpShard2Tp2", "dp_shard=2,tp=2", kFail, "llama")});
+  EXPECT_EQ(d.kind, Diagnosis::Kind::kSeparated);
+  EXPECT_THAT(d.failing, ElementsAre("llama/Tp2", "llama/DpShard2Tp2"));
+  EXPECT_THAT(d.consequences, ElementsAre("moe/DpShard2"));
+  EXPECT_THAT(d.summary(), StartsWith("the port does not compute the original model: moe/Reference fails ModuleParity"));
+  EXPECT_THAT(d.summary(), HasSubstr("besides, the other specs: fails only with tp > 1 (2 of 4 cases fail"));
+  EXPECT_THAT(d.summary(), Not(HasSubstr("llama/Tp2) are compared with that Reference")));
+  // One spec only, ModuleParity alone failing: said as ModuleParity, not MatchesOriginal.
+  const Diagnosis m = diagnose({moe_reference, make("DpShard2", "dp_shard=2", kPass, "moe")});
+  EXPECT_EQ(m.kind, Diagnosis::Kind::kOriginalModel);
+  EXPECT_THAT(m.summary(), HasSubstr("(only ModuleParity fails;"));
+  EXPECT_THAT(m.summary(), Not(HasSubstr("only MatchesOriginal")));
+}
+
 // Issue 52: a case on which no comparison ran (its NumericParity not instantiated) passes by
 // having compared nothing; it was the control and the pair's passing half.
 TEST(DiagnosisTest, APassThatComparedNothingIsNeverAControl) {

@@ -124,6 +124,13 @@ TEST(TensorParallelLayerTest, HeadsReplicatedOverTpComputeEachRanksHead) {
                   const ShardedParameter& b = named(ctx, attn, "k_proj.bias");
                   EXPECT_TRUE(w.tp.is_replicate() && b.tp.is_replicate());
                   EXPECT_TRUE(w.tp_partial_grad && b.tp_partial_grad);
+                  {
+                    // Every tp rank holds the same whole weight (the reference below is built
+                    // from this rank's copy, so a copy of its own would go unseen there).
+                    at::Tensor sum = w.local.detach().clone();
+                    ctx.tp_group().all_reduce(sum);
+                    EXPECT_TRUE(Close(sum, w.local.detach() * static_cast<double>(kTp)));
+                  }
                   const int64_t t = ctx.tp_rank(), head = t / 2;
                   EXPECT_EQ(attn.k_proj->head_replicas(), 2);
                   EXPECT_EQ(attn.k_proj->replicated_head(), head);

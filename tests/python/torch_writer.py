@@ -215,14 +215,21 @@ def main():
     if mih_evidence.sampler_rows(1, 2, 2, 2) != [5, 7]:
         fail(f"sampler_rows(1, 2, 2, 2) is {mih_evidence.sampler_rows(1, 2, 2, 2)}, not [5, 7]")
     for rows, needle in (([3, 3], "named twice"), ([1, 2, 3], "names 3 global rows, the batch holds 2"),
-                         ([-1, 0], "start at 0"), (1.5, "got float"), (torch.tensor([0.0, 1.0]), "integers")):
+                         ([-1, 0], "start at 0"), (1.5, "got float"), (torch.tensor([0.0, 1.0]), "integers"),
+                         ([0.0, 1.0], "integers"), ([], "names 0 global rows")):
         try:
             mih_evidence._row_index(rows, batch)
             fail(f"record_batch rows {rows!r}: accepted")
         except ValueError as e:
             if needle not in str(e):
                 fail(f"record_batch rows {rows!r}: {e} does not say {needle!r}")
-    print("ok: record_batch refuses rows that cannot be the batch's global rows", flush=True)
+    import numpy
+    for rows, want in ((numpy.int64(4), [4, 5]), (numpy.array([1, 3]), [1, 3]), (range(4, 6), [4, 5]),
+                       (torch.tensor([1, 3]), [1, 3])):
+        got = mih_evidence._row_index(rows, batch).tolist()
+        if got != want:
+            fail(f"record_batch rows {rows!r}: taken as {got}, not {want}")
+    print("ok: record_batch refuses rows that cannot be the batch's global rows, takes numpy's", flush=True)
     print(f"{len(FAILED)} failure(s)")
     return 1 if FAILED else 0
 

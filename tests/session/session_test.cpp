@@ -307,9 +307,11 @@ TEST(StructureCheckTest, NamesAnUntiedTieANonFiniteParameterAndAnInconsistentSha
 // tie (in either order). llama_tied's model registers the embedding's weight again as the head's.
 TEST(StructureCheckTest, AnAliasTheSpecDoesNotDeclareTiedIsNamedWithBothNames) {
   const spec::ModelSpec tied = get("llama_tied");
-  spec::ModelSpec reversed = tied, undeclared = tied;
+  spec::ModelSpec reversed = tied, undeclared = tied, globbed = tied;
   reversed.checkpoint.tied = {{"lm_head.weight", "embed_tokens.weight"}};
   undeclared.checkpoint.tied.clear();
+  // Names compare exactly (as MIH-STRUCT-004 finds the tie's names): a glob declares nothing.
+  globbed.checkpoint.tied = {{"embed_*.weight", "lm_head.*"}};
   auto errors = testing::run_mesh(ParallelConfig::parse_mesh("dp_shard=2"), [&](DeviceMesh& mesh) {
     Trainer t(mesh, config(2), tied.factory, tied.data.make_batches(), tied.data.apply_sharding(TrainerOptions()));
     EXPECT_THAT(codes(checks::check_structure(t.state(), tied).findings), IsEmpty());
@@ -320,6 +322,8 @@ TEST(StructureCheckTest, AnAliasTheSpecDoesNotDeclareTiedIsNamedWithBothNames) {
       EXPECT_THAT(f.message, HasSubstr("'embed_tokens.weight' and 'lm_head.weight' name the same tensor"));
       EXPECT_THAT(f.remediation, HasSubstr("declare {\"embed_tokens.weight\", \"lm_head.weight\"}"));
     }
+    EXPECT_THAT(codes(checks::check_structure(t.state(), globbed).findings),
+                ::testing::Contains("MIH-STRUCT-008 embed_tokens.weight"));
     EXPECT_EQ(codes::check_of(codes::kStructAliasUndeclared), codes::kCheckStructure);
   });
   EXPECT_THAT(errors, IsEmpty());
