@@ -107,7 +107,13 @@ def sampler_rows(rank, world, first, count):
     of the global batch (shuffled or not: the sampler shuffles the whole index list once, the
     same on every rank, then strides it). E.g. rank 1 of 2, micro-batch 1 of 2 with 2 rows
     each: sampler_rows(1, 2, 2, 2) == [5, 7]."""
-    return [rank + world * (first + i) for i in range(count)]
+    for name, value in (("rank", rank), ("world", world), ("first", first), ("count", count)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"sampler_rows: {name} must be an int, got {value!r}")
+    if not (world >= 1 and 0 <= rank < world and first >= 0 and count >= 0):
+        raise ValueError(f"sampler_rows: needs 0 <= rank < world, first >= 0 and count >= 0; got rank {rank}, "
+                         f"world {world}, first {first}, count {count}")
+    return [int(rank) + int(world) * (int(first) + i) for i in range(int(count))]
 
 
 def _row_index(rows, batch):
@@ -120,6 +126,10 @@ def _row_index(rows, batch):
                                       hasattr(rows, "__array__")):
         raise ValueError(f"record_batch: rows is the first global row (an int) or one global row per row of the "
                          f"batch (a sequence of ints), got {type(rows).__name__}")
+    if getattr(rows, "ndim", None) == 0:  # a 0-d numpy array or tensor: its one value
+        rows = rows.item()
+    if isinstance(rows, numbers.Integral) and not 0 <= int(rows) < 2 ** 62:
+        raise ValueError(f"record_batch: the first global row must be in [0, 2^62), got {int(rows)}")
     if isinstance(rows, numbers.Integral):
         index = torch.arange(int(rows), int(rows) + (b or 0), dtype=torch.int64)
     else:
@@ -127,8 +137,12 @@ def _row_index(rows, batch):
             values = rows.tolist() if hasattr(rows, "tolist") else list(rows)
             if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
                 raise ValueError(f"record_batch: rows must be integers, got {values[:4]}")
+            if not all(0 <= int(v) < 2 ** 62 for v in values):
+                raise ValueError(f"record_batch: global rows must be in [0, 2^62), got {[int(v) for v in values][:4]}")
             rows = torch.tensor([int(v) for v in values], dtype=torch.int64)
-        index = rows.reshape(-1)
+        if rows.dim() != 1:
+            raise ValueError(f"record_batch: rows must be one row index per row (1-d), got shape {list(rows.shape)}")
+        index = rows
         if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"record_batch: rows must be integers, got {index.dtype}")
         index = index.to(torch.int64)
@@ -383,6 +397,13 @@ class Session:
             # Every rank's rows in global row order (a row recorded twice stays twice: the
             # hash then differs from the 1-rank run's, and InputIdentity says so).
             index = torch.cat([i for i, _ in pieces], 0)
+            if index.numel() and int(index.max()) >= index.numel():
+                # Rows beyond the global batch: the ranks' rows do not tile it (a bookkeeping
+                # error of the loop's `rows`, which InputIdentity would not see: it hashes rows
+                # in their order, not their numbers). Every rank gathered the same: all raise.
+                raise ValueError(f"record_batch: step {step}: the ranks recorded {index.numel()} rows of field "
+                                 f"'{field}' numbered up to {int(index.max())}: rows are positions 0..N-1 in the "
+                                 f"step's global batch of N rows (sampler_rows gives a DistributedSampler's)")
             whole = torch.cat([t for _, t in pieces], 0)[torch.argsort(index, stable=True)]
             total = max(total, whole.shape[0])
             hashes[field] = _hash_rows(whole)

@@ -6,7 +6,7 @@ sampler's positions r, r + W, ...) and a DataLoader, in micro-batches; the lines
 are all that the writer adds to the loop.
 
     python3 mih_evidence_example.py --out runs/example/Reference --case Reference
-    torchrun --nproc_per_node 2 mih_evidence_example.py --out runs/example/DpReplicate2 \\
+    torchrun --nproc_per_node 2 -r 1 -t 1 mih_evidence_example.py --out runs/example/DpReplicate2 \\
         --case DpReplicate2 --compare-to Reference --micro-batches 2
     mih check runs        # NumericParity, InputIdentity, ReplicaConsistency against the 1-rank run
 

@@ -166,7 +166,10 @@ std::string reference_source_checkpoint(const std::string& name);
 /// From llama_spec.cpp: the golden of the original model the build made for reference spec
 /// `name` (<MIH_GOLDENS_DIR>/<name>: golden.json and golden.safetensors, target mih_goldens;
 /// docs/golden.md), or "" when that build made none (no Python with torch at configure time,
-/// or a relocated install): then the MatchesOriginal suite is not instantiated.
+/// or a relocated install whose build tree is gone): then the MatchesOriginal suite is not
+/// instantiated. A golden the build makes but that is missing from its tree is named all the
+/// same, so that `mih test` refuses it (exit 12, naming `--no-golden`) instead of leaving
+/// MatchesOriginal out unsaid.
 std::string reference_golden(const std::string& name);
 
 /// The golden layer map of a llama-style port with `layers` decoder layers (llama.h's

@@ -129,7 +129,7 @@ std::vector<std::string> Diagnosis::lines() const {
   }
   if (reference_compared_only) {
     std::string suites = join(reference_compared_suites(), ", ");
-    out.push_back("only the suites that compare with the Reference fail (" + suites +
+    out.push_back("only the suites that compare with the Reference fail (among " + suites +
                   "); every findings-based suite passes on the failing cases: the numbers differ while every "
                   "structural check holds (a reduction, a normalization, or the Reference itself)");
   }

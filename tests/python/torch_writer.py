@@ -215,8 +215,9 @@ def main():
     if mih_evidence.sampler_rows(1, 2, 2, 2) != [5, 7]:
         fail(f"sampler_rows(1, 2, 2, 2) is {mih_evidence.sampler_rows(1, 2, 2, 2)}, not [5, 7]")
     for rows, needle in (([3, 3], "named twice"), ([1, 2, 3], "names 3 global rows, the batch holds 2"),
-                         ([-1, 0], "start at 0"), (1.5, "got float"), (torch.tensor([0.0, 1.0]), "integers"),
-                         ([0.0, 1.0], "integers"), ([], "names 0 global rows")):
+                         ([-1, 0], "[0, 2^62)"), (1.5, "got float"), (torch.tensor([0.0, 1.0]), "integers"),
+                         ([0.0, 1.0], "integers"), ([], "names 0 global rows"), (2 ** 70, "[0, 2^62)"),
+                         ([2 ** 70, 0], "[0, 2^62)"), (torch.tensor([[0, 1]]), "1-d")):
         try:
             mih_evidence._row_index(rows, batch)
             fail(f"record_batch rows {rows!r}: accepted")
@@ -224,7 +225,25 @@ def main():
             if needle not in str(e):
                 fail(f"record_batch rows {rows!r}: {e} does not say {needle!r}")
     import numpy
+    for args in ((3, 2, 0, 2), (0, 0, 0, 3), (-1, 2, 0, 2), (0, 2, -5, 2), (0.5, 2, 0, 2)):
+        try:
+            mih_evidence.sampler_rows(*args)
+            fail(f"sampler_rows{args}: accepted")
+        except ValueError:
+            pass
+    # Rows beyond the step's global batch (every rank's rows shifted): refused at the step.
+    session_dir = os.path.join(a.work, "shifted", "tiny", "Reference")
+    ev = mih_evidence.Session(session_dir, torch.nn.Linear(2, 2).double(), case="Reference", steps=1)
+    ev.begin_step(0)
+    ev.record_batch(0, 0, [1000, 1001], batch)
+    try:
+        ev.after_backward_before_clip(0)
+        fail("rows 1000 and 1001 of a 2-row global batch: accepted")
+    except ValueError as e:
+        if "numbered up to 1001" not in str(e):
+            fail(f"rows beyond the global batch: {e}")
     for rows, want in ((numpy.int64(4), [4, 5]), (numpy.array([1, 3]), [1, 3]), (range(4, 6), [4, 5]),
+                       (numpy.array(4), [4, 5]),
                        (torch.tensor([1, 3]), [1, 3])):
         got = mih_evidence._row_index(rows, batch).tolist()
         if got != want:
