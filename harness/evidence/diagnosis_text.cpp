@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,21 @@ int64_t key_value_heads(const RunResults& run, const CaseResult& r) {
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
 }
 
+// The first case along r's compare_to chain without a verdict of its own (bad input such as a
+// fault it never reached, the environment, infrastructure): r's comparisons with it judged
+// nothing, whatever they say.
+const CaseResult* unjudged_along(const RunResults& run, const CaseResult& r) {
+  std::set<std::string> seen;
+  for (const CaseResult* c = run.find_case(r.spec, r.compare_to); c && seen.insert(c->name).second;
+       c = run.find_case(c->spec, c->compare_to)) {
+    if (c->outcome && classify(*c->outcome) != OutcomeClass::kVerdict &&
+        classify(*c->outcome) != OutcomeClass::kConformanceFailure) {
+      return c;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
@@ -261,6 +277,9 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
       c.no_verdict = outcome_name(*r.outcome);
     } else if (incomplete_reference && any_failed) {
       c.no_verdict = "compared with " + incomplete_reference->name + ", which did not complete";
+    } else if (const CaseResult* unjudged = unjudged_along(run, r); unjudged && any_failed) {
+      c.no_verdict = "compared with " + unjudged->name + ", which has no verdict (" +
+                     std::string(outcome_name(*unjudged->outcome)) + ")";
     } else if (any_failed) {
       c.verdict = DiagnosisCase::Verdict::kFailed;
     } else if (any_passed) {

@@ -3,6 +3,11 @@
 // resume kind), says what the run cannot tell apart, refuses to over-claim (one failing case,
 // only the Reference passing, every case failing, no separating feature), picks the smallest
 // pair to rerun, and reaches every report format from a run root.
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -450,6 +455,28 @@ TEST(DiagnosisReportTest, ReadsWhereTheReferenceLeavesTheOriginalAndTheKvHeads) 
   const std::string md = render_report(run, ReportFormat::kMarkdown);
   EXPECT_THAT(md, HasSubstr("## Diagnosis\n\nthe port does not compute the original model: moe/Reference fails "
                             "MatchesOriginal: localized to 'layers.0'"));
+}
+
+// A case compared with one that has no verdict (a contrast that never reached its fault: bad
+// input) failed its comparisons with nothing judged: left out with the reason, never a failing
+// case of the table (it was, and the diagnosis blamed its features).
+TEST(DiagnosisReportTest, ACaseComparedWithOneWithoutAVerdictHasNoVerdict) {
+  const fs::path root = write_run("diagnosis_unjudged_twin");
+  for (const auto& [c, edit] : std::vector<std::pair<std::string, std::function<void(json&)>>>{
+           {"DpShard2", [](json& r) { r["outcome"] = "fault_not_reached"; r["fault"] = "F36"; }},
+           {"DpShard2Ep2", [](json& r) { r["compare_to"] = "DpShard2"; }}}) {
+    const fs::path path = root / "moe" / c / "case_run.json";
+    std::string text;
+    read_file(path, &text);
+    json record = json::parse(text);
+    edit(record);
+    write_file_atomic(path, record.dump());
+  }
+  const RunResults run = read_run_results(root);
+  const Diagnosis d = diagnose(diagnosis_cases(run));
+  EXPECT_EQ(d.kind, Diagnosis::Kind::kNoFailure);
+  EXPECT_THAT(d.no_verdict, ::testing::Contains("moe/DpShard2Ep2 (compared with DpShard2, which has no verdict "
+                                                "(fault_not_reached))"));
 }
 
 TEST(DiagnosisReportTest, ACaseWithoutItsResolvedConfigurationHasNoVerdict) {
