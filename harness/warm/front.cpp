@@ -246,8 +246,8 @@ Caller g_caller;
 
 bool g_captured = false;
 
+// Once, from take_signals (which checks g_captured).
 void capture_caller() {
-  if (g_captured) return;
   g_captured = true;
   g_caller.stdio_bits = open_stdio_bits();
   for (int i = 0; i < 3; ++i) {
