@@ -224,17 +224,17 @@ int64_t key_value_heads(const RunResults& run, const CaseResult& r) {
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
 }
 
-// The first case along r's compare_to chain without a verdict of its own (bad input such as a
-// fault it never reached, the environment, infrastructure): r's comparisons with it judged
-// nothing, whatever they say.
+// The first case along r's compare_to chain whose evidence cannot be trusted as a reference
+// (infrastructure, the environment: interrupted, not run): r's comparisons with it judged
+// nothing, whatever they say. A case that never reached its fault is not one: it ran the
+// correct code to the end, the best reference a faulty case can be compared with.
 const CaseResult* unjudged_along(const RunResults& run, const CaseResult& r) {
   std::set<std::string> seen;
   for (const CaseResult* c = run.find_case(r.spec, r.compare_to); c && seen.insert(c->name).second;
        c = run.find_case(c->spec, c->compare_to)) {
-    if (c->outcome && classify(*c->outcome) != OutcomeClass::kVerdict &&
-        classify(*c->outcome) != OutcomeClass::kConformanceFailure) {
-      return c;
-    }
+    if (!c->outcome) continue;
+    const OutcomeClass k = classify(*c->outcome);
+    if (k == OutcomeClass::kInfrastructure || k == OutcomeClass::kEnvironment) return c;
   }
   return nullptr;
 }

@@ -457,13 +457,11 @@ TEST(DiagnosisReportTest, ReadsWhereTheReferenceLeavesTheOriginalAndTheKvHeads) 
                             "MatchesOriginal: localized to 'layers.0'"));
 }
 
-// A case compared with one that has no verdict (a contrast that never reached its fault: bad
-// input) failed its comparisons with nothing judged: left out with the reason, never a failing
-// case of the table (it was, and the diagnosis blamed its features).
-TEST(DiagnosisReportTest, ACaseComparedWithOneWithoutAVerdictHasNoVerdict) {
-  const fs::path root = write_run("diagnosis_unjudged_twin");
+// The run root `name` with DpShard2's outcome set to `outcome` and DpShard2Ep2 compared with it.
+fs::path run_compared_with_dp_shard2(const std::string& name, const std::string& outcome) {
+  const fs::path root = write_run(name);
   for (const auto& [c, edit] : std::vector<std::pair<std::string, std::function<void(json&)>>>{
-           {"DpShard2", [](json& r) { r["outcome"] = "fault_not_reached"; r["fault"] = "F36"; }},
+           {"DpShard2", [&](json& r) { r["outcome"] = outcome; r["fault"] = "F36"; }},
            {"DpShard2Ep2", [](json& r) { r["compare_to"] = "DpShard2"; }}}) {
     const fs::path path = root / "moe" / c / "case_run.json";
     std::string text;
@@ -472,11 +470,29 @@ TEST(DiagnosisReportTest, ACaseComparedWithOneWithoutAVerdictHasNoVerdict) {
     edit(record);
     write_file_atomic(path, record.dump());
   }
-  const RunResults run = read_run_results(root);
+  return root;
+}
+
+// A case compared with one whose evidence is not a reference (interrupted: the environment)
+// failed its comparisons with nothing judged: left out with the reason, never a failing case of
+// the table (it was, and the diagnosis blamed its features).
+TEST(DiagnosisReportTest, ACaseComparedWithAnInterruptedOneHasNoVerdict) {
+  const RunResults run = read_run_results(run_compared_with_dp_shard2("diagnosis_unjudged_twin", "interrupted"));
   const Diagnosis d = diagnose(diagnosis_cases(run));
   EXPECT_EQ(d.kind, Diagnosis::Kind::kNoFailure);
   EXPECT_THAT(d.no_verdict, ::testing::Contains("moe/DpShard2Ep2 (compared with DpShard2, which has no verdict "
-                                                "(fault_not_reached))"));
+                                                "(interrupted))"));
+}
+
+// A case compared with one that never reached its fault is judged: that one ran the correct code
+// to the end (the fault catalog's F12: ResumeDpShard2 with the fault, compared with a DpShard2
+// the fault never reaches, fails, and the diagnosis names the resume).
+TEST(DiagnosisReportTest, ACaseComparedWithOneThatNeverReachedItsFaultIsJudged) {
+  const RunResults run = read_run_results(run_compared_with_dp_shard2("diagnosis_judged_twin", "fault_not_reached"));
+  const Diagnosis d = diagnose(diagnosis_cases(run));
+  EXPECT_NE(d.kind, Diagnosis::Kind::kNoFailure);
+  EXPECT_THAT(d.failing, ::testing::Contains("moe/DpShard2Ep2"));
+  EXPECT_THAT(d.no_verdict, ::testing::Not(::testing::Contains(::testing::HasSubstr("moe/DpShard2Ep2"))));
 }
 
 TEST(DiagnosisReportTest, ACaseWithoutItsResolvedConfigurationHasNoVerdict) {
