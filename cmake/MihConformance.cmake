@@ -134,6 +134,9 @@ function(mih_add_golden name)
   file(GLOB producer_files "${producer_dir}/*.py")
   add_custom_command(
     OUTPUT "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
+    # The build owns its two outputs: a golden an older mih wrote there has no mih_golden.json,
+    # and `mih golden` never overwrites a file it has no record of writing.
+    COMMAND ${CMAKE_COMMAND} -E rm -f "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
     COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" --impl ${ARG_IMPL}
             --python "${MIH_GOLDEN_PYTHON}" --producer "${MIH_GOLDEN_PRODUCER}"
     DEPENDS ${ARG_COMMAND} ${producer_files}

@@ -27,7 +27,8 @@ const char* MatchesOriginal::where() {
 
 namespace {
 
-// One comparison per case, shared by the suite's tests, written to compare/golden.json.
+// One comparison per case, shared by the suite's tests, written to compare/golden.json (but by
+// `mih check`).
 struct Compared {
   cases::Golden golden;
   cases::GoldenComparison comparison;
@@ -44,7 +45,10 @@ const Compared& compare_once(const CaseParam& p, const verdicts::CaseEvidence& e
   auto c = std::make_unique<Compared>();
   c->golden = cases::read_golden(s.golden.dir);
   c->comparison = cases::compare_with_golden(s, c->golden, ev, lane);
-  EvidenceDir(ev.dir()).write_json(layout::kGoldenComparison, c->comparison.evidence);
+  // `mih check` judges the evidence without writing into it (RunOptions::read_only).
+  if (!cases::run_options().read_only) {
+    EvidenceDir(ev.dir()).write_json(layout::kGoldenComparison, c->comparison.evidence);
+  }
   return *done.emplace(key, std::move(c)).first->second;
 }
 

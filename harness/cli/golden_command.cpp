@@ -2,7 +2,8 @@
 // --dtype float64` into <out>/export, then the golden producer (golden/mih_golden.py, installed
 // under <prefix>/share/mih/golden) run by a Python with torch, writing <out>/golden.json and
 // <out>/golden.safetensors, which `mih test --golden <out>` (or the spec's golden.dir) checks
-// the port against.
+// the port against. Like `mih export`, it never overwrites a file it did not write: <out>'s
+// mih_golden.json lists each file the last `mih golden` wrote there with its SHA-256.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,8 +18,14 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
+#include "harness/base/files.h"
+#include "harness/base/json_fields.h"
+#include "harness/base/owned_files.h"
+#include "harness/base/version.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cli/commands.h"
 #include "harness/runtime/cli_support.h"
@@ -99,6 +106,59 @@ int run_child(const std::vector<std::string>& args, bool quiet) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+constexpr char kGoldenRecord[] = "mih_golden.json";
+
+// The entries of `out` the golden would replace or leave beside its own: all but export/
+// (which `mih export` checks against its own record) and the record itself.
+std::vector<std::string> golden_entries(const fs::path& out) {
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(out, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name != layout::kExportDir && name != kGoldenRecord) paths.push_back(name);
+  }
+  return paths;
+}
+
+// Refuses an <out> holding anything an earlier `mih golden` did not write there as it wrote
+// it (a golden.json of the user's, `--out /`), before anything is written; then removes the
+// earlier golden's own files, so that what is there after the producer is this run's.
+void claim_golden_dir(const fs::path& out) {
+  const std::vector<std::string> paths = golden_entries(out);
+  if (paths.empty()) return;
+  check_owned(out, kGoldenRecord, paths, "golden");
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    fs::remove(out / p, ec);
+    MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "golden: cannot remove the earlier golden's ", (out / p).string(),
+                   ": ", ec.message());
+  }
+}
+
+// The producer exited 0: it must have written golden.json (a JSON object) and its tensors
+// file, as regular files; then the record of what this golden wrote.
+void check_and_record_golden(const fs::path& out, const std::string& producer) {
+  const auto is_file = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(fs::symlink_status(p, ec)) && fs::file_size(p, ec) > 0 && !ec;
+  };
+  const fs::path manifest = out / layout::kGoldenManifest;
+  std::string text, missing;
+  if (!is_file(manifest) || !read_file(manifest, &text) || !parse_json_lenient(text).is_object()) {
+    missing = "golden.json (a JSON object)";
+  }
+  if (!is_file(out / layout::kGoldenTensors)) missing += std::string(missing.empty() ? "" : " and ") + layout::kGoldenTensors;
+  MIH_CHECK_CODE(missing.empty(), Code::kFailedPrecondition, "golden: the producer (", producer,
+                 ") exited 0: expected it to write golden.json and golden.safetensors into ", out.string(),
+                 ", got no ", missing, "; give --producer the mih_golden.py of this mih and --python a Python with "
+                 "torch (no golden was recorded)");
+  nlohmann::json record = {{"written_by", "mih " + std::string(harness_version())}, {"files", nlohmann::json::object()}};
+  for (const std::string& p : golden_entries(out)) {
+    if (is_file(out / p)) record["files"][p] = sha256_of_file(out / p);
+  }
+  write_file_atomic(out / kGoldenRecord, record.dump(2) + "\n");
+}
+
 }  // namespace
 
 CommandRun setup_golden(CLI::App& sub, const Invocation&) {
@@ -136,6 +196,7 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
     cases::HfExportOptions o = f->o;
     o.out = out / layout::kExportDir;
     o.dtype = "float64";
+    claim_golden_dir(out);
     const cases::HfExportResult r = cases::export_hf(s, o);
     std::printf("mih golden: exported spec %s (float64, seed %llu) to %s: loss %.17g\n", f->spec.c_str(),
                 static_cast<unsigned long long>(o.seed), o.out.c_str(), r.loss);
@@ -150,6 +211,7 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
       std::fprintf(stderr, "mih golden: the producer (%s %s) exited %d\n", python.c_str(), producer.c_str(), rc);
       return rc == 2 || (rc >= 11 && rc <= 17) ? rc : exit_status(Code::kInternal);
     }
+    check_and_record_golden(out, python + " " + producer.string());
     std::printf("mih golden: %s; compare the port with it: `mih test --only-spec %s --golden %s`\n",
                 (out / layout::kGoldenManifest).c_str(), f->spec.c_str(), out.c_str());
     return 0;
