@@ -316,6 +316,9 @@ bool read_process(int proc, Fields* fields, std::vector<std::string>* environ_ou
   std::string text;
   auto fail = [&](const std::string& what) {
     *why = "cannot read " + what + ": " + std::strerror(err);
+    // Its ns/* links need PTRACE_MODE_READ: denied to a reader in a Landlock domain the process
+    // is not in (confinement.cpp).
+    if (err == EACCES || err == EPERM) *why += " (not the reader's to examine: confined apart, e.g. by Landlock)";
     return false;
   };
   if (!read_at(proc, "status", &text, &err)) return fail("status");

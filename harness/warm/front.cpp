@@ -316,14 +316,14 @@ bool send_run(int fd, const std::string& core, const std::string& identity, int 
   return internal::send_request(fd, h, {}, payload);
 }
 
-// Sends the caller's open fds of 0-2 and its cwd, with the nonce of the server's kReady (none
-// when it gave 0), in one message: it proves that this process, the one the server examined,
-// is the one that sends them.
+// Sends the caller's open fds of 0-2 and its cwd, with the nonce of the server's proof, in one
+// message: it proves that this process, the one the server examined, is the one that sends them,
+// and that it may examine the server (internal::Proof).
 bool send_fds(int fd, uint64_t nonce) {
   Header h;
   h.kind = static_cast<uint32_t>(Kind::kFds);
   h.fd_bits = g_caller.stdio_bits;
-  const std::string echo = nonce ? std::string(reinterpret_cast<const char*>(&nonce), sizeof nonce) : "";
+  const std::string echo(reinterpret_cast<const char*>(&nonce), sizeof nonce);
   h.payload_bytes = echo.size();
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) {
@@ -337,8 +337,14 @@ bool send_fds(int fd, uint64_t nonce) {
   return ok;
 }
 
-// A server refused this process as a caller of another identity: said (it would otherwise cost
-// every command an exec without a word), with the server's reason; the command runs exec'd.
+// Said when a server does not serve this process (it would otherwise cost every command an exec
+// without a word), with the reason; the command runs exec'd.
+void say_not_served(int fd, const std::string& why) {
+  std::fprintf(stderr, "mih: the warm server (pid %d) does not serve this process: %s; running the command without "
+               "it (%s=0 skips warm start)\n", static_cast<int>(peer_pid(fd)), why.c_str(), kWarmVar);
+}
+
+// A server refused this process as a caller of another identity: said, with its reason.
 void say_refused(int fd, const Reply& reply) {
   if (reply.kind != static_cast<uint32_t>(ReplyKind::kDiffers) || reply.value != static_cast<int64_t>(Why::kIdentity)) {
     return;
@@ -348,8 +354,7 @@ void say_refused(int fd, const Reply& reply) {
   for (char& c : why) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
   }
-  std::fprintf(stderr, "mih: the warm server (pid %d) does not serve this process: %s; running the command without "
-               "it (%s=0 skips warm start)\n", static_cast<int>(peer_pid(fd)), why.c_str(), kWarmVar);
+  say_not_served(fd, why);
 }
 
 // The command ran in `fd`'s server and is gone; ends this process the way it ended.
@@ -415,7 +420,15 @@ int front_main(int argc, char** argv, const std::string& core) {
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     bool sent = send_run(fd, core, id, argc, argv) && internal::read_all(fd, &reply, sizeof reply);
     if (sent && reply.kind == static_cast<uint32_t>(ReplyKind::kReady)) {
-      sent = send_fds(fd, static_cast<uint64_t>(reply.value)) && internal::read_all(fd, &reply, sizeof reply);
+      uint64_t nonce = 0;
+      std::string why;
+      if (!internal::read_proof(peer_pid(fd), reply.value, &nonce, &why)) {
+        say_not_served(fd, why);  // confined apart from the server: exec'd, confined as the caller is
+        ::close(fd);
+        fd = -1;
+        break;
+      }
+      sent = send_fds(fd, nonce) && internal::read_all(fd, &reply, sizeof reply);
     }
     if (sent) say_refused(fd, reply);
     if (!sent) {

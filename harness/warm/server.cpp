@@ -6,7 +6,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -279,9 +278,9 @@ void handle(Server& s, int conn) {
   // (see examine_caller and the echo below).
   const int caller_pidfd = internal::open_pidfd(peer.pid);
   const int pidfd_error = errno;
-  struct PidfdCloser {
+  struct Closer {
     int fd;
-    ~PidfdCloser() {
+    ~Closer() {
       if (fd >= 0) ::close(fd);
     }
   } closer{caller_pidfd};
@@ -347,12 +346,19 @@ void handle(Server& s, int conn) {
     return;
   }
   // Only a front that heard this server is ready sends its fds 0-2 and cwd: a stopped server
-  // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile).
-  uint64_t nonce = 0;
-  while (nonce == 0) {
-    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) nonce = 0;
+  // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile). It
+  // echoes the nonce it read through this server's /proc/<pid>/fd: it may examine this server
+  // as this server examined it, so neither is in a Landlock domain the other is not in.
+  internal::Proof proof;
+  const bool proof_made = internal::make_proof(&proof);
+  const Closer proof_closer{proof.fd};
+  if (!proof_made) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
+    done();
+    ::close(conn);
+    return;
   }
-  send_reply(conn, ReplyKind::kReady, static_cast<int64_t>(nonce));
+  send_reply(conn, ReplyKind::kReady, proof.fd);
   Header fd_message;
   uint64_t echo = 0;
   ucred sender{};
@@ -368,8 +374,9 @@ void handle(Server& s, int conn) {
   // process examined is the one asking, not a later one with its pid.
   const std::string examined = "the process examined (pid " + std::to_string(peer.pid) + ")";
   std::string unproven;
-  if (echo != nonce) {
-    unproven = "its fds did not echo this server's nonce";
+  if (echo != proof.nonce) {
+    unproven = "its fds did not echo the nonce of this server's /proc/" + std::to_string(::getpid()) + "/fd/" +
+               std::to_string(proof.fd) + " (only a process in this server's Landlock domain, or none, may read it)";
   } else if (sender.pid != peer.pid) {
     unproven = "its fds came from pid " + std::to_string(sender.pid) + ", not from " + examined;
   } else if (!internal::pidfd_alive(caller_pidfd)) {

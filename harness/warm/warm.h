@@ -9,7 +9,8 @@
 // environment, credentials, resource limits, scheduling, namespaces, cgroup, capabilities,
 // no_new_privs, seccomp, LSM label): a request is served only when the calling process, as
 // the kernel reports it (the server reads /proc/<pid> of its socket's peer, never trusting
-// what the front says), equals the server's in all of it, byte for byte; the per-call rest
+// what the front says), equals the server's in all of it, byte for byte, and each of the two
+// may examine the other (the same Landlock domain, or none: /proc shows no domain); the rest
 // (argv, cwd, umask, signal mask and ignored signals, fds 0-2) travels with the request.
 // The command's exit status or signal is the front's; signals sent to the front reach the
 // command; a front that dies takes its command along (SIGTERM, then SIGKILL after 10 s).

@@ -8,9 +8,12 @@
 // Who asks is what the kernel says, never what the front says: the server examines the
 // connecting process through /proc/<pid> (its pid from SO_PEERCRED, pinned by a pidfd) and
 // serves it only when that equals its own account of itself; the identity the request carries
-// is a consistency check. kReady carries a nonce the front echoes with its fds, in one message
-// that carries the sender's credentials (SO_PASSCRED): the process that sent it after kReady
-// is the process examined (its pidfd still alive then), not a later one that reused its pid.
+// is a consistency check. kReady names a proof (a memfd of the server's whose name holds a
+// nonce): the front reads the nonce through /proc/<server>/fd, which only a process allowed to
+// examine the server can (the Landlock domain /proc does not show: confinement.cpp), and echoes
+// it with its fds, in one message that carries the sender's credentials (SO_PASSCRED): the
+// process that sent it after kReady is the process examined (its pidfd still alive then), not a
+// later one that reused its pid, and it may examine the server as the server examined it.
 #pragma once
 
 #include <sys/socket.h>
@@ -24,7 +27,7 @@
 namespace mih::warm::internal {
 
 inline constexpr uint32_t kMagic = 0x7768696d;  // "mihw"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: kReady names a Proof's fd
 
 enum class Kind : uint32_t { kRun = 1, kStatus = 2, kStop = 3, kFds = 4 };
 
@@ -41,7 +44,7 @@ enum class ReplyKind : uint32_t {
   kDiffers = 2,  // value: a Why; the front execs (or, for kStale/kStopping, tries a new server)
   kExited = 3,   // value: the command's wait status
   kText = 4,     // value: the byte count of text that follows (status)
-  kReady = 5,    // the request is accepted: send the fds, echoing the value (a nonce, never 0) after the kFds Header
+  kReady = 5,    // the request is accepted: value, the server's fd of its Proof; send the fds, echoing its nonce
 };
 
 enum class Why : int64_t {
@@ -112,6 +115,19 @@ std::string differing(const Fields& a, const Fields& b);
 /// of it, in order, in *env when not null). False, with *why, when some of it cannot be
 /// read: the process is gone, or not the reader's to examine.
 bool read_process(int proc, Fields* fields, std::vector<std::string>* env, std::string* why);
+
+/// What a caller must read to be served: a memfd of the server's named "mih-warm-proof-<nonce as
+/// 16 hex digits>" (readlink of /proc/<server>/fd/<fd> needs PTRACE_MODE_READ of the server).
+struct Proof {
+  int fd = -1;
+  uint64_t nonce = 0;  // never 0
+};
+/// A new proof (close-on-exec); false, errno set, when none can be made.
+bool make_proof(Proof* proof);
+/// The caller's part: the nonce of the proof at fd `fd` of the process `server`; false, with
+/// *why, when this process may not examine the server (confined apart from it) or that fd is
+/// no proof.
+bool read_proof(pid_t server, int64_t fd, uint64_t* nonce, std::string* why);
 
 /// A pidfd of `pid` (pidfd_open), or -1 (errno set) where the kernel has none.
 int open_pidfd(pid_t pid);

@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from outcomes import FAILURES, check, wait_for  # noqa: E402
 
-MAGIC, VERSION = 0x7768696D, 1
+MAGIC, VERSION = 0x7768696D, 2
 KIND_RUN, KIND_FDS = 1, 4
 STARTED, DIFFERS, EXITED, READY = 1, 2, 3, 5
 WHY_IDENTITY, WHY_BAD_REQUEST = 1, 4
@@ -76,8 +76,11 @@ def client(sock_path, claim_path, out_path, argv):
         kind, text_bytes, value = REPLY.unpack(recv_exact(s, REPLY.size))
         if kind == READY:
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)
-            # The front echoes kReady's nonce with its fds (62ba3c3's servers sent none: 0).
-            echo = struct.pack("<q", value) if value else b""
+            # The front echoes the nonce of the proof kReady names (the server's fd `value`,
+            # a memfd named mih-warm-proof-<nonce>), read through /proc/<server>/fd.
+            server_pid = struct.unpack("<iII", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            link = os.readlink(f"/proc/{server_pid}/fd/{value}")
+            echo = struct.pack("<Q", int(link.split("mih-warm-proof-")[1][:16], 16))
             s.sendmsg([HEADER.pack(MAGIC, VERSION, KIND_FDS, 7, len(echo)) + echo],
                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2, cwd]))])
             kind, text_bytes, value = REPLY.unpack(recv_exact(s, REPLY.size))
