@@ -22,6 +22,7 @@
 #include "harness/base/process_stat.h"
 #include "harness/base/version.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/case_completion_internal.h"
 #include "harness/evidence/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/base/sha256.h"
@@ -208,6 +209,15 @@ CaseOutcome verify_only_outcome(const CaseRequest& p, const fs::path& dir) {
     out.code = outcome_code(out.outcome, Code::kOk);
     return out;
   }
+  // mih's case runner writes case_run.json when its launches end, and its digests are what
+  // the check below trusts: evidence it launched without one is a run that did not finish or a
+  // record removed, never an external launch's to judge file by file (`mih launch` and the
+  // outside launchers run their ranks in a run directory of their own).
+  MIH_CHECK_CODE(record || fs::exists(dir / layout::kCaseRecord) || !launched_by_case_runner(dir),
+                 Code::kFailedPrecondition, "evidence ", dir.string(), " of case ", p.spec, "/", p.c.name,
+                 " was launched by mih's case runner (", layout::kEnvironment, ": launcher 'mih', its ranks' run "
+                 "directory the case's own) and has no ", layout::kCaseRecord, ", which the runner writes when the "
+                 "launch ends: the case is incomplete (its run did not finish, or the record was removed); rerun it");
   // The contract first: nothing below reads a file it has not validated (docs/evidence.md).
   const contract::Validation valid = contract::require_valid_case_dir(
       dir, "a check reads only evidence that does: rerun the case, or fix the writer that produced it");

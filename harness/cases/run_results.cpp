@@ -26,6 +26,7 @@
 #include "harness/cases/memo_internal.h"
 #include "harness/cases/registrations.h"
 #include "harness/compare/verdicts.h"
+#include "harness/evidence/case_completion_internal.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/spec/model_spec.h"
@@ -255,25 +256,33 @@ std::vector<std::string> record_case_states() {
     if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
     const fs::path dir = run_options().evidence_root / key;
     try {
-      if (!fs::exists(dir / layout::kIntegrationState)) {
+      // The state as the run's record bounds it (case_run.json's "state"): integration_state.json
+      // is outside the digests, and deleting or editing it never turns a failed case into a pass.
+      const CaseState recorded = read_case_state(dir);
+      if (recorded.state.empty()) {
         // Launched here, a case whose tests passed has its state; evidence of a loop of one's
         // own (verify-only) may have none, and its tests are the verdict.
         if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
         continue;
       }
-      const EvidenceDir evidence = verify_only ? EvidenceDir::open_existing(dir) : EvidenceDir(dir);
-      IntegrationStateMachine machine(evidence);
-      IntegrationState now = IntegrationState::kDiscovered;
-      machine.current(&now);
+      if (!recorded.disagreement.empty()) {
+        if (t.failed.empty()) {
+          disagree.push_back(key + ": every test passed, but " + recorded.disagreement +
+                             ": the state is not its run's; relaunch the case into a new evidence root");
+        }
+        continue;
+      }
+      const IntegrationState now = parse_state(recorded.state);
       if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
         if (t.failed.empty()) {
           disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
-                             evidence.read_json(layout::kIntegrationState).value("reason", "") +
-                             "); a failed case stays failed: relaunch it into a new evidence root");
+                             recorded.reason + "); a failed case stays failed: relaunch it into a new evidence root");
         }
         continue;
       }
       if (verify_only) continue;
+      const EvidenceDir evidence(dir);
+      IntegrationStateMachine machine(evidence);
       if (t.failed.empty()) {
         const std::string spec_name = key.substr(0, key.find('/'));
         std::string parity_problem;

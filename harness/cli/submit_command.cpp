@@ -113,6 +113,9 @@ std::string header(const Site& site, const std::string& name, int tasks, const f
   if (!site.account.empty()) h += "#SBATCH --account=" + site.account + "\n";
   if (site.gpus_per_node > 0 && tasks > 0) h += "#SBATCH --gpus-per-node=" + std::to_string(site.gpus_per_node) + "\n";
   if (site.time_minutes > 0) h += "#SBATCH --time=" + std::to_string(site.time_minutes) + "\n";
+  // A requeued job would run the case again over the first run's evidence in the same case
+  // directory (the verdict reads a requeued run as incomplete, SLURM_RESTART_COUNT): never requeued.
+  h += "#SBATCH --no-requeue\n";
   h += "set -u\n";
   for (const std::string& m : site.modules) h += "module load " + m + "\n";
   return h;

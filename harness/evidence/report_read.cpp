@@ -20,6 +20,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/case_completion_internal.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"
 #include "harness/evidence/scheduler_jobs.h"
@@ -196,10 +197,21 @@ void read_case_files(const fs::path& root, CaseResult* c) {
       c->problems.push_back(case_file.string() + ": not a case the runner resolved: " + e.what());
     }
   }
-  const fs::path state = dir / layout::kIntegrationState;
-  if (read_json_object(state, &j, &c->problems)) {
-    take(j, "state", &c->state, state, &c->problems);
-    take(j, "reason", &c->state_reason, state, &c->problems);
+  // mih's case runner writes case_run.json when its launches end: its evidence without one is a
+  // run that did not finish (or lost its record), never an external launch's to report.
+  if (!c->outcome && !fs::exists(case_run, ec) && launched_by_case_runner(dir)) {
+    c->problems.push_back(case_run.string() + " is missing, though mih's case runner launched the case (" +
+                          layout::kEnvironment + "): its run did not finish, or its record was lost; incomplete, "
+                          "rerun the case");
+  }
+  // The state as the run's record bounds it: integration_state.json is outside the digests.
+  try {
+    const CaseState state = read_case_state(dir);
+    c->state = state.state;
+    c->state_reason = state.reason;
+    if (!state.disagreement.empty()) c->problems.push_back(dir.string() + ": " + state.disagreement);
+  } catch (const Error& e) {
+    c->problems.push_back(e.message());
   }
   const fs::path calibration = dir / layout::kCalibration;
   if (fs::exists(calibration, ec) && read_json_object(calibration, &j, &c->problems)) {

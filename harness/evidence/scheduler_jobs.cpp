@@ -11,6 +11,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/evidence/case_completion_internal.h"
 
 namespace mih {
 namespace fs = std::filesystem;
@@ -74,10 +75,10 @@ std::vector<SubmittedJob> submitted_jobs(const fs::path& root, const std::string
   return out;
 }
 
-bool job_is_infrastructure(const std::string& state, const std::string& exit_code, bool has_evidence) {
+bool job_is_infrastructure(const std::string& state, const std::string& exit_code, bool ended) {
   if (state == "COMPLETED") return false;
-  if (state.empty()) return !has_evidence;
-  if (state != "FAILED" || !has_evidence) return true;
+  if (state.empty()) return !ended;
+  if (state != "FAILED" || !ended) return true;
   // FAILED with evidence: the model's failure unless a signal or a transport's status ended it.
   const size_t colon = exit_code.find(':');
   const std::string status = exit_code.substr(0, colon), signal = colon == std::string::npos ? "" : exit_code.substr(colon + 1);
@@ -95,17 +96,28 @@ bool job_is_infrastructure(const std::string& state, const std::string& exit_cod
 
 std::string describe_job_failure(const SubmittedJob& j) {
   return "SLURM job " + j.id + " (" + j.name + ") " +
-         (j.state.empty() ? std::string("has no state the scheduler still knows, and left no evidence")
-                          : "ended " + j.state + " (exit " + (j.exit_code.empty() ? "?" : j.exit_code) + ")") +
-         "; its log: " + j.log.string() + ". Rerun `mih submit` on this root: it resubmits what did not complete";
+         (!j.state.empty() ? "ended " + j.state + " (exit " + (j.exit_code.empty() ? "?" : j.exit_code) + ")"
+          : j.incomplete.empty() ? std::string("has no state the scheduler still knows, and left no evidence")
+                                 : std::string("has no state the scheduler still knows")) +
+         (j.incomplete.empty() ? std::string() : "; its case did not complete: " + j.incomplete) + "; its log: " + j.log.string() + ". Rerun `mih submit` on this root: it resubmits what did not complete";
 }
 
 std::optional<SubmittedJob> infrastructure_job(const fs::path& root, const std::string& spec,
                                                const std::string& case_name, const fs::path& dir) {
+  std::vector<SubmittedJob> jobs = submitted_jobs(root, spec, case_name);
+  if (jobs.empty()) return std::nullopt;
   std::error_code ec;
+  // What the case's own records say, not the scheduler's memory, decides whether it completed:
+  // a job the scheduler forgot, or one it requeued over the same directory, left a run that
+  // did not end (issue 53).
   const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec);
-  for (const SubmittedJob& j : submitted_jobs(root, spec, case_name)) {
-    if (job_is_infrastructure(j.state, j.exit_code, has_evidence)) return j;
+  const std::string not_ended = has_evidence ? why_run_not_ended(dir) : "";
+  const bool requeued = has_evidence && !why_requeued(dir).empty();
+  for (SubmittedJob& j : jobs) {
+    if (requeued || job_is_infrastructure(j.state, j.exit_code, has_evidence && not_ended.empty())) {
+      j.incomplete = not_ended;
+      return j;
+    }
   }
   return std::nullopt;
 }

@@ -1,9 +1,15 @@
 // The SLURM job states a verify-only run of a `mih submit` night reads (cases/scheduler_jobs.h):
 // scontrol and sacct lines, the jobs of one case, and which states are infrastructure outcomes.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/base/case_request.h"
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
@@ -62,8 +68,53 @@ TEST(SchedulerJobsTest, WhichStatesAreInfrastructure) {
   EXPECT_FALSE(job_is_infrastructure("FAILED", "200:0", true));
   EXPECT_FALSE(job_is_infrastructure("FAILED", "1370:0", true));
   EXPECT_TRUE(job_is_infrastructure("FAILED", "1:0", false));
-  EXPECT_FALSE(job_is_infrastructure("", "", true));  // forgotten by the scheduler, the evidence judged
-  EXPECT_TRUE(job_is_infrastructure("", "", false));
+  EXPECT_FALSE(job_is_infrastructure("", "", true));  // forgotten by the scheduler, its ranks all ended: judged
+  EXPECT_TRUE(job_is_infrastructure("", "", false));  // forgotten, and its run did not end (issue 53)
+}
+
+// Issue 53 item 10: what the case's own records say decides whether a night's case completed,
+// never what the scheduler remembers. A resume on 2 then 1 rank, its job forgotten (no
+// accounting, past MinJobAge): judged once every rank of both phases wrote its end, an
+// infrastructure outcome naming the rank that did not; a requeued run is one whatever its job.
+TEST(SchedulerJobsTest, ACaseWhoseRanksDidNotEndIsInfrastructureWhateverTheScheduler) {
+  const auto root = mih::testing::temp_dir("scheduler_jobs_ended");
+  const auto dir = layout::case_dir(root, "llama", "ResumeDpShard2ToReference");
+  CaseRequest q;
+  q.spec = "llama";
+  q.c.name = "ResumeDpShard2ToReference";
+  q.c.kind = spec::CaseKind::kCrossResume;
+  q.c.group = "cross_resume";
+  q.c.save_config = ParallelConfig{};
+  q.c.save_config->dp_shard = 2;
+  q.c.resume_at = 2;
+  q.matrix = MatrixSource::parse("cpu-smoke");
+  q.training_backend = "trainer";
+  q.fingerprint = "0123456789abcdef";
+  write_file_atomic(dir / layout::kCaseRequest, nlohmann::json(q).dump());
+  write_file_atomic(dir / layout::kEnvironment, nlohmann::json({{"variables", {{"SLURM_JOB_ID", "7"}}}}).dump());
+  write_file_atomic(root / layout::submit_jobs("llama"),
+                    nlohmann::json({{"llama/ResumeDpShard2ToReference:save", "7"},
+                                    {"llama/ResumeDpShard2ToReference:load", "8"}}).dump());
+  write_file_atomic(root / layout::submit_states("llama"), "7|COMPLETED|0:0\n");  // 8: forgotten
+  for (const auto& [phase, rank] : std::vector<std::pair<std::string, int>>{{"save", 0}, {"save", 1}, {"load", 0}}) {
+    write_file_atomic(dir / layout::run_phase_dir(phase) / layout::timing_rank(rank), "{}");
+  }
+  EXPECT_FALSE(infrastructure_job(root, "llama", "ResumeDpShard2ToReference", dir).has_value());
+  std::filesystem::remove(dir / layout::run_phase_dir("save") / layout::timing_rank(1));
+  const auto cancelled = infrastructure_job(root, "llama", "ResumeDpShard2ToReference", dir);
+  ASSERT_TRUE(cancelled.has_value()) << "a rank that never reached its end: judged from partial evidence";
+  EXPECT_EQ(cancelled->id, "8");
+  EXPECT_THAT(describe_job_failure(*cancelled),
+              ::testing::AllOf(::testing::HasSubstr("has no state the scheduler still knows"),
+                               ::testing::HasSubstr("rank 1 of its save phase never reached its end")));
+  write_file_atomic(dir / layout::run_phase_dir("save") / layout::timing_rank(1), "{}");
+  write_file_atomic(root / layout::submit_states("llama"), "7|COMPLETED|0:0\n8|COMPLETED|0:0\n");
+  EXPECT_FALSE(infrastructure_job(root, "llama", "ResumeDpShard2ToReference", dir).has_value());
+  write_file_atomic(dir / layout::kEnvironment,
+                    nlohmann::json({{"variables", {{"SLURM_JOB_ID", "8"}, {"SLURM_RESTART_COUNT", "1"}}}}).dump());
+  const auto requeued = infrastructure_job(root, "llama", "ResumeDpShard2ToReference", dir);
+  ASSERT_TRUE(requeued.has_value()) << "a requeued run over the first one's evidence";
+  EXPECT_THAT(describe_job_failure(*requeued), ::testing::HasSubstr("SLURM requeued the job that ran it"));
 }
 
 }  // namespace
