@@ -54,11 +54,13 @@ std::vector<std::string> recorded_tests(const fs::path& root) {
     const std::string line = text.substr(start, end - start);
     start = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() && !terminated) break;  // a writer died mid-line
+    json j;
+    std::string problem;
+    const bool parsed = parse_json_bounded(line, &j, &problem);  // bounded: a line nested 100000 deep
+    if (!parsed && !terminated) break;                            // a writer died mid-line
     const std::string where = file.string() + " line " + std::to_string(line_number);
-    MIH_CHECK_CODE(!j.is_discarded(), Code::kFailedPrecondition, "mih check: ", where,
-                   " is not JSON: the run's record was truncated or edited, so what it ran cannot be read; rerun it");
+    MIH_CHECK_CODE(parsed, Code::kFailedPrecondition, "mih check: ", where, " is not JSON mih wrote (", problem,
+                   "): the run's record was truncated or edited, so what it ran cannot be read; rerun it");
     if (!j.is_object() || !j.contains("run") || !j["run"].is_object() || j["run"].value("event", json()) != "start") continue;
     const json& tests = j["run"].value("tests", json());
     MIH_CHECK_CODE(tests.is_array(), Code::kFailedPrecondition, "mih check: ", where, ": a start line lists no 'tests'");

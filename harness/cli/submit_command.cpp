@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -34,6 +35,62 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// A value of one line that a batch script may carry: no control character (a newline would
+// start a command of its own, and a log line could be forged).
+// Throws: mih::Error{kInvalidSpec} naming `what` and the character.
+void check_one_line(const std::string& what, const std::string& value) {
+  for (unsigned char c : value) {
+    MIH_CHECK_CODE(c >= 0x20 && c != 0x7f, Code::kInvalidSpec, "mih submit: ", what,
+                   ": expected one line of printable characters (it goes into a batch script), got control character "
+                   "0x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15], "; give it without");
+  }
+}
+
+// A value of an #SBATCH line, which sbatch reads as options split at spaces, with no quoting:
+// only characters that cannot end the value or start another option.
+// Throws: mih::Error{kInvalidSpec} naming `what` and the first character it cannot take.
+void check_sbatch_value(const std::string& what, const std::string& value) {
+  check_one_line(what, value);
+  const size_t bad = value.find_first_not_of(
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._,:/+=@%~-");
+  MIH_CHECK_CODE(bad == std::string::npos && value.rfind('-', 0) != 0, Code::kInvalidSpec, "mih submit: ", what, " '",
+                 value, "' goes into an #SBATCH line, which cannot quote: expected letters, digits and ._,:/+=@%~- ",
+                 "(not first), got ", bad == std::string::npos ? std::string("a leading '-'")
+                                                               : "'" + value.substr(bad, 1) + "'",
+                 "; give it without (an evidence root: a path without spaces)");
+}
+
+// A file name for #SBATCH --output: sbatch replaces %j, %x ... in it, so a '%' of the path is %%.
+std::string sbatch_output_path(const std::string& path_with_job_id) {
+  const size_t at = path_with_job_id.rfind("%j");
+  std::string out;
+  for (size_t i = 0; i < path_with_job_id.size(); ++i) {
+    out += path_with_job_id[i] == '%' && i != at ? "%%" : std::string(1, path_with_job_id[i]);
+  }
+  return out;
+}
+
+// `s` as one shell word: single-quoted, each ' as '\''.
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A site value that is several words (srun_args, container): each word quoted, so the words
+// are arguments and nothing of them is run as shell (no ;, $(...), redirection).
+std::string quote_words(const std::string& what, const std::string& value) {
+  check_one_line(what, value);
+  std::string out;
+  size_t start = 0;
+  while ((start = value.find_first_not_of(' ', start)) != std::string::npos) {
+    const size_t end = std::min(value.find(' ', start), value.size());
+    out += (out.empty() ? "" : " ") + quote(value.substr(start, end - start));
+    start = end;
+  }
+  return out;
+}
+
 // Where a site's cluster differs (a JSON file; every key optional, none other accepted).
 struct Site {
   std::string partition, account, container, srun_args, mih;
@@ -56,9 +113,9 @@ Site read_site(const std::string& path) {
   }
   auto text = [&](const char* k, std::string* out) {
     if (!j.contains(k)) return;
-    MIH_CHECK_CODE(j[k].is_string() && j[k].get<std::string>().find('\n') == std::string::npos, Code::kInvalidSpec,
-                   "site file ", path, ": '", k, "' must be a string of one line");
+    MIH_CHECK_CODE(j[k].is_string(), Code::kInvalidSpec, "site file ", path, ": '", k, "' must be a string of one line");
     *out = j[k].get<std::string>();
+    check_one_line("site file " + path + ": '" + k + "'", *out);
   };
   text("partition", &s.partition);
   text("account", &s.account);
@@ -66,6 +123,8 @@ Site read_site(const std::string& path) {
   text("srun_args", &s.srun_args);
   text("mih", &s.mih);
   text("pg_backend", &s.pg_backend);
+  if (!s.partition.empty()) check_sbatch_value("site file " + path + ": 'partition'", s.partition);
+  if (!s.account.empty()) check_sbatch_value("site file " + path + ": 'account'", s.account);
   MIH_CHECK_CODE(s.pg_backend.empty() || s.pg_backend == "gloo" || s.pg_backend == "nccl", Code::kInvalidSpec,
                  "site file ", path, ": pg_backend must be gloo or nccl");
   for (const char* k : {"gpus_per_node", "time_minutes"}) {
@@ -77,18 +136,12 @@ Site read_site(const std::string& path) {
   if (j.contains("modules")) {
     MIH_CHECK_CODE(j["modules"].is_array(), Code::kInvalidSpec, "site file ", path, ": 'modules' must be a list");
     for (const json& m : j["modules"]) {
-      MIH_CHECK_CODE(m.is_string() && m.get<std::string>().find('\n') == std::string::npos, Code::kInvalidSpec,
-                     "site file ", path, ": each module is a string of one line");
+      MIH_CHECK_CODE(m.is_string(), Code::kInvalidSpec, "site file ", path, ": each module is a string of one line");
+      check_one_line("site file " + path + ": a module", m.get<std::string>());
       s.modules.push_back(m.get<std::string>());
     }
   }
   return s;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 std::string seconds(std::chrono::milliseconds t) {
@@ -107,7 +160,9 @@ struct Job {
 };
 
 std::string header(const Site& site, const std::string& name, int tasks, const fs::path& log) {
-  std::string h = "#!/bin/bash\n#SBATCH --job-name=" + name + "\n#SBATCH --output=" + log.string() + "\n";
+  check_sbatch_value("the job name", name);
+  check_sbatch_value("the log path", log.string());
+  std::string h = "#!/bin/bash\n#SBATCH --job-name=" + name + "\n#SBATCH --output=" + sbatch_output_path(log.string()) + "\n";
   if (tasks > 0) h += "#SBATCH --ntasks=" + std::to_string(tasks) + "\n";
   if (!site.partition.empty()) h += "#SBATCH --partition=" + site.partition + "\n";
   if (!site.account.empty()) h += "#SBATCH --account=" + site.account + "\n";
@@ -117,12 +172,13 @@ std::string header(const Site& site, const std::string& name, int tasks, const f
   // directory (the verdict reads a requeued run as incomplete, SLURM_RESTART_COUNT): never requeued.
   h += "#SBATCH --no-requeue\n";
   h += "set -u\n";
-  for (const std::string& m : site.modules) h += "module load " + m + "\n";
+  for (const std::string& m : site.modules) h += "module load " + quote(m) + "\n";
   return h;
 }
 
-// Runs sbatch --parsable with `options` on `script`; returns the job id.
-std::string sbatch(const std::vector<std::string>& options, const fs::path& script) {
+// Runs `args` (args[0] looked up in PATH) with stdout and stderr into one pipe; returns its
+// exit status (127: it could not be started) and what it printed.
+std::pair<int, std::string> capture(std::vector<std::string> args) {
   int out[2];
   MIH_CHECK_CODE(::pipe(out) == 0, Code::kUnavailable, "mih submit: pipe failed");
   const pid_t pid = ::fork();
@@ -132,14 +188,11 @@ std::string sbatch(const std::vector<std::string>& options, const fs::path& scri
     ::dup2(out[1], 2);
     ::close(out[0]);
     ::close(out[1]);
-    std::vector<std::string> args = {"sbatch", "--parsable"};
-    args.insert(args.end(), options.begin(), options.end());
-    args.push_back(script.string());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execvp("sbatch", argv.data());
-    std::fprintf(stderr, "cannot run sbatch: not on PATH\n");
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "cannot run %s: not on PATH\n", argv[0]);
     ::_exit(127);
   }
   ::close(out[1]);
@@ -148,14 +201,65 @@ std::string sbatch(const std::vector<std::string>& options, const fs::path& scri
   for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
   ::close(out[0]);
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text};
+}
+
+// Runs sbatch --parsable with `options` on `script`; returns the job id.
+std::string sbatch(const std::vector<std::string>& options, const fs::path& script) {
+  std::vector<std::string> args = {"sbatch", "--parsable"};
+  args.insert(args.end(), options.begin(), options.end());
+  args.push_back(script.string());
+  const auto [status, text] = capture(args);
   const std::string id = text.substr(0, text.find(';'));
-  MIH_CHECK_CODE(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !id.empty() &&
-                     id.find_first_not_of("0123456789") == std::string::npos,
+  MIH_CHECK_CODE(status == 0 && !id.empty() && id.find_first_not_of("0123456789") == std::string::npos,
                  Code::kUnavailable, "mih submit: sbatch ", script.string(), " failed: ", text.substr(0, 500),
                  " (jobs submitted before it stay queued; `scancel --name` them or rerun)");
   return id;
+}
+
+// Refuses to submit spec `spec`'s night on `root` again while a job of its last submission
+// (jobs.json) is still queued or running (squeue): a second set would run beside it on the
+// same case directories, and jobs.json would lose the first set's ids.
+// Throws: mih::Error{kFailedPrecondition} naming the jobs and the fix (wait, or scancel);
+//   kUnavailable when squeue cannot say.
+void refuse_pending(const fs::path& root, const std::string& spec) {
+  const fs::path file = root / layout::submit_jobs(spec);
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return;
+  const json record = read_json_file(file);
+  MIH_CHECK_CODE(record.is_object(), Code::kFailedPrecondition, "mih submit: ", file.string(),
+                 ": expected the JSON object of job ids mih submit writes, got ", json_summary(record));
+  std::set<std::string> recorded;
+  std::string ids;
+  for (const auto& [name, id] : record.items()) {
+    if (!id.is_string() || id.get<std::string>().empty() ||
+        id.get<std::string>().find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    if (recorded.insert(id.get<std::string>()).second) ids += (ids.empty() ? "" : ",") + id.get<std::string>();
+  }
+  if (recorded.empty()) return;
+  const auto [status, text] = capture({"squeue", "--noheader", "--format=%i", "--jobs=" + ids,
+                                            "--states=PENDING,CONFIGURING,RUNNING,SUSPENDED,COMPLETING"});
+  if (status != 0 && text.find("Invalid job id") != std::string::npos) return;  // none known any more
+  MIH_CHECK_CODE(status == 0, Code::kUnavailable, "mih submit: cannot ask squeue whether the jobs of ", file.string(),
+                 " are still queued: ", text.substr(0, 300), "; run mih submit where squeue works (nothing was submitted)");
+  std::string pending;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    const std::string id = text.substr(start, end - start);
+    if (recorded.count(id)) pending += (pending.empty() ? "" : " ") + id;
+    start = end + 1;
+  }
+  MIH_CHECK_CODE(pending.empty(), Code::kFailedPrecondition, "mih submit: jobs ", pending, " of the last submission of ",
+                 spec, "'s night on ", root.string(), " are still queued or running (squeue; ", file.string(),
+                 "): expected none, since a second set would run beside them on the same cases and their ids would be "
+                 "lost; wait until they end, or cancel them (scancel ", pending, "), then submit again (nothing was "
+                 "submitted)");
 }
 
 }  // namespace
@@ -177,11 +281,15 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
   sub.add_flag("--dry-run", f->dry_run, "print the batch scripts and the dependency graph; submit nothing, write nothing");
   const std::string self = inv.argc > 0 ? fs::weakly_canonical(fs::absolute(fs::path(inv.argv[0]))).string() : "mih";
   return [f, self] {
+    check_one_line("--evidence-root", f->root);
+    check_one_line("--previous", f->previous);
+    check_one_line("--matrix", f->matrix);
     const Site site = read_site(f->site);
     const std::string mih = site.mih.empty() ? self : site.mih;
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
     const fs::path root = fs::absolute(f->root);
+    if (!f->dry_run) refuse_pending(root, s.name);
     std::string prefix;
     for (const cases::Registration& r : cases::registrations()) {
       if (r.spec == s.name && prefix.empty()) prefix = r.prefix;
@@ -267,9 +375,10 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
                    "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
                    // A rank that dies stops its peers at once (as torchrun does): a failed job,
                    // not peers waiting in a collective until the job's time limit.
-                   "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + site.srun_args) + " " +
-                   (site.container.empty() ? "" : site.container + " ") + quote(mih) + " worker --run-dir " +
-                   quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " + backend + flags +
+                   "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + quote_words("srun_args", site.srun_args)) + " " +
+                   (site.container.empty() ? "" : quote_words("container", site.container) + " ") + quote(mih) +
+                   " worker --run-dir " + quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " +
+                   quote(backend) + flags +
                    " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
         if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
         if (previous_phase.empty() && last_job.count(c.compare_to)) {

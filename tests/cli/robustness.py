@@ -9,11 +9,22 @@ label runtime): black-box runs of the real `mih` binary.
    edited one refused.
 8. `mih check` of a root writes nothing into it: on a read-only bind mount of the root (as
    root; the tree hash otherwise) it gives the true verdict (exit 0), the tree byte-identical.
+9. `mih submit` (--dry-run: the batch scripts it would submit) runs nothing a value says: an
+   evidence root holding a newline is refused (exit 11), one holding a space too (an #SBATCH
+   line cannot quote it), a '%' in it is '%%' in #SBATCH --output; a site file's partition that
+   would add sbatch options is refused, its modules, srun_args and container are quoted words.
+   (A night submitted again while its jobs are queued: tests/slurm/submit_pending.py.)
+5. Limits: `mih check` of a root whose results.jsonl start line nests 100000 levels is exit 12
+   (never SIGSEGV); under `ulimit -f` `mih test` and `mih test --verify-only` are exit 12
+   naming the file too large (never SIGXFSZ, 153); under `ulimit -v 500000` `mih` says the
+   address space it needs (exit 12, never the loader's 127).
 
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
 import hashlib
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -118,7 +129,76 @@ def check_on_read_only_evidence(mih, work):
           f"{c.returncode}; changed: {changed[:6]})", c.stdout[-2000:])
 
 
-SECTIONS = {"7": golden_keeps_what_mih_did_not_write, "8": check_on_read_only_evidence}
+def submit_runs_no_value(mih, work):
+    """9."""
+    base = os.path.join(work, "submit")
+    os.makedirs(base)
+
+    def submit(root, site=None):
+        args = ["submit", "--dry-run", "--spec", "llama", "--cases", "Reference", "--evidence-root", root]
+        if site is not None:
+            args += ["--site", write(os.path.join(base, "site.json"), json.dumps(site))]
+        return run(mih, args)
+
+    pwned = os.path.join(base, "pwned")
+    s = submit(os.path.join(base, "night") + "\ntouch " + pwned + "\n")
+    check(s.returncode == 11 and "control character 0x0a" in s.stdout and "\ntouch " + pwned + "\n" not in s.stdout,
+          f"9: an evidence root holding a newline is refused (exit {s.returncode})", s.stdout[-1500:])
+    s = submit(os.path.join(base, "a night"))
+    check(s.returncode == 11 and "#SBATCH" in s.stdout and "' '" in s.stdout,
+          f"9: an evidence root holding a space is refused, naming #SBATCH (exit {s.returncode})", s.stdout[-1500:])
+    s = submit(os.path.join(base, "100%night"))
+    check(s.returncode == 0 and "100%%night/.mih-submit/llama/Reference.train.%j.log" in s.stdout,
+          f"9: a '%' of the evidence root is '%%' in #SBATCH --output (exit {s.returncode})", s.stdout[-1500:])
+    s = submit(os.path.join(base, "night"), {"partition": "gpu --wrap=touch"})
+    check(s.returncode == 11 and "partition" in s.stdout and "--wrap" not in s.stdout.split("mih: ")[0],
+          f"9: a partition that would add sbatch options is refused (exit {s.returncode})", s.stdout[-1500:])
+    s = submit(os.path.join(base, "night"), {"modules": ["cuda; touch " + pwned], "srun_args": "--x=1; touch " + pwned,
+                                             "container": "$(touch " + pwned + ")"})
+    check(s.returncode == 0 and f"module load 'cuda; touch {pwned}'" in s.stdout and f"'--x=1;' 'touch' '{pwned}'"
+          in s.stdout and f"'$(touch' '{pwned})'" in s.stdout,
+          f"9: the site's modules, srun_args and container are quoted words (exit {s.returncode})", s.stdout[-2500:])
+
+
+def limited(mih, args, fsize=None, address_space=None):
+    """`mih args` under RLIMIT_FSIZE `fsize` / RLIMIT_AS `address_space` (bytes)."""
+    def limit():
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    return subprocess.run([mih] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=limit,
+                          timeout=300)
+
+
+def limits_give_their_exit_code(mih, work):
+    """5."""
+    deep = os.path.join(work, "deep")
+    os.makedirs(deep)
+    write(os.path.join(deep, "results.jsonl"), '{"run": {"event": "start", "tests": ' + "[" * 100000 + "]" * 100000 +
+          "}}\n")
+    c = run(mih, ["check", deep])
+    check(c.returncode == 12 and "nested deeper" in c.stdout,
+          f"5: mih check of a results.jsonl line nested 100000 deep: exit {c.returncode} (want 12)", c.stdout[-1500:])
+    small = os.path.join(work, "file-size")
+    t = limited(mih, ["test", "--evidence-root", small, "--no-progress", "--gtest_brief=1", LLAMA_REFERENCE],
+                fsize=64 * 1024)
+    check(t.returncode == 12 and "File too large" in t.stdout,
+          f"5: mih test under ulimit -f 64: exit {t.returncode} (want 12, naming the file too large)", t.stdout[-1500:])
+    whole = os.path.join(work, "whole")
+    t = run(mih, ["test", "--evidence-root", whole, "--no-progress", "--gtest_brief=1", LLAMA_REFERENCE])
+    v = limited(mih, ["test", "--verify-only", "--evidence-root", whole, "--no-progress", "--gtest_brief=1",
+                      LLAMA_REFERENCE], fsize=1024)
+    check(t.returncode == 0 and v.returncode == 12 and "File too large" in v.stdout,
+          f"5: mih test --verify-only under ulimit -f 1: exit {v.returncode} (want 12, naming the file too large)",
+          v.stdout[-1500:])
+    a = limited(mih, ["list"], address_space=500000 * 1024)
+    check(a.returncode == 12 and "ulimit -v" in a.stdout and "1048576 KiB" in a.stdout,
+          f"5: mih under ulimit -v 500000: exit {a.returncode} (want 12, naming the limit it needs)", a.stdout[-1500:])
+
+
+SECTIONS = {"7": golden_keeps_what_mih_did_not_write, "8": check_on_read_only_evidence, "9": submit_runs_no_value,
+            "5": limits_give_their_exit_code}
 
 
 def main():
