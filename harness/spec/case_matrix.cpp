@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <map>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include <ATen/core/Tensor.h>
@@ -253,6 +255,56 @@ std::string preset_list() {
   std::string out = join(preset_names(), ", ");
   return out;
 }
+
+// The most cases a matrix lists (its own ones; the presets list under 40): every case is a
+// launch, so a file past this is a mistake, refused before any case is resolved.
+constexpr size_t kMaxMatrixCases = 4096;
+
+// Refuses a key an object repeats, in one linear SAX pass (nlohmann's DOM parser with a
+// callback, parse_json_strict's, walks the enclosing array at each object's end: quadratic in
+// the cases of a matrix, an hour for 200 MB of them).
+class UniqueKeys : public nlohmann::json_sax<json> {
+ public:
+  explicit UniqueKeys(const std::string& where) : where_(where) {}
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    MIH_CHECK(keys_.back().insert(k).second, where_, ": the key '", k.substr(0, 200),
+              "' appears twice in one object; give each field once");
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  const std::string& where_;
+  std::vector<std::set<std::string>> keys_;
+};
+
+// parse_json_strict's refusals (not JSON, nested deeper than kMaxJsonDepth, a repeated key),
+// in time linear in the text.
+json parse_matrix_file(const std::string& text, const std::string& where) {
+  json j;
+  std::string problem;
+  MIH_CHECK(parse_json_bounded(text, &j, &problem), where, " is not JSON: ", problem);
+  UniqueKeys keys(where);
+  json::sax_parse(text, &keys);
+  return j;
+}
 }  // namespace
 
 json preset_json(const std::string& name) {
@@ -344,6 +396,8 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const int max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
   MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
   MIH_CHECK(!m["cases"].empty(), where, ": 'cases' is empty; list at least one parallel case (the Reference is implicit)");
+  MIH_CHECK(m["cases"].size() <= kMaxMatrixCases, where, ": 'cases' lists ", m["cases"].size(),
+            " cases: expected at most ", kMaxMatrixCases, " (each is a launch); split the matrix into several files");
   // float64 unless the matrix names a reduced lane: a user's file without "dtype" is compared
   // with the float64 reference as the presets are, never silently a float32 lane.
   const std::string dtype = json_string(m, "dtype", "float64", where);
@@ -358,14 +412,15 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
 
   // Adds `c` unless the spec cannot take it; returns whether the matrix holds it now.
+  std::map<std::string, size_t> index;  // case name -> its place in out.cases
   auto add = [&](Case c) {
     c.steps = steps;  // the matrix's: a case has no steps of its own
-    for (const auto& existing : out.cases) {
-      if (existing.name != c.name) continue;
+    if (const auto it = index.find(c.name); it != index.end()) {
+      const Case& existing = out.cases[it->second];
       // The same case listed twice runs once; two different cases under one name would lose one.
       MIH_CHECK(json(existing) == json(c), where, ": two cases are both named ", c.name, " but differ (",
-                json(existing).dump(), " vs ", json(c).dump(), "); a name comes from the mesh and its knobs, not ",
-                "the seed or dtype: give them distinct configs or drop one");
+                json_summary(json(existing), 400), " vs ", json_summary(json(c), 400), "); a name comes from the mesh "
+                "and its knobs, not the seed or dtype: give them distinct configs or drop one");
       return true;
     }
     std::string problem = topology_problem(spec, c.config, global_batch, max_world);
@@ -374,6 +429,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
       out.rejected.push_back({c.name, problem});
       return false;
     }
+    index[c.name] = out.cases.size();
     out.cases.push_back(std::move(c));
     return true;
   };
@@ -508,7 +564,7 @@ CaseMatrix resolve_matrix_base(const ModelSpec& spec, const std::string& preset_
               "matrix file or a preset");
     std::string text;
     MIH_CHECK(read_file(preset_or_path, &text), where, " cannot be read");
-    json j = parse_json_strict(text, where);
+    json j = parse_matrix_file(text, where);
     if (j.is_object()) j.update(lane.overrides());
     return with_context(where, [&] { return resolve_matrix(spec, j); });
   }

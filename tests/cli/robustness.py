@@ -18,6 +18,9 @@ label runtime): black-box runs of the real `mih` binary.
    (never SIGSEGV); under `ulimit -f` `mih test` and `mih test --verify-only` are exit 12
    naming the file too large (never SIGXFSZ, 153); under `ulimit -v 500000` `mih` says the
    address space it needs (exit 12, never the loader's 127).
+6. A matrix file of 400000 identical cases (6.8 MB) is refused within 10 s (exit 11, naming the
+   bound of 4096 cases), never parsed in quadratic time (a minute; 200 MB ran an hour); a
+   repeated key is still refused, naming it.
 
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
@@ -197,8 +200,25 @@ def limits_give_their_exit_code(mih, work):
           f"5: mih under ulimit -v 500000: exit {a.returncode} (want 12, naming the limit it needs)", a.stdout[-1500:])
 
 
+def big_matrices_are_refused_quickly(mih, work):
+    """6."""
+    path = os.path.join(work, "identical.json")
+    with open(path, "w") as f:
+        json.dump({"name": "identical", "cases": [{"dp_shard": 2}] * 400000}, f)
+    start = time.monotonic()
+    m = run(mih, ["matrix", "--spec", "llama", "--matrix", path], timeout=300)
+    seconds = time.monotonic() - start
+    check(m.returncode == 11 and "at most 4096" in m.stdout and seconds < 10,
+          f"6: a matrix of 400000 identical cases: exit {m.returncode} in {seconds:.1f} s (want 11 within 10 s)",
+          m.stdout[-1500:])
+    twice = write(os.path.join(work, "twice.json"), '{"name": "twice", "cases": [{"dp_shard": 2, "dp_shard": 2}]}')
+    m = run(mih, ["matrix", "--spec", "llama", "--matrix", twice])
+    check(m.returncode == 11 and "'dp_shard' appears twice" in m.stdout,
+          f"6: a repeated key of a matrix file is refused (exit {m.returncode})", m.stdout[-1500:])
+
+
 SECTIONS = {"7": golden_keeps_what_mih_did_not_write, "8": check_on_read_only_evidence, "9": submit_runs_no_value,
-            "5": limits_give_their_exit_code}
+            "5": limits_give_their_exit_code, "6": big_matrices_are_refused_quickly}
 
 
 def main():
