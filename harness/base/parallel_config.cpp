@@ -17,6 +17,10 @@
 namespace mih {
 namespace {
 
+// The most ranks a parallel config may name: the product of its degrees must fit in an int (and
+// every product of some of them, dp_shard * cp, with it).
+constexpr int64_t kMaxWorldSize = std::numeric_limits<int>::max();
+
 std::string valid_dim_names() {
   std::string out = join(kMeshDims, ", ", [](const auto& d) { return std::string(d.name); });
   return "[" + out + ", ep]";
@@ -88,10 +92,19 @@ DType parse_dtype_name(std::string_view name) {
             join(kDTypes, ", ", [](const auto& row) { return std::string(row.first); }), "]");
 }
 
+// The product of the degrees, checked: each fits in 32 bits, their product need not (2^31 - 1
+// five times is 2^155), and a wrapped product would pass for a small world (issue 53).
 int ParallelConfig::world_size() const {
-  int n = 1;
-  for (const auto& d : kMeshDims) n *= this->*d.degree;
-  return n;
+  int64_t n = 1;
+  bool overflow = false;
+  std::string arithmetic;
+  for (const auto& d : kMeshDims) {
+    overflow = overflow || __builtin_mul_overflow(n, int64_t{this->*d.degree}, &n) || n > kMaxWorldSize;
+    arithmetic += internal::str(arithmetic.empty() ? "" : " * ", d.name, "(", this->*d.degree, ")");
+  }
+  MIH_CHECK(!overflow, "parallel config '", name(), "': ", arithmetic, " is more than ", kMaxWorldSize,
+            " ranks; choose degrees whose product is the world size (at most ", kMaxWorldSize, ")");
+  return static_cast<int>(n);
 }
 
 std::string ParallelConfig::name() const {

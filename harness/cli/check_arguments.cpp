@@ -33,6 +33,46 @@ bool conformance_test_name(const std::string& name) {
   return name.size() < 512 && std::regex_match(name, kName);
 }
 
+// What `mih check` reads of a run root's run.json (ConformanceRun writes it): the matrix, each
+// registration's prefix and matrix, each init_from spec's dir ("" when it records none).
+struct RunRecord {
+  std::string matrix;
+  std::vector<std::pair<std::string, std::string>> registrations;
+  std::map<std::string, std::string> init_from;
+};
+
+// Throws: mih::Error{kFailedPrecondition} naming the file and the field whose type is not the
+//   one ConformanceRun writes (a run.json of another tool, or edited): never a type error.
+RunRecord read_run_record(const fs::path& file) {
+  const json run = with_context("mih check: reading " + file.string(), [&] { return read_json_file(file); });
+  auto expect = [&](bool ok, const std::string& field, const char* type, const json& got) {
+    MIH_CHECK_CODE(ok, Code::kFailedPrecondition, "mih check: ", file.string(), ": ", field, " must be ", type,
+                   ", got ", json_summary(got, 200), "; it is not the run.json `mih test` writes: rerun the matrix "
+                   "with `mih test --evidence-root`, or remove the file to check the root by its cases");
+  };
+  expect(run.is_object(), "the record", "a JSON object", run);
+  RunRecord out;
+  if (run.contains("matrix")) {
+    expect(run["matrix"].is_string(), "'matrix'", "a string", run["matrix"]);
+    out.matrix = run["matrix"].get<std::string>();
+  }
+  const json registrations = run.value("registrations", json::array());
+  expect(registrations.is_array(), "'registrations'", "an array", registrations);
+  for (const json& r : registrations) {
+    expect(r.is_object() && r.value("prefix", json()).is_string() && r.value("matrix", json()).is_string(),
+           "each of 'registrations'", "an object with 'prefix' and 'matrix' strings", r);
+    out.registrations.emplace_back(r["prefix"].get<std::string>(), r["matrix"].get<std::string>());
+  }
+  const json init = run.value("init_from", json::object());
+  expect(init.is_object(), "'init_from'", "an object", init);
+  for (const auto& [spec, source] : init.items()) {
+    expect(source.is_object() && source.value("dir", json("")).is_string(), "'init_from." + spec + "'",
+           "an object whose 'dir' is a string", source);
+    out.init_from[spec] = source.value("dir", std::string());
+  }
+  return out;
+}
+
 // The tests the run of `root` recorded it would run: the start line of each of its processes
 // in results.jsonl (ResultsWriter), in order, once each; empty when there is none.
 // Throws: mih::Error{kFailedPrecondition} naming the file and line for a line that is not
@@ -167,26 +207,22 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
     }
     std::string matrix;
     if (fs::exists(target / layout::kRunRecord)) {
-      const json run = read_json_file(target / layout::kRunRecord);
-      matrix = run.value("matrix", "");
+      const RunRecord run = read_run_record(target / layout::kRunRecord);
+      matrix = run.matrix;
       // The matrix each recorded registration ran, its lane included (run.json's registrations).
       std::set<std::string> ran;
-      for (const auto& r : run.value("registrations", json::array())) {
-        if (r.is_object() && r.value("prefix", json()).is_string() && recorded_prefixes.count(r["prefix"].get<std::string>()) &&
-            r.value("matrix", json()).is_string()) {
-          ran.insert(r["matrix"].get<std::string>());
-        }
+      for (const auto& [prefix, ran_matrix] : run.registrations) {
+        if (recorded_prefixes.count(prefix)) ran.insert(ran_matrix);
       }
       if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
       // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
-      const json init = run.value("init_from", json::object());
-      if (init.is_object() && init.size() == 1 && fs::is_directory(target / init.begin().key())) {
+      if (run.init_from.size() == 1 && fs::is_directory(target / run.init_from.begin()->first)) {
         std::set<std::string> spec_dirs;
         for (const auto& r : cases::registrations()) {
           if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
         }
-        if (spec_dirs.size() == 1 && init.begin().value().contains("dir")) {
-          args.insert(args.end(), {"--init-from", init.begin().value()["dir"].get<std::string>()});
+        if (spec_dirs.size() == 1 && !run.init_from.begin()->second.empty()) {
+          args.insert(args.end(), {"--init-from", run.init_from.begin()->second});
         }
       }
     }

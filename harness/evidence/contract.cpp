@@ -415,6 +415,15 @@ void check_file(const Contract& c, const fs::path& dir, const std::string& relat
   if (e->format == "csv" && line == 1 && start == text.size()) add("", "is empty: the contract's header is missing");
 }
 
+// `relative` as the contract's patterns name it: a nested case directory's (before_save/) own.
+std::string contract_path(const Contract& c, const std::string& relative) {
+  std::string out = relative;
+  for (const std::string& nested : c.nested) {
+    if (out.rfind(nested + "/", 0) == 0) out = out.substr(nested.size() + 1);
+  }
+  return out;
+}
+
 }  // namespace
 
 json stamp(const std::string& writer) { return {{"contract", kName}, {"version", kVersion}, {"writer", writer}}; }
@@ -458,16 +467,18 @@ Validation validate_case_dir(const fs::path& dir, bool require_stamp, size_t max
     if (entry.is_directory(ec)) {
       --v.files;
       if (relative == kExtraDir) it.disable_recursion_pending();
+      // A directory where the contract names a file (a metrics.jsonl/ folder) is not that file.
+      if (const Entry* e = entry_of(c, contract_path(c, relative)); e && e->format != "opaque") {
+        v.problems.push_back({relative, "", "is a directory: the evidence contract names a " + e->format + " file here"});
+        it.disable_recursion_pending();
+      }
       continue;
     }
     if (!entry.is_regular_file(ec)) {
       v.problems.push_back({relative, "", "is not a regular file"});
       continue;
     }
-    std::string pattern_path = relative;
-    for (const std::string& nested : c.nested) {
-      if (pattern_path.rfind(nested + "/", 0) == 0) pattern_path = pattern_path.substr(nested.size() + 1);
-    }
+    const std::string pattern_path = contract_path(c, relative);
     if (pattern_path.rfind(std::string(kExtraDir) + "/", 0) == 0) continue;
     if (pattern_path == layout::kEnvironment && relative == pattern_path) environment = true;
     check_file(c, dir, relative, pattern_path, v, max_problems);
@@ -532,11 +543,7 @@ Validation require_valid_case_dir(const fs::path& dir, const std::string& advice
 
 std::vector<Problem> validate_value(const std::string& relative, const json& value, int line) {
   const Contract& c = compiled_contract();
-  std::string pattern_path = relative;
-  for (const std::string& nested : c.nested) {
-    if (pattern_path.rfind(nested + "/", 0) == 0) pattern_path = pattern_path.substr(nested.size() + 1);
-  }
-  const Entry* e = entry_of(c, pattern_path);
+  const Entry* e = entry_of(c, contract_path(c, relative));
   MIH_CHECK(e && !e->schema.empty(), "no entry of the evidence contract with a schema names ", relative);
   return validate_with(c, *e, relative, value, line);
 }

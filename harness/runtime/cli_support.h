@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "harness/base/error.h"
+#include "harness/base/printable.h"
 #include "harness/base/strings.h"
 
 namespace mih::cli {
@@ -27,21 +28,24 @@ namespace mih::cli {
 /// Prints the exception in flight and returns its exit status; call it in `catch (...)` of a
 /// command's entry point, so no exception ends the process as an abort: a mih::Error exits
 /// with its code's status; a std::filesystem::filesystem_error is the environment (exit 12,
-/// naming the path and the OS error); anything else is a mih bug (exit 17).
+/// naming the path and the OS error); anything else is a mih bug (exit 17). The message is
+/// printed as printable_message() makes it: a value it echoes neither reaches the terminal's
+/// controls nor forges a line, nor is printed whole past a few hundred bytes.
 inline int report_current_exception(const char* program) {
   try {
     throw;
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s: %s error: %s\n", program, std::string(code_name(e.code())).c_str(), e.what());
+    std::fprintf(stderr, "%s: %s error: %s\n", program, std::string(code_name(e.code())).c_str(),
+                 printable_message(e.what()).c_str());
     return exit_status(e.code());
   } catch (const std::filesystem::filesystem_error& e) {
     std::fprintf(stderr, "%s: %s error: %s (%s); check the path exists, is a directory where one is expected and is "
                  "writable\n", program, std::string(code_name(Code::kFailedPrecondition)).c_str(),
-                 e.code().message().c_str(), e.path1().c_str());
+                 e.code().message().c_str(), printable_message(e.path1().string()).c_str());
     return exit_status(Code::kFailedPrecondition);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: internal error: %s (a mih bug; please report it with the command line)\n", program,
-                 e.what());
+                 printable_message(e.what()).c_str());
     return exit_status(Code::kInternal);
   } catch (...) {
     std::fprintf(stderr, "%s: internal error: an unknown exception (a mih bug)\n", program);
@@ -131,7 +135,7 @@ inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv, co
   const auto& extra = app.remaining();
   if (!extra.empty()) {
     std::fprintf(stderr, "%s: unknown %s '%s'; valid: [%s]\n", app.get_name().c_str(), what.c_str(),
-                 extra.front().c_str(), valid.c_str());
+                 printable_message(extra.front()).c_str(), valid.c_str());
   } else {
     std::fprintf(stderr, "%s: a %s is required; valid: [%s] (see --help)\n", app.get_name().c_str(), what.c_str(),
                  valid.c_str());

@@ -22,11 +22,18 @@ label runtime): black-box runs of the real `mih` binary.
    bound of 4096 cases), never parsed in quadratic time (a minute; 200 MB ran an hour); a
    repeated key is still refused, naming it.
 
+11. Smaller wrong outcomes: a run.json whose fields have the wrong types is exit 12 naming the
+   field (never 17, "a mih bug"); a matrix case whose degrees multiply past 2^31 (past 2^64 in
+   the spec's int64 batch split) is exit 11 naming the product, never a case of -1840700270
+   ranks; a message echoing a value escapes its control characters, indents a newline's line
+   and cuts a value of 30 MB to a few hundred bytes; `mih validate` of a case whose
+   metrics.jsonl is a directory is INVALID (exit 12).
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -217,8 +224,51 @@ def big_matrices_are_refused_quickly(mih, work):
           f"6: a repeated key of a matrix file is refused (exit {m.returncode})", m.stdout[-1500:])
 
 
+def smaller_wrong_outcomes(mih, work):
+    """11."""
+    root = os.path.join(work, "small")
+    t = run(mih, ["test", "--evidence-root", root, "--no-progress", "--gtest_brief=1", LLAMA_REFERENCE])
+    check(t.returncode == 0, f"11: the llama Reference run passes (exit {t.returncode})", t.stdout[-1500:])
+    for record, field in (('{"matrix": 5}', "'matrix'"), ("[1]", "the record"),
+                          ('{"registrations": [{"prefix": "Llama", "matrix": 3}]}', "'registrations'"),
+                          ('{"init_from": {"llama": {"dir": 5}}}', "'init_from.llama'")):
+        write(os.path.join(root, "run.json"), record)
+        c = run(mih, ["check", root, "--no-progress", "--gtest_brief=1"])
+        check(c.returncode == 12 and field in c.stdout and "mih bug" not in c.stdout,
+              f"11: mih check of a run.json {record}: exit {c.returncode} (want 12 naming {field})", c.stdout[-1500:])
+    os.remove(os.path.join(root, "run.json"))
+    # Each degree fits in 32 bits; the world wraps to -1840700270 in an int, the batch split
+    # (dp_replicate x dp_shard x micro_batches = 2^64 - 2) to -2 in an int64, which divides 8.
+    wrap = write(os.path.join(work, "wrap.json"), json.dumps(
+        {"name": "wrap", "cases": [{"dp_replicate": 1532540863, "dp_shard": 1719529454, "micro_batches": 7}]}))
+    m = run(mih, ["matrix", "--spec", "llama", "--matrix", wrap])
+    check(m.returncode == 11 and "is more than 2147483647 ranks" in m.stdout and "-1840700270" not in m.stdout,
+          f"11: a case whose degrees multiply past 2^31: exit {m.returncode} (want 11 naming the product)",
+          m.stdout[-1500:])
+    forged = write(os.path.join(work, "forged.json"), json.dumps(
+        {"name": "n", "dtype": "bf\nmih matrix: all cases pass\x1b[2J", "cases": [{"dp_shard": 2}]}))
+    m = run(mih, ["matrix", "--spec", "llama", "--matrix", forged])
+    check(m.returncode == 11 and "\x1b" not in m.stdout and "\nmih matrix: all" not in m.stdout and
+          "\\x1b[2J" in m.stdout, f"11: a value's newline and escape are not printed raw (exit {m.returncode})",
+          m.stdout[-1500:])
+    big = write(os.path.join(work, "big.json"), json.dumps({"name": "n", "dtype": "x" * 30000000,
+                                                            "cases": [{"dp_shard": 2}]}))
+    m = run(mih, ["matrix", "--spec", "llama", "--matrix", big])
+    check(m.returncode == 11 and len(m.stdout) < 5000 and re.search(r"\(300000\d\d bytes\)", m.stdout),
+          f"11: a 30 MB value is cut in the message ({len(m.stdout)} bytes printed; exit {m.returncode})",
+          m.stdout[-600:])
+    case = os.path.join(root, "llama", "Reference")
+    metrics = os.path.join(case, "cases", "runtime", "metrics.jsonl")
+    os.remove(metrics)
+    os.makedirs(metrics)
+    v = run(mih, ["validate", case])
+    check(v.returncode == 12 and "metrics.jsonl: is a directory" in v.stdout,
+          f"11: mih validate of a case whose metrics.jsonl is a directory: exit {v.returncode} (want 12)",
+          v.stdout[-1500:])
+
+
 SECTIONS = {"7": golden_keeps_what_mih_did_not_write, "8": check_on_read_only_evidence, "9": submit_runs_no_value,
-            "5": limits_give_their_exit_code, "6": big_matrices_are_refused_quickly}
+            "5": limits_give_their_exit_code, "6": big_matrices_are_refused_quickly, "11": smaller_wrong_outcomes}
 
 
 def main():
