@@ -47,6 +47,8 @@ import hashlib
 import json
 import numbers
 import os
+import secrets
+import stat
 import time
 
 import torch
@@ -156,6 +158,32 @@ def _row_index(rows, batch):
     return index
 
 
+def _make_own_directory(path):
+    """Creates `path` component by component, refusing a link or a directory another user owns,
+    or one every user can write without the sticky bit: what another user planted there would
+    send the evidence elsewhere (issue 53). Raises PermissionError naming the component."""
+    at = os.path.sep
+    for part in os.path.abspath(path).split(os.path.sep):
+        if not part:
+            continue
+        at = os.path.join(at, part)
+        try:
+            os.mkdir(at)
+        except FileExistsError:
+            pass
+        st = os.lstat(at)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
+            raise PermissionError(f"mih_evidence: {at} is a symbolic link of uid {st.st_uid}, which would send the "
+                                  f"evidence elsewhere; remove it, or write to another directory")
+        st = os.stat(at)
+        if st.st_uid not in (os.geteuid(), 0):
+            raise PermissionError(f"mih_evidence: {at} belongs to uid {st.st_uid}, who could plant links in it; "
+                                  f"write to a directory of yours")
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise PermissionError(f"mih_evidence: {at} is writable by every user (mode {st.st_mode & 0o7777:04o}, no "
+                                  f"sticky bit); chmod o-w {at}, or write to another directory")
+
+
 class Session:
     """The hooks of a validation session for a PyTorch loop; see the module's docstring.
 
@@ -210,7 +238,7 @@ class Session:
         if self.rank == 0:
             if os.path.exists(os.path.join(case_dir, "environment.json")):
                 raise FileExistsError(f"{case_dir} holds a run's evidence already; write each run to a new directory")
-            os.makedirs(case_dir, exist_ok=True)
+            _make_own_directory(case_dir)
             self._write("environment.json", {
                 "evidence_contract": dict(CONTRACT, writer=f"mih-evidence.py {VERSION} (python)"),
                 "case": self.case, "world_size": self.world,
@@ -231,14 +259,32 @@ class Session:
 
     def _write(self, relative, value):
         path = self._path(relative)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(value, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        # A new file under a name nobody can guess, never through a link (issue 53: a link
+        # planted at "<file>.tmp.<pid>" had a root-only file overwritten); os.replace replaces
+        # a link at the target without following it.
+        tmp = f"{path}.tmp.{os.getpid()}.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(value, f, indent=2, allow_nan=False)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
 
     def _append(self, relative, value):
-        with open(self._path(relative), "a") as f:
+        path = self._path(relative)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise OSError(e.errno, f"mih_evidence: cannot append to {path}: {e.strerror} (a link there is never "
+                                   f"followed); remove it, or write to a new case directory") from None
+        with os.fdopen(fd, "a") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                raise PermissionError(f"mih_evidence: {path} belongs to uid {os.fstat(f.fileno()).st_uid}, not to "
+                                      f"this user: write to a new case directory")
             f.write(json.dumps(value, allow_nan=False, separators=(",", ":")) + "\n")
 
     # ---- collectives -------------------------------------------------------------------

@@ -15,48 +15,73 @@
 #include <vector>
 
 #include "harness/base/error.h"
+#include "harness/base/safe_open.h"
 
 namespace mih {
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents, Durability durability) {
+namespace {
+
+// The file's directory, opened to create the temp file in and rename it from: both names are
+// then in one directory whatever is renamed on the way there.
+int open_parent(const std::filesystem::path& path) {
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create directory '", path.parent_path().string(),
-                 "': ", ec.message(), "; choose a writable evidence/run directory");
-  std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(errno),
+  std::filesystem::create_directories(dir, ec);
+  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create directory '", dir.string(), "': ", ec.message(),
                  "; choose a writable evidence/run directory");
+  const int fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open directory '", dir.string(), "': ",
+                 std::strerror(errno), "; choose a writable evidence/run directory");
+  return fd;
+}
+
+bool write_all(int fd, std::string_view contents) {
   const char* data = contents.data();
   size_t left = contents.size();
   while (left > 0) {
-    ssize_t n = ::write(fd, data, left);
+    const ssize_t n = ::write(fd, data, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
-                free_space_text(path), ")");
-    }
+    if (n <= 0) return false;
     data += n;
     left -= static_cast<size_t>(n);
   }
-  bool synced = durability == Durability::kDeferred || ::fsync(fd) == 0;
+  return true;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view contents, Durability durability) {
+  const int dir = open_parent(path);
+  const std::string name = path.filename().string();
+  // A name nobody can plant a link at first, created only if new (issue 53: a guessable
+  // "<file>.tmp.<pid>" opened with O_TRUNC wrote through another user's link).
+  const std::string tmp = name + ".tmp." + std::to_string(::getpid()) + "." + unguessable_suffix();
+  const int fd = create_new_file_at(dir, tmp, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    ::close(dir);
+    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err),
+              "; choose a writable evidence/run directory");
+  }
+  bool ok = write_all(fd, contents) && (durability == Durability::kDeferred || ::fsync(fd) == 0);
   int err = errno;
   ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (synced) err = errno;
-    ::unlink(tmp.c_str());
-    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
-              free_space_text(path), ")");
+  // rename replaces a link standing at the target; it never writes through it.
+  if (ok && ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+    ok = false;
+    err = errno;
   }
+  if (!ok) ::unlinkat(dir, tmp.c_str(), 0);
+  ::close(dir);
+  MIH_CHECK_CODE(ok, Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
+                 free_space_text(path), ")");
 }
 
 void append_whole(const std::filesystem::path& path, std::string_view text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", std::strerror(errno),
-                 " (", free_space_text(path), ")");
+  std::string why;
+  const int fd = open_own_file(path, O_WRONLY | O_APPEND, &why);  // never through a link (issue 53)
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", why, " (",
+                 free_space_text(path), "); remove it, or choose another evidence/run directory");
   struct stat before {};
   const bool sized = ::fstat(fd, &before) == 0;
   ssize_t n;

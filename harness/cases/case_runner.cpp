@@ -29,6 +29,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/process_stat.h"
+#include "harness/base/safe_open.h"
 #include "harness/base/sha256.h"
 #include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
@@ -73,6 +74,8 @@ CaseRequest completed(const spec::ModelSpec& s, CaseRequest r) {
 // Writes the request as the case's run/case.json in an emptied evidence directory.
 fs::path write_request(const CaseRequest& r, const fs::path& evidence_root) {
   const fs::path evidence = fs::absolute(evidence_root / r.spec / r.c.name);
+  // The spec directory first: a link planted there would send the removal elsewhere.
+  make_secure_directory(evidence.parent_path(), "pass another --evidence-root");
   fs::remove_all(evidence);
   EvidenceDir dir(evidence);  // fails early, naming the path, when it is unwritable
   // The one resolved copy of the case every rank reads.
@@ -202,13 +205,13 @@ void check_launchable_here(const std::string& spec, const spec::Case& c) {
 }
 
 CaseLock::CaseLock(const fs::path& file, bool wait, const std::string& what) {
-  std::error_code ec;
-  fs::create_directories(file.parent_path(), ec);
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create ", file.parent_path().string(), ": ", ec.message(),
+  // Never through a link or into a directory another user planted (issue 53: the lock was
+  // created wherever a planted spec directory link pointed).
+  make_secure_directory(file.parent_path(), "pass another --evidence-root");
+  std::string why;
+  fd_ = open_own_file(file, O_RDWR, &why);
+  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the case lock ", file.string(), ": ", why,
                  "; is the evidence root writable?");
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the case lock ", file.string(), ": ",
-                 std::strerror(errno), "; is the evidence root writable?");
   while (::flock(fd_, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EINTR) continue;

@@ -16,6 +16,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
+#include "harness/base/files.h"
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -348,8 +349,9 @@ int ConformanceRun::execute(const std::vector<std::string>& gtest_flags) {
     for (const auto& [name, source] : init_sources_) {
       init_from[name] = {{"dir", source.dir.string()}, {"sha256", source.sha256}};
     }
-    std::ofstream(o.evidence_root / layout::kRunRecord)
-        << json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2);
+    // Atomic: a link planted at run.json is replaced, never written through (issue 53).
+    write_file_atomic(o.evidence_root / layout::kRunRecord,
+                      json({{"matrix", o.matrix}, {"registrations", regs}, {"init_from", init_from}}).dump(2));
   }
   progress("evidence root " + o.evidence_root.string() + (o.verify_only ? " (verify-only)" : ""));
   if (!share.empty()) progress(share);

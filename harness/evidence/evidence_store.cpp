@@ -17,6 +17,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/safe_open.h"
 
 extern char** environ;
 
@@ -27,14 +28,34 @@ namespace fs = std::filesystem;
 
 bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
 
-// "<name>.tmp.<pid>" of write_file_atomic, with a dead pid.
+// "<name>.tmp.<pid>.<random>" of write_file_atomic (or an older mih's "<name>.tmp.<pid>"),
+// with a dead pid.
 bool stale_temp(const fs::path& p) {
   const std::string name = p.filename().string();
   const size_t at = name.rfind(".tmp.");
   if (at == std::string::npos || at + 5 >= name.size()) return false;
-  const std::string pid = name.substr(at + 5);
-  if (!std::all_of(pid.begin(), pid.end(), ::isdigit)) return false;
+  const std::string rest = name.substr(at + 5);
+  const std::string pid = rest.substr(0, rest.find('.'));
+  if (pid.empty() || pid.size() > 9 || !std::all_of(pid.begin(), pid.end(), ::isdigit)) return false;
   return !process_alive(std::stol(pid));
+}
+
+// Creates and removes a file of its own there: a new name nobody can guess, never an existing
+// file or a link (issue 53: ".writable.<pid>" opened with O_TRUNC emptied a planted link's target).
+void probe_writable(const fs::path& root) {
+  const int dir = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  MIH_CHECK_CODE(dir >= 0, Code::kFailedPrecondition, "evidence directory ", root.string(), " cannot be opened: ",
+                 std::strerror(errno), "; pass a writable --evidence-root");
+  const std::string probe = ".writable." + std::to_string(::getpid()) + "." + unguessable_suffix();
+  const int fd = create_new_file_at(dir, probe, 0600);
+  const int err = errno;
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlinkat(dir, probe.c_str(), 0);
+  }
+  ::close(dir);
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "evidence directory ", root.string(), " is not writable: ",
+                 std::strerror(err), "; pass a writable --evidence-root");
 }
 
 std::string run_command(const std::string& command) {
@@ -71,19 +92,15 @@ EvidenceDir EvidenceDir::open_existing(const fs::path& root) {
 }
 
 EvidenceDir::EvidenceDir(fs::path root) : root_(std::move(root)) {
-  std::error_code ec;
-  fs::create_directories(root_, ec);
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "evidence directory ", root_.string(), " cannot be created: ",
-                 ec.message(), "; pass a writable --evidence-root");
-  const fs::path probe = root_ / (".writable." + std::to_string(::getpid()));
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "evidence directory ", root_.string(), " is not writable: ",
-                 std::strerror(errno), "; pass a writable --evidence-root");
-  ::close(fd);
-  ::unlink(probe.c_str());
+  // Entered a component at a time: no link of another user's, no directory another user owns
+  // or every user can write (issue 53: a planted link sent a whole case outside the root).
+  make_secure_directory(root_, "pass another --evidence-root");
+  probe_writable(root_);
   root_ = fs::canonical(root_);
+  std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file() && stale_temp(it->path())) fs::remove(it->path(), ec);
+    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+    if (stale_temp(it->path())) fs::remove(it->path(), ec);
   }
 }
 
