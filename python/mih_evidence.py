@@ -43,11 +43,14 @@ observed: DDP's gradient all-reduce through `Session.ddp_comm_hook` (register it
 `ddp_model.register_comm_hook(None, ev.ddp_comm_hook)`). FSDP in Python is untested here
 (Debian's python3-torch 1.13 cannot import it on Python 3.11).
 """
+import errno
+import fcntl
 import hashlib
 import json
 import numbers
 import os
 import secrets
+import socket
 import stat
 import time
 
@@ -59,6 +62,9 @@ CONTRACT = {"contract": "mih-evidence", "version": 1}
 VALUES_UP_TO = 64  # tensors of at most this many elements also record their values (float64)
 PROJECTIONS = 4    # the sketch's random +-1 projections (mih's WatchlistOptions::projections)
 _MASK = (1 << 31) - 1
+# In the case directory: flock'ed by its one writer for the writer's life (mih's C++
+# TrainerSession takes the same file, so the two exclude each other too); it names the holder.
+WRITER_LOCK = ".writer.lock"
 
 
 def projection_signs(index, j):
@@ -184,6 +190,54 @@ def _make_own_directory(path):
                                   f"sticky bit); chmod o-w {at}, or write to another directory")
 
 
+def _lock_case_directory(path):
+    """Takes `path`'s writer lock (WRITER_LOCK, opened O_NOFOLLOW, a file of this user's) and
+    returns its descriptor, which holds it until closed (finish() or the process's exit).
+    Raises BlockingIOError naming the directory and the holder while another writer has it."""
+    lock = os.path.join(path, WRITER_LOCK)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, f"mih_evidence: cannot open the writer lock {lock}: {e.strerror} (a link there is "
+                               f"never followed); write to a new case directory") from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise PermissionError(f"mih_evidence: {lock} belongs to uid {os.fstat(fd).st_uid}, not to this user: "
+                                  f"write to a new case directory")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise BlockingIOError(errno.EWOULDBLOCK, f"mih_evidence: {path} is being written by {holder!r} ({lock} is "
+                                                 f"locked): one writer per case directory; wait for it to end, or "
+                                                 f"write to another directory") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _held_by(path):
+    """'; being written now by <holder>' while another writer holds `path`'s lock, else ''
+    (the lock file is never created here)."""
+    try:
+        fd = os.open(os.path.join(path, WRITER_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return ""
+    except BlockingIOError:
+        return f"; being written now by {os.pread(fd, 512, 0).decode('utf-8', 'replace').strip()!r}"
+    finally:
+        os.close(fd)
+
+
+def _name_holder(fd):
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"mih-evidence.py pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+
+
 class Session:
     """The hooks of a validation session for a PyTorch loop; see the module's docstring.
 
@@ -193,7 +247,9 @@ class Session:
     config: the parallel degrees ({"dp_replicate": 2}); the others are 1.
     group: the process group of the data-parallel ranks (default: the world; None when
       torch.distributed is not initialized).
-    Raises FileExistsError when case_dir holds a run's evidence (nothing is overwritten).
+    Raises FileExistsError when case_dir holds a run's evidence (nothing is overwritten), and
+    BlockingIOError, naming the holder, while another writer (this module or mih's C++
+    TrainerSession) writes there: rank 0 holds the directory's WRITER_LOCK until finish().
     """
 
     def __init__(self, case_dir, model, case, compare_to="", config=None, group=None, dtype=None, steps=None,
@@ -235,10 +291,18 @@ class Session:
                      "steps": int(steps or 0), "compare_to": compare_to, "device": "cpu",
                      "pg_backend": dist.get_backend(self.group) if self.distributed else "gloo",
                      "world_size": self.world}
+        self.lock = None
         if self.rank == 0:
-            if os.path.exists(os.path.join(case_dir, "environment.json")):
-                raise FileExistsError(f"{case_dir} holds a run's evidence already; write each run to a new directory")
+            self._check_free()
             _make_own_directory(case_dir)
+            # Looked at again under the lock: two writers could both have found it free.
+            self.lock = _lock_case_directory(case_dir)
+            try:
+                self._check_free()
+            except BaseException:
+                os.close(self.lock)
+                raise
+            _name_holder(self.lock)
             self._write("environment.json", {
                 "evidence_contract": dict(CONTRACT, writer=f"mih-evidence.py {VERSION} (python)"),
                 "case": self.case, "world_size": self.world,
@@ -252,6 +316,11 @@ class Session:
         self._probe("model_before", 0, {n: p for n, p in params})
 
     # ---- files --------------------------------------------------------------------------
+    def _check_free(self):
+        if os.path.exists(os.path.join(self.dir, "environment.json")):
+            raise FileExistsError(f"{self.dir} holds a run's evidence already{_held_by(self.dir)}; write each run "
+                                  f"to a new directory")
+
     def _path(self, relative):
         path = os.path.join(self.dir, relative)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -496,6 +565,10 @@ class Session:
         return int(self._sum([float(local)])[0])
 
     def finish(self):
-        """Ends the run: a barrier, so rank 0's files are whole when any rank returns."""
+        """Ends the run: a barrier, so rank 0's files are whole when any rank returns; then rank 0
+        releases the case directory's writer lock."""
         if self.distributed and self.world > 1:
             dist.barrier(group=self.group)
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None

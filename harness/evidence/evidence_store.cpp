@@ -18,6 +18,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/safe_open.h"
+#include "harness/evidence/contract.h"
 
 extern char** environ;
 
@@ -28,15 +29,26 @@ namespace fs = std::filesystem;
 
 bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
 
-// "<name>.tmp.<pid>.<random>" of write_file_atomic (or an older mih's "<name>.tmp.<pid>"),
-// with a dead pid.
+bool only_chars(const std::string& s, const char* chars) {
+  return !s.empty() && s.find_first_not_of(chars) == std::string::npos;
+}
+
+// Exactly a temp name mih's writers make (write_file_atomic, python/mih_evidence.py):
+// "<name>.tmp.<pid>.<16 hex>", or an older mih's "<name>.tmp.<pid>", with a dead pid. Nothing
+// else is mih's to remove (issue 53: "x.tmp.<20 digits>" was std::stol's out_of_range, exit 17;
+// "x.tmp.<pid>.notes" was removed).
 bool stale_temp(const fs::path& p) {
   const std::string name = p.filename().string();
   const size_t at = name.rfind(".tmp.");
-  if (at == std::string::npos || at + 5 >= name.size()) return false;
-  const std::string rest = name.substr(at + 5);
-  const std::string pid = rest.substr(0, rest.find('.'));
-  if (pid.empty() || pid.size() > 9 || !std::all_of(pid.begin(), pid.end(), ::isdigit)) return false;
+  if (at == 0 || at == std::string::npos) return false;
+  std::string pid = name.substr(at + 5);
+  const size_t dot = pid.find('.');
+  if (dot != std::string::npos) {
+    const std::string random = pid.substr(dot + 1);
+    if (random.size() != 16 || !only_chars(random, "0123456789abcdef")) return false;
+    pid.resize(dot);
+  }
+  if (pid.size() > 9 || !only_chars(pid, "0123456789")) return false;
   return !process_alive(std::stol(pid));
 }
 
@@ -99,8 +111,10 @@ EvidenceDir::EvidenceDir(fs::path root) : root_(std::move(root)) {
   root_ = fs::canonical(root_);
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
-    if (stale_temp(it->path())) fs::remove(it->path(), ec);
+    if (it->is_symlink(ec)) continue;
+    // A case's extra/ is its trainer's own (docs/evidence.md): what is there is never mih's.
+    if (it->is_directory(ec) && it->path().filename() == contract::kExtraDir) it.disable_recursion_pending();
+    if (it->is_regular_file(ec) && stale_temp(it->path())) fs::remove(it->path(), ec);
   }
 }
 

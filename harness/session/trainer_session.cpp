@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "harness/evidence/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/session/trainer_session_internal.h"
+#include "harness/session/writer_lock.h"
 
 namespace mih {
 
@@ -68,6 +70,7 @@ struct TrainerSession::Impl {
   std::map<std::string, Communicator> quiet;  // per axis, not ledgered (checkpoint gathers)
   std::shared_ptr<CommLedger> ledger;
   std::unique_ptr<EvidenceDir> dir;  // made once rank 0 found the case directory free
+  std::optional<session_internal::WriterLock> lock;  // rank 0's, for the session's life
   std::vector<Param> params;
   bool described = false, probed_initial = false;
   torch::optim::Optimizer* optimizer = nullptr;
@@ -283,25 +286,37 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
   std::string found;
   if (impl_->writer()) {
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(impl_->o.case_dir, ec)) {
-      if (e.path().filename() != layout::kBeforeSave) found = e.path().filename().string();
-    }
+    found = session_internal::earlier_file(impl_->o.case_dir);
     taken[0] = found.empty() ? 0 : 1;
     // A directory rank 0 cannot create fails every rank here, not the others at a later collective.
     if (found.empty() && !fs::create_directories(impl_->o.case_dir, ec) && ec) {
       taken[0] = 2;
       found = ec.message();
     }
+    // Looked at again under the lock: another writer may have found it free too (issue 53).
+    try {
+      if (taken[0].item<int64_t>() == 0) impl_->lock.emplace(impl_->o.case_dir);
+      if (impl_->lock && !(found = session_internal::earlier_file(impl_->o.case_dir)).empty()) taken[0] = 1;
+    } catch (const Error& e) {
+      taken[0] = 3;
+      found = e.what();
+    }
   }
+  if (impl_->writer() && taken[0].item<int64_t>() == 1) found += session_internal::held_by(impl_->o.case_dir);
   impl_->world.all_reduce(taken, ReduceOp::kSum, "mih.session.start");
   MIH_CHECK_CODE(taken[0].item<int64_t>() != 2, Code::kFailedPrecondition, "TrainerSession: rank 0 cannot create ",
                  impl_->o.case_dir.string(), found.empty() ? "" : " (" + found + ")");
+  MIH_CHECK_CODE(taken[0].item<int64_t>() != 3, Code::kFailedPrecondition,
+                 found.empty() ? "TrainerSession: rank 0 found " + impl_->o.case_dir.string() +
+                                     " locked by another writer (" + session_internal::kWriterLock + ")"
+                               : found);
   MIH_CHECK_CODE(taken[0].item<int64_t>() == 0, Code::kFailedPrecondition, "TrainerSession: ",
                  impl_->o.case_dir.string(), " holds files already", found.empty() ? "" : " (" + found + ")",
                  ": write each run to a new case directory (nothing is overwritten)");
   // Only now: an EvidenceDir probes that its directory is writable with a file of its own,
   // which rank 0's look for files above would have seen.
   impl_->dir = std::make_unique<EvidenceDir>(impl_->o.case_dir);
+  if (impl_->lock) impl_->lock->name_holder();
 }
 
 TrainerSession::~TrainerSession() = default;

@@ -28,6 +28,15 @@ label runtime): black-box runs of the real `mih` binary.
    ranks; a message echoing a value escapes its control characters, indents a newline's line
    and cuts a value of 30 MB to a few hundred bytes; `mih validate` of a case whose
    metrics.jsonl is a directory is INVALID (exit 12).
+11a. A file "results.jsonl.tmp.<23 digits>" (and like names) in a root: `mih test` reusing it,
+   `mih check` and `mih test --verify-only` give their verdict (exit 0), never 17.
+11g. mih's stale-temp sweep removes only its own writers' temp names ("<file>.tmp.<pid>.<16
+   hex>", an older mih's "<file>.tmp.<pid>") of a dead pid, and never under a case's extra/
+   (the trainer's own): a writer's extra/notes.tmp.<dead pid> and a root's
+   notes.tmp.<dead pid>.backup are kept, a dead writer's check/x.json.tmp.<pid>.<hex> removed.
+11f. Two Python writers (python/mih_evidence.py) on one case directory: the second is refused,
+   naming the directory and the first (its pid), and the first's evidence is whole (its two
+   metrics lines, its lr), also when both passed the "holds a run" look at once.
 Exit status: 0 every check held; 1 otherwise; 2 usage."""
 import argparse
 import hashlib
@@ -267,8 +276,132 @@ def smaller_wrong_outcomes(mih, work):
           v.stdout[-1500:])
 
 
+def llama_root(mih, work, name):
+    root = os.path.join(work, name)
+    t = run(mih, ["test", "--evidence-root", root, "--no-progress", "--gtest_brief=1", LLAMA_REFERENCE])
+    check(t.returncode == 0, f"{name}: the llama Reference run passes (exit {t.returncode})", t.stdout[-1500:])
+    return root
+
+
+def huge_temp_numbers_are_no_bug(mih, work):
+    """11a."""
+    root = llama_root(mih, work, "huge-temp")
+    for name in ("results.jsonl.tmp.99999999999999999999999", "run.json.tmp.99999999999999999999999.0123456789abcdef",
+                 "x.tmp.9999999999", "x.tmp." + "9" * 240):
+        write(os.path.join(root, name), "")
+    for args in (["test", "--evidence-root", root], ["check", root],
+                 ["test", "--verify-only", "--evidence-root", root]):
+        c = run(mih, args + ["--no-progress", "--gtest_brief=1", LLAMA_REFERENCE])
+        check(c.returncode == 0 and "mih bug" not in c.stdout,
+              f"11a: mih {' '.join(args[:2])} beside results.jsonl.tmp.<23 digits>: exit {c.returncode} (want 0)",
+              c.stdout[-1500:])
+
+
+def sweep_keeps_what_is_not_mih_s(mih, work):
+    """11g."""
+    root = llama_root(mih, work, "sweep")
+    case = os.path.join(root, "llama", "Reference")
+    dead = "999999999"  # above any pid_max (2^22): never a live process
+    kept = [os.path.join(case, "extra", "notes.tmp." + dead), os.path.join(case, "extra", "w.tmp." + dead + ".0123456789abcdef"),
+            os.path.join(root, "notes.tmp." + dead + ".backup"), os.path.join(root, "x.tmp." + dead + ".0123456789ABCDEF"),
+            os.path.join(root, "run.json.tmp." + str(os.getpid()) + ".0123456789abcdef")]
+    swept = [os.path.join(case, "check", "x.json.tmp." + dead + ".0123456789abcdef"),
+             os.path.join(root, "results.jsonl.tmp." + dead)]
+    os.makedirs(os.path.join(case, "extra"))
+    for path in kept + swept:
+        write(path, "mine\n")
+    t = run(mih, ["test", "--evidence-root", root, "--no-progress", "--gtest_brief=1", LLAMA_REFERENCE])
+    lost = [os.path.relpath(p, root) for p in kept if not os.path.exists(p)]
+    left = [os.path.relpath(p, root) for p in swept if os.path.exists(p)]
+    check(t.returncode == 0 and not lost and not left,
+          f"11g: the sweep removes only mih's temp names of a dead pid outside extra/ (exit {t.returncode}; removed "
+          f"{lost}; left {left})", t.stdout[-1500:])
+
+
+TWO_WRITERS = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, mih_evidence
+case, lr, delay, hold = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+made = mih_evidence._make_own_directory
+def slow(path):  # a slow file system: the directory made, its first file not written yet
+    made(path)
+    time.sleep(delay)
+mih_evidence._make_own_directory = slow
+model = torch.nn.Linear(2, 2).double()
+optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+ev = mih_evidence.Session(case, model, "Reference", steps=2)
+ev.attach_optimizer(optimizer)
+print("writing", flush=True)
+for step in range(2):
+    ev.begin_step(step)
+    ev.record_batch(step, 0, 0, {"input_ids": torch.zeros(2, 3, dtype=torch.int64)})
+    loss = model(torch.ones(2, 2, dtype=torch.float64)).pow(2).mean()
+    loss.backward()
+    ev.after_backward_before_clip(step)
+    ev.after_clip(step, float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
+    optimizer.step()
+    ev.after_optimizer(step)
+    optimizer.zero_grad()
+    ev.end_step(step, loss=float(loss), lr=lr)
+    time.sleep(hold)
+ev.finish()
+"""
+
+
+def two_python_writers(mih, work):
+    """11f."""
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK) or subprocess.run([python, "-c", "import torch"]).returncode:
+        print(f"skip: 11f: {python} with torch (python3-torch) is not installed")
+        return
+    python_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+    for what, delay, start_second in (("one after the other", 0.0, 0.0), ("both past the look at once", 4.0, 1.5)):
+        case = os.path.join(work, "two-writers", what.replace(" ", "-"), "tiny", "Reference")
+        writer = [python, "-c", TWO_WRITERS, python_dir, case]
+        first = subprocess.Popen(writer + ["0.1", str(delay), "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        # The second starts while the first is writing (or, slowed, has not written yet).
+        line = first.stdout.readline() if not delay else ""
+        time.sleep(start_second)
+        second = subprocess.run(writer + ["0.2", str(delay), "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, timeout=300)
+        out, _ = first.communicate(timeout=300)
+        with open(os.path.join(case, "cases", "runtime", "metrics.jsonl")) as f:
+            lrs = [json.loads(row)["lr"] for row in f]
+        check(second.returncode != 0 and case in second.stdout and f"pid {first.pid}" in second.stdout,
+              f"11f: a second Python writer on one case directory, {what}, is refused naming it and the first "
+              f"(exit {second.returncode})", second.stdout[-1500:])
+        check(first.returncode == 0 and lrs == [0.1, 0.1],
+              f"11f: the first writer's evidence is whole, {what} (exit {first.returncode}; metrics lr {lrs})",
+              line + out[-1500:])
+        v = run(mih, ["validate", case])
+        check(v.returncode == 0, f"11f: its case directory follows the contract (exit {v.returncode})", v.stdout[-1500:])
+    # mih's C++ TrainerSession takes the same lock: refused beside a Python writer, naming it.
+    trainer = os.environ.get("MIH_OWN_TRAINER", os.path.join(os.path.dirname(mih), "mih_own_trainer"))
+    if not os.access(trainer, os.X_OK):
+        print(f"skip: 11f: no {trainer} (the build's tests/own_trainer) beside the Python writer")
+        return
+    case = os.path.join(work, "two-writers", "python-then-cpp", "tiny", "Reference")
+    first = subprocess.Popen([python, "-c", TWO_WRITERS, python_dir, case, "0.1", "0", "5"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    line = first.stdout.readline()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    second = subprocess.run([trainer, "--case-dir", case, "--case", "Reference", "--parallel", "none", "--steps", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=env)
+    out, _ = first.communicate(timeout=300)
+    with open(os.path.join(case, "cases", "runtime", "metrics.jsonl")) as f:
+        lrs = [json.loads(row)["lr"] for row in f]
+    check(second.returncode != 0 and f"mih-evidence.py pid {first.pid}" in second.stdout,
+          f"11f: a C++ TrainerSession beside a Python writer is refused naming it (exit {second.returncode})",
+          second.stdout[-1500:])
+    check(first.returncode == 0 and lrs == [0.1, 0.1],
+          f"11f: and the Python writer's evidence is whole (exit {first.returncode}; metrics lr {lrs})", line + out[-1500:])
+
+
 SECTIONS = {"7": golden_keeps_what_mih_did_not_write, "8": check_on_read_only_evidence, "9": submit_runs_no_value,
-            "5": limits_give_their_exit_code, "6": big_matrices_are_refused_quickly, "11": smaller_wrong_outcomes}
+            "5": limits_give_their_exit_code, "6": big_matrices_are_refused_quickly, "11": smaller_wrong_outcomes,
+            "11a": huge_temp_numbers_are_no_bug, "11g": sweep_keeps_what_is_not_mih_s, "11f": two_python_writers}
 
 
 def main():
