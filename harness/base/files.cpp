@@ -2,6 +2,7 @@
 #include "harness/base/files.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -48,6 +49,29 @@ bool write_all(int fd, std::string_view contents) {
   return true;
 }
 
+// Why writing `path` failed, in words: the free space only where space is the cause (a FIFO, a
+// directory or the file size limit read as a full disk before).
+std::string write_failure(int err, const std::filesystem::path& path) {
+  if (err == ENOSPC || err == EDQUOT) return std::string(std::strerror(err)) + " (" + free_space_text(path) + ")";
+  if (err == EISDIR) return "it is a directory, not a file";
+  if (err != EFBIG) return std::strerror(err);
+  struct rlimit limit {};
+  const std::string bytes = ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                                ? std::to_string(limit.rlim_cur) + " bytes"
+                                : "unknown";
+  return "File too large: the file size limit (ulimit -f, RLIMIT_FSIZE: " + bytes +
+         ") is reached: raise it (ulimit -f unlimited)";
+}
+
+// The errno of a write that wrote only part of `size` bytes at `offset`: past the file size
+// limit, or out of space.
+int short_write_error(off_t offset, size_t size) {
+  struct rlimit limit {};
+  const bool past_limit = ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                          static_cast<rlim_t>(offset) + size > limit.rlim_cur;
+  return past_limit ? EFBIG : ENOSPC;
+}
+
 }  // namespace
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents, Durability durability) {
@@ -60,7 +84,7 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   if (fd < 0) {
     const int err = errno;
     ::close(dir);
-    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err),
+    MIH_THROW(Code::kFailedPrecondition, "cannot write '", path.string(), "': ", write_failure(err, path),
               "; choose a writable evidence/run directory");
   }
   bool ok = write_all(fd, contents) && (durability == Durability::kDeferred || ::fsync(fd) == 0);
@@ -73,22 +97,24 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   }
   if (!ok) ::unlinkat(dir, tmp.c_str(), 0);
   ::close(dir);
-  MIH_CHECK_CODE(ok, Code::kFailedPrecondition, "cannot write '", path.string(), "': ", std::strerror(err), " (",
-                 free_space_text(path), ")");
+  MIH_CHECK_CODE(ok, Code::kFailedPrecondition, "cannot write '", path.string(), "': ", write_failure(err, path),
+                 err == EISDIR ? "; remove it, or choose another evidence/run directory" : "");
 }
 
 void append_whole(const std::filesystem::path& path, std::string_view text) {
   std::string why;
   const int fd = open_own_file(path, O_WRONLY | O_APPEND, &why);  // never through a link (issue 53)
-  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ", why, " (",
-                 free_space_text(path), "); remove it, or choose another evidence/run directory");
+  const int open_err = errno;
+  MIH_CHECK_CODE(fd >= 0, Code::kFailedPrecondition, "cannot open ", path.string(), " to append: ",
+                 open_err == 0 ? why : write_failure(open_err, path),
+                 "; remove it, or choose another evidence/run directory");
   struct stat before {};
   const bool sized = ::fstat(fd, &before) == 0;
   ssize_t n;
   do {
     n = ::write(fd, text.data(), text.size());  // one write: the line lands whole or not at all
   } while (n < 0 && errno == EINTR);
-  const int err = n < 0 ? errno : ENOSPC;
+  const int err = n < 0 ? errno : short_write_error(sized ? before.st_size : 0, text.size());
   if (n != static_cast<ssize_t>(text.size()) && n > 0 && sized) {
     if (::ftruncate(fd, before.st_size) != 0) {
       // The torn line stays; readers drop a last line without its newline.
@@ -96,7 +122,7 @@ void append_whole(const std::filesystem::path& path, std::string_view text) {
   }
   ::close(fd);
   MIH_CHECK_CODE(n == static_cast<ssize_t>(text.size()), Code::kFailedPrecondition, "cannot append to ",
-                 path.string(), ": ", std::strerror(err), " (", free_space_text(path), "); nothing of the line was kept");
+                 path.string(), ": ", write_failure(err, path), "; nothing of the line was kept");
 }
 
 std::string free_space_text(const std::filesystem::path& path) {

@@ -43,6 +43,15 @@ std::string mode_text(mode_t mode) {
   return text;
 }
 
+// What stands at a name mih would write, when it is not a regular file.
+std::string not_regular_text(mode_t mode) {
+  if (S_ISLNK(mode)) return "it is a symbolic link, and mih never writes through one";
+  if (S_ISFIFO(mode)) return "it is a FIFO, not a regular file";
+  if (S_ISDIR(mode)) return "it is a directory, not a regular file";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "it is a device, not a regular file";
+  return "it is a socket or another special file, not a regular file";
+}
+
 class Fd {
  public:
   explicit Fd(int fd) : fd_(fd) {}
@@ -59,21 +68,19 @@ class Fd {
   int fd_;
 };
 
-// A group other than ours that may write `at`: said once per directory and process.
-void warn_group_writable(const struct stat& st, const fs::path& at, bool last, const std::string& fix) {
-  const bool group = (st.st_mode & S_IWGRP) != 0 && st.st_gid != ::getegid() && (st.st_mode & S_ISVTX) == 0;
-  const bool everyone = last && (st.st_mode & S_IWOTH) != 0;  // sticky, or it was refused
-  if (!group && !everyone) return;
+// A sticky directory every user may write, the last one on the path (the evidence root itself):
+// said once per directory and process.
+void warn_everyone_writable(const struct stat& st, const fs::path& at, bool last, const std::string& fix) {
+  if (!last || (st.st_mode & S_IWOTH) == 0) return;  // sticky, or it was refused
   static std::mutex mutex;
   static std::set<std::string> warned;
   const std::lock_guard<std::mutex> lock(mutex);
   if (!warned.insert(at.string()).second) return;
   std::fprintf(stderr,
-               "mih: warning: directory %s (mode %s) is writable by %s: they could plant entries in it (mih refuses "
-               "to write through a link or into a directory it does not own, so the run may be refused); chmod %s %s, "
-               "or %s\n",
-               at.c_str(), mode_text(st.st_mode).c_str(), everyone ? "every user" : group_text(st.st_gid).c_str(),
-               everyone ? "go-w" : "g-w", at.c_str(), fix.c_str());
+               "mih: warning: directory %s (mode %s) is writable by every user: they could plant entries in it (mih "
+               "refuses to write through a link or into a directory it does not own, so the run may be refused); "
+               "chmod go-w %s, or %s\n",
+               at.c_str(), mode_text(st.st_mode).c_str(), at.c_str(), fix.c_str());
 }
 
 // `at` may hold what mih writes: ours or root's, and not open to every user but through a sticky bit.
@@ -90,7 +97,16 @@ void check_directory(int fd, const fs::path& dir, const fs::path& at, bool last,
                  mode_text(st.st_mode), ", no sticky bit), who could plant links in it that send mih's writes "
                  "elsewhere: expected a directory others cannot write; chmod o-w ",
                  at.string(), ", or ", fix);
-  warn_group_writable(st, at, last, fix);
+  // A member of that group could rename an entry we checked and put a link in its place before
+  // we write below it (paths are resolved again at each write); the sticky bit forbids renaming
+  // another user's entries.
+  MIH_CHECK_CODE((st.st_mode & S_IWGRP) == 0 || st.st_gid == ::getegid() || (st.st_mode & S_ISVTX) != 0,
+                 Code::kFailedPrecondition, "directory ", dir.string(), " cannot be created safely: ", at.string(),
+                 " is writable by ", group_text(st.st_gid), " (mode ", mode_text(st.st_mode),
+                 ", no sticky bit), whose members could swap a directory in it for a link that sends mih's writes "
+                 "elsewhere: expected a directory only you, your group (gid ", ::getegid(),
+                 ") or root can write, or a sticky one; chmod g-w ", at.string(), " (or chmod +t), or ", fix);
+  warn_everyone_writable(st, at, last, fix);
 }
 
 // The directory `name` in `parent`, created when missing. A link is followed only when this user
@@ -155,25 +171,34 @@ int open_own_file(const fs::path& path, int flags, std::string* why) {
   if (fd < 0) {
     const int err = errno;
     struct stat st {};
-    // ELOOP, or EACCES where the kernel checks a link in a sticky directory first.
-    const bool link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
-    *why = link ? std::string("it is a symbolic link, and mih never writes through one") : std::strerror(err);
+    // ELOOP, or EACCES where the kernel checks a link in a sticky directory first; ENXIO for a
+    // FIFO without a reader, EISDIR for a directory.
+    const bool known = ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+    *why = known ? not_regular_text(st.st_mode) : std::strerror(err);
+    errno = known ? 0 : err;
     return -1;
   }
   struct stat st {};
+  int err = 0;
   if (::fstat(fd, &st) != 0) {
-    *why = std::strerror(errno);
+    err = errno;
+    *why = std::strerror(err);
   } else if (!S_ISREG(st.st_mode)) {
-    *why = "it is not a regular file";
+    *why = not_regular_text(st.st_mode);
   } else if (st.st_uid != ::geteuid()) {
     *why = "it belongs to " + user_text(st.st_uid) + ", not to you (uid " + std::to_string(::geteuid()) +
            "): mih writes only into files it made";
+  } else if (st.st_nlink > 1) {
+    *why = "it has " + std::to_string(st.st_nlink) + " hard links: another name could be any file (another user "
+           "may have linked here one of yours they can write); mih writes only into files it made";
   } else if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-    *why = std::strerror(errno);
+    err = errno;
+    *why = std::strerror(err);
   } else {
     return fd;
   }
   ::close(fd);
+  errno = err;
   return -1;
 }
 

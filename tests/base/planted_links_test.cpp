@@ -1,11 +1,14 @@
 // Issue 53: write_file_atomic and append_whole in a directory another user can write never
 // write through what that user planted there (a link at the guessable temp name, a link or a
-// file of theirs at the appended file). As root, with a second user made by the test.
+// file of theirs at the appended file, a hard link to a file of ours that they may write). As
+// root, with a second user made by the test.
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -77,6 +80,22 @@ TEST_F(PlantedLinksTest, AppendRefusesAFileOfAnotherUser) {
   EXPECT_THAT([&] { append_whole(file, "{\"line\": 1}\n"); },
               ThrowsMessage<Error>(HasSubstr("it belongs to user 'mihplant")));
   EXPECT_EQ(fs::file_size(file), 0u) << "a line went into a file another user made (and controls)";
+}
+
+// fs.protected_hardlinks lets a user link a file they can read and write: a root file of their
+// group, mode 0660. The append went into that file through the planted name before (issue 53).
+TEST_F(PlantedLinksTest, AppendRefusesAHardLinkToAnotherFile) {
+  const fs::path shared = testing::temp_dir("hard_link_source") / "group_file";
+  std::ofstream(shared) << "group data\n";
+  ::chmod(shared.parent_path().c_str(), 0755);
+  ASSERT_EQ(::chown(shared.c_str(), 0, ::getpwuid(planter_)->pw_gid), 0);
+  ::chmod(shared.c_str(), 0660);
+  const fs::path name = dir_ / "results.jsonl";
+  ASSERT_TRUE(testing::as_user(planter_, [&] { return ::link(shared.c_str(), name.c_str()) == 0; }))
+      << "the planter could not hard-link " << shared;
+  EXPECT_THAT([&] { append_whole(name, "{\"line\": 1}\n"); },
+              ThrowsMessage<Error>(HasSubstr("it has 2 hard links: another name could be any file")));
+  EXPECT_EQ(testing::contents_of(shared), "group data\n") << "a line was appended through a hard link";
 }
 
 }  // namespace

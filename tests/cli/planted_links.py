@@ -11,9 +11,16 @@ test makes (useradd; skipped, saying why, when not root).
 3. The Python writer (python/mih_evidence.py) in a sticky case directory with links planted at
    "<file>.tmp.<pid>": the root-only file untouched, the evidence written; a case directory every
    user may write is refused.
+4. A hard link the second user makes in a sticky root, results.jsonl -> a root file of their
+   group (mode 0660: fs.protected_hardlinks allows it): exit 12 naming the second hard link, the
+   file untouched (mih test appended its results to it before).
+5. A root a group other than mih's can write (0775, no sticky bit): exit 12 naming the group and
+   `chmod g-w`, nothing made in it (only warned about before: a member could swap a directory
+   for a link between mih's check and its write); with the sticky bit (1775) the run passes.
 
 Exit status: 0 every check held; 1 otherwise; 77 skipped (not root, or no useradd)."""
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -128,6 +135,37 @@ def python_writer(work, user):
           r.stdout)
 
 
+def hard_link(mih, work, user):
+    root = root_dir(work, "hard_link_root", 0o1777)
+    shared = root_dir(work, "hard_link_source", 0o755)
+    target = os.path.join(shared, "secret")
+    with open(target, "w") as f:
+        f.write("root only\n")
+    os.chown(target, 0, pwd.getpwnam(user).pw_gid)
+    os.chmod(target, 0o660)
+    subprocess.run(["runuser", "-u", user, "--", "ln", target, os.path.join(root, "results.jsonl")], check=True)
+    r = mih_test(mih, root)
+    check(r.returncode == 12 and "it has 2 hard links: another name could be any file" in r.stdout,
+          f"4: a hard link planted at results.jsonl is exit 12 naming it (got {r.returncode})", r.stdout)
+    check(untouched(target), "4: the file the hard link names is untouched")
+
+
+def group_root(mih, work, user):
+    gid = pwd.getpwnam(user).pw_gid
+    root = root_dir(work, "group_root", 0o775)
+    os.chown(root, 0, gid)
+    os.chmod(root, 0o775)
+    r = mih_test(mih, root)
+    check(r.returncode == 12 and f"{root} is writable by group '{user}'" in r.stdout and f"chmod g-w {root}" in r.stdout,
+          f"5: a root another group can write is exit 12 naming the group and the fix (got {r.returncode})", r.stdout)
+    check(os.listdir(root) == [], f"5: nothing made in it: {os.listdir(root)}")
+    sticky = root_dir(work, "group_sticky_root", 0o1775)
+    os.chown(sticky, 0, gid)
+    os.chmod(sticky, 0o1775)
+    r = mih_test(mih, sticky)
+    check(r.returncode == 0, f"5: a sticky root another group can write runs (got {r.returncode})", r.stdout)
+
+
 def main():
     mih, work = mih_and_work()
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
@@ -140,6 +178,8 @@ def main():
         open_root(mih, work, user)
         sticky_root(mih, work, user)
         python_writer(work, user)
+        hard_link(mih, work, user)
+        group_root(mih, work, user)
     finally:
         subprocess.run(["userdel", user])
     return TALLY.summary("PlantedLinks")

@@ -1,8 +1,10 @@
 // Issue 53: an evidence root another user can write. Every user may write it without a sticky
-// bit: refused, naming it, before the writable probe could empty a planted link's target. With
-// the sticky bit (as /tmp): warned about, and a link or a directory another user planted below
-// it is never entered (a whole case written outside the root before). As root, with a second
-// user made by the test.
+// bit, or a group other than ours without it (a member could swap a directory for a link between
+// the check and the write): refused, naming it, before the writable probe could empty a planted
+// link's target. With the sticky bit (as /tmp): allowed (warned about when every user may write
+// it), and a link or a directory another user planted below it is never entered (a whole case
+// written outside the root before). As root, with a second user made by the test.
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,6 +40,12 @@ class EvidenceRootTest : public ::testing::Test {
   }
 
   bool plant(const std::function<bool()>& what) { return testing::as_user(planter_, what); }
+
+  // The root in the planter's group with `mode`.
+  void give_root_to_planters_group(mode_t mode) {
+    ASSERT_EQ(::chown(root_.c_str(), 0, ::getpwuid(planter_)->pw_gid), 0);
+    ::chmod(root_.c_str(), mode);
+  }
 
   uid_t planter_ = 0;
   fs::path root_, outside_, secret_;
@@ -81,6 +89,22 @@ TEST_F(EvidenceRootTest, WarnsAboutAStickyRootEveryUserCanWrite) {
   EXPECT_THAT(said, AllOf(HasSubstr("mih: warning: directory " + root_.string() + " (mode 1777) is writable by every "
                                     "user"),
                           HasSubstr("chmod go-w " + root_.string())));
+}
+
+TEST_F(EvidenceRootTest, RefusesARootAnotherGroupCanWrite) {
+  give_root_to_planters_group(0775);
+  EXPECT_THAT([&] { EvidenceDir dir(root_ / "llama" / "Reference"); },
+              ThrowsMessage<Error>(AllOf(HasSubstr(root_.string() + " is writable by group 'mihplant"),
+                                         HasSubstr("(mode 0775, no sticky bit)"),
+                                         HasSubstr("chmod g-w " + root_.string()),
+                                         HasSubstr("pass another --evidence-root"))));
+  EXPECT_FALSE(fs::exists(root_ / "llama")) << "a directory was made in a root another group can write";
+}
+
+TEST_F(EvidenceRootTest, AcceptsAStickyRootAnotherGroupCanWrite) {
+  give_root_to_planters_group(01775);
+  EvidenceDir dir(root_ / "llama" / "Reference");
+  EXPECT_TRUE(fs::is_directory(root_ / "llama" / "Reference"));
 }
 
 }  // namespace
