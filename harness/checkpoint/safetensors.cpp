@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -21,6 +20,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/safe_open.h"
 #include "harness/base/strings.h"
 
 namespace mih::safetensors {
@@ -355,11 +355,11 @@ void write_file(const std::filesystem::path& path, const std::vector<TensorView>
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, where, "cannot create directory '", path.parent_path().string(),
                  "': ", ec.message());
-  // pid + counter: several threads (ranks in unit tests) may write next to each other.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  MIH_CHECK_CODE(fd.get() >= 0, Code::kFailedPrecondition, where, std::strerror(errno));
+  // A new file under a name nobody can guess, never through a link: the directory may be one
+  // another user can write (issue 53). Random: several threads may write next to each other.
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + unguessable_suffix();
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  MIH_CHECK_CODE(fd.get() >= 0, Code::kFailedPrecondition, where, "cannot create ", tmp, ": ", std::strerror(errno));
   auto fail = [&](int err, const char* step) {
     fd.reset();
     ::unlink(tmp.c_str());

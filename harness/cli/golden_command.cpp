@@ -25,6 +25,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/owned_files.h"
+#include "harness/base/safe_open.h"
 #include "harness/base/version.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cli/commands.h"
@@ -196,6 +197,9 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
     cases::HfExportOptions o = f->o;
     o.out = out / layout::kExportDir;
     o.dtype = "float64";
+    // <out> may sit in a directory others can write (/shared): a link of theirs, or a directory
+    // of theirs on the way, would send the golden elsewhere (issue 53).
+    make_secure_directory(out, "give another --out");
     claim_golden_dir(out);
     const cases::HfExportResult r = cases::export_hf(s, o);
     std::printf("mih golden: exported spec %s (float64, seed %llu) to %s: loss %.17g\n", f->spec.c_str(),

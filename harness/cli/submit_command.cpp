@@ -22,6 +22,7 @@
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/safe_open.h"
 #include "harness/cases/case_runner.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/registrations.h"
@@ -289,7 +290,12 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
     const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
     const fs::path root = fs::absolute(f->root);
-    if (!f->dry_run) refuse_pending(root, s.name);
+    if (!f->dry_run) {
+      // The root is shared (/shared/mih/<date>): a .mih-submit another user planted, a link or a
+      // directory of theirs, would receive the batch scripts and jobs.json (issue 53).
+      make_secure_directory(root / layout::submit_dir(s.name), "give another --evidence-root (nothing was submitted)");
+      refuse_pending(root, s.name);
+    }
     std::string prefix;
     for (const cases::Registration& r : cases::registrations()) {
       if (r.spec == s.name && prefix.empty()) prefix = r.prefix;

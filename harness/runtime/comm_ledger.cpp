@@ -16,6 +16,7 @@
 #include "harness/base/error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
+#include "harness/base/safe_open.h"
 #include "harness/base/strings.h"
 
 namespace mih {
@@ -65,11 +66,17 @@ int64_t wall_clock_us() {
 }
 
 CommLedger::CommLedger(const std::filesystem::path& path) : path_(path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // The run directory may sit in a shared root (/shared/run1): another user's link planted at
+  // the ledger, or a directory of theirs on the way, must not receive the appends (issue 53).
+  try {
+    make_secure_directory(path.parent_path(), "give another --run-dir");
+  } catch (const Error& e) {
+    MIH_THROW(e.code(), "cannot open the comm ledger '", path.string(), "' for appending: ", e.message());
+  }
+  std::string why;
+  fd_ = open_own_file(path, O_WRONLY | O_APPEND, &why);
   MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot open the comm ledger '", path.string(),
-                 "' for appending: ", std::strerror(errno), "; the run directory must be writable");
+                 "' for appending: ", why, "; remove it, or give another --run-dir");
 }
 
 CommLedger::~CommLedger() {

@@ -158,7 +158,7 @@ int64_t start_rank(char* buf, size_t n, pid_t launcher, int* go) {
   // server's libraries end, like OpenBLAS's pool, may take a moment to be gone.)
   for (int i = 0; i < 200 && process_thread_count() != 1; ++i) ::usleep(1000);
   if (process_thread_count() != 1) return -EDEADLK;
-  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (log_fd < 0) return -errno;
   int pipe_fds[2], go_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {

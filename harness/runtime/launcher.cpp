@@ -30,6 +30,7 @@
 #include "harness/base/error.h"
 #include "harness/base/evidence_layout.h"
 #include "harness/base/files.h"
+#include "harness/base/safe_open.h"
 #include "harness/compat/store.h"
 #include "harness/runtime/comm_ledger.h"
 #include "harness/runtime/launcher_internal.h"
@@ -76,19 +77,21 @@ int pick_free_port() {
   return port;
 }
 
+constexpr char kRunDirFix[] = "choose another run/evidence directory";
+
 // An exclusive lock on the run directory for the launch: two launches writing one directory
 // would share a FileStore and interleave their ledgers. Released when the fd closes.
 class RunDirLock {
  public:
   explicit RunDirLock(const std::filesystem::path& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create the run directory '", dir.string(), "': ",
-                   ec.message(), "; choose a writable run/evidence directory");
+    // Entered a component at a time: a link or a directory another user planted on the way
+    // would send the logs and ledgers elsewhere (issue 53).
+    make_secure_directory(dir, kRunDirFix);
     auto path = dir / layout::kRunLock;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot create '", path.string(), "': ", std::strerror(errno),
-                   "; choose a writable run/evidence directory");
+    std::string why;
+    fd_ = open_own_file(path, O_RDWR, &why);
+    MIH_CHECK_CODE(fd_ >= 0, Code::kFailedPrecondition, "cannot create '", path.string(), "': ", why, "; remove it, or ",
+                   kRunDirFix);
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       char owner[32] = {0};
       ssize_t n = ::pread(fd_, owner, sizeof(owner) - 1, 0);
@@ -112,10 +115,8 @@ class RunDirLock {
 // makes the rendezvous hang; stale error files and ledgers would be misreported).
 void prepare_run_dir(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
+  make_secure_directory(dir / layout::kLogsDir, kRunDirFix);
   std::error_code ec;
-  fs::create_directories(dir / layout::kLogsDir, ec);
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "cannot create the run directory '", dir.string(), "': ",
-                 ec.message(), "; choose a writable run/evidence directory");
   fs::remove(dir / layout::kStore, ec);
   fs::remove_all(dir / layout::kErrorsDir, ec);
   for (const char* sub : {layout::kLogsDir, layout::kCommDir}) {
