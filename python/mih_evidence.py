@@ -181,13 +181,31 @@ def _make_own_directory(path):
         if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.geteuid(), 0):
             raise PermissionError(f"mih_evidence: {at} is a symbolic link of uid {st.st_uid}, which would send the "
                                   f"evidence elsewhere; remove it, or write to another directory")
-        st = os.stat(at)
-        if st.st_uid not in (os.geteuid(), 0):
-            raise PermissionError(f"mih_evidence: {at} belongs to uid {st.st_uid}, who could plant links in it; "
-                                  f"write to a directory of yours")
-        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-            raise PermissionError(f"mih_evidence: {at} is writable by every user (mode {st.st_mode & 0o7777:04o}, no "
-                                  f"sticky bit); chmod o-w {at}, or write to another directory")
+        _check_own_directory(os.stat(at), at)
+
+
+def _check_own_directory(st, at):
+    """Raises PermissionError, naming directory `at` (its stat `st`) and the fix, unless it is this
+    user's or root's and no other user may write it, sticky (/tmp) excepted."""
+    if st.st_uid not in (os.geteuid(), 0):
+        raise PermissionError(f"mih_evidence: {at} belongs to uid {st.st_uid}, who could plant links or FIFOs "
+                              f"in it; remove it, or write to a directory of yours")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"mih_evidence: {at} is writable by every user (mode {st.st_mode & 0o7777:04o}, no "
+                              f"sticky bit); chmod o-w {at}, or write to another directory")
+
+
+def _open_at(dir_fd, name, path, flags, kind):
+    """os.open(name, flags | O_NOFOLLOW, dir_fd=dir_fd), its error naming `path` and what is
+    there when it is not `kind` (a link, a FIFO without a reader)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    except OSError as e:
+        mode = os.lstat(name, dir_fd=dir_fd).st_mode if os.path.lexists(path) else 0
+        what = ("it is a symbolic link, never followed" if stat.S_ISLNK(mode) else "it is a FIFO, not a regular file"
+                if stat.S_ISFIFO(mode) else e.strerror)
+        raise OSError(e.errno, f"mih_evidence: {path} is not {kind} of this writer's: {what}; remove it, or "
+                               f"write to a new case directory") from None
 
 
 def _lock_case_directory(path):
@@ -321,39 +339,67 @@ class Session:
             raise FileExistsError(f"{self.dir} holds a run's evidence already{_held_by(self.dir)}; write each run "
                                   f"to a new directory")
 
-    def _path(self, relative):
-        path = os.path.join(self.dir, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return path
+    def _enter(self, relative_dir):
+        """A descriptor of subdirectory `relative_dir` of the case directory, made and entered a component
+        at a time, never through a link, each checked (issue 53: a planted link `check` was followed)."""
+        at = os.path.abspath(self.dir)
+        if not os.path.isdir(at):  # a rank other than 0 (rank 0 made it)
+            _make_own_directory(at)
+        fd = os.open(at, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _check_own_directory(os.fstat(fd), at)
+            for part in [p for p in relative_dir.split("/") if p]:
+                at = os.path.join(at, part)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                sub = _open_at(fd, part, at, os.O_RDONLY | os.O_DIRECTORY, "a directory")
+                os.close(fd)
+                fd = sub
+                _check_own_directory(os.fstat(fd), at)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _write(self, relative, value):
-        path = self._path(relative)
-        # A new file under a name nobody can guess, never through a link (issue 53: a link
-        # planted at "<file>.tmp.<pid>" had a root-only file overwritten); os.replace replaces
-        # a link at the target without following it.
-        tmp = f"{path}.tmp.{os.getpid()}.{secrets.token_hex(8)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        head, name = os.path.split(relative)
+        dfd = self._enter(head)
+        # A new file under a name nobody can guess, never through a link (issue 53); os.replace replaces a link.
+        tmp = f"{name}.tmp.{os.getpid()}.{secrets.token_hex(8)}"
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(value, f, indent=2, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            raise
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(value, f, indent=2, allow_nan=False)
+                    f.write("\n")
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dfd)
+                raise
+        finally:
+            os.close(dfd)
 
     def _append(self, relative, value):
-        path = self._path(relative)
+        head, name = os.path.split(relative)
+        dfd = self._enter(head)
+        path = os.path.join(os.path.abspath(self.dir), relative)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise OSError(e.errno, f"mih_evidence: cannot append to {path}: {e.strerror} (a link there is never "
-                                   f"followed); remove it, or write to a new case directory") from None
+            # O_NONBLOCK: a FIFO planted there is refused below, never waited on (issue 53).
+            fd = _open_at(dfd, name, path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, "a regular file")
+        finally:
+            os.close(dfd)
         with os.fdopen(fd, "a") as f:
-            if os.fstat(f.fileno()).st_uid != os.geteuid():
-                raise PermissionError(f"mih_evidence: {path} belongs to uid {os.fstat(f.fileno()).st_uid}, not to "
-                                      f"this user: write to a new case directory")
+            st = os.fstat(fd)
+            why = ("it is a FIFO, not a regular file" if stat.S_ISFIFO(st.st_mode) else
+                   "it is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                   f"it belongs to uid {st.st_uid}, not to this user" if st.st_uid != os.geteuid() else
+                   f"it has {st.st_nlink} hard links" if st.st_nlink != 1 else "")
+            if why:  # a second name: another user may have hard-linked it (fs.protected_hardlinks 0)
+                raise PermissionError(f"mih_evidence: cannot append to {path}: {why}, so another user could read "
+                                      f"or redirect the evidence; remove it, or write to a new case directory")
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
             f.write(json.dumps(value, allow_nan=False, separators=(",", ":")) + "\n")
 
     # ---- collectives -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +51,33 @@ bool stale_temp(const fs::path& p) {
   }
   if (pid.size() > 9 || !only_chars(pid, "0123456789")) return false;
   return !process_alive(std::stol(pid));
+}
+
+// A directory the sweep may enter: this user's or root's, reached without a link (lstat), no
+// other user may write it unless sticky, and not a case's extra/ (the trainer's own,
+// docs/evidence.md). Another user's directory in a sticky root is theirs (issue 53: the sweep
+// deleted a user's bob/thesis.tmp.<pid>).
+bool sweepable_directory(const fs::path& p, const struct stat& st) {
+  return S_ISDIR(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0) &&
+         (!(st.st_mode & S_IWOTH) || (st.st_mode & S_ISVTX)) && p.filename() != contract::kExtraDir;
+}
+
+// Removes mih's stale temp files under `root`: only this user's own regular files with a temp
+// name of mih's writers, in directories sweepable_directory allows (issue 53: another user's
+// notes.tmp.<pid> in a sticky root was deleted).
+void sweep_stale_temps(const fs::path& root) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    struct stat st;
+    if (::lstat(it->path().c_str(), &st) != 0) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (S_ISDIR(st.st_mode) && !sweepable_directory(it->path(), st)) it.disable_recursion_pending();
+    std::error_code ignored;  // a temp another process removed first: nothing to do
+    if (S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && stale_temp(it->path())) fs::remove(it->path(), ignored);
+  }
 }
 
 // Creates and removes a file of its own there: a new name nobody can guess, never an existing
@@ -109,13 +137,7 @@ EvidenceDir::EvidenceDir(fs::path root) : root_(std::move(root)) {
   make_secure_directory(root_, "pass another --evidence-root");
   probe_writable(root_);
   root_ = fs::canonical(root_);
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_symlink(ec)) continue;
-    // A case's extra/ is its trainer's own (docs/evidence.md): what is there is never mih's.
-    if (it->is_directory(ec) && it->path().filename() == contract::kExtraDir) it.disable_recursion_pending();
-    if (it->is_regular_file(ec) && stale_temp(it->path())) fs::remove(it->path(), ec);
-  }
+  sweep_stale_temps(root_);
 }
 
 fs::path EvidenceDir::resolve(std::string_view relative) const {
