@@ -77,7 +77,7 @@ int pick_free_port() {
   return port;
 }
 
-constexpr char kRunDirFix[] = "choose another run/evidence directory";
+constexpr char kRunDirFix[] = "choose a writable run/evidence directory of your own";
 
 // An exclusive lock on the run directory for the launch: two launches writing one directory
 // would share a FileStore and interleave their ledgers. Released when the fd closes.
