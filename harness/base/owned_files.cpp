@@ -12,6 +12,7 @@
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/base/sha256.h"
 
 namespace mih {
@@ -31,7 +32,7 @@ void check_owned(const fs::path& dir, const std::string& record, const std::vect
   MIH_CHECK_CODE(has_record, Code::kFailedPrecondition, command, ": --out ", dir.string(), " holds files and no ", record,
                  " of an earlier `mih ", command, "`, so mih did not write it; give a new or empty directory (nothing "
                  "was written)");
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = parse_json_lenient(text);  // bounded depth: the record is input from outside
   MIH_CHECK_CODE(j.is_object() && j.contains("files") && j["files"].is_object(), Code::kFailedPrecondition, command,
                  ": --out ", dir.string(), " holds a ", record, " that lists no files (an older mih wrote it, or it was "
                  "edited), so mih cannot tell the files it wrote from others; give a new or empty directory, or delete "

@@ -363,7 +363,9 @@ void write_file(const std::filesystem::path& path, const std::vector<TensorView>
   auto fail = [&](int err, const char* step) {
     fd.reset();
     ::unlink(tmp.c_str());
-    MIH_THROW(Code::kFailedPrecondition, where, step, ": ", std::strerror(err));
+    MIH_THROW(Code::kFailedPrecondition, where, step, ": ", std::strerror(err),
+              err == EFBIG ? ": the file size limit (ulimit -f, RLIMIT_FSIZE) is reached: raise it (ulimit -f unlimited)"
+                           : "");
   };
   if (int err = write_all(fd.get(), &header_len, sizeof(header_len))) fail(err, "write");
   if (int err = write_all(fd.get(), text.data(), text.size())) fail(err, "write");

@@ -538,7 +538,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   std::vector<std::string> parameters;
   std::string structure_text;
   if (read_file(cand.root() / layout::kStructure, &structure_text)) {
-    const json structure = json::parse(structure_text, nullptr, /*allow_exceptions=*/false);
+    const json structure = parse_json_lenient(structure_text);
     if (structure.is_object() && structure.contains("parameters") && structure["parameters"].is_array()) {
       for (const auto& p : structure["parameters"]) {
         if (p.is_object() && p.contains("fqn") && p["fqn"].is_string()) parameters.push_back(p["fqn"].get<std::string>());

@@ -211,6 +211,10 @@ def limits_give_their_exit_code(mih, work):
     check(t.returncode == 0 and v.returncode == 12 and "File too large" in v.stdout,
           f"5: mih test --verify-only under ulimit -f 1: exit {v.returncode} (want 12, naming the file too large)",
           v.stdout[-1500:])
+    e = limited(mih, ["export", "--spec", "llama", "--out", os.path.join(work, "export-limited")], fsize=1024)
+    check(e.returncode == 12 and "ulimit -f" in e.stdout,
+          f"5: mih export under ulimit -f 1: exit {e.returncode} (want 12, naming ulimit -f and how to raise it)",
+          e.stdout[-1500:])
     a = limited(mih, ["list"], address_space=500000 * 1024)
     check(a.returncode == 12 and "ulimit -v" in a.stdout and "1048576 KiB" in a.stdout,
           f"5: mih under ulimit -v 500000: exit {a.returncode} (want 12, naming the limit it needs)", a.stdout[-1500:])
