@@ -11,13 +11,15 @@ MIH_JOBS=${MIH_JOBS:-$(nproc)}
 # the JSON Schema validator of the evidence contract (header-only, build only).
 MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev
               libgtest-dev libgmock-dev libssl-dev libopenblas0-pthread
-              libstb-dev libxml2-utils libvalijson-dev python3)
+              libstb-dev libxml2-utils libvalijson-dev python3 python3-venv)
 # What scripts/test adds: the real launchers its tests run (torchrun from python3-torch,
 # mpirun from openmpi-bin), ip(8) for the two-host test's network namespaces, and python3-jsonschema:
 # a second JSON Schema implementation the contract test validates evidence with.
 MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2 slurm-wlm munge)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
+
+source "$MIH_ROOT/scripts/lib/python_env.sh"
 
 # Installs the packages of MIH_PACKAGES (and any given as arguments) that are missing:
 # apt-get as root, sudo otherwise; a clear message when neither works.
@@ -49,13 +51,22 @@ mih_ensure_packages() {
   fi
 }
 
-# Configures the build directory once (Ninja when available), then builds `targets` (all
-# when none given) incrementally.
+# Configures the build directory once (Ninja when available), and again when the transformers
+# Python (MIH_TRANSFORMERS_PYTHON, from mih_ensure_python_env) changed; then builds `targets`
+# (all when none given) incrementally.
 mih_build() {
+  local configure=() cached=""
+  if [ -n "${MIH_TRANSFORMERS_PYTHON+set}" ]; then
+    [ -f "$MIH_BUILD_DIR/CMakeCache.txt" ] &&
+      cached=$(sed -n 's/^MIH_TRANSFORMERS_PYTHON:[A-Z]*=//p' "$MIH_BUILD_DIR/CMakeCache.txt")
+    [ "$cached" != "$MIH_TRANSFORMERS_PYTHON" ] && configure=(-DMIH_TRANSFORMERS_PYTHON="$MIH_TRANSFORMERS_PYTHON")
+  fi
   if [ ! -f "$MIH_BUILD_DIR/CMakeCache.txt" ]; then
     local generator=()
     command -v ninja >/dev/null && generator=(-G Ninja)
-    cmake -S "$MIH_ROOT" -B "$MIH_BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    cmake -S "$MIH_ROOT" -B "$MIH_BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${configure[@]}"
+  elif [ ${#configure[@]} -gt 0 ]; then
+    cmake -S "$MIH_ROOT" -B "$MIH_BUILD_DIR" "${configure[@]}"
   fi
   local target_args=()
   local t

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The scripts' Python side (scripts/lib/python_env.sh, ctest PythonEnvInstall): a complete
+venv for today's pins is used as it is, without pip; a venv whose marker names other pins, or
+none, is installed again; where PyPI cannot be reached the function still returns 0 under
+`set -euo pipefail`, says the goldens come from the builtin, leaves no half-made venv and sets
+MIH_TRANSFORMERS_PYTHON empty; MIH_NO_PYPI=1 makes no attempt. PyPI is stood in for by an
+index on a closed loopback port: nothing leaves the machine.
+
+Exit status: 0 every check held; 1 otherwise."""
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+FAILURES = []
+
+
+def check(ok, what, detail=""):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        FAILURES.append(what)
+        print("      " + detail[-2000:].replace("\n", "\n      "))
+
+
+def ensure(root, env):
+    """Runs mih_ensure_python_env as scripts/test does: (exit status, the python it chose, output, seconds)."""
+    script = ('set -euo pipefail; source "%s/scripts/lib/common.sh"; mih_ensure_python_env; '
+              'echo "python=[$MIH_TRANSFORMERS_PYTHON]"' % root)
+    start = time.time()
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **env))
+    out = p.stdout + p.stderr
+    chosen = out.split("python=[")[-1].split("]")[0] if "python=[" in out else None
+    return p.returncode, chosen, out, time.time() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, help="mih's source tree")
+    ap.add_argument("--work", required=True, help="scratch directory (emptied)")
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    offline = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "MIH_NO_PYPI": "0"}
+    with open(os.path.join(a.root, "python", "requirements-golden.txt"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+
+    # A complete venv of today's pins: used as it is (its pip is never run: here it has none).
+    ready = os.path.join(a.work, "ready")
+    os.makedirs(os.path.join(ready, "bin"))
+    os.symlink(sys.executable, os.path.join(ready, "bin", "python"))
+    with open(os.path.join(ready, ".mih-complete"), "w") as f:
+        f.write(digest)
+    rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=ready))
+    check(rc == 0 and chosen == os.path.join(ready, "bin", "python") and "installing" not in out,
+          "a complete venv of today's pins is used without installing", out)
+
+    # Stale pins: installed again, which fails without PyPI, and the old venv is gone.
+    with open(os.path.join(ready, ".mih-complete"), "w") as f:
+        f.write("0" * 64)
+    rc, chosen, out, took = ensure(a.root, dict(offline, MIH_PYENV=ready))
+    check(rc == 0 and chosen == "" and "installing the pinned Python side" in out and
+          "goldens come from the builtin original" in out and not os.path.exists(ready),
+          "a venv of other pins is installed again; without PyPI the script goes on with the builtin, leaving no "
+          "half-made venv (%.1f s)" % took, out)
+
+    # No venv and no PyPI: the same, within a minute.
+    fresh = os.path.join(a.work, "fresh")
+    rc, chosen, out, took = ensure(a.root, dict(offline, MIH_PYENV=fresh))
+    check(rc == 0 and chosen == "" and not os.path.exists(fresh) and took < 60,
+          "no PyPI: exit 0, MIH_TRANSFORMERS_PYTHON empty, the builtin named (%.1f s)" % took, out)
+
+    rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=fresh, MIH_NO_PYPI="1"))
+    check(rc == 0 and chosen == "" and "MIH_NO_PYPI=1" in out and "installing" not in out,
+          "MIH_NO_PYPI=1 makes no attempt and says so", out)
+    print("%d failure(s)" % len(FAILURES))
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
