@@ -25,14 +25,16 @@
 #   The ctest registration alone, for a binary made otherwise (the mih command).
 #
 # mih_add_golden(<name> COMMAND <target> SPEC <spec> OUT <dir> [IMPL builtin|transformers]
-#                [RESULT_VARIABLE <var>])
+#                [PYTHON <python>] [RESULT_VARIABLE <var>])
 #   The golden of the original model for a spec (docs/golden.md), made at build time:
 #   `<target> golden --spec <spec> --out <dir>` (the float64 export, then the golden producer
 #   MIH_GOLDEN_PRODUCER run by a Python with torch), redone when <target> is relinked or the
 #   producer changes; target <name> is part of `all`. <var> is set to <dir>, or to "" (with a
 #   warning) when no Python with torch is found: then there is no golden, and a spec whose
-#   golden.dir is the empty string has no MatchesOriginal suite. MIH_PYTHON names the Python
-#   (default: the python3 found, else /usr/bin/python3, the first with torch).
+#   golden.dir is the empty string has no MatchesOriginal suite. PYTHON names the Python
+#   (IMPL transformers needs one with transformers: MIH_TRANSFORMERS_PYTHON, which the scripts
+#   install); without it MIH_PYTHON, else the python3 found, else /usr/bin/python3, the first
+#   with torch.
 
 function(mih_register_conformance_tests target)
   cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES" ${ARGN})
@@ -92,7 +94,7 @@ function(mih_add_conformance_suite name)
 endfunction()
 
 function(mih_add_golden name)
-  cmake_parse_arguments(ARG "" "COMMAND;SPEC;OUT;IMPL;RESULT_VARIABLE" "" ${ARGN})
+  cmake_parse_arguments(ARG "" "COMMAND;SPEC;OUT;IMPL;PYTHON;RESULT_VARIABLE" "" ${ARGN})
   foreach(kw COMMAND SPEC OUT)
     if(NOT ARG_${kw})
       message(FATAL_ERROR "mih_add_golden(${name}): ${kw} is required")
@@ -101,6 +103,41 @@ function(mih_add_golden name)
   if(NOT ARG_IMPL)
     set(ARG_IMPL builtin)
   endif()
+  if(ARG_PYTHON)
+    set(python "${ARG_PYTHON}")
+  else()
+    mih_find_golden_python()
+    set(python "${MIH_GOLDEN_PYTHON}")
+  endif()
+  if(NOT python)
+    message(WARNING "mih_add_golden(${name}): no Python with torch (MIH_PYTHON, or python3 with python3-torch), so "
+                    "no golden of spec ${ARG_SPEC} and no MatchesOriginal suite on it")
+    if(ARG_RESULT_VARIABLE)
+      set(${ARG_RESULT_VARIABLE} "" PARENT_SCOPE)
+    endif()
+    return()
+  endif()
+  get_filename_component(producer_dir "${MIH_GOLDEN_PRODUCER}" DIRECTORY)
+  file(GLOB producer_files "${producer_dir}/*.py")
+  add_custom_command(
+    OUTPUT "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
+    # The build owns its two outputs: a golden an older mih wrote there has no mih_golden.json,
+    # and `mih golden` never overwrites a file it has no record of writing.
+    COMMAND ${CMAKE_COMMAND} -E rm -f "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
+    COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" --impl ${ARG_IMPL}
+            --python "${python}" --producer "${MIH_GOLDEN_PRODUCER}"
+    DEPENDS ${ARG_COMMAND} ${producer_files}
+    COMMENT "Golden of spec ${ARG_SPEC}: the original (${ARG_IMPL}) on its float64 export"
+    VERBATIM)
+  add_custom_target(${name} ALL DEPENDS "${ARG_OUT}/golden.json")
+  if(ARG_RESULT_VARIABLE)
+    set(${ARG_RESULT_VARIABLE} "${ARG_OUT}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Sets MIH_GOLDEN_PYTHON (cached) to the first Python with torch: MIH_PYTHON, else the python3
+# CMake finds, else Debian's (python3-torch installs there); "" when none has torch.
+macro(mih_find_golden_python)
   if(NOT DEFINED MIH_GOLDEN_PYTHON_OK)
     # MIH_PYTHON, else the python3 CMake finds, else Debian's (python3-torch installs there).
     set(candidates ${MIH_PYTHON})
@@ -122,28 +159,4 @@ function(mih_add_golden name)
     set(MIH_GOLDEN_PYTHON_OK ${ok} CACHE INTERNAL "a Python with torch runs the golden producer")
     set(MIH_GOLDEN_PYTHON "${python}" CACHE INTERNAL "the Python that runs the golden producer")
   endif()
-  if(NOT MIH_GOLDEN_PYTHON_OK)
-    message(WARNING "mih_add_golden(${name}): no Python with torch (MIH_PYTHON, or python3 with python3-torch), so "
-                    "no golden of spec ${ARG_SPEC} and no MatchesOriginal suite on it")
-    if(ARG_RESULT_VARIABLE)
-      set(${ARG_RESULT_VARIABLE} "" PARENT_SCOPE)
-    endif()
-    return()
-  endif()
-  get_filename_component(producer_dir "${MIH_GOLDEN_PRODUCER}" DIRECTORY)
-  file(GLOB producer_files "${producer_dir}/*.py")
-  add_custom_command(
-    OUTPUT "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
-    # The build owns its two outputs: a golden an older mih wrote there has no mih_golden.json,
-    # and `mih golden` never overwrites a file it has no record of writing.
-    COMMAND ${CMAKE_COMMAND} -E rm -f "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
-    COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" --impl ${ARG_IMPL}
-            --python "${MIH_GOLDEN_PYTHON}" --producer "${MIH_GOLDEN_PRODUCER}"
-    DEPENDS ${ARG_COMMAND} ${producer_files}
-    COMMENT "Golden of spec ${ARG_SPEC}: the original (${ARG_IMPL}) on its float64 export"
-    VERBATIM)
-  add_custom_target(${name} ALL DEPENDS "${ARG_OUT}/golden.json")
-  if(ARG_RESULT_VARIABLE)
-    set(${ARG_RESULT_VARIABLE} "${ARG_OUT}" PARENT_SCOPE)
-  endif()
-endfunction()
+endmacro()

@@ -222,12 +222,12 @@ def run_builtin(config_json, weights, batch, training, twin):
     return Run(logits, hidden, loss, aux, grads, after), cfg.defaulted
 
 
-def run_transformers(export_dir, config_json, batch, training):
+def run_transformers(export_dir, config_json, batch, training, twin=False):
     import transformers_impl
 
     model, version = transformers_impl.load(export_dir, config_json)
-    logits, hidden, aux = transformers_impl.forward(model, config_json.get("model_type"), batch)
-    loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"])
+    logits, hidden, aux = transformers_impl.forward(model, config_json.get("model_type"), batch, twin=twin)
+    loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"], twin=twin)
     (loss if aux is None else loss + aux).backward()
     params = dict(model.named_parameters())
     grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
@@ -282,8 +282,11 @@ def produce(export_dir, out_dir, impl, noise_twin=True):
                           "torch": torch.__version__}
         import transformers_impl
 
-        # No twin of transformers' own code: mih's tolerance is then the floor at this epsilon.
         epsilon = 2.0 ** -23 if config_json.get("model_type") in transformers_impl.FLOAT32_INSIDE else 2.0 ** -52
+        if noise_twin:
+            twin, _ = run_transformers(export_dir, config_json, batch, training, twin=True)
+            a, b = twin.tensors(), main.tensors()
+            noise = {k: relative_error(a[k], b[k]) for k in b}
     tensors = main.tensors()
     os.makedirs(out_dir, exist_ok=True)
     tensors_path = os.path.join(out_dir, "golden.safetensors")
@@ -325,9 +328,11 @@ def main(argv):
     parser.add_argument("--out", required=True, help="where golden.json and golden.safetensors go")
     parser.add_argument("--impl", choices=("builtin", "transformers"), default="builtin",
                         help="builtin: the producer's own PyTorch implementation of llama, mixtral, qwen2_moe, gpt2 "
-                             "(default); transformers: Hugging Face transformers' from_pretrained (not run by mih's CI)")
+                             "(default); transformers: Hugging Face transformers' from_pretrained")
     parser.add_argument("--no-noise-twin", action="store_true",
-                        help="skip the builtin's second run in other reduction orders (the noise mih calibrates from)")
+                        help="skip the second run in other reduction orders (builtin: every contraction in two "
+                             "halves; transformers: the rows reversed, module outputs rounded to its precision), "
+                             "the noise mih calibrates from")
     args = parser.parse_args(argv)
     try:
         import torch  # noqa: F401

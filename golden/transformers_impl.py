@@ -1,9 +1,11 @@
 # `--impl transformers`: the original model as Hugging Face transformers builds it from the
-# exported directory (from_pretrained, float64, eager attention). Not exercised by mih's CI,
-# which has no transformers (docs/golden.md says so); written against transformers' documented
-# API: from_pretrained(..., torch_dtype, attn_implementation, output_loading_info), a forward
-# with output_hidden_states (and output_router_logits for a mixture of experts), the model's
-# named_parameters under the checkpoint's keys.
+# exported directory (from_pretrained, float64, eager attention): the golden mih's build makes
+# for every reference spec where the scripts' venv has transformers (python/requirements-
+# golden.txt pins it). Uses transformers' documented API: from_pretrained(..., dtype,
+# attn_implementation, output_loading_info), a forward with output_hidden_states (and
+# output_router_logits for a mixture of experts), the model's named_parameters under the
+# checkpoint's keys. Its noise twin (twin=True) is the same model run on the batch's rows in
+# reverse order with every module's output rounded to the precision it computes in.
 import torch
 
 from errors import GoldenError
@@ -14,7 +16,7 @@ _LAYERS = {"gpt2": ("transformer", "h")}
 # The precision the original computes in although its weights are float64: transformers'
 # RMSNorm, rotary tables and routers cast to float32 (modeling_llama.py LlamaRMSNorm,
 # LlamaRotaryEmbedding's "Force float32", the routers' softmax(dtype=torch.float)).
-FLOAT32_INSIDE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe"}
+FLOAT32_INSIDE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
 
 
 def load(export_dir, config):
@@ -26,7 +28,7 @@ def load(export_dir, config):
                               "install it (pip install transformers) or use --impl builtin")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            export_dir, torch_dtype=torch.float64, attn_implementation="eager", output_loading_info=True)
+            export_dir, dtype=torch.float64, attn_implementation="eager", output_loading_info=True)
     except Exception as e:  # transformers raises many types for a config or a checkpoint it cannot take
         raise GoldenError(11, "transformers cannot load %s as %s: %s" % (export_dir, config.get("architectures"), e))
     problems = []
@@ -47,9 +49,37 @@ def _decoder_layers(model, model_type):
     return getattr(getattr(model, owner), name)
 
 
-def forward(model, model_type, batch):
+def _round_outputs(model):
+    """Forward hooks rounding every leaf module's floating outputs to float32 and back (in the
+    backward too, through the casts' gradients): the rounding transformers' float32 norms,
+    rotary tables and routers put into a float64 model, at every module. Returns the handles."""
+
+    def rounded(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(torch.float32).to(value.dtype)
+        if isinstance(value, tuple):
+            return tuple(rounded(v) for v in value)
+        return value
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    return [m.register_forward_hook(lambda _m, _i, out: rounded(out)) for m in leaves]
+
+
+def forward(model, model_type, batch, twin=False):
     """(logits, hidden states [embeddings, each layer's output, the final norm's], the
-    router's weighted aux loss or None), from the model's own forward."""
+    router's weighted aux loss or None), from the model's own forward. The noise twin
+    (twin=True) runs the rows of the batch in reverse order (every sum over the batch in
+    another order) and, for a model that computes in float32 inside (FLOAT32_INSIDE), rounds
+    every module's output to float32; its outputs come back in the batch's order."""
+    if twin:
+        batch = {k: v.flip(0) for k, v in batch.items()}
+        handles = _round_outputs(model) if model_type in FLOAT32_INSIDE else []
+        try:
+            logits, hidden, aux = forward(model, model_type, batch)
+        finally:
+            for h in handles:
+                h.remove()
+        return logits.flip(0), [h.flip(0) for h in hidden], aux
     layers = _decoder_layers(model, model_type)
     captured = {}
 

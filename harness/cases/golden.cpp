@@ -107,13 +107,19 @@ Golden read_golden(const fs::path& dir) {
             fix);
   const json noise = m.value("noise", json::object());
   MIH_CHECK(noise.is_object(), where, ": \"noise\" must be an object of numbers");
-  // The noise twin's reduction orders differ in float64: its relative error is a few thousand
-  // epsilons at most (the reference goldens' largest, gpt2's, is 1500).
-  const double noise_cap = 1e5 * eps64;
+  // The builtin's noise twin differs in float64 reduction orders: its relative error is a few
+  // thousand float64 epsilons at most (the reference goldens' largest, gpt2's, is 1500).
+  // transformers' twin rounds every module's output to float32 where the original computes in
+  // float32 inside: a few float32 epsilons (the reference goldens' largest, a parameter after
+  // the step of moe_qwen, is 6).
+  const bool float32_inside = std::abs(g.compute_epsilon - eps32) <= 1e-3 * eps32;
+  const double noise_cap = float32_inside ? 1e2 * eps32 : 1e5 * eps64;
+  const char* cap_text = float32_inside ? "transformers' float32-rounded noise twin: at most 100 float32 epsilons"
+                                        : "a float64 noise twin's relative error: at most 1e5 epsilons";
   for (const auto& [name, v] : noise.items()) {
     MIH_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= noise_cap,
-              where, ": noise of '", name, "' must be a number in [0, ", noise_cap,
-              "] (a float64 noise twin's relative error: at most 1e5 epsilons), got ", v.dump(), fix);
+              where, ": noise of '", name, "' must be a number in [0, ", noise_cap, "] (", cap_text, "), got ",
+              v.dump(), fix);
     g.noise[name] = v.get<double>();
   }
   const std::string tensors = json_string(m, "tensors_file", layout::kGoldenTensors, where);
