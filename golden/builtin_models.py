@@ -1,8 +1,9 @@
-# The builtin implementations of the golden producer (`--impl builtin`): Llama, a sparse
-# mixture of experts in the Mixtral and Qwen2-MoE styles (top-k softmax router, optional
-# renormalization, optional shared expert behind a sigmoid gate, the Switch-Transformer
-# load-balancing loss), and GPT-2, written in plain PyTorch from the architectures' published
-# equations as Hugging Face transformers states them (models/{llama,mixtral,qwen2_moe,gpt2}/
+# The builtin implementations of the golden producer (`--impl builtin`): Llama, Qwen3 (per-head
+# q/k RMSNorm before rotary, head_dim apart from hidden / heads), a sparse mixture of experts in
+# the Mixtral, Qwen2-MoE and Qwen3-MoE styles (top-k softmax router, optional renormalization,
+# optional shared expert behind a sigmoid gate, the Switch-Transformer load-balancing loss), and
+# GPT-2, written in plain PyTorch from the architectures' published equations as Hugging Face
+# transformers states them (models/{llama,qwen3,mixtral,qwen2_moe,qwen3_moe,gpt2}/
 # modeling_*.py, configuration_*.py for the defaults), never from mih's C++ ports. Everything
 # is computed in the weights' dtype (float64 for a golden); nothing is cast to float32.
 #
@@ -43,6 +44,20 @@ DEFAULTS = {
         # Not Mixtral's: Qwen2-MoE's name for layers whose MLP is dense (mih's reference moe
         # declares them; a stock Mixtral has none), with that MLP's width.
         "mlp_only_layers": [], "dense_intermediate_size": None,
+    },
+    "qwen3": {
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+        "attention_dropout": 0.0, "tie_word_embeddings": False, "use_sliding_window": False,
+    },
+    "qwen3_moe": {
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": None, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+        "attention_dropout": 0.0, "tie_word_embeddings": False, "use_sliding_window": False,
+        "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128,
+        "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001, "mlp_only_layers": [],
     },
     "qwen2_moe": {
         "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
@@ -239,8 +254,8 @@ def _swiglu(ops, x, gate, up, down, act):
 def _sparse_moe(ops, cfg, W, prefix, x, act, style):
     """A sparse mixture-of-experts MLP on tokens x [N, H]: router logits r = x G^T, p =
     softmax(r); each token goes to its top-k experts by p, weighted by their p (renormalized
-    over the k when the architecture says: always in Mixtral, norm_topk_prob in Qwen2-MoE);
-    Qwen2-MoE adds a shared expert scaled by sigmoid(x g^T). Returns (y [N, H], r [N, E])."""
+    over the k when the architecture says: always in Mixtral, norm_topk_prob in Qwen2-MoE and
+    Qwen3-MoE); Qwen2-MoE adds a shared expert scaled by sigmoid(x g^T). Returns (y [N, H], r [N, E])."""
     hidden = x.shape[-1]
     if style == "mixtral":
         experts, k, width = cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]
@@ -270,7 +285,7 @@ def _sparse_moe(ops, cfg, W, prefix, x, act, style):
             continue
         out = _swiglu(ops, x[token], gate, up, down, act) * top_p[token, slot, None]
         y = y.index_add(0, token, out)
-    if style == "qwen2_moe" and cfg["shared_expert_intermediate_size"]:
+    if style == "qwen2_moe" and cfg["shared_expert_intermediate_size"]:  # Qwen3-MoE has no shared expert
         s = cfg["shared_expert_intermediate_size"]
         p = prefix + "mlp.shared_expert."
         shared = _swiglu(ops, x, W.take(p + "gate_proj.weight", [s, hidden]), W.take(p + "up_proj.weight", [s, hidden]),
@@ -300,8 +315,9 @@ def load_balancing_loss(router_logits, experts, k, attention_mask):
 
 
 def _decoder(cfg, W, batch, ops):
-    """Llama, Mixtral and Qwen2-MoE: pre-norm decoder layers h = x + attn(norm(x)), out = h +
-    mlp(norm(h)) over rotary grouped-query attention, a final RMSNorm and the head."""
+    """Llama, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE: pre-norm decoder layers h = x +
+    attn(norm(x)), out = h + mlp(norm(h)) over rotary grouped-query attention (Qwen3's q and k
+    each RMS-normalized per head before rotary), a final RMSNorm and the head."""
     mt = cfg.model_type
     hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
@@ -314,10 +330,11 @@ def _decoder(cfg, W, batch, ops):
     if mt == "mixtral" and cfg["sliding_window"] is not None and cfg["sliding_window"] < batch["input_ids"].shape[1]:
         raise GoldenError(11, "config.json: sliding_window %s is shorter than the batch's sequence; the builtin "
                               "attends to every earlier token" % cfg["sliding_window"])
-    if mt == "qwen2_moe" and cfg["use_sliding_window"]:
+    if mt in ("qwen2_moe", "qwen3", "qwen3_moe") and cfg["use_sliding_window"]:
         raise GoldenError(11, "config.json: use_sliding_window has no builtin implementation")
-    qkv_bias = cfg["attention_bias"] if mt == "llama" else (cfg["qkv_bias"] if mt == "qwen2_moe" else False)
-    o_bias = cfg["attention_bias"] if mt == "llama" else False
+    qk_norm = mt in ("qwen3", "qwen3_moe")
+    o_bias = cfg["attention_bias"] if mt in ("llama", "qwen3", "qwen3_moe") else False
+    qkv_bias = cfg["qkv_bias"] if mt == "qwen2_moe" else o_bias
     mlp_bias = cfg["mlp_bias"] if mt == "llama" else False
     vocab = cfg["vocab_size"]
     ids = batch["input_ids"]
@@ -343,8 +360,12 @@ def _decoder(cfg, W, batch, ops):
                        bias("self_attn.k_proj.bias", kv_heads * head_dim, qkv_bias))
         v = ops.linear(h, W.take(p + "self_attn.v_proj.weight", [kv_heads * head_dim, hidden]),
                        bias("self_attn.v_proj.bias", kv_heads * head_dim, qkv_bias))
-        q = _rotate(q.view(b, s, heads, head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(b, s, kv_heads, head_dim).transpose(1, 2), cos, sin)
+        q, k = q.view(b, s, heads, head_dim), k.view(b, s, kv_heads, head_dim)
+        if qk_norm:  # Qwen3Attention: q_norm and k_norm over each head's head_dim, then rotary
+            q = _rms_norm(ops, q, W.take(p + "self_attn.q_norm.weight", [head_dim]), eps)
+            k = _rms_norm(ops, k, W.take(p + "self_attn.k_norm.weight", [head_dim]), eps)
+        q = _rotate(q.transpose(1, 2), cos, sin)
+        k = _rotate(k.transpose(1, 2), cos, sin)
         v = v.view(b, s, kv_heads, head_dim).transpose(1, 2)
         ctx = _attention(ops, q, k, v, mask, head_dim ** -0.5).transpose(1, 2).reshape(b, s, heads * head_dim)
         x = x + ops.linear(ctx, W.take(p + "self_attn.o_proj.weight", [hidden, heads * head_dim]),
@@ -352,7 +373,7 @@ def _decoder(cfg, W, batch, ops):
         h = _rms_norm(ops, x, W.take(p + "post_attention_layernorm.weight", [hidden]), eps)
         if mt == "mixtral":
             sparse = i not in cfg["mlp_only_layers"]
-        elif mt == "qwen2_moe":
+        elif mt in ("qwen2_moe", "qwen3_moe"):
             sparse = i not in cfg["mlp_only_layers"] and cfg["num_experts"] > 0 and (i + 1) % cfg["decoder_sparse_step"] == 0
         else:
             sparse = False
@@ -373,9 +394,11 @@ def _decoder(cfg, W, batch, ops):
     normed = _rms_norm(ops, x, W.take("model.norm.weight", [hidden]), eps)
     hidden_states.append(normed)
     head = embed if cfg["tie_word_embeddings"] else W.take("lm_head.weight", [vocab, hidden])
+    if cfg["tie_word_embeddings"] and "lm_head.weight" in W.tensors:
+        W.used.add("lm_head.weight")  # a tied head's copy: Hugging Face ties it to the embedding and ignores it
     logits = ops.linear(normed, head)
     aux = None
-    if mt in ("mixtral", "qwen2_moe") and cfg["output_router_logits"] and router_logits:
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe") and cfg["output_router_logits"] and router_logits:
         experts = cfg["num_local_experts"] if mt == "mixtral" else cfg["num_experts"]
         aux = cfg["router_aux_loss_coef"] * load_balancing_loss(router_logits, experts, cfg["num_experts_per_tok"],
                                                                 batch.get("attention_mask"))

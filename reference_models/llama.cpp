@@ -55,10 +55,12 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
   MIH_CHECK(dropout() == 0 || !ctx.config().pipelined(), "llama: dropout ", dropout(), " under pipeline parallelism (",
             ctx.config().name(), ") is not supported yet: the masks follow one forward through the whole model; "
             "set dropout to 0 for pp configs");
-  MIH_CHECK(hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(), ") must divide by num_heads(",
-            num_heads(), ")");
-  MIH_CHECK((hidden_size() / num_heads()) % 2 == 0, "llama: head_dim = hidden_size / num_heads = ",
-            hidden_size() / num_heads(), " must be even for rotary embeddings");
+  MIH_CHECK(head_dim() >= 0, "llama: head_dim(", head_dim(), ") must be positive, or 0 for hidden_size / num_heads");
+  MIH_CHECK(head_dim() > 0 || hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(),
+            ") must divide by num_heads(", num_heads(), ") when head_dim is 0 (hidden_size / num_heads); set head_dim");
+  MIH_CHECK(resolved_head_dim() % 2 == 0, "llama: head_dim = ",
+            head_dim() > 0 ? "head_dim" : "hidden_size / num_heads", " = ", resolved_head_dim(),
+            " must be even for rotary embeddings");
   MIH_CHECK(num_heads() % num_kv_heads() == 0, "llama: num_heads(", num_heads(), ") must be a multiple of num_kv_heads(",
             num_kv_heads(), ")");
   MIH_CHECK(num_heads() % tp == 0, "llama: num_heads(", num_heads(), ") must divide by tp(", tp, "): ", num_heads(),
@@ -77,7 +79,7 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions& o) : ctx_(&ctx), o_(o) {
-  const int64_t h = o.hidden_size(), d = h / o.num_heads();
+  const int64_t h = o.hidden_size(), d = o.resolved_head_dim();
   auto column = [&](int64_t out) {
     return ColumnParallelLinearOptions(h, out).bias(o.attention_bias()).init_std(o.init_std());
   };
@@ -90,17 +92,27 @@ LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions&
   o_proj = register_module("o_proj", RowParallelLinear(ctx, RowParallelLinearOptions(o.num_heads() * d, h)
                                                                  .bias(o.attention_bias())
                                                                  .init_std(o.init_std())));
+  if (o.qk_norm()) {
+    q_norm = register_module("q_norm", HeadRMSNorm(ctx, d, o.rms_norm_eps()));
+    k_norm = register_module("k_norm", HeadRMSNorm(ctx, d, o.rms_norm_eps()));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t d = o_.hidden_size() / o_.num_heads();
+  const int64_t d = o_.resolved_head_dim();
   // KV heads of this rank: KV/TP, or the one replicated head at tp > KV.
   const int64_t heads = o_.num_heads() / ctx_->tp_size(), kv_heads = std::max<int64_t>(o_.num_kv_heads() / ctx_->tp_size(), 1);
   at::Tensor q = q_proj(x);  // [B, S, Hq/TP * D], the sequence gathered under sequence parallelism
   const int64_t b = q.size(0), s = q.size(1);
   auto split_heads = [&](const at::Tensor& t, int64_t n) { return t.reshape({b, s, n, d}).transpose(1, 2); };
-  at::Tensor qh = apply_rotary(split_heads(q, heads), cos, sin);
-  at::Tensor kh = apply_rotary(split_heads(k_proj(x), kv_heads), cos, sin);
+  at::Tensor qh = split_heads(q, heads), kh = split_heads(k_proj(x), kv_heads);
+  if (q_norm) {
+    // Qwen3: each head normalized over D before rotary.
+    qh = q_norm(qh);
+    kh = k_norm(kh);
+  }
+  qh = apply_rotary(qh, cos, sin);
+  kh = apply_rotary(kh, cos, sin);
   // F29 (docs/fault-catalog.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
   // scores by 1 / sqrt(D) itself: the scores scaled by 1 / D, in every configuration alike.
   if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
@@ -285,7 +297,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   // F28 (docs/fault-catalog.md): the rotary table built with the usual default theta instead of the
   // config's, in every configuration alike.
   const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
-  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.hidden_size() / o.num_heads(), theta));
+  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.resolved_head_dim(), theta));
   layers = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < o.num_layers(); ++i) {
     const bool mine = std::any_of(stages_.begin(), stages_.end(),

@@ -8,7 +8,7 @@
 //
 // Shapes: B = local batch, S = local sequence (S_global / CP; under sequence parallelism the
 // residual stream is [B, S/TP, H] between tensor-parallel regions), H = hidden_size,
-// D = head_dim = H / num_heads, V = vocab_size.
+// D = head_dim (LlamaOptions::head_dim, by default H / num_heads), V = vocab_size.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,13 @@ struct LlamaOptions {
   /// (ColumnParallelLinearOptions::heads, as vLLM does), a Qwen3 or Llama job's 4-8 KV heads
   /// at tp 8.
   TORCH_ARG(int64_t, num_kv_heads) = 2;
+  /// Width D of each attention head; 0 (default): hidden_size / num_heads. Qwen3 sets it apart
+  /// (Qwen3-0.6B: hidden 1024, 16 heads, D 128): q_proj is then [Hq * D, H], o_proj [H, Hq * D].
+  TORCH_ARG(int64_t, head_dim) = 0;
+  /// Per-head RMSNorm of q and k over D (weights [D], eps rms_norm_eps), after the projections
+  /// are split into heads and before rotary: Qwen3's q_norm and k_norm (HeadRMSNorm, its
+  /// gradient partial over tp; modules self_attn.q_norm, self_attn.k_norm). Default false.
+  TORCH_ARG(bool, qk_norm) = false;
   TORCH_ARG(double, rope_theta) = 10000.0;
   TORCH_ARG(double, rms_norm_eps) = 1e-6;
   /// The output head reuses the token embedding's table.
@@ -85,14 +92,18 @@ struct LlamaOptions {
   TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
 
  public:
+  /// D: head_dim, or hidden_size / num_heads when it is 0.
+  int64_t resolved_head_dim() const { return head_dim() > 0 ? head_dim() : hidden_size() / num_heads(); }
   /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do
-  ///   not fit each other or the mesh (hidden_size % num_heads, num_heads % num_kv_heads,
+  ///   not fit each other or the mesh (hidden_size % num_heads without head_dim, an odd or
+  ///   negative head_dim, num_heads % num_kv_heads,
   ///   num_heads % tp, num_kv_heads % tp unless tp % num_kv_heads, intermediate_size % tp, top_k > num_experts, a MoE layer index out
   ///   of range).
   void validate(const ParallelContext& ctx) const;
 };
 
-/// Grouped-query self-attention with rotary positions over a context-parallel sequence.
+/// Grouped-query self-attention with rotary positions over a context-parallel sequence, with
+/// Qwen3's per-head q and k norms under qk_norm (Qwen3Attention: norm, then rotary).
 /// Input [B, S, H] (sequence parallel: [B, S/TP, H]), cos/sin [B, 1, S, D] -> like the input.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -101,6 +112,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   RowParallelLinear o_proj{nullptr};
+  /// Under qk_norm (null otherwise): weights [D], over this rank's heads [B, Hq/TP, S, D].
+  HeadRMSNorm q_norm{nullptr}, k_norm{nullptr};
 
  private:
   ParallelContext* ctx_;

@@ -28,6 +28,7 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
       {l + R"(input_layernorm\.weight)", {hf + "input_layernorm.weight"}},
       {l + R"(post_attention_layernorm\.weight)", {hf + "post_attention_layernorm.weight"}},
       {l + R"(self_attn\.(q|k|v|o)_proj\.weight)", {hf + "self_attn.$2_proj.weight"}},
+      {l + R"(self_attn\.(q|k)_norm\.weight)", {hf + "self_attn.$2_norm.weight"}},
       {l + R"(mlp\.gate_up_proj\.weight)", {hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"}},
       {l + R"(mlp\.down_proj\.weight)", {hf + "mlp.down_proj.weight"}},
       {l + R"(mlp\.router)", {hf + (qwen2_moe ? "mlp.gate.weight" : "block_sparse_moe.gate.weight")}},
@@ -84,7 +85,11 @@ LlamaOptions moe_qwen_options() {
   return LlamaOptions().rope_theta(1e6).norm_topk_prob(false).shared_expert_intermediate_size(96);
 }
 
-std::vector<std::string> reference_model_names() { return {"llama", "moe", "vlm", "moe_qwen", "gpt2"}; }
+LlamaOptions qwen3_options() {
+  return LlamaOptions().qk_norm(true).head_dim(32).rope_theta(1e6).tie_word_embeddings(true);
+}
+
+std::vector<std::string> reference_model_names() { return {"llama", "moe", "vlm", "moe_qwen", "gpt2", "qwen3"}; }
 
 ReferenceModel reference_model(const std::string& name) {
   auto text_batches = [](const data::TextPipelineOptions& o) { return data::TextPipeline(o).source(); };
@@ -101,6 +106,12 @@ ReferenceModel reference_model(const std::string& name) {
             "llama with a Qwen2-MoE-style layer 1: top-2 of 4 experts without renormalization, a shared expert behind a "
             "sigmoid gate, rotary theta 1e6",
             make_moe(moe_qwen_options()), text_batches, field_sharding(), KeyMap(llama_rules("", "", true))};
+  }
+  if (name == "qwen3") {
+    return {name,
+            "Qwen3-style decoder: per-head q/k RMSNorm before rotary, GQA (head_dim 32 apart from hidden / heads), "
+            "rotary theta 1e6, SwiGLU, the head tied to the embedding",
+            make_llama(qwen3_options()), text_batches, field_sharding(), KeyMap(llama_rules("", ""))};
   }
   if (name == "gpt2") {
     return {name, "GPT-2-style: learned positions, LayerNorm, fused q/k/v, GELU (tanh) MLP, Conv1D checkpoint layout",

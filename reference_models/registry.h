@@ -1,4 +1,4 @@
-// The catalog of reference models by name (llama, moe, vlm, moe_qwen, gpt2): how to build each, its data,
+// The catalog of reference models by name (llama, moe, vlm, moe_qwen, gpt2, qwen3): how to build each, its data,
 // the Trainer options its fields need, and its checkpoint key map to the Hugging Face names of
 // the same architecture. What the specs in specs/ start from.
 #pragma once
@@ -35,7 +35,11 @@ struct ReferenceModel {
 /// top-k probabilities not renormalized: norm_topk_prob false) and rotary theta 1e6.
 LlamaOptions moe_qwen_options();
 
-/// "llama", "moe", "vlm", "moe_qwen" (Qwen2-MoE-style routing), "gpt2".
+/// The options of qwen3 (Qwen3ForCausalLM): qk_norm, head_dim 32 apart from hidden_size /
+/// num_heads (64 / 4), 2 KV heads (replicated at tp 4), rotary theta 1e6, a tied head.
+LlamaOptions qwen3_options();
+
+/// "llama", "moe", "vlm", "moe_qwen" (Qwen2-MoE-style routing), "gpt2", "qwen3".
 std::vector<std::string> reference_model_names();
 
 /// Throws: mih::Error{kInvalidSpec} for an unknown name, listing the known ones.

@@ -185,7 +185,7 @@ MIH_REGISTER_SPEC(llama_unobserved_spec);
 
 }  // namespace
 
-// Shared with the moe and vlm specs.
+// Shared with the moe, qwen3 and vlm specs.
 std::string reference_source_checkpoint(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(MIH_SPECS_DIR) / "sources" / name;
   return std::filesystem::is_directory(dir) ? dir.string() : "";
@@ -209,6 +209,9 @@ std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& f
   return inv_freq_invariants(fqn, theta);
 }
 spec::ModuleParityCase llama_attention_case() { return attention_case(); }
+spec::StateInvariant llama_tie_invariant(const std::string& embed, const std::string& head, bool tied) {
+  return tie_invariant(embed, head, tied);
+}
 
 }  // namespace mih::specs
 

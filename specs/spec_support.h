@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/base/error.h"
 #include "harness/spec/model_spec.h"
 #include "reference_models/llama.h"
 #include "reference_models/registry.h"
@@ -32,7 +33,7 @@ inline nlohmann::json hf_llama_fields(const models::LlamaOptions& o) {
           {"num_hidden_layers", o.num_layers()},
           {"num_attention_heads", o.num_heads()},
           {"num_key_value_heads", o.num_kv_heads()},
-          {"head_dim", o.hidden_size() / o.num_heads()},
+          {"head_dim", o.resolved_head_dim()},
           {"hidden_act", "silu"},
           {"rms_norm_eps", o.rms_norm_eps()},
           {"rope_theta", o.rope_theta()},
@@ -48,6 +49,19 @@ inline nlohmann::json hf_llama_fields(const models::LlamaOptions& o) {
 /// LlamaForCausalLM.
 inline spec::HfConfig hf_llama_config(const models::LlamaOptions& o) {
   return {"llama", {"LlamaForCausalLM"}, hf_llama_fields(o)};
+}
+
+/// Qwen3ForCausalLM for options with qk_norm (Qwen3's q_norm and k_norm; Qwen3Config has no
+/// field for them, every Qwen3 has them): LlamaConfig's fields less pretraining_tp and
+/// mlp_bias, head_dim always declared (Qwen3Config's default is 128, not hidden / heads), no
+/// sliding window. Throws: mih::Error{kInvalidSpec} when `o` has no qk_norm.
+inline spec::HfConfig hf_qwen3_config(const models::LlamaOptions& o) {
+  MIH_CHECK(o.qk_norm(), "hf_qwen3_config: the options have no qk_norm, which every Qwen3 has; set qk_norm(true) or "
+            "declare the model as a LlamaForCausalLM (hf_llama_config)");
+  nlohmann::json f = hf_llama_fields(o);
+  for (const char* llama_only : {"mlp_bias", "pretraining_tp"}) f.erase(llama_only);
+  f["use_sliding_window"] = false;
+  return {"qwen3", {"Qwen3ForCausalLM"}, f};
 }
 
 /// MixtralForCausalLM: intermediate_size is each expert's (Mixtral's w1/w3 [F, H]). The moe
@@ -186,5 +200,8 @@ inline std::vector<std::pair<std::string, int64_t>> llama_golden_layers(int64_t 
 /// (output and the q, k, v gradients).
 std::vector<spec::StateInvariant> llama_inv_freq_invariants(const std::string& fqn, double theta);
 spec::ModuleParityCase llama_attention_case();
+/// From llama_spec.cpp: the head `head` is one parameter with the embedding `embed` (an alias)
+/// exactly when `tied` (the config's tie_word_embeddings).
+spec::StateInvariant llama_tie_invariant(const std::string& embed, const std::string& head, bool tied);
 
 }  // namespace mih::specs

@@ -30,6 +30,10 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
   const auto& structure = ev.json(layout::kStructure);
   const auto& units = ev.json(layout::kFsdpUnits);
+  // A parameter pp stages share (a tied embedding on the first and the last, placement pp
+  // Replicate()) is in the same-named unit of each stage that holds it.
+  std::map<std::string, int> stages_holding, listed;
+  for (const auto& p : structure.at("parameters")) ++stages_holding[p.value("fqn", "")];
   std::map<std::string, std::string> unit_of;
   std::vector<std::string> problems;
   for (const auto& [unit, u] : units.items()) {
@@ -37,7 +41,10 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
     if (dtypes.size() != 1) problems.push_back("unit '" + unit + "' holds " + short_json(dtypes) + " (one dtype and mesh expected)");
     for (const auto& p : u.value("parameters", json::array())) {
       const std::string fqn = p.get<std::string>();
-      if (unit_of.count(fqn)) problems.push_back("parameter '" + fqn + "' in units '" + unit_of[fqn] + "' and '" + unit + "'");
+      const bool another_stage = unit_of.count(fqn) && unit_of[fqn] == unit && ++listed[fqn] < stages_holding[fqn];
+      if (unit_of.count(fqn) && !another_stage) {
+        problems.push_back("parameter '" + fqn + "' in units '" + unit_of[fqn] + "' and '" + unit + "'");
+      }
       unit_of[fqn] = unit;
     }
   }
@@ -48,8 +55,8 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
                          (p.contains("placements") && p["placements"].contains("dp_shard") &&
                           p["placements"]["dp_shard"] != "Replicate()");
     if (sharded && !unit_of.count(fqn)) problems.push_back("sharded parameter '" + fqn + "' is in no FSDP unit");
-    unit_of.erase(fqn);
   }
+  for (const auto& [fqn, held] : stages_holding) unit_of.erase(fqn);
   for (const auto& [fqn, unit] : unit_of) problems.push_back("unit '" + unit + "' lists '" + fqn + "', which is no parameter");
   if (problems.empty()) return Verdict::pass();
   std::string msg = problems[0];

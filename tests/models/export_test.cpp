@@ -46,6 +46,10 @@ TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
       EXPECT_TRUE(external.count("model.layers.1.mlp.experts.3.up_proj.weight"));
       EXPECT_TRUE(external.count("model.layers.1.mlp.shared_expert_gate.weight"));
     }
+    if (GetParam() == "qwen3") {
+      EXPECT_TRUE(external.count("model.layers.1.self_attn.k_norm.weight"));
+      EXPECT_TRUE(external.count("model.layers.1.self_attn.q_norm.weight"));
+    }
     if (GetParam() == "gpt2") {
       EXPECT_TRUE(external.count("transformer.h.1.attn.c_attn.weight"));
       EXPECT_TRUE(external.count("transformer.wpe.weight"));
@@ -57,12 +61,12 @@ TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
   EXPECT_THAT(errors, IsEmpty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ReferenceModelTest, ::testing::Values("llama", "moe", "vlm", "moe_qwen", "gpt2"),
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceModelTest, ::testing::Values("llama", "moe", "vlm", "moe_qwen", "gpt2", "qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceModelCatalogTest, UnknownNameListsTheKnownOnes) {
   EXPECT_THAT([] { models::reference_model("gpt3"); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("unknown reference model 'gpt3'; known: llama, moe, vlm, moe_qwen, gpt2")));
+              ::testing::ThrowsMessage<Error>(HasSubstr("unknown reference model 'gpt3'; known: llama, moe, vlm, moe_qwen, gpt2, qwen3")));
   KeyMap map(std::vector<KeyRule>{KeyRule{R"(a\.(\d+))", {"x.$1"}}});
   EXPECT_THAT([&] { map.external_keys("b.0"); }, ::testing::ThrowsMessage<Error>(HasSubstr("no rule maps the parameter 'b.0'")));
 }

@@ -53,8 +53,9 @@ def weight_shapes(directory):
     return shapes
 
 
-def llama_shapes(cfg, prefix="", moe=False):
-    """LlamaForCausalLM (MixtralForCausalLM with moe) as modeling_llama / modeling_mixtral build it."""
+def llama_shapes(cfg, prefix="", moe=False, qk_norm=False):
+    """LlamaForCausalLM (MixtralForCausalLM with moe) as modeling_llama / modeling_mixtral build it;
+    with qk_norm Qwen3ForCausalLM (modeling_qwen3: q_norm and k_norm [head_dim] per layer)."""
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
@@ -74,6 +75,9 @@ def llama_shapes(cfg, prefix="", moe=False):
             if cfg.get("attention_bias", False):
                 out[p + "self_attn.%s_proj.bias" % name] = [rows]
         out[p + "self_attn.o_proj.weight"] = [h, heads * d]
+        if qk_norm:
+            out[p + "self_attn.q_norm.weight"] = [d]
+            out[p + "self_attn.k_norm.weight"] = [d]
         if cfg.get("attention_bias", False):
             out[p + "self_attn.o_proj.bias"] = [h]
         if layer in dense:
@@ -96,6 +100,8 @@ def check_weights(cfg, shapes):
     problems = []
     if arch == "LlamaForCausalLM":
         expected = llama_shapes(cfg)
+    elif arch == "Qwen3ForCausalLM":
+        expected = llama_shapes(cfg, qk_norm=True)
     elif arch == "MixtralForCausalLM":
         expected = llama_shapes(cfg, moe=True)
     elif arch == "LlavaForConditionalGeneration":

@@ -182,7 +182,7 @@ TEST_P(HfExportTest, ExportInspectsCleanAndEachPlantedDifferenceIsNamed) {
       << "a directory with differences is not DISCOVERED";
 }
 
-INSTANTIATE_TEST_SUITE_P(Specs, HfExportTest, ::testing::Values("llama", "moe", "vlm"),
+INSTANTIATE_TEST_SUITE_P(Specs, HfExportTest, ::testing::Values("llama", "moe", "vlm", "qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(HfExportTest, ShardsAboveTheSizeWithTheIndexAndInspectsClean) {

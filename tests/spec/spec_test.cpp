@@ -47,10 +47,11 @@ TEST(ReferenceSpecsTest, AllAreRegistered) {
   // The three reference ports, the llama variants the fault catalog needs, the variants of the
   // main job's layouts (the root module outside FSDP, a frozen vision tower) and the correct
   // ports the runtime tests use (one that observes no module, a vlm with text-only steps), and
-  // the ports of the original model's config-invariant faults (gpt2, moe_qwen).
+  // the ports of the original model's config-invariant faults (gpt2, moe_qwen), and Qwen3's
+  // attention on the llama port (qwen3).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
               ElementsAre("gpt2", "llama", "llama_bias", "llama_deep", "llama_dropout", "llama_tied", "llama_unobserved",
-                          "llama_unsharded_root", "moe", "moe_qwen", "vlm", "vlm_frozen_vision", "vlm_mixed"));
+                          "llama_unsharded_root", "moe", "moe_qwen", "qwen3", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -88,7 +89,7 @@ TEST_P(ReferenceSpecTest, ModuleParityCasesPass) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Specs, ReferenceSpecTest, ::testing::Values("llama", "moe", "vlm", "llama_tied", "llama_bias", "llama_dropout",
-                                                                  "llama_unsharded_root", "vlm_frozen_vision"),
+                                                                  "llama_unsharded_root", "vlm_frozen_vision", "qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(ReferenceSpecsTest, InvariantsCanFail) {
@@ -136,7 +137,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt3"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, vlm, vlm_frozen_vision, vlm_mixed")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_qwen, qwen3, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
