@@ -41,9 +41,6 @@ DEFAULTS = {
         "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2,
         "output_router_logits": False, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
         "sliding_window": None,
-        # Not Mixtral's: Qwen2-MoE's name for layers whose MLP is dense (mih's reference moe
-        # declares them; a stock Mixtral has none), with that MLP's width.
-        "mlp_only_layers": [], "dense_intermediate_size": None,
     },
     "qwen3": {
         "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
@@ -372,7 +369,7 @@ def _decoder(cfg, W, batch, ops):
                            bias("self_attn.o_proj.bias", hidden, o_bias))
         h = _rms_norm(ops, x, W.take(p + "post_attention_layernorm.weight", [hidden]), eps)
         if mt == "mixtral":
-            sparse = i not in cfg["mlp_only_layers"]
+            sparse = True
         elif mt in ("qwen2_moe", "qwen3_moe"):
             sparse = i not in cfg["mlp_only_layers"] and cfg["num_experts"] > 0 and (i + 1) % cfg["decoder_sparse_step"] == 0
         else:
@@ -383,8 +380,6 @@ def _decoder(cfg, W, batch, ops):
             x = x + y.view(b, s, hidden)
         else:
             width = cfg["intermediate_size"]
-            if mt == "mixtral":
-                width = cfg["dense_intermediate_size"] or width
             mb = lambda name, n: W.take(p + name, [n]) if mlp_bias else None
             gate = ops.linear(h, W.take(p + "mlp.gate_proj.weight", [width, hidden]), mb("mlp.gate_proj.bias", width))
             up = ops.linear(h, W.take(p + "mlp.up_proj.weight", [width, hidden]), mb("mlp.up_proj.bias", width))

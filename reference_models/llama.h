@@ -1,7 +1,8 @@
 // Reference model ports written against harness/parallel layers the way a careful author
 // writes a port: `llama` (Touvron et al. 2023; Hugging Face transformers' LlamaForCausalLM
-// layout and names) and `moe`, llama with a mixture-of-experts MLP in some layers
-// (Mixtral-style top-k router, Switch-Transformer load-balancing loss). Plain single-device
+// layout and names) and `moe`, llama with a mixture-of-experts MLP in some layers (a top-k
+// softmax router, Switch-Transformer load-balancing loss; the `moe` spec is a stock Qwen3-MoE:
+// qk_norm, layer 0 dense, norm_topk_prob). Plain single-device
 // code at degree 1; under dp_replicate, dp_shard (each decoder layer an FSDP unit), tp (with
 // or without sequence parallelism), cp (contiguous or zigzag) and activation checkpointing
 // (each decoder layer a region) they train to the numbers of one rank.
@@ -27,7 +28,8 @@
 
 namespace mih::models {
 
-/// Options of llama and moe (Hugging Face LlamaConfig / MixtralConfig names where they exist).
+/// Options of llama, qwen3 and moe (Hugging Face LlamaConfig / Qwen3Config / Qwen3MoeConfig names
+/// where they exist).
 struct LlamaOptions {
   /// Vocabulary V; default: the byte tokenizer's 256 bytes + BOS, EOS, PAD.
   TORCH_ARG(int64_t, vocab_size) = 259;

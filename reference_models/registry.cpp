@@ -17,10 +17,9 @@ namespace mih::models {
 namespace {
 
 // The language model's rules, with `prefix` before Hugging Face's "model." / "lm_head" keys
-// and `internal` before our FQNs; the MoE layers' names Mixtral's (block_sparse_moe, experts'
-// w1/w2/w3) or, with `qwen2_moe`, Qwen2-MoE's (mlp.gate, experts' gate/up/down_proj, the shared
-// expert and its gate).
-std::vector<KeyRule> llama_rules(const std::string& internal, const std::string& prefix, bool qwen2_moe = false) {
+// and `internal` before our FQNs; the MoE layers' names Qwen2-MoE's and Qwen3-MoE's (mlp.gate,
+// experts' gate/up/down_proj, Qwen2-MoE's shared expert and its gate).
+std::vector<KeyRule> llama_rules(const std::string& internal, const std::string& prefix) {
   const std::string l = internal + R"(layers\.(\d+)\.)";
   const std::string hf = prefix + "model.layers.$1.";
   std::vector<KeyRule> rules = {
@@ -31,7 +30,7 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
       {l + R"(self_attn\.(q|k)_norm\.weight)", {hf + "self_attn.$2_norm.weight"}},
       {l + R"(mlp\.gate_up_proj\.weight)", {hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"}},
       {l + R"(mlp\.down_proj\.weight)", {hf + "mlp.down_proj.weight"}},
-      {l + R"(mlp\.router)", {hf + (qwen2_moe ? "mlp.gate.weight" : "block_sparse_moe.gate.weight")}},
+      {l + R"(mlp\.router)", {hf + "mlp.gate.weight"}},
       {l + R"(mlp\.shared_expert\.gate_up_proj\.weight)",
        {hf + "mlp.shared_expert.gate_proj.weight", hf + "mlp.shared_expert.up_proj.weight"}},
       {l + R"(mlp\.shared_expert\.down_proj\.weight)", {hf + "mlp.shared_expert.down_proj.weight"}},
@@ -40,18 +39,12 @@ std::vector<KeyRule> llama_rules(const std::string& internal, const std::string&
   };
   rules.push_back({l + R"(self_attn\.(q|k|v|o)_proj\.bias)", {hf + "self_attn.$2_proj.bias"}});
   // The stacked experts (MoeExperts): gate_up_proj [E * 2F, H] splits on dim 0 into each
-  // expert's w1 (gate) and w3 (up), down_proj [E * H, F] into each expert's w2.
+  // expert's gate_proj and up_proj, down_proj [E * H, F] into each expert's down_proj.
   std::vector<std::string> gate_up, down;
   for (int64_t e = 0; e < LlamaOptions().num_experts(); ++e) {
-    if (qwen2_moe) {
-      const std::string expert = hf + "mlp.experts." + std::to_string(e) + ".";
-      gate_up.insert(gate_up.end(), {expert + "gate_proj.weight", expert + "up_proj.weight"});
-      down.push_back(expert + "down_proj.weight");
-      continue;
-    }
-    const std::string expert = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
-    gate_up.insert(gate_up.end(), {expert + "w1.weight", expert + "w3.weight"});
-    down.push_back(expert + "w2.weight");
+    const std::string expert = hf + "mlp.experts." + std::to_string(e) + ".";
+    gate_up.insert(gate_up.end(), {expert + "gate_proj.weight", expert + "up_proj.weight"});
+    down.push_back(expert + "down_proj.weight");
   }
   rules.push_back({l + R"(mlp\.experts\.gate_up_proj)", gate_up});
   rules.push_back({l + R"(mlp\.experts\.down_proj)", down});
@@ -85,6 +78,8 @@ LlamaOptions moe_qwen_options() {
   return LlamaOptions().rope_theta(1e6).norm_topk_prob(false).shared_expert_intermediate_size(96);
 }
 
+LlamaOptions moe_options() { return LlamaOptions().qk_norm(true).moe_layers({1}); }
+
 LlamaOptions qwen3_options() {
   return LlamaOptions().qk_norm(true).head_dim(32).rope_theta(1e6).tie_word_embeddings(true);
 }
@@ -98,14 +93,16 @@ ReferenceModel reference_model(const std::string& name) {
             text_batches, field_sharding(), KeyMap(llama_rules("", ""))};
   }
   if (name == "moe") {
-    return {name, "llama with a top-2 mixture of 4 SwiGLU experts in layer 1", make_moe(llama_options()), text_batches,
-            field_sharding(), KeyMap(llama_rules("", ""))};
+    return {name,
+            "Qwen3-MoE-style: per-head q/k RMSNorm before rotary, layer 0 dense, layer 1 a top-2 mixture of 4 SwiGLU "
+            "experts (renormalized)",
+            make_moe(moe_options()), text_batches, field_sharding(), KeyMap(llama_rules("", ""))};
   }
   if (name == "moe_qwen") {
     return {name,
             "llama with a Qwen2-MoE-style layer 1: top-2 of 4 experts without renormalization, a shared expert behind a "
             "sigmoid gate, rotary theta 1e6",
-            make_moe(moe_qwen_options()), text_batches, field_sharding(), KeyMap(llama_rules("", "", true))};
+            make_moe(moe_qwen_options()), text_batches, field_sharding(), KeyMap(llama_rules("", ""))};
   }
   if (name == "qwen3") {
     return {name,

@@ -25,11 +25,15 @@ struct ReferenceModel {
   /// Field sharding under context parallelism (loss_mask, attention_mask, image_token_index on
   /// the sequence; pixel_values whole on every cp rank).
   TrainerOptions trainer_options;
-  /// Internal FQN -> Hugging Face key(s): LlamaForCausalLM, MixtralForCausalLM and
-  /// LlavaForConditionalGeneration names; the fused gate/up projection splits into gate_proj
-  /// and up_proj (w1 and w3 for Mixtral experts).
+  /// Internal FQN -> Hugging Face key(s): LlamaForCausalLM, Qwen3ForCausalLM,
+  /// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM and LlavaForConditionalGeneration names; the fused
+  /// gate/up projection splits into gate_proj and up_proj (each expert's too).
   KeyMap key_map;
 };
+
+/// The options of moe (Qwen3MoeForCausalLM): qk_norm, layer 1 a top-2 mixture of 4 experts
+/// with the top-k probabilities renormalized (norm_topk_prob), layer 0 dense.
+LlamaOptions moe_options();
 
 /// The options of moe_qwen: Qwen2-MoE's routing (a shared expert behind a sigmoid gate, the
 /// top-k probabilities not renormalized: norm_topk_prob false) and rotary theta 1e6.

@@ -1,9 +1,11 @@
-// The validation spec of the moe reference port (llama with MoeMlp in layer 1).
+// The validation spec of the moe reference port (llama with Qwen3's attention and MoeMlp in
+// layer 1), declared as a stock Qwen3MoeForCausalLM (layer 0 in mlp_only_layers).
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "reference_models/llama.h"
+#include "reference_models/registry.h"
 #include "specs/spec_support.h"
 #include "suites/conformance.h"
 
@@ -88,18 +90,18 @@ spec::ModuleParityCase moe_loop_case() {
 }
 
 spec::ModelSpec moe_spec() {
-  const models::LlamaOptions o;
+  const models::LlamaOptions o = models::moe_options();
   spec::ModelSpec s = language_model_spec("moe", o);
   s.num_experts = o.num_experts();
   s.pipeline_layers = o.num_layers();  // the reference moe builds its pipeline stages
-  s.checkpoint.hf = hf_mixtral_config(o);
+  s.checkpoint.hf = hf_qwen3_moe_config(o);
   s.shared_state.push_back({"layers.1.mlp.expert_counts", "layers.1.mlp", {"layers.1.mlp"}});
   s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
   s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));
   s.parity_cases = {moe_loop_case(), llama_attention_case()};
   s.checkpoint.source = reference_source_checkpoint("moe");
-  // The original: the golden producer's builtin sparse MoE of Mixtral's equations (the dense
-  // layers as the config's mlp_only_layers say) on this spec's export.
+  // The original: Qwen3-MoE (the builtin's equations or transformers' Qwen3MoeForCausalLM) on
+  // this spec's export, layer 0 dense as the config's mlp_only_layers say.
   s.golden.dir = reference_golden("moe");
   s.golden.layers = llama_golden_layers(o.num_layers());
   s.golden.logits = "lm_head";

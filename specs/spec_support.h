@@ -1,10 +1,11 @@
-// What the reference specs (llama_spec.cpp, moe_spec.cpp, vlm_spec.cpp) share, installed for
-// authors of Llama-, Mixtral- or LLaVA-style ports (<prefix>/include/specs/spec_support.h; the
-// specs themselves under <prefix>/share/mih/examples/specs): the Hugging Face config fields of
-// those architectures from the reference models' options, the parts of a spec every reference
-// language model has, and the invariants and module parity case the llama spec lends the moe
-// and vlm specs. A port of another architecture needs none of it: a spec includes
-// harness/spec/model_spec.h and suites/conformance.h (`mih scaffold` writes one).
+// What the reference specs (llama_spec.cpp, moe_spec.cpp, qwen3_spec.cpp, vlm_spec.cpp) share,
+// installed for authors of Llama-, Qwen3-, Qwen-MoE- or LLaVA-style ports
+// (<prefix>/include/specs/spec_support.h; the specs themselves under
+// <prefix>/share/mih/examples/specs): the Hugging Face config fields of those architectures from
+// the reference models' options, the parts of a spec every reference language model has, and
+// the invariants and module parity case the llama spec lends the moe, qwen3 and vlm specs. A
+// port of another architecture needs none of it: a spec includes harness/spec/model_spec.h and
+// suites/conformance.h (`mih scaffold` writes one).
 #pragma once
 
 #include <algorithm>
@@ -64,26 +65,31 @@ inline spec::HfConfig hf_qwen3_config(const models::LlamaOptions& o) {
   return {"qwen3", {"Qwen3ForCausalLM"}, f};
 }
 
-/// MixtralForCausalLM: intermediate_size is each expert's (Mixtral's w1/w3 [F, H]). The moe
-/// port's even layers are dense (make_moe: every second layer routed), which Mixtral cannot
-/// express: they are listed in mlp_only_layers (Qwen2-MoE's name for it) with
-/// dense_intermediate_size, so a stock Mixtral loader would not load those layers' MLPs.
-inline spec::HfConfig hf_mixtral_config(const models::LlamaOptions& o) {
-  nlohmann::json f = hf_llama_fields(o);
-  f["intermediate_size"] = o.expert_intermediate_size();
-  f["num_local_experts"] = o.num_experts();
+/// Qwen3MoeForCausalLM for the moe port (models::moe_options): Qwen3's attention (qk_norm),
+/// the layers outside moe_layers dense (mlp_only_layers, as transformers defines it: their MLP
+/// of intermediate_size), the sparse layers' experts of moe_intermediate_size, norm_topk_prob as
+/// the port routes, no shared expert, output_router_logits true (the port trains with the
+/// load-balancing loss, which transformers adds only then). Not Mixtral: it has every layer
+/// sparse, and its loss over several sparse layers is over their router logits concatenated,
+/// where the port sums a loss per layer; with one sparse layer the two agree. Throws:
+/// mih::Error{kInvalidSpec} for options with a shared expert or without qk_norm.
+inline spec::HfConfig hf_qwen3_moe_config(const models::LlamaOptions& o) {
+  MIH_CHECK(o.shared_expert_intermediate_size() == 0, "hf_qwen3_moe_config: Qwen3-MoE has no shared expert, the options "
+            "have one of ", o.shared_expert_intermediate_size(), "; declare it a Qwen2MoeForCausalLM (hf_qwen2_moe_config)");
+  nlohmann::json f = hf_qwen3_config(o).fields;
+  f["num_experts"] = o.num_experts();
   f["num_experts_per_tok"] = o.top_k();
-  f["router_aux_loss_coef"] = o.router_aux_loss_coef();
-  // The port trains with the load-balancing loss (its gradient reaches the router): Mixtral
-  // adds it only with output_router_logits, which defaults to false.
-  f["output_router_logits"] = true;
-  f["router_jitter_noise"] = 0.0;
-  f["sliding_window"] = nullptr;
+  f["moe_intermediate_size"] = o.expert_intermediate_size();
+  f["norm_topk_prob"] = o.norm_topk_prob();
+  f["decoder_sparse_step"] = 1;
   std::vector<int64_t> dense;
-  for (int64_t l = 0; l < o.num_layers(); l += 2) dense.push_back(l);
+  for (int64_t l = 0; l < o.num_layers(); ++l) {
+    if (std::find(o.moe_layers().begin(), o.moe_layers().end(), l) == o.moe_layers().end()) dense.push_back(l);
+  }
   f["mlp_only_layers"] = dense;
-  f["dense_intermediate_size"] = o.intermediate_size();
-  return {"mixtral", {"MixtralForCausalLM"}, f};
+  f["router_aux_loss_coef"] = o.router_aux_loss_coef();
+  f["output_router_logits"] = true;
+  return {"qwen3_moe", {"Qwen3MoeForCausalLM"}, f};
 }
 
 /// Qwen2MoeForCausalLM for the moe port with Qwen2-MoE routing (moe_qwen_options): its dense

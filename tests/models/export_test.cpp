@@ -40,7 +40,8 @@ TEST_P(ReferenceModelTest, KeyMapRoundTripsEveryParameter) {
       EXPECT_TRUE(external.count("model.layers.1.mlp.up_proj.weight"));
     }
     if (GetParam() == "moe") {
-      EXPECT_TRUE(external.count("model.layers.1.block_sparse_moe.experts.3.w3.weight"));
+      EXPECT_TRUE(external.count("model.layers.1.mlp.experts.3.up_proj.weight"));
+      EXPECT_TRUE(external.count("model.layers.0.self_attn.q_norm.weight"));
     }
     if (GetParam() == "moe_qwen") {
       EXPECT_TRUE(external.count("model.layers.1.mlp.experts.3.up_proj.weight"));

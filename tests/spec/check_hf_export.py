@@ -54,8 +54,9 @@ def weight_shapes(directory):
 
 
 def llama_shapes(cfg, prefix="", moe=False, qk_norm=False):
-    """LlamaForCausalLM (MixtralForCausalLM with moe) as modeling_llama / modeling_mixtral build it;
-    with qk_norm Qwen3ForCausalLM (modeling_qwen3: q_norm and k_norm [head_dim] per layer)."""
+    """LlamaForCausalLM as modeling_llama builds it; with qk_norm Qwen3ForCausalLM (modeling_qwen3:
+    q_norm and k_norm [head_dim] per layer); with moe too Qwen3MoeForCausalLM (modeling_qwen3_moe:
+    the layers of mlp_only_layers dense, the others sparse, experts of moe_intermediate_size)."""
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
     kv = cfg.get("num_key_value_heads", heads)
@@ -64,7 +65,6 @@ def llama_shapes(cfg, prefix="", moe=False, qk_norm=False):
     out = {prefix + "model.embed_tokens.weight": [v, h], prefix + "model.norm.weight": [h]}
     if not cfg.get("tie_word_embeddings", False):
         out[prefix + "lm_head.weight"] = [v, h]
-    # Not a Mixtral field: layers with a dense MLP, as Qwen2-MoE names them (mih's moe port).
     dense = set(cfg.get("mlp_only_layers", [])) if moe else set(range(n))
     for layer in range(n):
         p = prefix + "model.layers.%d." % layer
@@ -81,17 +81,17 @@ def llama_shapes(cfg, prefix="", moe=False, qk_norm=False):
         if cfg.get("attention_bias", False):
             out[p + "self_attn.o_proj.bias"] = [h]
         if layer in dense:
-            fd = cfg.get("dense_intermediate_size", f) if moe else f
-            out[p + "mlp.gate_proj.weight"] = [fd, h]
-            out[p + "mlp.up_proj.weight"] = [fd, h]
-            out[p + "mlp.down_proj.weight"] = [h, fd]
+            out[p + "mlp.gate_proj.weight"] = [f, h]
+            out[p + "mlp.up_proj.weight"] = [f, h]
+            out[p + "mlp.down_proj.weight"] = [h, f]
         else:
-            out[p + "block_sparse_moe.gate.weight"] = [cfg["num_local_experts"], h]
-            for e in range(cfg["num_local_experts"]):
-                q = p + "block_sparse_moe.experts.%d." % e
-                out[q + "w1.weight"] = [f, h]
-                out[q + "w3.weight"] = [f, h]
-                out[q + "w2.weight"] = [h, f]
+            fe = cfg["moe_intermediate_size"]
+            out[p + "mlp.gate.weight"] = [cfg["num_experts"], h]
+            for e in range(cfg["num_experts"]):
+                q = p + "mlp.experts.%d." % e
+                out[q + "gate_proj.weight"] = [fe, h]
+                out[q + "up_proj.weight"] = [fe, h]
+                out[q + "down_proj.weight"] = [h, fe]
     return out
 
 
@@ -102,8 +102,8 @@ def check_weights(cfg, shapes):
         expected = llama_shapes(cfg)
     elif arch == "Qwen3ForCausalLM":
         expected = llama_shapes(cfg, qk_norm=True)
-    elif arch == "MixtralForCausalLM":
-        expected = llama_shapes(cfg, moe=True)
+    elif arch == "Qwen3MoeForCausalLM":
+        expected = llama_shapes(cfg, moe=True, qk_norm=True)
     elif arch == "LlavaForConditionalGeneration":
         text, vision = cfg["text_config"], cfg["vision_config"]
         expected = llama_shapes(text, prefix="language_model.")
