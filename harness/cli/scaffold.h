@@ -18,9 +18,15 @@ struct EmbeddedFile {
   const char* text;
 };
 
-/// The templates of harness/cli/scaffold/, written for the port name "my_port" (C++ prefix
-/// "MyPort"): the scaffold of `--name my_port` is these files verbatim.
+/// The templates of harness/cli/scaffold/, "<template>/<file>", written for the port name
+/// "my_port" (C++ prefix "MyPort"): the scaffold of `--name my_port --template T` is T's files
+/// verbatim.
 const std::vector<EmbeddedFile>& scaffold_templates();
+
+/// The templates `mih scaffold --template` takes, the default first: "gpt2" (a tiny GPT-2-style
+/// decoder) and "llama" (a Llama-style one: grouped-query attention, rotary, RMSNorm, SwiGLU,
+/// pipeline stages).
+std::vector<std::string> scaffold_template_names();
 
 /// The file mih writes last into a scaffolded project: the name and each file's SHA-256, so a
 /// later scaffold into the same folder replaces only files that are still as mih wrote them.
@@ -46,15 +52,17 @@ struct ScaffoldResult {
   bool replaced = false;
 };
 
-/// Writes the project for port `name` into `out` (created with its parents): each template
-/// with "my_port" and "MyPort" replaced by `name` and scaffold_prefix(name), then the record.
+/// Writes the project for port `name` into `out` (created with its parents): each file of
+/// template `template_name` (one of scaffold_template_names()) with "my_port" and "MyPort"
+/// replaced by `name` and scaffold_prefix(name), then the record (which names the template).
 /// `out` must be new, empty, or an earlier scaffold whose files are all as mih wrote them;
 /// anything else in it (a build folder, your own files) is left alone.
-/// Throws: mih::Error{kInvalidSpec} for a bad name (scaffold_name_problem);
+/// Throws: mih::Error{kInvalidSpec} for a bad name (scaffold_name_problem) or template;
 ///   mih::Error{kFailedPrecondition}, naming the path, when `out` is a file, holds files and no
 ///   record, holds a file the record does not list where a template goes, holds a listed
 ///   file that was edited since, or cannot be created or written (nothing is written then,
 ///   except when a write fails part way).
-ScaffoldResult write_scaffold(const std::string& name, const std::filesystem::path& out);
+ScaffoldResult write_scaffold(const std::string& name, const std::filesystem::path& out,
+                              const std::string& template_name = "gpt2");
 
 }  // namespace mih::cli

@@ -1,5 +1,5 @@
-// `mih scaffold --name NAME --out DIR`: a new port's project from the templates compiled into
-// the binary (scaffold.h), and the commands to build and test it.
+// `mih scaffold --name NAME --out DIR [--template gpt2|llama]`: a new port's project from the
+// templates compiled into the binary (scaffold.h), and the commands to build and test it.
 #include "harness/cli/scaffold.h"
 
 #include <unistd.h>
@@ -81,7 +81,22 @@ fs::path installed_prefix() {
   return {};
 }
 
+// The files of template `template_name`, their paths relative to the project ("model.h").
+std::vector<EmbeddedFile> template_files(const std::string& template_name) {
+  const std::vector<std::string> names = scaffold_template_names();
+  MIH_CHECK(std::find(names.begin(), names.end(), template_name) != names.end(), "scaffold: --template '",
+            template_name, "' is not a template; the templates are ", join(names, ", "));
+  const std::string folder = template_name + "/";
+  std::vector<EmbeddedFile> files;
+  for (const auto& file : scaffold_templates()) {
+    if (std::string(file.path).rfind(folder, 0) == 0) files.push_back({file.path + folder.size(), file.text});
+  }
+  return files;
+}
+
 }  // namespace
+
+std::vector<std::string> scaffold_template_names() { return {"gpt2", "llama"}; }
 
 std::string scaffold_name_problem(const std::string& name) {
   const std::string rule =
@@ -117,9 +132,10 @@ std::string scaffold_prefix(const std::string& name) {
   return out;
 }
 
-ScaffoldResult write_scaffold(const std::string& name, const fs::path& out) {
+ScaffoldResult write_scaffold(const std::string& name, const fs::path& out, const std::string& template_name) {
   const std::string problem = scaffold_name_problem(name);
   MIH_CHECK(problem.empty(), "scaffold: --name ", problem);
+  const std::vector<EmbeddedFile> templates = template_files(template_name);
   ScaffoldResult result;
   result.dir = fs::absolute(out).lexically_normal();
   if (result.dir.filename().empty()) result.dir = result.dir.parent_path();
@@ -128,7 +144,7 @@ ScaffoldResult write_scaffold(const std::string& name, const fs::path& out) {
   // An earlier scaffold is rewritten only where each file mih would replace is still as mih
   // wrote it; other files in the folder (a build folder, notes) are left alone.
   std::vector<std::string> paths;
-  for (const auto& file : scaffold_templates()) paths.push_back(file.path);
+  for (const auto& file : templates) paths.push_back(file.path);
   check_owned(result.dir, kScaffoldRecord, paths, "scaffold");
   fs::create_directories(result.dir, ec);
   MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "scaffold: cannot create --out ", result.dir.string(), ": ",
@@ -136,9 +152,12 @@ ScaffoldResult write_scaffold(const std::string& name, const fs::path& out) {
   MIH_CHECK_CODE(::access(result.dir.c_str(), W_OK) == 0, Code::kFailedPrecondition, "scaffold: cannot write into --out ",
                  result.dir.string(), ": ", std::error_code(errno, std::generic_category()).message(),
                  "; give a directory you can write (nothing was written)");
-  json record = {{"name", name}, {"written_by", "mih " + std::string(harness_version())}, {"files", json::object()}};
+  json record = {{"name", name},
+                 {"template", template_name},
+                 {"written_by", "mih " + std::string(harness_version())},
+                 {"files", json::object()}};
   const std::string prefix = scaffold_prefix(name);
-  for (const auto& file : scaffold_templates()) {
+  for (const auto& file : templates) {
     const std::string text = replace_all(replace_all(file.text, "MyPort", prefix), "my_port", name);
     write_file_atomic(result.dir / file.path, text);
     record["files"][file.path] = sha256_hex(text);
@@ -153,6 +172,7 @@ CommandRun setup_scaffold(CLI::App& sub, const Invocation&) {
   struct Flags {
     std::string name;
     std::string out;
+    std::string template_name = "gpt2";
   };
   auto f = std::make_shared<Flags>();
   sub.add_option("--name", f->name,
@@ -164,11 +184,15 @@ CommandRun setup_scaffold(CLI::App& sub, const Invocation&) {
       ->required()
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty path") : std::string(); },
                              "DIR"));
+  sub.add_option("--template", f->template_name,
+                 "the port to start from: gpt2 (default: a tiny GPT-2-style decoder) or llama (a Llama-style one: "
+                 "grouped-query attention, rotary, RMSNorm, SwiGLU, pipeline stages)")
+      ->check(CLI::IsMember(scaffold_template_names()));
   return [f] {
-    const ScaffoldResult r = write_scaffold(f->name, f->out);
+    const ScaffoldResult r = write_scaffold(f->name, f->out, f->template_name);
     std::string files = join(r.files, ", ");
-    std::printf("mih scaffold: %s port '%s' in %s: %s\n", r.replaced ? "rewrote" : "wrote", f->name.c_str(),
-                r.dir.c_str(), files.c_str());
+    std::printf("mih scaffold: %s port '%s' (template %s) in %s: %s\n", r.replaced ? "rewrote" : "wrote",
+                f->name.c_str(), f->template_name.c_str(), r.dir.c_str(), files.c_str());
     // The commands as the README's quickstart shows them: the folder as given, the prefix of
     // this installed mih (or the placeholder, from a build tree).
     std::string dir = f->out;

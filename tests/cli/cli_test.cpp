@@ -127,7 +127,7 @@ TEST(CliScaffoldTest, ABadNameIsAUsageErrorThatSaysWhatIsAllowed) {
 TEST(CliScaffoldTest, WritesTheProjectAndNeverOverwritesWhatItDidNotWrite) {
   namespace fs = std::filesystem;
   const fs::path dir = testing::temp_dir("cli_scaffold");
-  const fs::path templates = fs::path(MIH_TEST_SOURCE_DIR) / ".." / ".." / "harness" / "cli" / "scaffold";
+  const fs::path templates = fs::path(MIH_TEST_SOURCE_DIR) / ".." / ".." / "harness" / "cli" / "scaffold" / "gpt2";
   const std::vector<std::string> files = {"CMakeLists.txt", "README.md", "model.h", "spec.cpp"};
 
   // --name my_port writes the templates verbatim; another name replaces my_port and MyPort.
@@ -138,7 +138,7 @@ TEST(CliScaffoldTest, WritesTheProjectAndNeverOverwritesWhatItDidNotWrite) {
   }
   CliRun fresh = mih("scaffold --name gpt2_tiny --out " + (dir / "new" / "gpt2_tiny").string());
   ASSERT_EQ(fresh.status, 0) << fresh.output;
-  EXPECT_THAT(fresh.output, AllOf(HasSubstr("mih scaffold: wrote port 'gpt2_tiny' in " + (dir / "new/gpt2_tiny").string() +
+  EXPECT_THAT(fresh.output, AllOf(HasSubstr("mih scaffold: wrote port 'gpt2_tiny' (template gpt2) in " + (dir / "new/gpt2_tiny").string() +
                                             ": CMakeLists.txt, README.md, model.h, spec.cpp, mih_scaffold.json"),
                                   HasSubstr("cmake --build " + (dir / "new/gpt2_tiny").string() + "/build")));
   const fs::path p = dir / "new" / "gpt2_tiny";
@@ -152,6 +152,7 @@ TEST(CliScaffoldTest, WritesTheProjectAndNeverOverwritesWhatItDidNotWrite) {
   EXPECT_THAT(text_of(p / "CMakeLists.txt"), HasSubstr("mih_add_conformance_suite(gpt2_tiny_conformance SPECS spec.cpp"));
   const nlohmann::json record = nlohmann::json::parse(text_of(p / "mih_scaffold.json"));
   EXPECT_EQ(record["name"], "gpt2_tiny");
+  EXPECT_EQ(record["template"], "gpt2");
   EXPECT_EQ(record["files"].size(), files.size());
 
   // An unedited scaffold is mih's to rewrite; an edited file is never overwritten.
@@ -190,6 +191,34 @@ TEST(CliScaffoldTest, WritesTheProjectAndNeverOverwritesWhatItDidNotWrite) {
     EXPECT_THAT(read_only.output, HasSubstr("cannot write into --out"));
     fs::permissions(dir / "read-only", fs::perms::owner_all);
   }
+}
+
+// `--template llama` writes the Llama-style port (its templates verbatim for my_port; the name
+// replaced otherwise; the record names the template); an unknown template is a usage error
+// naming the templates, and nothing is written. (The project builds and passes its matrix:
+// ctest scaffold_project.)
+TEST(CliScaffoldTest, TheLlamaTemplateIsWrittenOnRequest) {
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::temp_dir("cli_scaffold_llama");
+  const fs::path templates = fs::path(MIH_TEST_SOURCE_DIR) / ".." / ".." / "harness" / "cli" / "scaffold" / "llama";
+  CliRun verbatim = mih("scaffold --name my_port --template llama --out " + (dir / "verbatim").string());
+  ASSERT_EQ(verbatim.status, 0) << verbatim.output;
+  EXPECT_THAT(verbatim.output, HasSubstr("wrote port 'my_port' (template llama) in "));
+  for (const char* f : {"CMakeLists.txt", "README.md", "model.h", "spec.cpp"}) {
+    EXPECT_TRUE(text_of(dir / "verbatim" / f) == text_of(templates / f)) << f << " differs from its template in " << templates;
+  }
+  CliRun named = mih("scaffold --name qwen_tiny --template llama --out " + (dir / "qwen_tiny").string());
+  ASSERT_EQ(named.status, 0) << named.output;
+  EXPECT_THAT(text_of(dir / "qwen_tiny" / "model.h"), AllOf(HasSubstr("namespace qwen_tiny {"),
+                                                            HasSubstr("class AttentionImpl"), HasSubstr(".heads(")));
+  EXPECT_THAT(text_of(dir / "qwen_tiny" / "spec.cpp"),
+              AllOf(HasSubstr("\"LlamaForCausalLM\""), HasSubstr("s.pipeline_layers = o.num_hidden_layers;"),
+                    HasSubstr("MIH_CONFORMANCE_SUITES(QwenTiny, \"qwen_tiny\", \"cpu-smoke\");")));
+  EXPECT_EQ(nlohmann::json::parse(text_of(dir / "qwen_tiny" / "mih_scaffold.json"))["template"], "llama");
+  CliRun unknown = mih("scaffold --name tiny --template mistral --out " + (dir / "unknown").string());
+  EXPECT_EQ(unknown.status, 2) << unknown.output;
+  EXPECT_THAT(unknown.output, AllOf(HasSubstr("--template"), HasSubstr("mistral"), HasSubstr("gpt2"), HasSubstr("llama")));
+  EXPECT_FALSE(fs::exists(dir / "unknown"));
 }
 
 // The README's quickstart shows exactly what `mih scaffold` writes: its file listing is the

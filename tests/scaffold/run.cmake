@@ -6,7 +6,10 @@
 #   3. configure (once), build (its golden of the original GPT-2 made at build time with mih's
 #      builtin producer), and run its ctest: the cpu-smoke matrix of the generated port, its
 #      export and inspect, all as generated; MatchesOriginal ran and passed on its Reference;
-#   4. the same project with two bugs planted in the port (model.h: the position embedding's
+#   3b. the same for `mih scaffold --name tiny_llama --template llama`: the Llama-style port
+#      (GQA with tp 4 above its KV heads, rotary, SwiGLU, pipeline stages), its golden of the
+#      original Llama, its whole cpu-smoke matrix with the pp cases, export and inspect;
+#   4. the GPT-2 project with two bugs planted in the port (model.h: the position embedding's
 #      gradient not declared partial over tp, so under sequence parallelism it is never summed
 #      over tp; the exact GELU where GPT-2 has the tanh one) must fail its Tp2Sp case as a
 #      conformance failure (exit 1) localized to 'wpe', and MatchesOriginal on its Reference
@@ -24,48 +27,67 @@ string(TIMESTAMP t0 "%s")
 # folder: ccache leaves the working directory out of its hash.
 set(ENV{CCACHE_NOHASHDIR} 1)
 
-step(scaffold COMMAND "${mih}" scaffold --name tiny_gpt --out "${work}/tiny_gpt")
+# scaffold_and_pass(<name> <Prefix> <template> <fewest cases>): the project `mih scaffold
+# --name <name> --template <template>` writes into ${work}/<name> configures against the
+# install, builds (its golden made at build time) and passes its ctest as generated: every
+# case's state MATRIX_PASSED, at least <fewest cases> of them, and MatchesOriginal's 4 tests
+# passed on its Reference.
+function(scaffold_and_pass name prefix template fewest)
+  set(dir "${work}/${name}")
+  set(build "${work}/build")
+  if(NOT name STREQUAL "tiny_gpt")
+    set(build "${work}/${name}-build")
+  endif()
+  step(scaffold-${template} COMMAND "${mih}" scaffold --name ${name} --template ${template} --out "${dir}")
+  outside_configure("${dir}" "${build}")
+  step(build-${template} COMMAND "${CMAKE_COMMAND}" --build "${build}")
+  step(test-${template} COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${build}" --output-on-failure)
+  # ctest ran one case per process and every one passed: each case's state says so (a case
+  # that passed everything yet ended short of MATRIX_PASSED would disagree with the green).
+  set(evidence "${build}/mih-evidence/${name}_conformance")
+  file(GLOB states "${evidence}/*/*/integration_state.json")  # <root>/<spec>/<case>
+  list(LENGTH states cases)
+  if(cases LESS ${fewest})
+    message(FATAL_ERROR "scaffold_project: the ${template} project's ctest run left ${cases} integration_state.json "
+                        "under ${evidence}, not one per case of cpu-smoke (${fewest} or more)")
+  endif()
+  foreach(state_file IN LISTS states)
+    file(READ "${state_file}" state_json)
+    string(JSON state GET "${state_json}" state)
+    if(NOT state STREQUAL "MATRIX_PASSED")
+      message(FATAL_ERROR "scaffold_project: every ctest test passed, yet ${state_file} is ${state}, not MATRIX_PASSED")
+    endif()
+  endforeach()
+  file(STRINGS "${evidence}/results.jsonl" original REGEX "${prefix}/MatchesOriginal\\.")
+  list(FILTER original INCLUDE REGEX "\"status\":\"passed\"")
+  # results.jsonl gains a line per test each time the project's ctest runs: count the tests.
+  set(names "")
+  foreach(line IN LISTS original)
+    string(REGEX MATCH "${prefix}/MatchesOriginal\\.[A-Za-z]+/Reference" test "${line}")
+    if(test)
+      list(APPEND names "${test}")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES names)
+  list(LENGTH names passed)
+  if(NOT passed EQUAL 4)
+    message(FATAL_ERROR "scaffold_project: MatchesOriginal passed ${passed} test(s) on the ${template} port's "
+                        "Reference, expected 4 (its golden of the original: ${build}/golden)")
+  endif()
+  message(STATUS "scaffold_project: the ${template} port passed ${cases} cases and MatchesOriginal's 4 tests against "
+                 "its golden")
+endfunction()
+
 foreach(example reference_models/llama.cpp reference_models/llama.h specs/llama_spec.cpp specs/spec_support.h README.md)
   if(NOT EXISTS "${MIH_INSTALL_DIR}/share/mih/examples/${example}")
     message(FATAL_ERROR "scaffold_project: the installed examples lack ${example} (<prefix>/share/mih/examples, "
                         "cmake/MihInstall.cmake)")
   endif()
 endforeach()
-outside_configure("${work}/tiny_gpt" "${work}/build")
-step(build COMMAND "${CMAKE_COMMAND}" --build "${work}/build")
-step(test COMMAND "${CMAKE_CTEST_COMMAND}" --test-dir "${work}/build" --output-on-failure)
-# ctest ran one case per process and every one passed: each case's state says so (a case that
-# passed everything yet ended short of MATRIX_PASSED would disagree with the green).
-file(GLOB states "${work}/build/mih-evidence/tiny_gpt_conformance/*/*/integration_state.json")  # <root>/<spec>/<case>
-list(LENGTH states cases)
-if(cases LESS 12)
-  message(FATAL_ERROR "scaffold_project: its ctest run left ${cases} integration_state.json under "
-                      "${work}/build/mih-evidence/tiny_gpt_conformance, not one per case of cpu-smoke")
-endif()
-foreach(state_file IN LISTS states)
-  file(READ "${state_file}" state_json)
-  string(JSON state GET "${state_json}" state)
-  if(NOT state STREQUAL "MATRIX_PASSED")
-    message(FATAL_ERROR "scaffold_project: every ctest test passed, yet ${state_file} is ${state}, not MATRIX_PASSED")
-  endif()
-endforeach()
-file(STRINGS "${work}/build/mih-evidence/tiny_gpt_conformance/results.jsonl" original REGEX "TinyGpt/MatchesOriginal\\.")
-list(FILTER original INCLUDE REGEX "\"status\":\"passed\"")
-# results.jsonl gains a line per test each time the project's ctest runs: count the tests.
-set(names "")
-foreach(line IN LISTS original)
-  string(REGEX MATCH "TinyGpt/MatchesOriginal\\.[A-Za-z]+/Reference" name "${line}")
-  if(name)
-    list(APPEND names "${name}")
-  endif()
-endforeach()
-list(REMOVE_DUPLICATES names)
-list(LENGTH names passed)
-if(NOT passed EQUAL 4)
-  message(FATAL_ERROR "scaffold_project: MatchesOriginal passed ${passed} test(s) on the generated port's Reference, "
-                      "expected 4 (its golden of the original GPT-2: ${work}/build/golden)")
-endif()
-message(STATUS "scaffold_project: MatchesOriginal passed its 4 tests against the builtin GPT-2's golden")
+scaffold_and_pass(tiny_gpt TinyGpt gpt2 12)
+# The Llama-style template: 12 cases as GPT-2's, and Tp4 and the 7 pipeline cases (5 pp
+# configurations and the resumes into and out of pp stages).
+scaffold_and_pass(tiny_llama TinyLlama llama 20)
 
 # The planted bug: a scaffold of its own, edited, copied over the last one only where it
 # differs (an unchanged bug build is not rebuilt).
