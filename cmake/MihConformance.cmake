@@ -25,7 +25,7 @@
 #   The ctest registration alone, for a binary made otherwise (the mih command).
 #
 # mih_add_golden(<name> COMMAND <target> SPEC <spec> OUT <dir> [IMPL builtin|transformers]
-#                [PYTHON <python>] [RESULT_VARIABLE <var>])
+#                [PRODUCER <plug-in file>] [PYTHON <python>] [RESULT_VARIABLE <var>])
 #   The golden of the original model for a spec (docs/golden.md), made at build time:
 #   `<target> golden --spec <spec> --out <dir>` (the float64 export, then the golden producer
 #   MIH_GOLDEN_PRODUCER run by a Python with torch), redone when <target> is relinked or the
@@ -34,7 +34,10 @@
 #   golden.dir is the empty string has no MatchesOriginal suite. PYTHON names the Python
 #   (IMPL transformers needs one with transformers: MIH_TRANSFORMERS_PYTHON, which the scripts
 #   install); without it MIH_PYTHON, else the python3 found, else /usr/bin/python3, the first
-#   with torch.
+#   with torch. PRODUCER names a golden plug-in instead of IMPL: your own Python implementation
+#   of an architecture mih has no builtin for (NAME, VERSION and forward on mih_golden_api.py,
+#   docs/golden.md "Three ways to get a golden"), run by `<target> golden --plugin <file>`
+#   (relative to the current source directory); the golden is redone when the file changes.
 
 function(mih_register_conformance_tests target)
   cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES" ${ARGN})
@@ -94,7 +97,7 @@ function(mih_add_conformance_suite name)
 endfunction()
 
 function(mih_add_golden name)
-  cmake_parse_arguments(ARG "" "COMMAND;SPEC;OUT;IMPL;PYTHON;RESULT_VARIABLE" "" ${ARGN})
+  cmake_parse_arguments(ARG "" "COMMAND;SPEC;OUT;IMPL;PRODUCER;PYTHON;RESULT_VARIABLE" "" ${ARGN})
   foreach(kw COMMAND SPEC OUT)
     if(NOT ARG_${kw})
       message(FATAL_ERROR "mih_add_golden(${name}): ${kw} is required")
@@ -102,6 +105,21 @@ function(mih_add_golden name)
   endforeach()
   if(NOT ARG_IMPL)
     set(ARG_IMPL builtin)
+  endif()
+  set(how --impl ${ARG_IMPL})
+  set(plugin "")
+  if(ARG_PRODUCER)
+    if(ARG_IMPL STREQUAL "transformers")
+      message(FATAL_ERROR "mih_add_golden(${name}): PRODUCER (your plug-in) and IMPL transformers name two originals; "
+                          "give one of them")
+    endif()
+    get_filename_component(plugin "${ARG_PRODUCER}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+    if(NOT EXISTS "${plugin}")
+      message(FATAL_ERROR "mih_add_golden(${name}): PRODUCER ${plugin}: no such file (the Python file of your golden "
+                          "plug-in)")
+    endif()
+    set(how --plugin "${plugin}")
+    set(ARG_IMPL "plug-in ${ARG_PRODUCER}")
   endif()
   if(ARG_PYTHON)
     set(python "${ARG_PYTHON}")
@@ -124,9 +142,9 @@ function(mih_add_golden name)
     # The build owns its two outputs: a golden an older mih wrote there has no mih_golden.json,
     # and `mih golden` never overwrites a file it has no record of writing.
     COMMAND ${CMAKE_COMMAND} -E rm -f "${ARG_OUT}/golden.json" "${ARG_OUT}/golden.safetensors"
-    COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" --impl ${ARG_IMPL}
+    COMMAND $<TARGET_FILE:${ARG_COMMAND}> golden --spec ${ARG_SPEC} --out "${ARG_OUT}" ${how}
             --python "${python}" --producer "${MIH_GOLDEN_PRODUCER}"
-    DEPENDS ${ARG_COMMAND} ${producer_files}
+    DEPENDS ${ARG_COMMAND} ${producer_files} ${plugin}
     COMMENT "Golden of spec ${ARG_SPEC}: the original (${ARG_IMPL}) on its float64 export"
     VERBATIM)
   add_custom_target(${name} ALL DEPENDS "${ARG_OUT}/golden.json")

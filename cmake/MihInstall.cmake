@@ -42,7 +42,7 @@ install(FILES python/mih_evidence.py python/mih_evidence_example.py DESTINATION 
 # The golden producer (docs/golden.md): any Python with torch runs it; `mih golden` and
 # mih_add_golden find it here.
 install(FILES golden/mih_golden.py golden/builtin_models.py golden/transformers_impl.py golden/safetensors_io.py
-              golden/errors.py golden/README.md
+              golden/errors.py golden/README.md golden/mih_golden_api.py golden/plugin_impl.py
         DESTINATION "${MIH_INSTALL_DATADIR}/golden")
 # The reference ports and their specs, as examples for authors (docs/examples.md is their
 # README): read and copied, not built by the package.

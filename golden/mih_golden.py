@@ -13,6 +13,8 @@
 #                       with other reduction orders), the config fields it defaulted
 # Run it with any Python that has torch (>= 1.13):
 #   python3 mih_golden.py --export DIR --out DIR [--impl builtin|transformers]
+#   python3 mih_golden.py --export DIR --out DIR --impl plugin --plugin FILE   (a porter's own
+#                         original, written on mih_golden_api.py: plugin_impl.py)
 # `mih golden --spec NAME --out DIR` exports and runs it in one command.
 # Exit status: 0 written; 2 usage; 11 bad input (an export it cannot read, an architecture it
 # does not implement, a weight missing or left unread); 12 environment (no transformers for
@@ -222,6 +224,27 @@ def run_builtin(config_json, weights, batch, training, twin):
     return Run(logits, hidden, loss, aux, grads, after), cfg.defaulted
 
 
+def run_plugin(plugin, config_json, weights, batch, training, twin):
+    import torch
+
+    import mih_golden_api
+    import plugin_impl
+
+    module, path = plugin
+    cfg = mih_golden_api.Config(config_json, getattr(module, "DEFAULTS", None))
+    frozen = {k for k, e in training["tensors"].items() if not e.get("trainable", True)}
+    W = mih_golden_api.Weights({k: v.to(torch.float64) for k, v in weights.items()}, frozen)
+    if "position_ids" not in batch:  # the export leaves them out when they are 0..S-1
+        batch = dict(batch, position_ids=torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"]))
+    logits, hidden, aux = plugin_impl.forward(module, path, cfg, W, batch, mih_golden_api.Ops(twin=twin))
+    W.check_all_used()
+    loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"], twin=twin)
+    (loss if aux is None else loss + aux).backward()
+    grads = {k: p.grad.detach().clone() for k, p in W.tensors.items() if p.grad is not None}
+    after = step(W.tensors, training)
+    return Run(logits, hidden, loss, aux, grads, after), cfg.defaulted
+
+
 def run_transformers(export_dir, config_json, batch, training, twin=False):
     import transformers_impl
 
@@ -235,7 +258,7 @@ def run_transformers(export_dir, config_json, batch, training, twin=False):
     return Run(logits, hidden, loss, aux, grads, after), version
 
 
-def produce(export_dir, out_dir, impl, noise_twin=True):
+def produce(export_dir, out_dir, impl, noise_twin=True, plugin=None):
     import torch
 
     import safetensors_io
@@ -260,7 +283,21 @@ def produce(export_dir, out_dir, impl, noise_twin=True):
 
     aliases = collapsed_aliases(description, weights)
     noise = {}
-    if impl == "builtin":
+    if impl == "plugin":
+        import plugin_impl
+
+        module, implementation = plugin_impl.load(plugin)
+        implementation.update({"architecture": config_json.get("model_type"), "torch": torch.__version__})
+        try:
+            main, defaulted = run_plugin((module, plugin), config_json, weights, batch, training, twin=False)
+        except GoldenError as e:
+            raise explain_aliases(e, aliases)
+        epsilon = 2.0 ** -52
+        if noise_twin:
+            twin, _ = run_plugin((module, plugin), config_json, weights, batch, training, twin=True)
+            a, b = twin.tensors(), main.tensors()
+            noise = {k: relative_error(a[k], b[k]) for k in b}
+    elif impl == "builtin":
         try:
             main, defaulted = run_builtin(config_json, weights, batch, training, twin=False)
         except GoldenError as e:
@@ -326,14 +363,24 @@ def main(argv):
                     "states, gradients and parameters after one step, in float64 (docs/golden.md).")
     parser.add_argument("--export", required=True, help="the directory `mih export --dtype float64` wrote")
     parser.add_argument("--out", required=True, help="where golden.json and golden.safetensors go")
-    parser.add_argument("--impl", choices=("builtin", "transformers"), default="builtin",
+    parser.add_argument("--impl", choices=("builtin", "transformers", "plugin"), default="builtin",
                         help="builtin: the producer's own PyTorch implementation of llama, mixtral, qwen2_moe, gpt2 "
-                             "(default); transformers: Hugging Face transformers' from_pretrained")
+                             "(default); transformers: Hugging Face transformers' from_pretrained; plugin: the file "
+                             "--plugin names")
+    parser.add_argument("--plugin", metavar="FILE",
+                        help="a golden plug-in (NAME, VERSION, forward(config, weights, batch, ops) on "
+                             "mih_golden_api.py); implies --impl plugin")
     parser.add_argument("--no-noise-twin", action="store_true",
                         help="skip the second run in other reduction orders (builtin: every contraction in two "
                              "halves; transformers: the rows reversed, module outputs rounded to its precision), "
                              "the noise mih calibrates from")
     args = parser.parse_args(argv)
+    if args.plugin and args.impl == "transformers":
+        parser.error("--plugin runs your plug-in, --impl transformers Hugging Face's model: give one of them")
+    if args.plugin:
+        args.impl = "plugin"
+    elif args.impl == "plugin":
+        parser.error("--impl plugin needs --plugin FILE")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -341,7 +388,7 @@ def main(argv):
               "python3-torch)" % sys.executable, file=sys.stderr)
         return 12
     try:
-        manifest = produce(args.export, args.out, args.impl, noise_twin=not args.no_noise_twin)
+        manifest = produce(args.export, args.out, args.impl, noise_twin=not args.no_noise_twin, plugin=args.plugin)
     except GoldenError as e:
         print("mih_golden: %s" % e.message, file=sys.stderr)
         return e.code

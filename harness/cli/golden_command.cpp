@@ -164,7 +164,7 @@ void check_and_record_golden(const fs::path& out, const std::string& producer) {
 
 CommandRun setup_golden(CLI::App& sub, const Invocation&) {
   struct Flags {
-    std::string spec = "llama", impl = "builtin", python, producer;
+    std::string spec = "llama", impl = "builtin", python, producer, plugin;
     cases::HfExportOptions o;
     bool no_noise_twin = false;
   };
@@ -173,11 +173,17 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
   sub.add_option("--out", f->o.out, "the golden directory: export/ (the float64 export), golden.json, golden.safetensors")
       ->required()
       ->check(cli::non_empty_path());
-  sub.add_option("--impl", f->impl,
+  CLI::Option* impl = sub.add_option("--impl", f->impl,
                  "builtin: the producer's own PyTorch Llama, Mixtral/Qwen2-MoE and GPT-2 (what mih's CI runs); "
                  "transformers: Hugging Face transformers' from_pretrained of the export (needs transformers)")
       ->check(CLI::IsMember({"builtin", "transformers"}))
       ->capture_default_str();
+  sub.add_option("--plugin", f->plugin,
+                 "your own original for an architecture mih has no builtin for: a Python file defining NAME, VERSION "
+                 "and forward(config, weights, batch, ops) on golden/mih_golden_api.py (docs/golden.md); its name, "
+                 "version and SHA-256 go into golden.json")
+      ->check(CLI::ExistingFile)
+      ->excludes(impl);
   sub.add_option("--seed", f->o.seed, "parameter init seed (the Reference case's: a matrix's seed)")->capture_default_str();
   sub.add_option("--init-from", f->o.init_from,
                  "take the weights from this Hugging Face checkpoint directory (through the key map), as a run with "
@@ -207,8 +213,12 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
     std::fflush(stdout);
     const fs::path producer = f->producer.empty() ? find_producer() : fs::path(f->producer);
     const std::string python = find_python(f->python);
-    std::vector<std::string> args = {python, producer.string(), "--export", o.out.string(), "--out", out.string(),
-                                     "--impl", f->impl};
+    std::vector<std::string> args = {python, producer.string(), "--export", o.out.string(), "--out", out.string()};
+    if (f->plugin.empty()) {
+      args.insert(args.end(), {"--impl", f->impl});
+    } else {
+      args.insert(args.end(), {"--impl", "plugin", "--plugin", fs::absolute(f->plugin).lexically_normal().string()});
+    }
     if (f->no_noise_twin) args.push_back("--no-noise-twin");
     const int rc = run_child(args);
     if (rc != 0) {

@@ -89,6 +89,87 @@ scaffold_and_pass(tiny_gpt TinyGpt gpt2 12)
 # configurations and the resumes into and out of pp stages).
 scaffold_and_pass(tiny_llama TinyLlama llama 20)
 
+# A porter's own architecture (docs/golden.md, "Three ways to get a golden"): the llama scaffold
+# declared as model_type "mytoy", which mih ships no builtin for, its golden made at build time
+# by the plug-in tests/scaffold/mytoy_golden.py (mih_add_golden ... PRODUCER, through the real
+# `<binary> golden --plugin`); MatchesOriginal passes against it, golden.json names the plug-in,
+# its version and SHA-256; the same plug-in with a wrong equation (the rotary table at theta
+# 10000, not the config's) fails MatchesOriginal (exit 1); a plug-in without NAME is refused
+# (exit 11, naming NAME).
+set(toy "${work}/tiny_toy")
+file(REMOVE_RECURSE "${work}/toy-stage")
+step(scaffold-for-plugin QUIET COMMAND "${mih}" scaffold --name tiny_toy --template llama --out "${work}/toy-stage")
+file(READ "${work}/toy-stage/spec.cpp" spec)
+set(declared "s.checkpoint.hf = {\"llama\",\n                     {\"LlamaForCausalLM\"},")
+string(FIND "${spec}" "${declared}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "scaffold_project: the llama template's spec.cpp no longer declares '${declared}'; update "
+                      "tests/scaffold/run.cmake with the template")
+endif()
+string(REPLACE "${declared}" "s.checkpoint.hf = {\"mytoy\",\n                     {\"MyToyForCausalLM\"}," spec "${spec}")
+file(WRITE "${work}/toy-stage/spec.cpp" "${spec}")
+file(READ "${work}/toy-stage/CMakeLists.txt" lists)
+string(REPLACE "SPEC tiny_toy OUT" "SPEC tiny_toy PRODUCER mytoy_golden.py OUT" lists "${lists}")
+file(WRITE "${work}/toy-stage/CMakeLists.txt" "${lists}")
+file(COPY_FILE "${CMAKE_CURRENT_LIST_DIR}/mytoy_golden.py" "${work}/toy-stage/mytoy_golden.py")
+file(MAKE_DIRECTORY "${toy}")
+file(GLOB staged RELATIVE "${work}/toy-stage" "${work}/toy-stage/*")
+foreach(f IN LISTS staged)
+  file(COPY_FILE "${work}/toy-stage/${f}" "${toy}/${f}" ONLY_IF_DIFFERENT)
+endforeach()
+file(REMOVE_RECURSE "${work}/toy-stage")
+outside_configure("${toy}" "${work}/toy-build")
+step(build-with-plugin COMMAND "${CMAKE_COMMAND}" --build "${work}/toy-build")
+file(READ "${work}/toy-build/golden/golden.json" manifest)
+string(JSON impl_name GET "${manifest}" implementation name)
+string(JSON impl_version GET "${manifest}" implementation version)
+string(JSON impl_sha GET "${manifest}" implementation plugin_sha256)
+string(JSON impl_arch GET "${manifest}" implementation architecture)
+file(SHA256 "${toy}/mytoy_golden.py" plugin_sha)
+if(NOT impl_name STREQUAL "mytoy" OR NOT impl_version STREQUAL "0.1" OR NOT impl_sha STREQUAL plugin_sha
+   OR NOT impl_arch STREQUAL "mytoy")
+  message(FATAL_ERROR "scaffold_project: the plug-in's golden.json names implementation ${impl_name} ${impl_version} "
+                      "(${impl_arch}, plug-in SHA-256 ${impl_sha}); expected mytoy 0.1 (mytoy, ${plugin_sha})")
+endif()
+set(toy_bin "${work}/toy-build/tiny_toy_conformance")
+execute_process(COMMAND "${toy_bin}" --evidence-root "${work}/toy-build/mih-evidence/plugin" --no-progress
+                        "--gtest_filter=TinyToy/MatchesOriginal.*/Reference"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+string(REGEX MATCHALL "\\[       OK \\] TinyToy/MatchesOriginal" passed "${out}")
+list(LENGTH passed passed)
+if(NOT rc EQUAL 0 OR NOT passed EQUAL 4)
+  message("${out}")
+  message(FATAL_ERROR "scaffold_project: MatchesOriginal against the mytoy plug-in's golden exited ${rc} with ${passed} "
+                      "tests passed; expected 0 and 4")
+endif()
+message(STATUS "scaffold_project: MatchesOriginal passed its 4 tests against the plug-in's golden (mytoy 0.1)")
+file(READ "${CMAKE_CURRENT_LIST_DIR}/mytoy_golden.py" plugin)
+string(REPLACE "PERTURB = False" "PERTURB = True" perturbed "${plugin}")
+file(WRITE "${work}/perturbed_golden.py" "${perturbed}")
+file(REMOVE_RECURSE "${work}/toy-perturbed")
+step(golden-perturbed QUIET COMMAND "${toy_bin}" golden --spec tiny_toy --out "${work}/toy-perturbed"
+     --plugin "${work}/perturbed_golden.py")
+execute_process(COMMAND "${toy_bin}" test --golden "${work}/toy-perturbed" --evidence-root
+                        "${work}/toy-build/mih-evidence/perturbed" --no-progress
+                        "--gtest_filter=TinyToy/MatchesOriginal.*/Reference"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "localized to")
+  message("${out}")
+  message(FATAL_ERROR "scaffold_project: against a plug-in whose rotary table ignores the config's theta, "
+                      "MatchesOriginal exited ${rc}; expected 1 (a conformance failure against the golden), localized")
+endif()
+string(REGEX MATCH "[^\n]*localized to[^\n]*" named "${out}")
+message(STATUS "scaffold_project: the perturbed plug-in's golden fails MatchesOriginal (exit 1): ${named}")
+string(REPLACE "NAME = \"mytoy\"\n" "" nameless "${plugin}")
+file(WRITE "${work}/nameless_golden.py" "${nameless}")
+execute_process(COMMAND "${toy_bin}" golden --spec tiny_toy --out "${work}/toy-nameless" --plugin "${work}/nameless_golden.py"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 11 OR NOT out MATCHES "does not define NAME")
+  message("${out}")
+  message(FATAL_ERROR "scaffold_project: a plug-in without NAME exited ${rc}; expected 11 naming NAME")
+endif()
+message(STATUS "scaffold_project: a plug-in without NAME is refused (exit 11)")
+
 # The planted bug: a scaffold of its own, edited, copied over the last one only where it
 # differs (an unchanged bug build is not rebuilt).
 file(REMOVE_RECURSE "${work}/bug-stage")
