@@ -6,6 +6,8 @@
 # output_router_logits for a mixture of experts), the model's named_parameters under the
 # checkpoint's keys. Its noise twin (twin=True) is the same model run on the batch's rows in
 # reverse order with every module's output rounded to the precision it computes in.
+import os
+
 import torch
 
 from errors import GoldenError
@@ -20,6 +22,10 @@ FLOAT32_INSIDE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", 
 
 
 def load(export_dir, config):
+    # The export is a local directory: nothing is fetched, and no code of its own (a config's
+    # auto_map) is ever run.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
     try:
         import transformers
         from transformers import AutoModelForCausalLM
@@ -28,7 +34,8 @@ def load(export_dir, config):
                               "install it (pip install transformers) or use --impl builtin")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            export_dir, dtype=torch.float64, attn_implementation="eager", output_loading_info=True)
+            export_dir, dtype=torch.float64, attn_implementation="eager", output_loading_info=True,
+            trust_remote_code=False, local_files_only=True)
     except Exception as e:  # transformers raises many types for a config or a checkpoint it cannot take
         raise GoldenError(11, "transformers cannot load %s as %s: %s" % (export_dir, config.get("architectures"), e))
     problems = []
