@@ -32,7 +32,7 @@ mih_pyenv_install() {
     mih_log "installing the pinned Python side into $dir (torch 2.8.0, transformers 4.57.1: about 3.5 GB" \
             "downloaded from PyPI, 6.7 GB on disk, 1.5 minutes measured on a fresh machine of ours)"
     /usr/bin/python3 -m venv "$dir" || exit 1
-    "$dir/bin/python" -m pip install --no-input --disable-pip-version-check --no-cache-dir \
+    "$dir/bin/python" -m pip install -q --progress-bar off --no-input --disable-pip-version-check --no-cache-dir \
       --retries 2 --timeout 60 -r "$MIH_PY_REQUIREMENTS" || exit 1
     "$dir/bin/python" -c "import torch, transformers" || exit 1
     printf '%s' "$digest" > "$dir/.mih-complete"
