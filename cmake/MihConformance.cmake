@@ -21,8 +21,11 @@
 # find_package(mih), which sets MIH_CMAKE_DIR, MIH_CONFORMANCE_MAIN, MIH_SUITES_TARGET
 # (mih::suites) and MIH_CLI_TARGET (mih::cli) before including this file (cmake/mihConfig.cmake.in).
 #
-# mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s])
-#   The ctest registration alone, for a binary made otherwise (the mih command).
+# mih_register_conformance_tests(<target> NAME <name> [PRESET ...] [LABELS ...] [TIMEOUT s]
+#                                [LISTED_BY <targets...>])
+#   The ctest registration alone, for a binary made otherwise (the mih command). LISTED_BY: the
+#   binaries whose cases <target> lists when it is a front that runs another (the mih command
+#   runs mih-core): the case list is made again when any of them is newer than it.
 #
 # mih_add_golden(<name> COMMAND <target> SPEC <spec> OUT <dir> [IMPL builtin|transformers]
 #                [PRODUCER <plug-in file>] [PYTHON <python>] [RESULT_VARIABLE <var>])
@@ -40,7 +43,11 @@
 #   (relative to the current source directory); the golden is redone when the file changes.
 
 function(mih_register_conformance_tests target)
-  cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;PRESET;TIMEOUT" "LABELS;PREFIXES;LISTED_BY" ${ARGN})
+  set(listed_by "")
+  foreach(t IN LISTS ARG_LISTED_BY)
+    list(APPEND listed_by "$<TARGET_FILE:${t}>")
+  endforeach()
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
   endif()
@@ -71,6 +78,7 @@ set(MIH_ROOT [=[${root}]=])
 set(MIH_LABELS [=[${ARG_LABELS}]=])
 set(MIH_TIMEOUT ${ARG_TIMEOUT})
 set(MIH_WORKDIR [=[${CMAKE_CURRENT_BINARY_DIR}]=])
+set(MIH_LISTED_BY [=[${listed_by}]=])
 include([=[${MIH_CMAKE_DIR}/MihDiscoverCases.cmake]=])
 ")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_conformance_include.cmake")
