@@ -5,9 +5,11 @@
 #
 # Where: MIH_PYENV, default ${XDG_CACHE_HOME:-~/.cache}/mih/pyenv-<first 12 hex digits of the
 # requirements file's SHA-256>, so a changed pin makes a new venv beside the old one. A venv
-# is complete when its marker .mih-complete holds that digest; anything else there is removed
-# and installed again. MIH_NO_PYPI=1 skips the install: the goldens then come from the
-# builtin, and the run says so.
+# is complete when its marker .mih-complete holds that digest; a venv of the scripts' own (the
+# marker .mih-pyenv, written before anything is installed) that is not is removed and installed
+# again. A directory the scripts did not make (files and neither marker: a user's own venv or
+# project) is never touched: the script stops, naming it. MIH_NO_PYPI=1 skips the install: the
+# goldens then come from the builtin, and the run says so.
 
 MIH_PY_REQUIREMENTS="$MIH_ROOT/python/requirements-golden.txt"
 
@@ -17,6 +19,16 @@ mih_pyenv_digest() { sha256sum "$MIH_PY_REQUIREMENTS" | cut -c1-64; }
 mih_pyenv_ready() {
   local dir=$1 digest=$2
   [ -x "$dir/bin/python" ] && [ -f "$dir/.mih-complete" ] && [ "$(cat "$dir/.mih-complete")" = "$digest" ]
+}
+
+# Whether dir holds something the scripts did not make: a file, or a directory with files and
+# neither of their markers.
+mih_pyenv_foreign() {
+  local dir=$1
+  [ -e "$dir" ] || return 1
+  [ -d "$dir" ] || return 0
+  { [ -f "$dir/.mih-pyenv" ] || [ -f "$dir/.mih-complete" ]; } && return 1
+  [ -n "$(ls -A "$dir")" ]
 }
 
 # Installs the venv (under a lock, so two scripts never install into one folder at once).
@@ -31,6 +43,7 @@ mih_pyenv_install() {
     rm -rf "$dir"
     mih_log "installing the pinned Python side into $dir (torch 2.8.0, transformers 4.57.1: about 3.5 GB" \
             "downloaded from PyPI, 6.7 GB on disk, 1.5 minutes measured on a fresh machine of ours)"
+    mkdir -p "$dir" && : > "$dir/.mih-pyenv" || exit 1
     /usr/bin/python3 -m venv "$dir" || exit 1
     "$dir/bin/python" -m pip install -q --progress-bar off --no-input --disable-pip-version-check --no-cache-dir \
       --retries 2 --timeout 60 -r "$MIH_PY_REQUIREMENTS" || exit 1
@@ -50,6 +63,11 @@ mih_ensure_python_env() {
   local digest dir
   digest=$(mih_pyenv_digest)
   dir=${MIH_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mih/pyenv-${digest:0:12}}
+  if ! mih_pyenv_ready "$dir" "$digest" && mih_pyenv_foreign "$dir"; then
+    mih_log "$dir (MIH_PYENV) is not a venv these scripts made (it holds files and no .mih-pyenv marker);"
+    mih_log "nothing in it is removed. Point MIH_PYENV at a new or empty directory (or unset it), then run this again"
+    exit 1
+  fi
   if mih_pyenv_ready "$dir" "$digest" || mih_pyenv_install "$dir" "$digest"; then
     MIH_TRANSFORMERS_PYTHON="$dir/bin/python"
     return 0

@@ -76,6 +76,20 @@ def main():
     rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=fresh, MIH_NO_PYPI="1"))
     check(rc == 0 and chosen == "" and "MIH_NO_PYPI=1" in out and "installing" not in out,
           "MIH_NO_PYPI=1 makes no attempt and says so", out)
+
+    # MIH_PYENV naming a directory the scripts did not make (a user's own venv, a project):
+    # nothing in it is removed; the script stops, naming it and what to do.
+    for name, files in (("project", ["thesis.txt"]), ("own-venv", ["pyvenv.cfg", "bin/python"])):
+        theirs = os.path.join(a.work, name)
+        for f in files:
+            os.makedirs(os.path.dirname(os.path.join(theirs, f)), exist_ok=True)
+            with open(os.path.join(theirs, f), "w") as fh:
+                fh.write("not mih's\n")
+        rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=theirs))
+        kept = all(os.path.isfile(os.path.join(theirs, f)) for f in files)
+        check(kept and rc != 0 and "installing" not in out and theirs in out and "not a venv these scripts made" in out,
+              "MIH_PYENV at a directory the scripts did not make (%s): nothing removed, stops naming it (exit %d)"
+              % (name, rc), out)
     print("%d failure(s)" % len(FAILURES))
     return 1 if FAILURES else 0
 
