@@ -101,8 +101,8 @@ Golden read_golden(const fs::path& dir) {
   MIH_CHECK(std::abs(g.compute_epsilon - eps64) <= 1e-3 * eps64 ||
                 (transformers && std::abs(g.compute_epsilon - eps32) <= 1e-3 * eps32),
             where, ": \"compute_epsilon\" is ", g.compute_epsilon, "; a golden's is float64's epsilon ", eps64,
-            transformers ? " or, for transformers (which casts norms and rotary tables to float32), float32's " +
-                               std::to_string(eps32)
+            transformers ? internal::str(" or, for transformers (which casts norms and rotary tables to float32), "
+                                         "float32's ", eps32)
                          : std::string(" (the builtin computes in float64)"),
             fix);
   const json noise = m.value("noise", json::object());

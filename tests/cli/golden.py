@@ -232,6 +232,10 @@ def main():
     # What no hash covers and the tolerances follow from, and tensors a comparison would read.
     refused(["--golden", copy_golden(golden, w("eps"), lambda m: m.update(compute_epsilon=0.5))], 11,
             ["\"compute_epsilon\" is 0.5"], "a compute_epsilon that is not float64's is refused")
+    refused(["--golden", copy_golden(golden, w("eps32"), lambda m: (m.update(compute_epsilon=0.5),
+                                                                      m["implementation"].update(name="transformers")))],
+            11, ["\"compute_epsilon\" is 0.5", "float32's 1.19209e-07"],
+            "a transformers golden's compute_epsilon that is neither float64's nor float32's is refused, naming both")
     refused(["--golden", copy_golden(golden, w("noisy"), lambda m: m["noise"].update({k: 1e10 for k in m["noise"]}))],
             11, ["must be a number in [0, "], "a noise larger than a float64 noise twin's is refused")
     refused(["--golden", copy_golden(golden, w("nan"), edit_tensor=set_nan("hidden_states.1"))], 11,
