@@ -548,8 +548,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // Pp4Mb4, and PipelineSchedule on every pipelined case. Then 4234: Structure's alias test on
   // every case (issue 52). Then 4646 on 126 cases: tp above the 2 KV heads, Tp4 on llama,
   // llama_dropout, moe and vlm (152 tests) and Tp4Sp on the variants lane's 7 specs (260); Pp2,
-  // listed now, was already there as a resume's twin.
-  EXPECT_EQ(total, 4646) << list.output;
+  // listed now, was already there as a resume's twin. Then 5507 on 148 cases: qwen3, the
+  // Qwen3-style port, on every cpu-smoke case (861 tests on 22 cases).
+  EXPECT_EQ(total, 5507) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
