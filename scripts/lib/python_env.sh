@@ -41,7 +41,7 @@ mih_pyenv_install() {
     flock -w 1800 9 || { mih_log "another install of $dir holds its lock for 30 minutes"; exit 1; }
     mih_pyenv_ready "$dir" "$digest" && exit 0
     rm -rf "$dir"
-    mih_log "installing the pinned Python side into $dir (torch 2.8.0, transformers 4.57.1: about 3.5 GB" \
+    mih_log "installing the pinned Python side into $dir (torch 2.8.0, transformers 4.57.1: about 4 GB" \
             "downloaded from PyPI, 6.7 GB on disk, 1.5 minutes measured on a fresh machine of ours)"
     mkdir -p "$dir" && : > "$dir/.mih-pyenv" || exit 1
     /usr/bin/python3 -m venv "$dir" || exit 1
