@@ -246,16 +246,19 @@ def run_plugin(plugin, config_json, weights, batch, training, twin):
 
 
 def run_transformers(export_dir, config_json, batch, training, twin=False):
+    """(Run, transformers' version, whether the model computes in float32 inside)."""
     import transformers_impl
 
     model, version = transformers_impl.load(export_dir, config_json)
-    logits, hidden, aux = transformers_impl.forward(model, config_json.get("model_type"), batch, twin=twin)
+    inside = transformers_impl.computes_in_float32(model, batch)
+    logits, hidden, aux = transformers_impl.forward(model, config_json.get("model_type"), batch, twin=twin,
+                                                    float32_inside=inside)
     loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"], twin=twin)
     (loss if aux is None else loss + aux).backward()
     params = dict(model.named_parameters())
     grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
     after = step(params, training)
-    return Run(logits, hidden, loss, aux, grads, after), version
+    return Run(logits, hidden, loss, aux, grads, after), version, inside
 
 
 def produce(export_dir, out_dir, impl, noise_twin=True, plugin=None):
@@ -311,17 +314,15 @@ def produce(export_dir, out_dir, impl, noise_twin=True, plugin=None):
             noise = {k: relative_error(a[k], b[k]) for k in b}
     else:
         try:
-            main, version = run_transformers(export_dir, config_json, batch, training)
+            main, version, float32_inside = run_transformers(export_dir, config_json, batch, training)
         except GoldenError as e:
             raise explain_aliases(e, aliases)
         defaulted = {}
         implementation = {"name": "transformers", "version": version, "architecture": config_json.get("model_type"),
                           "torch": torch.__version__}
-        import transformers_impl
-
-        epsilon = 2.0 ** -23 if config_json.get("model_type") in transformers_impl.FLOAT32_INSIDE else 2.0 ** -52
+        epsilon = 2.0 ** -23 if float32_inside else 2.0 ** -52
         if noise_twin:
-            twin, _ = run_transformers(export_dir, config_json, batch, training, twin=True)
+            twin, _, _ = run_transformers(export_dir, config_json, batch, training, twin=True)
             a, b = twin.tensors(), main.tensors()
             noise = {k: relative_error(a[k], b[k]) for k in b}
     tensors = main.tensors()

@@ -16,9 +16,35 @@ from errors import GoldenError
 # hidden_states tuple replaces it with the final norm's output.
 _LAYERS = {"gpt2": ("transformer", "h")}
 # The precision the original computes in although its weights are float64: transformers'
-# RMSNorm, rotary tables and routers cast to float32 (modeling_llama.py LlamaRMSNorm,
-# LlamaRotaryEmbedding's "Force float32", the routers' softmax(dtype=torch.float)).
-FLOAT32_INSIDE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
+# Llama-derived models (and many others) cast their RMSNorm, rotary tables and routers to
+# float32 (modeling_llama.py LlamaRMSNorm, LlamaRotaryEmbedding's "Force float32", the routers'
+# softmax(dtype=torch.float)). Seen, for any model_type, by computes_in_float32.
+_LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _LowPrecisionSeen(torch.overrides.TorchFunctionMode):
+    """Records whether any torch function (tensor methods included) returns a floating tensor
+    of less than float64's precision."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dtype in _LOW_PRECISION:
+                self.seen = True
+        return out
+
+
+def computes_in_float32(model, batch):
+    """Whether the float64 model computes anything in float32 (or less) inside: one forward
+    with every torch function's result watched."""
+    watch = _LowPrecisionSeen()
+    with torch.no_grad(), watch:
+        model(input_ids=batch["input_ids"], use_cache=False, return_dict=True)
+    return watch.seen
 
 
 def load(export_dir, config):
@@ -72,15 +98,15 @@ def _round_outputs(model):
     return [m.register_forward_hook(lambda _m, _i, out: rounded(out)) for m in leaves]
 
 
-def forward(model, model_type, batch, twin=False):
+def forward(model, model_type, batch, twin=False, float32_inside=False):
     """(logits, hidden states [embeddings, each layer's output, the final norm's], the
     router's weighted aux loss or None), from the model's own forward. The noise twin
     (twin=True) runs the rows of the batch in reverse order (every sum over the batch in
-    another order) and, for a model that computes in float32 inside (FLOAT32_INSIDE), rounds
-    every module's output to float32; its outputs come back in the batch's order."""
+    another order) and, for a model that computes in float32 inside (computes_in_float32),
+    rounds every module's output to float32; its outputs come back in the batch's order."""
     if twin:
         batch = {k: v.flip(0) for k, v in batch.items()}
-        handles = _round_outputs(model) if model_type in FLOAT32_INSIDE else []
+        handles = _round_outputs(model) if float32_inside else []
         try:
             logits, hidden, aux = forward(model, model_type, batch)
         finally:
