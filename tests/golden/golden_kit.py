@@ -47,8 +47,17 @@ def parse_args(doc):
 
 def run_under(python):
     """Re-executes this script under `python` unless it already runs there (ctest may start it
-    with any Python); exits 2 when that Python is missing."""
+    with any Python); exits 2 when that Python is missing or cannot import torch and
+    transformers."""
     if os.path.abspath(sys.executable) == os.path.abspath(python):
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as e:
+            print("--python %s cannot import torch and transformers (%s): MIH_TRANSFORMERS_PYTHON must name a Python "
+                  "with both (scripts/test installs the pinned venv and passes it); configure with "
+                  "-DMIH_TRANSFORMERS_PYTHON= to build without these tests" % (python, e))
+            sys.exit(2)
         return
     if not os.access(python, os.X_OK):
         print("--python %s: no such executable; pass the Python with transformers (MIH_TRANSFORMERS_PYTHON)" % python)
