@@ -110,8 +110,8 @@ Golden read_golden(const fs::path& dir) {
   // The builtin's noise twin differs in float64 reduction orders: its relative error is a few
   // thousand float64 epsilons at most (the reference goldens' largest, gpt2's, is 1500).
   // transformers' twin rounds every module's output to float32 where the original computes in
-  // float32 inside: a few float32 epsilons (the reference goldens' largest, a parameter after
-  // the step of moe_qwen, is 6).
+  // float32 inside: tens of float32 epsilons at most (the reference goldens' largest, a parameter after
+  // the step of qwen3, is 18).
   const bool float32_inside = std::abs(g.compute_epsilon - eps32) <= 1e-3 * eps32;
   const double noise_cap = float32_inside ? 1e2 * eps32 : 1e5 * eps64;
   const char* cap_text = float32_inside ? "transformers' float32-rounded noise twin: at most 100 float32 epsilons"

@@ -53,7 +53,8 @@ const std::vector<Command>& commands() {
        "producer (mih_golden.py, any Python with torch) on the export: the ORIGINAL architecture's loss, logits, "
        "hidden states, gradients and parameters after one step (golden.json, golden.safetensors), which `mih test "
        "--golden DIR` compares the port's reference with (MatchesOriginal). --impl builtin (default: the producer's "
-       "own Llama, Mixtral/Qwen2-MoE, GPT-2) or transformers.",
+       "own Llama, Qwen3, Mixtral/Qwen2-MoE/Qwen3-MoE, GPT-2), transformers (Hugging Face's from_pretrained, any "
+       "architecture it has), or --plugin FILE (your own).",
        setup_golden},
       {"scaffold",
        "Write a new port's project into --out: a small working port on the harness layers (model.h, a tiny "

@@ -174,8 +174,10 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
       ->required()
       ->check(cli::non_empty_path());
   CLI::Option* impl = sub.add_option("--impl", f->impl,
-                 "builtin: the producer's own PyTorch Llama, Mixtral/Qwen2-MoE and GPT-2 (what mih's CI runs); "
-                 "transformers: Hugging Face transformers' from_pretrained of the export (needs transformers)")
+                 "builtin: the producer's own PyTorch Llama, Qwen3, Mixtral/Qwen2-MoE/Qwen3-MoE and GPT-2 (any "
+                 "Python with torch); transformers: Hugging Face transformers' from_pretrained of the export, any "
+                 "architecture it has (needs a --python with transformers, such as the scripts' venv; what mih's "
+                 "build and CI compare the reference specs with)")
       ->check(CLI::IsMember({"builtin", "transformers"}))
       ->capture_default_str();
   sub.add_option("--plugin", f->plugin,

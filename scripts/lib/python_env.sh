@@ -15,10 +15,14 @@ MIH_PY_REQUIREMENTS="$MIH_ROOT/python/requirements-golden.txt"
 
 mih_pyenv_digest() { sha256sum "$MIH_PY_REQUIREMENTS" | cut -c1-64; }
 
-# Prints the venv's python when the venv is complete for today's requirements.
+# Whether the venv is complete for today's requirements: its marker names their digest and its
+# python still finds torch and transformers (a package deleted since is installed again; found,
+# not imported: a few milliseconds).
 mih_pyenv_ready() {
   local dir=$1 digest=$2
-  [ -x "$dir/bin/python" ] && [ -f "$dir/.mih-complete" ] && [ "$(cat "$dir/.mih-complete")" = "$digest" ]
+  [ -x "$dir/bin/python" ] && [ -f "$dir/.mih-complete" ] && [ "$(cat "$dir/.mih-complete")" = "$digest" ] &&
+    "$dir/bin/python" -c 'import importlib.util as u, sys
+sys.exit(0 if u.find_spec("torch") and u.find_spec("transformers") else 1)' 2>/dev/null
 }
 
 # Whether dir holds something the scripts did not make: a file, or a directory with files and

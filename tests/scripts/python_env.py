@@ -37,6 +37,23 @@ def ensure(root, env):
     return p.returncode, chosen, out, time.time() - start
 
 
+def fake_venv(path, digest):
+    """A venv of the scripts' as complete as the ready check sees one: its marker, and a python
+    (this one, through a wrapper) that finds packages named torch and transformers."""
+    for package in ("torch", "transformers"):
+        os.makedirs(os.path.join(path, "site", package))
+        open(os.path.join(path, "site", package, "__init__.py"), "w").close()
+    os.makedirs(os.path.join(path, "bin"))
+    python = os.path.join(path, "bin", "python")
+    with open(python, "w") as f:
+        f.write('#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' % (os.path.join(path, "site"), sys.executable))
+    os.chmod(python, 0o755)
+    for marker, text in ((".mih-pyenv", ""), (".mih-complete", digest)):
+        with open(os.path.join(path, marker), "w") as f:
+            f.write(text)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="mih's source tree")
@@ -49,14 +66,17 @@ def main():
         digest = hashlib.sha256(f.read()).hexdigest()
 
     # A complete venv of today's pins: used as it is (its pip is never run: here it has none).
-    ready = os.path.join(a.work, "ready")
-    os.makedirs(os.path.join(ready, "bin"))
-    os.symlink(sys.executable, os.path.join(ready, "bin", "python"))
-    with open(os.path.join(ready, ".mih-complete"), "w") as f:
-        f.write(digest)
+    ready = fake_venv(os.path.join(a.work, "ready"), digest)
     rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=ready))
     check(rc == 0 and chosen == os.path.join(ready, "bin", "python") and "installing" not in out,
           "a complete venv of today's pins is used without installing", out)
+
+    # Its marker intact but transformers deleted since: installed again (here: no PyPI, so gone).
+    broken = fake_venv(os.path.join(a.work, "broken"), digest)
+    shutil.rmtree(os.path.join(broken, "site", "transformers"))
+    rc, chosen, out, _ = ensure(a.root, dict(offline, MIH_PYENV=broken))
+    check(rc == 0 and chosen == "" and "installing the pinned Python side" in out and not os.path.exists(broken),
+          "a venv whose transformers was deleted (its marker intact) is installed again, not trusted", out)
 
     # Stale pins: installed again, which fails without PyPI, and the old venv is gone.
     with open(os.path.join(ready, ".mih-complete"), "w") as f:
