@@ -28,11 +28,11 @@ FAILURES = []
 
 
 def check(ok, what, detail=""):
-    print(("ok    " if ok else "FAIL  ") + what)
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
     if not ok:
         FAILURES.append(what)
         if detail:
-            print("      " + detail.replace("\n", "\n      ")[-3000:])
+            print("      " + str(detail).replace("\n", "\n      ")[-3000:], flush=True)
 
 
 def live_mih_process(pid):

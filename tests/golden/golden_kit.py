@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 
-FAILURES = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from outcomes import FAILURES, check  # noqa: E402,F401  (the drivers' shared record)
 
 # Specs whose export names an architecture transformers has but mih's layout does not fit,
 # with the reason; the tests load them and require that they still do NOT load whole (a spec
@@ -19,14 +20,6 @@ KNOWN_NON_LOADING = {
         "mih's vlm tower is a plain ViT (fused qkv, bias-free projections, no class embedding, no pre-layernorm) "
         "under its own key names, not the CLIP vision encoder transformers' LlavaForConditionalGeneration builds",
 }
-
-
-def check(ok, what, detail=""):
-    print(("ok    " if ok else "FAIL  ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
-        if detail:
-            print("      " + str(detail).replace("\n", "\n      ")[-3000:], flush=True)
 
 
 def finish():

@@ -15,14 +15,8 @@ import subprocess
 import sys
 import time
 
-FAILURES = []
-
-
-def check(ok, what, detail=""):
-    print(("ok    " if ok else "FAIL  ") + what)
-    if not ok:
-        FAILURES.append(what)
-        print("      " + detail[-2000:].replace("\n", "\n      "))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+from outcomes import FAILURES, check  # noqa: E402
 
 
 def ensure(root, env):
