@@ -2,6 +2,7 @@
 // faults.cpp): the faulty case, its contrast cases run with the same fault, and the Reference.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -50,5 +51,12 @@ nlohmann::json diagnose_fault(const FaultEntry& f, const FaultRuns& runs);
 /// The diagnoses of a `mih faults` report (its "faults" rows and "diagnosed", "total") as a
 /// Markdown section, for after the detection table.
 std::string diagnosis_section(const nlohmann::json& report);
+
+/// Writes the detection matrix of `mih faults` (its "faults" rows, counted) as JSON to
+/// options.json_out (default <out>/faults.json) with its Markdown beside it, prints its table;
+/// returns the run's exit status: `infrastructure` when set, else 1 when a fault was missed,
+/// mislocalized or misdiagnosed or a twin failed, else 0 (faults_report.cpp).
+int report_fault_matrix(const FaultsOptions& options, const std::filesystem::path& out, int infrastructure,
+                        const nlohmann::json& rows, std::chrono::steady_clock::time_point start);
 
 }  // namespace mih::cases

@@ -120,33 +120,6 @@ void say(bool progress, const std::string& line) {
   if (progress) std::fprintf(stderr, "[mih faults] %s\n", line.c_str());
 }
 
-// The detection matrix as a Markdown table (next to the JSON, for a CI job's summary).
-std::string markdown_table(const json& report) {
-  auto cell = [](std::string text) {
-    std::string out;
-    for (char c : text) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string(" ") : std::string(1, c);
-    return out.size() > 240 ? out.substr(0, 237) + "..." : out;
-  };
-  std::string md = "# Fault catalog: " + std::to_string(report["detected"].get<int>()) + " of " +
-                   std::to_string(report["total"].get<size_t>()) + " faults detected, " +
-                   std::to_string(report["localized"].get<int>()) + " localized to the expected place, " +
-                   std::to_string(report["fault_free_failures"].get<int>()) + " fault-free twin(s) failed\n\n";
-  md += "| ID | kind | case | detected | caught by | blamed (expected) | suites failed | twin | message |\n";
-  md += "|----|------|------|----------|-----------|-------------------|---------------|------|---------|\n";
-  for (const auto& r : report["faults"]) {
-    std::string suites = join(r["suites_failed"], ", ", [](const json& x) { return x.get<std::string>(); });
-    std::string message = r["message"].get<std::string>();
-    if (message.rfind("Failed\n", 0) == 0) message = message.substr(7);
-    md += "| " + r["id"].get<std::string>() + " | " + cell(r["kind"].get<std::string>()) + " | " +
-          r["spec"].get<std::string>() + " " + r["case"].get<std::string>() + " | " +
-          (r["detected"].get<bool>() ? "yes" : "**no**") + " | " + r["caught_by"].get<std::string>() + " | " +
-          r["blamed"].get<std::string>() +
-          (r["localized"].get<bool>() ? "" : " (**" + r["expected_blame"].get<std::string>() + "**)") + " | " + suites +
-          " | " + (r["twin_passed"].get<bool>() ? "passed" : "**failed**") + " | " + cell(message) + " |\n";
-  }
-  return md;
-}
-
 // The names of `f`'s contrast cases in lane `dtype` ("Reference" as it is).
 std::vector<std::string> contrast_names(const FaultEntry& f, const spec::ModelSpec& s, const std::string& dtype) {
   std::vector<std::string> names;
@@ -187,17 +160,8 @@ std::map<std::string, std::string> expected_blame_overrides() {
   return out;
 }
 
-}  // namespace
-
-int run_faults(const FaultsOptions& options) {
-  const bool progress = options.progress;
-  const double case_timeout_s = static_cast<double>(options.case_timeout.count()) / 1000.0;
-  const std::vector<std::string>& only = options.only;
-  const bool list = options.list;
-  const std::string& json_out = options.json_out;
-  fs::path out = options.out;
-
-  std::vector<const FaultEntry*> faults;
+// The faults a run covers: --fault's IDs, each naming one, or the whole catalog.
+std::vector<const FaultEntry*> selected_faults(const std::vector<std::string>& only) {
   std::set<std::string> wanted;
   for (const auto& id : only) {
     const fault::Fault f = fault::parse(id);
@@ -206,321 +170,366 @@ int run_faults(const FaultsOptions& options) {
               "(`mih faults --list`), or leave --fault out to run them all");
     wanted.insert(fault::name(f));
   }
+  std::vector<const FaultEntry*> faults;
   for (const auto& f : fault_catalog()) {
     if (wanted.empty() || wanted.count(f.id)) faults.push_back(&f);
   }
-  const std::map<std::string, std::string> blame_override = expected_blame_overrides();
-  auto expected_blame = [&](const FaultEntry& f) {
-    const auto it = blame_override.find(f.id);
-    return it == blame_override.end() ? f.expected_blame : it->second;
-  };
-  for (const auto& [id, place] : blame_override) {
-    // Said even with --no-progress: it changes the verdict.
-    std::fprintf(stderr, "mih faults: %s is set: %s is expected to be blamed on '%s', not the catalog's place (a test "
-                 "hook)\n", kExpectedBlameVar, id.c_str(), place.c_str());
-  }
-  if (list) {
-    for (const auto* f : faults) {
-      std::string expected = join(f->expected, ", ");
-      std::printf("%s  %-34s %s/%s  (%s)\n      %s\n      expected: %s\n", f->id.c_str(), f->kind.c_str(),
-                  f->spec.c_str(), f->case_entry.dump().c_str(), f->where.c_str(), f->fault.c_str(), expected.c_str());
-      std::printf("      diagnosis: %s (contrasts %s)\n", f->expected_diagnosis.c_str(), json(f->contrast).dump().c_str());
-    }
-    return 0;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  out = fs::absolute(out);
-  fs::create_directories(out / layout::kMatricesDir);
-  MIH_CHECK_CODE(fs::is_directory(out), Code::kFailedPrecondition, "mih faults: cannot create ", out.string());
+  return faults;
+}
 
-  // One matrix per spec, of the cases its faults manifest under; the case name of each fault.
+void list_faults(const std::vector<const FaultEntry*>& faults) {
+  for (const auto* f : faults) {
+    std::string expected = join(f->expected, ", ");
+    std::printf("%s  %-34s %s/%s  (%s)\n      %s\n      expected: %s\n", f->id.c_str(), f->kind.c_str(),
+                f->spec.c_str(), f->case_entry.dump().c_str(), f->where.c_str(), f->fault.c_str(), expected.c_str());
+    std::printf("      diagnosis: %s (contrasts %s)\n", f->expected_diagnosis.c_str(), json(f->contrast).dump().c_str());
+  }
+}
+
+// One matrix per spec, of the cases its faults manifest under; the case name of each fault.
+struct FaultPlan {
+  std::map<std::string, fs::path> matrix_file;                          // spec -> its fault matrix
+  std::map<std::string, spec::CaseMatrix> matrices;                     // spec -> that matrix resolved
+  std::map<std::string, std::string> prefix_of;                         // spec -> registration prefix
+  std::map<const FaultEntry*, std::string> case_of;                     // the case the fault runs in
+  std::map<const FaultEntry*, std::vector<std::string>> contrast_of;    // its contrasts' case names
+};
+
+FaultPlan plan_faults(const std::vector<const FaultEntry*>& faults, const fs::path& out, const std::string& dtype) {
+  FaultPlan plan;
   std::map<std::string, std::vector<json>> entries;  // spec -> unique case entries
-  std::map<std::string, std::string> prefix_of;       // spec -> registration prefix
   for (const auto* f : faults) {
     auto& list_of = entries[f->spec];
     if (std::find(list_of.begin(), list_of.end(), f->case_entry) == list_of.end()) list_of.push_back(f->case_entry);
     for (const auto& k : f->contrast) {  // the diagnosis's contrasts ("Reference" is always there)
       if (k.is_object() && std::find(list_of.begin(), list_of.end(), k) == list_of.end()) list_of.push_back(k);
     }
-    prefix_of[f->spec] = f->prefix;
+    plan.prefix_of[f->spec] = f->prefix;
   }
-  std::map<std::string, fs::path> matrix_file;
-  std::map<std::string, spec::CaseMatrix> matrices;
   for (const auto& [spec_name, cases] : entries) {
-    const json m = matrix_json("faults-" + spec_name, cases, options.dtype);
-    matrix_file[spec_name] = out / layout::fault_matrix(spec_name);
+    const json m = matrix_json("faults-" + spec_name, cases, dtype);
+    const fs::path file = plan.matrix_file[spec_name] = out / layout::fault_matrix(spec_name);
     // Rewritten only when it changes: its content is part of every case's fingerprint.
     std::string old;
-    if (!read_file(matrix_file[spec_name], &old) || old != m.dump(2)) write_file_atomic(matrix_file[spec_name], m.dump(2));
-    matrices.emplace(spec_name, spec::resolve_matrix(spec::SpecRegistry::instance().get(spec_name), m));
+    if (!read_file(file, &old) || old != m.dump(2)) write_file_atomic(file, m.dump(2));
+    plan.matrices.emplace(spec_name, spec::resolve_matrix(spec::SpecRegistry::instance().get(spec_name), m));
   }
-  std::map<const FaultEntry*, std::string> case_of;
-  std::map<const FaultEntry*, std::vector<std::string>> contrast_of;
   for (const auto* f : faults) {
     const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
-    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}, options.dtype));
+    const spec::CaseMatrix one = spec::resolve_matrix(s, matrix_json("one", {f->case_entry}, dtype));
     const auto it = std::find_if(one.cases.begin(), one.cases.end(), [](const spec::Case& c) { return !added_case(c.name); });
     MIH_CHECK(it != one.cases.end(), "fault ", f->id, ": its case ", f->case_entry.dump(), " does not fit spec ", f->spec,
               (one.rejected.empty() ? std::string() : ": " + one.rejected.front().reason));
-    case_of[f] = it->name;
-    contrast_of[f] = contrast_names(*f, s, options.dtype);
+    plan.case_of[f] = it->name;
+    plan.contrast_of[f] = contrast_names(*f, s, dtype);
   }
+  return plan;
+}
 
-  // The fault-free twins: every case of each spec's matrix, with the reference, once.
-  const fs::path clean = out / layout::kFaultFreeDir;
-  fs::create_directories(clean);
-  fs::remove(clean / layout::kResults);
+// What one fault's detection and diagnosis run with; `infrastructure` keeps the first exit
+// status that is neither a pass nor a failure.
+struct FaultContext {
+  const FaultsOptions& options;
+  double case_timeout_s;
+  const FaultPlan& plan;
+  fs::path out, clean;
+  std::vector<TestResult> clean_results;
+  std::map<std::string, std::string> blame_override;
   int infrastructure = 0;
-  for (const auto& [spec_name, file] : matrix_file) {
-    say(progress, "fault-free twins of " + spec_name + " (" + std::to_string(matrices.at(spec_name).cases.size()) +
-                      " cases) ...");
-    const int rc = mih_test(clean, prefix_of[spec_name], file, case_timeout_s, "", "", "",
-                            clean / layout::twins_test_log(spec_name));
+
+  void infrastructure_failed(int rc) { infrastructure = infrastructure ? infrastructure : rc; }
+  std::string expected_blame(const FaultEntry& f) const {
+    const auto it = blame_override.find(f.id);
+    return it == blame_override.end() ? f.expected_blame : it->second;
+  }
+};
+
+// The fault-free twins: every case of each spec's matrix, with the reference, once.
+void run_twins(FaultContext& ctx) {
+  const bool progress = ctx.options.progress;
+  fs::create_directories(ctx.clean);
+  fs::remove(ctx.clean / layout::kResults);
+  for (const auto& [spec_name, file] : ctx.plan.matrix_file) {
+    say(progress, "fault-free twins of " + spec_name + " (" +
+                      std::to_string(ctx.plan.matrices.at(spec_name).cases.size()) + " cases) ...");
+    const int rc = mih_test(ctx.clean, ctx.plan.prefix_of.at(spec_name), file, ctx.case_timeout_s, "", "", "",
+                            ctx.clean / layout::twins_test_log(spec_name));
     if (rc != 0 && rc != 1) {
-      infrastructure = infrastructure ? infrastructure : rc;
-      say(progress, "  exit " + std::to_string(rc) + ": see " + (clean / layout::twins_test_log(spec_name)).string());
+      ctx.infrastructure_failed(rc);
+      say(progress, "  exit " + std::to_string(rc) + ": see " + (ctx.clean / layout::twins_test_log(spec_name)).string());
     }
   }
-  const std::vector<TestResult> clean_results = run_tests_of(clean);
+  ctx.clean_results = run_tests_of(ctx.clean);
+}
 
+// The cases that run with the fault: its case, or for a config-invariant fault every case of
+// the row (the reference included; the rest of the spec's matrix stays fault-free).
+std::set<std::string> faulty_cases(const FaultEntry& f, const std::string& case_name, const spec::CaseMatrix& matrix) {
+  std::set<std::string> faulty = {case_name};
+  if (f.config_invariant) {
+    for (const auto& c : matrix.cases) {
+      if (c.name == case_name || added_case(c.name)) faulty.insert(c.name);
+    }
+  }
+  return faulty;
+}
+
+// `mih test` of the faulty cases under <out>/<ID>, the fault-free cases they are compared with
+// shared with the twins' run; returns its exit status.
+int run_detection(const FaultContext& ctx, const FaultEntry& f, const std::set<std::string>& faulty) {
+  const fs::path root = ctx.out / f.id;
+  fs::remove_all(root);
+  fs::create_directories(root / f.spec);
+  std::string faulty_list, filter;
+  for (const auto& c : faulty) {
+    faulty_list += (faulty_list.empty() ? "" : ",") + c;
+    filter += (filter.empty() ? "" : ":") + f.prefix + "/*.*/" + c;
+  }
+  for (const auto& c : ctx.plan.matrices.at(f.spec).cases) {
+    if (!faulty.count(c.name) && fs::exists(ctx.clean / f.spec / c.name)) {
+      fs::create_directory_symlink(ctx.clean / f.spec / c.name, root / f.spec / c.name);
+    }
+  }
+  say(ctx.options.progress, f.id + " " + f.kind + ": " + f.spec + "/" + faulty_list + " with MIH_FAULT=" + f.id + " ...");
+  return mih_test(root, f.prefix, ctx.plan.matrix_file.at(f.spec), ctx.case_timeout_s, filter, f.id, faulty_list,
+                  root / layout::kTestLog);
+}
+
+// The failed tests of the faulty cases: which caught the fault (the expected test, its message
+// naming the cause), and what the harness blames: the catching test, else the first failed one,
+// on the case it failed on (a config-invariant fault is caught on the reference).
+struct Failures {
+  std::set<std::string> suites;
+  json tests = json::array();
+  std::string caught_by, message;
+  std::string blame_test, blame_message, blame_case;
+  json others_failed = json::array();  // config-invariant: tests of other suites that failed
+};
+
+Failures failures_of(const FaultEntry& f, const fs::path& root, const std::string& case_name,
+                     const std::set<std::string>& faulty) {
+  Failures out;
+  out.blame_case = case_name;
+  for (const auto& r : run_tests_of(root)) {
+    if (!faulty.count(r.case_name) || r.status != TestStatus::kFailed) continue;
+    const std::string test = r.suite + "." + r.test;
+    out.suites.insert(r.suite);
+    out.tests.push_back(test);
+    if (f.config_invariant && !expected_test(f, r)) out.others_failed.push_back(test + "/" + r.case_name);
+    if (out.blame_test.empty()) {
+      out.blame_test = test;
+      out.blame_message = r.message;
+      out.blame_case = r.case_name;
+    }
+    if (out.caught_by.empty() && expected_test(f, r) && names_cause(f, r.message)) {
+      out.caught_by = test;
+      out.message = r.message;
+      out.blame_case = r.case_name;
+    }
+  }
+  if (!out.caught_by.empty()) {
+    out.blame_test = out.caught_by;
+    out.blame_message = out.message;
+  }
+  return out;
+}
+
+// The error findings of the faulty case ("finding_codes"), and its first divergence from what it
+// is compared with ("first_divergence"); "evidence_error" when its evidence cannot be read.
+void read_detection_evidence(const fs::path& root, const FaultEntry& f, const std::string& case_name, json& row) {
+  std::set<std::string> codes;
+  json first = nullptr;
+  try {
+    const verdicts::CaseEvidence ev(root / f.spec / case_name);
+    if (ev.has(layout::kFindings)) {
+      for (const auto& finding : ev.findings()) {
+        if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
+      }
+    }
+    const std::string target = ev.resolved_case().compare_to;
+    if (!target.empty() && fs::exists(root / f.spec / target)) {
+      CompareOptions o;
+      o.tolerance = verdicts::case_tolerance(ev);
+      o.first_step = ev.resolved_case().resume_at;
+      // A reduced lane: at the calibrated tolerances NumericParity judged it by.
+      std::optional<Calibration> cal;
+      const fs::path lane = root / f.spec / spec::kLaneReference, twin = root / f.spec / spec::kNoiseTwin;
+      if (verdicts::calibrated_lane(ev) && fs::exists(lane) && fs::exists(twin)) {
+        cal = verdicts::lane_calibration(verdicts::CaseEvidence(lane), verdicts::CaseEvidence(twin), ev);
+        o.calibration = &*cal;
+      }
+      const Comparison c = compare_evidence(root / f.spec / target, ev.dir(), o);
+      if (!c.divergences.empty()) {
+        const Divergence& d = c.divergences.front();
+        first = {{"kind", d.kind}, {"name", d.name}, {"step", d.step}, {"stage", d.stage},
+                 {"relative_error", d.relative_error}, {"tolerance", d.tolerance}, {"compared_with", target}};
+        if (d.noise > 0) first["error_over_noise"] = d.relative_error / d.noise;
+      }
+    }
+  } catch (const std::exception& e) {
+    row["evidence_error"] = e.what();
+  }
+  row["finding_codes"] = codes;
+  row["first_divergence"] = first;
+}
+
+// Where the harness puts the blame for the failure that caught (or first failed on) the fault.
+Localization blame_of(const fs::path& root, const FaultEntry& f, const Failures& failed) {
+  Localization where;
+  if (failed.blame_test.empty()) return where;
+  try {
+    const verdicts::CaseEvidence ev(root / f.spec / failed.blame_case);
+    const std::string& m = failed.blame_message;
+    const std::string text = m.rfind("Failed\n", 0) == 0 ? m.substr(7) : m;
+    where = verdicts::blame(ev, failed.blame_test.substr(0, failed.blame_test.find('.')), text);
+  } catch (const std::exception& e) {
+    where.reason = e.what();
+  }
+  return where;
+}
+
+// The twin: every test of the same cases without the fault ("twin_tests", "twin_passed",
+// "twin_failures").
+void judge_twin(const std::vector<TestResult>& clean_results, const FaultEntry& f, const std::set<std::string>& faulty,
+                json& row) {
+  json twin_failed = json::array();
+  int twin_tests = 0;
+  for (const auto& r : clean_results) {
+    if (r.spec != f.spec || !faulty.count(r.case_name)) continue;
+    ++twin_tests;
+    if (r.status == TestStatus::kFailed) {
+      twin_failed.push_back({{"test", r.suite + "." + r.test}, {"message", first_lines(r.message, 3)}});
+    }
+  }
+  row["twin_tests"] = twin_tests;
+  row["twin_passed"] = twin_tests > 0 && twin_failed.empty();
+  row["twin_failures"] = twin_failed;
+}
+
+// A fault no rank reached ran the correct code: nothing about it was checked, whatever failed.
+bool fault_reached(const fs::path& case_dir) {
+  try {
+    const CaseRecord run = read_case_record(case_dir / layout::kCaseRecord);
+    return run.fault_reached.value_or(true) && run.outcome != Outcome::kFaultNotReached;
+  } catch (const std::exception&) {
+    return true;  // no record: the launch failed, which the exit status reports
+  }
+}
+
+// The diagnosis across the case, its contrasts (with the fault too) and the Reference.
+void diagnose_across_contrasts(FaultContext& ctx, const FaultEntry& f, const std::string& case_name, json& row) {
+  const fs::path root = ctx.out / f.id;
+  const auto c0 = std::chrono::steady_clock::now();
+  const FaultRuns runs{root, root / layout::kContrastDir, ctx.clean, case_name, ctx.plan.contrast_of.at(&f)};
+  std::map<std::string, std::string> compared_with;
+  for (const auto& c : ctx.plan.matrices.at(f.spec).cases) compared_with[c.name] = c.compare_to;
+  const int contrast_rc = run_contrasts(f, runs, compared_with, [&](const fs::path& dir, const std::string& filter,
+                                                                   const std::string& cases, const fs::path& log) {
+    return mih_test(dir, f.prefix, ctx.plan.matrix_file.at(f.spec), ctx.case_timeout_s, filter, f.id, cases, log);
+  });
+  row["contrast_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+  if (contrast_rc != 0) ctx.infrastructure_failed(contrast_rc);
+  row.update(diagnose_fault(f, runs));
+  say(ctx.options.progress, "  diagnosis" +
+                                std::string(row["diagnosed"].get<bool>() ? "" : " (NOT the expected " + f.expected_diagnosis + ")") +
+                                ": " + row["diagnosis"]["summary"].get<std::string>());
+}
+
+// The progress line of one fault's verdict.
+std::string verdict_line(const json& row, const Failures& failed, const std::string& expected_blame) {
+  const bool ok = row["detected"].get<bool>();
+  const std::string suites = join(failed.suites, ", ");
+  return std::string("  ") +
+         (ok                                  ? "DETECTED by " + failed.caught_by
+          : !row["fault_reached"].get<bool>() ? "NOT REACHED (its code never ran)"
+          : !failed.caught_by.empty()         ? "NOT DETECTED ALONE: also failed " + failed.others_failed.dump()
+                                              : "NOT DETECTED") +
+         (ok && !row["localized"].get<bool>()
+              ? "; NOT LOCALIZED: blamed '" + row["blamed"].get<std::string>() + "', the catalog expects '" +
+                    expected_blame + "'"
+              : "") +
+         (suites.empty() ? "" : "; failed: " + suites) + (row["twin_passed"].get<bool>() ? "" : "; FAULT-FREE TWIN FAILED") +
+         " (" + std::to_string(row["seconds"].get<double>()).substr(0, 4) + " s)";
+}
+
+// One row of the detection matrix: the fault's cases run with it, judged against their twins,
+// blamed and diagnosed.
+json run_fault(FaultContext& ctx, const FaultEntry& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string case_name = ctx.plan.case_of.at(&f);
+  const fs::path root = ctx.out / f.id;
+  const spec::CaseMatrix& matrix = ctx.plan.matrices.at(f.spec);
+  const std::set<std::string> faulty = faulty_cases(f, case_name, matrix);
+  const int rc = run_detection(ctx, f, faulty);
+  json row = {{"id", f.id},
+              {"kind", f.kind},
+              {"fault", f.fault},
+              {"where", f.where},
+              {"spec", f.spec},
+              {"case", case_name},
+              {"config", matrix.at(case_name).config.name()},
+              {"expected", f.expected},
+              {"exit_status", rc},
+              {"evidence", (root / f.spec / case_name).string()}};
+  if (!f.report.empty()) row["report"] = f.report;
+  const Failures failed = failures_of(f, root, case_name, faulty);
+  row["suites_failed"] = failed.suites;
+  row["failed_tests"] = failed.tests;
+  read_detection_evidence(root, f, case_name, row);
+  const Localization where = blame_of(root, f, failed);
+  row["blamed"] = where.blamed;
+  row["blame_reason"] = where.reason;
+  row["expected_blame"] = ctx.expected_blame(f);
+  if (ctx.blame_override.count(f.id)) row["expected_blame_from"] = kExpectedBlameVar;
+  row["localized"] = !where.blamed.empty() && where.blamed == ctx.expected_blame(f);
+  judge_twin(ctx.clean_results, f, faulty, row);
+  const bool reached = fault_reached(root / f.spec / case_name);
+  row["fault_reached"] = reached;
+  // A config-invariant fault is the port computing another model the same way everywhere:
+  // caught by the expected suite alone (every suite comparing the port with itself passes).
+  if (f.config_invariant) {
+    row["config_invariant"] = true;
+    row["fault_cases"] = faulty;
+    row["others_failed"] = failed.others_failed;
+  }
+  row["detected"] = reached && !failed.caught_by.empty() && failed.others_failed.empty();
+  row["caught_by"] = failed.caught_by;
+  row["message"] = first_lines(failed.message, 4);
+  diagnose_across_contrasts(ctx, f, case_name, row);
+  row["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (rc != 0 && rc != 1) {
+    ctx.infrastructure_failed(rc);
+    row["error"] = "mih test exited " + std::to_string(rc) + "; see " + (root / layout::kTestLog).string();
+  }
+  say(ctx.options.progress, verdict_line(row, failed, ctx.expected_blame(f)));
+  return row;
+}
+
+}  // namespace
+
+int run_faults(const FaultsOptions& options) {
+  const std::vector<const FaultEntry*> faults = selected_faults(options.only);
+  const std::map<std::string, std::string> blame_override = expected_blame_overrides();
+  for (const auto& [id, place] : blame_override) {
+    // Said even with --no-progress: it changes the verdict.
+    std::fprintf(stderr, "mih faults: %s is set: %s is expected to be blamed on '%s', not the catalog's place (a test "
+                 "hook)\n", kExpectedBlameVar, id.c_str(), place.c_str());
+  }
+  if (options.list) {
+    list_faults(faults);
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const fs::path out = fs::absolute(options.out);
+  fs::create_directories(out / layout::kMatricesDir);
+  MIH_CHECK_CODE(fs::is_directory(out), Code::kFailedPrecondition, "mih faults: cannot create ", out.string());
+  const FaultPlan plan = plan_faults(faults, out, options.dtype);
+  FaultContext ctx{options, static_cast<double>(options.case_timeout.count()) / 1000.0, plan, out,
+                   out / layout::kFaultFreeDir, {}, blame_override};
+  run_twins(ctx);
   json rows = json::array();
-  int detected = 0, twin_failures = 0, localized = 0, diagnosed = 0;
-  for (const auto* f : faults) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string case_name = case_of[f];
-    const fs::path root = out / f->id;
-    fs::remove_all(root);
-    fs::create_directories(root / f->spec);
-    // The cases that run with the fault: its case, or for a config-invariant fault every case
-    // of the row (the reference included; the rest of the spec's matrix stays fault-free).
-    std::set<std::string> faulty = {case_name};
-    if (f->config_invariant) {
-      for (const auto& c : matrices.at(f->spec).cases) {
-        if (c.name == case_name || added_case(c.name)) faulty.insert(c.name);
-      }
-    }
-    std::string faulty_list, filter;
-    for (const auto& c : faulty) {
-      faulty_list += (faulty_list.empty() ? "" : ",") + c;
-      filter += (filter.empty() ? "" : ":") + f->prefix + "/*.*/" + c;
-    }
-    // The fault-free cases this one is compared with, shared with the twins' run.
-    for (const auto& c : matrices.at(f->spec).cases) {
-      if (!faulty.count(c.name) && fs::exists(clean / f->spec / c.name)) {
-        fs::create_directory_symlink(clean / f->spec / c.name, root / f->spec / c.name);
-      }
-    }
-    say(progress, f->id + " " + f->kind + ": " + f->spec + "/" + faulty_list + " with MIH_FAULT=" + f->id + " ...");
-    const int rc = mih_test(root, f->prefix, matrix_file[f->spec], case_timeout_s, filter, f->id, faulty_list,
-                            root / layout::kTestLog);
-    json row = {{"id", f->id},
-                {"kind", f->kind},
-                {"fault", f->fault},
-                {"where", f->where},
-                {"spec", f->spec},
-                {"case", case_name},
-                {"config", matrices.at(f->spec).at(case_name).config.name()},
-                {"expected", f->expected},
-                {"exit_status", rc},
-                {"evidence", (root / f->spec / case_name).string()}};
-    if (!f->report.empty()) row["report"] = f->report;
-    std::set<std::string> suites_failed;
-    json failed_tests = json::array();
-    std::string caught_by, message;
-    // What the harness blames: the catching test, else the first failed one; and the case it
-    // failed on (a config-invariant fault is caught on the reference).
-    std::string blame_test, blame_message, blame_case = case_name;
-    json others_failed = json::array();  // config-invariant: tests of other suites that failed
-    for (const auto& r : run_tests_of(root)) {
-      if (!faulty.count(r.case_name) || r.status != TestStatus::kFailed) continue;
-      const std::string test = r.suite + "." + r.test;
-      suites_failed.insert(r.suite);
-      failed_tests.push_back(test);
-      if (f->config_invariant && !expected_test(*f, r)) others_failed.push_back(test + "/" + r.case_name);
-      if (blame_test.empty()) {
-        blame_test = test;
-        blame_message = r.message;
-        blame_case = r.case_name;
-      }
-      if (caught_by.empty() && expected_test(*f, r) && names_cause(*f, r.message)) {
-        caught_by = test;
-        message = r.message;
-        blame_case = r.case_name;
-      }
-    }
-    row["suites_failed"] = suites_failed;
-    row["failed_tests"] = failed_tests;
-    // The error findings of the faulty case, and its first divergence from what it is compared with.
-    std::set<std::string> codes;
-    json first = nullptr;
-    try {
-      const verdicts::CaseEvidence ev(root / f->spec / case_name);
-      if (ev.has(layout::kFindings)) {
-        for (const auto& finding : ev.findings()) {
-          if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
-        }
-      }
-      const std::string target = ev.resolved_case().compare_to;
-      if (!target.empty() && fs::exists(root / f->spec / target)) {
-        CompareOptions o;
-        o.tolerance = verdicts::case_tolerance(ev);
-        o.first_step = ev.resolved_case().resume_at;
-        // A reduced lane: at the calibrated tolerances NumericParity judged it by.
-        std::optional<Calibration> cal;
-        const fs::path lane = root / f->spec / spec::kLaneReference, twin = root / f->spec / spec::kNoiseTwin;
-        if (verdicts::calibrated_lane(ev) && fs::exists(lane) && fs::exists(twin)) {
-          cal = verdicts::lane_calibration(verdicts::CaseEvidence(lane), verdicts::CaseEvidence(twin), ev);
-          o.calibration = &*cal;
-        }
-        const Comparison c = compare_evidence(root / f->spec / target, ev.dir(), o);
-        if (!c.divergences.empty()) {
-          const Divergence& d = c.divergences.front();
-          first = {{"kind", d.kind}, {"name", d.name}, {"step", d.step}, {"stage", d.stage},
-                   {"relative_error", d.relative_error}, {"tolerance", d.tolerance}, {"compared_with", target}};
-          if (d.noise > 0) first["error_over_noise"] = d.relative_error / d.noise;
-        }
-      }
-    } catch (const std::exception& e) {
-      row["evidence_error"] = e.what();
-    }
-    if (!caught_by.empty()) {
-      blame_test = caught_by;
-      blame_message = message;
-    }
-    Localization where;
-    if (!blame_test.empty()) {
-      try {
-        const verdicts::CaseEvidence ev(root / f->spec / blame_case);
-        const std::string text = blame_message.rfind("Failed\n", 0) == 0 ? blame_message.substr(7) : blame_message;
-        where = verdicts::blame(ev, blame_test.substr(0, blame_test.find('.')), text);
-      } catch (const std::exception& e) {
-        where.reason = e.what();
-      }
-    }
-    row["blamed"] = where.blamed;
-    row["blame_reason"] = where.reason;
-    row["expected_blame"] = expected_blame(*f);
-    if (blame_override.count(f->id)) row["expected_blame_from"] = kExpectedBlameVar;
-    row["localized"] = !where.blamed.empty() && where.blamed == expected_blame(*f);
-    localized += row["localized"].get<bool>();
-    row["finding_codes"] = codes;
-    row["first_divergence"] = first;
-    // The twin: every test of the same case without the fault.
-    json twin_failed = json::array();
-    int twin_tests = 0;
-    for (const auto& r : clean_results) {
-      if (r.spec != f->spec || !faulty.count(r.case_name)) continue;
-      ++twin_tests;
-      if (r.status == TestStatus::kFailed) {
-        twin_failed.push_back({{"test", r.suite + "." + r.test}, {"message", first_lines(r.message, 3)}});
-      }
-    }
-    const bool twin_clean = twin_tests > 0 && twin_failed.empty();
-    // A fault no rank reached ran the correct code: nothing about it was checked, whatever failed.
-    bool reached = true;
-    try {
-      const CaseRecord run = read_case_record(root / f->spec / case_name / layout::kCaseRecord);
-      reached = run.fault_reached.value_or(true) && run.outcome != Outcome::kFaultNotReached;
-    } catch (const std::exception&) {
-      // No record: the launch failed, which rc reports.
-    }
-    row["fault_reached"] = reached;
-    // A config-invariant fault is the port computing another model the same way everywhere:
-    // caught by the expected suite alone (every suite comparing the port with itself passes).
-    if (f->config_invariant) {
-      row["config_invariant"] = true;
-      row["fault_cases"] = faulty;
-      row["others_failed"] = others_failed;
-    }
-    const bool ok = reached && !caught_by.empty() && others_failed.empty();
-    row["detected"] = ok;
-    row["caught_by"] = caught_by;
-    row["message"] = first_lines(message, 4);
-    row["twin_tests"] = twin_tests;
-    row["twin_passed"] = twin_clean;
-    row["twin_failures"] = twin_failed;
-    // The diagnosis across the case, its contrasts (with the fault too) and the Reference.
-    const auto c0 = std::chrono::steady_clock::now();
-    const FaultRuns runs{root, root / layout::kContrastDir, clean, case_name, contrast_of[f]};
-    std::map<std::string, std::string> compared_with;
-    for (const auto& c : matrices.at(f->spec).cases) compared_with[c.name] = c.compare_to;
-    const int contrast_rc = run_contrasts(*f, runs, compared_with, [&](const fs::path& dir, const std::string& filter,
-                                                                      const std::string& cases, const fs::path& log) {
-      return mih_test(dir, f->prefix, matrix_file[f->spec], case_timeout_s, filter, f->id, cases, log);
-    });
-    row["contrast_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    if (contrast_rc != 0) infrastructure = infrastructure ? infrastructure : contrast_rc;
-    row.update(diagnose_fault(*f, runs));
-    diagnosed += row["diagnosed"].get<bool>();
-    say(progress, "  diagnosis" + std::string(row["diagnosed"].get<bool>() ? "" : " (NOT the expected " + f->expected_diagnosis + ")") +
-                      ": " + row["diagnosis"]["summary"].get<std::string>());
-    row["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rc != 0 && rc != 1) {
-      infrastructure = infrastructure ? infrastructure : rc;
-      row["error"] = "mih test exited " + std::to_string(rc) + "; see " + (root / layout::kTestLog).string();
-    }
-    detected += ok;
-    twin_failures += !twin_clean;
-    std::string suites = join(suites_failed, ", ");
-    say(progress, std::string("  ") +
-                      (ok                    ? "DETECTED by " + caught_by
-                       : !reached            ? "NOT REACHED (its code never ran)"
-                       : !caught_by.empty()  ? "NOT DETECTED ALONE: also failed " + others_failed.dump()
-                                             : "NOT DETECTED") +
-                      (ok && !row["localized"].get<bool>()
-                           ? "; NOT LOCALIZED: blamed '" + where.blamed + "', the catalog expects '" + expected_blame(*f) + "'"
-                           : "") +
-                      (suites.empty() ? "" : "; failed: " + suites) + (twin_clean ? "" : "; FAULT-FREE TWIN FAILED") +
-                      " (" + std::to_string(row["seconds"].get<double>()).substr(0, 4) + " s)");
-    rows.push_back(std::move(row));
-  }
-
-  // A fault caught but blamed elsewhere than where it lives sends its author to the wrong
-  // place: a failure of the catalog like a miss, named row by row.
-  std::vector<std::string> not_localized;
-  for (const auto& r : rows) {
-    if (!r["detected"].get<bool>() || r["localized"].get<bool>()) continue;
-    const std::string blamed = r["blamed"].get<std::string>();
-    not_localized.push_back(r["id"].get<std::string>() + " (" + r["kind"].get<std::string>() + ", " +
-                            r["spec"].get<std::string>() + "/" + r["case"].get<std::string>() + "): detected by " +
-                            r["caught_by"].get<std::string>() + ", but blamed " +
-                            (blamed.empty() ? std::string("nothing") : "'" + blamed + "'") + " (" +
-                            r["blame_reason"].get<std::string>() + "), where the catalog expects '" +
-                            r["expected_blame"].get<std::string>() + "'");
-  }
-  const json report = {{"faults", rows},
-                       {"dtype", options.dtype},
-                       {"total", rows.size()},
-                       {"detected", detected},
-                       {"localized", localized},
-                       {"not_localized", not_localized},
-                       {"fault_free_failures", twin_failures},
-                       {"diagnosed", diagnosed},
-                       {"seconds", elapsed()},
-                       {"evidence", out.string()}};
-  const fs::path json_path = json_out.empty() ? out / layout::kFaultsReport : fs::path(json_out);
-  write_file_atomic(json_path, report.dump(2) + "\n");
-  write_file_atomic(fs::path(json_path).replace_extension(layout::kMarkdownExtension), markdown_table(report) + diagnosis_section(report));
-  std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", "ID", "kind", "case", "detected", "caught by", "twin",
-              "blamed (expected)");
-  for (const auto& r : rows) {
-    const std::string blamed = r["blamed"].get<std::string>(), expected = r["expected_blame"].get<std::string>();
-    std::printf("%-4s %-36s %-28s %-10s %-44s %-7s %s\n", r["id"].get<std::string>().c_str(),
-                r["kind"].get<std::string>().c_str(),
-                (r["spec"].get<std::string>() + "/" + r["case"].get<std::string>()).c_str(),
-                r["detected"].get<bool>() ? "yes" : "NO", r["caught_by"].get<std::string>().c_str(),
-                r["twin_passed"].get<bool>() ? "passed" : "FAILED",
-                (r["localized"].get<bool>() ? blamed : blamed + " (expected " + expected + ")").c_str());
-  }
-  std::printf("%s lane: %d of %zu faults detected, %d localized to the expected place; %d fault-free twin(s) failed; "
-              "%.1f s; matrix: %s\n",
-              options.dtype.c_str(), detected, rows.size(), localized, twin_failures, elapsed(), json_path.c_str());
-  for (const auto& line : not_localized) std::printf("NOT LOCALIZED %s\n", line.c_str());
-  std::printf("%d of %zu diagnoses across each fault's cases name the expected feature\n", diagnosed, rows.size());
-  if (!infrastructure && diagnosed != static_cast<int>(rows.size())) return 1;
-  if (infrastructure) return infrastructure;
-  return detected == static_cast<int>(rows.size()) && twin_failures == 0 && not_localized.empty() ? 0 : 1;
+  for (const auto* f : faults) rows.push_back(run_fault(ctx, *f));
+  return report_fault_matrix(options, out, ctx.infrastructure, rows, start);
 }
 
 }  // namespace mih::cases
