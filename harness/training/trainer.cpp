@@ -46,6 +46,196 @@ bool contains(const std::vector<std::string>& list, const std::string& name) {
   return std::find(list.begin(), list.end(), name) != list.end();
 }
 
+// The step's global batch on the device, its shapes checked (position_ids 0..S-1 when absent).
+Batch global_batch_on(Batch global, int64_t step, c10::Device device) {
+  MIH_CHECK(global.input_ids.dim() == 2 && global.labels.sizes() == global.input_ids.sizes(),
+            "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
+            " and ", global.labels.sizes());
+  const int64_t seq = global.input_ids.size(1);
+  if (!global.position_ids.defined()) {
+    global.position_ids = at::arange(seq, at::kLong).unsqueeze(0).expand({global.input_ids.size(0), seq});
+  }
+  MIH_CHECK(global.position_ids.sizes() == global.input_ids.sizes(), "step ", step, ": position_ids ",
+            global.position_ids.sizes(), " do not match input_ids ", global.input_ids.sizes());
+  global.input_ids = global.input_ids.to(device);
+  global.labels = global.labels.to(device);
+  global.position_ids = global.position_ids.to(device);
+  for (auto& [name, t] : global.fields) {
+    MIH_CHECK(t.dim() >= 1 && t.size(0) == global.input_ids.size(0), "step ", step, ": field '", name, "' of shape ",
+              t.sizes(), " does not have the batch's ", global.input_ids.size(0), " rows on dim 0");
+    t = t.to(device);
+  }
+  return global;
+}
+
+// This data-parallel rank's rows of the global batch (split on the batch dim over the
+// data-parallel ranks, then into micro-batches; tensor-parallel ranks see the same rows).
+struct LocalBatch {
+  Batch batch;
+  int64_t first_row = 0;  // its first row in the global batch
+  int64_t rows = 0;
+};
+
+LocalBatch local_batch(const Batch& global, Communicator& dp, const ParallelConfig& config, int64_t step) {
+  const int64_t batch = global.input_ids.size(0);
+  MIH_CHECK(batch % dp.size() == 0, "step ", step, ": the global batch of ", batch,
+            " sequences does not split over dp_replicate(", config.dp_replicate, ") * dp_shard(", config.dp_shard,
+            ") = ", dp.size(), " data-parallel ranks");
+  const int64_t local_rows = batch / dp.size();
+  MIH_CHECK(local_rows % config.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
+            " sequences does not split into ", config.micro_batches, " micro-batches");
+  // F17 (docs/fault-catalog.md): every data-parallel rank takes the first rows (the sampler not sharded).
+  const int64_t first_local_row = fault::active(fault::Fault::kF17) ? 0 : dp.rank() * local_rows;
+  return {rows(global, first_local_row, local_rows), first_local_row, local_rows};
+}
+
+// Context parallelism: this cp rank's tokens of every sequence-sharded field of `local`.
+void shard_over_cp(Batch& local, Communicator& cp, const ParallelConfig& config, const TrainerOptions& options,
+                   int64_t step, int64_t seq) {
+  auto shard = [&](const at::Tensor& t) { return cp_shard_sequence(t, 1, cp.size(), cp.rank(), config.cp_layout); };
+  with_context(internal::str("step ", step, ": sharding the sequence of ", seq, " tokens over cp"), [&] {
+    local.input_ids = shard(local.input_ids);
+    local.labels = shard(local.labels);
+    local.position_ids = shard(local.position_ids);
+    // F07 (docs/fault-catalog.md): each cp rank numbers its own tokens from 0.
+    if (fault::active(fault::Fault::kF07)) {
+      local.position_ids = at::arange(local.input_ids.size(1), local.position_ids.options()).expand_as(local.input_ids);
+    }
+    for (auto& [name, t] : local.fields) {
+      if (contains(options.sequence_fields(), name)) {
+        MIH_CHECK(t.dim() >= 2 && t.size(1) == seq, "field '", name, "' is declared sharded on the sequence dim but ",
+                  "has shape ", t.sizes(), " (dim 1 must be the sequence of ", seq, ")");
+        t = shard(t);
+      } else {
+        MIH_CHECK(contains(options.cp_replicated_fields(), name), "field '", name,
+                  "' has no context-parallel sharding: add it to TrainerOptions::sequence_fields (sharded on "
+                  "dim 1) or cp_replicated_fields (whole on every cp rank)");
+      }
+    }
+  });
+}
+
+// What each micro-batch's summed token losses are divided by: the global count of valid
+// targets, so every split of the global batch over ranks and micro-batches gives the same
+// gradients (but under the faults F05 and F22).
+std::vector<double> loss_normalizers(const Batch& local, int64_t global_valid, Communicator& dp_cp,
+                                     const ParallelConfig& config, int64_t mb_rows, c10::Device device,
+                                     const char* site) {
+  std::vector<double> normalizers(config.micro_batches, static_cast<double>(global_valid));
+  // (The pipelined step normalizes by the global count in its executor: these faults are not
+  // planted there.)
+  if (!config.pipelined() && fault::active(fault::Fault::kF05)) {
+    // F05 (docs/fault-catalog.md): the loss divided by this rank's own valid-token count, then averaged
+    // over the data-parallel ranks.
+    const double own = static_cast<double>(local.labels.ne(kIgnoreIndex).sum().item<int64_t>());
+    std::fill(normalizers.begin(), normalizers.end(), own * dp_cp.size());
+  } else if (!config.pipelined() && fault::active(fault::Fault::kF22)) {
+    // F22: each micro-batch's loss divided by its own (global) valid-token count, then averaged
+    // over the micro-batches (transformers' gradient-accumulation loss before 4.46).
+    at::Tensor counts = at::empty({config.micro_batches}, at::kLong);
+    for (int mb = 0; mb < config.micro_batches; ++mb) {
+      counts[mb] = rows(local, mb * mb_rows, mb_rows).labels.ne(kIgnoreIndex).sum();
+    }
+    counts = counts.to(device);
+    dp_cp.all_reduce(counts, ReduceOp::kSum, site);
+    counts = counts.cpu();
+    for (int mb = 0; mb < config.micro_batches; ++mb) {
+      normalizers[mb] = static_cast<double>(counts[mb].item<int64_t>()) * config.micro_batches;
+    }
+  }
+  return normalizers;
+}
+
+// What a step's forwards and backwards run with.
+struct StepRun {
+  ParallelContext& context;
+  ParallelModel& model;
+  TrainingHooks& hooks;
+  const ParallelConfig& config;
+  c10::Device device;
+  int64_t step, first_row, mb_rows;
+
+  // The mixed-precision lanes: the forward under autocast (float32 master weights, casts for
+  // the matmuls), the per-token losses summed in float32 as a user's loss would be.
+  at::Tensor forward(const std::function<at::Tensor()>& run) const {
+    if (!autocast_lane(config.dtype)) return run();
+    compat::AutocastState mixed;
+    const bool cuda = device.is_cuda();
+    (cuda ? mixed.cuda_enabled : mixed.cpu_enabled) = true;
+    (cuda ? mixed.cuda_dtype : mixed.cpu_dtype) = scalar_type(config.dtype);
+    const compat::AutocastScope scope(mixed);
+    return run();
+  }
+  // Dropout masks and activation probes in global coordinates: the micro-batch's first row.
+  void begin_micro_batch(int mb) const { context.begin_micro_batch(step, first_row + mb * mb_rows); }
+};
+
+// Without pp: each micro-batch's forward and backward in turn; returns the summed loss.
+double run_micro_batches(const StepRun& r, const Batch& local, const std::vector<double>& normalizers) {
+  double loss_sum = 0;
+  for (int mb = 0; mb < r.config.micro_batches; ++mb) {
+    Batch micro = rows(local, mb * r.mb_rows, r.mb_rows);
+    r.hooks.record_batch(r.step, mb, r.first_row + mb * r.mb_rows, micro);
+    r.begin_micro_batch(mb);
+    r.context.shared_state().begin_forward();
+    at::Tensor token_losses = r.forward([&] { return r.model.token_losses(micro); });
+    if (token_losses.scalar_type() != r.context.param_dtype()) token_losses = token_losses.to(r.context.param_dtype());
+    r.hooks.record_token_losses(r.step, mb, token_losses.detach(), micro);
+    at::Tensor loss = token_losses.sum() / normalizers[mb];
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  return loss_sum;
+}
+
+// What every pp rank ran, checked from the orders alone (not from the generator that made
+// them): each action once, each forward before its backward, an order the ranks can run, the
+// schedule's bound on activations in flight.
+void check_pipeline_order(Communicator& pp, const ParallelConfig& config, const pp::PipelineShape& shape,
+                          const pp::PipelineStep& pipelined, c10::Device device, int64_t step) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (const auto& a : pipelined.executed) mine.push_back(a.text());
+  std::vector<std::vector<pp::Action>> executed;
+  for (const nlohmann::json& rank : all_gather_json(pp, mine, device, "trainer.pipeline_order")) {
+    executed.emplace_back();
+    for (const auto& text : rank) executed.back().push_back(pp::Action::parse(text.get<std::string>()));
+  }
+  const std::vector<std::string> problems = pp::order_problems(config.pp_schedule, shape, executed);
+  MIH_CHECK_CODE(problems.empty(), Code::kInternal, "step ", step, ": the pipeline ran an order that is not a valid ",
+                 pp::schedule_name(config.pp_schedule), " step: ", problems.front());
+}
+
+// With pp: the schedule's order of forwards and backwards over the stages; every micro-batch's
+// loss normalized by the global valid-token count before its backward (pipeline.h).
+pp::PipelineStep run_pipelined(const StepRun& r, const Batch& local, Communicator& pp, int64_t global_valid) {
+  std::vector<Batch> micro;
+  for (int mb = 0; mb < r.config.micro_batches; ++mb) {
+    micro.push_back(rows(local, mb * r.mb_rows, r.mb_rows));
+    r.hooks.record_batch(r.step, mb, r.first_row + mb * r.mb_rows, micro.back());
+  }
+  const pp::PipelineShape shape = r.config.pipeline_shape();
+  const int last_stage = shape.stages() - 1;
+  pp::StageModel stages;
+  stages.forward = [&](int stage, int mb, const at::Tensor& input) {
+    r.begin_micro_batch(mb);
+    r.context.shared_state().begin_forward();
+    at::Tensor out = r.forward([&] { return r.model.stage_forward(stage, input, micro[static_cast<size_t>(mb)]); });
+    if (stage != last_stage) return out;
+    if (out.scalar_type() != r.context.param_dtype()) out = out.to(r.context.param_dtype());
+    r.hooks.record_token_losses(r.step, mb, out.detach(), micro[static_cast<size_t>(mb)]);
+    return out.reshape(-1);
+  };
+  stages.loss_mask = [&](int mb) { return micro[static_cast<size_t>(mb)].labels.ne(kIgnoreIndex).reshape(-1); };
+  // A recompute in backward (activation checkpointing) runs under its own micro-batch's rows
+  // (the activation probes' signs and deduplication), not the last forward's.
+  stages.before_backward = [&](int /*stage*/, int mb) { r.begin_micro_batch(mb); };
+  stages.empty_activation = [&](int stage, int mb) { return r.model.stage_input(stage, micro[static_cast<size_t>(mb)]); };
+  pp::PipelineStep pipelined = pp::run_pipeline_step(pp, r.config.pp_schedule, shape,
+                                                     pp::schedule(r.config.pp_schedule, shape), stages, global_valid);
+  check_pipeline_order(pp, r.config, shape, pipelined, r.device, r.step);
+  return pipelined;
+}
+
 }  // namespace
 
 void to_json(nlohmann::json& j, const StepMetrics& m) {
@@ -130,169 +320,35 @@ StepMetrics Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = next_step_++;
   hooks_->begin_step(step);
-  Batch global = batches_(step);
-  MIH_CHECK(global.input_ids.dim() == 2 && global.labels.sizes() == global.input_ids.sizes(),
-            "step ", step, ": expected input_ids and labels of the same shape [B, S], got ", global.input_ids.sizes(),
-            " and ", global.labels.sizes());
   const c10::Device device = context_->device();
+  const Batch global = global_batch_on(batches_(step), step, device);
   const int64_t seq = global.input_ids.size(1);
-  if (!global.position_ids.defined()) {
-    global.position_ids = at::arange(seq, at::kLong).unsqueeze(0).expand({global.input_ids.size(0), seq});
-  }
-  MIH_CHECK(global.position_ids.sizes() == global.input_ids.sizes(), "step ", step, ": position_ids ",
-            global.position_ids.sizes(), " do not match input_ids ", global.input_ids.sizes());
-  global.input_ids = global.input_ids.to(device);
-  global.labels = global.labels.to(device);
-  global.position_ids = global.position_ids.to(device);
-  for (auto& [name, t] : global.fields) {
-    MIH_CHECK(t.dim() >= 1 && t.size(0) == global.input_ids.size(0), "step ", step, ": field '", name, "' of shape ",
-              t.sizes(), " does not have the batch's ", global.input_ids.size(0), " rows on dim 0");
-    t = t.to(device);
-  }
-
-  // The global batch is split on the batch dim over the data-parallel ranks, then into
-  // micro-batches; tensor-parallel ranks see the same rows.
-  Communicator& dp = mesh_->comm(MeshAxis::kDp);
-  const int64_t batch = global.input_ids.size(0);
-  MIH_CHECK(batch % dp.size() == 0, "step ", step, ": the global batch of ", batch,
-            " sequences does not split over dp_replicate(", config_.dp_replicate, ") * dp_shard(", config_.dp_shard,
-            ") = ", dp.size(), " data-parallel ranks");
-  const int64_t local_rows = batch / dp.size();
-  MIH_CHECK(local_rows % config_.micro_batches == 0, "step ", step, ": the local batch of ", local_rows,
-            " sequences does not split into ", config_.micro_batches, " micro-batches");
-  // F17 (docs/fault-catalog.md): every data-parallel rank takes the first rows (the sampler not sharded).
-  const int64_t first_local_row = fault::active(fault::Fault::kF17) ? 0 : dp.rank() * local_rows;
-  Batch local = rows(global, first_local_row, local_rows);
-
-  // Context parallelism: this cp rank's tokens of every sequence-sharded field.
-  if (config_.cp > 1) {
-    Communicator& cp = mesh_->comm(MeshAxis::kCp);
-    auto shard = [&](const at::Tensor& t) { return cp_shard_sequence(t, 1, cp.size(), cp.rank(), config_.cp_layout); };
-    with_context(internal::str("step ", step, ": sharding the sequence of ", seq, " tokens over cp"), [&] {
-      local.input_ids = shard(local.input_ids);
-      local.labels = shard(local.labels);
-      local.position_ids = shard(local.position_ids);
-      // F07 (docs/fault-catalog.md): each cp rank numbers its own tokens from 0.
-      if (fault::active(fault::Fault::kF07)) {
-        local.position_ids = at::arange(local.input_ids.size(1), local.position_ids.options()).expand_as(local.input_ids);
-      }
-      for (auto& [name, t] : local.fields) {
-        if (contains(options_.sequence_fields(), name)) {
-          MIH_CHECK(t.dim() >= 2 && t.size(1) == seq, "field '", name, "' is declared sharded on the sequence dim but ",
-                    "has shape ", t.sizes(), " (dim 1 must be the sequence of ", seq, ")");
-          t = shard(t);
-        } else {
-          MIH_CHECK(contains(options_.cp_replicated_fields(), name), "field '", name,
-                    "' has no context-parallel sharding: add it to TrainerOptions::sequence_fields (sharded on "
-                    "dim 1) or cp_replicated_fields (whole on every cp rank)");
-        }
-      }
-    });
-  }
+  LocalBatch local = local_batch(global, mesh_->comm(MeshAxis::kDp), config_, step);
+  if (config_.cp > 1) shard_over_cp(local.batch, mesh_->comm(MeshAxis::kCp), config_, options_, step, seq);
 
   // The loss is normalized by the global count of valid targets, so every split of the
   // global batch over ranks and micro-batches gives the same gradients.
-  at::Tensor valid = local.labels.ne(kIgnoreIndex).sum().to(at::kLong).reshape({1});
+  Communicator& dp_cp = mesh_->comm(MeshAxis::kDpCp);
+  at::Tensor valid = local.batch.labels.ne(kIgnoreIndex).sum().to(at::kLong).reshape({1});
   const ReductionPath& valid_path = reduction_path("loss.valid_tokens.dp_cp");
-  mesh_->comm(MeshAxis::kDpCp).all_reduce(valid, ReduceOp::kSum, valid_path.site);
-  context_->record_reduction_path(valid_path, mesh_->comm(MeshAxis::kDpCp).size());
+  dp_cp.all_reduce(valid, ReduceOp::kSum, valid_path.site);
+  context_->record_reduction_path(valid_path, dp_cp.size());
   context_->record_reduction_path(reduction_path("loss.micro_batches"), config_.micro_batches);
   const int64_t global_valid = valid.item<int64_t>();
   MIH_CHECK(global_valid > 0, "step ", step, ": the global batch has no valid target (every label is -100)");
 
-  const int64_t mb_rows = local_rows / config_.micro_batches;
-  std::vector<double> normalizers(config_.micro_batches, static_cast<double>(global_valid));
-  // (The pipelined step normalizes by the global count in its executor: these faults are not
-  // planted there.)
-  if (!config_.pipelined() && fault::active(fault::Fault::kF05)) {
-    // F05 (docs/fault-catalog.md): the loss divided by this rank's own valid-token count, then averaged
-    // over the data-parallel ranks.
-    const double own = static_cast<double>(local.labels.ne(kIgnoreIndex).sum().item<int64_t>());
-    std::fill(normalizers.begin(), normalizers.end(), own * mesh_->comm(MeshAxis::kDpCp).size());
-  } else if (!config_.pipelined() && fault::active(fault::Fault::kF22)) {
-    // F22: each micro-batch's loss divided by its own (global) valid-token count, then averaged
-    // over the micro-batches (transformers' gradient-accumulation loss before 4.46).
-    at::Tensor counts = at::empty({config_.micro_batches}, at::kLong);
-    for (int mb = 0; mb < config_.micro_batches; ++mb) {
-      counts[mb] = rows(local, mb * mb_rows, mb_rows).labels.ne(kIgnoreIndex).sum();
-    }
-    counts = counts.to(device);
-    mesh_->comm(MeshAxis::kDpCp).all_reduce(counts, ReduceOp::kSum, valid_path.site);
-    counts = counts.cpu();
-    for (int mb = 0; mb < config_.micro_batches; ++mb) {
-      normalizers[mb] = static_cast<double>(counts[mb].item<int64_t>()) * config_.micro_batches;
-    }
-  }
-  double loss_sum = 0;
+  const int64_t mb_rows = local.rows / config_.micro_batches;
+  const std::vector<double> normalizers =
+      loss_normalizers(local.batch, global_valid, dp_cp, config_, mb_rows, device, valid_path.site);
   context_->reset_gradient_reductions();
-  // The mixed-precision lanes: the forward under autocast (float32 master weights, casts for
-  // the matmuls), the per-token losses summed in float32 as a user's loss would be.
-  auto forward = [&](const std::function<at::Tensor()>& run) {
-    if (!autocast_lane(config_.dtype)) return run();
-    compat::AutocastState mixed;
-    const bool cuda = device.is_cuda();
-    (cuda ? mixed.cuda_enabled : mixed.cpu_enabled) = true;
-    (cuda ? mixed.cuda_dtype : mixed.cpu_dtype) = scalar_type(config_.dtype);
-    const compat::AutocastScope scope(mixed);
-    return run();
-  };
+  const StepRun run{*context_, *model_, *hooks_, config_, device, step, local.first_row, mb_rows};
   pp::PipelineStep pipelined;
+  double loss_sum = 0;
   if (config_.pipelined()) {
-    // The schedule's order of forwards and backwards over the stages; every micro-batch's
-    // loss normalized by the global valid-token count before its backward (pipeline.h).
-    std::vector<Batch> micro;
-    for (int mb = 0; mb < config_.micro_batches; ++mb) {
-      micro.push_back(rows(local, mb * mb_rows, mb_rows));
-      hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro.back());
-    }
-    const pp::PipelineShape shape = config_.pipeline_shape();
-    const int last_stage = shape.stages() - 1;
-    pp::StageModel stages;
-    stages.forward = [&](int stage, int mb, const at::Tensor& input) {
-      context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
-      context_->shared_state().begin_forward();
-      at::Tensor out = forward([&] { return model_->stage_forward(stage, input, micro[static_cast<size_t>(mb)]); });
-      if (stage != last_stage) return out;
-      if (out.scalar_type() != context_->param_dtype()) out = out.to(context_->param_dtype());
-      hooks_->record_token_losses(step, mb, out.detach(), micro[static_cast<size_t>(mb)]);
-      return out.reshape(-1);
-    };
-    stages.loss_mask = [&](int mb) { return micro[static_cast<size_t>(mb)].labels.ne(kIgnoreIndex).reshape(-1); };
-    // A recompute in backward (activation checkpointing) runs under its own micro-batch's rows
-    // (the activation probes' signs and deduplication), not the last forward's.
-    stages.before_backward = [&](int /*stage*/, int mb) { context_->begin_micro_batch(step, first_local_row + mb * mb_rows); };
-    stages.empty_activation = [&](int stage, int mb) {
-      return model_->stage_input(stage, micro[static_cast<size_t>(mb)]);
-    };
-    pipelined = pp::run_pipeline_step(mesh_->comm(MeshAxis::kPp), config_.pp_schedule, shape,
-                                      pp::schedule(config_.pp_schedule, shape), stages, global_valid);
+    pipelined = run_pipelined(run, local.batch, mesh_->comm(MeshAxis::kPp), global_valid);
     loss_sum = pipelined.loss;
-    // What every pp rank ran, checked from the orders alone (not from the generator that
-    // made them): each action once, each forward before its backward, an order the ranks can
-    // run, the schedule's bound on activations in flight.
-    nlohmann::json mine = nlohmann::json::array();
-    for (const auto& a : pipelined.executed) mine.push_back(a.text());
-    std::vector<std::vector<pp::Action>> executed;
-    for (const nlohmann::json& rank : all_gather_json(mesh_->comm(MeshAxis::kPp), mine, device, "trainer.pipeline_order")) {
-      executed.emplace_back();
-      for (const auto& text : rank) executed.back().push_back(pp::Action::parse(text.get<std::string>()));
-    }
-    const std::vector<std::string> problems = pp::order_problems(config_.pp_schedule, shape, executed);
-    MIH_CHECK_CODE(problems.empty(), Code::kInternal, "step ", step, ": the pipeline ran an order that is not a valid ",
-                   pp::schedule_name(config_.pp_schedule), " step: ", problems.front());
-  }
-  for (int mb = 0; mb < config_.micro_batches && !config_.pipelined(); ++mb) {
-    Batch micro = rows(local, mb * mb_rows, mb_rows);
-    hooks_->record_batch(step, mb, first_local_row + mb * mb_rows, micro);
-    // Dropout masks and activation probes in global coordinates: this micro-batch's first row.
-    context_->begin_micro_batch(step, first_local_row + mb * mb_rows);
-    context_->shared_state().begin_forward();
-    at::Tensor token_losses = forward([&] { return model_->token_losses(micro); });
-    if (token_losses.scalar_type() != context_->param_dtype()) token_losses = token_losses.to(context_->param_dtype());
-    hooks_->record_token_losses(step, mb, token_losses.detach(), micro);
-    at::Tensor loss = token_losses.sum() / normalizers[mb];
-    loss.backward();
-    loss_sum += loss.item<double>();
+  } else {
+    loss_sum = run_micro_batches(run, local.batch, normalizers);
   }
 
   hooks_->before_gradient_sync(step);
@@ -310,8 +366,8 @@ StepMetrics Trainer::step() {
 
   at::Tensor loss = at::full({1}, loss_sum, at::TensorOptions().dtype(at::kDouble).device(device));
   const ReductionPath& loss_path = reduction_path("loss.sum.dp_cp");
-  mesh_->comm(MeshAxis::kDpCp).all_reduce(loss, ReduceOp::kSum, loss_path.site);
-  context_->record_reduction_path(loss_path, mesh_->comm(MeshAxis::kDpCp).size());
+  dp_cp.all_reduce(loss, ReduceOp::kSum, loss_path.site);
+  context_->record_reduction_path(loss_path, dp_cp.size());
   // Under pp only the last stage's ranks computed losses: the batch loss on every rank.
   if (config_.pp > 1) mesh_->comm(MeshAxis::kPp).all_reduce(loss, ReduceOp::kSum, "trainer.loss.pp");
   m.loss = loss.item<double>();
