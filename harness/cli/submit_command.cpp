@@ -263,15 +263,262 @@ void refuse_pending(const fs::path& root, const std::string& spec) {
                  "submitted)");
 }
 
+// `mih submit`'s flags.
+struct NightFlags {
+  std::string spec, matrix = "cpu-smoke", root, site, previous;
+  std::vector<std::string> cases;
+  bool dry_run = false;
+};
+
+// The cases asked for and, transitively, those they are compared with, each after the case it
+// is compared with (whose job it waits for), else in matrix order; `wanted` their names.
+std::vector<const spec::Case*> night_cases(const spec::CaseMatrix& matrix, const NightFlags& f, const std::string& spec,
+                                           std::set<std::string>& wanted) {
+  std::map<std::string, const spec::Case*> by_name;
+  for (const spec::Case& c : matrix.cases) by_name[c.name] = &c;
+  for (const std::string& name : f.cases) {
+    MIH_CHECK_CODE(by_name.count(name), Code::kInvalidSpec, "mih submit: matrix ", f.matrix, " of spec ", spec,
+                   " has no case '", name, "' (see `mih matrix --spec ", spec, "`)");
+  }
+  const std::set<std::string> asked(f.cases.begin(), f.cases.end());
+  std::vector<const spec::Case*> order;
+  std::function<void(const std::string&)> want = [&](const std::string& name) {
+    if (!by_name.count(name) || !wanted.insert(name).second) return;
+    if (!by_name[name]->compare_to.empty()) want(by_name[name]->compare_to);
+    order.push_back(by_name[name]);
+  };
+  for (const spec::Case& c : matrix.cases) {
+    if (asked.empty() || asked.count(c.name)) want(c.name);
+  }
+  return order;
+}
+
+// What the night runs, where, with which `mih` and site settings.
+struct Night {
+  const NightFlags& f;
+  const Site site;
+  const std::string mih;
+  const spec::ModelSpec& s;
+  const fs::path root;
+};
+
+// A night submitted again: a case complete in an earlier submission is kept (its jobs into
+// `kept`); true when it is.
+bool kept_from_before(const Night& n, const spec::Case& c, std::map<std::string, std::string>& kept) {
+  std::error_code ec;
+  const fs::path dir = layout::case_dir(n.root, n.s.name, c.name);
+  const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec);
+  const std::vector<SubmittedJob> before = submitted_jobs(n.root, n.s.name, c.name);
+  const bool complete = has_evidence && !before.empty() &&
+                        std::all_of(before.begin(), before.end(),
+                                    [](const SubmittedJob& j) { return j.state == "COMPLETED"; });
+  if (!complete) return false;
+  std::printf("%s/%s: complete in an earlier submission (jobs", n.s.name.c_str(), c.name.c_str());
+  for (const SubmittedJob& j : before) {
+    std::printf(" %s", j.id.c_str());
+    kept[j.name] = j.id;
+  }
+  std::printf("): kept\n");
+  return true;
+}
+
+// The case's run/case.json, what an incomplete earlier submission left set aside first.
+void prepare_night_case(const Night& n, const spec::Case& c, const CaseRequest& q) {
+  const fs::path dir = layout::case_dir(n.root, n.s.name, c.name);
+  std::error_code ec;
+  const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec);
+  if (has_evidence && !submitted_jobs(n.root, n.s.name, c.name).empty()) {
+    const fs::path aside = n.root / layout::submit_dir(n.s.name) / "incomplete" /
+                           (c.name + "." + std::to_string(std::time(nullptr)));
+    fs::create_directories(aside.parent_path());
+    fs::rename(dir, aside);
+    std::printf("%s/%s: its last submission did not complete; its evidence moved to %s\n", n.s.name.c_str(),
+                c.name.c_str(), aside.c_str());
+  }
+  cases::CaseRunOptions o;
+  o.evidence_root = n.root;
+  cases::prepare_case(q, o);  // run/case.json; refuses a directory that holds a run's evidence
+}
+
+CaseRequest night_request(const Night& n, const spec::Case& c) {
+  CaseRequest q;
+  q.spec = n.s.name;
+  q.matrix = MatrixSource::parse(n.f.matrix);
+  q.c = c;
+  q.training_backend = "trainer";
+  if (!n.s.checkpoint.init_from.empty()) {
+    const cases::InitSource checked = cases::check_init_from(n.s, n.s.checkpoint.init_from);
+    q.init_from = checked.dir.string();
+    q.init_from_sha256 = checked.sha256;
+  }
+  return q;
+}
+
+// The case's jobs, one per phase (save then load, or train), appended to `jobs`; returns the
+// name of its last phase's job.
+std::string add_case_jobs(const Night& n, const spec::Case& c, const CaseRequest& q,
+                          const std::map<std::string, std::string>& last_job, std::vector<Job>& jobs) {
+  const fs::path dir = layout::case_dir(n.root, n.s.name, c.name);
+  const Site& site = n.site;
+  const std::string flags = " --collective-timeout " +
+                            seconds(q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout) +
+                            " --case-timeout " + seconds(q.case_timeout);
+  const std::string backend = site.pg_backend.empty() ? c.pg_backend : site.pg_backend;
+  std::string previous_phase;
+  for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
+    const int tasks = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
+    Job j;
+    j.name = n.s.name + "/" + c.name + ":" + phase;
+    j.path = n.root / layout::submit_script(n.s.name, c.name + "." + phase);
+    j.script = header(site, "mih:" + j.name, tasks, n.root / layout::submit_log(n.s.name, c.name + "." + phase, "%j")) +
+               "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+               "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
+               // A rank that dies stops its peers at once (as torchrun does): a failed job,
+               // not peers waiting in a collective until the job's time limit.
+               "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(tasks) + (site.srun_args.empty() ? "" : " " + quote_words("srun_args", site.srun_args)) + " " +
+               (site.container.empty() ? "" : quote_words("container", site.container) + " ") + quote(n.mih) +
+               " worker --run-dir " + quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " +
+               quote(backend) + flags +
+               " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
+    if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
+    if (previous_phase.empty() && last_job.count(c.compare_to)) {
+      j.after.push_back({last_job.at(c.compare_to), "afterany"});  // compared after its reference ran (unless kept)
+    }
+    previous_phase = j.name;
+    jobs.push_back(std::move(j));
+  }
+  return previous_phase;
+}
+
+// The verdict of the whole night, after every job whatever its outcome.
+Job verify_job(const Night& n, const std::string& prefix, const std::string& filter,
+               const std::set<std::string>& wanted, const std::vector<Job>& jobs) {
+  const std::string& mih = n.mih;
+  const fs::path& root = n.root;
+  Job verify;
+  verify.name = n.s.name + ":verify";
+  verify.path = root / layout::submit_script(n.s.name, "verify");
+  // What the scheduler says of every job (sacct where accounting runs, scontrol while the
+  // controller remembers them): a job that did not complete is the case's infrastructure
+  // outcome in the verdict, never a model failure (cases/scheduler_jobs.h).
+  verify.script = header(n.site, "mih:" + verify.name, 1, root / layout::submit_log(n.s.name, "verify", "%j")) +
+                  "ids=@JOB_IDS@\n(sacct -n -P -o JobID,State,ExitCode -j \"$ids\" 2>/dev/null; for id in ${ids//,/ }; do "
+                  "scontrol show job -o \"$id\" 2>/dev/null; done) > " +
+                  quote((root / layout::submit_states(n.s.name)).string()) + "\n" +
+                  quote(mih) + " test --verify-only --evidence-root " + quote(root.string()) + " --matrix " +
+                  quote(n.f.matrix) + (prefix.empty() ? "" : " --prefixes " + prefix) + " --no-progress " +
+                  quote("--gtest_filter=" + filter) + " " + quote("--gtest_output=xml:" + (root / layout::kNightJunit).string()) +
+                  "\nrc=$?\n" + quote(mih) + " report " + quote(root.string()) + " --format md -o " +
+                  quote((root / layout::kNightReportMd).string()) + "\n" + quote(mih) + " report " + quote(root.string()) +
+                  " --format html -o " + quote((root / layout::kNightReportHtml).string()) + "\n";
+  if (!n.f.previous.empty()) {
+    for (const std::string& name : wanted) {
+      verify.script += quote(mih) + " compare " + quote(layout::case_dir(fs::absolute(n.f.previous), n.s.name, name).string()) + " " +
+                       quote(layout::case_dir(root, n.s.name, name).string()) + " >> " +
+                       quote((root / layout::kNightCompare).string()) + " 2>&1\n";
+    }
+  }
+  verify.script += "exit $rc\n";
+  for (const Job& j : jobs) verify.after.push_back({j.name, "afterany"});
+  return verify;
+}
+
+std::string with_ids(std::string script, const std::string& ids) {
+  const size_t at = script.find("@JOB_IDS@");
+  if (at != std::string::npos) script.replace(at, 9, ids);
+  return script;
+}
+
+// The batch scripts (a dry run) and the dependency graph.
+void print_night(const Night& n, const std::vector<Job>& jobs) {
+  if (n.f.dry_run) {
+    for (const Job& j : jobs) {
+      std::printf("== %s (%s)\n%s\n", j.name.c_str(), j.path.c_str(), with_ids(j.script, "'<the job ids>'").c_str());
+    }
+  }
+  std::printf("dependency graph of %s's night (%zu jobs):\n", n.s.name.c_str(), jobs.size());
+  for (const Job& j : jobs) {
+    std::string deps;
+    for (const auto& [name, kind] : j.after) deps += (deps.empty() ? "" : ", ") + kind + ":" + name;
+    std::printf("  %s%s%s\n", j.name.c_str(), deps.empty() ? "" : " after ", deps.c_str());
+  }
+}
+
+// Each job through sbatch, after the jobs it depends on; their ids (and the kept ones) to
+// the night's jobs.json.
+void submit_jobs(const Night& n, std::vector<Job>& jobs, const std::map<std::string, std::string>& kept) {
+  std::map<std::string, std::string> ids;
+  json record = json::object();
+  for (const auto& [name, id] : kept) record[name] = id;
+  std::string all_ids;
+  for (Job& j : jobs) {
+    j.script = with_ids(j.script, all_ids);  // the final job's: every job before it
+    write_file_atomic(j.path, j.script);
+    std::string dependency;
+    for (const auto& [name, kind] : j.after) dependency += (dependency.empty() ? "" : ",") + kind + ":" + ids.at(name);
+    std::vector<std::string> options;
+    if (!dependency.empty()) options.push_back("--dependency=" + dependency);
+    // A load whose save failed never runs: cancelled at once, so the final job still comes.
+    for (const auto& [name, kind] : j.after) {
+      if (kind == "afterok") {
+        options.push_back("--kill-on-invalid-dep=yes");
+        break;
+      }
+    }
+    j.id = sbatch(options, j.path);
+    all_ids += (all_ids.empty() ? "" : ",") + j.id;
+    ids[j.name] = j.id;
+    record[j.name] = j.id;
+    std::printf("submitted %s: job %s\n", j.name.c_str(), j.id.c_str());
+  }
+  write_file_atomic(n.root / layout::submit_jobs(n.s.name), record.dump(2) + "\n");
+  std::printf("the night's verdict: %s (%s, %s, %s) when job %s ends\n", n.root.c_str(), layout::kNightReportMd,
+              layout::kNightReportHtml, layout::kNightJunit, ids.at(jobs.back().name).c_str());
+}
+
+int submit_night(const NightFlags& f, const std::string& self) {
+  check_one_line("--evidence-root", f.root);
+  check_one_line("--previous", f.previous);
+  check_one_line("--matrix", f.matrix);
+  const Site site = read_site(f.site);
+  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f.spec);
+  const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f.matrix);
+  const Night n{f, site, site.mih.empty() ? self : site.mih, s, fs::absolute(f.root)};
+  if (!f.dry_run) {
+    // The root is shared (/shared/mih/<date>): a .mih-submit another user planted, a link or a
+    // directory of theirs, would receive the batch scripts and jobs.json (issue 53).
+    make_secure_directory(n.root / layout::submit_dir(s.name), "give another --evidence-root (nothing was submitted)");
+    refuse_pending(n.root, s.name);
+  }
+  std::string prefix;
+  for (const cases::Registration& r : cases::registrations()) {
+    if (r.spec == s.name && prefix.empty()) prefix = r.prefix;
+  }
+  std::set<std::string> wanted;
+  const std::vector<const spec::Case*> order = night_cases(matrix, f, s.name, wanted);
+  std::vector<Job> jobs;
+  std::map<std::string, std::string> last_job;  // case -> the name of its last phase's job
+  std::map<std::string, std::string> kept;      // job name -> id, of cases complete before
+  std::string filter;
+  for (const spec::Case* case_ptr : order) {
+    const spec::Case& c = *case_ptr;
+    filter += (filter.empty() ? "" : ":") + std::string("*/") + c.name;
+    const CaseRequest q = night_request(n, c);
+    if (kept_from_before(n, c, kept)) continue;
+    if (!f.dry_run) prepare_night_case(n, c, q);
+    last_job[c.name] = add_case_jobs(n, c, q, last_job, jobs);
+  }
+  jobs.push_back(verify_job(n, prefix, filter, wanted, jobs));
+  print_night(n, jobs);
+  if (f.dry_run) return 0;
+  submit_jobs(n, jobs, kept);
+  return 0;
+}
+
 }  // namespace
 
 CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
-  struct Flags {
-    std::string spec, matrix = "cpu-smoke", root, site, previous;
-    std::vector<std::string> cases;
-    bool dry_run = false;
-  };
-  auto f = std::make_shared<Flags>();
+  auto f = std::make_shared<NightFlags>();
   sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
   sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
   sub.add_option("--evidence-root", f->root, "the night's evidence root, on a file system every node sees")->required();
@@ -281,194 +528,7 @@ CommandRun setup_submit(CLI::App& sub, const Invocation& inv) {
   sub.add_option("--previous", f->previous, "last night's evidence root: the final job compares each case with it");
   sub.add_flag("--dry-run", f->dry_run, "print the batch scripts and the dependency graph; submit nothing, write nothing");
   const std::string self = inv.argc > 0 ? fs::weakly_canonical(fs::absolute(fs::path(inv.argv[0]))).string() : "mih";
-  return [f, self] {
-    check_one_line("--evidence-root", f->root);
-    check_one_line("--previous", f->previous);
-    check_one_line("--matrix", f->matrix);
-    const Site site = read_site(f->site);
-    const std::string mih = site.mih.empty() ? self : site.mih;
-    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
-    const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
-    const fs::path root = fs::absolute(f->root);
-    if (!f->dry_run) {
-      // The root is shared (/shared/mih/<date>): a .mih-submit another user planted, a link or a
-      // directory of theirs, would receive the batch scripts and jobs.json (issue 53).
-      make_secure_directory(root / layout::submit_dir(s.name), "give another --evidence-root (nothing was submitted)");
-      refuse_pending(root, s.name);
-    }
-    std::string prefix;
-    for (const cases::Registration& r : cases::registrations()) {
-      if (r.spec == s.name && prefix.empty()) prefix = r.prefix;
-    }
-    // The cases asked for and, transitively, those they are compared with, each after the case
-    // it is compared with (whose job it waits for), else in matrix order.
-    std::map<std::string, const spec::Case*> by_name;
-    for (const spec::Case& c : matrix.cases) by_name[c.name] = &c;
-    for (const std::string& name : f->cases) {
-      MIH_CHECK_CODE(by_name.count(name), Code::kInvalidSpec, "mih submit: matrix ", f->matrix, " of spec ", s.name,
-                     " has no case '", name, "' (see `mih matrix --spec ", s.name, "`)");
-    }
-    const std::set<std::string> asked(f->cases.begin(), f->cases.end());
-    std::set<std::string> wanted;
-    std::vector<const spec::Case*> order;
-    std::function<void(const std::string&)> want = [&](const std::string& name) {
-      if (!by_name.count(name) || !wanted.insert(name).second) return;
-      if (!by_name[name]->compare_to.empty()) want(by_name[name]->compare_to);
-      order.push_back(by_name[name]);
-    };
-    for (const spec::Case& c : matrix.cases) {
-      if (asked.empty() || asked.count(c.name)) want(c.name);
-    }
-    std::vector<Job> jobs;
-    std::map<std::string, std::string> last_job;  // case -> the name of its last phase's job
-    std::map<std::string, std::string> kept;      // job name -> id, of cases complete before
-    std::string filter;
-    for (const spec::Case* case_ptr : order) {
-      const spec::Case& c = *case_ptr;
-      filter += (filter.empty() ? "" : ":") + std::string("*/") + c.name;
-      CaseRequest q;
-      q.spec = s.name;
-      q.matrix = MatrixSource::parse(f->matrix);
-      q.c = c;
-      q.training_backend = "trainer";
-      if (!s.checkpoint.init_from.empty()) {
-        const cases::InitSource checked = cases::check_init_from(s, s.checkpoint.init_from);
-        q.init_from = checked.dir.string();
-        q.init_from_sha256 = checked.sha256;
-      }
-      const fs::path dir = layout::case_dir(root, s.name, c.name);
-      // A night submitted again: what completed is kept, what did not is set aside and resubmitted.
-      std::error_code ec;
-      const bool has_evidence = fs::exists(dir / layout::kEnvironment, ec) || fs::exists(dir / layout::kCaseRecord, ec);
-      const std::vector<SubmittedJob> before = submitted_jobs(root, s.name, c.name);
-      const bool complete = has_evidence && !before.empty() &&
-                            std::all_of(before.begin(), before.end(),
-                                        [](const SubmittedJob& j) { return j.state == "COMPLETED"; });
-      if (complete) {
-        std::printf("%s/%s: complete in an earlier submission (jobs", s.name.c_str(), c.name.c_str());
-        for (const SubmittedJob& j : before) {
-          std::printf(" %s", j.id.c_str());
-          kept[j.name] = j.id;
-        }
-        std::printf("): kept\n");
-        continue;
-      }
-      if (!f->dry_run) {
-        if (has_evidence && !before.empty()) {
-          const fs::path aside = root / layout::submit_dir(s.name) / "incomplete" /
-                                 (c.name + "." + std::to_string(std::time(nullptr)));
-          fs::create_directories(aside.parent_path());
-          fs::rename(dir, aside);
-          std::printf("%s/%s: its last submission did not complete; its evidence moved to %s\n", s.name.c_str(),
-                      c.name.c_str(), aside.c_str());
-        }
-        cases::CaseRunOptions o;
-        o.evidence_root = root;
-        cases::prepare_case(q, o);  // run/case.json; refuses a directory that holds a run's evidence
-      }
-      const std::string flags = " --collective-timeout " +
-                                seconds(q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout) +
-                                " --case-timeout " + seconds(q.case_timeout);
-      const std::string backend = site.pg_backend.empty() ? c.pg_backend : site.pg_backend;
-      std::string previous_phase;
-      for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
-        const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
-        Job j;
-        j.name = s.name + "/" + c.name + ":" + phase;
-        j.path = root / layout::submit_script(s.name, c.name + "." + phase);
-        j.script = header(site, "mih:" + j.name, n, root / layout::submit_log(s.name, c.name + "." + phase, "%j")) +
-                   "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
-                   "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
-                   // A rank that dies stops its peers at once (as torchrun does): a failed job,
-                   // not peers waiting in a collective until the job's time limit.
-                   "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(n) + (site.srun_args.empty() ? "" : " " + quote_words("srun_args", site.srun_args)) + " " +
-                   (site.container.empty() ? "" : quote_words("container", site.container) + " ") + quote(mih) +
-                   " worker --run-dir " + quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " +
-                   quote(backend) + flags +
-                   " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
-        if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
-        if (previous_phase.empty() && last_job.count(c.compare_to)) {
-          j.after.push_back({last_job[c.compare_to], "afterany"});  // compared after its reference ran (unless kept)
-        }
-        previous_phase = j.name;
-        jobs.push_back(std::move(j));
-      }
-      last_job[c.name] = previous_phase;
-    }
-    // The verdict of the whole night, after every job whatever its outcome.
-    Job verify;
-    verify.name = s.name + ":verify";
-    verify.path = root / layout::submit_script(s.name, "verify");
-    // What the scheduler says of every job (sacct where accounting runs, scontrol while the
-    // controller remembers them): a job that did not complete is the case's infrastructure
-    // outcome in the verdict, never a model failure (cases/scheduler_jobs.h).
-    verify.script = header(site, "mih:" + verify.name, 1, root / layout::submit_log(s.name, "verify", "%j")) +
-                    "ids=@JOB_IDS@\n(sacct -n -P -o JobID,State,ExitCode -j \"$ids\" 2>/dev/null; for id in ${ids//,/ }; do "
-                    "scontrol show job -o \"$id\" 2>/dev/null; done) > " +
-                    quote((root / layout::submit_states(s.name)).string()) + "\n" +
-                    quote(mih) + " test --verify-only --evidence-root " + quote(root.string()) + " --matrix " +
-                    quote(f->matrix) + (prefix.empty() ? "" : " --prefixes " + prefix) + " --no-progress " +
-                    quote("--gtest_filter=" + filter) + " " + quote("--gtest_output=xml:" + (root / layout::kNightJunit).string()) +
-                    "\nrc=$?\n" + quote(mih) + " report " + quote(root.string()) + " --format md -o " +
-                    quote((root / layout::kNightReportMd).string()) + "\n" + quote(mih) + " report " + quote(root.string()) +
-                    " --format html -o " + quote((root / layout::kNightReportHtml).string()) + "\n";
-    if (!f->previous.empty()) {
-      for (const std::string& name : wanted) {
-        verify.script += quote(mih) + " compare " + quote(layout::case_dir(fs::absolute(f->previous), s.name, name).string()) + " " +
-                         quote(layout::case_dir(root, s.name, name).string()) + " >> " +
-                         quote((root / layout::kNightCompare).string()) + " 2>&1\n";
-      }
-    }
-    verify.script += "exit $rc\n";
-    for (const Job& j : jobs) verify.after.push_back({j.name, "afterany"});
-    jobs.push_back(std::move(verify));
-
-    auto with_ids = [](std::string script, const std::string& ids) {
-      const size_t at = script.find("@JOB_IDS@");
-      if (at != std::string::npos) script.replace(at, 9, ids);
-      return script;
-    };
-    if (f->dry_run) {
-      for (const Job& j : jobs) {
-        std::printf("== %s (%s)\n%s\n", j.name.c_str(), j.path.c_str(), with_ids(j.script, "'<the job ids>'").c_str());
-      }
-    }
-    std::printf("dependency graph of %s's night (%zu jobs):\n", s.name.c_str(), jobs.size());
-    for (const Job& j : jobs) {
-      std::string deps;
-      for (const auto& [name, kind] : j.after) deps += (deps.empty() ? "" : ", ") + kind + ":" + name;
-      std::printf("  %s%s%s\n", j.name.c_str(), deps.empty() ? "" : " after ", deps.c_str());
-    }
-    if (f->dry_run) return 0;
-    std::map<std::string, std::string> ids;
-    json record = json::object();
-    for (const auto& [name, id] : kept) record[name] = id;
-    std::string all_ids;
-    for (Job& j : jobs) {
-      j.script = with_ids(j.script, all_ids);  // the final job's: every job before it
-      write_file_atomic(j.path, j.script);
-      std::string dependency;
-      for (const auto& [name, kind] : j.after) dependency += (dependency.empty() ? "" : ",") + kind + ":" + ids.at(name);
-      std::vector<std::string> options;
-      if (!dependency.empty()) options.push_back("--dependency=" + dependency);
-      // A load whose save failed never runs: cancelled at once, so the final job still comes.
-      for (const auto& [name, kind] : j.after) {
-        if (kind == "afterok") {
-          options.push_back("--kill-on-invalid-dep=yes");
-          break;
-        }
-      }
-      j.id = sbatch(options, j.path);
-      all_ids += (all_ids.empty() ? "" : ",") + j.id;
-      ids[j.name] = j.id;
-      record[j.name] = j.id;
-      std::printf("submitted %s: job %s\n", j.name.c_str(), j.id.c_str());
-    }
-    write_file_atomic(root / layout::submit_jobs(s.name), record.dump(2) + "\n");
-    std::printf("the night's verdict: %s (%s, %s, %s) when job %s ends\n", root.c_str(), layout::kNightReportMd,
-                layout::kNightReportHtml, layout::kNightJunit, ids.at(jobs.back().name).c_str());
-    return 0;
-  };
+  return [f, self] { return submit_night(*f, self); };
 }
 
 }  // namespace mih::cli
