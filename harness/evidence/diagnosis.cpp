@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -328,9 +330,20 @@ std::string diagnosis_kind_name(Diagnosis::Kind kind) {
   return "?";
 }
 
-Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
-  Diagnosis d;
-  std::vector<const DiagnosisCase*> cases;  // with a verdict
+namespace {
+
+// The cases with a verdict and what the diagnosis reads of them.
+struct Table {
+  std::vector<const DiagnosisCase*> cases;
+  std::vector<Feature> features;
+  std::vector<std::vector<bool>> has;  // [feature][case]: the feature holds on the case
+  std::vector<bool> compared;          // per case: a suite compared it with something
+  bool failed(size_t i) const { return cases[i]->verdict == DiagnosisCase::Verdict::kFailed; }
+};
+
+// The cases with a verdict; each case into d's failing, passing or no_verdict.
+std::vector<const DiagnosisCase*> with_verdict(const std::vector<DiagnosisCase>& all, Diagnosis& d) {
+  std::vector<const DiagnosisCase*> cases;
   for (const auto& c : all) {
     if (c.verdict == DiagnosisCase::Verdict::kNone) {
       d.no_verdict.push_back(c.id() + (c.no_verdict.empty() ? "" : " (" + c.no_verdict + ")"));
@@ -339,34 +352,42 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
     cases.push_back(&c);
     (c.verdict == DiagnosisCase::Verdict::kFailed ? d.failing : d.passing).push_back(c.id());
   }
-  if (d.failing.empty()) return d;
-  const std::vector<Feature> features = features_of(all);
-  auto failed = [&](size_t i) { return cases[i]->verdict == DiagnosisCase::Verdict::kFailed; };
-  // A pass that compared nothing (the Reference without a golden, a case whose accumulation
-  // the spec declares not comparable) says nothing about a numeric failure elsewhere: never a
-  // control, never the pair's passing half.
+  return cases;
+}
+
+// A pass that compared nothing (the Reference without a golden, a case whose accumulation the
+// spec declares not comparable) says nothing about a numeric failure elsewhere: never a
+// control, never the pair's passing half.
+std::vector<bool> compared_cases(const std::vector<const DiagnosisCase*>& cases, Diagnosis& d) {
   std::vector<bool> compared(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     for (const auto* suites : {&cases[i]->passed_suites, &cases[i]->failed_suites}) {
       for (const auto& s : *suites) compared[i] = compared[i] || comparison_suites().count(s) > 0;
     }
-    if (!failed(i) && !compared[i]) d.compared_nothing.push_back(cases[i]->id());
+    if (cases[i]->verdict != DiagnosisCase::Verdict::kFailed && !compared[i]) d.compared_nothing.push_back(cases[i]->id());
   }
+  return compared;
+}
 
-  // Only the Reference-compared suites fail, while a findings-based suite passed on a failing case.
+// Only the Reference-compared suites fail, while a findings-based suite passed on a failing case.
+bool reference_compared_only(const std::vector<const DiagnosisCase*>& cases) {
   bool only_compared = true, findings_passed = false;
   for (const DiagnosisCase* c : cases) {
     if (c->verdict != DiagnosisCase::Verdict::kFailed) continue;
     for (const auto& s : c->failed_suites) only_compared = only_compared && reference_compared_suites().count(s);
     for (const auto& s : c->passed_suites) findings_passed = findings_passed || !reference_compared_suites().count(s);
   }
-  d.reference_compared_only = only_compared && findings_passed;
+  return only_compared && findings_passed;
+}
 
-  // The original model first. Only the comparison with it fails (it runs on the Reference):
-  // every case agrees with the port's own Reference, so no parallel feature is at fault. Or the
-  // Reference fails only that (MatchesOriginal, ModuleParity): every case is compared with a
-  // Reference that computes another model, so their failures are said as its possible
-  // consequences, and no axis is blamed on them (a config-invariant bug is in all of them).
+// The original model first. Only the comparison with it fails (it runs on the Reference): every
+// case agrees with the port's own Reference, so no parallel feature is at fault. Or the
+// Reference fails only that (MatchesOriginal, ModuleParity): every case is compared with a
+// Reference that computes another model, so their failures are said as its possible
+// consequences, and no axis is blamed on them (a config-invariant bug is in all of them).
+// Returns the diagnosis when the original model is at fault.
+std::optional<Diagnosis> original_model_diagnosis(const std::vector<DiagnosisCase>& all,
+                                                  const std::vector<const DiagnosisCase*>& cases, Diagnosis d) {
   const bool only_original = std::all_of(cases.begin(), cases.end(), [](const DiagnosisCase* c) {
     return c->verdict != DiagnosisCase::Verdict::kFailed ||
            (!c->failed_suites.empty() &&
@@ -406,31 +427,25 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
     record_original(d, cases, only_original ? every_spec : not_original);
     return d;
   }
+  return std::nullopt;
+}
 
-  if (d.passing.empty()) {
-    d.kind = Diagnosis::Kind::kEveryCase;
-    d.features = {"every_case"};
-    return d;
-  }
-
-  // Every candidate: single literals, then conjunctions of two (a positive first literal).
-  std::vector<std::vector<bool>> has(features.size(), std::vector<bool>(cases.size()));
-  for (size_t f = 0; f < features.size(); ++f) {
-    for (size_t i = 0; i < cases.size(); ++i) has[f][i] = features[f].has(*cases[i]);
-  }
+// Every candidate: single literals, then conjunctions of two (a positive first literal).
+std::vector<Candidate> candidates_of(const Table& t) {
   std::vector<Candidate> candidates;
+  const auto& features = t.features;
   auto add = [&](std::vector<Literal> literals) {
     Candidate c;
     c.literals = std::move(literals);
-    c.truth.assign(cases.size(), true);
+    c.truth.assign(t.cases.size(), true);
     for (const Literal& l : c.literals) {
       c.negatives += l.positive ? 0 : 1;
-      for (size_t i = 0; i < cases.size(); ++i) c.truth[i] = c.truth[i] && has[l.feature][i] == l.positive;
+      for (size_t i = 0; i < t.cases.size(); ++i) c.truth[i] = c.truth[i] && t.has[l.feature][i] == l.positive;
     }
     // A predicate true everywhere or nowhere says nothing.
     if (std::count(c.truth.begin(), c.truth.end(), true) == 0) return;
     if (std::count(c.truth.begin(), c.truth.end(), false) == 0) return;
-    for (size_t i = 0; i < cases.size(); ++i) c.exceptions += c.truth[i] != failed(i) ? 1 : 0;
+    for (size_t i = 0; i < t.cases.size(); ++i) c.exceptions += c.truth[i] != t.failed(i) ? 1 : 0;
     candidates.push_back(std::move(c));
   };
   // A feature's absence alone ("fails only with at most 2 ranks") is what a small table
@@ -446,118 +461,152 @@ Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
       if (features[g].family != "world_size") add({{f, true}, {g, false}});
     }
   }
+  return candidates;
+}
+
+// Controls: passing cases that differ from a failing one only in the explanation's families.
+// A resume's control is its uninterrupted twin (or a resume into the same config): only what it
+// trains under after the load counts then.
+void find_controls(const Table& t, const Candidate& best, Diagnosis& d) {
+  const size_t total = t.cases.size();
+  std::set<std::string> families;
+  for (const Literal& l : best.literals) families.insert(t.features[l.feature].family);
+  auto after_load = [&](const DiagnosisCase& c) {
+    DiagnosisCase out = c;
+    if (families.count("resume")) out.save_config.reset();
+    return out;
+  };
+  for (size_t p = 0; p < total; ++p) {
+    if (t.failed(p) || !t.compared[p]) continue;
+    const DiagnosisCase passing = after_load(*t.cases[p]);
+    bool control = false;
+    for (size_t f = 0; f < total && !control; ++f) {
+      if (!t.failed(f) || t.cases[f]->spec != t.cases[p]->spec) continue;
+      const DiagnosisCase failing = after_load(*t.cases[f]);
+      bool differs = false, elsewhere = false;
+      for (const Feature& k : t.features) {
+        if (k.has(failing) == k.has(passing)) continue;
+        differs = true;
+        elsewhere = elsewhere || (!families.count(k.family) && !families.count(k.parent));
+      }
+      control = differs && !elsewhere;
+    }
+    if (control) d.controls.push_back(t.cases[p]->id());
+  }
+  const bool plural = d.controls.size() > 1;
+  if (best.literals.size() == 1) {
+    d.controls_phrase = t.features[best.literals[0].feature].control + (plural ? " controls" : " control");
+  } else {
+    d.controls_phrase = plural ? "controls without it" : "control without it";
+  }
+}
+
+// The best candidate's verdict: separated, mostly, every parallel case or inconclusive, what
+// the run cannot tell apart from it, its exceptions and its controls.
+void judge_best(const Table& t, const std::vector<Candidate>& candidates, Diagnosis& d) {
+  const Candidate& best = *std::min_element(candidates.begin(), candidates.end(),
+                                            [](const Candidate& a, const Candidate& b) { return a.key() < b.key(); });
+  const size_t ws1 = t.features.size() - 1;  // world_size>1 is the last feature
+  const std::vector<bool>& parallel = t.has[ws1];
+  const size_t total = t.cases.size();
+  size_t covered = 0;
+  for (size_t i = 0; i < total; ++i) covered += best.truth[i] && t.failed(i) ? 1 : 0;
+  // Exactly the parallel cases fail: an axis true on the same cases (dp_shard > 1 when it is
+  // the only one) is not told from what they all share, and is named as indistinguishable.
+  if (best.exceptions == 0 && best.truth == parallel) {
+    d.kind = Diagnosis::Kind::kEveryParallel;
+    d.features = {"world_size>1"};
+    d.explanation = "world size > 1";
+  } else if (best.exceptions == 0) {
+    d.kind = Diagnosis::Kind::kSeparated;
+  } else if (total >= 5 && static_cast<size_t>(best.exceptions) * 5 <= total && covered >= 2 && best.truth != parallel) {
+    d.kind = Diagnosis::Kind::kMostly;
+  } else {
+    d.kind = Diagnosis::Kind::kInconclusive;
+  }
+  const bool named = d.kind == Diagnosis::Kind::kSeparated || d.kind == Diagnosis::Kind::kMostly;
+  if (named) {
+    for (const Literal& l : best.literals) d.features.push_back(literal_key(t.features[l.feature], l.positive));
+    d.explanation = candidate_phrase(t.features, best);
+  }
+  if (d.kind != Diagnosis::Kind::kInconclusive) {
+    // What the run cannot tell apart from it: single features true on exactly the same cases.
+    for (const Candidate& c : candidates) {
+      if (c.literals.size() != 1 || c.truth != best.truth || c.negatives) continue;
+      const std::string phrase = candidate_phrase(t.features, c);
+      if (phrase != d.explanation) d.indistinguishable.push_back(phrase);
+    }
+  }
+  if (d.kind == Diagnosis::Kind::kMostly) {
+    for (size_t i = 0; i < total; ++i) {
+      if (best.truth[i] == t.failed(i)) continue;
+      d.exceptions.push_back(t.cases[i]->id() + (t.failed(i) ? " fails without it" : " passes with it"));
+    }
+  }
+  if (named) find_controls(t, best, d);
+}
+
+// The smallest pair: fewest differing features, then fewest ranks.
+void smallest_pair(const Table& t, Diagnosis& d) {
+  std::tuple<size_t, int64_t, std::string, std::string> best_pair{SIZE_MAX, 0, "", ""};
+  const DiagnosisCase *pf = nullptr, *pp = nullptr;
+  for (size_t f = 0; f < t.cases.size(); ++f) {
+    if (!t.failed(f)) continue;
+    for (size_t p = 0; p < t.cases.size(); ++p) {
+      if (t.failed(p) || !t.compared[p]) continue;
+      size_t diff = t.cases[f]->spec == t.cases[p]->spec ? 0 : 1;
+      for (size_t k = 0; k < t.features.size(); ++k) diff += t.has[k][f] != t.has[k][p] ? 1 : 0;
+      const auto key = std::make_tuple(diff, ranks(*t.cases[f]) + ranks(*t.cases[p]), t.cases[f]->id(), t.cases[p]->id());
+      if (key < best_pair) {
+        best_pair = key;
+        pf = t.cases[f];
+        pp = t.cases[p];
+      }
+    }
+  }
+  if (!pf || !pp) return;
+  Diagnosis::Pair pair;
+  pair.failing = pf->id();
+  pair.passing = pp->id();
+  pair.failing_command = rerun_command(*pf);
+  pair.passing_command = rerun_command(*pp);
+  pair.passing_fault_not_reached = pp->fault_not_reached;
+  pair.test_command = test_command(*pf, *pp);
+  if (pf->spec != pp->spec) pair.differences.push_back("spec " + pf->spec + " vs " + pp->spec);
+  for (const Feature& f : t.features) {
+    const bool a = f.has(*pf), b = f.has(*pp);
+    if (a != b) pair.differences.push_back(a ? f.phrase : f.negated);
+  }
+  d.pair = pair;
+}
+
+}  // namespace
+
+Diagnosis diagnose(const std::vector<DiagnosisCase>& all) {
+  Diagnosis d;
+  Table t;
+  t.cases = with_verdict(all, d);
+  if (d.failing.empty()) return d;
+  t.features = features_of(all);
+  t.compared = compared_cases(t.cases, d);
+  d.reference_compared_only = reference_compared_only(t.cases);
+  if (std::optional<Diagnosis> original = original_model_diagnosis(all, t.cases, d)) return *original;
+  if (d.passing.empty()) {
+    d.kind = Diagnosis::Kind::kEveryCase;
+    d.features = {"every_case"};
+    return d;
+  }
+  t.has.assign(t.features.size(), std::vector<bool>(t.cases.size()));
+  for (size_t f = 0; f < t.features.size(); ++f) {
+    for (size_t i = 0; i < t.cases.size(); ++i) t.has[f][i] = t.features[f].has(*t.cases[i]);
+  }
+  const std::vector<Candidate> candidates = candidates_of(t);
   if (candidates.empty()) {  // every feature is the same on every case
     d.kind = Diagnosis::Kind::kInconclusive;
   } else {
-    const Candidate& best = *std::min_element(candidates.begin(), candidates.end(),
-                                              [](const Candidate& a, const Candidate& b) { return a.key() < b.key(); });
-    const size_t ws1 = features.size() - 1;  // world_size>1 is the last feature
-    std::vector<bool> parallel(cases.size());
-    for (size_t i = 0; i < cases.size(); ++i) parallel[i] = has[ws1][i];
-    const size_t total = cases.size();
-    size_t covered = 0;
-    for (size_t i = 0; i < total; ++i) covered += best.truth[i] && failed(i) ? 1 : 0;
-    // Exactly the parallel cases fail: an axis true on the same cases (dp_shard > 1 when it is
-    // the only one) is not told from what they all share, and is named as indistinguishable.
-    if (best.exceptions == 0 && best.truth == parallel) {
-      d.kind = Diagnosis::Kind::kEveryParallel;
-      d.features = {"world_size>1"};
-      d.explanation = "world size > 1";
-    } else if (best.exceptions == 0) {
-      d.kind = Diagnosis::Kind::kSeparated;
-    } else if (total >= 5 && static_cast<size_t>(best.exceptions) * 5 <= total && covered >= 2 &&
-               best.truth != parallel) {
-      d.kind = Diagnosis::Kind::kMostly;
-    } else {
-      d.kind = Diagnosis::Kind::kInconclusive;
-    }
-    if (d.kind == Diagnosis::Kind::kSeparated || d.kind == Diagnosis::Kind::kMostly) {
-      for (const Literal& l : best.literals) d.features.push_back(literal_key(features[l.feature], l.positive));
-      d.explanation = candidate_phrase(features, best);
-    }
-    if (d.kind != Diagnosis::Kind::kInconclusive) {
-      // What the run cannot tell apart from it: single features true on exactly the same cases.
-      for (const Candidate& c : candidates) {
-        if (c.literals.size() != 1 || c.truth != best.truth || c.negatives) continue;
-        const std::string phrase = candidate_phrase(features, c);
-        if (phrase != d.explanation) d.indistinguishable.push_back(phrase);
-      }
-    }
-    if (d.kind == Diagnosis::Kind::kMostly) {
-      for (size_t i = 0; i < total; ++i) {
-        if (best.truth[i] == failed(i)) continue;
-        d.exceptions.push_back(cases[i]->id() + (failed(i) ? " fails without it" : " passes with it"));
-      }
-    }
-    // Controls: passing cases that differ from a failing one only in the explanation's
-    // families. A resume's control is its uninterrupted twin (or a resume into the same
-    // config): only what it trains under after the load counts then.
-    if (d.kind == Diagnosis::Kind::kSeparated || d.kind == Diagnosis::Kind::kMostly) {
-      std::set<std::string> families;
-      for (const Literal& l : best.literals) families.insert(features[l.feature].family);
-      auto after_load = [&](const DiagnosisCase& c) {
-        DiagnosisCase out = c;
-        if (families.count("resume")) out.save_config.reset();
-        return out;
-      };
-      for (size_t p = 0; p < total; ++p) {
-        if (failed(p) || !compared[p]) continue;
-        const DiagnosisCase passing = after_load(*cases[p]);
-        bool control = false;
-        for (size_t f = 0; f < total && !control; ++f) {
-          if (!failed(f) || cases[f]->spec != cases[p]->spec) continue;
-          const DiagnosisCase failing = after_load(*cases[f]);
-          bool differs = false, elsewhere = false;
-          for (const Feature& k : features) {
-            if (k.has(failing) == k.has(passing)) continue;
-            differs = true;
-            elsewhere = elsewhere || (!families.count(k.family) && !families.count(k.parent));
-          }
-          control = differs && !elsewhere;
-        }
-        if (control) d.controls.push_back(cases[p]->id());
-      }
-      const bool plural = d.controls.size() > 1;
-      if (best.literals.size() == 1) {
-        d.controls_phrase = features[best.literals[0].feature].control + (plural ? " controls" : " control");
-      } else {
-        d.controls_phrase = plural ? "controls without it" : "control without it";
-      }
-    }
+    judge_best(t, candidates, d);
   }
-
-  // The smallest pair: fewest differing features, then fewest ranks.
-  std::tuple<size_t, int64_t, std::string, std::string> best_pair{SIZE_MAX, 0, "", ""};
-  const DiagnosisCase *pf = nullptr, *pp = nullptr;
-  for (size_t f = 0; f < cases.size(); ++f) {
-    if (!failed(f)) continue;
-    for (size_t p = 0; p < cases.size(); ++p) {
-      if (failed(p) || !compared[p]) continue;
-      size_t diff = cases[f]->spec == cases[p]->spec ? 0 : 1;
-      for (size_t k = 0; k < features.size(); ++k) diff += has[k][f] != has[k][p] ? 1 : 0;
-      const auto key = std::make_tuple(diff, ranks(*cases[f]) + ranks(*cases[p]), cases[f]->id(), cases[p]->id());
-      if (key < best_pair) {
-        best_pair = key;
-        pf = cases[f];
-        pp = cases[p];
-      }
-    }
-  }
-  if (pf && pp) {
-    Diagnosis::Pair pair;
-    pair.failing = pf->id();
-    pair.passing = pp->id();
-    pair.failing_command = rerun_command(*pf);
-    pair.passing_command = rerun_command(*pp);
-    pair.passing_fault_not_reached = pp->fault_not_reached;
-    pair.test_command = test_command(*pf, *pp);
-    if (pf->spec != pp->spec) pair.differences.push_back("spec " + pf->spec + " vs " + pp->spec);
-    for (const Feature& f : features) {
-      const bool a = f.has(*pf), b = f.has(*pp);
-      if (a != b) pair.differences.push_back(a ? f.phrase : f.negated);
-    }
-    d.pair = pair;
-  }
+  smallest_pair(t, d);
   return d;
 }
 
