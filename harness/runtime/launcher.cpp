@@ -146,8 +146,9 @@ void install_interrupt_handlers() { launcher_internal::install_handlers(); }
 
 int interrupt_signal() { return launcher_internal::pending_interrupt(); }
 
-LaunchResult launch(const LaunchOptions& options) {
-  const bool templated = !options.command_template.empty();
+namespace {
+
+void check_launch_options(const LaunchOptions& options, bool templated) {
   MIH_CHECK(options.world_size >= 1, "launch: world_size must be >= 1, got ", options.world_size);
   // Local ranks are processes of this machine: a world far beyond its cores is a typo, and
   // starting it would swamp the machine before any rank could fail.
@@ -160,11 +161,12 @@ LaunchResult launch(const LaunchOptions& options) {
             "launcher template '", options.command_template,
             "' has no '{cmd}' placeholder; e.g. \"srun -N2 --ntasks-per-node=8 {cmd}\"");
   MIH_CHECK(options.timeout.count() > 0, "launch: timeout must be > 0 ms");
-  RunDirLock lock(options.run_dir);
-  prepare_run_dir(options.run_dir);
+}
 
+// This process's environment for the ranks: outer launchers' rank variables dropped (they
+// would contradict ours in the children), the thread counts set.
+Env rank_base_env(const LaunchOptions& options, bool templated) {
   Env base = process_env();
-  // Outer launchers' rank variables would contradict ours in the children.
   for (const char* var : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
                           "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", kStoreFileVar, kStoreHostedVar,
@@ -175,51 +177,52 @@ LaunchResult launch(const LaunchOptions& options) {
   base["OMP_NUM_THREADS"] = threads;
   base["OPENBLAS_NUM_THREADS"] = threads;
   base["MKL_NUM_THREADS"] = threads;
+  return base;
+}
 
-  // The TCPStore the ranks meet at, when the launcher hosts it; kept alive until the end.
-  std::optional<compat::Store> hosted_store;
-  if (templated || options.rendezvous == RendezvousKind::kTcp) {
-    // Where the ranks reach the store: loopback for local ranks; under a template the
-    // exported MASTER_ADDR, else this host's name. The store listens on that address alone
-    // when it is a numeric one (a host name may resolve differently on other hosts, so then
-    // it listens on every interface: export MASTER_ADDR=<this host's address> to narrow it).
-    std::string addr = "127.0.0.1";
-    if (templated) {
-      if (const std::string* user = find_env(base, "MASTER_ADDR")) {
-        addr = *user;
-      } else {
-        char host[256] = {0};
-        ::gethostname(host, sizeof(host) - 1);
-        addr = host;
-      }
-    }
-    compat::TcpStoreOptions so;
-    so.port = 0;
-    so.is_server = true;
-    so.world_size = options.world_size;
-    so.timeout = options.timeout;
-    if (!templated) {
-      so.host = so.bind_address = "127.0.0.1";
-    } else if (is_numeric_address(addr)) {
-      so.host = so.bind_address = addr;
-    }
-    hosted_store = compat::make_tcp_store(so);
-    base["MASTER_ADDR"] = addr;
-    base["MASTER_PORT"] = std::to_string(hosted_store->port());
-    base[kStoreHostedVar] = "1";
-    if (templated) base[kLauncherStoreVar] = addr + ":" + std::to_string(hosted_store->port());
-  } else {
+// Where the ranks meet, into `base`: the TCPStore the launcher hosts (returned, kept alive until
+// the end), or a file store in the run directory.
+std::optional<compat::Store> meeting_point(const LaunchOptions& options, bool templated, Env& base) {
+  if (!templated && options.rendezvous != RendezvousKind::kTcp) {
     base["MASTER_ADDR"] = "127.0.0.1";
     base["MASTER_PORT"] = std::to_string(pick_free_port());
     base[kStoreFileVar] = (std::filesystem::absolute(options.run_dir) / layout::kStore).string();
+    return std::nullopt;
   }
-  base[kLauncherPidVar] = std::to_string(::getpid());
-  base[kExpectedWorldSizeVar] = std::to_string(options.world_size);
-  for (const auto& [k, v] : options.extra_env) base[k] = v;
+  // Where the ranks reach the store: loopback for local ranks; under a template the exported
+  // MASTER_ADDR, else this host's name. The store listens on that address alone when it is a
+  // numeric one (a host name may resolve differently on other hosts, so then it listens on
+  // every interface: export MASTER_ADDR=<this host's address> to narrow it).
+  std::string addr = "127.0.0.1";
+  if (templated) {
+    if (const std::string* user = find_env(base, "MASTER_ADDR")) {
+      addr = *user;
+    } else {
+      char host[256] = {0};
+      ::gethostname(host, sizeof(host) - 1);
+      addr = host;
+    }
+  }
+  compat::TcpStoreOptions so;
+  so.port = 0;
+  so.is_server = true;
+  so.world_size = options.world_size;
+  so.timeout = options.timeout;
+  if (!templated) {
+    so.host = so.bind_address = "127.0.0.1";
+  } else if (is_numeric_address(addr)) {
+    so.host = so.bind_address = addr;
+  }
+  std::optional<compat::Store> hosted_store = compat::make_tcp_store(so);
+  base["MASTER_ADDR"] = addr;
+  base["MASTER_PORT"] = std::to_string(hosted_store->port());
+  base[kStoreHostedVar] = "1";
+  if (templated) base[kLauncherStoreVar] = addr + ":" + std::to_string(hosted_store->port());
+  return hosted_store;
+}
 
-  LaunchResult result;
-  result.timeout = options.timeout;
-  const auto start = Clock::now();
+// The ranks started: the template's one shell command, or one process per local rank.
+std::vector<Child> start_children(const LaunchOptions& options, bool templated, Env base) {
   std::vector<Child> children;
   auto start_failed = [&](int rank, int err) {
     stop_all(children, std::chrono::milliseconds(0));
@@ -238,33 +241,38 @@ LaunchResult launch(const LaunchOptions& options) {
     if (c.pid < 0) start_failed(-1, -c.pid);
     c.pidfd = open_pidfd(c.pid);
     children.push_back(c);
-  } else {
-    children.reserve(static_cast<size_t>(options.world_size));
-    for (int r = 0; r < options.world_size; ++r) {
-      Env env = base;
-      env["RANK"] = std::to_string(r);
-      env["WORLD_SIZE"] = std::to_string(options.world_size);
-      env["LOCAL_RANK"] = std::to_string(r);
-      env["LOCAL_WORLD_SIZE"] = std::to_string(options.world_size);
-      Child c;
-      c.rank = r;
-      c.log = options.run_dir / layout::rank_log(r);
-      c.start = Clock::now();
-      c.pid = spawn_rank(options.command, env_list(env), c.log, &c.forked);
-      if (c.pid < 0) start_failed(r, -c.pid);
-      c.pidfd = open_pidfd(c.pid);
-      children.push_back(c);
-      // Who is rank r, for tools and tests (a forked rank's command line is its title, cut
-      // to the launcher's own length): logs/rank<r>.pid, removed with the logs of a rerun.
-      try {
-        write_file_atomic(options.run_dir / layout::rank_pid(r), std::to_string(c.pid) + "\n",
-                          Durability::kDeferred);
-      } catch (const Error&) {
-        // The log of this rank is there; a full disk is the rank's to report.
-      }
+    return children;
+  }
+  children.reserve(static_cast<size_t>(options.world_size));
+  for (int r = 0; r < options.world_size; ++r) {
+    Env env = base;
+    env["RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(options.world_size);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(options.world_size);
+    Child c;
+    c.rank = r;
+    c.log = options.run_dir / layout::rank_log(r);
+    c.start = Clock::now();
+    c.pid = spawn_rank(options.command, env_list(env), c.log, &c.forked);
+    if (c.pid < 0) start_failed(r, -c.pid);
+    c.pidfd = open_pidfd(c.pid);
+    children.push_back(c);
+    // Who is rank r, for tools and tests (a forked rank's command line is its title, cut
+    // to the launcher's own length): logs/rank<r>.pid, removed with the logs of a rerun.
+    try {
+      write_file_atomic(options.run_dir / layout::rank_pid(r), std::to_string(c.pid) + "\n", Durability::kDeferred);
+    } catch (const Error&) {
+      // The log of this rank is there; a full disk is the rank's to report.
     }
   }
+  return children;
+}
 
+// Waits for the ranks until they all exit, one fails (then the others a while to settle), an
+// interrupt or the deadline; stops what still runs, its process groups too.
+void wait_children(std::vector<Child>& children, const LaunchOptions& options, Clock::time_point start,
+                   LaunchResult& result) {
   const auto deadline = start + options.timeout;
   int reaped = 0;
   result.status = LaunchResult::Status::kOk;
@@ -299,9 +307,12 @@ LaunchResult launch(const LaunchOptions& options) {
   if (result.status == LaunchResult::Status::kRankFailed) result.failed_rank = root_cause(children);
   // Anything a rank started in its process group goes too.
   for (const auto& c : children) ::kill(-c.pid, SIGKILL);
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+}
 
-  const int64_t now_us = wall_clock_us();
+// Each child's outcome (its exit, error report and last collective), and for a failed rank the
+// stragglers' diagnosis and its log's tail.
+void record_outcomes(const std::vector<Child>& children, const LaunchOptions& options, int64_t now_us,
+                     LaunchResult& result) {
   std::map<int, std::vector<CommRecord>> ledgers;
   for (const auto& c : children) {
     RankOutcome o;
@@ -330,11 +341,16 @@ LaunchResult launch(const LaunchOptions& options) {
       if (c.rank == result.failed_rank) result.failed_log_tail = tail_lines(c.log, static_cast<size_t>(options.log_tail_lines));
     }
   }
-  if (templated && result.ok()) {
-    // The command succeeded; did it run every rank? Each reports its exit through the store.
+}
+
+// Under a template: a command that exited 0 must have run every rank (each reports its exit
+// through the store), and the ranks' error reports in a shared run directory are its outcome's.
+void check_templated_ranks(const LaunchOptions& options, compat::Store& hosted_store, int64_t now_us,
+                           LaunchResult& result) {
+  if (result.ok()) {
     std::vector<int> silent;
     for (int r = 0; r < options.world_size; ++r) {
-      if (!hosted_store->check({"mih/exit/rank" + std::to_string(r)})) silent.push_back(r);
+      if (!hosted_store.check({"mih/exit/rank" + std::to_string(r)})) silent.push_back(r);
     }
     if (!silent.empty()) {
       std::string list = join(silent, ", ");
@@ -346,19 +362,41 @@ LaunchResult launch(const LaunchOptions& options) {
                                             options.world_size, ") ranks of '{cmd}' with their rank variables");
     }
   }
-  if (templated) {
-    // Ranks started by the template may have left error reports in a shared run directory.
-    for (int r = 0; r < options.world_size; ++r) {
-      RankOutcome o;
-      o.rank = r;
-      read_error_file(options.run_dir, o);
-      o.last_activity = describe_last_activity(rank_ledger(options.run_dir, r), now_us);
-      if (!o.error_message.empty()) {
-        result.ranks.front().error_message += "\n  rank " + std::to_string(r) + " [" + o.error_code + "]: " + o.error_message;
-        if (result.ranks.front().error_code.empty()) result.ranks.front().error_code = o.error_code;
-      }
+  for (int r = 0; r < options.world_size; ++r) {
+    RankOutcome o;
+    o.rank = r;
+    read_error_file(options.run_dir, o);
+    o.last_activity = describe_last_activity(rank_ledger(options.run_dir, r), now_us);
+    if (!o.error_message.empty()) {
+      result.ranks.front().error_message += "\n  rank " + std::to_string(r) + " [" + o.error_code + "]: " + o.error_message;
+      if (result.ranks.front().error_code.empty()) result.ranks.front().error_code = o.error_code;
     }
   }
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& options) {
+  const bool templated = !options.command_template.empty();
+  check_launch_options(options, templated);
+  RunDirLock lock(options.run_dir);
+  prepare_run_dir(options.run_dir);
+  Env base = rank_base_env(options, templated);
+  // The TCPStore the ranks meet at, when the launcher hosts it; kept alive until the end.
+  std::optional<compat::Store> hosted_store = meeting_point(options, templated, base);
+  base[kLauncherPidVar] = std::to_string(::getpid());
+  base[kExpectedWorldSizeVar] = std::to_string(options.world_size);
+  for (const auto& [k, v] : options.extra_env) base[k] = v;
+
+  LaunchResult result;
+  result.timeout = options.timeout;
+  const auto start = Clock::now();
+  std::vector<Child> children = start_children(options, templated, base);
+  wait_children(children, options, start, result);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const int64_t now_us = wall_clock_us();
+  record_outcomes(children, options, now_us, result);
+  if (templated) check_templated_ranks(options, *hosted_store, now_us, result);
   return result;
 }
 
