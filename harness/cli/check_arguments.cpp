@@ -129,6 +129,184 @@ std::string recorded_fault(const fs::path& case_dir) {
   }
 }
 
+// The matrix a case's record names, checked to resolve here: one that does not is the
+// record's problem (a file moved, an edit), said as such.
+std::string recorded_matrix(const fs::path& file, const std::string& spec_name) {
+  const MatrixSource matrix = read_case_record(file).matrix;
+  const spec::ModelSpec& spec = spec::SpecRegistry::instance().get(spec_name);  // not compiled in: 11
+  try {
+    (void)spec::resolve_matrix_source(spec, matrix);
+  } catch (const Error& e) {
+    MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), ": its matrix '", matrix.text().substr(0, 200),
+              "' does not resolve here (", e.message(), "); check the case from the directory its matrix file "
+              "is relative to, or rerun it");
+  }
+  return matrix.text();
+}
+
+// A case directory's arguments: its root, spec, matrix, checkpoint, registrations and fault.
+void case_dir_arguments(const fs::path& target, std::vector<std::string>& args, std::string* filter) {
+  const verdicts::CaseEvidence ev(target);
+  const std::string spec_name = ev.spec_name();
+  fs::path dir = fs::absolute(target).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
+  const fs::path root = dir.parent_path().parent_path();
+  // The verdicts read <root>/<spec>/<case>: a directory holding another case's evidence
+  // (a copy, a rename) would have them check that other case instead.
+  const std::string case_name = ev.resolved_case().name;
+  MIH_CHECK_CODE(dir.filename() == case_name && dir.parent_path().filename() == spec_name, Code::kFailedPrecondition,
+                 "mih check: ", target.string(), " holds the evidence of ", spec_name, "/", case_name,
+                 " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
+                 dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
+  args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
+  // The record's matrix is what this check resolves the case from.
+  if (ev.has(layout::kCaseRecord)) args.insert(args.end(), {"--matrix", recorded_matrix(dir / layout::kCaseRecord, spec_name)});
+  // A case that started from a checkpoint is checked as one (its source keys included).
+  if (ev.has(layout::kCaseRequest)) {
+    const CaseRequest request = read_case_request(dir / layout::kCaseRequest);
+    if (!request.init_from.empty()) args.insert(args.end(), {"--init-from", request.init_from});
+  }
+  // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
+  std::string prefixes;
+  for (const auto& r : cases::registrations()) {
+    if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
+  }
+  if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
+  // A case run with a fault of the catalog is checked as that fault run, never as the port.
+  if (const std::string fault = recorded_fault(dir); !fault.empty()) {
+    args.insert(args.end(), {"--fault", fault, "--fault-cases", case_name});
+    std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked as "
+                 "that fault run, never as the fault-free port\n", spec_name.c_str(), case_name.c_str(), fault.c_str());
+  }
+  *filter = "*/*.*/" + ev.resolved_case().name;
+}
+
+// What a run root's run ran: the tests its processes recorded in results.jsonl's start lines,
+// their registrations ("<prefix>") and cases ("<prefix>/<case>"), each registration linked here.
+struct RecordedRun {
+  std::vector<std::string> tests;
+  std::set<std::string> prefixes, cases;
+  // The spec's evidence is judged: recorded by the run, or (no record) a <spec>/ folder there.
+  bool covers(const fs::path& target, const cases::Registration& r) const {
+    std::error_code ec;
+    return tests.empty() ? fs::is_directory(target / r.spec, ec) : prefixes.count(r.prefix) > 0;
+  }
+};
+
+RecordedRun recorded_run(const fs::path& target) {
+  RecordedRun run;
+  run.tests = recorded_tests(target);
+  for (const auto& name : run.tests) {
+    const std::string prefix = name.substr(0, name.find('/'));
+    run.cases.insert(prefix + "/" + name.substr(name.rfind('/') + 1));
+    MIH_CHECK_CODE(cases::find_registration(prefix) != nullptr, Code::kFailedPrecondition, "mih check: ",
+                   (target / layout::kResults).string(), " records test ", name, " of registration '", prefix,
+                   "', which this mih does not link; check the run with the conformance binary that ran it");
+    run.prefixes.insert(prefix);
+  }
+  return run;
+}
+
+// The matrix the run ran (run.json's, or the one every recorded registration ran, its lane
+// included) and the checkpoint a run of one spec started from.
+void run_record_arguments(const fs::path& target, const RecordedRun& recorded, std::vector<std::string>& args) {
+  std::string matrix;
+  if (fs::exists(target / layout::kRunRecord)) {
+    const RunRecord run = read_run_record(target / layout::kRunRecord);
+    matrix = run.matrix;
+    std::set<std::string> ran;
+    for (const auto& [prefix, ran_matrix] : run.registrations) {
+      if (recorded.prefixes.count(prefix)) ran.insert(ran_matrix);
+    }
+    if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
+    // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
+    if (run.init_from.size() == 1 && fs::is_directory(target / run.init_from.begin()->first)) {
+      std::set<std::string> spec_dirs;
+      for (const auto& r : cases::registrations()) {
+        if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
+      }
+      if (spec_dirs.size() == 1 && !run.init_from.begin()->second.empty()) {
+        args.insert(args.end(), {"--init-from", run.init_from.begin()->second});
+      }
+    }
+  }
+  if (!matrix.empty()) args.insert(args.end(), {"--matrix", matrix});
+}
+
+// Every case's record must be readable: a truncated or foreign case_run.json is named here,
+// not reported as hundreds of failing tests.
+void check_case_records(const fs::path& target) {
+  for (const auto& r : cases::registrations()) {
+    std::error_code ec;
+    if (!fs::is_directory(target / r.spec, ec)) continue;
+    for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
+      const fs::path record = entry.path() / layout::kCaseRecord;
+      if (!fs::exists(record, ec)) continue;
+      try {
+        (void)read_case_record(record);
+      } catch (const Error& e) {
+        MIH_THROW(Code::kFailedPrecondition, "mih check: ", e.message(), ": mih run --spec ", r.spec, " --case ",
+                  entry.path().filename().string(), " --evidence-root ", target.string());
+      }
+    }
+  }
+}
+
+// The cases run with a fault of the catalog (their case_run.json) are checked as that fault
+// run, never as the port: `mih test --fault F --fault-cases ...` as the run was.
+void fault_arguments(const fs::path& target, const RecordedRun& recorded, std::vector<std::string>& args) {
+  std::map<std::string, std::set<std::string>> fault_cases;  // fault -> case names
+  for (const auto& r : cases::registrations()) {
+    std::error_code ec;
+    if (!recorded.covers(target, r)) continue;
+    for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
+      if (!recorded.tests.empty() && !recorded.cases.count(r.prefix + "/" + entry.path().filename().string())) continue;
+      const std::string fault = recorded_fault(entry.path());
+      if (fault.empty()) continue;
+      fault_cases[fault].insert(entry.path().filename().string());
+      std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked "
+                   "as that fault run, never as the fault-free port\n", r.spec.c_str(),
+                   entry.path().filename().string().c_str(), fault.c_str());
+    }
+  }
+  MIH_CHECK_CODE(fault_cases.size() <= 1, Code::kFailedPrecondition, "mih check: the cases of ", target.string(),
+                 " ran with different faults of the catalog (", fault_cases.begin()->first, " and ",
+                 std::next(fault_cases.begin())->first, "), which no one run injects; check each case directory");
+  if (!fault_cases.empty()) {
+    std::string names = join(fault_cases.begin()->second, ",");
+    args.insert(args.end(), {"--fault", fault_cases.begin()->first, "--fault-cases", names});
+  }
+}
+
+// A run root's arguments. A check of a filtered run judges what it ran, never the whole
+// default matrix (whose other cases were never asked for); a root without that record (cases
+// launched by torchrun or srun) is checked over the matrix of every spec with evidence there.
+void run_root_arguments(const fs::path& target, std::vector<std::string>& args, std::string* filter,
+                        std::vector<std::string>* recorded_out) {
+  args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
+  const RecordedRun recorded = recorded_run(target);
+  run_record_arguments(target, recorded, args);
+  // Only the specs with evidence under this root.
+  std::string specs, prefixes;
+  for (const auto& r : cases::registrations()) {
+    if (recorded.tests.empty() ? !fs::is_directory(target / r.spec) : !recorded.prefixes.count(r.prefix)) continue;
+    specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
+    prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
+  }
+  MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
+                 " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
+  check_case_records(target);
+  args.insert(args.end(), {"--prefixes", prefixes});
+  fault_arguments(target, recorded, args);
+  if (recorded.tests.empty()) {
+    *filter = specs;
+  } else {
+    *recorded_out = recorded.tests;
+    *filter = "";
+    for (const auto& name : recorded.tests) *filter += (filter->empty() ? "" : ":") + name;
+  }
+}
+
 }  // namespace
 
 // `mih check <dir>`: a case directory (<root>/<spec>/<case>) or a run root.
@@ -143,146 +321,9 @@ std::vector<std::string> check_arguments(const fs::path& target, std::string* fi
                                              "that produced it");
   }
   if (fs::exists(target / layout::kEnvironment) && fs::exists(target / layout::kSpecResolved)) {
-    const verdicts::CaseEvidence ev(target);
-    const std::string spec_name = ev.spec_name();
-    fs::path dir = fs::absolute(target).lexically_normal();
-    if (dir.filename().empty()) dir = dir.parent_path();  // a trailing '/'
-    const fs::path root = dir.parent_path().parent_path();
-    // The verdicts read <root>/<spec>/<case>: a directory holding another case's evidence
-    // (a copy, a rename) would have them check that other case instead.
-    const std::string case_name = ev.resolved_case().name;
-    MIH_CHECK_CODE(dir.filename() == case_name && dir.parent_path().filename() == spec_name, Code::kFailedPrecondition,
-                   "mih check: ", target.string(), " holds the evidence of ", spec_name, "/", case_name,
-                   " (its spec.resolved.json and case info), not of ", dir.parent_path().filename().string(), "/",
-                   dir.filename().string(), "; check a case where it was written: <root>/", spec_name, "/", case_name);
-    args.insert(args.end(), {"--evidence-root", root.string(), "--only-spec", spec_name});
-    if (ev.has(layout::kCaseRecord)) {
-      const fs::path file = dir / layout::kCaseRecord;
-      const MatrixSource matrix = read_case_record(file).matrix;
-      // The record's matrix is what this check resolves the case from: one that does not
-      // resolve here is the record's problem (a file moved, an edit), said as such.
-      const spec::ModelSpec& spec = spec::SpecRegistry::instance().get(spec_name);  // not compiled in: 11
-      try {
-        (void)spec::resolve_matrix_source(spec, matrix);
-      } catch (const Error& e) {
-        MIH_THROW(Code::kFailedPrecondition, "evidence file ", file.string(), ": its matrix '", matrix.text().substr(0, 200),
-                  "' does not resolve here (", e.message(), "); check the case from the directory its matrix file "
-                  "is relative to, or rerun it");
-      }
-      args.insert(args.end(), {"--matrix", matrix.text()});
-    }
-    // A case that started from a checkpoint is checked as one (its source keys included).
-    if (ev.has(layout::kCaseRequest)) {
-      const CaseRequest request = read_case_request(dir / layout::kCaseRequest);
-      if (!request.init_from.empty()) args.insert(args.end(), {"--init-from", request.init_from});
-    }
-    // Name the spec's registrations: an on-request one (a fault-catalog variant) runs only then.
-    std::string prefixes;
-    for (const auto& r : cases::registrations()) {
-      if (r.spec == spec_name) prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
-    }
-    if (!prefixes.empty()) args.insert(args.end(), {"--prefixes", prefixes});
-    // A case run with a fault of the catalog is checked as that fault run, never as the port.
-    if (const std::string fault = recorded_fault(dir); !fault.empty()) {
-      args.insert(args.end(), {"--fault", fault, "--fault-cases", case_name});
-      std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked as "
-                   "that fault run, never as the fault-free port\n", spec_name.c_str(), case_name.c_str(), fault.c_str());
-    }
-    *filter = "*/*.*/" + ev.resolved_case().name;
+    case_dir_arguments(target, args, filter);
   } else {
-    args.insert(args.end(), {"--evidence-root", fs::absolute(target).string()});
-    // What the run ran: the tests its processes recorded in results.jsonl's start lines. A
-    // check of a filtered run judges those, never the whole default matrix (whose other cases
-    // were never asked for); a root without that record (cases launched by torchrun or srun)
-    // is checked over the matrix of every spec with evidence there.
-    const std::vector<std::string> recorded = recorded_tests(target);
-    std::set<std::string> recorded_prefixes, recorded_cases;  // "<prefix>", "<prefix>/<case>"
-    for (const auto& name : recorded) {
-      const std::string prefix = name.substr(0, name.find('/'));
-      recorded_cases.insert(prefix + "/" + name.substr(name.rfind('/') + 1));
-      MIH_CHECK_CODE(cases::find_registration(prefix) != nullptr, Code::kFailedPrecondition, "mih check: ",
-                     (target / layout::kResults).string(), " records test ", name, " of registration '", prefix,
-                     "', which this mih does not link; check the run with the conformance binary that ran it");
-      recorded_prefixes.insert(prefix);
-    }
-    std::string matrix;
-    if (fs::exists(target / layout::kRunRecord)) {
-      const RunRecord run = read_run_record(target / layout::kRunRecord);
-      matrix = run.matrix;
-      // The matrix each recorded registration ran, its lane included (run.json's registrations).
-      std::set<std::string> ran;
-      for (const auto& [prefix, ran_matrix] : run.registrations) {
-        if (recorded_prefixes.count(prefix)) ran.insert(ran_matrix);
-      }
-      if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
-      // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
-      if (run.init_from.size() == 1 && fs::is_directory(target / run.init_from.begin()->first)) {
-        std::set<std::string> spec_dirs;
-        for (const auto& r : cases::registrations()) {
-          if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
-        }
-        if (spec_dirs.size() == 1 && !run.init_from.begin()->second.empty()) {
-          args.insert(args.end(), {"--init-from", run.init_from.begin()->second});
-        }
-      }
-    }
-    if (!matrix.empty()) args.insert(args.end(), {"--matrix", matrix});
-    // Only the specs with evidence under this root.
-    std::string specs, prefixes;
-    for (const auto& r : cases::registrations()) {
-      if (recorded.empty() ? !fs::is_directory(target / r.spec) : !recorded_prefixes.count(r.prefix)) continue;
-      specs += (specs.empty() ? "" : ":") + r.prefix + "/*";
-      prefixes += (prefixes.empty() ? "" : ",") + r.prefix;
-    }
-    MIH_CHECK_CODE(!specs.empty(), Code::kFailedPrecondition, "mih check: ", target.string(),
-                   " holds no evidence of a registered spec (no <spec>/ folder); is it a run root?");
-    // Every case's record must be readable: a truncated or foreign case_run.json is named
-    // here, not reported as hundreds of failing tests.
-    for (const auto& r : cases::registrations()) {
-      std::error_code ec;
-      if (!fs::is_directory(target / r.spec, ec)) continue;
-      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
-        const fs::path record = entry.path() / layout::kCaseRecord;
-        if (!fs::exists(record, ec)) continue;
-        try {
-          (void)read_case_record(record);
-        } catch (const Error& e) {
-          MIH_THROW(Code::kFailedPrecondition, "mih check: ", e.message(), ": mih run --spec ", r.spec, " --case ",
-                    entry.path().filename().string(), " --evidence-root ", target.string());
-        }
-      }
-    }
-    args.insert(args.end(), {"--prefixes", prefixes});
-    // The cases run with a fault of the catalog (their case_run.json) are checked as that
-    // fault run, never as the port: `mih test --fault F --fault-cases ...` as the run was.
-    std::map<std::string, std::set<std::string>> fault_cases;  // fault -> case names
-    for (const auto& r : cases::registrations()) {
-      std::error_code ec;
-      if (!(recorded.empty() ? fs::is_directory(target / r.spec, ec) : recorded_prefixes.count(r.prefix) > 0)) continue;
-      for (const auto& entry : fs::directory_iterator(target / r.spec, ec)) {
-        if (!recorded.empty() && !recorded_cases.count(r.prefix + "/" + entry.path().filename().string())) continue;
-        const std::string fault = recorded_fault(entry.path());
-        if (fault.empty()) continue;
-        fault_cases[fault].insert(entry.path().filename().string());
-        std::fprintf(stderr, "mih check: %s/%s ran with fault %s of the catalog injected (its case record): checked "
-                     "as that fault run, never as the fault-free port\n", r.spec.c_str(),
-                     entry.path().filename().string().c_str(), fault.c_str());
-      }
-    }
-    MIH_CHECK_CODE(fault_cases.size() <= 1, Code::kFailedPrecondition, "mih check: the cases of ", target.string(),
-                   " ran with different faults of the catalog (", fault_cases.begin()->first, " and ",
-                   std::next(fault_cases.begin())->first, "), which no one run injects; check each case directory");
-    if (!fault_cases.empty()) {
-      std::string names = join(fault_cases.begin()->second, ",");
-      args.insert(args.end(), {"--fault", fault_cases.begin()->first, "--fault-cases", names});
-    }
-    if (recorded.empty()) {
-      *filter = specs;
-    } else {
-      *recorded_out = recorded;
-      *filter = "";
-      for (const auto& name : recorded) *filter += (filter->empty() ? "" : ":") + name;
-    }
+    run_root_arguments(target, args, filter, recorded_out);
   }
   return args;
 }
