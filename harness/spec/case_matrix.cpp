@@ -375,11 +375,33 @@ std::string topology_problem(const ModelSpec& spec, const ParallelConfig& c, int
   return "";
 }
 
-CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
+namespace {
+
+// A matrix being resolved: its settings, read once, and the cases the spec can take.
+struct MatrixResolver {
+  const ModelSpec& spec;
+  CaseMatrix out;
+  std::string where, device, backend, lane_target;
+  int64_t steps = 0, global_batch = 0;
+  int max_world = 0;
+  json defaults;
+  DType lane = DType::kFloat64;
+  bool reduced = false;
+  uint64_t seed = 0;
+  std::map<std::string, size_t> index;  // case name -> its place in out.cases
+
+  MatrixResolver(const ModelSpec& s, const json& m);
+  bool add(Case c);
+  void add_references(const json& m);
+  Case listed_case(const json& j, const std::string& at) const;
+  void add_resume_twins();
+  void add_ep1_controls();
+};
+
+MatrixResolver::MatrixResolver(const ModelSpec& s, const json& m) : spec(s) {
   MIH_CHECK(m.is_object(), "case matrix: expected a JSON object, got ", m.type_name());
   check_known_fields(m, "case matrix",
                      {"name", "dtype", "seed", "device", "pg_backend", "steps", "max_world_size", "reference", "cases"});
-  CaseMatrix out;
   out.name = json_string(m, "name", "matrix", "case matrix");
   // The name heads tables, reports and JUnit suites: a control character (a NUL cuts a C
   // string, an escape repaints a terminal) would garble each of them.
@@ -388,12 +410,13 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
               "); give a printable name such as \"nightly\"");
   }
   out.spec = spec.name;
-  const std::string where = "case matrix '" + out.name + "'";
-  const std::string device = json_string(m, "device", "cpu", where), backend = json_string(m, "pg_backend", "gloo", where);
+  where = "case matrix '" + out.name + "'";
+  device = json_string(m, "device", "cpu", where);
+  backend = json_string(m, "pg_backend", "gloo", where);
   MIH_CHECK(device == "cpu" || device == "cuda", where, ": device must be cpu or cuda, got '", device, "'");
   MIH_CHECK(backend == "gloo" || backend == "nccl", where, ": pg_backend must be gloo or nccl, got '", backend, "'");
-  const int64_t steps = json_int(m, "steps", 3, where, 1, 1000000);
-  const int max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
+  steps = json_int(m, "steps", 3, where, 1, 1000000);
+  max_world = static_cast<int>(json_int(m, "max_world_size", 4, where, 1, 4096));
   MIH_CHECK(m.contains("cases") && m["cases"].is_array(), where, ": 'cases' must be an array of cases");
   MIH_CHECK(!m["cases"].empty(), where, ": 'cases' is empty; list at least one parallel case (the Reference is implicit)");
   MIH_CHECK(m["cases"].size() <= kMaxMatrixCases, where, ": 'cases' lists ", m["cases"].size(),
@@ -401,39 +424,44 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
   // float64 unless the matrix names a reduced lane: a user's file without "dtype" is compared
   // with the float64 reference as the presets are, never silently a float32 lane.
   const std::string dtype = json_string(m, "dtype", "float64", where);
-  const uint64_t seed = static_cast<uint64_t>(json_int(m, "seed", 0, where, 0, int64_t{1} << 53));
-  const DType lane = with_context(where, [&] { return parse_dtype_name(dtype); });
-  json defaults = {{"dtype", dtype}};
+  seed = static_cast<uint64_t>(json_int(m, "seed", 0, where, 0, int64_t{1} << 53));
+  lane = with_context(where, [&] { return parse_dtype_name(dtype); });
+  defaults = {{"dtype", dtype}};
   if (m.contains("seed")) defaults["seed"] = seed;
   // A reduced-precision lane compares its cases with the lane's own world-size-1 reference,
   // at tolerances calibrated from that reference's noise twin (DESIGN.md section 7).
-  const bool reduced = lane != DType::kFloat64 && json_bool(m, "reference", true, where);
-  const std::string lane_target = reduced ? kLaneReference : "Reference";
-  const int64_t global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
+  reduced = lane != DType::kFloat64 && json_bool(m, "reference", true, where);
+  lane_target = reduced ? kLaneReference : "Reference";
+  global_batch = spec.data.make_batches ? spec.data.make_batches()(0).input_ids.size(0) : 0;
+}
 
-  // Adds `c` unless the spec cannot take it; returns whether the matrix holds it now.
-  std::map<std::string, size_t> index;  // case name -> its place in out.cases
-  auto add = [&](Case c) {
-    c.steps = steps;  // the matrix's: a case has no steps of its own
-    if (const auto it = index.find(c.name); it != index.end()) {
-      const Case& existing = out.cases[it->second];
-      // The same case listed twice runs once; two different cases under one name would lose one.
-      MIH_CHECK(json(existing) == json(c), where, ": two cases are both named ", c.name, " but differ (",
-                json_summary(json(existing), 400), " vs ", json_summary(json(c), 400), "); a name comes from the mesh "
-                "and its knobs, not the seed or dtype: give them distinct configs or drop one");
-      return true;
-    }
-    std::string problem = topology_problem(spec, c.config, global_batch, max_world);
-    if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
-    if (!problem.empty()) {
-      out.rejected.push_back({c.name, problem});
-      return false;
-    }
-    index[c.name] = out.cases.size();
-    out.cases.push_back(std::move(c));
+// Adds `c` unless the spec cannot take it; returns whether the matrix holds it now.
+bool MatrixResolver::add(Case c) {
+  c.steps = steps;  // the matrix's: a case has no steps of its own
+  if (const auto it = index.find(c.name); it != index.end()) {
+    const Case& existing = out.cases[it->second];
+    // The same case listed twice runs once; two different cases under one name would lose one.
+    MIH_CHECK(json(existing) == json(c), where, ": two cases are both named ", c.name, " but differ (",
+              json_summary(json(existing), 400), " vs ", json_summary(json(c), 400), "); a name comes from the mesh "
+              "and its knobs, not the seed or dtype: give them distinct configs or drop one");
     return true;
-  };
+  }
+  std::string problem = topology_problem(spec, c.config, global_batch, max_world);
+  if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
+  if (!problem.empty()) {
+    out.rejected.push_back({c.name, problem});
+    return false;
+  }
+  index[c.name] = out.cases.size();
+  out.cases.push_back(std::move(c));
+  return true;
+}
 
+// The float64 Reference, and in a reduced lane the lane's reference (world size 1, the lane's
+// dtype, on the matrix's device) and its noise twin (the same with the linear layers'
+// contractions summed in two halves): both compared with the float64 oracle at the spec's
+// dtype tolerance; their difference is the noise every other case's tolerance is calibrated from.
+void MatrixResolver::add_references(const json& m) {
   if (json_bool(m, "reference", true, where)) {
     Case ref;
     ref.name = "Reference";
@@ -443,63 +471,60 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     ref.config.seed = seed;
     add(ref);
   }
-  if (reduced) {
-    // The lane's reference (world size 1, the lane's dtype, on the matrix's device) and its
-    // noise twin (the same with the linear layers' contractions summed in two halves): both
-    // compared with the float64 oracle at the spec's dtype tolerance; their difference is the
-    // noise every other case's tolerance is calibrated from.
-    for (const bool twin : {false, true}) {
-      Case c;
-      c.name = twin ? kNoiseTwin : kLaneReference;
-      c.kind = CaseKind::kTrain;
-      c.group = twin ? "noise_twin" : "lane_reference";
-      c.config.dtype = lane;
-      c.config.seed = seed;
-      c.config.noise_twin = twin;
-      c.device = device;
-      c.pg_backend = backend;
-      c.compare_to = "Reference";
-      add(c);
-    }
-  }
-  for (size_t i = 0; i < m["cases"].size(); ++i) {
-    const json& j = m["cases"][i];
-    const std::string at = where + " case " + std::to_string(i);
-    MIH_CHECK(j.is_object(), at, ": expected an object, got ", json_summary(j));
-    const CaseKind kind = parse_case_kind(json_string(j, "kind", "train", at));
+  if (!reduced) return;
+  for (const bool twin : {false, true}) {
     Case c;
-    c.kind = kind;
+    c.name = twin ? kNoiseTwin : kLaneReference;
+    c.kind = CaseKind::kTrain;
+    c.group = twin ? "noise_twin" : "lane_reference";
+    c.config.dtype = lane;
+    c.config.seed = seed;
+    c.config.noise_twin = twin;
     c.device = device;
     c.pg_backend = backend;
-    c.compare_to = lane_target;
-    if (kind == CaseKind::kTrain) {
-      json cfg = j;
-      cfg.erase("kind");
-      c.config = config_from(cfg, defaults, at);
-      c.name = camel(c.config.name());
-      c.group = group_of(c.config);
-    } else if (kind == CaseKind::kResume || kind == CaseKind::kCrossResume) {
-      const bool cross = kind == CaseKind::kCrossResume;
-      check_known_fields(j, at, cross ? std::vector<std::string>{"kind", "save", "load", "resume_at"}
-                                      : std::vector<std::string>{"kind", "config", "resume_at"});
-      MIH_CHECK(j.contains(cross ? "save" : "config"), at, ": a ", case_kind_name(kind), " case needs '",
-                cross ? "save" : "config", "'");
-      c.resume_at = json_int(j, "resume_at", 0, at);
-      MIH_CHECK(c.resume_at > 0 && c.resume_at < steps, at, ": resume_at must be in [1, ", steps - 1, "] (steps ",
-                steps, "), got ", c.resume_at);
-      c.save_config = config_from(cross ? j["save"] : j["config"], defaults, at);
-      c.config = cross ? config_from(j.value("load", json::object()), defaults, at) : *c.save_config;
-      c.name = "Resume" + camel(c.save_config->name()) + (cross ? "To" + camel(c.config.name()) : "");
-      c.group = cross ? "cross_resume" : "resume";
-      // Compared with the uninterrupted run of the config it continues under.
-      c.compare_to = camel(c.config.name());
-    } else {
-      MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
-    }
-    const std::string name = c.name;
-    if (add(std::move(c)) && !out.is_listed(name)) out.listed.push_back(name);
+    c.compare_to = "Reference";
+    add(c);
   }
-  // A resume is compared with its uninterrupted twin: add the twin when the matrix lacks it.
+}
+
+// A case the matrix lists (`at` names it in messages): a train, resume or cross_resume case.
+Case MatrixResolver::listed_case(const json& j, const std::string& at) const {
+  MIH_CHECK(j.is_object(), at, ": expected an object, got ", json_summary(j));
+  const CaseKind kind = parse_case_kind(json_string(j, "kind", "train", at));
+  Case c;
+  c.kind = kind;
+  c.device = device;
+  c.pg_backend = backend;
+  c.compare_to = lane_target;
+  if (kind == CaseKind::kTrain) {
+    json cfg = j;
+    cfg.erase("kind");
+    c.config = config_from(cfg, defaults, at);
+    c.name = camel(c.config.name());
+    c.group = group_of(c.config);
+  } else if (kind == CaseKind::kResume || kind == CaseKind::kCrossResume) {
+    const bool cross = kind == CaseKind::kCrossResume;
+    check_known_fields(j, at, cross ? std::vector<std::string>{"kind", "save", "load", "resume_at"}
+                                    : std::vector<std::string>{"kind", "config", "resume_at"});
+    MIH_CHECK(j.contains(cross ? "save" : "config"), at, ": a ", case_kind_name(kind), " case needs '",
+              cross ? "save" : "config", "'");
+    c.resume_at = json_int(j, "resume_at", 0, at);
+    MIH_CHECK(c.resume_at > 0 && c.resume_at < steps, at, ": resume_at must be in [1, ", steps - 1, "] (steps ",
+              steps, "), got ", c.resume_at);
+    c.save_config = config_from(cross ? j["save"] : j["config"], defaults, at);
+    c.config = cross ? config_from(j.value("load", json::object()), defaults, at) : *c.save_config;
+    c.name = "Resume" + camel(c.save_config->name()) + (cross ? "To" + camel(c.config.name()) : "");
+    c.group = cross ? "cross_resume" : "resume";
+    // Compared with the uninterrupted run of the config it continues under.
+    c.compare_to = camel(c.config.name());
+  } else {
+    MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
+  }
+  return c;
+}
+
+// A resume is compared with its uninterrupted twin: add the twin when the matrix lacks it.
+void MatrixResolver::add_resume_twins() {
   std::vector<Case> twins;
   for (const auto& c : out.cases) {
     if (c.kind != CaseKind::kResume && c.kind != CaseKind::kCrossResume) continue;
@@ -516,8 +541,11 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     twins.push_back(twin);
   }
   for (auto& t : twins) add(std::move(t));
-  // The EP=1 control of every case with ep > 1: the same config with the experts replicated,
-  // so a divergence that only the ep case shows is the expert parallelism's.
+}
+
+// The EP=1 control of every case with ep > 1: the same config with the experts replicated, so
+// a divergence that only the ep case shows is the expert parallelism's.
+void MatrixResolver::add_ep1_controls() {
   std::vector<Case> controls;
   for (const auto& c : out.cases) {
     const std::string name = ep1_control(c);
@@ -538,7 +566,21 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     controls.push_back(control);
   }
   for (auto& c : controls) add(std::move(c));
-  return out;
+}
+
+}  // namespace
+
+CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
+  MatrixResolver r(spec, m);
+  r.add_references(m);
+  for (size_t i = 0; i < m["cases"].size(); ++i) {
+    Case c = r.listed_case(m["cases"][i], r.where + " case " + std::to_string(i));
+    const std::string name = c.name;
+    if (r.add(std::move(c)) && !r.out.is_listed(name)) r.out.listed.push_back(name);
+  }
+  r.add_resume_twins();
+  r.add_ep1_controls();
+  return std::move(r.out);
 }
 
 CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source) {
