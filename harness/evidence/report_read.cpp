@@ -139,134 +139,110 @@ double metric_value(const json& row, const char* key) {
   return it != row.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
-void read_case_files(const fs::path& root, CaseResult* c) {
-  const fs::path dir = root / c->evidence;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    c->problems.push_back("evidence directory " + dir.string() + " does not exist");
-    return;
-  }
+// case_run.json: the case's kind, outcome, fault, size, time and timing.
+void read_record_into(const fs::path& case_run, CaseResult* c) {
   json j;
-  const fs::path case_run = dir / layout::kCaseRecord;
-  if (read_json_object(case_run, &j, &c->problems)) {
-    try {
-      const CaseRecord r = j.get<CaseRecord>();
-      c->kind = spec::case_kind_name(r.kind);
-      c->compare_to = r.compare_to;
-      c->outcome = r.outcome;
-      c->error = r.error;
-      c->fault = r.fault;
-      c->world_size = static_cast<int>(r.world_size);
-      c->seconds = r.seconds;
-      c->matrix = r.matrix.text();
-      c->init_from = r.init_from;
-      c->training_backend = r.training_backend;
-      c->timing = {{"process_start_s", r.timing.process_start_s},
-                   {"rendezvous_s", r.timing.rendezvous_s},
-                   {"training_s", r.timing.training_s},
-                   {"checks_s", r.timing.checks_s},
-                   {"other_s", r.timing.other_s}};
-    } catch (const Error& e) {
-      c->problems.push_back(case_run.string() + ": " + e.message());
-    }
-  }
-  // A case of a `mih submit` night has no case_run.json: a job of it that did not complete
-  // is its outcome (infrastructure), as the verify-only run said.
-  if (!c->outcome) {
-    try {
-      if (const auto job = infrastructure_job(root, c->spec, c->name, dir)) {
-        c->outcome = Outcome::kTransportFailure;
-        c->error = describe_job_failure(*job);
-      }
-    } catch (const Error& e) {
-      c->problems.push_back(e.message());
-    }
-  }
-  const fs::path case_file = dir / layout::kCaseRequest;
-  if (read_json_object(case_file, &j, &c->problems)) {
-    // A case launched by an outside launcher has no case_run.json; its case file names the fault.
-    if (c->fault.empty()) take(j, "fault", &c->fault, case_file, &c->problems);
-    try {
-      const json& resolved = j.at("case");
-      c->config = resolved.at("config").get<ParallelConfig>();
-      if (resolved.contains("save_config")) c->save_config = resolved.at("save_config").get<ParallelConfig>();
-      if (c->kind.empty()) take(resolved, "kind", &c->kind, case_file, &c->problems);
-    } catch (const std::exception& e) {
-      c->config.reset();
-      c->save_config.reset();
-      c->problems.push_back(case_file.string() + ": not a case the runner resolved: " + e.what());
-    }
-  }
-  // mih's case runner writes case_run.json when its launches end: its evidence without one is a
-  // run that did not finish (or lost its record), never an external launch's to report.
-  if (!c->outcome && !fs::exists(case_run, ec) && launched_by_case_runner(dir)) {
-    c->problems.push_back(case_run.string() + " is missing, though mih's case runner launched the case (" +
-                          layout::kEnvironment + "): its run did not finish, or its record was lost; incomplete, "
-                          "rerun the case");
-  }
-  // The state as the run's record bounds it: integration_state.json is outside the digests.
+  if (!read_json_object(case_run, &j, &c->problems)) return;
   try {
-    const CaseState state = read_case_state(dir);
-    c->state = state.state;
-    c->state_reason = state.reason;
-    if (!state.disagreement.empty()) c->problems.push_back(dir.string() + ": " + state.disagreement);
+    const CaseRecord r = j.get<CaseRecord>();
+    c->kind = spec::case_kind_name(r.kind);
+    c->compare_to = r.compare_to;
+    c->outcome = r.outcome;
+    c->error = r.error;
+    c->fault = r.fault;
+    c->world_size = static_cast<int>(r.world_size);
+    c->seconds = r.seconds;
+    c->matrix = r.matrix.text();
+    c->init_from = r.init_from;
+    c->training_backend = r.training_backend;
+    c->timing = {{"process_start_s", r.timing.process_start_s},
+                 {"rendezvous_s", r.timing.rendezvous_s},
+                 {"training_s", r.timing.training_s},
+                 {"checks_s", r.timing.checks_s},
+                 {"other_s", r.timing.other_s}};
   } catch (const Error& e) {
-    c->problems.push_back(e.message());
+    c->problems.push_back(case_run.string() + ": " + e.message());
   }
-  const fs::path calibration = dir / layout::kCalibration;
-  if (fs::exists(calibration, ec) && read_json_object(calibration, &j, &c->problems)) {
-    CaseCalibration& cal = c->calibration;
-    cal.present = true;
-    take(j, "dtype", &cal.dtype, calibration, &c->problems);
-    take(j, "reference", &cal.reference, calibration, &c->problems);
-    take(j, "worst", &cal.worst, calibration, &c->problems);
-    take(j, "epsilon", &cal.epsilon, calibration, &c->problems);
-    cal.master_epsilon = cal.epsilon;
-    take(j, "master_epsilon", &cal.master_epsilon, calibration, &c->problems);
-    take(j, "k", &cal.k, calibration, &c->problems);
-    take(j, "k_update", &cal.k_update, calibration, &c->problems);
-    take(j, "factor", &cal.factor, calibration, &c->problems);
-    take(j, "floor_eps", &cal.floor_eps, calibration, &c->problems);
-    cal.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
-    for (const auto& q : j.value("quantities", json::array())) {
-      if (!q.is_object() || !q.contains("step") || !q["step"].is_number_integer()) {
-        c->problems.push_back(calibration.string() + ": a quantity without an integer 'step'");
-        break;
-      }
-      CalibrationRow row;
-      row.kind = q.value("kind", "");
-      row.name = q.value("name", "");
-      row.stage = q.value("stage", "");
-      row.step = q["step"].get<int64_t>();
-      row.error = metric_value(q, "error");
-      row.noise = metric_value(q, "noise");
-      row.tolerance = metric_value(q, "tolerance");
-      cal.rows.push_back(std::move(row));
+}
+
+// run/case.json: the case's configs, and the fault and kind where case_run.json gave none.
+void read_request_into(const fs::path& case_file, CaseResult* c) {
+  json j;
+  if (!read_json_object(case_file, &j, &c->problems)) return;
+  // A case launched by an outside launcher has no case_run.json; its case file names the fault.
+  if (c->fault.empty()) take(j, "fault", &c->fault, case_file, &c->problems);
+  try {
+    const json& resolved = j.at("case");
+    c->config = resolved.at("config").get<ParallelConfig>();
+    if (resolved.contains("save_config")) c->save_config = resolved.at("save_config").get<ParallelConfig>();
+    if (c->kind.empty()) take(resolved, "kind", &c->kind, case_file, &c->problems);
+  } catch (const std::exception& e) {
+    c->config.reset();
+    c->save_config.reset();
+    c->problems.push_back(case_file.string() + ": not a case the runner resolved: " + e.what());
+  }
+}
+
+// The reduced lane's calibration: its settings and per quantity its error, noise and tolerance.
+void read_calibration_into(const fs::path& calibration, CaseResult* c) {
+  json j;
+  if (!read_json_object(calibration, &j, &c->problems)) return;
+  CaseCalibration& cal = c->calibration;
+  cal.present = true;
+  take(j, "dtype", &cal.dtype, calibration, &c->problems);
+  take(j, "reference", &cal.reference, calibration, &c->problems);
+  take(j, "worst", &cal.worst, calibration, &c->problems);
+  take(j, "epsilon", &cal.epsilon, calibration, &c->problems);
+  cal.master_epsilon = cal.epsilon;
+  take(j, "master_epsilon", &cal.master_epsilon, calibration, &c->problems);
+  take(j, "k", &cal.k, calibration, &c->problems);
+  take(j, "k_update", &cal.k_update, calibration, &c->problems);
+  take(j, "factor", &cal.factor, calibration, &c->problems);
+  take(j, "floor_eps", &cal.floor_eps, calibration, &c->problems);
+  cal.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
+  for (const auto& q : j.value("quantities", json::array())) {
+    if (!q.is_object() || !q.contains("step") || !q["step"].is_number_integer()) {
+      c->problems.push_back(calibration.string() + ": a quantity without an integer 'step'");
+      break;
+    }
+    CalibrationRow row;
+    row.kind = q.value("kind", "");
+    row.name = q.value("name", "");
+    row.stage = q.value("stage", "");
+    row.step = q["step"].get<int64_t>();
+    row.error = metric_value(q, "error");
+    row.noise = metric_value(q, "noise");
+    row.tolerance = metric_value(q, "tolerance");
+    cal.rows.push_back(std::move(row));
+  }
+}
+
+// compare/golden.json's summary: passed, the worst quantity, per kind the largest error.
+void read_golden_into(const fs::path& golden, CaseResult* c) {
+  json j;
+  if (!read_json_object(golden, &j, &c->problems)) return;
+  CaseGolden& g = c->golden;
+  g.present = true;
+  g.passed = j.value("passed", false) == true;
+  take(j, "worst", &g.worst, golden, &c->problems);
+  if (j.contains("golden") && j["golden"].is_object()) take(j["golden"], "implementation", &g.implementation, golden, &c->problems);
+  g.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
+  if (j.contains("largest_relative_error") && j["largest_relative_error"].is_object()) {
+    for (const auto& [kind, v] : j["largest_relative_error"].items()) {
+      if (v.is_number()) g.largest_relative_error[kind] = v.get<double>();
     }
   }
-  const fs::path golden = dir / layout::kGoldenComparison;
-  if (fs::exists(golden, ec) && read_json_object(golden, &j, &c->problems)) {
-    CaseGolden& g = c->golden;
-    g.present = true;
-    g.passed = j.value("passed", false) == true;
-    take(j, "worst", &g.worst, golden, &c->problems);
-    if (j.contains("golden") && j["golden"].is_object()) take(j["golden"], "implementation", &g.implementation, golden, &c->problems);
-    g.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
-    if (j.contains("largest_relative_error") && j["largest_relative_error"].is_object()) {
-      for (const auto& [kind, v] : j["largest_relative_error"].items()) {
-        if (v.is_number()) g.largest_relative_error[kind] = v.get<double>();
-      }
-    }
-    if (j.contains("quantities") && j["quantities"].is_array()) g.quantities = j["quantities"].size();
-  }
-  const fs::path metrics = dir / layout::kMetrics;
-  if (!fs::exists(metrics, ec)) return;
+  if (j.contains("quantities") && j["quantities"].is_array()) g.quantities = j["quantities"].size();
+}
+
+// metrics.jsonl: the loss and grad norm of each step (a repeated step, a resume: the last line).
+void read_steps_into(const fs::path& metrics, CaseResult* c) {
   std::string text;
   if (!read_file(metrics, &text)) {
     c->problems.push_back(metrics.string() + ": cannot be read");
     return;
   }
-  std::map<int64_t, StepPoint> by_step;  // a repeated step (a resume): the last line wins
+  std::map<int64_t, StepPoint> by_step;
   for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
     json row;
     std::string problem;
@@ -285,6 +261,49 @@ void read_case_files(const fs::path& root, CaseResult* c) {
     by_step[p.step] = p;
   });
   for (const auto& [step, p] : by_step) c->steps.push_back(p);
+}
+
+void read_case_files(const fs::path& root, CaseResult* c) {
+  const fs::path dir = root / c->evidence;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    c->problems.push_back("evidence directory " + dir.string() + " does not exist");
+    return;
+  }
+  const fs::path case_run = dir / layout::kCaseRecord;
+  read_record_into(case_run, c);
+  // A case of a `mih submit` night has no case_run.json: a job of it that did not complete
+  // is its outcome (infrastructure), as the verify-only run said.
+  if (!c->outcome) {
+    try {
+      if (const auto job = infrastructure_job(root, c->spec, c->name, dir)) {
+        c->outcome = Outcome::kTransportFailure;
+        c->error = describe_job_failure(*job);
+      }
+    } catch (const Error& e) {
+      c->problems.push_back(e.message());
+    }
+  }
+  read_request_into(dir / layout::kCaseRequest, c);
+  // mih's case runner writes case_run.json when its launches end: its evidence without one is a
+  // run that did not finish (or lost its record), never an external launch's to report.
+  if (!c->outcome && !fs::exists(case_run, ec) && launched_by_case_runner(dir)) {
+    c->problems.push_back(case_run.string() + " is missing, though mih's case runner launched the case (" +
+                          layout::kEnvironment + "): its run did not finish, or its record was lost; incomplete, "
+                          "rerun the case");
+  }
+  // The state as the run's record bounds it: integration_state.json is outside the digests.
+  try {
+    const CaseState state = read_case_state(dir);
+    c->state = state.state;
+    c->state_reason = state.reason;
+    if (!state.disagreement.empty()) c->problems.push_back(dir.string() + ": " + state.disagreement);
+  } catch (const Error& e) {
+    c->problems.push_back(e.message());
+  }
+  if (fs::exists(dir / layout::kCalibration, ec)) read_calibration_into(dir / layout::kCalibration, c);
+  if (fs::exists(dir / layout::kGoldenComparison, ec)) read_golden_into(dir / layout::kGoldenComparison, c);
+  if (fs::exists(dir / layout::kMetrics, ec)) read_steps_into(dir / layout::kMetrics, c);
 }
 
 }  // namespace
