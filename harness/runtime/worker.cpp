@@ -286,21 +286,10 @@ std::vector<std::string> worker_command(const std::string& task, const WorkerOpt
   return cmd;
 }
 
-int worker_main(int argc, char** argv) {
-  ensure_builtin_tasks();
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed rank still leaves its last lines
-  Env env = process_env();
-  follow_launcher(env);
+namespace {
 
-  WorkerOptions options;
-  std::string pg_backend = "gloo";
-  bool no_deterministic = false;
-
-  CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
-               "(the rank comes from their environment variables).\nUsage: worker [options] <task> [task options]",
-               // The core binary is run as `mih` (the front on the PATH): say so.
-               (self_executable().filename() == "mih-core" ? std::string("mih")
-                                                           : self_executable().filename().string()) + " worker"};
+// The worker's own options (before the task's name), into `options` and the two flags.
+void add_worker_options(CLI::App& app, WorkerOptions& options, std::string& pg_backend, bool& no_deterministic) {
   app.footer(exit_status_legend());
   app.add_option("--run-dir", options.run_dir,
                  "run directory: comm/ledger_rank<r>.jsonl, errors/rank<r>.json and the task's files; give it "
@@ -322,14 +311,11 @@ int worker_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", options.determinism.seed, "seed of every generator")->capture_default_str();
   app.add_flag("--no-deterministic", no_deterministic, "do not force deterministic algorithms");
+}
 
-  // One subcommand per task, with the options the task declared.
-  std::map<std::string, TaskEntry> tasks;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    tasks = registry();
-  }
-  std::map<std::string, std::map<std::string, std::string>> values;
+// One subcommand per task, with the options the task declared (their values into `values`).
+void add_task_subcommands(CLI::App& app, const std::map<std::string, TaskEntry>& tasks,
+                          std::map<std::string, std::map<std::string, std::string>>& values) {
   for (const auto& [name, entry] : tasks) {
     CLI::App* sub = app.add_subcommand(name, entry.help);
     sub->fallthrough();  // worker options may follow the task name
@@ -339,13 +325,11 @@ int worker_main(int argc, char** argv) {
       sub->add_option("--" + o.name, value, o.help)->capture_default_str();
     }
   }
-  cli::name_unknown_subcommands(app);
-  if (auto status = cli::parse_or_exit(app, argc, argv, "worker task")) return *status;
-  const std::string task_name = app.get_subcommands().front()->get_name();
-  options.pg_backend = compat::parse_backend(pg_backend);
-  options.determinism.deterministic_algorithms = !no_deterministic;
-  // The fault switch comes from --fault only: an MIH_FAULT inherited from a shell or a
-  // launcher (torchrun) would make a model look broken.
+}
+
+// The fault switch, from --fault only: an MIH_FAULT inherited from a shell or a launcher
+// (torchrun) would make a model look broken. Returns 2 for a --fault that names no fault.
+std::optional<int> set_fault_switch(WorkerOptions& options) {
   if (const char* ambient = std::getenv("MIH_FAULT"); ambient && *ambient && ambient != options.fault) {
     std::fprintf(stderr, "mih worker: ignoring MIH_FAULT=%s from the environment: a fault is injected only by "
                  "mih test/run/faults --fault\n", ambient);
@@ -366,25 +350,21 @@ int worker_main(int argc, char** argv) {
   // (a static initializer) must not have fixed the switch from the environment.
   static std::optional<fault::ScopedFault> switch_for_process;
   switch_for_process.emplace(injected);
+  return std::nullopt;
+}
 
-  World world;
-  try {
-    world = World::from_env(env);
-    check_expected_world(world, env);
-  } catch (const Error& e) {
-    fail_worker(options.run_dir, -1, 0, e);
-  }
-  if (!options.fault.empty()) {
-    std::fprintf(stderr, "mih worker rank %d/%d: FAULT %s IN EFFECT (--fault): this rank runs the catalog's bug, not "
-                 "the port\n", world.rank, world.world_size, options.fault.c_str());
-  }
+// Runs the task on this rank under its watchdogs and ends the process with its status; an
+// error ends it through fail_worker, its report naming the task and the rank.
+[[noreturn]] void run_task(const std::map<std::string, TaskEntry>& tasks, const std::string& task_name, const World& world,
+                           const WorkerOptions& options, const std::map<std::string, std::string>& values,
+                           const Env& env) {
   const bool hosted = find_env(env, kStoreHostedVar) && *find_env(env, kStoreHostedVar) == "1";
   const std::string where = internal::str("while running worker task '", task_name, "' on rank ", world.rank, "/",
                                           world.world_size);
   try {
     const WorkerTask& task = tasks.at(task_name).task;
     apply_determinism(options.determinism);
-    WorkerContext ctx(world, options, values[task_name], env);
+    WorkerContext ctx(world, options, values, env);
     // The launcher hosts the rendezvous store: meet the others now, so that a template that
     // starts too few ranks fails at the rendezvous, naming the missing ones.
     if (hosted) ctx.store();
@@ -428,6 +408,51 @@ int worker_main(int argc, char** argv) {
     wrapped.add_context(where);
     fail_worker(options.run_dir, world.rank, world.world_size, wrapped);
   }
+}
+
+}  // namespace
+
+int worker_main(int argc, char** argv) {
+  ensure_builtin_tasks();
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed rank still leaves its last lines
+  Env env = process_env();
+  follow_launcher(env);
+
+  WorkerOptions options;
+  std::string pg_backend = "gloo";
+  bool no_deterministic = false;
+  CLI::App app{"Runs one rank of a multi-rank task. Started by mih's launcher, or by torchrun, srun or mpirun "
+               "(the rank comes from their environment variables).\nUsage: worker [options] <task> [task options]",
+               // The core binary is run as `mih` (the front on the PATH): say so.
+               (self_executable().filename() == "mih-core" ? std::string("mih")
+                                                           : self_executable().filename().string()) + " worker"};
+  add_worker_options(app, options, pg_backend, no_deterministic);
+  std::map<std::string, TaskEntry> tasks;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    tasks = registry();
+  }
+  std::map<std::string, std::map<std::string, std::string>> values;
+  add_task_subcommands(app, tasks, values);
+  cli::name_unknown_subcommands(app);
+  if (auto status = cli::parse_or_exit(app, argc, argv, "worker task")) return *status;
+  const std::string task_name = app.get_subcommands().front()->get_name();
+  options.pg_backend = compat::parse_backend(pg_backend);
+  options.determinism.deterministic_algorithms = !no_deterministic;
+  if (const std::optional<int> bad_fault = set_fault_switch(options)) return *bad_fault;
+
+  World world;
+  try {
+    world = World::from_env(env);
+    check_expected_world(world, env);
+  } catch (const Error& e) {
+    fail_worker(options.run_dir, -1, 0, e);
+  }
+  if (!options.fault.empty()) {
+    std::fprintf(stderr, "mih worker rank %d/%d: FAULT %s IN EFFECT (--fault): this rank runs the catalog's bug, not "
+                 "the port\n", world.rank, world.world_size, options.fault.c_str());
+  }
+  run_task(tasks, task_name, world, options, values[task_name], env);
 }
 
 }  // namespace mih
