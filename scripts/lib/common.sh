@@ -14,8 +14,9 @@ MIH_PACKAGES=(g++ cmake ninja-build ccache libtorch-dev libgloo-dev nlohmann-jso
               libstb-dev libxml2-utils libvalijson-dev python3 python3-venv)
 # What scripts/test adds: the real launchers its tests run (torchrun from python3-torch,
 # mpirun from openmpi-bin), ip(8) for the two-host test's network namespaces, and python3-jsonschema:
-# a second JSON Schema implementation the contract test validates evidence with.
-MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2 slurm-wlm munge)
+# a second JSON Schema implementation the contract test validates evidence with. universal-ctags:
+# what the structure lint measures each function's length with (tests/lint/structure.py).
+MIH_TEST_PACKAGES=(python3-torch python3-jsonschema openmpi-bin iproute2 slurm-wlm munge universal-ctags)
 
 mih_log() { printf 'mih: %s\n' "$*" >&2; }
 
