@@ -103,16 +103,8 @@ double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
-// resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
-int run_phase(WorkerContext& ctx) {
-  fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
-  const fs::path evidence = ctx.option("evidence");
-  // The case as the parent resolved it: the matrix is never read again here.
-  const CaseRequest file = read_case_request(evidence / layout::kCaseRequest);
-  // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
-  // init_from and --init-from); that checkpoint is then the source the key map is checked on.
-  const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
+// The phase asked for must be one of the case's, and the rank must inject the request's fault.
+void check_phase(const CaseRequest& file, const std::string& phase) {
   const spec::Case& c = file.c;
   // The fault this rank injects is the request's (a local launch passes it as --fault; the
   // rank command `mih run --prepare` prints carries it too): a rank started without it would
@@ -121,19 +113,18 @@ int run_phase(WorkerContext& ctx) {
   MIH_CHECK(running == file.fault, "case ", file.spec, "/", c.name, ": its request (", layout::kCaseRequest,
             ") injects fault '", file.fault, "' but this rank runs with '", running,
             "': start every rank with the command `mih run --prepare` printed (its --fault)");
-  const std::string phase = ctx.option("phase");
   MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
   MIH_CHECK(phase == "train" ? !c.save_config.has_value() : c.save_config.has_value(), "case '", c.name, "' (",
             spec::case_kind_name(c.kind), ") has ", c.save_config ? "the phases save and load" : "the one phase train",
             ", not '", phase, "' (`mih run --prepare` prints the rank command of each phase)");
-  const ParallelConfig config = phase == "save" ? *c.save_config : c.config;
-  // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
-  // into case_run.json): process start, rendezvous, model build with the attach checks,
-  // steps, and the end (checkpoint hashes, parity cases, findings).
-  nlohmann::json timing = {{"process_start_s", seconds_since_exec()}};
-  auto t = std::chrono::steady_clock::now();
-  DeviceMesh mesh = ctx.build_mesh(config);
-  timing["rendezvous_s"] = since(t);
+}
+
+// The validation session of the phase: where its evidence goes, its steps, the trainer on this
+// rank's device, where its weights come from and the environment it records.
+SessionOptions phase_session(WorkerContext& ctx, const CaseRequest& file, const spec::ModelSpec& s,
+                             const std::string& phase, const ParallelConfig& config, const DeviceMesh& mesh) {
+  const spec::Case& c = file.c;
+  const fs::path evidence = ctx.option("evidence");
   SessionOptions so;
   so.mode = SessionMode::kRuntime;
   so.evidence_dir = phase == "save" ? evidence / layout::kBeforeSave : evidence;
@@ -166,7 +157,33 @@ int run_phase(WorkerContext& ctx) {
                     {"launcher", launcher_of(ctx.world(), process_env())},
                     {"run_id", ctx.world().run_id.empty() ? nlohmann::json() : nlohmann::json(ctx.world().run_id)}};
   if (mesh.rank() == 0) so.environment["ranks"] = join_records(ctx.store(), mesh.world_size());
-  ValidationSession session(s, so, mesh);
+  return so;
+}
+
+// The port's weights from the request's checkpoint. The parent checked it before any rank
+// started: failing here means its files changed or became unreadable since, input or
+// environment, not the model's failure; the rank's record (run_case reads it) says so.
+size_t load_init_from(const CaseRequest& file, const spec::ModelSpec& s, const fs::path& evidence,
+                      const std::string& phase, int rank, TrainingBackend& backend, bool* failed) {
+  try {
+    return load_hf_weights(s, file.init_from, *backend.state().context, file.init_from_sha256);
+  } catch (const Error& e) {
+    *failed = true;
+    EvidenceDir(evidence / layout::run_phase_dir(phase))
+        .write_json(layout::init_from_failed_rank(rank),
+                    {{"checkpoint", file.init_from}, {"code", code_name(e.code())}, {"error", e.what()}});
+    throw;
+  }
+}
+
+// What one phase trains: the backend built, its weights loaded (the request's checkpoint, or the
+// resume's), its steps run and a save's checkpoint written; each part's time into `timing`, `t`
+// the start of the last. An error fails the case unless it is the transport's (a peer that died,
+// a collective past its timeout: infrastructure) or the checkpoint's (recorded above).
+void train_phase(const CaseRequest& file, const spec::ModelSpec& s, const std::string& phase, const fs::path& evidence,
+                 const ParallelConfig& config, DeviceMesh& mesh, const SessionOptions& so, ValidationSession& session,
+                 nlohmann::json& timing, std::chrono::steady_clock::time_point& t) {
+  const spec::Case& c = file.c;
   const bool rank0 = mesh.rank() == 0;
   bool init_failed = false;
   try {
@@ -176,19 +193,7 @@ int run_phase(WorkerContext& ctx) {
     timing["build_s"] = since(t);
     if (!file.init_from.empty() && phase != "load") {
       t = std::chrono::steady_clock::now();
-      size_t loaded = 0;
-      try {
-        loaded = load_hf_weights(s, file.init_from, *backend->state().context, file.init_from_sha256);
-      } catch (const Error& e) {
-        // The parent checked this checkpoint before any rank started: failing here means its
-        // files changed or became unreadable since. Input or environment, not the model's
-        // failure; run_case reads this record.
-        init_failed = true;
-        EvidenceDir(evidence / layout::run_phase_dir(phase))
-            .write_json(layout::init_from_failed_rank(mesh.rank()),
-                        {{"checkpoint", file.init_from}, {"code", code_name(e.code())}, {"error", e.what()}});
-        throw;
-      }
+      const size_t loaded = load_init_from(file, s, evidence, phase, mesh.rank(), *backend, &init_failed);
       timing["init_from_s"] = since(t);
       timing["init_from_parameters"] = loaded;
       session.weights_loaded();
@@ -211,9 +216,6 @@ int run_phase(WorkerContext& ctx) {
       if (rank0) EvidenceDir(evidence).write_json(layout::before_save(layout::kRoundtripSave), hashes);
     }
   } catch (const Error& e) {
-    // A peer that died or a collective past its timeout is the transport's failure: the
-    // launcher reports it as infrastructure; the case is not FAILED on the model's account.
-    // Nor is a checkpoint that could not be loaded (recorded above).
     if (!init_failed && e.code() != Code::kUnavailable && e.code() != Code::kDeadlineExceeded) {
       session.fail_case(std::string("training raised: ") + e.what());
     }
@@ -222,7 +224,15 @@ int run_phase(WorkerContext& ctx) {
     session.fail_case(std::string("training raised: ") + e.what());
     throw;
   }
-  if (c.kind == spec::CaseKind::kReference && rank0 && !s.parity_cases.empty()) {
+}
+
+// The phase's end: the Reference's module parity, the session's findings, this rank's timing
+// and whether it ran the fault's code (run_case reads it: a fault no rank reached is bad
+// input, not a pass).
+void finish_phase(const CaseRequest& file, const spec::ModelSpec& s, const std::string& phase, const fs::path& evidence,
+                  const DeviceMesh& mesh, ValidationSession& session, nlohmann::json& timing,
+                  std::chrono::steady_clock::time_point t) {
+  if (file.c.kind == spec::CaseKind::kReference && mesh.rank() == 0 && !s.parity_cases.empty()) {
     EvidenceDir(evidence).write_json(layout::kModuleParity, module_parity_evidence(s));
   }
   session.finish();
@@ -232,12 +242,36 @@ int run_phase(WorkerContext& ctx) {
   timing["session_s"] = session_s;
   EvidenceDir run_dir(evidence / layout::run_phase_dir(phase));
   run_dir.write_json(layout::timing_rank(mesh.rank()), timing);
-  // Whether this rank ran the fault's code (run_case reads it: a fault no rank reached is
-  // bad input, not a pass).
   if (!file.fault.empty()) {
     run_dir.write_json(layout::fault_rank(mesh.rank()),
                        {{"fault", file.fault}, {"reached", fault::reached()}});
   }
+}
+
+// One phase of a case on this rank: "train" (the whole case), "save" (a resume's first
+// resume_at steps, then the checkpoint) or "load" (the checkpoint, then the other steps).
+int run_phase(WorkerContext& ctx) {
+  fault::check_environment();  // a MIH_FAULT that names no fault is an error, not a fault-free run
+  const fs::path evidence = ctx.option("evidence");
+  // The case as the parent resolved it: the matrix is never read again here.
+  const CaseRequest file = read_case_request(evidence / layout::kCaseRequest);
+  // case.json says whether the port starts from a checkpoint (the parent resolved the spec's
+  // init_from and --init-from); that checkpoint is then the source the key map is checked on.
+  const spec::ModelSpec s = spec::initialized_from(spec::SpecRegistry::instance().get(file.spec), file.init_from);
+  const std::string phase = ctx.option("phase");
+  check_phase(file, phase);
+  const ParallelConfig config = phase == "save" ? *file.c.save_config : file.c.config;
+  // Where this rank's time goes (run/<phase>/timing_rank<r>.json; the runner sums rank 0's
+  // into case_run.json): process start, rendezvous, model build with the attach checks,
+  // steps, and the end (checkpoint hashes, parity cases, findings).
+  nlohmann::json timing = {{"process_start_s", seconds_since_exec()}};
+  auto t = std::chrono::steady_clock::now();
+  DeviceMesh mesh = ctx.build_mesh(config);
+  timing["rendezvous_s"] = since(t);
+  const SessionOptions so = phase_session(ctx, file, s, phase, config, mesh);
+  ValidationSession session(s, so, mesh);
+  train_phase(file, s, phase, evidence, config, mesh, so, session, timing, t);
+  finish_phase(file, s, phase, evidence, mesh, session, timing, t);
   return 0;
 }
 

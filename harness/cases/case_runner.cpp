@@ -260,14 +260,9 @@ std::string fault_not_reached_message(const spec::ModelSpec& s, const spec::Case
                        fault, " on ", pairs.empty() ? std::string("?") : pairs, " (`mih faults --fault ", fault, "`)");
 }
 
-}  // namespace
-
-void link_case_task();  // case_rank.cpp: the ranks' `case` task is linked wherever run_case is
-
-CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
-  link_case_task();
-  // Bad input is rejected here, before any rank starts.
-  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(request.spec);
+// Bad input is rejected here, before any rank starts: an unknown fault, a spec that does not
+// validate, a case this machine or the training backend cannot run.
+void check_runnable(const CaseRequest& request, const spec::ModelSpec& s) {
   const spec::Case& c = request.c;
   if (!request.fault.empty()) (void)fault::parse(request.fault);
   s.validate();
@@ -278,50 +273,34 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
   MIH_CHECK(unsupported.empty(), "training backend '", request.training_backend, "' cannot run case ", s.name, "/",
             c.name, ": ", unsupported);
   if (const std::string w = local_launch_warning(s.name, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
-  const CaseRequest q = completed(s, request);
-  std::optional<CaseLock> lock;
-  if (!o.lock_held) lock.emplace(layout::case_lock(o.evidence_root, s.name, c.name), false, s.name + "/" + c.name);
-  CaseRunResult result;
-  result.evidence = write_request(q, o.evidence_root);
-  EvidenceDir dir(result.evidence);
-  CaseRecord record = record_of(q);
-  std::map<std::string, std::vector<std::string>>& started_by = record.started_by;
-  auto launch_phase = [&](const std::string& phase, int world_size) {
-    WorkerOptions w;
-    w.run_dir = result.evidence / layout::run_phase_dir(phase);
-    w.pg_backend = compat::parse_backend(c.pg_backend);
-    w.gloo_hostname = "127.0.0.1";
-    // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
-    w.collective_timeout = q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout;
-    LaunchOptions lo;
-    lo.world_size = world_size;
-    lo.run_dir = w.run_dir;
-    lo.timeout = q.case_timeout;
-    w.fault = q.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
-    lo.extra_env["MIH_FAULT"] = "";
-    lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
-    const LaunchResult r = launch(lo);
-    for (const auto& rank : r.ranks) started_by[phase].push_back(rank.started_by);
-    result.seconds += r.seconds;
-    result.launch_seconds.push_back(r.seconds);
-    return r;
-  };
-  LaunchResult r;
-  if (c.save_config) {
-    r = launch_phase("save", c.save_config->world_size());
-    if (r.ok()) r = launch_phase("load", c.world_size());
-  } else {
-    r = launch_phase("train", c.world_size());
-  }
-  IntegrationState state = IntegrationState::kDiscovered;
-  std::string reason;
-  const IntegrationStateMachine machine(dir);
-  if (machine.current(&state)) {
-    result.state = state_name(state);
-    reason = dir.read_json(layout::kIntegrationState).value("reason", "");
-  } else {
-    result.state = "NONE";
-  }
+}
+
+// One phase's ranks through the launcher (how each started into `started_by`, its time into
+// `result`).
+LaunchResult launch_phase(const CaseRequest& q, const std::string& phase, int world_size, CaseRunResult& result,
+                          std::map<std::string, std::vector<std::string>>& started_by) {
+  WorkerOptions w;
+  w.run_dir = result.evidence / layout::run_phase_dir(phase);
+  w.pg_backend = compat::parse_backend(q.c.pg_backend);
+  w.gloo_hostname = "127.0.0.1";
+  // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
+  w.collective_timeout = q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout;
+  LaunchOptions lo;
+  lo.world_size = world_size;
+  lo.run_dir = w.run_dir;
+  lo.timeout = q.case_timeout;
+  w.fault = q.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
+  lo.extra_env["MIH_FAULT"] = "";
+  lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
+  const LaunchResult r = launch(lo);
+  for (const auto& rank : r.ranks) started_by[phase].push_back(rank.started_by);
+  result.seconds += r.seconds;
+  result.launch_seconds.push_back(r.seconds);
+  return r;
+}
+
+// The case's outcome from its launch and the state its session recorded.
+void judge_launch(const LaunchResult& r, IntegrationState state, const std::string& reason, CaseRunResult& result) {
   if (r.ok()) {
     result.outcome = Outcome::kRan;
   } else if (r.status == LaunchResult::Status::kInterrupted) {
@@ -356,6 +335,60 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
     result.error = r.report();
     result.code = r.code();
   }
+}
+
+// Rank 0's time by kind, over the phases: process start, rendezvous, training (build and steps
+// less the session's checks), checks (the session's, and the end of the run), and the rest of
+// the launch wall time (spawn, teardown, the launcher's waits).
+CaseTiming rank0_timing(const fs::path& evidence, double seconds) {
+  CaseTiming timing;
+  for (const char* phase : {"train", "save", "load"}) {
+    std::string text;
+    if (!read_file(evidence / layout::run_phase_dir(phase) / layout::timing_rank(0), &text)) continue;
+    const nlohmann::json rank0 = parse_json_lenient(text);
+    if (rank0.is_discarded() || !rank0.is_object()) continue;
+    timing.process_start_s += rank0.value("process_start_s", 0.0);
+    timing.rendezvous_s += rank0.value("rendezvous_s", 0.0);
+    timing.training_s += rank0.value("build_s", 0.0) + rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
+    timing.checks_s += rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
+  }
+  timing.other_s = seconds - timing.process_start_s - timing.rendezvous_s - timing.training_s - timing.checks_s;
+  return timing;
+}
+
+}  // namespace
+
+void link_case_task();  // case_rank.cpp: the ranks' `case` task is linked wherever run_case is
+
+CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
+  link_case_task();
+  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(request.spec);
+  const spec::Case& c = request.c;
+  check_runnable(request, s);
+  const CaseRequest q = completed(s, request);
+  std::optional<CaseLock> lock;
+  if (!o.lock_held) lock.emplace(layout::case_lock(o.evidence_root, s.name, c.name), false, s.name + "/" + c.name);
+  CaseRunResult result;
+  result.evidence = write_request(q, o.evidence_root);
+  EvidenceDir dir(result.evidence);
+  CaseRecord record = record_of(q);
+  LaunchResult r;
+  if (c.save_config) {
+    r = launch_phase(q, "save", c.save_config->world_size(), result, record.started_by);
+    if (r.ok()) r = launch_phase(q, "load", c.world_size(), result, record.started_by);
+  } else {
+    r = launch_phase(q, "train", c.world_size(), result, record.started_by);
+  }
+  IntegrationState state = IntegrationState::kDiscovered;
+  std::string reason;
+  const IntegrationStateMachine machine(dir);
+  if (machine.current(&state)) {
+    result.state = state_name(state);
+    reason = dir.read_json(layout::kIntegrationState).value("reason", "");
+  } else {
+    result.state = "NONE";
+  }
+  judge_launch(r, state, reason, result);
   if (!q.fault.empty()) {
     const bool reached = fault_reached(result.evidence);
     record.fault_reached = reached;
@@ -366,21 +399,7 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
       result.code = Code::kInvalidSpec;
     }
   }
-  // Rank 0's time by kind, over the phases: process start, rendezvous, training (build and
-  // steps less the session's checks), checks (the session's, and the end of the run), and
-  // the rest of the launch wall time (spawn, teardown, the launcher's waits).
-  CaseTiming& timing = record.timing;
-  for (const char* phase : {"train", "save", "load"}) {
-    std::string text;
-    if (!read_file(result.evidence / layout::run_phase_dir(phase) / layout::timing_rank(0), &text)) continue;
-    const nlohmann::json rank0 = parse_json_lenient(text);
-    if (rank0.is_discarded() || !rank0.is_object()) continue;
-    timing.process_start_s += rank0.value("process_start_s", 0.0);
-    timing.rendezvous_s += rank0.value("rendezvous_s", 0.0);
-    timing.training_s += rank0.value("build_s", 0.0) + rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
-    timing.checks_s += rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
-  }
-  timing.other_s = result.seconds - timing.process_start_s - timing.rendezvous_s - timing.training_s - timing.checks_s;
+  record.timing = rank0_timing(result.evidence, result.seconds);
   record.seconds = result.seconds;
   record.launch_seconds = result.launch_seconds;
   record.state = result.state;
