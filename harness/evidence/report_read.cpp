@@ -306,6 +306,116 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   if (fs::exists(dir / layout::kMetrics, ec)) read_steps_into(dir / layout::kMetrics, c);
 }
 
+// What results.jsonl records: each test's last result, and the runs' start and end lines.
+struct ResultsLog {
+  std::map<std::string, TestResult> by_name;  // a rerun test: its last line wins
+  std::map<std::string, int> last_start;      // test -> line of the last start line listing it
+  std::map<std::string, int> last_result;     // test -> line of its last result
+  std::string interrupted;                    // the signal the last end line names
+  std::vector<std::string> not_run;           // the last start line's
+  int last_start_line = 0, last_end_line = 0;
+};
+
+// A process's start or end line (ResultsWriter).
+void read_run_line(const json& m, const std::string& where, int line_number, ResultsLog& log) {
+  MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
+            ": a 'run' line must be an object with an 'event'");
+  const std::string event = m["event"].get<std::string>();
+  MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '",
+            event, "'");
+  (event == "start" ? log.last_start_line : log.last_end_line) = line_number;
+  if (event == "start") {
+    MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
+    log.not_run.clear();
+    for (const auto& n : m.value("not_run", json::array())) {
+      MIH_CHECK(n.is_string(), where, ": 'not_run' must be strings, got ", json_summary(n));
+      log.not_run.push_back(n.get<std::string>());
+    }
+    for (const auto& n : m["tests"]) {
+      MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
+      log.last_start[n.get<std::string>()] = line_number;
+    }
+  }
+  if (event == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
+    log.interrupted = m["interrupted"].get<std::string>();
+  } else if (event == "end") {
+    log.interrupted.clear();  // a later run that ended by itself
+  }
+}
+
+// results.jsonl is evidence mih writes: a damaged line is bad evidence (exit 12), like any
+// other evidence file, never bad input.
+ResultsLog read_results_log(const fs::path& file, const std::string& text) {
+  ResultsLog log;
+  try {
+    for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
+      const std::string where = file.string() + " line " + std::to_string(line_number);
+      json j;
+      std::string problem;
+      if (!parse_json_bounded(line, &j, &problem)) {
+        if (!terminated) return;  // a writer died mid-line
+        MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", problem);
+      }
+      if (j.is_object() && j.contains("run")) {
+        read_run_line(j["run"], where, line_number, log);
+        return;
+      }
+      TestResult t = parse_result_line(j, where);
+      log.last_result[t.name] = line_number;
+      log.by_name[t.name] = std::move(t);
+    });
+  } catch (const Error& e) {
+    if (e.code() != Code::kInvalidSpec) throw;
+    MIH_THROW(Code::kFailedPrecondition, e.message(),
+              ": results.jsonl is the run's record, written only by mih; rerun the run on a fresh root (or remove "
+              "the damaged line to report the rest)");
+  }
+  return log;
+}
+
+// Incomplete: a test has no result after the last start line that lists it (the run was
+// interrupted, its process died, or its disk filled); an older result does not count.
+void judge_completeness(const ResultsLog& log, RunResults& run) {
+  if (log.last_start.empty()) return;
+  int done = 0;
+  for (const auto& [name, start] : log.last_start) {
+    const auto r = log.last_result.find(name);
+    done += r != log.last_result.end() && r->second > start ? 1 : 0;
+  }
+  run.expected_tests = static_cast<int>(log.last_start.size());
+  if (done < run.expected_tests) {
+    run.incomplete = "incomplete: " + std::to_string(done) + " of " + std::to_string(run.expected_tests) + " tests (" +
+                     (log.last_end_line < log.last_start_line
+                          ? std::string("the last run has no end line: its process died (killed or crashed) "
+                                        "or is still running")
+                      : !log.interrupted.empty() ? "interrupted by " + log.interrupted
+                                                 : std::string("the run ended without recording every test: its disk "
+                                                               "filled, or a test crashed its process's writer")) +
+                     "; rerun the same command on this root to finish)";
+  }
+}
+
+// The cases a case is compared with that no test of the run names (a run that selected only the
+// comparison): read too, so that one that did not complete is said, and the comparison's
+// failures are not counted as verdicts. Each read once, along compare_to chains.
+void read_compared_cases(const fs::path& root, std::map<std::pair<std::string, std::string>, CaseResult>& cases) {
+  std::vector<const CaseResult*> todo;
+  for (const auto& [key, c] : cases) todo.push_back(&c);
+  while (!todo.empty()) {
+    const CaseResult& c = *todo.back();
+    todo.pop_back();
+    if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
+    CaseResult ref;
+    ref.spec = c.spec;
+    ref.name = c.compare_to;
+    ref.evidence = (fs::path(c.evidence).parent_path() / c.compare_to).string();
+    std::error_code ec;
+    if (!fs::is_directory(root / ref.evidence, ec)) continue;
+    read_case_files(root, &ref);
+    todo.push_back(&cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).first->second);
+  }
+}
+
 }  // namespace
 
 RunResults read_run_results(const fs::path& root) {
@@ -318,87 +428,13 @@ RunResults read_run_results(const fs::path& root) {
                  "' does not exist: no test of the run has finished", fix);
   std::string text;
   MIH_CHECK_CODE(read_file(file, &text), Code::kFailedPrecondition, "cannot read '", file.string(), "'");
-
-  std::map<std::string, TestResult> by_name;  // a rerun test: its last line wins
-  std::map<std::string, int> last_start;   // test -> line of the last start line listing it
-  std::map<std::string, int> last_result;  // test -> line of its last result
-  std::string interrupted;                 // the signal the last end line names
-  std::vector<std::string> not_run;        // the last start line's
-  int last_start_line = 0, last_end_line = 0;
-  // results.jsonl is evidence mih writes: a damaged line is bad evidence (exit 12), like any
-  // other evidence file, never bad input.
-  try {
-    for_each_line(text, [&](int line_number, std::string_view line, bool terminated) {
-      const std::string where = file.string() + " line " + std::to_string(line_number);
-      json j;
-      std::string problem;
-      if (!parse_json_bounded(line, &j, &problem)) {
-        if (!terminated) return;  // a writer died mid-line
-        MIH_THROW(Code::kInvalidSpec, where, " is not JSON: ", problem);
-      }
-      if (j.is_object() && j.contains("run")) {  // a process's start or end line (ResultsWriter)
-        const json& m = j["run"];
-        MIH_CHECK(m.is_object() && m.contains("event") && m["event"].is_string(), where,
-                  ": a 'run' line must be an object with an 'event'");
-        const std::string event = m["event"].get<std::string>();
-        MIH_CHECK(event == "start" || event == "end", where, ": a 'run' line's event must be start or end, got '",
-                  event, "'");
-        (event == "start" ? last_start_line : last_end_line) = line_number;
-        if (event == "start") {
-          MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
-          not_run.clear();
-          for (const auto& n : m.value("not_run", json::array())) {
-            MIH_CHECK(n.is_string(), where, ": 'not_run' must be strings, got ", json_summary(n));
-            not_run.push_back(n.get<std::string>());
-          }
-          for (const auto& n : m["tests"]) {
-            MIH_CHECK(n.is_string(), where, ": 'tests' must be test names, got ", json_summary(n));
-            last_start[n.get<std::string>()] = line_number;
-          }
-        }
-        if (event == "end" && m.contains("interrupted") && m["interrupted"].is_string()) {
-          interrupted = m["interrupted"].get<std::string>();
-        } else if (event == "end") {
-          interrupted.clear();  // a later run that ended by itself
-        }
-        return;
-      }
-      TestResult t = parse_result_line(j, where);
-      last_result[t.name] = line_number;
-      by_name[t.name] = std::move(t);
-    });
-  } catch (const Error& e) {
-    if (e.code() != Code::kInvalidSpec) throw;
-    MIH_THROW(Code::kFailedPrecondition, e.message(),
-              ": results.jsonl is the run's record, written only by mih; rerun the run on a fresh root (or remove "
-              "the damaged line to report the rest)");
-  }
-
+  ResultsLog log = read_results_log(file, text);
   RunResults run;
   run.root = root;
-  run.not_run = std::move(not_run);
-  // Incomplete: a test has no result after the last start line that lists it (the run was
-  // interrupted, its process died, or its disk filled); an older result does not count.
-  if (!last_start.empty()) {
-    int done = 0;
-    for (const auto& [name, start] : last_start) {
-      const auto r = last_result.find(name);
-      done += r != last_result.end() && r->second > start ? 1 : 0;
-    }
-    run.expected_tests = static_cast<int>(last_start.size());
-    if (done < run.expected_tests) {
-      run.incomplete = "incomplete: " + std::to_string(done) + " of " + std::to_string(run.expected_tests) + " tests (" +
-                       (last_end_line < last_start_line
-                            ? std::string("the last run has no end line: its process died (killed or crashed) "
-                                          "or is still running")
-                        : !interrupted.empty() ? "interrupted by " + interrupted
-                                               : std::string("the run ended without recording every test: its disk "
-                                                             "filled, or a test crashed its process's writer")) +
-                       "; rerun the same command on this root to finish)";
-    }
-  }
+  run.not_run = std::move(log.not_run);
+  judge_completeness(log, run);
   std::map<std::pair<std::string, std::string>, CaseResult> cases;
-  for (auto& [name, t] : by_name) {
+  for (auto& [name, t] : log.by_name) {
     if (!t.case_name.empty()) {
       CaseResult& c = cases[{t.spec, t.case_name}];
       c.spec = t.spec;
@@ -421,24 +457,7 @@ RunResults read_run_results(const fs::path& root) {
       read_case_files(root, &c);
     }
   }
-  // The cases a case is compared with that no test of the run names (a run that selected only
-  // the comparison): read too, so that one that did not complete is said, and the comparison's
-  // failures are not counted as verdicts. Each read once, along compare_to chains.
-  std::vector<const CaseResult*> todo;
-  for (const auto& [key, c] : cases) todo.push_back(&c);
-  while (!todo.empty()) {
-    const CaseResult& c = *todo.back();
-    todo.pop_back();
-    if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
-    CaseResult ref;
-    ref.spec = c.spec;
-    ref.name = c.compare_to;
-    ref.evidence = (fs::path(c.evidence).parent_path() / c.compare_to).string();
-    std::error_code ec;
-    if (!fs::is_directory(root / ref.evidence, ec)) continue;
-    read_case_files(root, &ref);
-    todo.push_back(&cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).first->second);
-  }
+  read_compared_cases(root, cases);
   for (auto& [key, c] : cases) run.cases.push_back(std::move(c));
   return run;
 }

@@ -60,7 +60,6 @@ NOT_YET_SPLIT = {
     ("harness/compare/verdicts_comm.cpp", "comm_volume"): 114,
     ("harness/evidence/contract.cpp", "check_file"): 103,
     ("harness/evidence/diagnosis.cpp", "features_of"): 107,
-    ("harness/evidence/report_read.cpp", "read_run_results"): 134,
     ("harness/parallel/parallel_context_grads.cpp", "ParallelContext::synchronize_gradients"): 108,
     ("harness/probes/probes.cpp", "probe_stage"): 124,
     ("harness/warm/front.cpp", "front_main"): 120,
