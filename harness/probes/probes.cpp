@@ -228,16 +228,17 @@ PieceSums piece_sums(const T* x, const uint8_t* pattern, int64_t n, int64_t k) {
   return out;
 }
 
-}  // namespace
+// One probed tensor: a parameter, its gradient or an AdamW state, laid out like param->local
+// (undefined if this rank has none).
+struct ProbeItem {
+  std::string name;
+  const ShardedParameter* param;
+  at::Tensor piece;
+};
 
-json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
-                 torch::optim::AdamW* optimizer, const WatchlistOptions& options) {
-  struct Item {
-    std::string name;
-    const ShardedParameter* param;
-    at::Tensor piece;  // laid out like param->local; undefined if this rank has none
-  };
-  std::vector<Item> items;
+std::vector<ProbeItem> stage_items(const std::vector<WatchEntry>& watchlist, Stage stage,
+                                   torch::optim::AdamW* optimizer) {
+  std::vector<ProbeItem> items;
   for (const auto& w : watchlist) {
     const ShardedParameter& p = *w.param;
     switch (stage) {
@@ -253,83 +254,92 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
         break;
     }
   }
-  // This rank's contribution: per item sum, sum_sq, nonfinite, defined, k projections (SUM),
-  // then the values of small tensors (SUM; each element is written by one rank), and max,
-  // -min (MAX). Per box a handful of reductions over a view of the piece, and the cached
-  // projection signs: no temporary the size of the model (large fresh allocations cost more
-  // in page faults here than the arithmetic).
-  const int64_t k = options.projections, n_items = static_cast<int64_t>(items.size());
-  std::vector<int64_t> value_base(items.size(), -1);
-  int64_t values_len = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const int64_t n = numel_of(items[i].param->global_shape);
-    if (n <= options.values_up_to) {
-      value_base[i] = values_len;
-      values_len += n;
-    }
-  }
-  const int64_t width = 4 + k;
-  std::vector<double> sums(static_cast<size_t>(n_items * width + values_len), 0.0);
-  std::vector<double> extremes(2 * items.size(), -std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
-    double* row = sums.data() + static_cast<int64_t>(i) * width;
-    if (!it.piece.defined()) continue;
-    row[3] = 1;
-    if (!ctx.writes_piece(*it.param)) continue;
-    for (const Box& box : ctx.local_boxes(*it.param)) {
-      if (box.numel() == 0) continue;
-      const BoxIndex& bi = box_index(box, it.param->global_shape, k);
-      const int64_t n = box.numel();
-      const at::Tensor view = narrow_box(it.piece.detach(), box);
-      // The piece's own memory when it is a contiguous float32/float64 CPU view (the usual
-      // case: one pass, no copy); else a copy into a float64 scratch buffer this thread
-      // reuses (a fresh allocation the size of the piece on every probe costs more in page
-      // faults than the statistics).
-      const bool direct = view.device().is_cpu() && view.is_contiguous() &&
-                          (view.scalar_type() == at::kFloat || view.scalar_type() == at::kDouble);
-      at::Tensor raw;
-      if (!direct || value_base[i] >= 0) {
-        thread_local at::Tensor scratch;
-        if (!scratch.defined() || scratch.numel() < n) scratch = at::empty({std::max<int64_t>(n, 1 << 16)}, at::kDouble);
-        raw = scratch.narrow(0, 0, n);
-        raw.copy_(view.reshape({-1}));
-      }
-      const at::Tensor& x = direct ? view : raw;
-      const PieceSums ps = x.scalar_type() == at::kFloat
-                               ? piece_sums(x.data_ptr<float>(), bi.pattern.data_ptr<uint8_t>(), n, k)
-                               : piece_sums(x.data_ptr<double>(), bi.pattern.data_ptr<uint8_t>(), n, k);
-      row[0] += ps.sum;
-      row[1] += ps.sum_sq;
-      row[2] += static_cast<double>(ps.nonfinite);
-      for (int64_t j = 0; j < k; ++j) {
-        // Projection j = the sum over sign patterns g of ±(the sum of the elements of pattern g).
-        double projected = 0;
-        for (int64_t g = 0; g < (int64_t{1} << k); ++g) {
-          projected += (g >> j) & 1 ? ps.by_pattern[static_cast<size_t>(g)] : -ps.by_pattern[static_cast<size_t>(g)];
-        }
-        row[4 + j] += projected;
-      }
-      extremes[2 * i] = std::max(extremes[2 * i], ps.hi);
-      extremes[2 * i + 1] = std::max(extremes[2 * i + 1], -ps.lo);
-      if (value_base[i] >= 0) {  // the values as they are, non-finite ones included
-        const auto xa = raw.accessor<double, 1>();
-        const auto ia = bi.index.accessor<int64_t, 1>();
-        double* values = sums.data() + n_items * width + value_base[i];
-        for (int64_t e = 0; e < raw.numel(); ++e) values[ia[e]] = xa[e];
+  return items;
+}
+
+// This rank's contribution: per item sum, sum_sq, nonfinite, defined, k projections (SUM),
+// then the values of small tensors (SUM; each element is written by one rank), and max, -min
+// (MAX).
+struct ProbeSums {
+  int64_t k = 0, width = 0, n_items = 0, values_len = 0;
+  std::vector<int64_t> value_base;  // per item: where its values start, -1 for none
+  std::vector<double> sums, extremes;
+
+  ProbeSums(const std::vector<ProbeItem>& items, const WatchlistOptions& options)
+      : k(options.projections), width(4 + options.projections), n_items(static_cast<int64_t>(items.size())),
+        value_base(items.size(), -1) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      const int64_t n = numel_of(items[i].param->global_shape);
+      if (n <= options.values_up_to) {
+        value_base[i] = values_len;
+        values_len += n;
       }
     }
+    sums.assign(static_cast<size_t>(n_items * width + values_len), 0.0);
+    extremes.assign(2 * items.size(), -std::numeric_limits<double>::infinity());
   }
-  Communicator& holders = ctx.mesh().comm(MeshAxis::kStage);  // the ranks holding these parameters
-  at::Tensor s = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
+};
+
+// Item i's statistics over one box of its piece: a handful of reductions over a view of the
+// piece and the cached projection signs, no temporary the size of the model (large fresh
+// allocations cost more in page faults here than the arithmetic).
+void add_box(const ProbeItem& it, const Box& box, size_t i, ProbeSums& b) {
+  double* row = b.sums.data() + static_cast<int64_t>(i) * b.width;
+  const int64_t k = b.k;
+  const BoxIndex& bi = box_index(box, it.param->global_shape, k);
+  const int64_t n = box.numel();
+  const at::Tensor view = narrow_box(it.piece.detach(), box);
+  // The piece's own memory when it is a contiguous float32/float64 CPU view (the usual case:
+  // one pass, no copy); else a copy into a float64 scratch buffer this thread reuses (a fresh
+  // allocation the size of the piece on every probe costs more in page faults than the
+  // statistics).
+  const bool direct = view.device().is_cpu() && view.is_contiguous() &&
+                      (view.scalar_type() == at::kFloat || view.scalar_type() == at::kDouble);
+  at::Tensor raw;
+  if (!direct || b.value_base[i] >= 0) {
+    thread_local at::Tensor scratch;
+    if (!scratch.defined() || scratch.numel() < n) scratch = at::empty({std::max<int64_t>(n, 1 << 16)}, at::kDouble);
+    raw = scratch.narrow(0, 0, n);
+    raw.copy_(view.reshape({-1}));
+  }
+  const at::Tensor& x = direct ? view : raw;
+  const PieceSums ps = x.scalar_type() == at::kFloat
+                           ? piece_sums(x.data_ptr<float>(), bi.pattern.data_ptr<uint8_t>(), n, k)
+                           : piece_sums(x.data_ptr<double>(), bi.pattern.data_ptr<uint8_t>(), n, k);
+  row[0] += ps.sum;
+  row[1] += ps.sum_sq;
+  row[2] += static_cast<double>(ps.nonfinite);
+  for (int64_t j = 0; j < k; ++j) {
+    // Projection j = the sum over sign patterns g of ±(the sum of the elements of pattern g).
+    double projected = 0;
+    for (int64_t g = 0; g < (int64_t{1} << k); ++g) {
+      projected += (g >> j) & 1 ? ps.by_pattern[static_cast<size_t>(g)] : -ps.by_pattern[static_cast<size_t>(g)];
+    }
+    row[4 + j] += projected;
+  }
+  b.extremes[2 * i] = std::max(b.extremes[2 * i], ps.hi);
+  b.extremes[2 * i + 1] = std::max(b.extremes[2 * i + 1], -ps.lo);
+  if (b.value_base[i] >= 0) {  // the values as they are, non-finite ones included
+    const auto xa = raw.accessor<double, 1>();
+    const auto ia = bi.index.accessor<int64_t, 1>();
+    double* values = b.sums.data() + b.n_items * b.width + b.value_base[i];
+    for (int64_t e = 0; e < raw.numel(); ++e) values[ia[e]] = xa[e];
+  }
+}
+
+// The ranks' contributions summed over the ranks holding these parameters: per item its
+// statistics record.
+json reduced_records(ParallelContext& ctx, const std::vector<ProbeItem>& items, ProbeSums& b) {
+  Communicator& holders = ctx.mesh().comm(MeshAxis::kStage);
+  at::Tensor s = at::from_blob(b.sums.data(), {static_cast<int64_t>(b.sums.size())}, at::kDouble)
                      .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
-  at::Tensor m = at::from_blob(extremes.data(), {static_cast<int64_t>(extremes.size())}, at::kDouble)
+  at::Tensor m = at::from_blob(b.extremes.data(), {static_cast<int64_t>(b.extremes.size())}, at::kDouble)
                      .to(ctx.device(), /*non_blocking=*/false, /*copy=*/true);
   holders.all_reduce(s, ReduceOp::kSum, "mih.session.probes");
   holders.all_reduce(m, ReduceOp::kMax, "mih.session.probes");
-  const at::Tensor st = s.cpu().narrow(0, 0, n_items * width).reshape({n_items, width}).contiguous();
-  const at::Tensor vals = s.cpu().narrow(0, n_items * width, values_len).contiguous();
-  const at::Tensor ex = m.cpu().reshape({n_items, 2}).contiguous();
+  const at::Tensor st = s.cpu().narrow(0, 0, b.n_items * b.width).reshape({b.n_items, b.width}).contiguous();
+  const at::Tensor vals = s.cpu().narrow(0, b.n_items * b.width, b.values_len).contiguous();
+  const at::Tensor ex = m.cpu().reshape({b.n_items, 2}).contiguous();
   const auto sa = st.accessor<double, 2>();
   const auto ea = ex.accessor<double, 2>();
   json tensors = json::object();
@@ -343,16 +353,34 @@ json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist,
               {"max", ea[r][0]},
               {"min", -ea[r][1]},
               {"numel", n}};
-    std::vector<double> sketch(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) sketch[static_cast<size_t>(j)] = sa[r][4 + j];
+    std::vector<double> sketch(static_cast<size_t>(b.k));
+    for (int64_t j = 0; j < b.k; ++j) sketch[static_cast<size_t>(j)] = sa[r][4 + j];
     t["sketch"] = sketch;
-    if (value_base[i] >= 0) {
-      const double* v = vals.data_ptr<double>() + value_base[i];
+    if (b.value_base[i] >= 0) {
+      const double* v = vals.data_ptr<double>() + b.value_base[i];
       t["values"] = std::vector<double>(v, v + n);
     }
     tensors[items[i].name] = t;
   }
-  return {{"stage", stage_name(stage)}, {"tensors", tensors}};
+  return tensors;
+}
+
+}  // namespace
+
+json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
+                 torch::optim::AdamW* optimizer, const WatchlistOptions& options) {
+  const std::vector<ProbeItem> items = stage_items(watchlist, stage, optimizer);
+  ProbeSums b(items, options);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ProbeItem& it = items[i];
+    if (!it.piece.defined()) continue;
+    b.sums[i * static_cast<size_t>(b.width) + 3] = 1;  // defined on this rank
+    if (!ctx.writes_piece(*it.param)) continue;
+    for (const Box& box : ctx.local_boxes(*it.param)) {
+      if (box.numel() > 0) add_box(it, box, i, b);
+    }
+  }
+  return {{"stage", stage_name(stage)}, {"tensors", reduced_records(ctx, items, b)}};
 }
 
 FindingReport check_replica_consistency(ParallelContext& ctx, int64_t step, json* evidence) {

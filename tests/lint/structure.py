@@ -61,7 +61,6 @@ NOT_YET_SPLIT = {
     ("harness/evidence/contract.cpp", "check_file"): 103,
     ("harness/evidence/diagnosis.cpp", "features_of"): 107,
     ("harness/parallel/parallel_context_grads.cpp", "ParallelContext::synchronize_gradients"): 108,
-    ("harness/probes/probes.cpp", "probe_stage"): 124,
     ("harness/warm/front.cpp", "front_main"): 120,
     ("harness/warm/server.cpp", "handle"): 165,
 }
