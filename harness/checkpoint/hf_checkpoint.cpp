@@ -128,14 +128,17 @@ nlohmann::json Checkpoint::to_json() const {
   return {{"dir", dir.string()}, {"sharded", sharded}, {"config", config}, {"tensors", t}, {"files", f}};
 }
 
-Checkpoint read_checkpoint(const fs::path& dir) {
+namespace {
+
+// A local directory, named in valid UTF-8 (the evidence names it in JSON): mih never downloads.
+void check_checkpoint_dir(const fs::path& dir) {
   const std::string text = dir.string();
   for (const char* scheme : {"http://", "https://", "hf://"}) {
     MIH_CHECK(text.rfind(scheme, 0) != 0, "checkpoint '", text, "' is a URL: mih never downloads; fetch it yourself "
               "(e.g. `huggingface-cli download <repo> --local-dir DIR`) and give the local directory");
   }
   try {
-    (void)nlohmann::json(text).dump();  // the evidence names the directory in JSON
+    (void)nlohmann::json(text).dump();
   } catch (const nlohmann::json::type_error&) {
     MIH_THROW(Code::kInvalidSpec, "checkpoint directory '", text, "': its path is not valid UTF-8; rename it or "
               "reach it through a symlink whose path is");
@@ -143,13 +146,12 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   std::error_code ec;
   MIH_CHECK_CODE(fs::is_directory(dir, ec), Code::kFailedPrecondition, "checkpoint directory ", text,
                  " does not exist or is not a directory");
-  // Every file read is resolved inside the directory first: a symlink out of it (to another
-  // model's weights, to /etc/shadow) is refused before a byte of it is read.
-  const std::vector<fs::path> roots = checkpoint_roots(dir);
-  Checkpoint c;
-  c.dir = dir;
-  MIH_CHECK(has_entry(dir, layout::kHfConfig), "checkpoint directory ", text, " has no config.json: a Hugging Face "
-            "checkpoint carries its architecture there");
+}
+
+// config.json, the architecture a Hugging Face checkpoint carries, into `c`.
+void read_config(const fs::path& dir, const std::vector<fs::path>& roots, Checkpoint& c) {
+  MIH_CHECK(has_entry(dir, layout::kHfConfig), "checkpoint directory ", dir.string(), " has no config.json: a Hugging "
+            "Face checkpoint carries its architecture there");
   const fs::path config = resolve_inside(dir, roots, layout::kHfConfig, layout::kHfConfig);
   std::string config_text;
   MIH_CHECK_CODE(read_file(config, &config_text), Code::kFailedPrecondition, "cannot read ",
@@ -157,69 +159,76 @@ Checkpoint read_checkpoint(const fs::path& dir) {
   c.config = parse_json_strict(config_text, (dir / layout::kHfConfig).string());
   MIH_CHECK(c.config.is_object(), (dir / layout::kHfConfig).string(), ": expected a JSON object, got ", c.config.type_name());
   c.files.push_back(asset(layout::kHfConfig, config));
+}
 
-  // key -> shard, from the index or from the files themselves.
-  std::map<std::string, std::string> weight_map;
-  std::vector<std::string> shards;
-  if (has_entry(dir, kIndex)) {
-    c.sharded = true;
-    const fs::path index_file = resolve_inside(dir, roots, kIndex, kIndex);
-    std::string index_text;
-    MIH_CHECK_CODE(read_file(index_file, &index_text), Code::kFailedPrecondition, "cannot read ",
-                   (dir / kIndex).string());
-    const nlohmann::json index = parse_json_strict(index_text, (dir / kIndex).string());
-    MIH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-              (dir / kIndex).string(), " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps "
-              "each key to its shard)");
-    for (const auto& [key, shard] : index["weight_map"].items()) {
-      MIH_CHECK(shard.is_string(), (dir / kIndex).string(), ": the shard of '", key, "' must be a file name, got ",
-                json_summary(shard));
-      const fs::path name = shard.get<std::string>();
-      bool inside = !name.empty() && name.is_relative();
-      for (const auto& part : name) inside = inside && part != "..";
-      MIH_CHECK(inside, (dir / kIndex).string(), ": the shard of '", key, "' is ", json_summary(shard),
-                "; a shard is a file inside the checkpoint directory (no absolute path, no '..')");
-      weight_map[key] = name.string();
-    }
-    std::set<std::string> named;
-    for (const auto& [key, shard] : weight_map) {
-      if (named.insert(shard).second) {
-        MIH_CHECK(has_entry(dir, shard), "checkpoint ", text, ": the shard ", shard, " named by ", kIndex,
-                  " (for '", key, "' and others) is missing");
-      }
-    }
-    shards.assign(named.begin(), named.end());
-    // A weights file the index does not name would be ignored by every loader: almost always
-    // a shard left out of the index or left behind by an earlier save.
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      const bool weights = name == layout::kHfWeights ||
-                           (name.rfind(layout::kHfShardPrefix, 0) == 0 && e.path().extension() == ".safetensors");
-      MIH_CHECK(!weights || named.count(name), "checkpoint ", text, ": ", name, " is not named by ", kIndex,
-                "; loaders ignore it, so its tensors are not part of the checkpoint: add it to the index's "
-                "weight_map or remove it");
-    }
-    c.files.push_back(asset(kIndex, index_file));
-  } else {
-    // As Hugging Face's loaders: one file named model.safetensors (other safetensors files in
-    // the directory, e.g. mih export's batch and reference, are not weights).
-    std::vector<std::string> others;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      if (name != layout::kHfWeights && (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")) {
-        others.push_back(name);
-      }
-    }
-    std::sort(others.begin(), others.end());
-    std::string listed;
-    for (const auto& o : others) listed += " " + o;
-    MIH_CHECK_CODE(has_entry(dir, layout::kHfWeights), Code::kFailedPrecondition, "checkpoint directory ", text,
-                   " has neither model.safetensors nor ", kIndex,
-                   others.empty() ? std::string()
-                                  : " (it holds" + listed + "; mih reads the Hugging Face layout's safetensors only, "
-                                    "never a pickle: convert .bin files with the safetensors library)");
-    shards.push_back(layout::kHfWeights);
+// A sharded checkpoint's index: key -> shard into `weight_map`, each shard inside the directory
+// and present, every weights file in the directory named; returns the shards.
+std::vector<std::string> indexed_shards(const fs::path& dir, const std::vector<fs::path>& roots, Checkpoint& c,
+                                        std::map<std::string, std::string>& weight_map) {
+  const std::string text = dir.string();
+  const fs::path index_file = resolve_inside(dir, roots, kIndex, kIndex);
+  std::string index_text;
+  MIH_CHECK_CODE(read_file(index_file, &index_text), Code::kFailedPrecondition, "cannot read ",
+                 (dir / kIndex).string());
+  const nlohmann::json index = parse_json_strict(index_text, (dir / kIndex).string());
+  MIH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+            (dir / kIndex).string(), " has no \"weight_map\" object (Hugging Face's sharded-checkpoint index maps "
+            "each key to its shard)");
+  for (const auto& [key, shard] : index["weight_map"].items()) {
+    MIH_CHECK(shard.is_string(), (dir / kIndex).string(), ": the shard of '", key, "' must be a file name, got ",
+              json_summary(shard));
+    const fs::path name = shard.get<std::string>();
+    bool inside = !name.empty() && name.is_relative();
+    for (const auto& part : name) inside = inside && part != "..";
+    MIH_CHECK(inside, (dir / kIndex).string(), ": the shard of '", key, "' is ", json_summary(shard),
+              "; a shard is a file inside the checkpoint directory (no absolute path, no '..')");
+    weight_map[key] = name.string();
   }
+  std::set<std::string> named;
+  for (const auto& [key, shard] : weight_map) {
+    if (named.insert(shard).second) {
+      MIH_CHECK(has_entry(dir, shard), "checkpoint ", text, ": the shard ", shard, " named by ", kIndex,
+                " (for '", key, "' and others) is missing");
+    }
+  }
+  // A weights file the index does not name would be ignored by every loader: almost always a
+  // shard left out of the index or left behind by an earlier save.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool weights = name == layout::kHfWeights ||
+                         (name.rfind(layout::kHfShardPrefix, 0) == 0 && e.path().extension() == ".safetensors");
+    MIH_CHECK(!weights || named.count(name), "checkpoint ", text, ": ", name, " is not named by ", kIndex,
+              "; loaders ignore it, so its tensors are not part of the checkpoint: add it to the index's "
+              "weight_map or remove it");
+  }
+  c.files.push_back(asset(kIndex, index_file));
+  return {named.begin(), named.end()};
+}
+
+// As Hugging Face's loaders: one file named model.safetensors (other safetensors files in the
+// directory, e.g. mih export's batch and reference, are not weights).
+void check_single_file(const fs::path& dir) {
+  std::vector<std::string> others;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name != layout::kHfWeights && (e.path().extension() == ".safetensors" || e.path().extension() == ".bin")) {
+      others.push_back(name);
+    }
+  }
+  std::sort(others.begin(), others.end());
+  std::string listed;
+  for (const auto& o : others) listed += " " + o;
+  MIH_CHECK_CODE(has_entry(dir, layout::kHfWeights), Code::kFailedPrecondition, "checkpoint directory ", dir.string(),
+                 " has neither model.safetensors nor ", kIndex,
+                 others.empty() ? std::string()
+                                : " (it holds" + listed + "; mih reads the Hugging Face layout's safetensors only, "
+                                  "never a pickle: convert .bin files with the safetensors library)");
+}
+
+// The tensors of each shard (each key in one shard, the one the index places it in).
+void read_shard_entries(const fs::path& dir, const std::vector<fs::path>& roots, const std::vector<std::string>& shards,
+                        const std::map<std::string, std::string>& weight_map, Checkpoint& c) {
+  const std::string text = dir.string();
   std::map<std::string, TensorEntry> entries;
   for (const auto& shard : shards) {
     const fs::path file = resolve_inside(dir, roots, shard, c.sharded ? "the shard " + shard : shard);
@@ -243,6 +252,29 @@ Checkpoint read_checkpoint(const fs::path& dir) {
               ", which does not hold it");
   }
   for (auto& [key, e] : entries) c.tensors.push_back(std::move(e));
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint(const fs::path& dir) {
+  check_checkpoint_dir(dir);
+  // Every file read is resolved inside the directory first: a symlink out of it (to another
+  // model's weights, to /etc/shadow) is refused before a byte of it is read.
+  const std::vector<fs::path> roots = checkpoint_roots(dir);
+  Checkpoint c;
+  c.dir = dir;
+  read_config(dir, roots, c);
+  // key -> shard, from the index or from the files themselves.
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> shards;
+  if (has_entry(dir, kIndex)) {
+    c.sharded = true;
+    shards = indexed_shards(dir, roots, c, weight_map);
+  } else {
+    check_single_file(dir);
+    shards.push_back(layout::kHfWeights);
+  }
+  read_shard_entries(dir, roots, shards, weight_map, c);
   std::sort(c.files.begin(), c.files.end(), [](const AssetFile& a, const AssetFile& b) { return a.path < b.path; });
   return c;
 }
