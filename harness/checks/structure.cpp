@@ -151,10 +151,12 @@ CheckOutput check_loaded_values(const ParallelContext& ctx, const std::string& w
   return out;
 }
 
-CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec) {
-  const ParallelContext& ctx = *state.context;
+namespace {
+
+// Every parameter's row (owner, device, whether it trains), each checked: its local shape
+// against its placements, its dtype and device against the run's, its values finite.
+json checked_parameters(const ParallelContext& ctx, FindingReport& findings) {
   const int64_t tp = ctx.tp_size();
-  CheckOutput out;
   json params = json::array();
   for (const auto& p : ctx.parameters()) {
     json row = *p;
@@ -163,24 +165,29 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     row["requires_grad"] = p->local.requires_grad();
     params.push_back(row);
     if (const std::string why = shape_inconsistency(*p, tp); !why.empty()) {
-      out.findings.add(error(codes::kStructLocalShape, "structure", p->fqn, "local shape inconsistent with placements: " + why,
-                             row, "each rank would compute with, save and load a different piece than its placements say",
-                             "make the layer's ParamSpec (shape, tp placement, padding) match how it shards the tensor"));
+      findings.add(error(codes::kStructLocalShape, "structure", p->fqn, "local shape inconsistent with placements: " + why,
+                         row, "each rank would compute with, save and load a different piece than its placements say",
+                         "make the layer's ParamSpec (shape, tp placement, padding) match how it shards the tensor"));
     }
     if (p->local.scalar_type() != ctx.param_dtype() || p->local.device() != ctx.device()) {
-      out.findings.add(error(codes::kStructDtypeDevice, "structure", p->fqn,
-                             "parameter is " + dtype_name(p->local.scalar_type()) + " on " + p->local.device().str() +
-                                 ", the run's parameters are " + dtype_name(ctx.param_dtype()) + " on " +
-                                 ctx.device().str(),
-                             row, "mixed master-weight dtypes or devices change numerics and break collectives",
-                             "create the parameter through ParallelContext::make_parameter and do not cast it afterwards"));
+      findings.add(error(codes::kStructDtypeDevice, "structure", p->fqn,
+                         "parameter is " + dtype_name(p->local.scalar_type()) + " on " + p->local.device().str() +
+                             ", the run's parameters are " + dtype_name(ctx.param_dtype()) + " on " +
+                             ctx.device().str(),
+                         row, "mixed master-weight dtypes or devices change numerics and break collectives",
+                         "create the parameter through ParallelContext::make_parameter and do not cast it afterwards"));
     }
     if (!all_finite(p->local)) {
-      out.findings.add(error(codes::kStructNonFinite, "materialization", p->fqn, "parameter holds NaN or Inf after initialization",
-                             row, "an uninitialized or corrupted parameter poisons every later step",
-                             "initialize every parameter (ParamSpec::init) and check any custom materialization"));
+      findings.add(error(codes::kStructNonFinite, "materialization", p->fqn, "parameter holds NaN or Inf after initialization",
+                         row, "an uninitialized or corrupted parameter poisons every later step",
+                         "initialize every parameter (ParamSpec::init) and check any custom materialization"));
     }
   }
+  return params;
+}
+
+// Every buffer's row, each checked finite.
+json checked_buffers(const ParallelContext& ctx, FindingReport& findings) {
   json buffers = json::array();
   for (const auto& b : ctx.buffers()) {
     buffers.push_back({{"fqn", b.fqn},
@@ -188,41 +195,47 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
                        {"dtype", dtype_name(b.tensor.scalar_type())},
                        {"persistent", b.persistent}});
     if (!all_finite(b.tensor)) {
-      out.findings.add(error(codes::kStructNonFinite, "materialization", b.fqn, "buffer holds NaN or Inf", buffers.back(),
-                             "an uninitialized buffer (a rotary table left empty) silently corrupts the forward",
-                             "compute the buffer at construction and mark it non-persistent if it is derived"));
+      findings.add(error(codes::kStructNonFinite, "materialization", b.fqn, "buffer holds NaN or Inf", buffers.back(),
+                         "an uninitialized buffer (a rotary table left empty) silently corrupts the forward",
+                         "compute the buffer at construction and mark it non-persistent if it is derived"));
     }
   }
-  out.findings.ran(codes::kCheckStructure, static_cast<int64_t>(ctx.parameters().size()), "parameters");
-  out.findings.ran(codes::kCheckTies, static_cast<int64_t>(spec.checkpoint.tied.size()), "declared tied pairs");
+  return buffers;
+}
+
+// The declared ties are one tensor each, and one tensor under two names is a declared tie: a
+// module registered twice or a layer reused by mistake trains one tensor where the original has
+// two (the structure check's run covers it: every parameter's names are examined).
+void check_ties(const ParallelContext& ctx, const spec::ModelSpec& spec, FindingReport& findings) {
   for (const auto& [a, b] : spec.checkpoint.tied) {
     const ShardedParameter* pa = find_parameter(ctx, a);
     const ShardedParameter* pb = find_parameter(ctx, b);
     if (pa == nullptr || pb == nullptr || pa != pb) {
-      out.findings.add(error(codes::kStructTie, "structure", a,
-                             "'" + a + "' and '" + b + "' are declared tied but are " +
-                                 (pa && pb ? "two parameters" : "not both parameters of the model"),
-                             {{"tied", {a, b}}, {"found", {pa != nullptr, pb != nullptr}}},
-                             "untied copies train apart: the head and the embedding diverge and the checkpoint "
-                             "holds two tensors where the model expects one",
-                             "register the same tensor in both modules after sharding (tie after fully_shard)"));
+      findings.add(error(codes::kStructTie, "structure", a,
+                         "'" + a + "' and '" + b + "' are declared tied but are " +
+                             (pa && pb ? "two parameters" : "not both parameters of the model"),
+                         {{"tied", {a, b}}, {"found", {pa != nullptr, pb != nullptr}}},
+                         "untied copies train apart: the head and the embedding diverge and the checkpoint "
+                         "holds two tensors where the model expects one",
+                         "register the same tensor in both modules after sharding (tie after fully_shard)"));
     }
   }
-  // Two names of one tensor that the spec does not declare tied: a module registered twice or
-  // a layer reused by mistake trains one tensor where the original has two (the structure
-  // check's run above covers it: every parameter's names are examined).
   for (const UndeclaredAlias& a : undeclared_aliases(ctx, spec.checkpoint.tied)) {
-    out.findings.add(error(codes::kStructAliasUndeclared, "structure", a.fqn,
-                           "'" + a.fqn + "' and '" + a.alias + "' name the same tensor (one parameter registered under "
-                           "both names), but the spec does not declare them tied (checkpoint.tied)",
-                           {{"aliases", {a.fqn, a.alias}}, {"declared_tied", spec.checkpoint.tied}},
-                           "one tensor trains where the original has two: the gradients of both uses add into it, the "
-                           "optimizer steps it once, and an export writes one key for both names",
-                           "give '" + a.alias + "' its own parameter (build a second module instead of registering "
-                           "the first twice); if the original ties them, declare {\"" + a.fqn + "\", \"" + a.alias +
-                           "\"} in ModelSpec checkpoint.tied"));
+    findings.add(error(codes::kStructAliasUndeclared, "structure", a.fqn,
+                       "'" + a.fqn + "' and '" + a.alias + "' name the same tensor (one parameter registered under "
+                       "both names), but the spec does not declare them tied (checkpoint.tied)",
+                       {{"aliases", {a.fqn, a.alias}}, {"declared_tied", spec.checkpoint.tied}},
+                       "one tensor trains where the original has two: the gradients of both uses add into it, the "
+                       "optimizer steps it once, and an export writes one key for both names",
+                       "give '" + a.alias + "' its own parameter (build a second module instead of registering "
+                       "the first twice); if the original ties them, declare {\"" + a.fqn + "\", \"" + a.alias +
+                       "\"} in ModelSpec checkpoint.tied"));
   }
-  // FSDP units: every sharded parameter in exactly one declared unit; one dtype and mesh each.
+}
+
+// FSDP units: every sharded parameter in exactly one declared unit; one dtype and mesh each.
+// Returns the units' rows.
+json checked_fsdp_units(const ParallelContext& ctx, FindingReport& findings) {
   const std::vector<std::string>& units = ctx.fsdp_units();
   json unit_json = json::object();
   for (const auto& u : units) unit_json[u] = {{"parameters", json::array()}, {"dtypes", json::array()}};
@@ -231,11 +244,11 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     if (!p->fsdp) continue;
     ++fsdp_parameters;
     if (p->unit.empty() || !unit_json.contains(p->unit)) {
-      out.findings.add(error(codes::kStructFsdpUnit, "structure", p->fqn,
-                             "parameter is sharded by FSDP but belongs to no declared unit ('" + p->unit + "')",
-                             {{"units", units}},
-                             "its gradient is reduce-scattered outside any unit's schedule",
-                             "call fully_shard on a module that registers it"));
+      findings.add(error(codes::kStructFsdpUnit, "structure", p->fqn,
+                         "parameter is sharded by FSDP but belongs to no declared unit ('" + p->unit + "')",
+                         {{"units", units}},
+                         "its gradient is reduce-scattered outside any unit's schedule",
+                         "call fully_shard on a module that registers it"));
       continue;
     }
     json& u = unit_json[p->unit];
@@ -243,12 +256,12 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
     // The seed's HP-FSDP-005: routed experts under ep get their own unit, never the root's
     // (which is never resharded, and whose reduce-scatter runs over dp_shard).
     if (p->expert_parallel() && p->unit == ctx.root_unit()) {
-      out.findings.add(error(codes::kStructExpertInRoot, "structure", p->fqn,
-                             "expert parameter (sharded over ep, FSDP over edp) is in the root FSDP unit '" + p->unit + "'",
-                             {{"unit", p->unit}, {"fsdp_axis", mesh_axis_name(p->fsdp_axis)}},
-                             "the root unit's parameters stay gathered and are reduced with the dense ones: the "
-                             "experts' gradients would be reduced over the dense gradient domain",
-                             "fully_shard the experts module as a unit of its own before its layer and the root"));
+      findings.add(error(codes::kStructExpertInRoot, "structure", p->fqn,
+                         "expert parameter (sharded over ep, FSDP over edp) is in the root FSDP unit '" + p->unit + "'",
+                         {{"unit", p->unit}, {"fsdp_axis", mesh_axis_name(p->fsdp_axis)}},
+                         "the root unit's parameters stay gathered and are reduced with the dense ones: the "
+                         "experts' gradients would be reduced over the dense gradient domain",
+                         "fully_shard the experts module as a unit of its own before its layer and the root"));
     }
     // One unit, one flat reduce-scatter: one dtype, one mesh and one gradient domain (the
     // seed's HP-FSDP-004: never dense and expert parameters together).
@@ -257,16 +270,30 @@ CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& s
   }
   for (auto& [name, u] : unit_json.items()) {
     if (u["dtypes"].size() > 1) {
-      out.findings.add(error(codes::kStructUnitMixed, "structure", name,
-                             "FSDP unit mixes dtypes, meshes or gradient domains (dtype@mesh/DENSE|EXPERT): " +
-                                 u["dtypes"].dump(),
-                             u, "one flat reduce-scatter per unit cannot carry two dtypes or two gradient domains",
-                             "split the unit so each holds one dtype, one mesh and one gradient domain (the routed "
-                             "experts a unit of their own)"));
+      findings.add(error(codes::kStructUnitMixed, "structure", name,
+                         "FSDP unit mixes dtypes, meshes or gradient domains (dtype@mesh/DENSE|EXPERT): " +
+                             u["dtypes"].dump(),
+                         u, "one flat reduce-scatter per unit cannot carry two dtypes or two gradient domains",
+                         "split the unit so each holds one dtype, one mesh and one gradient domain (the routed "
+                         "experts a unit of their own)"));
     }
   }
-  out.findings.ran(codes::kCheckFsdpUnits, fsdp_parameters, "FSDP-sharded parameters");
-  out.evidence = {{"parameters", params}, {"buffers", buffers}, {"fsdp_units", unit_json}};
+  findings.ran(codes::kCheckFsdpUnits, fsdp_parameters, "FSDP-sharded parameters");
+  return unit_json;
+}
+
+}  // namespace
+
+CheckOutput check_structure(const TrainingState& state, const spec::ModelSpec& spec) {
+  const ParallelContext& ctx = *state.context;
+  CheckOutput out;
+  const json params = checked_parameters(ctx, out.findings);
+  const json buffers = checked_buffers(ctx, out.findings);
+  out.findings.ran(codes::kCheckStructure, static_cast<int64_t>(ctx.parameters().size()), "parameters");
+  out.findings.ran(codes::kCheckTies, static_cast<int64_t>(spec.checkpoint.tied.size()), "declared tied pairs");
+  check_ties(ctx, spec, out.findings);
+  const json units = checked_fsdp_units(ctx, out.findings);
+  out.evidence = {{"parameters", params}, {"buffers", buffers}, {"fsdp_units", units}};
   return out;
 }
 
