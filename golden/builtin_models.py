@@ -71,6 +71,16 @@ DEFAULTS = {
         "layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False, "tie_word_embeddings": True, "add_cross_attention": False,
     },
+    "llava": {
+        "image_token_index": 32000, "projector_hidden_act": "gelu", "multimodal_projector_bias": True,
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "tie_word_embeddings": True,
+        "text_config": None, "vision_config": None,
+    },
+    "clip_vision_model": {
+        "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+        "attention_dropout": 0.0,
+    },
 }
 
 # Tensors a checkpoint may hold that are buffers, not weights (older exports).
@@ -182,10 +192,12 @@ def activation(name):
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (Hendrycks and Gimpel 2016)
         return lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    if name == "quick_gelu":  # CLIP's: x * sigmoid(1.702 x)
+        return lambda x: x * torch.sigmoid(1.702 * x)
     if name == "relu":
         return F.relu
     raise GoldenError(11, "activation %r has no builtin implementation (silu, gelu, gelu_new, gelu_pytorch_tanh, "
-                          "gelu_fast, relu)" % name)
+                          "gelu_fast, quick_gelu, relu)" % name)
 
 
 def _no_dropout(cfg, *names):
@@ -311,10 +323,13 @@ def load_balancing_loss(router_logits, experts, k, attention_mask):
     return (tokens_per_expert * prob_per_expert[None]).sum() * experts
 
 
-def _decoder(cfg, W, batch, ops):
+def _decoder(cfg, W, batch, ops, prefix="", merge=None):
     """Llama, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE: pre-norm decoder layers h = x +
     attn(norm(x)), out = h + mlp(norm(h)) over rotary grouped-query attention (Qwen3's q and k
-    each RMS-normalized per head before rotary), a final RMSNorm and the head."""
+    each RMS-normalized per head before rotary), a final RMSNorm and the head. `prefix` comes
+    before every key (a language model inside another model: "language_model."); `merge`, when
+    given, maps the token embeddings [B, S, H] to the decoder's input (a vision-language model's
+    image features in place of its placeholder tokens)."""
     mt = cfg.model_type
     hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
     heads = cfg["num_attention_heads"]
@@ -335,9 +350,12 @@ def _decoder(cfg, W, batch, ops):
     mlp_bias = cfg["mlp_bias"] if mt == "llama" else False
     vocab = cfg["vocab_size"]
     ids = batch["input_ids"]
-    dtype = W.tensors["model.embed_tokens.weight"].dtype if "model.embed_tokens.weight" in W.tensors else torch.float64
-    embed = W.take("model.embed_tokens.weight", [vocab, hidden])
+    dtype = W.tensors[prefix + "model.embed_tokens.weight"].dtype if prefix + "model.embed_tokens.weight" in W.tensors \
+        else torch.float64
+    embed = W.take(prefix + "model.embed_tokens.weight", [vocab, hidden])
     x = F.embedding(ids, embed)
+    if merge is not None:
+        x = merge(x)
     positions = batch["position_ids"]
     cos, sin = _rotary(cfg, head_dim, positions, dtype)
     mask = _causal_mask(batch, dtype)
@@ -345,7 +363,7 @@ def _decoder(cfg, W, batch, ops):
     hidden_states = [x]
     router_logits = []
     for i in range(layers):
-        p = "model.layers.%d." % i
+        p = prefix + "model.layers.%d." % i
 
         def bias(name, n, on):
             return W.take(p + name, [n]) if on else None
@@ -386,11 +404,11 @@ def _decoder(cfg, W, batch, ops):
             x = x + ops.linear(act(gate) * up, W.take(p + "mlp.down_proj.weight", [hidden, width]),
                                mb("mlp.down_proj.bias", hidden))
         hidden_states.append(x)
-    normed = _rms_norm(ops, x, W.take("model.norm.weight", [hidden]), eps)
+    normed = _rms_norm(ops, x, W.take(prefix + "model.norm.weight", [hidden]), eps)
     hidden_states.append(normed)
-    head = embed if cfg["tie_word_embeddings"] else W.take("lm_head.weight", [vocab, hidden])
-    if cfg["tie_word_embeddings"] and "lm_head.weight" in W.tensors:
-        W.used.add("lm_head.weight")  # a tied head's copy: Hugging Face ties it to the embedding and ignores it
+    head = embed if cfg["tie_word_embeddings"] else W.take(prefix + "lm_head.weight", [vocab, hidden])
+    if cfg["tie_word_embeddings"] and prefix + "lm_head.weight" in W.tensors:
+        W.used.add(prefix + "lm_head.weight")  # a tied head's copy: Hugging Face ties it to the embedding, ignores it
     logits = ops.linear(normed, head)
     aux = None
     if mt in ("mixtral", "qwen2_moe", "qwen3_moe") and cfg["output_router_logits"] and router_logits:
@@ -457,7 +475,12 @@ def forward(cfg, W, batch, ops):
     if "position_ids" not in batch:
         s = batch["input_ids"].shape[1]
         batch = dict(batch, position_ids=torch.arange(s).expand_as(batch["input_ids"]))
-    model = _gpt2 if cfg.model_type == "gpt2" else _decoder
+    if cfg.model_type == "llava":
+        import builtin_llava
+
+        model = builtin_llava.llava
+    else:
+        model = _gpt2 if cfg.model_type == "gpt2" else _decoder
     out = model(cfg, W, batch, ops)
     W.check_all_used()
     return out

@@ -255,7 +255,7 @@ def run_transformers(export_dir, config_json, batch, training, twin=False):
                                                     float32_inside=inside)
     loss = cross_entropy(logits, batch["labels"], training["labels_are_shifted"], twin=twin)
     (loss if aux is None else loss + aux).backward()
-    params = dict(model.named_parameters())
+    params = transformers_impl.saved_parameters(model)
     grads = {k: p.grad.detach().clone() for k, p in params.items() if p.grad is not None}
     after = step(params, training)
     return Run(logits, hidden, loss, aux, grads, after), version, inside
@@ -280,9 +280,10 @@ def produce(export_dir, out_dir, impl, noise_twin=True, plugin=None):
     for name in ("input_ids", "labels"):
         if name not in batch_tensors:
             raise GoldenError(11, "%s/batch.safetensors has no '%s'" % (export_dir, name))
-    batch = {k: v for k, v in batch_tensors.items() if k in ("input_ids", "labels", "position_ids", "attention_mask")}
-    for k in batch:
-        batch[k] = batch[k].to(torch.int64)
+    batch = {k: v.to(torch.int64) for k, v in batch_tensors.items()
+             if k in ("input_ids", "labels", "position_ids", "attention_mask")}
+    if "pixel_values" in batch_tensors:  # a vision-language model's images, in the weights' precision
+        batch["pixel_values"] = batch_tensors["pixel_values"].to(torch.float64)
 
     aliases = collapsed_aliases(description, weights)
     noise = {}

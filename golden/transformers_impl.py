@@ -14,7 +14,7 @@ from errors import GoldenError
 
 # Where the decoder layers live, by model_type: the last one's output is hooked, because the
 # hidden_states tuple replaces it with the final norm's output.
-_LAYERS = {"gpt2": ("transformer", "h")}
+_LAYERS = {"gpt2": ("transformer", "h"), "llava": ("model.language_model", "layers")}
 # The precision the original computes in although its weights are float64: transformers'
 # Llama-derived models (and many others) cast their RMSNorm, rotary tables and routers to
 # float32 (modeling_llama.py LlamaRMSNorm, LlamaRotaryEmbedding's "Force float32", the routers'
@@ -43,7 +43,7 @@ def computes_in_float32(model, batch):
     with every torch function's result watched."""
     watch = _LowPrecisionSeen()
     with torch.no_grad(), watch:
-        model(input_ids=batch["input_ids"], use_cache=False, return_dict=True)
+        model(**_inputs(batch), use_cache=False, return_dict=True)
     return watch.seen
 
 
@@ -54,12 +54,11 @@ def load(export_dir, config):
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     try:
         import transformers
-        from transformers import AutoModelForCausalLM
     except ImportError:
         raise GoldenError(12, "--impl transformers: the Python running the producer has no transformers package; "
                               "install it (pip install transformers) or use --impl builtin")
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = model_class(transformers, config).from_pretrained(
             export_dir, dtype=torch.float64, attn_implementation="eager", output_loading_info=True,
             trust_remote_code=False, local_files_only=True)
     except Exception as e:  # transformers raises many types for a config or a checkpoint it cannot take
@@ -70,16 +69,62 @@ def load(export_dir, config):
             problems.append("%s: %s" % (kind, ", ".join(str(k) for k in list(info[kind])[:8])))
     if problems:
         raise GoldenError(11, "transformers' %s does not take the export as it is (%s); it would start those "
-                              "weights at random. The port's layout has no counterpart in the original (mih's moe "
-                              "declares dense layers Mixtral cannot express): use --impl builtin"
+                              "weights at random. The port's key map or config has no counterpart in the original: "
+                              "fix them in the spec (mih export writes them), or use --impl builtin or a plug-in"
                           % (type(model).__name__, "; ".join(problems)))
     model.eval()  # no dropout: a golden is one deterministic forward and backward
     return model, transformers.__version__
 
 
+def model_class(transformers, config):
+    """The class that builds the export: AutoModelForCausalLM for a causal LM, else the class
+    config.json's architectures names when transformers defines it as a model (LLaVA's
+    LlavaForConditionalGeneration is an image-text-to-text model, not a causal LM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = config.get("architectures") or []
+    if not names or names[0] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        return transformers.AutoModelForCausalLM
+    cls = getattr(transformers, names[0], None) if isinstance(names[0], str) else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise GoldenError(11, "config.json: architectures %r names no model class of transformers %s"
+                          % (names, transformers.__version__))
+    return cls
+
+
+def saved_parameters(model):
+    """{checkpoint key: parameter} of the model: named_parameters() under the keys
+    save_pretrained writes, i.e. with the class's _checkpoint_conversion_mapping undone as
+    transformers undoes it when saving (LLaVA's model.language_model.* is saved as
+    language_model.model.*), so gradients come out under the export's own keys."""
+    import re
+
+    reverse = {v: k for k, v in (getattr(model, "_checkpoint_conversion_mapping", None) or {}).items()}
+    out = {}
+    for name, p in model.named_parameters():
+        for pattern, replacement in reverse.items():
+            name, replaced = re.subn(pattern, re.sub(r"\(.*\)", "", replacement.lstrip("^")), name)
+            if replaced:
+                break
+        out[name] = p
+    return out
+
+
+def _inputs(batch):
+    """The forward's keyword arguments from the batch: input_ids, and attention_mask,
+    position_ids and pixel_values when the batch has them."""
+    kwargs = {"input_ids": batch["input_ids"]}
+    for name in ("attention_mask", "position_ids", "pixel_values"):
+        if name in batch:
+            kwargs[name] = batch[name]
+    return kwargs
+
+
 def _decoder_layers(model, model_type):
     owner, name = _LAYERS.get(model_type, ("model", "layers"))
-    return getattr(getattr(model, owner), name)
+    for part in owner.split("."):
+        model = getattr(model, part)
+    return getattr(model, name)
 
 
 def _round_outputs(model):
@@ -120,10 +165,7 @@ def forward(model, model_type, batch, twin=False, float32_inside=False):
         captured["last"] = output[0] if isinstance(output, tuple) else output
 
     handle = layers[-1].register_forward_hook(hook)
-    kwargs = dict(input_ids=batch["input_ids"], output_hidden_states=True, use_cache=False, return_dict=True)
-    for name in ("attention_mask", "position_ids"):
-        if name in batch:
-            kwargs[name] = batch[name]
+    kwargs = dict(_inputs(batch), output_hidden_states=True, use_cache=False, return_dict=True)
     moe = getattr(model.config, "output_router_logits", None) is not None
     if moe:
         kwargs["output_router_logits"] = bool(model.config.output_router_logits)

@@ -118,9 +118,9 @@ ReferenceModel reference_model(const std::string& name) {
     const VlmOptions o = vlm_options();
     std::vector<KeyRule> rules = llama_rules(R"(language_model\.)", "language_model.");
     rules.push_back({R"(vision_tower\.(.+))", {"vision_tower.vision_model.$1"}});
-    rules.push_back({R"(multi_modal_projector\.(linear_\d))", {"multi_modal_projector.$1.weight"}});
+    rules.push_back({R"(multi_modal_projector\.(.+))", {"multi_modal_projector.$1"}});
     return {name,
-            "LLaVA-style: ViT tower, 2-layer projector, llama with image placeholder tokens",
+            "LLaVA: a CLIP vision tower, a 2-layer GELU projector, llama with image placeholder tokens",
             make_vlm(o),
             [o](const data::TextPipelineOptions& t) {
               return vlm_batches(o, data::TextPipeline(t),

@@ -21,7 +21,14 @@ at::Tensor replicated(ParallelContext& ctx, std::vector<int64_t> shape, double s
   return ctx.make_parameter(s);
 }
 
-at::Tensor linear(ParallelContext& ctx, const at::Tensor& x, const at::Tensor& w) { return at::matmul(x, ctx.use(w).t()); }
+// A plain module under `parent` named `name`: CLIP's grouping modules (encoder, self_attn, mlp,
+// patch_embedding, position_embedding) that only give the parameters their checkpoint names.
+std::shared_ptr<torch::nn::Module> child(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+// CLIP's activation (CLIPVisionConfig's default hidden_act): x * sigmoid(1.702 x).
+at::Tensor quick_gelu(const at::Tensor& x) { return x * at::sigmoid(1.702 * x); }
 
 // The vision activations [B, P, H]: every cp rank runs the whole tower on its rows
 // (pixel_values is cp-replicated) and every tp rank too; each consumes the features of its own
@@ -46,56 +53,91 @@ void VlmOptions::validate(const ParallelContext& ctx) const {
             ") must be a token of the language model's vocabulary [0, ", text().vocab_size(), ")");
 }
 
-VisionBlockImpl::VisionBlockImpl(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx), o_(o) {
-  const int64_t h = o.vision_hidden_size();
+TowerLinearImpl::TowerLinearImpl(ParallelContext& ctx, int64_t in, int64_t out, double init_std) : ctx_(&ctx) {
+  weight = register_parameter("weight", replicated(ctx, {out, in}, init_std));
+  bias = register_parameter("bias", replicated(ctx, {out}, init_std));
+}
+
+at::Tensor TowerLinearImpl::forward(const at::Tensor& x) { return at::linear(x, ctx_->use(weight), ctx_->use(bias)); }
+
+VisionEmbeddingsImpl::VisionEmbeddingsImpl(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx), o_(o) {
+  const int64_t h = o.vision_hidden_size(), p = o.patch_size();
+  const double std = o.text().init_std();
+  class_embedding = register_parameter("class_embedding", replicated(ctx, {h}, std));
+  patch_weight = child(*this, "patch_embedding")->register_parameter("weight", replicated(ctx, {h, o.channels(), p, p}, std));
+  position_weight =
+      child(*this, "position_embedding")->register_parameter("weight", replicated(ctx, {o.num_patches() + 1, h}, std));
+}
+
+at::Tensor VisionEmbeddingsImpl::forward(const at::Tensor& pixel_values) {
+  const int64_t n = pixel_values.size(0), c = o_.channels(), s = o_.patch_size(), g = o_.image_size() / s;
+  const int64_t h = o_.vision_hidden_size();
+  // The convolution of stride p as unfold + matmul: [N, C, g*s, g*s] -> [N, g, g, C, s, s] ->
+  // [N, P, C*s*s], patches in row-major order (the convolution's output flattened).
+  const at::Tensor w = ctx_->use(patch_weight);
+  at::Tensor patches = pixel_values.reshape({n, c, g, s, g, s}).permute({0, 2, 4, 1, 3, 5}).reshape({n, g * g, c * s * s});
+  at::Tensor x = at::matmul(patches.to(w.scalar_type()), w.reshape({h, c * s * s}).t());  // [N, P, Hv]
+  at::Tensor cls = ctx_->use(class_embedding).expand({n, 1, h});
+  return at::cat({cls, x}, 1) + ctx_->use(position_weight);
+}
+
+VisionBlockImpl::VisionBlockImpl(ParallelContext& ctx, const VlmOptions& o) : o_(o) {
+  const int64_t h = o.vision_hidden_size(), f = o.vision_intermediate_size();
   const double std = o.text().init_std();
   layer_norm1 = register_module("layer_norm1", LayerNorm(ctx, h));
-  qkv = register_parameter("qkv", replicated(ctx, {3 * h, h}, std));
-  out = register_parameter("out_proj", replicated(ctx, {h, h}, std));
+  auto attn = child(*this, "self_attn");
+  q_proj = attn->register_module("q_proj", TowerLinear(ctx, h, h, std));
+  k_proj = attn->register_module("k_proj", TowerLinear(ctx, h, h, std));
+  v_proj = attn->register_module("v_proj", TowerLinear(ctx, h, h, std));
+  out_proj = attn->register_module("out_proj", TowerLinear(ctx, h, h, std));
   layer_norm2 = register_module("layer_norm2", LayerNorm(ctx, h));
-  fc1 = register_parameter("fc1", replicated(ctx, {4 * h, h}, std));
-  fc2 = register_parameter("fc2", replicated(ctx, {h, 4 * h}, std));
+  auto mlp = child(*this, "mlp");
+  fc1 = mlp->register_module("fc1", TowerLinear(ctx, h, f, std));
+  fc2 = mlp->register_module("fc2", TowerLinear(ctx, f, h, std));
+}
+
+at::Tensor VisionBlockImpl::attention(const at::Tensor& x) {
+  const int64_t n = x.size(0), t = x.size(1), heads = o_.vision_heads(), d = o_.vision_hidden_size() / heads;
+  auto split = [&](const at::Tensor& y) { return y.reshape({n, t, heads, d}).transpose(1, 2); };  // [N, heads, T, d]
+  at::Tensor scores = at::matmul(split(q_proj(x)), split(k_proj(x)).transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  at::Tensor context = at::matmul(at::softmax(scores, -1), split(v_proj(x))).transpose(1, 2).reshape({n, t, heads * d});
+  return out_proj(context);
 }
 
 at::Tensor VisionBlockImpl::forward(const at::Tensor& x) {
-  const int64_t n = x.size(0), p = x.size(1), heads = o_.vision_heads(), d = o_.vision_hidden_size() / heads;
-  auto parts = linear(*ctx_, layer_norm1(x), qkv).chunk(3, -1);
-  auto split = [&](const at::Tensor& t) { return t.reshape({n, p, heads, d}).transpose(1, 2); };  // [N, heads, P, d]
-  at::Tensor scores = at::matmul(split(parts[0]), split(parts[1]).transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  at::Tensor context = at::matmul(at::softmax(scores, -1), split(parts[2])).transpose(1, 2).reshape({n, p, heads * d});
-  at::Tensor h = x + linear(*ctx_, context, out);
-  return h + linear(*ctx_, at::gelu(linear(*ctx_, layer_norm2(h), fc1)), fc2);
+  at::Tensor h = x + attention(layer_norm1(x));
+  return h + fc2(quick_gelu(fc1(layer_norm2(h))));
 }
 
-VisionTowerImpl::VisionTowerImpl(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx), o_(o) {
-  const int64_t h = o.vision_hidden_size(), patch = o.channels() * o.patch_size() * o.patch_size();
-  patch_embedding = register_parameter("patch_embedding", replicated(ctx, {h, patch}, o.text().init_std()));
-  position_embedding = register_parameter("position_embedding", replicated(ctx, {o.num_patches(), h}, o.text().init_std()));
-  layers = register_module("layers", torch::nn::ModuleList());
+VisionTowerImpl::VisionTowerImpl(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx) {
+  embeddings = register_module("embeddings", VisionEmbeddings(ctx, o));
+  pre_layrnorm = register_module("pre_layrnorm", LayerNorm(ctx, o.vision_hidden_size()));
+  layers = child(*this, "encoder")->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.vision_layers(); ++i) layers->push_back(VisionBlock(ctx, o));
-  post_layernorm = register_module("post_layernorm", LayerNorm(ctx, h));
+  post_layernorm = register_module("post_layernorm", LayerNorm(ctx, o.vision_hidden_size()));
 }
 
 at::Tensor VisionTowerImpl::forward(const at::Tensor& pixel_values) {
-  const int64_t n = pixel_values.size(0), c = o_.channels(), s = o_.patch_size(), g = o_.image_size() / s;
-  // [N, C, g*s, g*s] -> [N, g, g, C, s, s] -> [N, P, C*s*s], patches in row-major order.
-  at::Tensor patches = pixel_values.reshape({n, c, g, s, g, s}).permute({0, 2, 4, 1, 3, 5}).reshape({n, g * g, c * s * s});
-  at::Tensor x = linear(*ctx_, patches.to(patch_embedding.scalar_type()), patch_embedding) + ctx_->use(position_embedding);
+  at::Tensor x = pre_layrnorm(embeddings(pixel_values));  // [N, P + 1, Hv]
   const ActivationLayout tower = tower_layout(*ctx_);
   for (const auto& layer : *layers) x = ctx_->observe(*layer, layer->as<VisionBlock>()->forward(x), tower);
-  return post_layernorm(x);
+  return x.narrow(1, 1, x.size(1) - 1);  // strategy "default": the class token's feature dropped
 }
+
+ProjectorImpl::ProjectorImpl(ParallelContext& ctx, const VlmOptions& o) {
+  const int64_t h = o.text().hidden_size();
+  linear_1 = register_module("linear_1", TowerLinear(ctx, o.vision_hidden_size(), h, o.text().init_std()));
+  linear_2 = register_module("linear_2", TowerLinear(ctx, h, h, o.text().init_std()));
+}
+
+at::Tensor ProjectorImpl::forward(const at::Tensor& features) { return linear_2(at::gelu(linear_1(features))); }
 
 VlmForConditionalGeneration::VlmForConditionalGeneration(ParallelContext& ctx, const VlmOptions& o) : ctx_(&ctx), o_(o) {
   o.validate(ctx);
   MIH_CHECK(!ctx.config().pipelined(), "vlm: the model does not split into pipeline stages (config '",
             ctx.config().name(), "'); run it without pp and vpp");
   vision_tower = register_module("vision_tower", VisionTower(ctx, o));
-  const int64_t h = o.text().hidden_size();
-  projector_ = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());
-  auto& projector = projector_;
-  projector_1 = projector->register_parameter("linear_1", replicated(ctx, {h, o.vision_hidden_size()}, o.text().init_std()));
-  projector_2 = projector->register_parameter("linear_2", replicated(ctx, {h, h}, o.text().init_std()));
+  multi_modal_projector = register_module("multi_modal_projector", Projector(ctx, o));
   language_model = register_module("language_model", std::make_shared<LlamaForCausalLM>(ctx, o.text()));
 }
 
@@ -129,7 +171,7 @@ at::Tensor VlmForConditionalGeneration::logits(const Batch& batch) {
   at::Tensor features = ctx_->shared_state().consume("vision.features", "multi_modal_projector");
   // F19 (docs/fault-catalog.md): the features detached before the projector: the vision tower gets no gradient.
   if (fault::active(fault::Fault::kF19)) features = features.detach();
-  features = ctx_->observe(*projector_, linear(*ctx_, at::gelu(linear(*ctx_, features, projector_1)), projector_2), tower);
+  features = ctx_->observe(*multi_modal_projector, multi_modal_projector(features), tower);
   at::Tensor x = language_model->embed(batch);  // [B, S, H] (sequence parallel: [B, S/TP, H])
   // Each placeholder token takes its patch's feature; under sequence parallelism this tp rank
   // holds a contiguous S/TP chunk of the sequence, and of the index with it.

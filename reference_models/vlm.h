@@ -1,9 +1,15 @@
-// `vlm`: a LLaVA-style vision-language model (Liu et al. 2023; Hugging Face
-// LlavaForConditionalGeneration names): a ViT-style vision tower (Dosovitskiy et al. 2021:
-// non-overlapping patches, a linear patch embedding with learned position embeddings,
-// pre-LayerNorm bidirectional transformer blocks), a two-layer GELU projector into the
-// language model's hidden size, and a llama language model whose image placeholder tokens
-// are replaced by the projected patch features.
+// `vlm`: a LLaVA model (Liu et al. 2023) exactly as Hugging Face transformers'
+// LlavaForConditionalGeneration builds it from the export (vision_config a CLIPVisionConfig,
+// text_config a LlamaConfig): a CLIP vision encoder (Radford et al. 2021: a patch embedding as a
+// bias-free strided convolution, a learned class embedding, position embeddings for the class
+// token and the patches, pre_layrnorm, pre-LayerNorm bidirectional blocks with biased q/k/v/out
+// projections and a quick_gelu MLP), a two-layer GELU projector with biases into the language
+// model's hidden size, and a llama language model whose image placeholder tokens are replaced
+// by the projected patch features. Feature selection as transformers' vision_feature_layer -1
+// and vision_feature_select_strategy "default": the last encoder layer's output without its class
+// token. CLIP's post_layernorm (the pooled output's norm) is registered, loaded and saved as in
+// the original, and never used, so it gets no gradient (the spec declares it in
+// ModelSpec::unused_parameters).
 //
 // Data: one image per sequence. Fields: `pixel_values` [B, C, H, W] (whole on every cp rank)
 // and `image_token_index` [B, S] int64 (sharded on the sequence like input_ids): for a
@@ -40,6 +46,8 @@ struct VlmOptions {
   TORCH_ARG(int64_t, vision_hidden_size) = 32;
   TORCH_ARG(int64_t, vision_layers) = 2;
   TORCH_ARG(int64_t, vision_heads) = 4;
+  /// The vision MLP's inner size (CLIPVisionConfig.intermediate_size).
+  TORCH_ARG(int64_t, vision_intermediate_size) = 128;
 
  public:
   int64_t num_patches() const { return (image_size() / patch_size()) * (image_size() / patch_size()); }
@@ -47,38 +55,83 @@ struct VlmOptions {
   void validate(const ParallelContext& ctx) const;
 };
 
-/// One pre-LayerNorm ViT block: x + attn(ln(x)), then h + mlp(ln(h)) (GELU, 4x).
-/// Shape: [N, P, Hv] -> the same.
+/// y = x W^T + b with W [out, in] and b [out] replicated over tp (the vision side is not
+/// sharded; its gradients are partial over tp under sequence parallelism). Shape: [.., in] ->
+/// [.., out].
+class TowerLinearImpl : public torch::nn::Module {
+ public:
+  TowerLinearImpl(ParallelContext& ctx, int64_t in, int64_t out, double init_std);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+
+ private:
+  ParallelContext* ctx_;
+};
+TORCH_MODULE(TowerLinear);
+
+/// CLIP's vision embeddings: the patches through a bias-free convolution of stride p (weight
+/// [Hv, C, p, p], computed as unfold + matmul), the class embedding [Hv] before them, position
+/// embeddings [P + 1, Hv] added. Shape: pixel_values [N, C, H, W] -> [N, P + 1, Hv].
+class VisionEmbeddingsImpl : public torch::nn::Module {
+ public:
+  VisionEmbeddingsImpl(ParallelContext& ctx, const VlmOptions& o);
+  at::Tensor forward(const at::Tensor& pixel_values);
+
+  at::Tensor class_embedding, patch_weight, position_weight;
+
+ private:
+  ParallelContext* ctx_;
+  VlmOptions o_;
+};
+TORCH_MODULE(VisionEmbeddings);
+
+/// One CLIP encoder layer: x + out_proj(attn(layer_norm1(x))), then h + fc2(quick_gelu(fc1(
+/// layer_norm2(h)))); bidirectional attention, scores scaled by head_dim^-0.5.
+/// Shape: [N, T, Hv] -> the same.
 class VisionBlockImpl : public torch::nn::Module {
  public:
   VisionBlockImpl(ParallelContext& ctx, const VlmOptions& o);
   at::Tensor forward(const at::Tensor& x);
 
   LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};
-  at::Tensor qkv, out, fc1, fc2;  // [3Hv, Hv], [Hv, Hv], [4Hv, Hv], [Hv, 4Hv]
+  TowerLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr}, fc1{nullptr}, fc2{nullptr};
 
  private:
-  ParallelContext* ctx_;
+  at::Tensor attention(const at::Tensor& x);
   VlmOptions o_;
 };
 TORCH_MODULE(VisionBlock);
 
-/// Patch embedding, position embeddings, blocks, final LayerNorm.
+/// CLIP's vision transformer (LLaVA's vision_tower.vision_model): embeddings, pre_layrnorm,
+/// encoder.layers; the features are the last layer's output without the class token.
 /// Shape: pixel_values [N, C, H, W] -> patch features [N, P, Hv].
 class VisionTowerImpl : public torch::nn::Module {
  public:
   VisionTowerImpl(ParallelContext& ctx, const VlmOptions& o);
   at::Tensor forward(const at::Tensor& pixel_values);
 
-  at::Tensor patch_embedding, position_embedding;  // [Hv, C*p*p], [P, Hv]
+  VisionEmbeddings embeddings{nullptr};
+  LayerNorm pre_layrnorm{nullptr};  // sic: CLIP's name
   torch::nn::ModuleList layers{nullptr};
+  /// CLIP's pooled-output norm: part of the checkpoint, unused by LLaVA (no gradient).
   LayerNorm post_layernorm{nullptr};
 
  private:
   ParallelContext* ctx_;
-  VlmOptions o_;
 };
 TORCH_MODULE(VisionTower);
+
+/// LLaVA's multi_modal_projector: linear_2(gelu(linear_1(x))), both with biases.
+/// Shape: [N, P, Hv] -> [N, P, H].
+class ProjectorImpl : public torch::nn::Module {
+ public:
+  ProjectorImpl(ParallelContext& ctx, const VlmOptions& o);
+  at::Tensor forward(const at::Tensor& features);
+
+  TowerLinear linear_1{nullptr}, linear_2{nullptr};
+};
+TORCH_MODULE(Projector);
 
 class VlmForConditionalGeneration : public ParallelModel {
  public:
@@ -95,8 +148,7 @@ class VlmForConditionalGeneration : public ParallelModel {
   void apply_fsdp(ParallelContext& ctx) override;
 
   VisionTower vision_tower{nullptr};
-  at::Tensor projector_1, projector_2;  // multi_modal_projector: [H, Hv], [H, H]
-  std::shared_ptr<torch::nn::Module> projector_;
+  Projector multi_modal_projector{nullptr};
   std::shared_ptr<LlamaForCausalLM> language_model;
 
  private:

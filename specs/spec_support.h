@@ -117,31 +117,33 @@ inline spec::HfConfig hf_qwen2_moe_config(const models::LlamaOptions& o) {
   return {"qwen2_moe", {"Qwen2MoeForCausalLM"}, f};
 }
 
-/// LlavaForConditionalGeneration: text_config a LlamaConfig, vision_config the tower's sizes
-/// by CLIPVisionConfig's names (the tower itself is not CLIP's layout: a linear patch
-/// embedding, no class token, so every patch feature is used: strategy "full").
+/// LlavaForConditionalGeneration: text_config a LlamaConfig, vision_config a CLIPVisionConfig
+/// (quick_gelu, as CLIP), the features the last encoder layer's without the class token
+/// (vision_feature_layer -1, strategy "default"), the projector with biases and GELU.
 inline spec::HfConfig hf_llava_config(const models::VlmOptions& o) {
   nlohmann::json text = hf_llama_fields(o.text());
   text["model_type"] = "llama";
   const nlohmann::json vision = {{"model_type", "clip_vision_model"},
                                  {"hidden_size", o.vision_hidden_size()},
-                                 {"intermediate_size", 4 * o.vision_hidden_size()},
+                                 {"intermediate_size", o.vision_intermediate_size()},
                                  {"num_hidden_layers", o.vision_layers()},
                                  {"num_attention_heads", o.vision_heads()},
                                  {"image_size", o.image_size()},
                                  {"patch_size", o.patch_size()},
                                  {"num_channels", o.channels()},
-                                 {"hidden_act", "gelu"},
-                                 {"layer_norm_eps", 1e-5}};
+                                 {"hidden_act", "quick_gelu"},
+                                 {"layer_norm_eps", 1e-5},
+                                 {"attention_dropout", 0.0}};
   return {"llava",
           {"LlavaForConditionalGeneration"},
           {{"text_config", text},
            {"vision_config", vision},
            {"image_token_index", o.image_token_id()},
            {"projector_hidden_act", "gelu"},
-           {"multimodal_projector_bias", false},
+           {"multimodal_projector_bias", true},
            {"vision_feature_layer", -1},
-           {"vision_feature_select_strategy", "full"},
+           {"vision_feature_select_strategy", "default"},
+           {"image_seq_length", o.num_patches()},
            {"tie_word_embeddings", o.text().tie_word_embeddings()}}};
 }
 

@@ -6,28 +6,24 @@
 namespace mih::specs {
 namespace {
 
-// The tower's patch embedding (unfold + linear) against a strided convolution with the same
-// weights: the ViT paper's patch embedding written the other standard way. The adapter
-// reshapes the [Hv, C*p*p] weight into the convolution's [Hv, C, p, p]; its gradient comes
-// back through the reshape.
+// The tower's embeddings (the patch convolution computed as unfold + matmul, the class token,
+// the position embeddings) against CLIPVisionEmbeddings' own formulation: a strided conv2d of
+// the [Hv, C, p, p] weight, flattened, the class embedding concatenated before it.
 spec::ModuleParityCase patch_embedding_case() {
-  const models::VlmOptions o = models::VlmOptions().image_size(16).vision_layers(0);
+  const models::VlmOptions o = models::VlmOptions().image_size(16);
   const int64_t hv = o.vision_hidden_size(), ch = o.channels(), p = o.patch_size();
   spec::ModuleParityCase c;
   c.name = "patch_embedding_vs_conv2d";
   c.candidate = [o](ParallelContext& ctx) {
-    models::VisionTower tower(ctx, o);
-    return spec::ParityCandidate{tower.ptr(), [t = tower.ptr()](const std::vector<at::Tensor>& in) { return t->forward(in[0]); }};
+    models::VisionEmbeddings embeddings(ctx, o);
+    return spec::ParityCandidate{embeddings.ptr(),
+                                 [e = embeddings.ptr()](const std::vector<at::Tensor>& in) { return e->forward(in[0]); }};
   };
-  c.weights = {{"patch_embedding", "conv_weight", [=](const at::Tensor& w) { return w.reshape({hv, ch, p, p}); }},
-               {"position_embedding"},
-               {"post_layernorm.weight"},
-               {"post_layernorm.bias"}};
+  c.weights = {{"patch_embedding.weight", "conv_weight"}, {"class_embedding"}, {"position_embedding.weight", "positions"}};
   c.reference = [=](const spec::ReferenceWeights& w, const std::vector<at::Tensor>& in) {
     const at::Tensor conv = at::conv2d(in[0], w.at("conv_weight"), {}, p).flatten(2).transpose(1, 2);  // [N, P, Hv]
-    // With no blocks the tower is the embedding then the final LayerNorm.
-    return at::layer_norm(conv + w.at("position_embedding"), {hv}, w.at("post_layernorm.weight"),
-                          w.at("post_layernorm.bias"), 1e-5);
+    const at::Tensor cls = w.at("class_embedding").expand({in[0].size(0), 1, hv});
+    return at::cat({cls, conv}, 1) + w.at("positions");
   };
   c.input_shapes = {{2, ch, o.image_size(), o.image_size()}};
   return c;
@@ -40,12 +36,28 @@ spec::ModelSpec vlm_spec() {
   s.data.pipeline += "; one procedural image per row, its patches replacing the first placeholder tokens";
   s.data.fields.push_back({"image_token_index", true, false, spec::CpSharding::kSequence});
   s.data.fields.push_back({"pixel_values", true, false, spec::CpSharding::kReplicated});
-  s.modalities = {{"pixel_values", {"vision_tower.*", "multi_modal_projector.*"}}};
+  s.modalities = {{"pixel_values",
+                   {"vision_tower.embeddings.*", "vision_tower.pre_layrnorm.*", "vision_tower.encoder.*",
+                    "multi_modal_projector.*"}}};
+  // CLIP's pooled-output norm: in the checkpoint, never in LLaVA's forward (the features are a
+  // hidden state before it), so it trains in neither.
+  s.unused_parameters = {"vision_tower.post_layernorm.*"};
+  // CLIP's class token is a 1-D embedding, not a scale: kept out of the decay, as ViT recipes
+  // (timm's no_weight_decay: cls_token, pos_embed) do; the biases and norms as every spec.
+  s.trainer.no_weight_decay({"*bias", "*norm*", "*class_embedding"});
   // Published only when images reach the model: a text-only batch (mixed instruction data)
   // runs no vision tower.
   s.shared_state.push_back({"vision.features", "vision_tower", {"multi_modal_projector"}, "pixel_values"});
   s.invariants = llama_inv_freq_invariants("language_model.rotary_emb.inv_freq", o.text().rope_theta());
   s.parity_cases = {patch_embedding_case(), llama_attention_case()};
+  // The original (transformers' LlavaForConditionalGeneration on this spec's export): the
+  // language model's decoder layers and final norm (its hidden state 0 is the embeddings with
+  // the image features merged in, which no module of the port outputs).
+  s.golden.dir = reference_golden("vlm");
+  for (auto [module, index] : llama_golden_layers(o.text().num_layers())) {
+    if (index > 0) s.golden.layers.emplace_back("language_model." + module, index);
+  }
+  s.golden.logits = "language_model.lm_head";
   return s;
 }
 
@@ -57,6 +69,8 @@ spec::ModelSpec vlm_frozen_vision_spec() {
   s.name = "vlm_frozen_vision";
   s.description = "vlm with the vision tower frozen (ModelSpec::frozen)";
   s.frozen = {"vision_tower.*"};
+  s.unused_parameters = {};
+  s.golden = {};  // the build's golden is of vlm's export (its tower trains): the variant has none
   s.modalities = {{"pixel_values", {"multi_modal_projector.*"}}};
   return s;
 }
@@ -68,6 +82,7 @@ spec::ModelSpec vlm_frozen_vision_spec() {
 spec::ModelSpec vlm_mixed_spec() {
   spec::ModelSpec s = vlm_spec();
   s.name = "vlm_mixed";
+  s.golden = {};  // the build's golden is of vlm's first batch; this variant's batches differ
   s.description = "vlm on mixed data: the global batch of steps 1, 4, 7, ... is text only";
   s.data.pipeline += "; the global batch of every step k with k % 3 == 1 is text only (no pixel_values, no placeholders)";
   s.data.make_batches = [] {

@@ -181,7 +181,23 @@ struct TensorError {
   double max_abs = 0;
   std::string counts;
 };
-TensorError tensor_error(const nlohmann::json& candidate, const nlohmann::json& reference);
+/// `scale_floor` (> 0): the norm the errors are relative to at least (cancellation_scale).
+TensorError tensor_error(const nlohmann::json& candidate, const nlohmann::json& reference, double scale_floor = 0);
+
+/// The L2 norm of a probe record: of its values, else the square root of its sum of squares,
+/// else its largest sketch projection.
+double record_norm(const nlohmann::json& record);
+
+/// For a gradient stage ("grad_before_clip", "grad_after_clip") or an AdamW moment
+/// ("optimizer_state", `name` ending "/exp_avg" or "/exp_avg_sq"): the step's gradient norm
+/// G (`reference_metrics`' grad_norm_pre_clip, or grad_norm_post_clip after clipping and for
+/// the moments; G^2 for exp_avg_sq) when the reference's record is at most `tolerance` of it,
+/// i.e. a gradient zero in exact arithmetic and rounding residue as computed (a key
+/// projection's bias under softmax: its gradient cancels); else 0. Its errors are then
+/// relative to that scale: tolerance x G absolute. 0 for a tolerance outside (0, 1) (a pass
+/// that measures every quantity's error, as the noise twin's calibration does).
+double cancellation_scale(const std::string& stage, const std::string& name, const nlohmann::json& reference_metrics,
+                          const nlohmann::json& reference_record, double tolerance);
 
 /// The module of a parameter FQN: "layers.0.mlp.down_proj.weight" -> "layers.0.mlp.down_proj"
 /// (an optimizer state's "/exp_avg" dropped first); a top-level parameter is its own name.

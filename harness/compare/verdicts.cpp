@@ -330,6 +330,33 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   return Verdict::fail(msg);
 }
 
+namespace {
+
+// The deepest module holding the owners of every error finding of `code` (dot-separated FQN
+// components they all start with, the parameter's own name dropped); "" for fewer than two.
+std::string common_module(const json& findings, const std::string& code) {
+  std::vector<std::string> common;
+  int owners = 0;
+  for (const auto& f : findings) {
+    if (f.value("severity", "") != "error" || f.value("code", "") != code || f.value("owner", "").empty()) continue;
+    std::vector<std::string> parts;
+    std::stringstream in(module_of_parameter(f.value("owner", "")));
+    for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+    if (owners++ == 0) {
+      common = parts;
+      continue;
+    }
+    size_t n = 0;
+    while (n < common.size() && n < parts.size() && common[n] == parts[n]) ++n;
+    common.resize(n);
+  }
+  std::string out;
+  for (const auto& part : common) out += (out.empty() ? "" : ".") + part;
+  return owners >= 2 ? out : "";
+}
+
+}  // namespace
+
 Localization blame(const CaseEvidence& ev, const std::string& suite, const std::string& message) {
   const std::string opening = "localized to '";
   if (message.rfind(opening, 0) == 0) {
@@ -376,6 +403,12 @@ Localization blame(const CaseEvidence& ev, const std::string& suite, const std::
           facts["publishes"][0].is_object() && facts["publishes"][0].contains("source")) {
         const std::string source = facts["publishes"][0].value("source", "");
         return {source, "finding " + code + ": shared state '" + owner + "' published by '" + source + "'"};
+      }
+      // A modality whose parameters train nowhere: the module that holds all of them (the
+      // vision tower), not the first one's (its embeddings).
+      if (code == codes::kModalNoGradient) {
+        const std::string shared = common_module(ev.findings(), code);
+        if (!shared.empty()) return {shared, "the module holding every parameter finding " + code + " names"};
       }
       return {parameters.count(owner) ? module_of_parameter(owner) : owner, "the owner of finding " + code + " ('" + owner + "')"};
     }

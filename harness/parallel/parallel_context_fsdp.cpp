@@ -49,12 +49,13 @@ at::Tensor ParallelContext::fsdp_forward(const std::string& unit, const std::fun
   }
   active_unit_.clear();
   if (out.requires_grad()) {
-    // The contract: a unit whose output needs a gradient gathers each of its parameters once
-    // more for backward (the regather below, or an activation-checkpoint recompute), moving
-    // each rank's padded shard. A unit that is frozen and fed no gradient (a frozen encoder
-    // at the input) is gathered once.
+    // The contract: a unit whose output needs a gradient gathers each parameter its forward
+    // gathered once more for backward (the regather below, or an activation-checkpoint
+    // recompute), moving each rank's padded shard; one its forward never used (CLIP's
+    // post_layernorm in LLaVA) is gathered neither time. A unit that is frozen and fed no
+    // gradient (a frozen encoder at the input) is gathered once.
     for (const auto& p : ordered_) {
-      if (!p->fsdp || p->unit != unit) continue;
+      if (!p->fsdp || p->unit != unit || !gathers_.count({p->fqn, shared_state_.forward_index()})) continue;
       const int64_t rows = std::max<int64_t>(p->tp_local_shape[0], 1);
       int64_t numel = 1;
       for (int64_t d : p->tp_local_shape) numel *= d;

@@ -411,6 +411,7 @@ at::Tensor Trainer::gather_full(const ShardedParameter& p, const std::string& wh
     piece = p.local.grad();
   } else {
     piece = compat::adamw_state(*optimizer_, p.local, what);
+    if (!piece.defined()) return piece;  // no state: the parameter never had a gradient
   }
   MIH_CHECK(piece.defined(), "gather_full('", p.fqn, "', '", what, "'): not defined at this point of the step");
   return context_->gather_full(p, piece);

@@ -216,7 +216,11 @@ class Trainer {
   const ParallelConfig& config() const { return config_; }
 
   /// The full value of a parameter, of its gradient ("grad") or of an AdamW state
-  /// ("exp_avg", "exp_avg_sq"), on every rank. A collective: call it on every rank.
+  /// ("exp_avg", "exp_avg_sq"), on every rank. A collective: call it on every rank. An AdamW
+  /// state the optimizer does not hold (a parameter no step gave a gradient yet, as CLIP's
+  /// post_layernorm in LLaVA) is an undefined tensor on every rank, as PyTorch's optimizers
+  /// hold no state for it. Throws: mih::Error naming the parameter for an undefined value or
+  /// gradient.
   at::Tensor gather_full(const ShardedParameter& p, const std::string& what = "param");
 
  private:

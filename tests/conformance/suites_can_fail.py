@@ -157,11 +157,11 @@ MUTATIONS = {
          finding("MIH-STRUCT-006", "layers.0", "FSDP unit mixes dtypes or meshes")),
     "FrozenParameters.RequireNoGradOnEveryRank":
         ("vlm_frozen_vision", "DpShard2", "a backend that ignores the frozen declaration",
-         finding("MIH-FROZEN-001", "vision_tower.patch_embedding",
+         finding("MIH-FROZEN-001", "vision_tower.embeddings.patch_embedding.weight",
                  "declared frozen (ModelSpec::frozen) but requires_grad is true on this rank")),
     "FrozenParameters.GetNoGradientAndNoOptimizerState":
         ("vlm_frozen_vision", "DpShard2", "an optimizer built over every parameter, frozen ones too",
-         finding("MIH-FROZEN-004", "vision_tower.patch_embedding",
+         finding("MIH-FROZEN-004", "vision_tower.embeddings.patch_embedding.weight",
                  "declared frozen and has AdamW state 'exp_avg' at step 0")),
     "GradientPresence.OptimizerLeavesParametersWithoutGradient":
         ("llama", "DpShard2", "zeros fed to AdamW for a parameter no rank gave a gradient (decayed and moved)",

@@ -233,6 +233,30 @@ TEST_F(VerdictsTest, ParityNamesTheFirstDivergentQuantity) {
   EXPECT_TRUE(verdicts::parity(ref, ev, Quantity::kLoss, 1e-6).passed()) << "within a looser tolerance";
 }
 
+// A gradient zero in exact arithmetic (CLIP's key bias, which softmax ignores) is rounding
+// residue on both sides, in different digits: compared against the step's gradient norm, it
+// matches; a gradient where the reference's is residue still diverges, named.
+TEST_F(VerdictsTest, AGradientZeroInExactArithmeticIsComparedAgainstTheStepsGradientNorm) {
+  const fs::path ref_dir = copy("llama", "Reference"), dir = copy("llama", "DpShard2");
+  auto set = [&](const fs::path& d, double odd, double even) {
+    auto probes = read_lines(d / "probes/rank0.jsonl");
+    for (auto& p : probes) {
+      if (p["step"] != 0 || p["stage"] != "grad_before_clip") continue;
+      json& values = p["tensors"]["norm.weight"]["values"];
+      ASSERT_TRUE(values.is_array() && !values.empty());
+      for (size_t i = 0; i < values.size(); ++i) values[i] = i % 2 ? odd : even;
+    }
+    write_lines(d / "probes/rank0.jsonl", probes);
+  };
+  set(ref_dir, 1e-22, -3e-22);
+  set(dir, -2e-22, 5e-23);
+  const Verdict residue = verdicts::parity(CaseEvidence(ref_dir), CaseEvidence(dir), Quantity::kTensors, 1e-10);
+  EXPECT_TRUE(residue.passed()) << residue.message;
+  set(dir, 1e-6, 1e-6);
+  expect_fail(verdicts::parity(CaseEvidence(ref_dir), CaseEvidence(dir), Quantity::kTensors, 1e-10),
+              "parameter 'norm.weight' at step 0, stage grad_before_clip");
+}
+
 // A metric that went non-finite is written as null (JSON has no NaN): a divergence naming it,
 // never an exception (mih compare answered such a run with an internal error).
 TEST_F(VerdictsTest, ANonFiniteMetricIsADivergenceNotACrash) {
@@ -278,7 +302,7 @@ TEST_F(VerdictsTest, ActivationProbesListEveryObservedModuleInForwardOrder) {
     if (p["stage"] == "forward_output" && order.is_null()) order = p["order"];
   }
   ASSERT_TRUE(order.is_array());
-  EXPECT_EQ(order.front(), "vision_tower.layers.0");
+  EXPECT_EQ(order.front(), "vision_tower.encoder.layers.0");
   EXPECT_THAT(order.dump(), HasSubstr("\"multi_modal_projector\""));
 }
 

@@ -3,7 +3,8 @@
 (ctest ExportsLoadInTransformers, label golden; issue 54 item 3).
 
 For each spec `mih list` registers, `mih export` (its default dtype) is read by transformers:
-a spec whose config.json names a causal-LM class must load with AutoModelForCausalLM
+a spec whose config.json names a causal-LM class must load with AutoModelForCausalLM (another model
+class transformers defines, LLaVA's LlavaForConditionalGeneration, by that class; its images passed)
 (attn_implementation eager, the export's dtype) with no missing, unexpected or mismatched key,
 have no config.json field its config class does not define (nor its modeling code read), and
 its logits and loss on batch.safetensors must agree with reference.safetensors within 64
@@ -55,14 +56,15 @@ def undefined_fields(config_json, model_class):
 
 
 def load(export_dir, dtype):
-    """(model or None, [problems]) of AutoModelForCausalLM.from_pretrained on the export."""
+    """(model or None, [problems]) of from_pretrained on the export: AutoModelForCausalLM for a
+    causal LM, else the class config.json's architectures names (LLaVA)."""
     import transformers
-    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
+    arch = kit.architecture(export_dir)
+    cls = transformers.AutoModelForCausalLM if arch in kit.causal_lm_classes() else getattr(transformers, arch)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(export_dir, output_loading_info=True,
-                                                           attn_implementation="eager", dtype=dtype)
+        model, info = cls.from_pretrained(export_dir, output_loading_info=True, attn_implementation="eager", dtype=dtype)
     except Exception as e:  # transformers raises many types for what it cannot take
         return None, ["from_pretrained refused it: %s: %s" % (type(e).__name__, str(e)[:400])]
     problems = ["%s: %s" % (k, ", ".join(map(str, list(info[k])[:6]))) for k in
@@ -88,6 +90,8 @@ def compare_numbers(model, export_dir, dtype):
     ref = load_file(os.path.join(export_dir, "reference.safetensors"))
     shifted = kit.read_json(os.path.join(export_dir, "training.json"))["labels_are_shifted"]
     kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    if "pixel_values" in batch:  # a vision-language model's images, in the export's dtype
+        kwargs["pixel_values"] = batch["pixel_values"].to(dtype)
     with torch.no_grad():
         logits = model(**kwargs, use_cache=False).logits.double()
     want = ref["logits"].double()

@@ -95,6 +95,26 @@ def llama_shapes(cfg, prefix="", moe=False, qk_norm=False):
     return out
 
 
+def clip_vision_shapes(vision, prefix="vision_tower.vision_model."):
+    """The tensors of transformers' CLIPVisionModel (modeling_clip.py) by their checkpoint keys."""
+    h, f, c, p = vision["hidden_size"], vision["intermediate_size"], vision.get("num_channels", 3), vision["patch_size"]
+    patches = (vision["image_size"] // p) ** 2
+    out = {prefix + "embeddings.class_embedding": [h],
+           prefix + "embeddings.patch_embedding.weight": [h, c, p, p],
+           prefix + "embeddings.position_embedding.weight": [patches + 1, h]}
+    for norm in ("pre_layrnorm", "post_layernorm"):
+        out[prefix + norm + ".weight"] = out[prefix + norm + ".bias"] = [h]
+    for i in range(vision["num_hidden_layers"]):
+        layer = prefix + "encoder.layers.%d." % i
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            out[layer + "self_attn.%s.weight" % proj], out[layer + "self_attn.%s.bias" % proj] = [h, h], [h]
+        for norm in ("layer_norm1", "layer_norm2"):
+            out[layer + norm + ".weight"] = out[layer + norm + ".bias"] = [h]
+        out[layer + "mlp.fc1.weight"], out[layer + "mlp.fc1.bias"] = [f, h], [f]
+        out[layer + "mlp.fc2.weight"], out[layer + "mlp.fc2.bias"] = [h, f], [h]
+    return out
+
+
 def check_weights(cfg, shapes):
     arch = cfg["architectures"][0]
     problems = []
@@ -113,15 +133,7 @@ def check_weights(cfg, shapes):
         if bias:
             expected["multi_modal_projector.linear_1.bias"] = [text["hidden_size"]]
             expected["multi_modal_projector.linear_2.bias"] = [text["hidden_size"]]
-        tower = {k: s for k, s in shapes.items() if k.startswith("vision_tower.")}
-        layers = {k.split(".")[3] for k in tower if ".layers." in k}
-        if len(layers) != vision["num_hidden_layers"]:
-            problems.append("vision_config.num_hidden_layers = %d, the tower has %d layers"
-                            % (vision["num_hidden_layers"], len(layers)))
-        post = tower.get("vision_tower.vision_model.post_layernorm.weight")
-        if post != [vision["hidden_size"]]:
-            problems.append("vision_config.hidden_size = %d, the tower's post_layernorm is %s" % (vision["hidden_size"], post))
-        expected.update(tower)
+        expected.update(clip_vision_shapes(vision))
     else:
         return ["unknown architecture %s" % arch]
     for key, shape in sorted(expected.items()):

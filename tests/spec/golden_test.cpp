@@ -58,6 +58,31 @@ TEST(GoldenFormatTest, ReadsAGoldenOfItsVersion) {
   EXPECT_THAT(g.implementation, HasSubstr("builtin 1 (llama"));
 }
 
+// A gradient zero in exact arithmetic (CLIP's key bias, which softmax ignores) is rounding
+// residue: its run and noise twin disagree in every digit, so its noise is far above the cap.
+// That noise is taken for such a gradient only: at rounding level of the gradients' norm.
+TEST(GoldenFormatTest, NoiseAboveTheCapOnlyForAGradientAtRoundingLevel) {
+  auto golden = [](const std::string& tag, const std::string& noisy, double noise) {
+    const fs::path dir = write_golden(tag, [&](nlohmann::json& m) { m["noise"][noisy] = noise; });
+    const double loss = 5.5, big[2] = {0.3, 0.4}, residue[2] = {1e-19, -2e-19};
+    safetensors::write_file(dir / "golden.safetensors", {{"loss", "F64", {}, &loss, sizeof loss},
+                                                         {"grad.w", "F64", {2}, big, sizeof big},
+                                                         {"grad.k_proj.bias", "F64", {2}, residue, sizeof residue}});
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(dir / "golden.json"));
+    m["tensors_sha256"] = hf::file_sha256(dir / "golden.safetensors");
+    std::ofstream(dir / "golden.json") << m.dump(2);
+    return dir;
+  };
+  EXPECT_EQ(cases::read_golden(golden("residue", "grad.k_proj.bias", 0.9)).noise.at("grad.k_proj.bias"), 0.9);
+  EXPECT_THAT([&] { cases::read_golden(golden("real", "grad.w", 0.9)); },
+              ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("noise of 'grad.w' must be a number in [0, "),
+                                                    HasSubstr("more only for a gradient at rounding level"))));
+  EXPECT_THAT([&] { cases::read_golden(golden("huge", "grad.k_proj.bias", 50)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("noise of 'grad.k_proj.bias' must be a number in [0, ")));
+  EXPECT_THAT([&] { cases::read_golden(golden("loss", "loss", 0.9)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("noise of 'loss' must be a number in [0, ")));
+}
+
 TEST(GoldenFormatTest, RefusesAnUnknownVersionOrFormat) {
   const fs::path v2 = write_golden("v2", [](nlohmann::json& m) { m["version"] = 2; });
   EXPECT_THAT([&] { cases::read_golden(v2); },

@@ -47,7 +47,10 @@ class Capture : public TrainingHooks {
   void after_backward_before_clip(int64_t step) override {
     ParallelContext& ctx = *ctx_;
     Tensors grads;
-    for (const auto& p : ctx.parameters()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
+    // A parameter nothing reached has no gradient (CLIP's post_layernorm in the vlm).
+    for (const auto& p : ctx.parameters()) {
+      if (p->local.grad().defined()) grads[p->fqn] = ctx.gather_full(*p, p->local.grad());
+    }
     if (keep_) merge(out_->grads, step, grads);
   }
   void after_optimizer(int64_t step) override {
@@ -55,7 +58,8 @@ class Capture : public TrainingHooks {
     Tensors params, exp_avg;
     for (const auto& p : ctx.parameters()) {
       params[p->fqn] = ctx.gather_full(*p, p->local);
-      if (step == steps_ - 1) exp_avg[p->fqn] = ctx.gather_full(*p, compat::adamw_state(*optimizer_, p->local, "exp_avg"));
+      const at::Tensor state = compat::adamw_state(*optimizer_, p->local, "exp_avg");
+      if (step == steps_ - 1 && state.defined()) exp_avg[p->fqn] = ctx.gather_full(*p, state);
     }
     if (!keep_) return;
     merge(out_->params, step, params);
@@ -101,8 +105,13 @@ inline TrainingRun train_on_threads(const ParallelConfig& config, const ModelFac
   return run;
 }
 
-inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
-  double scale = std::max(b.abs().max().item<double>(), 1e-30);
+// `floor`: a gradient (or moment) whose reference is below tolerance x the step's gradient
+// norm is rounding residue of a gradient zero in exact arithmetic (CLIP's key bias), measured
+// against that norm, as mih's NumericParity does (cancellation_scale).
+inline double relative_error(const at::Tensor& a, const at::Tensor& b, double floor = 0) {
+  const double reference = b.abs().max().item<double>();
+  double scale = std::max(reference, 1e-30);
+  if (floor > 0 && reference <= floor) scale = floor;
   return (a - b).abs().max().item<double>() / scale;
 }
 
@@ -139,7 +148,8 @@ inline ::testing::AssertionResult MatchesReference(const TrainingRun& run, const
           return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': shape "
                                                << it->second.sizes() << " vs reference " << expected.sizes();
         }
-        double e = relative_error(it->second, expected);
+        const bool gradient = std::string(stage) == "gradient";
+        double e = relative_error(it->second, expected, gradient ? tolerance * r.grad_norm_pre_clip : 0);
         worst = std::max(worst, e);
         if (!(e <= tolerance)) {
           return ::testing::AssertionFailure() << "step " << s << " " << stage << " of '" << fqn << "': relative error "
@@ -148,8 +158,9 @@ inline ::testing::AssertionResult MatchesReference(const TrainingRun& run, const
       }
     }
   }
+  const double last_norm = ref.metrics.empty() ? 0 : ref.metrics.back().grad_norm_post_clip;
   for (const auto& [fqn, expected] : ref.exp_avg) {
-    double e = relative_error(run.exp_avg.at(fqn), expected);
+    double e = relative_error(run.exp_avg.at(fqn), expected, tolerance * last_norm);
     if (!(e <= tolerance)) return ::testing::AssertionFailure() << "exp_avg of '" << fqn << "': relative error " << e;
   }
   return ::testing::AssertionSuccess() << "worst relative error " << worst;
