@@ -366,7 +366,8 @@ def main(argv):
     parser.add_argument("--export", required=True, help="the directory `mih export --dtype float64` wrote")
     parser.add_argument("--out", required=True, help="where golden.json and golden.safetensors go")
     parser.add_argument("--impl", choices=("builtin", "transformers", "plugin"), default="builtin",
-                        help="builtin: the producer's own PyTorch implementation of llama, mixtral, qwen2_moe, gpt2 "
+                        help="builtin: the producer's own PyTorch implementation of llama, qwen3, mixtral, qwen2_moe, "
+                             "qwen3_moe, gpt2, llava "
                              "(default); transformers: Hugging Face transformers' from_pretrained; plugin: the file "
                              "--plugin names")
     parser.add_argument("--plugin", metavar="FILE",

@@ -174,7 +174,7 @@ CommandRun setup_golden(CLI::App& sub, const Invocation&) {
       ->required()
       ->check(cli::non_empty_path());
   CLI::Option* impl = sub.add_option("--impl", f->impl,
-                 "builtin: the producer's own PyTorch Llama, Qwen3, Mixtral/Qwen2-MoE/Qwen3-MoE and GPT-2 (any "
+                 "builtin: the producer's own PyTorch Llama, Qwen3, Mixtral/Qwen2-MoE/Qwen3-MoE, GPT-2 and LLaVA (any "
                  "Python with torch); transformers: Hugging Face transformers' from_pretrained of the export, any "
                  "architecture it has (needs a --python with transformers, such as the scripts' venv; what mih's "
                  "build and CI compare the reference specs with)")

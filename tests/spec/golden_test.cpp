@@ -3,6 +3,7 @@
 // of another export is refused naming what differs; `mih inspect` warns for a behaviour field
 // the spec's config leaves to the original's default. The comparison itself runs through the
 // real binary (tests/cli/golden.py).
+#include <cmath>
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -62,11 +63,12 @@ TEST(GoldenFormatTest, ReadsAGoldenOfItsVersion) {
 // residue: its run and noise twin disagree in every digit, so its noise is far above the cap.
 // That noise is taken for such a gradient only: at rounding level of the gradients' norm.
 TEST(GoldenFormatTest, NoiseAboveTheCapOnlyForAGradientAtRoundingLevel) {
-  auto golden = [](const std::string& tag, const std::string& noisy, double noise) {
+  auto golden = [](const std::string& tag, const std::string& noisy, double noise, double w0 = 0.3) {
     const fs::path dir = write_golden(tag, [&](nlohmann::json& m) { m["noise"][noisy] = noise; });
-    const double loss = 5.5, big[2] = {0.3, 0.4}, residue[2] = {1e-19, -2e-19};
+    const double loss = 5.5, big[2] = {w0, 0.4}, small[2] = {3e-7, 4e-7}, residue[2] = {1e-19, -2e-19};
     safetensors::write_file(dir / "golden.safetensors", {{"loss", "F64", {}, &loss, sizeof loss},
                                                          {"grad.w", "F64", {2}, big, sizeof big},
+                                                         {"grad.small", "F64", {2}, small, sizeof small},
                                                          {"grad.k_proj.bias", "F64", {2}, residue, sizeof residue}});
     nlohmann::json m = nlohmann::json::parse(std::ifstream(dir / "golden.json"));
     m["tensors_sha256"] = hf::file_sha256(dir / "golden.safetensors");
@@ -76,9 +78,18 @@ TEST(GoldenFormatTest, NoiseAboveTheCapOnlyForAGradientAtRoundingLevel) {
   EXPECT_EQ(cases::read_golden(golden("residue", "grad.k_proj.bias", 0.9)).noise.at("grad.k_proj.bias"), 0.9);
   EXPECT_THAT([&] { cases::read_golden(golden("real", "grad.w", 0.9)); },
               ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("noise of 'grad.w' must be a number in [0, "),
-                                                    HasSubstr("more only for a gradient at rounding level"))));
+                                                    HasSubstr("only for a gradient at float64 rounding level"))));
   EXPECT_THAT([&] { cases::read_golden(golden("huge", "grad.k_proj.bias", 50)); },
               ::testing::ThrowsMessage<Error>(HasSubstr("noise of 'grad.k_proj.bias' must be a number in [0, ")));
+  // A NaN in another gradient is named as such, not as the residue's noise.
+  EXPECT_THAT([&] { cases::read_golden(golden("nan", "grad.k_proj.bias", 0.9, std::nan(""))); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("tensor 'grad.w' holds non-finite value(s)")));
+  // The value as golden.json has it, not rounded to 6 digits.
+  EXPECT_THAT([&] { cases::read_golden(golden("over", "grad.k_proj.bias", 10.0000001)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("got 10.0000001")));
+  // A real but small gradient (1e-6 of the whole) is no residue: its noise stays capped.
+  EXPECT_THAT([&] { cases::read_golden(golden("small", "grad.small", 0.9)); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("noise of 'grad.small' must be a number in [0, ")));
   EXPECT_THAT([&] { cases::read_golden(golden("loss", "loss", 0.9)); },
               ::testing::ThrowsMessage<Error>(HasSubstr("noise of 'loss' must be a number in [0, ")));
 }
