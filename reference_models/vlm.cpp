@@ -45,6 +45,12 @@ ActivationLayout tower_layout(const ParallelContext& ctx) {
 
 void VlmOptions::validate(const ParallelContext& ctx) const {
   text().validate(ctx);
+  MIH_CHECK(image_size() > 0 && patch_size() > 0 && channels() > 0 && vision_hidden_size() > 0 && vision_heads() > 0 &&
+                vision_intermediate_size() > 0 && vision_layers() >= 0,
+            "vlm: image_size(", image_size(), "), patch_size(", patch_size(), "), channels(", channels(),
+            "), vision_hidden_size(", vision_hidden_size(), "), vision_heads(", vision_heads(),
+            ") and vision_intermediate_size(", vision_intermediate_size(), ") must be positive, vision_layers(",
+            vision_layers(), ") not negative");
   MIH_CHECK(image_size() % patch_size() == 0, "vlm: image_size(", image_size(), ") must divide by patch_size(",
             patch_size(), ")");
   MIH_CHECK(vision_hidden_size() % vision_heads() == 0, "vlm: vision_hidden_size(", vision_hidden_size(),

@@ -249,6 +249,12 @@ TEST(LlamaOptionsTest, SizesThatDoNotFitTheMeshAreNamed) {
     EXPECT_NO_THROW(models::LlamaOptions().num_kv_heads(1).validate(ctx));
     EXPECT_THAT([&] { models::LlamaOptions().top_k(5).validate(ctx); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("top_k(5) must be in [1, num_experts(4)]")));
+    // A zero patch size is named, never a division by zero (SIGFPE).
+    EXPECT_THAT([&] { models::VlmOptions().patch_size(0).validate(ctx); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("patch_size(0)")));
+    EXPECT_THAT([&] { models::VlmOptions().vision_intermediate_size(0).validate(ctx); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("vision_intermediate_size(0) must be positive")));
+    EXPECT_NO_THROW(models::VlmOptions().validate(ctx));
   });
   EXPECT_THAT(errors, IsEmpty());
 }
