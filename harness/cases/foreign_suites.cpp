@@ -20,6 +20,7 @@
 #include "harness/cases/foreign_check_internal.h"
 #include "harness/compare/compare.h"
 #include "harness/evidence/evidence_store.h"
+#include "harness/evidence/step_rows.h"
 
 namespace mih::cases::foreign {
 
@@ -70,13 +71,7 @@ void same_inputs(const ForeignCase& c) {
   const EvidenceDir mine = EvidenceDir::open_existing(c.dir), theirs = EvidenceDir::open_existing(c.reference);
   // Rows by step; two rows of one step are not one run's (the second would hide the first).
   auto by_step = [](const EvidenceDir& d) {
-    std::map<int64_t, json> out;
-    for (const json& row : d.read_jsonl(layout::kInputIdentity)) {
-      const int64_t step = row.at("step").get<int64_t>();
-      MIH_CHECK_CODE(out.emplace(step, row).second, Code::kFailedPrecondition, "evidence file ",
-                     (d.root() / layout::kInputIdentity).string(), " has two rows for step ", step);
-    }
-    return out;
+    return rows_by_step(d.read_jsonl(layout::kInputIdentity), (d.root() / layout::kInputIdentity).string());
   };
   std::error_code ec;
   ASSERT_TRUE(fs::exists(c.dir / layout::kInputIdentity, ec) && fs::exists(c.reference / layout::kInputIdentity, ec))
@@ -175,19 +170,14 @@ void check_records(const ForeignCase& c) {
     }
   }
   std::set<int64_t> metric_steps;
-  for (const json& row : EvidenceDir::open_existing(c.dir).read_jsonl(layout::kMetrics)) {
-    const int64_t step = row.at("step").get<int64_t>();
-    MIH_CHECK_CODE(metric_steps.insert(step).second, Code::kFailedPrecondition, "evidence file ",
-                   (c.dir / layout::kMetrics).string(), " has two rows for step ", step, ": it is not one run's");
+  for (const auto& [step, row] :
+       rows_by_step(EvidenceDir::open_existing(c.dir).read_jsonl(layout::kMetrics), (c.dir / layout::kMetrics).string())) {
+    metric_steps.insert(step);
   }
   std::error_code ec;
-  if (fs::exists(c.dir / layout::kInputIdentity, ec)) {
-    std::set<int64_t> seen;
-    for (const json& row : EvidenceDir::open_existing(c.dir).read_jsonl(layout::kInputIdentity)) {
-      const int64_t step = row.at("step").get<int64_t>();
-      MIH_CHECK_CODE(seen.insert(step).second, Code::kFailedPrecondition, "evidence file ",
-                     (c.dir / layout::kInputIdentity).string(), " has two rows for step ", step, ": it is not one run's");
-    }
+  if (fs::exists(c.dir / layout::kInputIdentity, ec)) {  // indexed only for its refusals
+    rows_by_step(EvidenceDir::open_existing(c.dir).read_jsonl(layout::kInputIdentity),
+                 (c.dir / layout::kInputIdentity).string());
   }
   // A run that stopped early is not a run to judge: every step it was to train has its row.
   const json env = read_json_file(c.dir / layout::kEnvironment);

@@ -14,6 +14,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
+#include "harness/evidence/step_rows.h"
 
 namespace mih {
 namespace {
@@ -32,18 +33,6 @@ std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
-}
-
-// step -> row of a JSONL evidence file. Two rows of one step are refused: which one a
-// comparison read would decide the verdict (a wrong first row hidden by a right second one).
-std::map<int64_t, json> by_step(const std::vector<json>& rows, const std::string& file) {
-  std::map<int64_t, json> out;
-  for (const auto& r : rows) {
-    const int64_t step = r.at("step").get<int64_t>();
-    MIH_CHECK_CODE(out.emplace(step, r).second, Code::kFailedPrecondition, "evidence file ", file, " has two rows for step ",
-                   step, ": one run writes one row per step; it is not one run's evidence");
-  }
-  return out;
 }
 
 std::vector<json> read_required(const EvidenceDir& dir, const std::string& file) {
@@ -385,8 +374,8 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
                  candidate.string(), " of spec '", cand_spec, "'; compare two cases of one spec");
   Comparison out;
   const std::string metrics_file = layout::kMetrics, probes_file = layout::kProbes;
-  const auto ref_metrics = by_step(read_required(ref, metrics_file), (reference / metrics_file).string());
-  const auto cand_metrics = by_step(read_required(cand, metrics_file), (candidate / metrics_file).string());
+  const auto ref_metrics = rows_by_step(read_required(ref, metrics_file), (reference / metrics_file).string());
+  const auto cand_metrics = rows_by_step(read_required(cand, metrics_file), (candidate / metrics_file).string());
   std::vector<int64_t> steps;
   for (const auto& [step, row] : cand_metrics) {
     if (step >= o.first_step && ref_metrics.count(step)) steps.push_back(step);
@@ -480,13 +469,7 @@ Comparison compare_evidence(const fs::path& reference, const fs::path& candidate
   }
   std::map<std::pair<int64_t, std::string>, json> ref_probes, cand_probes;
   for (auto [side, probes, dir] : {std::tuple{&ref, &ref_probes, &reference}, std::tuple{&cand, &cand_probes, &candidate}}) {
-    for (const auto& l : read_required(*side, probes_file)) {
-      const int64_t step = l["step"].get<int64_t>();
-      const std::string stage = l["stage"].get<std::string>();
-      MIH_CHECK_CODE(probes->emplace(std::make_pair(step, stage), l).second, Code::kFailedPrecondition, "evidence file ",
-                     (*dir / probes_file).string(), " has two lines for step ", step, ", stage ", stage,
-                     ": one run probes each stage once per step; it is not one run's evidence");
-    }
+    *probes = rows_by_step_and(read_required(*side, probes_file), (*dir / probes_file).string(), "stage");
   }
   // A session probes the parameters before a step only at its first step: later, they are the
   // parameters after the previous step's optimizer.

@@ -20,6 +20,7 @@
 #include "harness/base/reduction_paths.h"
 #include "harness/base/strings.h"
 #include "harness/compare/verdicts_internal.h"
+#include "harness/evidence/step_rows.h"
 #include "harness/findings/codes.h"
 
 namespace mih::verdicts {
@@ -65,34 +66,28 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
 }
 
 Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate) {
-  const auto& a = candidate.jsonl(layout::kInputIdentity);
-  std::map<int64_t, const json*> ref;
-  for (const auto& row : reference.jsonl(layout::kInputIdentity)) {
-    if (!ref.emplace(row.value("step", int64_t{-1}), &row).second) {
-      return Verdict::fail("the reference's " + std::string(layout::kInputIdentity) + " has two rows for step " +
-                           std::to_string(row.value("step", int64_t{-1})) + ": it is not one run's evidence");
-    }
+  std::map<StepKey, json> ref_rows, rows_seen;
+  for (auto [ev, rows] : {std::pair{&reference, &ref_rows}, std::pair{&candidate, &rows_seen}}) {
+    const std::string refusal =
+        index_rows_by_step(ev->jsonl(layout::kInputIdentity), rel_path(*ev, layout::kInputIdentity), "", rows);
+    if (!refusal.empty()) return Verdict::fail(refusal);
   }
-  std::set<int64_t> seen;
   int compared = 0;
-  for (const auto& row : a) {
-    const int64_t step = row.value("step", int64_t{-1});
-    if (!seen.insert(step).second) {
-      return Verdict::fail(std::string(layout::kInputIdentity) + " has two rows for step " + std::to_string(step) +
-                           ": it is not one run's evidence (open " + rel_path(candidate, layout::kInputIdentity) + ")");
-    }
-    auto it = ref.find(step);
-    if (it == ref.end()) continue;
+  for (const auto& [key, row] : rows_seen) {
+    const int64_t step = key.first;
+    const auto found = ref_rows.find(key);
+    if (found == ref_rows.end()) continue;
+    const json& other = found->second;
     ++compared;
     // Every part: the global hash, each field's and the row count (a field changed under an
     // unchanged global hash is not the same batch).
-    if (row.value("global", "") == it->second->value("global", "") &&
-        row.value("fields", json::object()) == it->second->value("fields", json::object()) &&
-        row.value("rows", 0) == it->second->value("rows", 0)) {
+    if (row.value("global", "") == other.value("global", "") &&
+        row.value("fields", json::object()) == other.value("fields", json::object()) &&
+        row.value("rows", 0) == other.value("rows", 0)) {
       continue;
     }
     std::string fields;
-    const json mine = row.value("fields", json::object()), theirs = it->second->value("fields", json::object());
+    const json mine = row.value("fields", json::object()), theirs = other.value("fields", json::object());
     for (const auto& [name, hash] : mine.items()) {
       if (theirs.value(name, "") != hash.get<std::string>()) fields += (fields.empty() ? "" : ", ") + name;
     }
@@ -101,7 +96,7 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
     }
     return Verdict::fail("the global batch of step " + std::to_string(step) + " differs from the reference's in field(s) " +
                          fields + ": rows were dropped, repeated or changed by the data split (rows " +
-                         std::to_string(row.value("rows", 0)) + " vs " + std::to_string(it->second->value("rows", 0)) +
+                         std::to_string(row.value("rows", 0)) + " vs " + std::to_string(other.value("rows", 0)) +
                          ") (open " + rel_path(candidate, layout::kInputIdentity) + ")");
   }
   if (compared == 0) {
