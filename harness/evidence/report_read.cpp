@@ -399,11 +399,11 @@ void judge_completeness(const ResultsLog& log, RunResults& run) {
 // comparison): read too, so that one that did not complete is said, and the comparison's
 // failures are not counted as verdicts. Each read once, along compare_to chains.
 void read_compared_cases(const fs::path& root, std::map<std::pair<std::string, std::string>, CaseResult>& cases) {
-  std::vector<const CaseResult*> todo;
-  for (const auto& [key, c] : cases) todo.push_back(&c);
-  while (!todo.empty()) {
-    const CaseResult& c = *todo.back();
-    todo.pop_back();
+  std::vector<const CaseResult*> unvisited;
+  for (const auto& [key, c] : cases) unvisited.push_back(&c);
+  while (!unvisited.empty()) {
+    const CaseResult& c = *unvisited.back();
+    unvisited.pop_back();
     if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
     CaseResult ref;
     ref.spec = c.spec;
@@ -412,7 +412,7 @@ void read_compared_cases(const fs::path& root, std::map<std::pair<std::string, s
     std::error_code ec;
     if (!fs::is_directory(root / ref.evidence, ec)) continue;
     read_case_files(root, &ref);
-    todo.push_back(&cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).first->second);
+    unvisited.push_back(&cases.emplace(std::make_pair(ref.spec, ref.name), std::move(ref)).first->second);
   }
 }
 
