@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "reference_models/llama.h"
 #include "specs/spec_support.h"
 #include "suites/conformance.h"

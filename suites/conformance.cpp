@@ -4,7 +4,7 @@
 #include <map>
 #include <memory>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 
 namespace mih::conformance {
 

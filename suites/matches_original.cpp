@@ -9,7 +9,7 @@
 #include <mutex>
 #include <optional>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/cases/golden.h"
 #include "harness/evidence/evidence_store.h"
 #include "suites/conformance.h"

@@ -1,5 +1,5 @@
 // Runs one conformance case: writes its request (the resolved case and where it came from,
-// base/case_request.h) to <evidence>/run/case.json, then
+// contract/case_request.h) to <evidence>/run/case.json, then
 // launches its ranks (processes, real Gloo/NCCL groups), each reading that file (never the
 // matrix) and training the spec's model under the case's config with a runtime validation
 // session that writes the case's evidence. A resume case runs in two launches: the first
@@ -13,14 +13,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "harness/base/case_outcome.h"
-#include "harness/base/case_request.h"
+#include "harness/contract/case_outcome.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/error.h"
 #include "harness/spec/case_matrix.h"
 
 namespace mih::cases {
 
-/// Where a case runs; what it runs is its CaseRequest (base/case_request.h).
+/// Where a case runs; what it runs is its CaseRequest (contract/case_request.h).
 struct CaseRunOptions {
   /// The case's evidence goes to <evidence_root>/<spec>/<case>/ (a resume's first phase to
   /// its before_save/ folder, the checkpoint to checkpoint/); launcher files to run/.
@@ -113,6 +113,6 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& options
 ///   holds evidence of a run (any file but run/case.json), which it would delete, naming it.
 std::filesystem::path prepare_case(const CaseRequest& request, const CaseRunOptions& options);
 
-/// What a rank reads from <evidence>/run/case.json: mih::CaseRequest (base/case_request.h).
+/// What a rank reads from <evidence>/run/case.json: mih::CaseRequest (contract/case_request.h).
 
 }  // namespace mih::cases

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cases/golden.h"
 #include "harness/cases/hf_interop.h"

@@ -5,9 +5,9 @@
 #include <exception>
 #include <map>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"

@@ -18,9 +18,9 @@
 #include <set>
 #include <sstream>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"

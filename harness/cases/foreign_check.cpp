@@ -17,11 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/strings.h"
 #include "harness/compare/compare.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
 

@@ -14,13 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/strings.h"
 #include "harness/cases/foreign_check_internal.h"
 #include "harness/compare/compare.h"
 #include "harness/evidence/evidence_store.h"
-#include "harness/evidence/step_rows.h"
+#include "harness/contract/step_rows.h"
 
 namespace mih::cases::foreign {
 

@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"

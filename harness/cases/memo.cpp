@@ -16,14 +16,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/case_record.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/process_stat.h"
 #include "harness/base/version.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/case_completion_internal.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/base/sha256.h"
 #include "harness/base/strings.h"

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "harness/base/case_outcome.h"
-#include "harness/base/case_request.h"
+#include "harness/contract/case_outcome.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/error.h"
 #include "harness/cases/registrations.h"
 

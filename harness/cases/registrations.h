@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 #include "harness/spec/case_matrix.h"
 
 namespace mih::cases {

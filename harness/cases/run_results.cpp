@@ -17,9 +17,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_outcome.h"
+#include "harness/contract/case_outcome.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cases/conformance_run.h"
 #include "harness/cases/memo.h"

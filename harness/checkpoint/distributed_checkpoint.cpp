@@ -13,7 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/owned_files.h"

@@ -8,16 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/strings.h"
 #include "harness/cases/registrations.h"
 #include "harness/compare/verdicts.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/spec/model_spec.h"
 
 namespace mih::cli {

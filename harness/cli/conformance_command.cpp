@@ -22,9 +22,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -40,7 +40,7 @@
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/verdicts.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/spec/model_spec.h"
 #include "harness/runtime/cli_support.h"

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/case_runner.h"
@@ -20,7 +20,7 @@
 #include "harness/cases/memo.h"
 #include "harness/cli/commands.h"
 #include "harness/compare/compare.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/evidence/report.h"
 #include "harness/runtime/cli_support.h"
 #include "harness/runtime/launcher.h"

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/cli/commands.h"
 #include "harness/compat/collectives.h"

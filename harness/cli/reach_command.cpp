@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/reduction_paths.h"
 #include "harness/cli/commands.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 
 namespace mih::cli {
 

@@ -10,11 +10,11 @@
 #include <set>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
-#include "harness/evidence/step_rows.h"
+#include "harness/contract/step_rows.h"
 
 namespace mih {
 namespace {

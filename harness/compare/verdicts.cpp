@@ -15,7 +15,7 @@
 #include <set>
 #include <sstream>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/findings/codes.h"
 #include "harness/base/error.h"
 #include "harness/base/files.h"

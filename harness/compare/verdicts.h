@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/compare/compare.h"
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih::verdicts {

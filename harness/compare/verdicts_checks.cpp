@@ -14,13 +14,13 @@
 #include <sstream>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/reduction_paths.h"
 #include "harness/base/strings.h"
 #include "harness/compare/verdicts_internal.h"
-#include "harness/evidence/step_rows.h"
+#include "harness/contract/step_rows.h"
 #include "harness/findings/codes.h"
 
 namespace mih::verdicts {

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/pipeline_schedule.h"

@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
-#include "harness/base/case_request.h"
+#include "harness/contract/case_record.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/evidence_store.h"
 

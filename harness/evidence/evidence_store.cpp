@@ -15,11 +15,11 @@
 #include <sstream>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/safe_open.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 
 extern char** environ;
 

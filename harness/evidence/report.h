@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/base/case_outcome.h"
+#include "harness/contract/case_outcome.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih {

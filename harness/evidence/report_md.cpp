@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/base/case_outcome.h"
+#include "harness/contract/case_outcome.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"
 #include "harness/evidence/report_internal.h"

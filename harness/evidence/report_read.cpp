@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/evidence/case_completion_internal.h"

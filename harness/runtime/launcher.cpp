@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/safe_open.h"
 #include "harness/compat/store.h"

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/runtime/cli_support.h"

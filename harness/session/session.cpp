@@ -14,11 +14,11 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/compat/collectives.h"
 #include "harness/findings/codes.h"
 #include "harness/runtime/communicator.h"

@@ -10,7 +10,7 @@
 // metrics row).
 //
 // Evidence under SessionOptions::evidence_dir (rank 0 writes the shared files, every rank its
-// own *_rank<r> files): the case directory of harness/base/evidence_layout.h, the one
+// own *_rank<r> files): the case directory of harness/contract/evidence_layout.h, the one
 // description of the evidence tree.
 #pragma once
 

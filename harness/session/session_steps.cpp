@@ -13,7 +13,7 @@
 #include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/json_fields.h"
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"

@@ -20,11 +20,11 @@
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/sha256.h"
 #include "harness/base/version.h"
 #include "harness/compat/optim.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/session/trainer_session_internal.h"
 #include "harness/session/writer_lock.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/safe_open.h"
 
 namespace mih::session_internal {

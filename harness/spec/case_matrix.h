@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 #include "harness/spec/model_spec.h"
 
 namespace mih::spec {
@@ -88,7 +88,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const nlohmann::json& matrix);
 /// Throws: as resolve_matrix; kInvalidSpec naming the file for unparsable JSON, and for a
 ///   lane suffix with an unknown dtype or setting or a seed that is no integer.
 CaseMatrix resolve_matrix_source(const ModelSpec& spec, const std::string& source);
-/// The same for a parsed source (MatrixSource::parse, base/case_request.h).
+/// The same for a parsed source (MatrixSource::parse, contract/case_request.h).
 CaseMatrix resolve_matrix_source(const ModelSpec& spec, const MatrixSource& source);
 /// resolve_matrix_source of a base without its lane: `lane`'s dtype and seed override the
 /// matrix's fields. Throws: as resolve_matrix_source.

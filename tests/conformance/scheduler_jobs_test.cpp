@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/evidence/scheduler_jobs.h"
 #include "tests/support/temp_dir.h"

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/files.h"
 #include "harness/evidence/diagnosis.h"
 #include "harness/evidence/report.h"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Evidence paths and case outcomes are named in one place each: no string literal in harness/ or
 suites/ (.cpp, .h) spells a file or directory of the evidence layout outside
-harness/base/evidence_layout.{h,cpp}, and none spells a case outcome or test status name outside
-harness/base/case_outcome.cpp. Comments are not code: a docstring may name a file.
+harness/contract/evidence_layout.{h,cpp}, and none spells a case outcome or test status name outside
+harness/contract/case_outcome.cpp. Comments are not code: a docstring may name a file.
 
 A literal is an evidence path when it is
   - a file name with an evidence extension ("x.json", "logs/rank0.log", "golden.safetensors");
@@ -34,9 +34,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_main import main  # noqa: E402
 
-LAYOUT_H = "harness/base/evidence_layout.h"
-LAYOUT_CPP = "harness/base/evidence_layout.cpp"
-OUTCOME_CPP = "harness/base/case_outcome.cpp"
+LAYOUT_H = "harness/contract/evidence_layout.h"
+LAYOUT_CPP = "harness/contract/evidence_layout.cpp"
+OUTCOME_CPP = "harness/contract/case_outcome.cpp"
 ALLOW = "tests/lint/evidence_paths.allow"
 SCANNED = ("harness", "suites")
 EXEMPT_PATHS = {LAYOUT_H, LAYOUT_CPP}
@@ -173,7 +173,7 @@ def scan(repo):
                             continue
                     if path not in EXEMPT_OUTCOMES and value in outcomes and not is_json_key(before, after):
                         found.append((path, line, value, "a case outcome or test status name (use " +
-                                      "harness/base/case_outcome.h's Outcome/TestStatus and their names)"))
+                                      "harness/contract/case_outcome.h's Outcome/TestStatus and their names)"))
     return sorted(found)
 
 

@@ -16,7 +16,7 @@
 #include "harness/base/fault.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/checks/checks.h"
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 #include "harness/findings/codes.h"
 #include "harness/probes/probes.h"
 #include "harness/session/session.h"

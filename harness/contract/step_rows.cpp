@@ -1,5 +1,5 @@
 // index_rows_by_step and its throwing forms (see step_rows.h).
-#include "harness/evidence/step_rows.h"
+#include "harness/contract/step_rows.h"
 
 #include "harness/base/error.h"
 

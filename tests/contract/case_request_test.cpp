@@ -1,7 +1,7 @@
-// The case request (harness/base/case_request.h): what the parent writes to run/case.json is
+// The case request (harness/contract/case_request.h): what the parent writes to run/case.json is
 // read back field for field, and a file that is not exactly that (an unknown field, a missing
 // one, a case edited by hand) is refused naming what is wrong, never read with defaults.
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 
 #include <chrono>
 #include <filesystem>

@@ -1,5 +1,5 @@
 // The case and the case request as types (case_request.h).
-#include "harness/base/case_request.h"
+#include "harness/contract/case_request.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,5 +1,5 @@
 // The record of a case's run as a type (case_record.h).
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 
 #include <limits>
 #include <utility>

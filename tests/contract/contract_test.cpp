@@ -1,8 +1,8 @@
-// The evidence contract's validator (harness/evidence/contract.h) on case directories built
+// The evidence contract's validator (harness/contract/contract.h) on case directories built
 // file by file: each way a directory can break the contract is refused naming the file and the
 // field, and what the contract allows passes. The whole main job's evidence is validated by
 // ctest reference/contract (tests/evidence/contract_check.py), with a second implementation.
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
-// The one indexing of evidence rows by step (harness/evidence/step_rows.h): rows of a real
+// The one indexing of evidence rows by step (harness/contract/step_rows.h): rows of a real
 // JSONL file written and read back, the refusals (a second row of one step, of one step and
 // stage, a row without an integer step or a string stage) naming the file, the step and the fix.
-#include "harness/evidence/step_rows.h"
+#include "harness/contract/step_rows.h"
 
 #include <filesystem>
 #include <fstream>

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/base/case_outcome.h"
-#include "harness/base/case_request.h"
+#include "harness/contract/case_outcome.h"
+#include "harness/contract/case_request.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih {

@@ -1,8 +1,8 @@
-// The case record (harness/base/case_record.h): what the parent writes to case_run.json is read
+// The case record (harness/contract/case_record.h): what the parent writes to case_run.json is read
 // back field for field, and a record that is not exactly that (a field removed, one added, an
 // outcome mih does not write, digests naming a file outside the case directory) is refused
 // naming what is wrong, never read with defaults.
-#include "harness/base/case_record.h"
+#include "harness/contract/case_record.h"
 
 #include <chrono>
 #include <fstream>

@@ -1,5 +1,5 @@
 // The evidence layout's path functions (see evidence_layout.h).
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 
 #include <cstdio>
 

@@ -1,6 +1,6 @@
 // The evidence contract's validation: the manifest's path patterns, valijson (a well-kept
 // draft-07 validator, Debian's libvalijson-dev) over nlohmann values, and the CSV header.
-#include "harness/evidence/contract.h"
+#include "harness/contract/contract.h"
 
 #include <pthread.h>
 #include <sys/stat.h>
@@ -23,10 +23,10 @@
 #include <valijson/validation_results.hpp>
 #include <valijson/validator.hpp>
 
-#include "harness/base/case_outcome.h"
-#include "harness/base/case_record.h"
+#include "harness/contract/case_outcome.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/error.h"
-#include "harness/base/evidence_layout.h"
+#include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 

@@ -1,5 +1,5 @@
 // The outcome and test-status vocabulary (see case_outcome.h).
-#include "harness/base/case_outcome.h"
+#include "harness/contract/case_outcome.h"
 #include "harness/base/strings.h"
 
 #include <array>
