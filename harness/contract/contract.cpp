@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <stdexcept>
 
@@ -311,108 +312,152 @@ std::vector<std::string> csv_fields(std::string_view line) {
   return out;
 }
 
-void check_file(const Contract& c, const fs::path& dir, const std::string& relative, const std::string& pattern_path,
-                Validation& v, size_t max_problems) {
-  auto add = [&](std::string field, std::string message) {
-    if (v.problems.size() < max_problems) v.problems.push_back({relative, std::move(field), std::move(message)});
-  };
-  const Entry* e = entry_of(c, pattern_path);
-  if (!e) {
-    add("", std::string("no entry of the evidence contract (") + kName + " version " + std::to_string(kVersion) +
-                ") names this file; a writer's own files go under " + kExtraDir + "/");
-    return;
+// The problems of the file being checked, capped at max_problems for the whole validation.
+struct FileProblems {
+  Validation& v;
+  const std::string& relative;
+  size_t max_problems;
+
+  bool full() const { return v.problems.size() >= max_problems; }
+  void add(std::string field, std::string message) {
+    if (!full()) v.problems.push_back({relative, std::move(field), std::move(message)});
   }
-  if (e->format != "json" && e->format != "jsonl" && e->format != "csv") return;
+  void add_all(std::vector<Problem> found) {
+    for (Problem& p : found) {
+      if (!full()) v.problems.push_back(std::move(p));
+    }
+  }
+};
+
+// The file's text, or nullopt with its problem added: too large, unreadable, or not text.
+std::optional<std::string> evidence_text(const fs::path& file, FileProblems& out) {
   std::error_code ec;
-  const uintmax_t size = fs::file_size(dir / relative, ec);
+  const uintmax_t size = fs::file_size(file, ec);
   if (ec || size > kMaxJsonBytes) {
-    add("", ec ? "cannot be sized (" + ec.message() + ")" : "is larger than 1 GiB: no evidence file mih writes is");
-    return;
+    out.add("", ec ? "cannot be sized (" + ec.message() + ")" : "is larger than 1 GiB: no evidence file mih writes is");
+    return std::nullopt;
   }
   std::string text;
-  if (!read_file(dir / relative, &text)) {
-    add("", "cannot be read");
-    return;
+  if (!read_file(file, &text)) {
+    out.add("", "cannot be read");
+    return std::nullopt;
   }
   // A NUL byte would end the parse early and pass what follows it unread.
   if (text.find('\0') != std::string::npos) {
-    add("", "holds a NUL byte at offset " + std::to_string(text.find('\0')) + ": it is not JSON, JSONL or CSV text");
-    return;
+    out.add("", "holds a NUL byte at offset " + std::to_string(text.find('\0')) + ": it is not JSON, JSONL or CSV text");
+    return std::nullopt;
   }
-  if (e->format == "json") {
-    json value;
-    try {
-      value = parse_json_strict(text, relative);
-    } catch (const Error& err) {
-      add("", without_prefix(err.message(), relative));
-      return;
-    }
-    ++v.values;
-    if (pattern_path == layout::kEnvironment && value.is_object() && value.contains(kStampKey) &&
-        value[kStampKey].is_object()) {
-      const json& s = value[kStampKey];
-      // Another version of this contract (an integer other than ours) is said as such; any
-      // other shape of the stamp is the schema's to name.
-      if (s.contains("contract") && s["contract"] == kName && s.contains("version") &&
-          s["version"].is_number_integer() && s["version"] != kVersion) {
-        add(std::string(kStampKey) + ".version",
+  return text;
+}
+
+// environment.json's stamp: false (with the problem added) when it names another version of
+// this contract or a writer with a control character; otherwise records the writer.
+bool check_stamp(const json& value, FileProblems& out) {
+  if (!value.is_object() || !value.contains(kStampKey) || !value[kStampKey].is_object()) return true;
+  const json& s = value[kStampKey];
+  // Another version of this contract (an integer other than ours) is said as such; any
+  // other shape of the stamp is the schema's to name.
+  if (s.contains("contract") && s["contract"] == kName && s.contains("version") &&
+      s["version"].is_number_integer() && s["version"] != kVersion) {
+    out.add(std::string(kStampKey) + ".version",
             "the evidence follows " + std::string(kName) + " version " + json_summary(s["version"]) +
                 "; this mih reads version " + std::to_string(kVersion) + ": check it with a mih of that contract");
-        return;
-      }
-      if (s.contains("writer") && s["writer"].is_string()) {
-        const std::string writer = s["writer"].get<std::string>();
-        // Printed in every verdict that names it: one line of text.
-        if (std::any_of(writer.begin(), writer.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; })) {
-          add(std::string(kStampKey) + ".writer", "holds a control character: a writer is named on one line of text");
-          return;
-        }
-        v.writer = writer;
-      }
+    return false;
+  }
+  if (s.contains("writer") && s["writer"].is_string()) {
+    const std::string writer = s["writer"].get<std::string>();
+    // Printed in every verdict that names it: one line of text.
+    if (std::any_of(writer.begin(), writer.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; })) {
+      out.add(std::string(kStampKey) + ".writer", "holds a control character: a writer is named on one line of text");
+      return false;
     }
-    for (Problem& p : validate_with(c, *e, relative, value, 0)) {
-      if (v.problems.size() < max_problems) v.problems.push_back(std::move(p));
-    }
+    out.v.writer = writer;
+  }
+  return true;
+}
+
+void check_json(const Contract& c, const Entry& e, const std::string& pattern_path, const std::string& text,
+                FileProblems& out) {
+  json value;
+  try {
+    value = parse_json_strict(text, out.relative);
+  } catch (const Error& err) {
+    out.add("", without_prefix(err.message(), out.relative));
     return;
   }
+  ++out.v.values;
+  if (pattern_path == layout::kEnvironment && !check_stamp(value, out)) return;
+  out.add_all(validate_with(c, e, out.relative, value, 0));
+}
+
+// One CSV line against the contract's columns (line 1, kept in `header`) or the header's width;
+// false when the header is not the contract's (the rest is not read).
+bool check_csv_line(const Entry& e, std::string_view row, int line, std::vector<std::string>& header,
+                    FileProblems& out) {
+  if (!row.empty() && row.back() == '\r') row.remove_suffix(1);  // RFC 4180's CRLF
+  const std::vector<std::string> fields = csv_fields(row);
+  if (line == 1) {
+    header = fields;
+    if (fields != e.columns) {
+      std::string want;
+      for (const auto& col : e.columns) want += (want.empty() ? "" : ",") + col;
+      out.add("line 1", "the header is not the contract's columns " + want);
+      return false;
+    }
+  } else if (fields.size() != header.size()) {
+    out.add("line " + std::to_string(line),
+            std::to_string(fields.size()) + " fields, the header has " + std::to_string(header.size()));
+  }
+  return true;
+}
+
+void check_jsonl_line(const Contract& c, const Entry& e, std::string_view row, int line, FileProblems& out) {
+  const std::string where = out.relative + " line " + std::to_string(line);
+  json value;
+  try {
+    value = parse_json_strict(std::string(row), where);
+  } catch (const Error& err) {
+    out.add("line " + std::to_string(line), without_prefix(err.message(), where));
+    return;
+  }
+  ++out.v.values;
+  out.add_all(validate_with(c, e, out.relative, value, line));
+}
+
+// A JSONL or CSV file, line by line; every line ends with a newline.
+void check_lines(const Contract& c, const Entry& e, const std::string& text, FileProblems& out) {
   size_t start = 0;
   int line = 1;
   std::vector<std::string> header;
-  for (size_t end; (end = text.find('\n', start)) != std::string::npos && v.problems.size() < max_problems;
-       start = end + 1, ++line) {
-    std::string_view row = std::string_view(text).substr(start, end - start);
-    if (e->format == "csv") {
-      if (!row.empty() && row.back() == '\r') row.remove_suffix(1);  // RFC 4180's CRLF
-      const std::vector<std::string> fields = csv_fields(row);
-      if (line == 1) {
-        header = fields;
-        if (fields != e->columns) {
-          std::string want;
-          for (const auto& col : e->columns) want += (want.empty() ? "" : ",") + col;
-          add("line 1", "the header is not the contract's columns " + want);
-          return;
-        }
-      } else if (fields.size() != header.size()) {
-        add("line " + std::to_string(line),
-            std::to_string(fields.size()) + " fields, the header has " + std::to_string(header.size()));
-      }
-      continue;
-    }
-    json value;
-    try {
-      const std::string where = relative + " line " + std::to_string(line);
-      value = parse_json_strict(std::string(row), where);
-    } catch (const Error& err) {
-      add("line " + std::to_string(line), without_prefix(err.message(), relative + " line " + std::to_string(line)));
-      continue;
-    }
-    ++v.values;
-    for (Problem& p : validate_with(c, *e, relative, value, line)) {
-      if (v.problems.size() < max_problems) v.problems.push_back(std::move(p));
+  for (size_t end; (end = text.find('\n', start)) != std::string::npos && !out.full(); start = end + 1, ++line) {
+    const std::string_view row = std::string_view(text).substr(start, end - start);
+    if (e.format == "csv") {
+      if (!check_csv_line(e, row, line, header, out)) return;
+    } else {
+      check_jsonl_line(c, e, row, line, out);
     }
   }
-  if (start != text.size()) add("line " + std::to_string(line), "the last line has no newline: the file was truncated or edited");
-  if (e->format == "csv" && line == 1 && start == text.size()) add("", "is empty: the contract's header is missing");
+  if (start != text.size()) out.add("line " + std::to_string(line), "the last line has no newline: the file was truncated or edited");
+  if (e.format == "csv" && line == 1 && start == text.size()) out.add("", "is empty: the contract's header is missing");
+}
+
+void check_file(const Contract& c, const fs::path& dir, const std::string& relative, const std::string& pattern_path,
+                Validation& v, size_t max_problems) {
+  FileProblems out{v, relative, max_problems};
+  const Entry* e = entry_of(c, pattern_path);
+  if (!e) {
+    out.add("", std::string("no entry of the evidence contract (") + kName + " version " + std::to_string(kVersion) +
+                    ") names this file; a writer's own files go under " + kExtraDir + "/");
+    return;
+  }
+  if (e->format != "json" && e->format != "jsonl" && e->format != "csv") return;
+  const std::optional<std::string> text = evidence_text(dir / relative, out);
+  if (!text) return;
+  if (e->format == "json") {
+    check_json(c, *e, pattern_path, *text, out);
+  } else {
+    check_lines(c, *e, *text, out);
+  }
 }
 
 // `relative` as the contract's patterns name it: a nested case directory's (before_save/) own.
