@@ -69,49 +69,39 @@ int64_t ranks(const DiagnosisCase& c) {
 
 bool is_resume(const DiagnosisCase& c) { return c.kind == "resume" || c.kind == "cross_resume"; }
 
-// The features, in the order the diagnosis prefers them when several explain the same cases:
-// the mesh axes, then the knobs that refine them, the resumes, the dtype and spec, and last
-// the world size (what every parallel case shares).
-std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
-  std::vector<Feature> out;
+// A feature's test that holds when any phase of the case's configuration has it.
+std::function<bool(const DiagnosisCase&)> in_any_phase(std::function<bool(const ParallelConfig&)> f) {
+  return [f = std::move(f)](const DiagnosisCase& c) { return any_phase(c, f); };
+}
+
+// The mesh axes above 1 and the knobs that refine them: ep, edp, sp, the cp layouts, ac and
+// gradient accumulation.
+void add_axis_features(std::vector<Feature>& out) {
   for (const MeshDim& d : kMeshDims) {
     const std::string name(d.name);
     out.push_back({name + ">1", name + " > 1", name + " = 1", name + "=1", name,
-                   [deg = d.degree](const DiagnosisCase& c) {
-                     return any_phase(c, [deg](const ParallelConfig& p) { return p.*deg > 1; });
-                   }});
+                   in_any_phase([deg = d.degree](const ParallelConfig& p) { return p.*deg > 1; })});
   }
   // Megatron-Core's and TorchTitan's name for the run with the experts replicated.
-  out.push_back({"ep>1", "ep > 1", "ep = 1", "EP=1", "ep",
-                 [](const DiagnosisCase& c) { return any_phase(c, [](const ParallelConfig& p) { return p.ep > 1; }); }});
+  out.push_back({"ep>1", "ep > 1", "ep = 1", "EP=1", "ep", in_any_phase([](const ParallelConfig& p) { return p.ep > 1; })});
   // The expert-data-parallel ranks (DESIGN.md section 4): edp = dp_shard * cp / ep > 1 shards
   // the routed experts with FSDP too, so their gradients take another path than at edp = 1.
-  out.push_back({"edp>1", "edp > 1", "edp = 1", "edp>1", "edp", [](const DiagnosisCase& c) {
-                   return any_phase(c, [](const ParallelConfig& p) {
-                     return p.ep > 1 && static_cast<int64_t>(p.dp_shard) * p.cp / p.ep > 1;
-                   });
-                 }, "ep"});
-  out.push_back({"sp", "sequence parallelism", "without sequence parallelism", "no-SP", "sp", [](const DiagnosisCase& c) {
-                   return any_phase(c, [](const ParallelConfig& p) { return p.sequence_parallel; });
-                 }});
+  out.push_back({"edp>1", "edp > 1", "edp = 1", "edp>1", "edp", in_any_phase([](const ParallelConfig& p) {
+                   return p.ep > 1 && static_cast<int64_t>(p.dp_shard) * p.cp / p.ep > 1;
+                 }), "ep"});
+  out.push_back({"sp", "sequence parallelism", "without sequence parallelism", "no-SP", "sp",
+                 in_any_phase([](const ParallelConfig& p) { return p.sequence_parallel; })});
   out.push_back({"cp_zigzag", "the zigzag cp layout", "without the zigzag cp layout", "non-zigzag", "cp",
-                 [](const DiagnosisCase& c) {
-                   return any_phase(c, [](const ParallelConfig& p) { return p.cp > 1 && p.cp_layout == CpLayout::kZigzag; });
-                 }});
+                 in_any_phase([](const ParallelConfig& p) { return p.cp > 1 && p.cp_layout == CpLayout::kZigzag; })});
   out.push_back({"cp_contiguous", "the contiguous cp layout", "without the contiguous cp layout", "non-contiguous", "cp",
-                 [](const DiagnosisCase& c) {
-                   return any_phase(c,
-                                    [](const ParallelConfig& p) { return p.cp > 1 && p.cp_layout == CpLayout::kContiguous; });
-                 }});
+                 in_any_phase([](const ParallelConfig& p) { return p.cp > 1 && p.cp_layout == CpLayout::kContiguous; })});
   out.push_back({"ac", "activation checkpointing", "without activation checkpointing", "no-AC", "ac",
-                 [](const DiagnosisCase& c) {
-                   return any_phase(c, [](const ParallelConfig& p) { return p.activation_checkpointing; });
-                 }});
+                 in_any_phase([](const ParallelConfig& p) { return p.activation_checkpointing; })});
   out.push_back({"micro_batches>1", "gradient accumulation (micro_batches > 1)", "one micro-batch", "one-micro-batch",
-                 "micro_batches",
-                 [](const DiagnosisCase& c) {
-                   return any_phase(c, [](const ParallelConfig& p) { return p.micro_batches > 1; });
-                 }});
+                 "micro_batches", in_any_phase([](const ParallelConfig& p) { return p.micro_batches > 1; })});
+}
+
+void add_resume_features(std::vector<Feature>& out) {
   out.push_back({"resume", "a resume", "without a resume", "uninterrupted", "resume", is_resume});
   out.push_back({"same_topology_resume", "a resume on the same topology", "without a resume on the same topology",
                  "uninterrupted", "resume", [](const DiagnosisCase& c) { return c.kind == "resume"; }});
@@ -119,6 +109,10 @@ std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
                  "uninterrupted or same-topology", "resume", [](const DiagnosisCase& c) { return c.kind == "cross_resume"; }});
   out.push_back({"noise_twin", "the noise twin", "not the noise twin", "non-twin", "noise_twin",
                  [](const DiagnosisCase& c) { return c.config.noise_twin; }});
+}
+
+// Each dtype and each spec, where the table has several.
+void add_dtype_and_spec_features(const std::vector<DiagnosisCase>& cases, std::vector<Feature>& out) {
   std::set<std::string> dtypes, specs;
   for (const auto& c : cases) {
     for (const ParallelConfig* p : phases(c)) dtypes.insert(dtype_name(p->dtype));
@@ -127,9 +121,7 @@ std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
   if (dtypes.size() > 1) {
     for (const auto& d : dtypes) {
       out.push_back({"dtype=" + d, "dtype " + d, "another dtype than " + d, "non-" + d, "dtype",
-                     [d](const DiagnosisCase& c) {
-                       return any_phase(c, [&d](const ParallelConfig& p) { return dtype_name(p.dtype) == d; });
-                     }});
+                     in_any_phase([d](const ParallelConfig& p) { return dtype_name(p.dtype) == d; })});
     }
   }
   if (specs.size() > 1) {
@@ -138,10 +130,13 @@ std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
                      [s](const DiagnosisCase& c) { return c.spec == s; }});
     }
   }
-  // tp above the spec's key/value heads (each rank then holds a replicated KV head:
-  // Megatron-Core's layout for tp > num_query_groups), then the degrees of an axis where the
-  // table has several above 1 (a wrong KV head per rank only at tp 4 is not "tp > 1" when tp 2
-  // passes). The former first: the cause when both hold for the same cases.
+}
+
+// tp above the spec's key/value heads (each rank then holds a replicated KV head:
+// Megatron-Core's layout for tp > num_query_groups), then the degrees of an axis where the
+// table has several above 1 (a wrong KV head per rank only at tp 4 is not "tp > 1" when tp 2
+// passes). The former first: the cause when both hold for the same cases.
+void add_degree_features(const std::vector<DiagnosisCase>& cases, std::vector<Feature>& out) {
   const bool kv_heads = std::any_of(cases.begin(), cases.end(), [](const DiagnosisCase& c) {
     return c.num_key_value_heads > 0;
   });
@@ -167,12 +162,21 @@ std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
     for (const int64_t n : degrees) {
       const std::string v = std::to_string(n);
       out.push_back({name + "=" + v, name + " = " + v, name + " != " + v, name + "!=" + v, name,
-                     [deg = d.degree, n](const DiagnosisCase& c) {
-                       return any_phase(c, [deg, n](const ParallelConfig& p) { return p.*deg == n; });
-                     },
+                     in_any_phase([deg = d.degree, n](const ParallelConfig& p) { return p.*deg == n; }),
                      "world_size", true});
     }
   }
+}
+
+// The features, in the order the diagnosis prefers them when several explain the same cases:
+// the mesh axes, then the knobs that refine them, the resumes, the dtype and spec, and last
+// the world size (what every parallel case shares).
+std::vector<Feature> features_of(const std::vector<DiagnosisCase>& cases) {
+  std::vector<Feature> out;
+  add_axis_features(out);
+  add_resume_features(out);
+  add_dtype_and_spec_features(cases, out);
+  add_degree_features(cases, out);
   out.push_back({"world_size>2", "more than 2 ranks", "at most 2 ranks", "2-rank", "world_size",
                  [](const DiagnosisCase& c) { return ranks(c) > 2; }});
   out.push_back({"world_size>1", "world size > 1", "world size 1", "world-size-1", "world_size",
