@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <map>
+#include <set>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -48,58 +50,64 @@ void all_reduce_bucketed(const std::vector<PathGrad>& grads, Communicator& comm)
   }
 }
 
-}  // namespace
+// The reduction axes each parameter's gradient took this step, by FQN (gradient_reductions()).
+using Reductions = std::map<std::string, std::set<std::string>>;
 
-void ParallelContext::synchronize_gradients() {
-  root_gathers_.clear();
-  // Whether backward gave each trainable parameter a gradient on some rank: one flag per
-  // parameter, summed over the world (the same decision on every rank, so every replica of a
-  // piece skips or takes the update alike).
-  std::vector<const ShardedParameter*> trainable;
-  for (const auto& p : ordered_) {
-    if (p->local.requires_grad()) trainable.push_back(p.get());
-  }
+GradientLayout layout_of(const ShardedParameter& p) {
+  return p.fsdp ? GradientLayout::kFsdp : GradientLayout::kUnsharded;
+}
+
+// Whether backward gave each of `trainable` a gradient on some rank of `stage`: one flag per
+// parameter, summed over the ranks (the same decision on every rank, so every replica of a
+// piece skips or takes the update alike). On the CPU, contiguous.
+at::Tensor ranks_with_gradient(const std::vector<const ShardedParameter*>& trainable, Communicator& stage,
+                               c10::Device device) {
   at::Tensor present = at::zeros({static_cast<int64_t>(trainable.size())}, at::TensorOptions().dtype(at::kFloat));
   for (size_t i = 0; i < trainable.size(); ++i) {
     if (trainable[i]->local.grad().defined()) present[static_cast<int64_t>(i)] = 1;
   }
-  present = present.to(device_);
-  // Over the ranks of this pipeline stage, which hold the same parameters (the world when pp = 1).
-  Communicator& world = mesh_->comm(MeshAxis::kStage);
-  if (world.size() > 1 && !trainable.empty()) world.all_reduce(present, ReduceOp::kSum, "grad_sync.presence");
-  present = present.cpu().contiguous();
-  const auto ranks_with_gradient = present.accessor<float, 1>();
-  // A trainable parameter without a gradient on this rank joins with zeros, so every rank's
-  // buckets have the same layout (a different layout would make the collectives disagree).
-  // A frozen one (requires_grad false, the same on every rank) has none and joins no bucket.
-  for (const auto& p : ordered_) {
+  present = present.to(device);
+  if (stage.size() > 1 && !trainable.empty()) stage.all_reduce(present, ReduceOp::kSum, "grad_sync.presence");
+  return present.cpu().contiguous();
+}
+
+// A trainable parameter without a gradient on this rank joins with zeros, so every rank's
+// buckets have the same layout (a different layout would make the collectives disagree).
+// A frozen one (requires_grad false, the same on every rank) has none and joins no bucket.
+void zero_missing_gradients(const ParallelContext& ctx, Reductions& reductions) {
+  for (const auto& p : ctx.parameters()) {
     if (p->local.requires_grad() && !p->local.grad().defined()) {
       p->local.mutable_grad() = at::zeros_like(p->local);
-      reductions_[p->fqn].insert(kNoGradient);
+      reductions[p->fqn].insert(ParallelContext::kNoGradient);
     }
   }
-  auto layout_of = [](const ShardedParameter& p) {
-    return p.fsdp ? GradientLayout::kFsdp : GradientLayout::kUnsharded;
-  };
+}
+
+// The gradients each tp rank holds only part of (tp_partial_grad), summed over tp.
+void reduce_partial_over_tp(ParallelContext& ctx, Reductions& reductions) {
   std::vector<PathGrad> partial_over_tp;
-  for (const auto& p : ordered_) {
+  for (const auto& p : ctx.parameters()) {
     if (!p->tp_partial_grad || !p->local.requires_grad()) continue;
     const GradientKind kind = p->expert_parallel() ? GradientKind::kExpert : GradientKind::kDense;
     const ReductionPath& path = gradient_path(kind, layout_of(*p), "tp");
     partial_over_tp.push_back({p->local.grad(), &path});
-    if (tp_size() > 1) {
-      reductions_[p->fqn].insert("tp");
-      record_reduction_path(path, tp_size(), p->fqn);
+    if (ctx.tp_size() > 1) {
+      reductions[p->fqn].insert("tp");
+      ctx.record_reduction_path(path, ctx.tp_size(), p->fqn);
     }
   }
-  all_reduce_bucketed(partial_over_tp, tp_group());
-  // Over each data-parallel axis, by the rule of reduction_paths.h (all_reduced_over): experts
-  // under ep over dp_replicate and edp, dense ones over dp_replicate, cp and dp_shard; not over
-  // the axis whose FSDP backward already reduce-scattered it.
+  all_reduce_bucketed(partial_over_tp, ctx.tp_group());
+}
+
+// Over each data-parallel axis, by the rule of reduction_paths.h (all_reduced_over): experts
+// under ep over dp_replicate and edp, dense ones over dp_replicate, cp and dp_shard; not over
+// the axis whose FSDP backward already reduce-scattered it.
+void reduce_over_data_parallel(ParallelContext& ctx, Reductions& reductions) {
   for (MeshAxis axis : {MeshAxis::kDpReplicate, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kEdp}) {
     const std::string_view axis_name = mesh_axis_name(axis);
+    Communicator& comm = ctx.mesh().comm(axis);
     std::vector<PathGrad> grads;
-    for (const auto& p : ordered_) {
+    for (const auto& p : ctx.parameters()) {
       if (!p->local.requires_grad()) continue;
       // F23 (docs/fault-catalog.md): expert gradients reduced like dense ones, over cp and dp_shard (so
       // over the ep ranks, which hold other experts), not over edp.
@@ -108,43 +116,65 @@ void ParallelContext::synchronize_gradients() {
       if (!all_reduced_over(kind, layout_of(*p), axis_name)) continue;
       const ReductionPath& path = gradient_path(kind, layout_of(*p), axis_name);
       grads.push_back({p->local.grad(), &path});
-      if (mesh_->comm(axis).size() > 1) {
-        reductions_[p->fqn].insert(std::string(axis_name));
-        record_reduction_path(path, mesh_->comm(axis).size(), p->fqn);
+      if (comm.size() > 1) {
+        reductions[p->fqn].insert(std::string(axis_name));
+        ctx.record_reduction_path(path, comm.size(), p->fqn);
       }
     }
-    all_reduce_bucketed(grads, mesh_->comm(axis));
+    all_reduce_bucketed(grads, comm);
   }
-  // A parameter tied across pipeline stages (an embedding on the first stage tied to the head
-  // on the last): its copies' gradients, each already summed over data parallelism, are summed
-  // over the pp ranks (zeros from a rank holding no copy), so every copy takes the one
-  // logical parameter's update (Megatron-LM's embedding group).
+}
+
+// A parameter tied across pipeline stages (an embedding on the first stage tied to the head
+// on the last): its copies' gradients, each already summed over data parallelism, are summed
+// over the pp ranks (zeros from a rank holding no copy), so every copy takes the one
+// logical parameter's update (Megatron-LM's embedding group). `tied`: (creation index, local
+// element count) of each; `options`: the parameters' dtype and device.
+void sum_tied_over_pp(const ParallelContext& ctx, const std::vector<std::pair<int64_t, int64_t>>& tied,
+                      at::TensorOptions options, Reductions& reductions) {
+  std::map<int64_t, ShardedParameter*> mine;
+  for (const auto& p : ctx.parameters()) mine[p->index] = p.get();
+  int64_t total = 0;
+  for (const auto& [index, numel] : tied) total += numel;
+  at::Tensor flat = at::zeros({total}, options);
+  int64_t offset = 0;
+  for (const auto& [index, numel] : tied) {
+    auto it = mine.find(index);
+    if (it != mine.end() && it->second->local.grad().defined()) {
+      flat.narrow(0, offset, numel).copy_(it->second->local.grad().reshape(-1));
+    }
+    offset += numel;
+  }
+  pp::sum_tied_gradient(ctx.mesh().comm(MeshAxis::kPp), flat);
+  offset = 0;
+  for (const auto& [index, numel] : tied) {
+    auto it = mine.find(index);
+    if (it != mine.end() && it->second->local.grad().defined()) {
+      it->second->local.mutable_grad().copy_(flat.narrow(0, offset, numel).view_as(it->second->local));
+      reductions[it->second->fqn].insert("pp");
+    }
+    offset += numel;
+  }
+}
+
+}  // namespace
+
+void ParallelContext::synchronize_gradients() {
+  root_gathers_.clear();
+  std::vector<const ShardedParameter*> trainable;
+  for (const auto& p : ordered_) {
+    if (p->local.requires_grad()) trainable.push_back(p.get());
+  }
+  // Over the ranks of this pipeline stage, which hold the same parameters (the world when pp = 1).
+  const at::Tensor present = ranks_with_gradient(trainable, mesh_->comm(MeshAxis::kStage), device_);
+  const auto with_gradient = present.accessor<float, 1>();
+  zero_missing_gradients(*this, reductions_);
+  reduce_partial_over_tp(*this, reductions_);
+  reduce_over_data_parallel(*this, reductions_);
   // F34 (docs/fault-catalog.md): the copies' gradients never summed, so each stage updates its copy with
   // its own part of the gradient and the tie comes apart.
   if (!tied_over_pp_.empty() && !fault::active(fault::Fault::kF34)) {
-    std::map<int64_t, ShardedParameter*> mine;
-    for (const auto& p : ordered_) mine[p->index] = p.get();
-    int64_t total = 0;
-    for (const auto& [index, numel] : tied_over_pp_) total += numel;
-    at::Tensor flat = at::zeros({total}, at::TensorOptions().dtype(param_dtype_).device(device_));
-    int64_t offset = 0;
-    for (const auto& [index, numel] : tied_over_pp_) {
-      auto it = mine.find(index);
-      if (it != mine.end() && it->second->local.grad().defined()) {
-        flat.narrow(0, offset, numel).copy_(it->second->local.grad().reshape(-1));
-      }
-      offset += numel;
-    }
-    pp::sum_tied_gradient(mesh_->comm(MeshAxis::kPp), flat);
-    offset = 0;
-    for (const auto& [index, numel] : tied_over_pp_) {
-      auto it = mine.find(index);
-      if (it != mine.end() && it->second->local.grad().defined()) {
-        it->second->local.mutable_grad().copy_(flat.narrow(0, offset, numel).view_as(it->second->local));
-        reductions_[it->second->fqn].insert("pp");
-      }
-      offset += numel;
-    }
+    sum_tied_over_pp(*this, tied_over_pp_, at::TensorOptions().dtype(param_dtype_).device(device_), reductions_);
   }
   // PyTorch's semantics: a parameter no rank's backward reached keeps no gradient, and the
   // optimizers skip it (torch.optim steps only parameters whose grad is not None; DDP leaves
@@ -153,7 +183,7 @@ void ParallelContext::synchronize_gradients() {
   // above, as DDP does.
   without_gradient_.clear();
   for (size_t i = 0; i < trainable.size(); ++i) {
-    if (ranks_with_gradient[static_cast<int64_t>(i)] > 0) continue;
+    if (with_gradient[static_cast<int64_t>(i)] > 0) continue;
     trainable[i]->local.mutable_grad() = at::Tensor();
     without_gradient_.insert(trainable[i]->fqn);
   }
