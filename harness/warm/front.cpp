@@ -370,18 +370,9 @@ void say_refused(int fd, const Reply& reply) {
   std::exit(128 + sig);
 }
 
-}  // namespace
-
-std::string core_beside(const std::string& front) {
-  const auto slash = front.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : front.substr(0, slash);
-  return dir + "/../libexec/mih/mih-core";
-}
-
-void catch_signals() { take_signals(); }
-
-int front_main(int argc, char** argv, const std::string& core) {
-  take_signals();  // first (issue 52): no signal meets the default action while the front decides
+// The exit status (12: no core, 2: bad settings) of a front that cannot run the command, said,
+// with the signals given back; 0 when it can.
+int setup_error(const std::string& core) {
   if (::access(core.c_str(), X_OK) != 0) {
     give_back_signals();
     std::fprintf(stderr, "mih: the mih core binary '%s' is missing or not executable: %s (reinstall mih, or rebuild "
@@ -393,11 +384,13 @@ int front_main(int argc, char** argv, const std::string& core) {
     std::fprintf(stderr, "mih: %s\n", bad.c_str());
     return 2;
   }
+  return 0;
+}
+
+// The identity a warm server for this process is kept under; execs the command instead where
+// warm start does not serve it.
+std::string warm_identity(const std::string& core, int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
-  if (command == "warm") {
-    give_back_signals();
-    return warm_command(std::vector<std::string>(argv + 2, argv + argc));
-  }
   // A worker is the process its launcher (torchrun, srun, mpirun) started and watches: never forked elsewhere.
   if (command == "worker" || internal::switched_off(kWarmVar)) exec_core(core, argc, argv);
   // A server pins its caller with a pidfd (Linux 5.3+); without one it would refuse every caller.
@@ -408,73 +401,77 @@ int front_main(int argc, char** argv, const std::string& core) {
   }
   const std::string id = identity(core);
   if (id.empty()) exec_core(core, argc, argv);
+  return id;
+}
 
-  int fd = -1;
-  Reply reply;
+// What one request to a server came to: the command started (and is this front's), a fresh
+// server may take it (this one was stale or stopping), or it runs exec'd.
+enum class Attempt { kStarted, kRetry, kExec };
+
+// Asks the server on `fd` to run the command (its answers in *reply); says why where the
+// caller should know.
+Attempt request_run(int fd, const std::string& core, const std::string& id, int argc, char** argv, Reply* reply) {
+  // A server that does not answer in time (stopped, stuck) is given up: the command is
+  // exec'd, and the server, never confirmed, kills the copy it may start later.
+  timeval limit{answer_seconds(), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  bool sent = send_run(fd, core, id, argc, argv) && internal::read_all(fd, reply, sizeof *reply);
+  if (sent && reply->kind == static_cast<uint32_t>(ReplyKind::kReady)) {
+    uint64_t nonce = 0;
+    std::string why;
+    if (!internal::read_proof(peer_pid(fd), reply->value, &nonce, &why)) {
+      say_not_served(fd, why);  // confined apart from the server: exec'd, confined as the caller is
+      return Attempt::kExec;
+    }
+    sent = send_fds(fd, nonce) && internal::read_all(fd, reply, sizeof *reply);
+  }
+  if (!sent) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      // Said, and its socket taken away, so that the next command starts a fresh server.
+      std::fprintf(stderr, "mih: the warm server (pid %d) did not answer within %d s (%s; stopped or stuck?): "
+                   "running this command without it; the next one starts a fresh server\n",
+                   static_cast<int>(peer_pid(fd)), answer_seconds(), kTimeoutVar);
+      retire_socket(id);
+    }
+    return Attempt::kExec;
+  }
+  say_refused(fd, *reply);
+  if (reply->kind == static_cast<uint32_t>(ReplyKind::kStarted)) {
+    timeval forever{0, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
+    return internal::write_all(fd, "g", 1) ? Attempt::kStarted : Attempt::kExec;
+  }
+  const bool retry = reply->kind == static_cast<uint32_t>(ReplyKind::kDiffers) &&
+                     (reply->value == static_cast<int64_t>(Why::kStale) ||
+                      reply->value == static_cast<int64_t>(Why::kStopping));
+  return retry ? Attempt::kRetry : Attempt::kExec;
+}
+
+// The connection to the server that started the command (kStarted in *reply), or -1 when none
+// did: this server, or a fresh one where it was stale or stopping.
+int start_in_server(const std::string& core, const std::string& id, int argc, char** argv, Reply* reply) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    fd = server_connection(core, id, attempt > 0);
-    if (fd < 0) break;
-    // A server that does not answer in time (stopped, stuck) is given up: the command is
-    // exec'd, and the server, never confirmed, kills the copy it may start later.
-    timeval limit{answer_seconds(), 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-    bool sent = send_run(fd, core, id, argc, argv) && internal::read_all(fd, &reply, sizeof reply);
-    if (sent && reply.kind == static_cast<uint32_t>(ReplyKind::kReady)) {
-      uint64_t nonce = 0;
-      std::string why;
-      if (!internal::read_proof(peer_pid(fd), reply.value, &nonce, &why)) {
-        say_not_served(fd, why);  // confined apart from the server: exec'd, confined as the caller is
-        ::close(fd);
-        fd = -1;
-        break;
-      }
-      sent = send_fds(fd, nonce) && internal::read_all(fd, &reply, sizeof reply);
-    }
-    if (sent) say_refused(fd, reply);
-    if (!sent) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        // Said, and its socket taken away, so that the next command starts a fresh server.
-        std::fprintf(stderr, "mih: the warm server (pid %d) did not answer within %d s (%s; stopped or stuck?): "
-                     "running this command without it; the next one starts a fresh server\n",
-                     static_cast<int>(peer_pid(fd)), answer_seconds(), kTimeoutVar);
-        retire_socket(id);
-      }
-      ::close(fd);
-      fd = -1;
-      break;
-    }
-    if (reply.kind == static_cast<uint32_t>(ReplyKind::kStarted)) {
-      timeval forever{0, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &forever, sizeof forever);
-      if (internal::write_all(fd, "g", 1)) break;  // from here on the command is this front's
-      ::close(fd);
-      fd = -1;
-      break;
-    }
+    const int fd = server_connection(core, id, attempt > 0);
+    if (fd < 0) return -1;
+    const Attempt outcome = request_run(fd, core, id, argc, argv, reply);
+    if (outcome == Attempt::kStarted) return fd;
     ::close(fd);
-    fd = -1;
-    const bool retry = reply.kind == static_cast<uint32_t>(ReplyKind::kDiffers) &&
-                       (reply.value == static_cast<int64_t>(Why::kStale) ||
-                        reply.value == static_cast<int64_t>(Why::kStopping));
-    if (!retry) break;
+    if (outcome == Attempt::kExec) return -1;
   }
-  if (fd < 0) {
-    // Nothing was started: the command runs exec'd, with the signals as they were (exec_core).
-    exec_core(core, argc, argv);
-  }
-  const auto pid = static_cast<pid_t>(reply.value);
-  g_command.store(pid);
-  const uint64_t pending = g_pending.exchange(0);
-  for (int sig = 1; sig <= 64; ++sig) {
-    if ((pending >> (sig - 1)) & 1) ::kill(pid, sig);
-  }
-  // The server answers once more, when the command is gone. Should the server die first, the
-  // command (whose parent it was) is sent SIGTERM by its death signal, and this front waits for
-  // it to end (its interrupted run recorded) before it ends; should the server stop answering,
-  // the command's own end is seen here. Either way the command's status is lost.
+  return -1;
+}
+
+// Waits for the command `pid` the server on `fd` runs, and ends as it ended; 16 when its
+// server dies or stops answering first. The server answers once more, when the command is
+// gone. Should the server die first, the command (whose parent it was) is sent SIGTERM by its
+// death signal, and this front waits for it to end (its interrupted run recorded) before it
+// ends; should the server stop answering, the command's own end is seen here. Either way the
+// command's status is lost.
+int wait_for_command(int fd, pid_t pid) {
   const pid_t server = peer_pid(fd);
   const int pidfd = internal::open_pidfd(pid);
   bool command_gone = false, server_gone = false;
+  Reply reply;
   for (;;) {
     pollfd p[2] = {{server_gone ? -1 : fd, POLLIN, 0}, {command_gone ? -1 : pidfd, POLLIN, 0}};
     const int wait_ms = command_gone ? answer_seconds() * 1000 : server_gone ? 30 * 1000 : -1;
@@ -499,6 +496,37 @@ int front_main(int argc, char** argv, const std::string& core) {
                "unknown: rerun it, or run it with %s=0\n", static_cast<int>(server), static_cast<int>(pid),
                server_gone ? "died" : "stopped answering", kWarmVar);
   return 16;
+}
+
+}  // namespace
+
+std::string core_beside(const std::string& front) {
+  const auto slash = front.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : front.substr(0, slash);
+  return dir + "/../libexec/mih/mih-core";
+}
+
+void catch_signals() { take_signals(); }
+
+int front_main(int argc, char** argv, const std::string& core) {
+  take_signals();  // first (issue 52): no signal meets the default action while the front decides
+  if (const int status = setup_error(core); status != 0) return status;
+  if (argc > 1 && std::string(argv[1]) == "warm") {
+    give_back_signals();
+    return warm_command(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  const std::string id = warm_identity(core, argc, argv);
+  Reply reply;
+  const int fd = start_in_server(core, id, argc, argv, &reply);
+  // Nothing was started: the command runs exec'd, with the signals as they were (exec_core).
+  if (fd < 0) exec_core(core, argc, argv);
+  const auto pid = static_cast<pid_t>(reply.value);
+  g_command.store(pid);
+  const uint64_t pending = g_pending.exchange(0);
+  for (int sig = 1; sig <= 64; ++sig) {
+    if ((pending >> (sig - 1)) & 1) ::kill(pid, sig);
+  }
+  return wait_for_command(fd, pid);
 }
 
 int warm_command(const std::vector<std::string>& args) {

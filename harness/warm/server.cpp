@@ -21,7 +21,9 @@
 #include <cstring>
 #include <dirent.h>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/base/child_process.h"
@@ -263,131 +265,104 @@ void stop_listening(Server& s) {
   s.stopping = true;
 }
 
-// One accepted connection: a run (forks the command), a status or a stop request.
-void handle(Server& s, int conn) {
-  ucred peer{};
-  socklen_t len = sizeof peer;
-  const int one = 1;
-  // Its messages carry their sender's credentials from now on (the echo of kReady's nonce).
-  if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != ::getuid() || peer.pid <= 0 ||
-      ::setsockopt(conn, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) {
-    ::close(conn);
-    return;
-  }
-  // The caller's pid is pinned from now on: a process that reuses it later is not the caller
-  // (see examine_caller and the echo below).
-  const int caller_pidfd = internal::open_pidfd(peer.pid);
-  const int pidfd_error = errno;
-  struct Closer {
-    int fd;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
-  } closer{caller_pidfd};
-  timeval timeout{5, 0};  // a front sends its request at once; a silent peer does not hold the loop
-  ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  Header h;
+struct FdCloser {
+  int fd;
+  ~FdCloser() { if (fd >= 0) ::close(fd); }
+};
+
+// An accepted connection and the fds its messages brought, closed when handle returns; a
+// started command's job keeps the connection (release).
+struct Connection {
+  int fd;
   std::vector<int> fds;
-  std::string payload;
-  const bool got = internal::receive_header(conn, &h, &fds) && h.magic == internal::kMagic &&
-                   h.version == internal::kVersion && h.payload_bytes < (64u << 20);
-  if (got) {
-    payload.resize(h.payload_bytes);
-    if (!internal::read_all(conn, payload.data(), payload.size())) payload.clear();
+  ~Connection() {
+    close_fds();
+    if (fd >= 0) ::close(fd);
   }
-  auto done = [&] {
-    for (int fd : fds) ::close(fd);
-  };
-  if (!got) {
-    done();
-    ::close(conn);
-    return;
+  void close_fds() {
+    for (int f : fds) ::close(f);
+    fds.clear();
   }
-  if (h.kind == static_cast<uint32_t>(Kind::kStatus)) {
-    const std::string text = status_text(s);
-    send_reply(conn, ReplyKind::kText, static_cast<int64_t>(text.size()));
-    (void)internal::write_all(conn, text.data(), text.size());
-    done();
-    ::close(conn);
-    return;
+  int release() { return std::exchange(fd, -1); }
+};
+
+// The peer's credentials, its messages carrying their sender's from now on (the echo of
+// kReady's nonce); false for another user's peer or one without a pid.
+bool peer_of(int conn, ucred* peer) {
+  socklen_t len = sizeof *peer;
+  const int one = 1;
+  return ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, peer, &len) == 0 && peer->uid == ::getuid() && peer->pid > 0 &&
+         ::setsockopt(conn, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0;
+}
+
+// The request's header and payload (cleared when short); false when none came in time.
+bool receive_request(Connection& c, Header* h, std::string* payload) {
+  timeval timeout{5, 0};  // a front sends its request at once; a silent peer does not hold the loop
+  ::setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (!internal::receive_header(c.fd, h, &c.fds) || h->magic != internal::kMagic || h->version != internal::kVersion ||
+      h->payload_bytes >= (64u << 20)) {
+    return false;
   }
-  if (h.kind == static_cast<uint32_t>(Kind::kStop)) {
-    const std::string text = status_text(s);
-    stop_listening(s);
-    send_reply(conn, ReplyKind::kText, static_cast<int64_t>(text.size()));
-    (void)internal::write_all(conn, text.data(), text.size());
-    done();
-    ::close(conn);
-    return;
+  payload->resize(h->payload_bytes);
+  if (!internal::read_all(c.fd, payload->data(), payload->size())) payload->clear();
+  return true;
+}
+
+// A status or stop request, answered with the status line; false for any other kind.
+bool answer_status(Server& s, int conn, const Header& h) {
+  const bool stop = h.kind == static_cast<uint32_t>(Kind::kStop);
+  if (!stop && h.kind != static_cast<uint32_t>(Kind::kStatus)) return false;
+  const std::string text = status_text(s);
+  if (stop) stop_listening(s);
+  send_reply(conn, ReplyKind::kText, static_cast<int64_t>(text.size()));
+  (void)internal::write_all(conn, text.data(), text.size());
+  return true;
+}
+
+// Why a run request is refused before the caller's fds are asked for (an identity refusal's
+// text in *text), or nullopt when it is served; the decoded request in *r.
+std::optional<Why> refusal(Server& s, const Header& h, const Connection& c, const std::string& payload,
+                           pid_t caller, int caller_pidfd, int pidfd_error, internal::RunRequest* r, std::string* text) {
+  if (h.kind != static_cast<uint32_t>(Kind::kRun) || !c.fds.empty() || !internal::decode(payload, r)) {
+    return Why::kBadRequest;
   }
-  internal::RunRequest r;
-  std::vector<std::string> caller_env;
-  std::string text;
-  Why why{};
-  bool refuse = true;
-  if (h.kind != static_cast<uint32_t>(Kind::kRun) || !fds.empty() || !internal::decode(payload, &r)) {
-    why = Why::kBadRequest;
-  } else if (s.stopping) {
-    why = Why::kStopping;
-  } else if (stale() || changed_since_start(s)) {
-    why = Why::kStale;
+  if (s.stopping) return Why::kStopping;
+  if (stale() || changed_since_start(s)) {
     stop_listening(s);  // every later command would be refused too: the next front starts a fresh server
-  } else if (text = examine_caller(s, peer.pid, caller_pidfd, pidfd_error, r, &caller_env); !text.empty()) {
-    why = Why::kIdentity;
-  } else if (thread_count() != 1) {
-    why = Why::kBusy;
-  } else {
-    refuse = false;
+    return Why::kStale;
   }
-  if (refuse) {
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(why), text);
-    done();
-    ::close(conn);
-    return;
-  }
-  // Only a front that heard this server is ready sends its fds 0-2 and cwd: a stopped server
-  // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile). It
-  // echoes the nonce it read through this server's /proc/<pid>/fd: it may examine this server
-  // as this server examined it, so neither is in a Landlock domain the other is not in.
-  internal::Proof proof;
-  const bool proof_made = internal::make_proof(&proof);
-  const Closer proof_closer{proof.fd};
-  if (!proof_made) {
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
-    done();
-    ::close(conn);
-    return;
-  }
-  send_reply(conn, ReplyKind::kReady, proof.fd);
+  std::vector<std::string> caller_env;
+  *text = examine_caller(s, caller, caller_pidfd, pidfd_error, *r, &caller_env);
+  if (!text->empty()) return Why::kIdentity;
+  if (thread_count() != 1) return Why::kBusy;
+  return std::nullopt;
+}
+
+// The caller's fds 0-2 (those of h.fd_bits) and cwd, in the message that echoes the nonce.
+bool receive_fds(Connection& c, const Header& h, uint64_t* echo, ucred* sender) {
   Header fd_message;
-  uint64_t echo = 0;
-  ucred sender{};
   const size_t expected_fds = static_cast<size_t>(__builtin_popcount(h.fd_bits & 7u)) + 1;
-  if (!internal::receive_echo(conn, &fd_message, &echo, &fds, &sender) || fd_message.magic != internal::kMagic ||
-      fd_message.kind != static_cast<uint32_t>(Kind::kFds) || fds.size() != expected_fds) {
-    done();
-    ::close(conn);
-    return;
-  }
-  // The message that echoes the nonce was sent after kReady by the process with the caller's
-  // pid; the caller's pidfd, alive still, held that pid since before /proc/<pid> was read: the
-  // process examined is the one asking, not a later one with its pid.
-  const std::string examined = "the process examined (pid " + std::to_string(peer.pid) + ")";
-  std::string unproven;
+  return internal::receive_echo(c.fd, &fd_message, echo, &c.fds, sender) && fd_message.magic == internal::kMagic &&
+         fd_message.kind == static_cast<uint32_t>(Kind::kFds) && c.fds.size() == expected_fds;
+}
+
+// Why the fds' message is not proven to come from the process examined ("" when it is): sent
+// after kReady, it echoes the nonce, from the caller's pid, which the caller's pidfd, alive
+// still, held since before /proc/<pid> was read: not a later process with that pid.
+std::string unproven(const internal::Proof& proof, uint64_t echo, const ucred& sender, pid_t caller,
+                     int caller_pidfd) {
+  const std::string examined = "the process examined (pid " + std::to_string(caller) + ")";
   if (echo != proof.nonce) {
-    unproven = "its fds did not echo the nonce of this server's /proc/" + std::to_string(::getpid()) + "/fd/" +
-               std::to_string(proof.fd) + " (only a process in this server's Landlock domain, or none, may read it)";
-  } else if (sender.pid != peer.pid) {
-    unproven = "its fds came from pid " + std::to_string(sender.pid) + ", not from " + examined;
-  } else if (!internal::pidfd_alive(caller_pidfd)) {
-    unproven = examined + " is gone";
+    return "its fds did not echo the nonce of this server's /proc/" + std::to_string(::getpid()) + "/fd/" +
+           std::to_string(proof.fd) + " (only a process in this server's Landlock domain, or none, may read it)";
   }
-  if (!unproven.empty()) {
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kIdentity), unproven);
-    done();
-    ::close(conn);
-    return;
-  }
+  if (sender.pid != caller) return "its fds came from pid " + std::to_string(sender.pid) + ", not from " + examined;
+  if (!internal::pidfd_alive(caller_pidfd)) return examined + " is gone";
+  return "";
+}
+
+// Forks the command, which waits for its front's 'g' (confirm), and keeps it as a job.
+void start_command(Server& s, Connection& c, const Header& h, const internal::RunRequest& r) {
   // Test hook (tests/cli/warm.py): stall after taking the fds and again after answering, as a
   // server stopped there would; the front gives up meanwhile, and only the 'g' gate stops the
   // command it forked from running.
@@ -395,9 +370,7 @@ void handle(Server& s, int conn) {
   if (stall) ::sleep(static_cast<unsigned>(std::atoi(stall)));
   int go[2];
   if (::pipe2(go, O_CLOEXEC) != 0) {
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
-    done();
-    ::close(conn);
+    send_reply(c.fd, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
     return;
   }
   const pid_t server = ::getpid();
@@ -408,26 +381,62 @@ void handle(Server& s, int conn) {
   sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, &before);
   const pid_t pid = ::fork();
-  if (pid == 0) become_command(s, r, fds, h.fd_bits, server, go[0]);
+  if (pid == 0) become_command(s, r, c.fds, h.fd_bits, server, go[0]);
   ::sigprocmask(SIG_SETMASK, &before, nullptr);
-  done();
+  c.close_fds();
   ::close(go[0]);
   if (pid < 0) {
     ::close(go[1]);
-    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
-    ::close(conn);
+    send_reply(c.fd, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
     return;
   }
-  Job job;
-  job.pid = pid;
-  job.pidfd = internal::open_pidfd(pid);
-  job.conn = conn;
-  job.go_fd = go[1];
-  job.go_by = Clock::now() + kGoTimeout;
-  s.jobs.push_back(job);
+  const int conn = c.release();
+  s.jobs.push_back(Job{.pid = pid, .pidfd = internal::open_pidfd(pid), .conn = conn, .go_fd = go[1],
+                       .go_by = Clock::now() + kGoTimeout});
   ++s.served;
   send_reply(conn, ReplyKind::kStarted, pid);
   if (stall) ::sleep(static_cast<unsigned>(std::atoi(stall)));
+}
+
+// One accepted connection: a run (forks the command), a status or a stop request.
+void handle(Server& s, int conn) {
+  Connection c{conn, {}};
+  ucred peer{};
+  if (!peer_of(conn, &peer)) return;
+  // The caller's pid is pinned from now on: a process that reuses it later is not the caller
+  // (see examine_caller and unproven).
+  const int caller_pidfd = internal::open_pidfd(peer.pid);
+  const int pidfd_error = errno;
+  const FdCloser closer{caller_pidfd};
+  Header h;
+  std::string payload;
+  if (!receive_request(c, &h, &payload) || answer_status(s, conn, h)) return;
+  internal::RunRequest r;
+  std::string text;
+  if (const auto why = refusal(s, h, c, payload, peer.pid, caller_pidfd, pidfd_error, &r, &text)) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(*why), text);
+    return;
+  }
+  // Only a front that heard this server is ready sends its fds 0-2 and cwd: a stopped server
+  // never holds a caller's pipes open (a front that gave up exec'd its command meanwhile). It
+  // echoes the nonce it read through this server's /proc/<pid>/fd: it may examine this server
+  // as this server examined it, so neither is in a Landlock domain the other is not in.
+  internal::Proof proof;
+  const bool proof_made = internal::make_proof(&proof);
+  const FdCloser proof_closer{proof.fd};
+  if (!proof_made) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kBusy));
+    return;
+  }
+  send_reply(conn, ReplyKind::kReady, proof.fd);
+  uint64_t echo = 0;
+  ucred sender{};
+  if (!receive_fds(c, h, &echo, &sender)) return;
+  if (const std::string why = unproven(proof, echo, sender, peer.pid, caller_pidfd); !why.empty()) {
+    send_reply(conn, ReplyKind::kDiffers, static_cast<int64_t>(Why::kIdentity), why);
+    return;
+  }
+  start_command(s, c, h, r);
 }
 
 // The front confirms the command (one 'g') or has gone: the command runs, or dies unstarted.

@@ -56,8 +56,6 @@ NOT_YET_SPLIT = {
     ("harness/compare/compare.cpp", "localize"): 120,
     ("harness/compare/compare.cpp", "compare_evidence"): 232,
     ("harness/compare/verdicts_comm.cpp", "comm_volume"): 114,
-    ("harness/warm/front.cpp", "front_main"): 120,
-    ("harness/warm/server.cpp", "handle"): 165,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"harness/(\w+)/', re.M)
 
