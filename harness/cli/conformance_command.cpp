@@ -116,15 +116,8 @@ struct RunFlags {
   bool no_progress = false, list_cases = false;
 };
 
-// Parses `args` into the run options; returns the GoogleTest flags, or the exit status of a
-// usage error or --help.
-std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<std::string>& args, RunFlags* f,
-                                                            cases::RunOptions* o) {
-  CLI::App app{"Runs the conformance suites of the specs linked into this binary: each case launched once "
-               "(its ranks as processes), every suite asserting on its evidence; --gtest_* flags go to "
-               "GoogleTest. Exit status: see the footer.",
-               "mih test"};
-  app.footer(exit_status_legend());
+// Where the evidence goes, the matrix and its lane (dtype, seed, noise multiple).
+void add_matrix_options(CLI::App& app, RunFlags* f, cases::RunOptions* o) {
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
                  "directory)");
@@ -138,6 +131,10 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_option("--noise-k", o->noise_k,
                  "reduced lanes: the multiple of the measured noise each tolerance is (default: the spec's noise_k)")
       ->check(CLI::NonNegativeNumber);
+}
+
+// A run over evidence produced elsewhere, and what of it may differ from this mih's.
+void add_verify_only_options(CLI::App& app, cases::RunOptions* o) {
   app.add_flag("--verify-only", o->verify_only, "assert on evidence produced elsewhere; launch nothing");
   app.add_flag("--allow-edited-evidence", o->allow_edited_evidence,
                "verify-only and check: check evidence whose files differ from the SHA-256 digests its case_run.json "
@@ -145,12 +142,10 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
   app.add_flag("--allow-other-version", o->allow_other_version,
                "verify-only and check: check evidence that another harness version wrote (environment.json's "
                "versions.mih; else exit 12)");
-  add_seconds(app, "--case-timeout", o->case_timeout, "how long one case may take (all its launches)");
-  add_seconds(app, "--collective-timeout", o->collective_timeout,
-              "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
-              "case timeout)");
-  app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
-  app.add_option("--only-spec", o->only_spec, "only this spec's cases");
+}
+
+// Where the weights start from, and the goldens of the original model compared with.
+void add_source_options(CLI::App& app, RunFlags* f, cases::RunOptions* o) {
   app.add_option("--init-from", o->init_from,
                  "every case of the run's one spec (select it with --only-spec), its reference included, starts from "
                  "this local Hugging Face checkpoint directory (through the key map; checked before any case "
@@ -167,8 +162,10 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
                "instantiated and every other suite runs; the run's last line and its report say \"MatchesOriginal "
                "not run: --no-golden\" (without it, a golden that is missing stops the run before any case, exit 12)")
       ->excludes(golden);
-  app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
-  app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
+}
+
+// A share of the cases (--shard), and a fault of the catalog on some of them.
+void add_shard_and_fault_options(CLI::App& app, RunFlags* f) {
   app.add_option("--shard", f->shard,
                  "i/N: test only share i of N of the cases the filter selects (the same split in every job given the "
                  "same binary, matrix and filter; the cases they compare with run where needed); `mih test "
@@ -189,21 +186,13 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
-  app.allow_extras(true);
-  std::vector<std::string> argv_s = {"mih test"};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+}
+
+// The GoogleTest flags among what CLI11 did not know, or 2 (said) for anything else: an
+// unknown option, or a --gtest_* flag GoogleTest does not have.
+std::variant<std::vector<std::string>, int> gtest_flags_of(const std::vector<std::string>& extras) {
   std::vector<std::string> gtest;
-  for (const auto& extra : app.remaining()) {
+  for (const auto& extra : extras) {
     if (extra.rfind("--gtest_", 0) != 0) {
       std::fprintf(stderr,
                    "mih test: unknown option '%s'; the options are listed by `mih test --help`, and GoogleTest's "
@@ -227,6 +216,43 @@ std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<st
     gtest.push_back(extra);
   }
   return gtest;
+}
+
+// Parses `args` into the run options; returns the GoogleTest flags, or the exit status of a
+// usage error or --help.
+std::variant<std::vector<std::string>, int> parse_run_flags(const std::vector<std::string>& args, RunFlags* f,
+                                                            cases::RunOptions* o) {
+  CLI::App app{"Runs the conformance suites of the specs linked into this binary: each case launched once "
+               "(its ranks as processes), every suite asserting on its evidence; --gtest_* flags go to "
+               "GoogleTest. Exit status: see the footer.",
+               "mih test"};
+  app.footer(exit_status_legend());
+  add_matrix_options(app, f, o);
+  add_verify_only_options(app, o);
+  add_seconds(app, "--case-timeout", o->case_timeout, "how long one case may take (all its launches)");
+  add_seconds(app, "--collective-timeout", o->collective_timeout,
+              "how long one collective may wait before its rank fails (an infrastructure failure; default: the "
+              "case timeout)");
+  app.add_option("--prefixes", f->prefixes, "only these MIH_CONFORMANCE_SUITES registrations")->delimiter(',');
+  app.add_option("--only-spec", o->only_spec, "only this spec's cases");
+  add_source_options(app, f, o);
+  app.add_flag("--no-progress", f->no_progress, "no progress lines on stderr");
+  app.add_flag("--mih-list-cases", f->list_cases, "print the cases and their ctest labels, then exit");
+  add_shard_and_fault_options(app, f);
+  app.allow_extras(true);
+  std::vector<std::string> argv_s = {"mih test"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  return gtest_flags_of(app.remaining());
 }
 
 // Runs the conformance tests: the flags in `args` (with what `mih check` derived from the

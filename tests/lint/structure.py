@@ -50,8 +50,6 @@ NOT_YET_SPLIT = {
     ("harness/cases/memo.cpp", "verify_only_outcome"): 111,
     ("harness/cases/memo.cpp", "ensure_case"): 104,
     ("harness/cases/run_results.cpp", "record_case_states"): 106,
-    ("harness/cli/cli.cpp", "commands"): 106,
-    ("harness/cli/conformance_command.cpp", "parse_run_flags"): 110,
     ("harness/cli/evidence_commands.cpp", "setup_run"): 108,
     ("harness/compare/compare.cpp", "localize"): 120,
     ("harness/compare/compare.cpp", "compare_evidence"): 232,
