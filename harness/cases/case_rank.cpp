@@ -113,9 +113,12 @@ void check_phase(const CaseRequest& file, const std::string& phase) {
   MIH_CHECK(running == file.fault, "case ", file.spec, "/", c.name, ": its request (", layout::kCaseRequest,
             ") injects fault '", file.fault, "' but this rank runs with '", running,
             "': start every rank with the command `mih run --prepare` printed (its --fault)");
-  MIH_CHECK(phase == "train" || phase == "save" || phase == "load", "case phase '", phase, "': use train, save or load");
-  MIH_CHECK(phase == "train" ? !c.save_config.has_value() : c.save_config.has_value(), "case '", c.name, "' (",
-            spec::case_kind_name(c.kind), ") has ", c.save_config ? "the phases save and load" : "the one phase train",
+  MIH_CHECK(std::find(kCasePhases.begin(), kCasePhases.end(), phase) != kCasePhases.end(), "case phase '", phase,
+            "': use train, save or load");
+  const std::vector<CasePhase> phases = case_phases(c);
+  MIH_CHECK(std::any_of(phases.begin(), phases.end(), [&](const CasePhase& p) { return p.name == phase; }), "case '",
+            c.name, "' (", spec::case_kind_name(c.kind), ") has ",
+            phases.size() == 1 ? "the one phase " + phases[0].name : "the phases " + phases[0].name + " and " + phases[1].name,
             ", not '", phase, "' (`mih run --prepare` prints the rank command of each phase)");
 }
 
@@ -238,7 +241,7 @@ void finish_phase(const CaseRequest& file, const spec::ModelSpec& s, const std::
   session.finish();
   timing["end_s"] = since(t);
   double session_s = 0;  // the checks and probes inside build and steps
-  for (const auto& row : session.metrics()) session_s += row.value("session_ms", 0.0) / 1e3;
+  for (const auto& row : session.metrics()) session_s += row.at("session_ms").get<double>() / 1e3;  // every step has it
   timing["session_s"] = session_s;
   EvidenceDir run_dir(evidence / layout::run_phase_dir(phase));
   run_dir.write_json(layout::timing_rank(mesh.rank()), timing);

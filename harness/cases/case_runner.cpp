@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/contract/case_record.h"
+#include "harness/contract/rank_phase_records.h"
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
 #include "harness/base/fault.h"
@@ -149,11 +150,11 @@ std::string environment_failure(const LaunchResult& r) {
   return "";
 }
 
-// A rank that could not initialize the port from the case's checkpoint (run_phase's
-// init_from_failed_rank<r>.json): the first such record of any phase, or null.
-nlohmann::json init_from_failure(const fs::path& evidence) {
+// A rank that could not initialize the port from the case's checkpoint (load_init_from's
+// init_from_failed_rank<r>.json): the first such record of any phase, or nullopt.
+std::optional<contract::RankInitFromFailure> init_from_failure(const fs::path& evidence) {
   std::error_code ec;
-  for (const char* phase : {"train", "save"}) {
+  for (const char* phase : kCasePhases) {
     std::vector<fs::path> records;
     for (auto it = fs::directory_iterator(evidence / layout::run_phase_dir(phase), ec); !ec && it != fs::directory_iterator();
          it.increment(ec)) {
@@ -161,14 +162,9 @@ nlohmann::json init_from_failure(const fs::path& evidence) {
     }
     ec.clear();
     std::sort(records.begin(), records.end());
-    for (const auto& record : records) {
-      std::string text;
-      if (!read_file(record, &text)) continue;
-      nlohmann::json j = parse_json_lenient(text);
-      if (j.is_object()) return j;
-    }
+    if (!records.empty()) return contract::read_rank_init_from_failure(records.front());
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -230,16 +226,12 @@ namespace {
 // Whether any rank of any phase of the case ran its fault's code (run/<phase>/fault_rank<R>.json).
 bool fault_reached(const fs::path& evidence) {
   std::error_code ec;
-  for (const char* phase : {"train", "save", "load"}) {
+  for (const char* phase : kCasePhases) {
     const fs::path dir = evidence / layout::run_phase_dir(phase);
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind(layout::kFaultRankPrefix, 0) != 0) continue;
-      std::string text;
-      if (!read_file(entry.path(), &text)) continue;
-      const nlohmann::json j = parse_json_lenient(text);
-      if (j.is_object() && j.value("reached", false)) return true;
+      if (entry.path().filename().string().rfind(layout::kFaultRankPrefix, 0) != 0) continue;
+      if (contract::read_rank_fault_reach(entry.path()).reached) return true;
     }
   }
   return false;
@@ -275,25 +267,23 @@ void check_runnable(const CaseRequest& request, const spec::ModelSpec& s) {
   if (const std::string w = local_launch_warning(s.name, c); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
 }
 
-// One phase's ranks through the launcher (how each started into `started_by`, its time into
-// `result`).
-LaunchResult launch_phase(const CaseRequest& q, const std::string& phase, int world_size, CaseRunResult& result,
-                          std::map<std::string, std::vector<std::string>>& started_by) {
-  WorkerOptions w;
-  w.run_dir = result.evidence / layout::run_phase_dir(phase);
-  w.pg_backend = compat::parse_backend(q.c.pg_backend);
+// One phase's ranks through the launcher (how each started into the record's `started_by`, its
+// time into its seconds).
+LaunchResult launch_phase(const CaseRequest& q, const CasePhase& phase, CaseRunResult& result) {
+  WorkerOptions w = case_rank_options(q, result.evidence, phase.name);
   w.gloo_hostname = "127.0.0.1";
-  // Derived from the case timeout by default: a hung peer is the launcher's timeout to report.
-  w.collective_timeout = q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout;
+  // The launcher's timeout ends the launch here (a transport failure it reports), not the
+  // rank's watchdog.
+  w.case_timeout = std::chrono::milliseconds(0);
   LaunchOptions lo;
-  lo.world_size = world_size;
+  lo.world_size = phase.world_size;
   lo.run_dir = w.run_dir;
   lo.timeout = q.case_timeout;
-  w.fault = q.fault;  // --fault on the rank command line; no MIH_FAULT leaks in from here
-  lo.extra_env["MIH_FAULT"] = "";
-  lo.command = worker_command("case", w, {"--evidence", result.evidence.string(), "--phase", phase});
+  lo.extra_env["MIH_FAULT"] = "";  // --fault on the rank command line; no MIH_FAULT leaks in from here
+  lo.command = case_rank_arguments(w, result.evidence, phase.name);
+  lo.command.insert(lo.command.begin(), self_executable().string());
   const LaunchResult r = launch(lo);
-  for (const auto& rank : r.ranks) started_by[phase].push_back(rank.started_by);
+  for (const auto& rank : r.ranks) result.started_by[phase.name].push_back(rank.started_by);
   result.seconds += r.seconds;
   result.launch_seconds.push_back(r.seconds);
   return r;
@@ -308,13 +298,11 @@ void judge_launch(const LaunchResult& r, IntegrationState state, const std::stri
     result.outcome = Outcome::kInterrupted;
     result.error = r.report();
     result.code = Code::kAborted;
-  } else if (const nlohmann::json failed = init_from_failure(result.evidence); !failed.is_null()) {
+  } else if (const auto failed = init_from_failure(result.evidence)) {
     // The checkpoint changed or became unreadable after it was checked: no verdict on the model.
     result.outcome = Outcome::kNotRun;
-    result.error = "the port could not be initialized from checkpoint " + failed.value("checkpoint", "") + ": " +
-                   failed.value("error", "");
-    result.code = failed.value("code", "") == code_name(Code::kInvalidSpec) ? Code::kInvalidSpec
-                                                                            : Code::kFailedPrecondition;
+    result.error = "the port could not be initialized from checkpoint " + failed->checkpoint + ": " + failed->error;
+    result.code = failed->code == code_name(Code::kInvalidSpec) ? Code::kInvalidSpec : Code::kFailedPrecondition;
   } else if (const std::string why = environment_failure(r); !why.empty()) {
     // A full or read-only disk under the evidence: the environment, never a model failure.
     result.outcome = Outcome::kEnvironmentFailure;
@@ -342,15 +330,15 @@ void judge_launch(const LaunchResult& r, IntegrationState state, const std::stri
 // the launch wall time (spawn, teardown, the launcher's waits).
 CaseTiming rank0_timing(const fs::path& evidence, double seconds) {
   CaseTiming timing;
-  for (const char* phase : {"train", "save", "load"}) {
-    std::string text;
-    if (!read_file(evidence / layout::run_phase_dir(phase) / layout::timing_rank(0), &text)) continue;
-    const nlohmann::json rank0 = parse_json_lenient(text);
-    if (rank0.is_discarded() || !rank0.is_object()) continue;
-    timing.process_start_s += rank0.value("process_start_s", 0.0);
-    timing.rendezvous_s += rank0.value("rendezvous_s", 0.0);
-    timing.training_s += rank0.value("build_s", 0.0) + rank0.value("steps_s", 0.0) - rank0.value("session_s", 0.0);
-    timing.checks_s += rank0.value("session_s", 0.0) + rank0.value("end_s", 0.0);
+  std::error_code ec;
+  for (const char* phase : kCasePhases) {
+    const fs::path file = evidence / layout::run_phase_dir(phase) / layout::timing_rank(0);
+    if (!fs::exists(file, ec)) continue;  // a phase the case has not, or one its rank 0 did not end
+    const contract::RankTiming rank0 = contract::read_rank_timing(file);
+    timing.process_start_s += rank0.process_start_s;
+    timing.rendezvous_s += rank0.rendezvous_s;
+    timing.training_s += rank0.build_s + rank0.steps_s - rank0.session_s;
+    timing.checks_s += rank0.session_s + rank0.end_s;
   }
   timing.other_s = seconds - timing.process_start_s - timing.rendezvous_s - timing.training_s - timing.checks_s;
   return timing;
@@ -369,15 +357,13 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
   std::optional<CaseLock> lock;
   if (!o.lock_held) lock.emplace(layout::case_lock(o.evidence_root, s.name, c.name), false, s.name + "/" + c.name);
   CaseRunResult result;
+  static_cast<CaseRecord&>(result) = record_of(q);
   result.evidence = write_request(q, o.evidence_root);
   EvidenceDir dir(result.evidence);
-  CaseRecord record = record_of(q);
   LaunchResult r;
-  if (c.save_config) {
-    r = launch_phase(q, "save", c.save_config->world_size(), result, record.started_by);
-    if (r.ok()) r = launch_phase(q, "load", c.world_size(), result, record.started_by);
-  } else {
-    r = launch_phase(q, "train", c.world_size(), result, record.started_by);
+  for (const CasePhase& phase : case_phases(c)) {
+    r = launch_phase(q, phase, result);
+    if (!r.ok()) break;  // a resume loads only what its save wrote
   }
   IntegrationState state = IntegrationState::kDiscovered;
   std::string reason;
@@ -390,24 +376,43 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
   }
   judge_launch(r, state, reason, result);
   if (!q.fault.empty()) {
-    const bool reached = fault_reached(result.evidence);
-    record.fault_reached = reached;
-    if (result.outcome == Outcome::kRan && !reached) {
+    result.fault_reached = fault_reached(result.evidence);
+    if (result.outcome == Outcome::kRan && !*result.fault_reached) {
       // Every test of this case would pass on the correct code it ran: a green that lies.
       result.outcome = Outcome::kFaultNotReached;
       result.error = fault_not_reached_message(s, c, q.fault);
       result.code = Code::kInvalidSpec;
     }
   }
-  record.timing = rank0_timing(result.evidence, result.seconds);
-  record.seconds = result.seconds;
-  record.launch_seconds = result.launch_seconds;
-  record.state = result.state;
-  record.outcome = result.outcome;
-  record.error = result.error;
-  record.files = evidence_digests(result.evidence);
-  dir.write_json(layout::kCaseRecord, nlohmann::json(record));
+  result.timing = rank0_timing(result.evidence, result.seconds);
+  result.files = evidence_digests(result.evidence);
+  dir.write_json(layout::kCaseRecord, nlohmann::json(static_cast<const CaseRecord&>(result)));
   return result;
+}
+
+WorkerOptions case_rank_options(const CaseRequest& q, const fs::path& evidence, const std::string& phase) {
+  WorkerOptions w;
+  w.run_dir = evidence / layout::run_phase_dir(phase);
+  w.pg_backend = compat::parse_backend(q.c.pg_backend);
+  // Derived from the case timeout by default: a hung peer is the launch's timeout to report.
+  w.collective_timeout = q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout;
+  w.case_timeout = q.case_timeout;
+  w.fault = q.fault;
+  return w;
+}
+
+std::vector<std::string> case_rank_arguments(const WorkerOptions& w, const fs::path& evidence, const std::string& phase) {
+  std::vector<std::string> args = {"worker"};
+  const std::vector<std::string> options = w.to_args();
+  args.insert(args.end(), options.begin(), options.end());
+  args.insert(args.end(), {"case", "--evidence", evidence.string(), "--phase", phase});
+  return args;
+}
+
+std::string case_rank_shell_line(const WorkerOptions& w, const fs::path& evidence, const std::string& phase) {
+  std::string line;
+  for (const std::string& arg : case_rank_arguments(w, evidence, phase)) line += (line.empty() ? "" : " ") + shell_quote(arg);
+  return line;
 }
 
 }  // namespace mih::cases

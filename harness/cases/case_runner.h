@@ -14,9 +14,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "harness/contract/case_outcome.h"
+#include "harness/contract/case_record.h"
 #include "harness/contract/case_request.h"
 #include "harness/base/error.h"
 #include "harness/spec/case_matrix.h"
+
+namespace mih {
+struct WorkerOptions;  // harness/runtime/worker.h
+}  // namespace mih
 
 namespace mih::cases {
 
@@ -39,22 +44,37 @@ struct CaseRunOptions {
 /// same one, so either reuses the other's.
 std::string case_fingerprint(const CaseRequest& request);
 
-struct CaseRunResult {
+/// What run_case returns: the case's record, as written to case_run.json (its outcome, error,
+/// state, seconds, launch seconds, timing: the fields live there once, never copied into a
+/// second struct), and what the file does not hold.
+///  - outcome: kRan (every rank finished; the evidence holds the verdicts), kFailed (a hook or
+///    the model raised and the session recorded why: a conformance failure), kTransportFailure
+///    (a rank died or a collective timed out: infrastructure), or another Outcome
+///    (case_outcome.h); error: the reason of kFailed, the launcher's report of kTransportFailure.
+struct CaseRunResult : CaseRecord {
+  /// The case's evidence directory (absolute).
   std::filesystem::path evidence;
-  /// The case's integration state after the run ("STRUCTURE_VALIDATED", "FAILED", ...).
-  std::string state;
-  /// Wall time of the launches, seconds (and of each launch: a resume has two).
-  double seconds = 0;
-  std::vector<double> launch_seconds;
-  /// kRan (every rank finished; the evidence holds the verdicts), kFailed (a hook or the
-  /// model raised and the session recorded why: a conformance failure), kTransportFailure (a
-  /// rank died or a collective timed out: infrastructure), or another Outcome (case_outcome.h).
-  Outcome outcome = Outcome::kNotRun;
-  /// The reason of kFailed, the launcher's report of kTransportFailure.
-  std::string error;
-  /// The launch's code for a transport failure.
+  /// The launch's code for a transport failure (and the code of another outcome that is not a
+  /// verdict); kOk otherwise.
   Code code = Code::kOk;
 };
+
+/// The worker options of a rank of `phase` (case_phases) of the case `request` whose evidence
+/// directory is `evidence`: its run directory (run/<phase>), the case's process-group backend,
+/// the collective timeout (the request's; 0 there: its case timeout), the rank's own watchdog
+/// (the case timeout: what stops a rank no launcher of mih's watches) and the request's fault.
+WorkerOptions case_rank_options(const CaseRequest& request, const std::filesystem::path& evidence,
+                                const std::string& phase);
+
+/// The rank command of a case, after its program: "worker <options> case --evidence <evidence>
+/// --phase <phase>". The one form every launcher of a case's ranks starts them with: the local
+/// launch (run_case), `mih run --prepare`'s printed lines (torchrun) and `mih submit`'s srun.
+std::vector<std::string> case_rank_arguments(const WorkerOptions& options, const std::filesystem::path& evidence,
+                                             const std::string& phase);
+
+/// case_rank_arguments as one line for /bin/sh, each argument quoted where it needs it.
+std::string case_rank_shell_line(const WorkerOptions& options, const std::filesystem::path& evidence,
+                                 const std::string& phase);
 
 /// Whether this process can launch case `c` of `spec` with the local launcher, before any rank
 /// starts: its process-group backend is in this build (a one-rank case needs none), and a

@@ -13,6 +13,7 @@
 #include "harness/contract/case_outcome.h"
 #include "harness/contract/case_request.h"
 #include "harness/base/error.h"
+#include "harness/cases/case_runner.h"
 #include "harness/cases/registrations.h"
 
 namespace mih::cases {
@@ -25,15 +26,13 @@ struct CaseParam {
 /// GoogleTest: "llama/DpShard2".
 void PrintTo(const CaseParam& p, std::ostream* os);
 
-/// How a case's launch (or its verify-only evidence) ended.
-struct CaseOutcome {
-  std::filesystem::path evidence;
-  /// How it ended (case_outcome.h): kNotRun when it could not start (error says why),
-  /// kVerifyOnly for evidence produced elsewhere whose record names no outcome.
-  Outcome outcome = Outcome::kNotRun;
-  std::string error;
-  Code code = Code::kOk;
-  double seconds = 0;
+/// How a case's launch (or its verify-only evidence) ended: its record (case_run.json, as its
+/// run wrote it or as this run read it), its evidence directory and code (CaseRunResult), and
+/// whether this process launched it. A case without a record of its run has record_of(request)
+/// with the outcome: kNotRun when it could not start (error says why), kTransportFailure for a
+/// night's job that did not complete, kVerifyOnly for evidence produced elsewhere whose record
+/// names no outcome.
+struct CaseOutcome : CaseRunResult {
   bool launched_here = false;
 };
 

@@ -218,14 +218,23 @@ std::pair<std::string, const CaseOutcome*> incomplete_dependency(const Registrat
 //     module parity does not hold; no state was written): returned, and the run exits 1.
 // Verify-only runs (`mih check`) write no state: a case whose recorded state is FAILED or
 // BLOCKED is returned when its tests passed.
-std::vector<std::string> record_case_states() {
-  struct Tally {
-    int total = 0, ran = 0;
-    std::vector<std::string> failed;
-    const Registration* registration = nullptr;
-  };
+namespace {
+
+// The tests of a case (or of a spec's ModuleParity) in this run.
+struct Tally {
+  int total = 0, ran = 0;
+  std::vector<std::string> failed;
+  const Registration* registration = nullptr;
+};
+
+struct Tallies {
   std::map<std::string, Tally> by_case;  // "<spec>/<case>", the evidence layout
   std::map<std::string, Tally> parity;   // spec -> its ModuleParity tests
+};
+
+// Every conformance test of the run, by case and (ModuleParity) by spec.
+Tallies tally_tests() {
+  Tallies out;
   const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   for (int i = 0; i < unit.total_test_suite_count(); ++i) {
     const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
@@ -240,7 +249,7 @@ std::vector<std::string> record_case_states() {
       const auto pslash = name.rfind('/');
       if (pslash == std::string::npos) continue;
       const bool module_parity = full.substr(slash + 1) == "ModuleParity";
-      for (Tally* t : {&by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &parity[r->spec] : nullptr}) {
+      for (Tally* t : {&out.by_case[r->spec + "/" + name.substr(pslash + 1)], module_parity ? &out.parity[r->spec] : nullptr}) {
         if (!t) continue;
         if (!t->registration) t->registration = r;
         ++t->total;
@@ -250,71 +259,94 @@ std::vector<std::string> record_case_states() {
       }
     }
   }
+  return out;
+}
+
+// Whether the state `recorded` of case `key` is settled (none, not the run's, FAILED or
+// BLOCKED): left as it is, with a line in `disagree` where every test passed.
+bool settled(const std::string& key, const Tally& t, const CaseState& recorded, std::vector<std::string>& disagree) {
+  if (recorded.state.empty()) {
+    // Launched here, a case whose tests passed has its state; evidence of a loop of one's
+    // own (verify-only) may have none, and its tests are the verdict.
+    if (!run_options().verify_only && t.failed.empty()) {
+      disagree.push_back(key + ": every test passed, but it has no integration_state.json");
+    }
+    return true;
+  }
+  if (!recorded.disagreement.empty()) {
+    if (t.failed.empty()) {
+      disagree.push_back(key + ": every test passed, but " + recorded.disagreement +
+                         ": the state is not its run's; relaunch the case into a new evidence root");
+    }
+    return true;
+  }
+  const IntegrationState now = parse_state(recorded.state);
+  if (now != IntegrationState::kFailed && now != IntegrationState::kBlocked) return false;
+  if (t.failed.empty()) {
+    disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
+                       recorded.reason + "); a failed case stays failed: relaunch it into a new evidence root");
+  }
+  return true;
+}
+
+// Every test of case `key` passed: MATRIX_PASSED once the spec's module parity holds.
+void pass_case(const std::string& key, const Tally& t, const Tallies& tallies, const CaseState& recorded,
+               IntegrationStateMachine& machine, std::vector<std::string>& disagree) {
+  const std::string spec_name = key.substr(0, key.find('/'));
+  std::string parity_problem;
+  if (!spec::SpecRegistry::instance().get(spec_name).parity_cases.empty()) {
+    const auto p = tallies.parity.find(spec_name);
+    if (p != tallies.parity.end() && p->second.total > 0 && p->second.ran == p->second.total) {
+      if (!p->second.failed.empty()) parity_problem = "the spec's ModuleParity failed in this run";
+    } else {
+      parity_problem = module_parity_on_evidence(*t.registration);
+    }
+  }
+  if (!parity_problem.empty()) {
+    disagree.push_back(key + ": every test passed, but the spec's module parity does not hold (" + parity_problem +
+                       "); it stays " + state_name(parse_state(recorded.state)) + ", never MATRIX_PASSED");
+    return;
+  }
+  machine.advance_if_before(IntegrationState::kMatrixPassed, {layout::kFindings});
+}
+
+// A test of case `key` failed. Only a verdict on the model fails it: a case that did not run to
+// its end (a transport failure, bad input, an environment problem, an external launch's
+// evidence this run refused to replace) keeps its state, and the run's exit status says why.
+void fail_case(const std::string& key, const Tally& t, IntegrationStateMachine& machine) {
+  const std::string spec_name = key.substr(0, key.find('/')), case_name = key.substr(key.find('/') + 1);
+  const CaseOutcome* outcome = memoized_outcome(spec_name, case_name);
+  if (!outcome || outcome->outcome != Outcome::kRan) return;
+  // Nor does a case whose tests read a case that did not complete (its Reference died): they
+  // judged nothing, and a rerun judges it.
+  if (incomplete_dependency(*t.registration, case_name).second) return;
+  std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
+  for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
+  if (t.failed.size() > 5) reason += ", ...";
+  machine.fail(reason + " (see results.jsonl of the run)", {layout::kFindings});
+}
+
+}  // namespace
+
+std::vector<std::string> record_case_states() {
+  const Tallies tallies = tally_tests();
   const bool verify_only = run_options().verify_only;
   std::vector<std::string> disagree;
-  for (const auto& [key, t] : by_case) {
+  for (const auto& [key, t] : tallies.by_case) {
     if (t.ran < t.total || (verify_only && !t.failed.empty())) continue;
     const fs::path dir = run_options().evidence_root / key;
     try {
       // The state as the run's record bounds it (case_run.json's "state"): integration_state.json
       // is outside the digests, and deleting or editing it never turns a failed case into a pass.
       const CaseState recorded = read_case_state(dir);
-      if (recorded.state.empty()) {
-        // Launched here, a case whose tests passed has its state; evidence of a loop of one's
-        // own (verify-only) may have none, and its tests are the verdict.
-        if (!verify_only && t.failed.empty()) disagree.push_back(key + ": every test passed, but it has no integration_state.json");
-        continue;
-      }
-      if (!recorded.disagreement.empty()) {
-        if (t.failed.empty()) {
-          disagree.push_back(key + ": every test passed, but " + recorded.disagreement +
-                             ": the state is not its run's; relaunch the case into a new evidence root");
-        }
-        continue;
-      }
-      const IntegrationState now = parse_state(recorded.state);
-      if (now == IntegrationState::kFailed || now == IntegrationState::kBlocked) {
-        if (t.failed.empty()) {
-          disagree.push_back(key + ": every test passed, but its integration_state.json is " + state_name(now) + " (" +
-                             recorded.reason + "); a failed case stays failed: relaunch it into a new evidence root");
-        }
-        continue;
-      }
-      if (verify_only) continue;
+      if (settled(key, t, recorded, disagree) || verify_only) continue;
       const EvidenceDir evidence(dir);
       IntegrationStateMachine machine(evidence);
       if (t.failed.empty()) {
-        const std::string spec_name = key.substr(0, key.find('/'));
-        std::string parity_problem;
-        if (!spec::SpecRegistry::instance().get(spec_name).parity_cases.empty()) {
-          const auto p = parity.find(spec_name);
-          if (p != parity.end() && p->second.total > 0 && p->second.ran == p->second.total) {
-            if (!p->second.failed.empty()) parity_problem = "the spec's ModuleParity failed in this run";
-          } else {
-            parity_problem = module_parity_on_evidence(*t.registration);
-          }
-        }
-        if (!parity_problem.empty()) {
-          disagree.push_back(key + ": every test passed, but the spec's module parity does not hold (" +
-                             parity_problem + "); it stays " + state_name(now) + ", never MATRIX_PASSED");
-          continue;
-        }
-        machine.advance_if_before(IntegrationState::kMatrixPassed, {layout::kFindings});
-        continue;
+        pass_case(key, t, tallies, recorded, machine, disagree);
+      } else {
+        fail_case(key, t, machine);
       }
-      // Only a verdict on the model fails it: a case that did not run to its end (a transport
-      // failure, bad input, an environment problem, an external launch's evidence this run
-      // refused to replace) keeps its state, and the run's exit status says why.
-      const std::string spec_name = key.substr(0, key.find('/'));
-      const CaseOutcome* outcome = memoized_outcome(spec_name, key.substr(key.find('/') + 1));
-      if (!outcome || outcome->outcome != Outcome::kRan) continue;
-      // Nor does a case whose tests read a case that did not complete (its Reference died):
-      // they judged nothing, and a rerun judges it.
-      if (incomplete_dependency(*t.registration, key.substr(key.find('/') + 1)).second) continue;
-      std::string reason = std::to_string(t.failed.size()) + " of " + std::to_string(t.total) + " tests failed: ";
-      for (size_t k = 0; k < std::min<size_t>(t.failed.size(), 5); ++k) reason += (k ? ", " : "") + t.failed[k];
-      if (t.failed.size() > 5) reason += ", ...";
-      machine.fail(reason + " (see results.jsonl of the run)", {layout::kFindings});
     } catch (const std::exception& e) {
       // The state could not be read or written: the environment, and the run says so (exit 12).
       note_error(Code::kFailedPrecondition);

@@ -16,6 +16,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/case_runner.h"
+#include "harness/runtime/worker.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
 #include "harness/cli/commands.h"
@@ -333,19 +334,9 @@ CommandRun setup_run(CLI::App& sub, const Invocation&) {
       std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / layout::kCaseRequest).c_str());
       // The request's timeouts and fault travel on each rank's command line, as a local launch
       // gives them: the collective timeout (0: the case's), the rank's own watchdog, --fault.
-      auto seconds = [](std::chrono::milliseconds t) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(t.count()) / 1000.0);
-        return std::string(buf);
-      };
-      const std::string flags =
-          " --collective-timeout " + seconds(q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout) +
-          " --case-timeout " + seconds(q.case_timeout) + (q.fault.empty() ? "" : " --fault " + q.fault);
-      for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
-        const int n = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
-        std::printf("%s (%d rank%s): mih worker --run-dir %s --pg-backend %s%s case --evidence %s --phase %s\n", phase, n,
-                    n == 1 ? "" : "s", (dir / layout::run_phase_dir(phase)).c_str(), c.pg_backend.c_str(), flags.c_str(),
-                    dir.c_str(), phase);
+      for (const CasePhase& phase : case_phases(c)) {
+        std::printf("%s (%d rank%s): mih %s\n", phase.name.c_str(), phase.world_size, phase.world_size == 1 ? "" : "s",
+                    cases::case_rank_shell_line(cases::case_rank_options(q, dir, phase.name), dir, phase.name).c_str());
       }
       std::printf("each rank needs its rendezvous in its environment: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
                   "(torchrun and docs/gpu-nightly.md's srun lines set them), or MIH_STORE_FILE for ranks of one host\n");

@@ -24,6 +24,9 @@
 #include "harness/base/json_fields.h"
 #include "harness/base/safe_open.h"
 #include "harness/cases/case_runner.h"
+#include "harness/compat/collectives.h"
+#include "harness/contract/case_record.h"
+#include "harness/runtime/worker.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/registrations.h"
 #include "harness/evidence/scheduler_jobs.h"
@@ -143,12 +146,6 @@ Site read_site(const std::string& path) {
     }
   }
   return s;
-}
-
-std::string seconds(std::chrono::milliseconds t) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(t.count()) / 1000.0);
-  return buf;
 }
 
 // One batch job of the night.
@@ -360,26 +357,23 @@ std::string add_case_jobs(const Night& n, const spec::Case& c, const CaseRequest
                           const std::map<std::string, std::string>& last_job, std::vector<Job>& jobs) {
   const fs::path dir = layout::case_dir(n.root, n.s.name, c.name);
   const Site& site = n.site;
-  const std::string flags = " --collective-timeout " +
-                            seconds(q.collective_timeout.count() > 0 ? q.collective_timeout : q.case_timeout) +
-                            " --case-timeout " + seconds(q.case_timeout);
-  const std::string backend = site.pg_backend.empty() ? c.pg_backend : site.pg_backend;
   std::string previous_phase;
-  for (const char* phase : c.save_config ? std::vector<const char*>{"save", "load"} : std::vector<const char*>{"train"}) {
-    const int tasks = std::string(phase) == "save" ? c.save_config->world_size() : c.world_size();
+  for (const CasePhase& phase : case_phases(c)) {
+    WorkerOptions rank = cases::case_rank_options(q, dir, phase.name);
+    if (!site.pg_backend.empty()) rank.pg_backend = compat::parse_backend(site.pg_backend);
     Job j;
-    j.name = n.s.name + "/" + c.name + ":" + phase;
-    j.path = n.root / layout::submit_script(n.s.name, c.name + "." + phase);
-    j.script = header(site, "mih:" + j.name, tasks, n.root / layout::submit_log(n.s.name, c.name + "." + phase, "%j")) +
+    j.name = n.s.name + "/" + c.name + ":" + phase.name;
+    j.path = n.root / layout::submit_script(n.s.name, c.name + "." + phase.name);
+    j.script = header(site, "mih:" + j.name, phase.world_size,
+                      n.root / layout::submit_log(n.s.name, c.name + "." + phase.name, "%j")) +
                "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
                "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))\n"
                // A rank that dies stops its peers at once (as torchrun does): a failed job,
                // not peers waiting in a collective until the job's time limit.
-               "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(tasks) + (site.srun_args.empty() ? "" : " " + quote_words("srun_args", site.srun_args)) + " " +
-               (site.container.empty() ? "" : quote_words("container", site.container) + " ") + quote(n.mih) +
-               " worker --run-dir " + quote((dir / layout::run_phase_dir(phase)).string()) + " --pg-backend " +
-               quote(backend) + flags +
-               " case --evidence " + quote(dir.string()) + " --phase " + phase + "\n";
+               "srun --kill-on-bad-exit=1 --ntasks=" + std::to_string(phase.world_size) +
+               (site.srun_args.empty() ? "" : " " + quote_words("srun_args", site.srun_args)) + " " +
+               (site.container.empty() ? "" : quote_words("container", site.container) + " ") + quote(n.mih) + " " +
+               cases::case_rank_shell_line(rank, dir, phase.name) + "\n";
     if (!previous_phase.empty()) j.after.push_back({previous_phase, "afterok"});  // load after its save
     if (previous_phase.empty() && last_job.count(c.compare_to)) {
       j.after.push_back({last_job.at(c.compare_to), "afterany"});  // compared after its reference ran (unless kept)

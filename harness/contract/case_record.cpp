@@ -42,6 +42,11 @@ std::string string_or_null(const json& j, const char* name) {
 
 }  // namespace
 
+std::vector<CasePhase> case_phases(const spec::Case& c) {
+  if (c.save_config) return {{"save", c.save_config->world_size()}, {"load", c.world_size()}};
+  return {{"train", c.world_size()}};
+}
+
 CaseRecord record_of(const CaseRequest& request) {
   CaseRecord r;
   r.spec = request.spec;

@@ -7,6 +7,7 @@
 // this type, never `.value(key, default)`. Torch-free.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -33,6 +34,21 @@ struct CaseTiming {
   /// slightly negative when the clocks of parent and rank disagree.
   double other_s = 0;
 };
+
+/// One launch of a case: its phase and how many ranks it starts.
+struct CasePhase {
+  std::string name;    ///< "train"; a resume's "save", then "load"
+  int world_size = 1;  ///< the ranks of the phase's config (a resume's save: save_config's)
+};
+
+/// Every phase a case can launch, the one list of them (run/<phase>/, the rank's --phase, the
+/// record's started_by): "train" (the whole case), "save" (a resume's first launch), "load".
+inline constexpr std::array<const char*, 3> kCasePhases = {"train", "save", "load"};
+
+/// The launches of case `c`, in order: a resume (save_config) saves then loads, every other
+/// case trains once. What the local runner, `mih run --prepare`, `mih submit` and the rank's
+/// own check of its --phase all follow.
+std::vector<CasePhase> case_phases(const spec::Case& c);
 
 /// What case_run.json holds. Field names on disk in brackets where they differ.
 struct CaseRecord {

@@ -121,14 +121,8 @@ std::string why_run_not_ended(const fs::path& dir) {
   } catch (const Error&) {
     // Judged by the ranks' records alone.
   }
-  std::vector<std::pair<std::string, int64_t>> phases;
-  if (request.c.save_config) {
-    phases = {{"save", request.c.save_config->world_size()}, {"load", request.c.world_size()}};
-  } else {
-    phases = {{"train", request.c.world_size()}};
-  }
   std::error_code ec;
-  for (const auto& [phase, world_size] : phases) {
+  for (const auto& [phase, world_size] : case_phases(request.c)) {
     for (int64_t r = 0; r < world_size; ++r) {
       const fs::path timing = dir / layout::run_phase_dir(phase) / layout::timing_rank(static_cast<int>(r));
       if (!fs::exists(timing, ec)) {

@@ -230,10 +230,10 @@ int64_t key_value_heads(const RunResults& run, const CaseResult& r) {
 // correct code to the end, the best reference a faulty case can be compared with.
 const CaseResult* unjudged_along(const RunResults& run, const CaseResult& r) {
   std::set<std::string> seen;
-  for (const CaseResult* c = run.find_case(r.spec, r.compare_to); c && seen.insert(c->name).second;
-       c = run.find_case(c->spec, c->compare_to)) {
-    if (!c->outcome) continue;
-    const OutcomeClass k = classify(*c->outcome);
+  for (const CaseResult* c = run.find_case(r.spec, r.compare_to()); c && seen.insert(c->name).second;
+       c = run.find_case(c->spec, c->compare_to())) {
+    if (!c->outcome()) continue;
+    const OutcomeClass k = classify(*c->outcome());
     if (k == OutcomeClass::kInfrastructure || k == OutcomeClass::kEnvironment) return c;
   }
   return nullptr;
@@ -247,11 +247,13 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
     DiagnosisCase c;
     c.spec = r.spec;
     c.name = r.name;
-    c.kind = r.kind.empty() ? "train" : r.kind;
-    c.matrix = r.matrix;
-    c.fault = r.fault;
-    c.init_from = r.init_from;
-    c.training_backend = r.training_backend;
+    c.kind = r.kind().empty() ? "train" : r.kind();
+    c.fault = r.fault();
+    if (r.record) {
+      c.matrix = r.record->matrix.text();
+      c.init_from = r.record->init_from;
+      c.training_backend = r.record->training_backend;
+    }
     bool any_failed = false, any_passed = false;
     for (const TestResult& t : run.tests) {
       if (t.spec != r.spec || t.case_name != r.name) continue;
@@ -268,18 +270,18 @@ std::vector<DiagnosisCase> diagnosis_cases(const RunResults& run) {
     c.original_divergence = original_divergence(run, r);
     c.num_key_value_heads = key_value_heads(run, r);
     // A case it is compared with (along compare_to) that did not complete: its failures judged nothing.
-    const CaseResult* incomplete_reference = report_internal::incomplete_along(run, run.find_case(r.spec, r.compare_to));
+    const CaseResult* incomplete_reference = report_internal::incomplete_along(run, run.find_case(r.spec, r.compare_to()));
     if (!r.config) {
       c.no_verdict = "no run/case.json says its configuration";
-    } else if (r.outcome && classify(*r.outcome) != OutcomeClass::kVerdict &&
-               classify(*r.outcome) != OutcomeClass::kConformanceFailure) {
+    } else if (r.outcome() && classify(*r.outcome()) != OutcomeClass::kVerdict &&
+               classify(*r.outcome()) != OutcomeClass::kConformanceFailure) {
       // No verdict on the model: infrastructure, the environment, or bad input.
-      c.no_verdict = outcome_name(*r.outcome);
+      c.no_verdict = outcome_name(*r.outcome());
     } else if (incomplete_reference && any_failed) {
       c.no_verdict = "compared with " + incomplete_reference->name + ", which did not complete";
     } else if (const CaseResult* unjudged = unjudged_along(run, r); unjudged && any_failed) {
       c.no_verdict = "compared with " + unjudged->name + ", which has no verdict (" +
-                     std::string(outcome_name(*unjudged->outcome)) + ")";
+                     std::string(outcome_name(*unjudged->outcome())) + ")";
     } else if (any_failed) {
       c.verdict = DiagnosisCase::Verdict::kFailed;
     } else if (any_passed) {

@@ -151,8 +151,8 @@ std::string case_title(const std::string& name) { return name.empty() ? "(no cas
 
 const CaseResult* incomplete_along(const RunResults& run, const CaseResult* c) {
   std::set<std::string> seen;
-  for (; c && seen.insert(c->name).second; c = run.find_case(c->spec, c->compare_to)) {
-    if (c->outcome && classify(*c->outcome) == OutcomeClass::kInfrastructure) return c;
+  for (; c && seen.insert(c->name).second; c = run.find_case(c->spec, c->compare_to())) {
+    if (c->outcome() && classify(*c->outcome()) == OutcomeClass::kInfrastructure) return c;
   }
   return nullptr;
 }
@@ -168,8 +168,8 @@ int not_judged(const RunResults& run) {
 }
 
 bool case_needs_attention(const CaseResult& c) {
-  return (c.outcome && *c.outcome != Outcome::kRan) || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty() ||
-         !c.fault.empty();
+  return (c.outcome() && *c.outcome() != Outcome::kRan) || c.state == "FAILED" || c.state == "BLOCKED" || !c.problems.empty() ||
+         !c.fault().empty();
 }
 
 std::string evidence_path(const RunResults& run, const std::string& evidence) {
@@ -194,14 +194,14 @@ std::string totals_line(const RunResults& run) {
 
 std::string case_facts(const CaseResult& c) {
   std::vector<std::string> facts;
-  if (!c.kind.empty()) facts.push_back(c.kind);
-  if (c.world_size > 0) facts.push_back("world size " + std::to_string(c.world_size));
-  if (c.seconds > 0) facts.push_back(fixed(c.seconds, 1) + " s");
-  if (c.outcome) facts.push_back("outcome " + std::string(outcome_name(*c.outcome)));
+  if (!c.kind().empty()) facts.push_back(c.kind());
+  if (c.record && c.record->world_size > 0) facts.push_back("world size " + std::to_string(c.record->world_size));
+  if (c.record && c.record->seconds > 0) facts.push_back(fixed(c.record->seconds, 1) + " s");
+  if (c.outcome()) facts.push_back("outcome " + std::string(outcome_name(*c.outcome())));
   if (!c.state.empty()) facts.push_back("state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
-  if (!c.compare_to.empty()) facts.push_back("compared to " + c.compare_to);
-  if (!c.error.empty()) facts.push_back("error: " + c.error);
-  if (!c.fault.empty()) facts.push_back("fault " + c.fault + " injected (the catalog's bug, not the port's)");
+  if (!c.compare_to().empty()) facts.push_back("compared to " + c.compare_to());
+  if (!c.error().empty()) facts.push_back("error: " + c.error());
+  if (!c.fault().empty()) facts.push_back("fault " + c.fault() + " injected (the catalog's bug, not the port's)");
   std::string out = join(facts, "; ");
   return out;
 }
@@ -209,7 +209,7 @@ std::string case_facts(const CaseResult& c) {
 std::vector<const CaseResult*> cases_failed_by_record(const RunResults& run) {
   std::vector<const CaseResult*> out;
   for (const CaseResult& c : run.cases) {
-    if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault.empty() && c.problems.empty()) continue;
+    if (c.state != "FAILED" && c.state != "BLOCKED" && c.fault().empty() && c.problems.empty()) continue;
     const bool a_test_failed = std::any_of(run.tests.begin(), run.tests.end(), [&](const TestResult& t) {
       return t.spec == c.spec && t.case_name == c.name && t.status == TestStatus::kFailed;
     });
@@ -223,8 +223,8 @@ std::string case_record_failure(const CaseResult& c) {
     return "case " + c.spec + "/" + c.name + ": its evidence is not what mih wrote (" + join(c.problems, "; ") +
            "): no result of it can be trusted; rerun the case";
   }
-  if (!c.fault.empty()) {
-    return "case " + c.spec + "/" + c.name + " ran with fault " + c.fault + " of the catalog injected (its case " +
+  if (!c.fault().empty()) {
+    return "case " + c.spec + "/" + c.name + " ran with fault " + c.fault() + " of the catalog injected (its case " +
            "record): its tests judge the catalog's bug, never the fault-free port";
   }
   return "case " + c.spec + "/" + c.name + " is in state " + c.state + " (integration_state.json" +
@@ -290,20 +290,34 @@ std::vector<std::string> not_passed_reasons(const RunResults& run) {
   if (judged_failed > 0) out.push_back(std::to_string(judged_failed) + " test" + (judged_failed == 1 ? "" : "s") + " failed");
   for (const CaseResult& c : run.cases) {
     const std::string name = report_internal::spec_title(c.spec) + "/" + c.name;
-    if (!c.fault.empty()) {
-      out.push_back(name + ": ran with fault " + c.fault + " of the catalog injected (its case record): a check of " +
+    if (!c.fault().empty()) {
+      out.push_back(name + ": ran with fault " + c.fault() + " of the catalog injected (its case record): a check of " +
                     "the catalog's bug, not of the fault-free port");
     }
     if (c.state == "FAILED" || c.state == "BLOCKED") {
       out.push_back(name + ": integration state " + c.state + (c.state_reason.empty() ? "" : " (" + c.state_reason + ")"));
     }
-    if (c.outcome && !has_verdict(*c.outcome)) {
-      out.push_back(name + ": outcome " + std::string(outcome_name(*c.outcome)) + (c.error.empty() ? "" : " (" + report_internal::first_line(c.error) + ")"));
+    if (c.outcome() && !has_verdict(*c.outcome())) {
+      out.push_back(name + ": outcome " + std::string(outcome_name(*c.outcome())) + (c.error().empty() ? "" : " (" + report_internal::first_line(c.error()) + ")"));
     }
     if (!c.problems.empty()) out.push_back(name + ": evidence that cannot be read: " + c.problems.front());
   }
   return out;
 }
+
+std::optional<Outcome> CaseResult::outcome() const {
+  if (record) return record->outcome;
+  if (!failed_job.empty()) return Outcome::kTransportFailure;
+  return std::nullopt;
+}
+
+std::string CaseResult::error() const { return record ? record->error : failed_job; }
+
+std::string CaseResult::fault() const { return record ? record->fault : requested_fault; }
+
+std::string CaseResult::kind() const { return record ? std::string(spec::case_kind_name(record->kind)) : requested_kind; }
+
+std::string CaseResult::compare_to() const { return record ? record->compare_to : ""; }
 
 int RunResults::passed() const {
   return static_cast<int>(std::count_if(tests.begin(), tests.end(), [](const TestResult& t) { return t.status == TestStatus::kPassed; }));

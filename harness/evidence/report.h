@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "harness/contract/case_outcome.h"
+#include "harness/contract/case_record.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih {
@@ -86,23 +86,18 @@ struct CaseResult {
   std::string spec;      ///< "llama"
   std::string name;      ///< "DpShard2"
   std::string evidence;  ///< the directory relative to the run root, from the tests' `evidence`
-  // case_run.json
-  std::string kind;        ///< "train", ...
-  std::string compare_to;  ///< the case of the same spec this one is compared with ("Reference"); "" for none
-  std::optional<Outcome> outcome;  ///< nullopt: the case has no case_run.json (an outside launcher ran it)
-  std::string error;       ///< why the case did not run to the end
-  /// The fault of the catalog injected into the case's ranks ("F20"; case_run.json, else
-  /// run/case.json "fault"); "" for a fault-free case. Such a case is never a pass of the port.
-  std::string fault;
-  int world_size = 0;
-  double seconds = 0;
-  /// Rank 0's launch time by kind, seconds: process_start_s, rendezvous_s, training_s,
-  /// checks_s, other_s (case_run.json "timing").
-  std::map<std::string, double> timing;
-  std::string matrix;     ///< the matrix source it was resolved from ("cpu-smoke", a file); "" unknown
-  std::string init_from;  ///< the checkpoint directory it started from; "" none
-  std::string training_backend;  ///< the TrainingBackend it ran on ("trainer")
-  // run/case.json (the case as the parent resolved it): what the matrix diagnosis reads.
+  /// case_run.json as its run wrote it (read by CaseRecord's from_json: kind, compare_to,
+  /// outcome, error, fault, world size, seconds, timing, matrix, init_from, backend, ...);
+  /// nullopt when the case has none (an outside launcher ran it) or one that does not read
+  /// (said in `problems`).
+  std::optional<CaseRecord> record;
+  /// A case without a record of a `mih submit` night whose job did not complete: why
+  /// (describe_job_failure); its outcome is transport_failure. "" otherwise.
+  std::string failed_job;
+  // run/case.json (the case as the parent resolved it): what the matrix diagnosis reads, and
+  // the kind and fault of a case without a record.
+  std::string requested_kind;   ///< its case's "kind"
+  std::string requested_fault;  ///< its "fault"
   std::optional<ParallelConfig> config;       ///< what it trains under (a resume: after the load)
   std::optional<ParallelConfig> save_config;  ///< a resume's config before the save
   // integration_state.json
@@ -120,6 +115,19 @@ struct CaseResult {
   /// metrics line), an evidence directory that does not exist or that no test names. The
   /// report shows them instead of failing as a whole.
   std::vector<std::string> problems;
+
+  /// The record's outcome; transport_failure for a failed night job; nullopt for neither (an
+  /// outside launcher ran it).
+  std::optional<Outcome> outcome() const;
+  /// Why the case did not run to the end (the record's error, the night job's failure), or "".
+  std::string error() const;
+  /// The fault of the catalog injected into the case's ranks ("F20"; the record's, else
+  /// run/case.json's); "" for a fault-free case. Such a case is never a pass of the port.
+  std::string fault() const;
+  /// "train", ... (the record's, else run/case.json's); "" when neither says.
+  std::string kind() const;
+  /// The case of the same spec this one is compared with ("Reference"; the record's); "" for none.
+  std::string compare_to() const;
 };
 
 /// Everything a report shows about one run root.

@@ -241,7 +241,7 @@ std::string render_html(const RunResults& run) {
       if (c.steps.empty()) {
         out += "<p>No training metrics: cases/runtime/metrics.jsonl is missing (the case stopped before training).</p>\n";
       } else {
-        const CaseResult* ref = c.compare_to.empty() ? nullptr : run.find_case(c.spec, c.compare_to);
+        const CaseResult* ref = c.compare_to().empty() ? nullptr : run.find_case(c.spec, c.compare_to());
         if (ref != nullptr && ref->steps.empty()) ref = nullptr;
         out += "<div class=\"charts\">\n";
         for (const auto& [metric, member] : {std::pair{"loss", &StepPoint::loss},

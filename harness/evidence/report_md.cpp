@@ -53,25 +53,26 @@ std::string md_cell(std::string_view raw) {
 
 // Where the launches' time went: rank 0's time by kind summed over the cases launched.
 std::string time_section(const RunResults& run) {
-  std::map<std::string, double> sum;
+  static const std::vector<std::pair<double CaseTiming::*, std::string>> kKinds = {
+      {&CaseTiming::process_start_s, "process start (exec to main: libtorch load)"},
+      {&CaseTiming::rendezvous_s, "rendezvous and mesh"},
+      {&CaseTiming::training_s, "training (build and steps, less the checks)"},
+      {&CaseTiming::checks_s, "checks and probes (the validation session)"},
+      {&CaseTiming::other_s, "spawn, teardown, launcher"}};
+  CaseTiming sum;
   double launches = 0;
   int n = 0;
   for (const CaseResult& c : run.cases) {
-    if (c.timing.empty()) continue;
+    if (!c.record) continue;
     ++n;
-    launches += c.seconds;
-    for (const auto& [k, v] : c.timing) sum[k] += v;
+    launches += c.record->seconds;
+    for (const auto& [kind, title] : kKinds) sum.*kind += c.record->timing.*kind;
   }
   if (n == 0 || launches <= 0) return "";
   std::string out = "\n## Time\n\n" + std::to_string(n) + " case launches, " + fixed(launches, 1) +
                     " s in all (rank 0's time by kind):\n\n| | s | share |\n|---|---|---|\n";
-  for (const auto& [key, title] : std::vector<std::pair<std::string, std::string>>{
-           {"process_start_s", "process start (exec to main: libtorch load)"},
-           {"rendezvous_s", "rendezvous and mesh"},
-           {"training_s", "training (build and steps, less the checks)"},
-           {"checks_s", "checks and probes (the validation session)"},
-           {"other_s", "spawn, teardown, launcher"}}) {
-    out += "| " + title + " | " + fixed(sum[key], 1) + " | " + fixed(100 * sum[key] / launches, 0) + "% |\n";
+  for (const auto& [kind, title] : kKinds) {
+    out += "| " + title + " | " + fixed(sum.*kind, 1) + " | " + fixed(100 * sum.*kind / launches, 0) + "% |\n";
   }
   return out;
 }

@@ -139,43 +139,29 @@ double metric_value(const json& row, const char* key) {
   return it != row.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
-// case_run.json: the case's kind, outcome, fault, size, time and timing.
+// case_run.json, as its run wrote it (CaseRecord's from_json); one that does not read is a
+// problem of the case, and the case has no record.
 void read_record_into(const fs::path& case_run, CaseResult* c) {
   json j;
   if (!read_json_object(case_run, &j, &c->problems)) return;
   try {
-    const CaseRecord r = j.get<CaseRecord>();
-    c->kind = spec::case_kind_name(r.kind);
-    c->compare_to = r.compare_to;
-    c->outcome = r.outcome;
-    c->error = r.error;
-    c->fault = r.fault;
-    c->world_size = static_cast<int>(r.world_size);
-    c->seconds = r.seconds;
-    c->matrix = r.matrix.text();
-    c->init_from = r.init_from;
-    c->training_backend = r.training_backend;
-    c->timing = {{"process_start_s", r.timing.process_start_s},
-                 {"rendezvous_s", r.timing.rendezvous_s},
-                 {"training_s", r.timing.training_s},
-                 {"checks_s", r.timing.checks_s},
-                 {"other_s", r.timing.other_s}};
+    c->record = j.get<CaseRecord>();
   } catch (const Error& e) {
     c->problems.push_back(case_run.string() + ": " + e.message());
   }
 }
 
-// run/case.json: the case's configs, and the fault and kind where case_run.json gave none.
+// run/case.json: the case's configs, and the fault and kind of a case without a record.
 void read_request_into(const fs::path& case_file, CaseResult* c) {
   json j;
   if (!read_json_object(case_file, &j, &c->problems)) return;
   // A case launched by an outside launcher has no case_run.json; its case file names the fault.
-  if (c->fault.empty()) take(j, "fault", &c->fault, case_file, &c->problems);
+  take(j, "fault", &c->requested_fault, case_file, &c->problems);
   try {
     const json& resolved = j.at("case");
     c->config = resolved.at("config").get<ParallelConfig>();
     if (resolved.contains("save_config")) c->save_config = resolved.at("save_config").get<ParallelConfig>();
-    if (c->kind.empty()) take(resolved, "kind", &c->kind, case_file, &c->problems);
+    take(resolved, "kind", &c->requested_kind, case_file, &c->problems);
   } catch (const std::exception& e) {
     c->config.reset();
     c->save_config.reset();
@@ -200,15 +186,17 @@ void read_calibration_into(const fs::path& calibration, CaseResult* c) {
   take(j, "factor", &cal.factor, calibration, &c->problems);
   take(j, "floor_eps", &cal.floor_eps, calibration, &c->problems);
   cal.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
-  for (const auto& q : j.value("quantities", json::array())) {
+  const json quantities = j.contains("quantities") ? j["quantities"] : json::array();
+  if (!quantities.is_array()) c->problems.push_back(calibration.string() + ": 'quantities' must be a list");
+  for (const auto& q : quantities.is_array() ? quantities : json::array()) {
     if (!q.is_object() || !q.contains("step") || !q["step"].is_number_integer()) {
       c->problems.push_back(calibration.string() + ": a quantity without an integer 'step'");
       break;
     }
     CalibrationRow row;
-    row.kind = q.value("kind", "");
-    row.name = q.value("name", "");
-    row.stage = q.value("stage", "");
+    take(q, "kind", &row.kind, calibration, &c->problems);
+    take(q, "name", &row.name, calibration, &c->problems);
+    take(q, "stage", &row.stage, calibration, &c->problems);
     row.step = q["step"].get<int64_t>();
     row.error = metric_value(q, "error");
     row.noise = metric_value(q, "noise");
@@ -223,7 +211,10 @@ void read_golden_into(const fs::path& golden, CaseResult* c) {
   if (!read_json_object(golden, &j, &c->problems)) return;
   CaseGolden& g = c->golden;
   g.present = true;
-  g.passed = j.value("passed", false) == true;
+  if (const auto passed = j.find("passed"); passed != j.end()) {
+    g.passed = passed->is_boolean() && passed->get<bool>();
+    if (!passed->is_boolean()) c->problems.push_back(golden.string() + ": 'passed' must be true or false");
+  }
   take(j, "worst", &g.worst, golden, &c->problems);
   if (j.contains("golden") && j["golden"].is_object()) take(j["golden"], "implementation", &g.implementation, golden, &c->problems);
   g.max_error_over_tolerance = metric_value(j, "max_error_over_tolerance");
@@ -274,12 +265,9 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   read_record_into(case_run, c);
   // A case of a `mih submit` night has no case_run.json: a job of it that did not complete
   // is its outcome (infrastructure), as the verify-only run said.
-  if (!c->outcome) {
+  if (!c->record) {
     try {
-      if (const auto job = infrastructure_job(root, c->spec, c->name, dir)) {
-        c->outcome = Outcome::kTransportFailure;
-        c->error = describe_job_failure(*job);
-      }
+      if (const auto job = infrastructure_job(root, c->spec, c->name, dir)) c->failed_job = describe_job_failure(*job);
     } catch (const Error& e) {
       c->problems.push_back(e.message());
     }
@@ -287,7 +275,7 @@ void read_case_files(const fs::path& root, CaseResult* c) {
   read_request_into(dir / layout::kCaseRequest, c);
   // mih's case runner writes case_run.json when its launches end: its evidence without one is a
   // run that did not finish (or lost its record), never an external launch's to report.
-  if (!c->outcome && !fs::exists(case_run, ec) && launched_by_case_runner(dir)) {
+  if (!c->outcome() && !fs::exists(case_run, ec) && launched_by_case_runner(dir)) {
     c->problems.push_back(case_run.string() + " is missing, though mih's case runner launched the case (" +
                           layout::kEnvironment + "): its run did not finish, or its record was lost; incomplete, "
                           "rerun the case");
@@ -327,7 +315,9 @@ void read_run_line(const json& m, const std::string& where, int line_number, Res
   if (event == "start") {
     MIH_CHECK(m.contains("tests") && m["tests"].is_array(), where, ": a start line must list its 'tests'");
     log.not_run.clear();
-    for (const auto& n : m.value("not_run", json::array())) {
+    const json not_run = m.contains("not_run") ? m["not_run"] : json::array();
+    MIH_CHECK(not_run.is_array(), where, ": 'not_run' must be a list, got ", json_summary(not_run));
+    for (const auto& n : not_run) {
       MIH_CHECK(n.is_string(), where, ": 'not_run' must be strings, got ", json_summary(n));
       log.not_run.push_back(n.get<std::string>());
     }
@@ -404,11 +394,11 @@ void read_compared_cases(const fs::path& root, std::map<std::pair<std::string, s
   while (!unvisited.empty()) {
     const CaseResult& c = *unvisited.back();
     unvisited.pop_back();
-    if (c.compare_to.empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to})) continue;
+    if (c.compare_to().empty() || c.evidence.empty() || cases.count({c.spec, c.compare_to()})) continue;
     CaseResult ref;
     ref.spec = c.spec;
-    ref.name = c.compare_to;
-    ref.evidence = (fs::path(c.evidence).parent_path() / c.compare_to).string();
+    ref.name = c.compare_to();
+    ref.evidence = (fs::path(c.evidence).parent_path() / ref.name).string();
     std::error_code ec;
     if (!fs::is_directory(root / ref.evidence, ec)) continue;
     read_case_files(root, &ref);

@@ -4,6 +4,7 @@
 // naming what is wrong, never read with defaults.
 #include "harness/contract/case_record.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -108,6 +109,29 @@ TEST(CaseRecordTest, StartsFromTheCaseRequest) {
   EXPECT_EQ(r.fingerprint, "fp");
   EXPECT_EQ(r.case_timeout, std::chrono::seconds(42));
   EXPECT_EQ(r.collective_timeout, std::chrono::seconds(7));
+}
+
+// The one list of a case's launches (the local runner, `mih run --prepare`, `mih submit` and
+// the rank's check of its --phase follow it): a resume saves under save_config's ranks, then
+// loads under the case's; every other case trains once.
+TEST(CaseRecordTest, PhasesOfACase) {
+  spec::Case train;
+  train.config.tp = 2;
+  const std::vector<CasePhase> one = case_phases(train);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].name, "train");
+  EXPECT_EQ(one[0].world_size, 2);
+  spec::Case resume = train;
+  resume.save_config = ParallelConfig::parse_mesh("dp_shard=4");
+  const std::vector<CasePhase> two = case_phases(resume);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].name, "save");
+  EXPECT_EQ(two[0].world_size, 4);
+  EXPECT_EQ(two[1].name, "load");
+  EXPECT_EQ(two[1].world_size, 2);
+  for (const CasePhase& p : two) {
+    EXPECT_NE(std::find(kCasePhases.begin(), kCasePhases.end(), p.name), kCasePhases.end()) << p.name;
+  }
 }
 
 TEST(CaseRecordTest, AnEditedRecordIsRefusedNamingWhatIsWrong) {

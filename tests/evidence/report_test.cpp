@@ -16,6 +16,7 @@
 #include "harness/contract/case_record.h"
 #include "harness/base/error.h"
 #include "harness/base/files.h"
+#include "harness/base/json_fields.h"
 #include "harness/evidence/report.h"
 #include "tests/support/temp_dir.h"
 
@@ -208,8 +209,9 @@ TEST(RunResultsTest, ReadsTheCaseDirectories) {
   const CaseResult* dp = run.find_case("llama", "DpShard2");
   ASSERT_NE(dp, nullptr);
   EXPECT_EQ(dp->evidence, "llama/DpShard2");
-  EXPECT_EQ(dp->compare_to, "Reference");
-  EXPECT_EQ(dp->world_size, 2);
+  EXPECT_EQ(dp->compare_to(), "Reference");
+  ASSERT_TRUE(dp->record.has_value());
+  EXPECT_EQ(dp->record->world_size, 2);
   EXPECT_EQ(dp->state, "STRUCTURE_VALIDATED");
   ASSERT_EQ(dp->steps.size(), 4u);
   EXPECT_EQ(dp->steps[2].loss, 4.25);  // the resumed step 2's line, written last
@@ -218,9 +220,27 @@ TEST(RunResultsTest, ReadsTheCaseDirectories) {
   const CaseResult* ep = run.find_case("mixtral", "Ep2");
   ASSERT_NE(ep, nullptr);
   EXPECT_TRUE(ep->steps.empty());
-  EXPECT_EQ(ep->outcome, Outcome::kTransportFailure);
+  EXPECT_EQ(ep->outcome(), Outcome::kTransportFailure);
   EXPECT_EQ(ep->state, "FAILED");
   EXPECT_EQ(run.find_case("llama", "Ep2"), nullptr);
+}
+
+// A case_run.json that CaseRecord's from_json refuses leaves the case without a record: the
+// report still renders, the problem listed, and the case is not a pass.
+TEST(RunResultsTest, ARecordThatDoesNotReadIsAProblemAndTheReportRenders) {
+  const fs::path root = write_fixture("report_bad_record");
+  json edited = read_json_file(root / "llama/DpShard2/case_run.json");
+  edited["outcome"] = "passed";  // not an outcome mih writes
+  write_file_atomic(root / "llama/DpShard2/case_run.json", edited.dump(2));
+  const RunResults run = read_run_results(root);
+  const CaseResult* dp = run.find_case("llama", "DpShard2");
+  ASSERT_NE(dp, nullptr);
+  EXPECT_FALSE(dp->record.has_value());
+  EXPECT_FALSE(dp->outcome().has_value());
+  ASSERT_FALSE(dp->problems.empty());
+  EXPECT_THAT(dp->problems.front(), HasSubstr("case_run.json: case record: outcome"));
+  EXPECT_THAT(render_report(run, ReportFormat::kMarkdown), HasSubstr("llama/DpShard2: evidence that cannot be read"));
+  EXPECT_THAT(not_passed_reasons(run), ::testing::Contains(HasSubstr("evidence that cannot be read")));
 }
 
 TEST(RunResultsTest, MissingRunRootOrResultsIsAFailedPreconditionNamingTheFile) {
