@@ -47,13 +47,9 @@ NOT_YET_SPLIT = {
     ("harness/cases/foreign_suites.cpp", "check_records"): 116,
     ("harness/cases/hf_interop.cpp", "export_hf"): 174,
     ("harness/cases/hf_interop.cpp", "lambda in export_hf"): 118,
-    ("harness/cli/cli.cpp", "commands"): 106,
-    ("harness/cli/conformance_command.cpp", "parse_run_flags"): 110,
     ("harness/compare/compare.cpp", "localize"): 120,
     ("harness/compare/compare.cpp", "compare_evidence"): 232,
     ("harness/compare/verdicts_comm.cpp", "comm_volume"): 114,
-    ("harness/warm/front.cpp", "front_main"): 120,
-    ("harness/warm/server.cpp", "handle"): 165,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"harness/(\w+)/', re.M)
 
