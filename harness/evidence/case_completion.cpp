@@ -57,10 +57,9 @@ CaseState read_case_state(const fs::path& dir) {
   const bool has_file = fs::exists(dir / layout::kIntegrationState, ec);
   if (has_file) {
     const EvidenceDir evidence = EvidenceDir::open_existing(dir);
-    IntegrationState now = IntegrationState::kDiscovered;
-    IntegrationStateMachine(evidence).current(&now);
-    out.state = state_name(now);
-    out.reason = string_of(evidence.read_json(layout::kIntegrationState), "reason");
+    const contract::IntegrationStateRecord record = IntegrationStateMachine(evidence).record();
+    out.state = state_name(record.state);
+    out.reason = record.reason ? *record.reason : std::string();  // a file that gives no reason
   }
   if (terminal(recorded) && out.state != recorded) {
     out.disagreement = std::string(layout::kCaseRecord) + " records that its run left the case " + recorded + ", while " +

@@ -198,47 +198,21 @@ nlohmann::json EvidenceDir::read_json(std::string_view relative) const {
   return parse_json_strict(text, path.string());
 }
 
-std::string state_name(IntegrationState s) {
-  switch (s) {
-    case IntegrationState::kDiscovered: return "DISCOVERED";
-    case IntegrationState::kStructureValidated: return "STRUCTURE_VALIDATED";
-    case IntegrationState::kModuleParityPassed: return "MODULE_PARITY_PASSED";
-    case IntegrationState::kMatrixPassed: return "MATRIX_PASSED";
-    case IntegrationState::kFailed: return "FAILED";
-    case IntegrationState::kBlocked: return "BLOCKED";
-  }
-  return "?";
-}
-
-IntegrationState parse_state(const std::string& name) {
-  for (auto s : {IntegrationState::kDiscovered, IntegrationState::kStructureValidated, IntegrationState::kModuleParityPassed,
-                 IntegrationState::kMatrixPassed, IntegrationState::kFailed, IntegrationState::kBlocked}) {
-    if (state_name(s) == name) return s;
-  }
-  MIH_THROW(Code::kInvalidSpec, "unknown integration state '", name,
-            "'; valid: DISCOVERED, STRUCTURE_VALIDATED, MODULE_PARITY_PASSED, MATRIX_PASSED, FAILED, BLOCKED");
-}
-
 bool IntegrationStateMachine::current(IntegrationState* state) const {
   if (!fs::exists(dir_->resolve(layout::kIntegrationState))) return false;
-  const nlohmann::json j = dir_->read_json(layout::kIntegrationState);
-  const std::string file = dir_->resolve(layout::kIntegrationState).string();
-  MIH_CHECK_CODE(j.is_object() && j.contains("state") && j["state"].is_string(), Code::kFailedPrecondition, file,
-                 " holds no state name (", json_summary(j), "): it is not the integration state mih writes (edited or "
-                 "damaged); rerun the case");
-  try {
-    *state = parse_state(j["state"].get<std::string>());
-  } catch (const Error& e) {
-    MIH_THROW(Code::kFailedPrecondition, file, ": ", e.message(), "; rerun the case");
-  }
+  *state = record().state;
   return true;
+}
+
+contract::IntegrationStateRecord IntegrationStateMachine::record() const {
+  return contract::parse_integration_state(dir_->read_json(layout::kIntegrationState),
+                                           dir_->resolve(layout::kIntegrationState).string());
 }
 
 void IntegrationStateMachine::update(IntegrationState next, const std::vector<std::string>& evidence,
                                      const std::string& reason) {
   IntegrationState now = IntegrationState::kDiscovered;
   const bool exists = current(&now);
-  nlohmann::json old = exists ? dir_->read_json(layout::kIntegrationState) : nlohmann::json::object();
   const std::string from = exists ? state_name(now) : "(none)";
   MIH_CHECK_CODE(!exists || !terminal(now), Code::kFailedPrecondition, "integration state of ", dir_->root().string(),
                  " is terminal (", from, "); it cannot become ", state_name(next), ": use a new evidence directory");
@@ -249,7 +223,14 @@ void IntegrationStateMachine::update(IntegrationState next, const std::vector<st
                    want <= have ? "never back" : "no skipping", ")");
   }
   std::set<std::string> paths;
-  for (const auto& p : old.value("evidence", std::vector<std::string>{})) paths.insert(p);
+  if (exists) {
+    // The gates' evidence so far is carried forward: a record without its list lost it.
+    const contract::IntegrationStateRecord before = record();
+    MIH_CHECK_CODE(before.evidence.has_value(), Code::kFailedPrecondition, dir_->resolve(layout::kIntegrationState).string(),
+                   " has no 'evidence' list, so the gates' evidence so far would be lost: it is not the integration "
+                   "state mih writes (edited or damaged); rerun the case");
+    paths.insert(before.evidence->begin(), before.evidence->end());
+  }
   paths.insert(evidence.begin(), evidence.end());
   dir_->write_json(layout::kIntegrationState, {{"schema_version", kStateSchema},
                                               {"state", state_name(next)},

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/base/files.h"
+#include "harness/contract/integration_state.h"
 
 namespace mih {
 
@@ -58,14 +59,6 @@ class EvidenceDir {
   std::filesystem::path root_;
 };
 
-/// The integration state of a model port's evidence directory (the seed tool's
-/// IntegrationState): ordered gates, then two terminal states.
-enum class IntegrationState { kDiscovered, kStructureValidated, kModuleParityPassed, kMatrixPassed, kFailed, kBlocked };
-
-std::string state_name(IntegrationState s);
-/// Throws: mih::Error{kInvalidSpec} for another name, listing the valid ones.
-IntegrationState parse_state(const std::string& name);
-
 /// The state machine over `dir`/integration_state.json ({schema_version, state,
 /// previous_state, evidence: sorted unique paths, reason}).
 class IntegrationStateMachine {
@@ -73,7 +66,12 @@ class IntegrationStateMachine {
   explicit IntegrationStateMachine(const EvidenceDir& dir) : dir_(&dir) {}
 
   /// The current state, or nullopt-like: returns false when no state exists yet.
+  /// Throws: mih::Error{kFailedPrecondition} as contract::parse_integration_state for a file
+  ///   that is not the integration state mih writes.
   bool current(IntegrationState* state) const;
+  /// The whole record of integration_state.json (which must exist).
+  /// Throws: as current.
+  contract::IntegrationStateRecord record() const;
   /// Moves to `next`: only the next gate (DISCOVERED first, from nothing), or a terminal
   /// state from any non-terminal one; `evidence` paths are added, `reason` recorded.
   /// Throws: mih::Error{kFailedPrecondition} naming both states for a skip, a step back, or

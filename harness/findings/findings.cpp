@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "harness/base/error.h"
+#include "harness/base/json_fields.h"
 
 namespace mih {
 
@@ -30,16 +31,41 @@ void to_json(nlohmann::json& j, const Finding& f) {
        {"message", f.message}, {"facts", f.facts},     {"why_unsafe", f.why_unsafe}, {"remediation", f.remediation}};
 }
 
+namespace {
+
+// Field `name` of finding `j`, which must hold it (with the type the caller gets).
+const nlohmann::json& finding_field(const nlohmann::json& j, const char* name) {
+  MIH_CHECK_CODE(j.is_object() && j.contains(name), Code::kFailedPrecondition, "finding ",
+                 j.is_object() && j.contains("code") ? j["code"].dump() : std::string("(no code)"), " has no '", name,
+                 "': it is not a finding mih writes");
+  return j[name];
+}
+
+Severity parse_severity(const std::string& name) {
+  for (Severity s : {Severity::kInfo, Severity::kWarning, Severity::kError}) {
+    if (severity_name(s) == name) return s;
+  }
+  MIH_THROW(Code::kFailedPrecondition, "unknown severity '", name.substr(0, 40), "'; valid: info, warning, error");
+}
+
+}  // namespace
+
 void from_json(const nlohmann::json& j, Finding& f) {
-  const std::string severity = j.at("severity").get<std::string>();
-  f.code = j.at("code").get<std::string>();
-  f.phase = j.at("phase").get<std::string>();
-  f.owner = j.at("owner").get<std::string>();
-  f.severity = severity == "error" ? Severity::kError : severity == "warning" ? Severity::kWarning : Severity::kInfo;
-  f.message = j.at("message").get<std::string>();
-  f.facts = j.value("facts", nlohmann::json::object());
-  f.why_unsafe = j.value("why_unsafe", "");
-  f.remediation = j.value("remediation", "");
+  try {
+    f.code = finding_field(j, "code").get<std::string>();
+    f.phase = finding_field(j, "phase").get<std::string>();
+    f.owner = finding_field(j, "owner").get<std::string>();
+    f.severity = parse_severity(finding_field(j, "severity").get<std::string>());
+    f.message = finding_field(j, "message").get<std::string>();
+    f.facts = finding_field(j, "facts");
+    f.remediation = finding_field(j, "remediation").get<std::string>();
+    // The schema's one optional field: an info or a warning may say no why_unsafe (validate()
+    // requires an error's).
+    f.why_unsafe = j.contains("why_unsafe") ? j["why_unsafe"].get<std::string>() : std::string();
+  } catch (const nlohmann::json::exception& e) {
+    MIH_THROW(Code::kFailedPrecondition, "finding ", j.contains("code") ? j["code"].dump() : std::string("(no code)"),
+              ": a field of another type (", json_error_text(e), "): it is not a finding mih writes");
+  }
   f.validate();
 }
 

@@ -32,7 +32,10 @@ struct Finding {
 };
 
 void to_json(nlohmann::json& j, const Finding& f);
-/// Throws: nlohmann::json::exception for a missing field; as Finding::validate.
+/// Every field of to_json is required but why_unsafe (the schema's one optional field: "" when
+/// absent); the severity must be one of severity_name's.
+/// Throws: mih::Error{kFailedPrecondition} naming the finding and the field for a missing or
+///   mistyped field or an unknown severity (read as info before); as Finding::validate.
 void from_json(const nlohmann::json& j, Finding& f);
 
 /// The record that a check ran: its name (codes::check_of), how many times, and what it

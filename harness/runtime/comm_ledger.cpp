@@ -35,30 +35,6 @@ std::string CallSite::str() const {
   return *label ? internal::str(label, " @ ", where) : where;
 }
 
-void to_json(nlohmann::json& j, const CommRecord& r) {
-  j = nlohmann::json{{"seq", r.seq},       {"event", r.event}, {"axis", r.axis},
-                     {"ranks", r.ranks},   {"op", r.op},       {"dtype", r.dtype},
-                     {"numel", r.numel},   {"bytes", r.bytes}, {"start_us", r.start_us},
-                     {"site", r.site}};
-  if (r.event != "begin") j["duration_us"] = r.duration_us;
-  if (!r.error.empty()) j["error"] = r.error;
-}
-
-void from_json(const nlohmann::json& j, CommRecord& r) {
-  r.seq = j.at("seq").get<int64_t>();
-  r.event = j.at("event").get<std::string>();
-  r.axis = j.at("axis").get<std::string>();
-  r.ranks = j.at("ranks").get<std::vector<int>>();
-  r.op = j.at("op").get<std::string>();
-  r.dtype = j.value("dtype", "");
-  r.numel = j.value("numel", int64_t{0});
-  r.bytes = j.value("bytes", int64_t{0});
-  r.start_us = j.value("start_us", int64_t{0});
-  r.duration_us = j.value("duration_us", int64_t{0});
-  r.site = j.value("site", "");
-  r.error = j.value("error", "");
-}
-
 int64_t wall_clock_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -167,6 +143,8 @@ std::vector<CommRecord> read_ledger(const std::filesystem::path& path) {
     if (j.is_discarded() || !j.is_object()) continue;  // a line cut short by a kill
     try {
       out.push_back(j.get<CommRecord>());
+    } catch (const Error&) {
+      continue;  // not a record (ranks of another type): the report works from the others
     } catch (const nlohmann::json::exception&) {
       continue;
     }

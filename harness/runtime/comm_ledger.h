@@ -15,6 +15,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/contract/comm_ledger_row.h"
+
 namespace mih {
 
 /// Where a collective was called from: an optional label plus the caller's file and line,
@@ -29,28 +31,6 @@ struct CallSite {
   const char* file;
   int line;
 };
-
-/// One ledger line. `event` is "begin" when a call starts, "end" when it returns, "error"
-/// when it throws; begin/end pairs share `seq`.
-struct CommRecord {
-  int64_t seq = 0;
-  std::string event;
-  std::string axis;
-  std::vector<int> ranks;  ///< global ranks of the group
-  std::string op;
-  std::string dtype;
-  int64_t numel = 0;
-  int64_t bytes = 0;  ///< payload of this rank: numel * element size of the input
-  /// Wall clock at the start, microseconds since the Unix epoch (comparable across ranks).
-  int64_t start_us = 0;
-  /// end/error only: how long the call took, microseconds.
-  int64_t duration_us = 0;
-  std::string site;
-  std::string error;  ///< error only
-};
-
-void to_json(nlohmann::json& j, const CommRecord& r);
-void from_json(const nlohmann::json& j, CommRecord& r);
 
 /// What a layer declares it communicates, per collective it issues or makes its backward
 /// issue (its contract: a row-parallel linear all-reduces its output over tp, a column-parallel

@@ -18,6 +18,7 @@
 
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
+#include "harness/contract/rank_error.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/runtime/comm_ledger.h"
@@ -97,11 +98,15 @@ std::string diagnose_stragglers(const std::map<int, std::vector<CommRecord>>& le
 void read_error_file(const std::filesystem::path& run_dir, RankOutcome& o) {
   std::string text;
   if (read_file(run_dir / layout::rank_error(o.rank), &text)) {
-    auto j = parse_json_lenient(text);
-    if (j.is_object()) {
-      o.error_code = j.value("code", "");
-      o.error_message = j.value("message", "");
-      for (const auto& line : j.value("context", std::vector<std::string>{})) o.error_message += "\n" + line;
+    const auto j = parse_json_lenient(text);
+    if (j.is_discarded()) return;  // not JSON: the rank's log says what happened
+    try {
+      const contract::RankErrorRecord e = contract::parse_rank_error(j, (run_dir / layout::rank_error(o.rank)).string());
+      o.error_code = e.code;
+      o.error_message = e.message;
+      for (const auto& line : e.context) o.error_message += "\n" + line;
+    } catch (const Error& refused) {
+      o.error_message = refused.message();  // what the file lacks, in place of its message
     }
   }
 }

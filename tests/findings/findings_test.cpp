@@ -5,9 +5,12 @@
 #include "harness/base/error.h"
 #include "harness/findings/findings.h"
 
+#include <nlohmann/json.hpp>
+
 namespace mih {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -53,6 +56,32 @@ TEST(FindingsTest, MalformedFindingsAreHarnessBugs) {
   bad_phase.phase = "warmup";
   EXPECT_THAT([&] { report.add(bad_phase); }, ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'")));
   EXPECT_TRUE(report.findings().empty());
+}
+
+TEST(FindingsTest, FromJsonReadsEveryFieldAndRefusesAMissingOneOrAnUnknownSeverity) {
+  const nlohmann::json written = error_finding();
+  const Finding back = written.get<Finding>();
+  EXPECT_EQ(back.facts, error_finding().facts);
+  EXPECT_EQ(back.remediation, error_finding().remediation);
+  EXPECT_EQ(back.severity, Severity::kError);
+  for (const char* field : {"facts", "remediation", "message", "severity"}) {
+    nlohmann::json j = written;
+    j.erase(field);  // facts and remediation were read as {} and "" before
+    EXPECT_THAT([&] { (void)j.get<Finding>(); },
+                ThrowsMessage<Error>(AllOf(HasSubstr("finding \"MIH-STRUCT-001\" has no '" + std::string(field) + "'"),
+                                           HasSubstr("not a finding mih writes"))))
+        << field;
+  }
+  nlohmann::json fatal = written;
+  fatal["severity"] = "fatal";  // read as info before: an error finding that failed nothing
+  EXPECT_THAT([&] { (void)fatal.get<Finding>(); }, ThrowsMessage<Error>(HasSubstr("unknown severity 'fatal'")));
+  nlohmann::json numeric = written;
+  numeric["remediation"] = 3;
+  EXPECT_THAT([&] { (void)numeric.get<Finding>(); }, ThrowsMessage<Error>(HasSubstr("a field of another type")));
+  nlohmann::json warning = written;
+  warning["severity"] = "warning";
+  warning.erase("why_unsafe");
+  EXPECT_TRUE(warning.get<Finding>().why_unsafe.empty()) << "the schema's one optional field";
 }
 
 }  // namespace

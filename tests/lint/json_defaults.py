@@ -67,11 +67,7 @@ NOT_YET_TYPED = {
     "harness/cases/foreign_check.cpp": 3,
     "harness/cases/golden_compare.cpp": 7,
     "harness/cases/faults.cpp": 2,
-    "harness/evidence/evidence_store.cpp": 1,
     "harness/evidence/case_completion.cpp": 1,
-    "harness/runtime/comm_ledger.cpp": 7,
-    "harness/runtime/launcher_report.cpp": 3,
-    "harness/findings/findings.cpp": 3,
     "harness/cli/check_arguments.cpp": 8,
     "harness/session/session.cpp": 2,
 }
