@@ -1,11 +1,13 @@
-// export_hf and inspect_hf (see hf_interop.h).
+// inspect_hf and the weights of --init-from (see hf_interop.h); export_hf is hf_export.cpp.
 #include "harness/cases/hf_interop.h"
+#include "harness/cases/hf_interop_internal.h"
 
 #include <fnmatch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -32,7 +34,6 @@
 
 namespace mih::cases {
 namespace fs = std::filesystem;
-namespace {
 
 bool matches_any(const std::vector<std::string>& globs, const std::string& name) {
   for (const auto& g : globs) {
@@ -41,9 +42,8 @@ bool matches_any(const std::vector<std::string>& globs, const std::string& name)
   return false;
 }
 
-// Runs `body` on `spec`'s model built at world size 1 (its initial weights, eval mode).
-template <typename Body>
-void with_one_rank(const spec::ModelSpec& spec, const std::string& dtype, uint64_t seed, Body body) {
+void with_one_rank(const spec::ModelSpec& spec, const std::string& dtype, uint64_t seed,
+                   const std::function<void(Trainer&)>& body) {
   ParallelConfig config;
   config.dtype = parse_dtype_name(dtype);
   config.seed = seed;
@@ -57,13 +57,6 @@ void with_one_rank(const spec::ModelSpec& spec, const std::string& dtype, uint64
   body(trainer);
 }
 
-struct ExternalTensor {
-  std::string fqn;
-  std::vector<int64_t> shape;
-};
-
-// The external keys the port writes and loads: key -> (FQN, shape), training-only parameters
-// left out. Throws: as the key map; kInvalidSpec for two parameters on one key.
 std::map<std::string, ExternalTensor> expected_external(const spec::ModelSpec& spec, const KeyMap& map,
                                                         ParallelContext& context) {
   std::map<std::string, ExternalTensor> out;
@@ -85,25 +78,7 @@ nlohmann::json hf_config_json(const spec::HfConfig& hf) {
   return c;
 }
 
-// Views of (name, tensor) pairs for the safetensors writers; `keep` holds the contiguous CPU
-// copies they point into. Undefined tensors are left out (e.g. position_ids of a pipeline that
-// leaves them to the runtime).
-template <typename Pairs>
-std::vector<safetensors::TensorView> views_of(const Pairs& tensors, std::vector<at::Tensor>* keep) {
-  std::vector<safetensors::TensorView> views;
-  for (const auto& [name, t] : tensors) {
-    if (!t.defined()) continue;
-    at::Tensor c = t.detach().cpu().contiguous();
-    keep->push_back(c);
-    views.push_back({name, safetensors_dtype(c.scalar_type()), c.sizes().vec(), c.data_ptr(), c.nbytes()});
-  }
-  return views;
-}
-
-void write_tensors(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                   std::vector<at::Tensor>* keep) {
-  safetensors::write_file(path, views_of(tensors, keep), {{"format", "pt"}});
-}
+namespace {
 
 // Equal JSON values, numbers by value (10000 and 10000.0 agree; 1e-6 relative for floats).
 bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
@@ -335,181 +310,6 @@ size_t load_hf_weights(const spec::ModelSpec& spec, const fs::path& dir, Paralle
     }
   }
   return staged.size();
-}
-
-HfExportResult export_hf(const spec::ModelSpec& spec, const HfExportOptions& options) {
-  MIH_CHECK(spec.checkpoint.hf.declared(), "spec '", spec.name, "' declares no Hugging Face config "
-            "(CheckpointSpec::hf: model_type, architectures and the config.json fields from its options), so its "
-            "export would not be a Hugging Face checkpoint; declare them in the spec");
-  MIH_CHECK(!options.out.empty(), "export: --out DIR is required");
-  MIH_CHECK(options.dtype == "float32" || options.dtype == "float64" || options.dtype == "bfloat16", "export: --dtype ",
-            options.dtype, " is not one the ports compute in on CPU; use float32, float64 or bfloat16");
-  // Everything is written into a staging directory beside --out, which replaces --out only
-  // when the export is complete: a failed export leaves the earlier one whole, and no file
-  // of an earlier export (another shard count, another dtype) survives a new one. So --out
-  // must hold nothing but the files an earlier export wrote, as it wrote them (its
-  // mih_export.json lists each with its SHA-256): a tokenizer.json put beside it, or an
-  // edited config.json, is refused and left as it is.
-  fs::path target = fs::absolute(options.out).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();
-  std::error_code ec;
-  const bool exists = fs::exists(target, ec);
-  check_owned(target, layout::kExportRecord, entries_under(target, layout::kExportRecord), "export");
-  const fs::path stage = target.parent_path() / ("." + target.filename().string() + ".mih-export-" +
-                                                 std::to_string(::getpid()));
-  fs::remove_all(stage, ec);
-  fs::create_directories(stage, ec);
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot create ", stage.string(), " beside --out: ",
-                 ec.message());
-  struct RemoveStage {
-    fs::path dir;
-    ~RemoveStage() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } cleanup{stage};
-  const KeyMap map(spec.checkpoint.key_map);
-  HfExportResult result;
-  with_one_rank(spec, options.dtype, options.seed, [&](Trainer& trainer) {
-    if (!options.init_from.empty()) load_hf_weights(spec, options.init_from, trainer.context());
-    // One tensor under two names is written once, under the first name's keys: refused unless
-    // the spec declares the tie (the original ties them too), and recorded either way.
-    for (const checks::UndeclaredAlias& a : checks::undeclared_aliases(trainer.context(), spec.checkpoint.tied)) {
-      MIH_THROW(Code::kInvalidSpec, "export: spec '", spec.name, "': '", a.fqn, "' and '", a.alias,
-                "' name the same tensor (one parameter registered under both names), but the spec does not declare "
-                "them tied (checkpoint.tied), so the export would write it once, under the key(s) of '", a.fqn,
-                "', and no key for '", a.alias, "'; give '", a.alias, "' its own parameter (build a second module "
-                "instead of registering the first twice), or declare {\"", a.fqn, "\", \"", a.alias,
-                "\"} in checkpoint.tied if the original ties them");
-    }
-    // The key map's own refusals (no rule for a parameter) come first, naming the parameter.
-    const std::map<std::string, ExternalTensor> expected = expected_external(spec, map, trainer.context());
-    nlohmann::json aliases = nlohmann::json::array();
-    for (const auto& p : trainer.context().parameters()) {
-      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
-      for (const std::string& alias : p->aliases) {
-        std::vector<std::string> keys;  // the alias's own keys, when the key map has a rule for it
-        try {
-          keys = map.external_keys(alias);
-        } catch (const Error&) {
-        }
-        aliases.push_back({{"fqn", alias}, {"of", p->fqn}, {"keys", keys}, {"written_as", map.external_keys(p->fqn)}});
-        result.aliases.emplace_back(p->fqn, alias);
-      }
-    }
-    std::map<std::string, at::Tensor> weights;
-    for (const auto& p : trainer.context().parameters()) {
-      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
-      for (auto& [key, tensor] : map.to_external(p->fqn, trainer.gather_full(*p))) weights[key] = tensor;
-    }
-    std::vector<at::Tensor> keep;
-    result.weight_files = hf::write_weights(stage, views_of(weights, &keep), options.max_shard_bytes);
-    result.tensors = weights.size();
-
-    BatchSource batches = spec.data.make_batches();
-    Batch batch = batches(0);
-    std::vector<std::pair<std::string, at::Tensor>> batch_tensors = {
-        {"input_ids", batch.input_ids}, {"labels", batch.labels}, {"position_ids", batch.position_ids}};
-    for (const auto& [name, t] : batch.fields) batch_tensors.emplace_back(name, t);
-    write_tensors(stage / layout::kExportBatch, batch_tensors, &keep);
-
-    at::Tensor logits, token_losses;
-    {
-      // The model gets the batch as the Trainer hands it over: position_ids 0..S-1 when the
-      // pipeline leaves them to the runtime (a port with learned positions reads them).
-      Batch model_batch = batch;
-      if (!model_batch.position_ids.defined()) {
-        model_batch.position_ids = at::arange(batch.input_ids.size(1), at::kLong).unsqueeze(0).expand_as(batch.input_ids);
-      }
-      at::NoGradGuard no_grad;
-      logits = trainer.model().logits(model_batch);
-      token_losses = trainer.model().token_losses(model_batch);
-    }
-    const double valid = batch.labels.ne(-100).sum().item<double>();
-    at::Tensor loss = token_losses.sum() / valid;
-    std::vector<std::pair<std::string, at::Tensor>> reference = {{"token_losses", token_losses}, {"loss", loss}};
-    if (logits.defined()) reference.insert(reference.begin(), {"logits", logits});
-    write_tensors(stage / layout::kExportReference, reference, &keep);
-    result.loss = loss.item<double>();
-    result.logits = logits.defined();
-
-    // What a golden producer needs to take the port's optimizer step (docs/golden.md): the
-    // trainer options, the labels' convention, and per external tensor its weight-decay group
-    // as the Trainer built it (so a fused parameter's keys share their group) and whether it
-    // trains. Its own file, hashed whole into a golden's training_sha256.
-    std::map<const void*, bool> decayed;
-    for (const auto& group : trainer.optimizer().param_groups()) {
-      const double wd = static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay();
-      for (const auto& t : group.params()) decayed[t.unsafeGetTensorImpl()] = wd != 0;
-    }
-    nlohmann::json training_tensors = nlohmann::json::object();
-    for (const auto& p : trainer.context().parameters()) {
-      if (matches_any(spec.checkpoint.training_only, p->fqn)) continue;
-      const auto it = decayed.find(p->local.unsafeGetTensorImpl());
-      for (const std::string& key : map.external_keys(p->fqn)) {
-        training_tensors[key] = {{"fqn", p->fqn},
-                                 {"weight_decay", it != decayed.end() && it->second},
-                                 {"trainable", p->local.requires_grad()}};
-      }
-    }
-    const TrainerOptions& t = spec.trainer;
-    const nlohmann::json training = {{"trainer",
-                                      {{"optimizer", "adamw"},
-                                       {"lr", t.lr()},
-                                       {"beta1", t.beta1()},
-                                       {"beta2", t.beta2()},
-                                       {"eps", t.eps()},
-                                       {"weight_decay", t.weight_decay()},
-                                       {"max_grad_norm", t.max_grad_norm()}}},
-                                     {"labels_are_shifted", spec.data.labels_are_shifted},
-                                     {"tensors", training_tensors}};
-    write_file_atomic(stage / layout::kExportTraining, training.dump(2) + "\n");
-
-    nlohmann::json config = hf_config_json(spec.checkpoint.hf);
-    config["torch_dtype"] = options.dtype;
-    write_file_atomic(stage / layout::kHfConfig, config.dump(2) + "\n");
-
-    nlohmann::json tensors = nlohmann::json::object();
-    for (const auto& [key, e] : expected) tensors[key] = {{"fqn", e.fqn}, {"shape", e.shape}};
-    const nlohmann::json description = {{"spec", spec.name},
-                                        {"description", spec.description},
-                                        {"dtype", options.dtype},
-                                        {"seed", options.seed},
-                                        {"init_from", options.init_from.empty() ? nlohmann::json()
-                                                                                : nlohmann::json(fs::absolute(options.init_from).string())},
-                                        {"data_pipeline", spec.data.pipeline},
-                                        {"logits_shape", logits.defined() ? nlohmann::json(logits.sizes().vec())
-                                                                          : nlohmann::json()},
-                                        {"loss", result.loss},
-                                        {"weight_files", result.weight_files},
-                                        {"key_map", map.to_json()},
-                                        {"tensors", tensors},
-                                        {"aliases", aliases},
-                                        {"files", file_digests(stage, layout::kExportRecord)}};
-    write_file_atomic(stage / layout::kExportRecord, description.dump(2) + "\n");
-  });
-  if (exists) {
-    const fs::path old = target.parent_path() / ("." + target.filename().string() + ".mih-export-old-" +
-                                                 std::to_string(::getpid()));
-    fs::remove_all(old, ec);
-    fs::rename(target, old, ec);
-    MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot replace the earlier export ", target.string(), ": ",
-                   ec.message(), " (it is left as it was)");
-    fs::rename(stage, target, ec);
-    if (ec) {
-      std::error_code restore;
-      fs::rename(old, target, restore);  // the earlier export back in place
-    } else {
-      fs::remove_all(old, ec);
-      ec.clear();
-    }
-  } else {
-    fs::create_directories(target.parent_path(), ec);
-    fs::rename(stage, target, ec);
-  }
-  MIH_CHECK_CODE(!ec, Code::kFailedPrecondition, "export: cannot move the export into ", target.string(), ": ",
-                 ec.message());
-  return result;
 }
 
 HfInspectResult inspect_hf(const spec::ModelSpec& spec, const HfInspectOptions& options) {
