@@ -35,6 +35,7 @@
 #include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/compat/collectives.h"
+#include "harness/evidence/case_completion_internal.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/rendezvous.h"
@@ -365,16 +366,10 @@ CaseRunResult run_case(const CaseRequest& request, const CaseRunOptions& o) {
     r = launch_phase(q, phase, result);
     if (!r.ok()) break;  // a resume loads only what its save wrote
   }
-  IntegrationState state = IntegrationState::kDiscovered;
-  std::string reason;
-  const IntegrationStateMachine machine(dir);
-  if (machine.current(&state)) {
-    result.state = state_name(state);
-    reason = dir.read_json(layout::kIntegrationState).value("reason", "");
-  } else {
-    result.state = "NONE";
-  }
-  judge_launch(r, state, reason, result);
+  // The state the session left (the one reader of integration_state.json; no record yet).
+  const CaseState left = read_case_state(result.evidence);
+  result.state = left.state.empty() ? "NONE" : left.state;
+  judge_launch(r, left.state.empty() ? IntegrationState::kDiscovered : parse_state(left.state), left.reason, result);
   if (!q.fault.empty()) {
     result.fault_reached = fault_reached(result.evidence);
     if (result.outcome == Outcome::kRan && !*result.fault_reached) {
