@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/contract/metrics_row.h"
+
 namespace mih {
 
 /// One compared quantity (a metric, or a watched tensor or module activation at one step and
@@ -196,8 +198,9 @@ double record_norm(const nlohmann::json& record);
 /// projection's bias under softmax: its gradient cancels); else 0. Its errors are then
 /// relative to that scale: tolerance x G absolute. 0 for a tolerance outside (0, 1) (a pass
 /// that measures every quantity's error, as the noise twin's calibration does).
-double cancellation_scale(const std::string& stage, const std::string& name, const nlohmann::json& reference_metrics,
-                          const nlohmann::json& reference_record, double tolerance);
+double cancellation_scale(const std::string& stage, const std::string& name,
+                          const contract::MetricsRow& reference_metrics, const nlohmann::json& reference_record,
+                          double tolerance);
 
 /// The module of a parameter FQN: "layers.0.mlp.down_proj.weight" -> "layers.0.mlp.down_proj"
 /// (an optimizer state's "/exp_avg" dropped first); a top-level parameter is its own name.
@@ -206,8 +209,10 @@ std::string module_of_parameter(const std::string& fqn);
 /// Compares evidence directory `candidate` with `reference` (both written by a session).
 /// Throws: mih::Error{kFailedPrecondition} naming the file and directory when a required
 ///   evidence file (cases/runtime/metrics.jsonl, probes/rank0.jsonl,
-///   check/parameter_watchlist.json) is missing; kInvalidSpec when the two have no step in
-///   common.
+///   check/parameter_watchlist.json) is missing, when the two have no step in common, and naming
+///   the file, the line (and step) and the field when one of the files it reads (those, and
+///   spec.resolved.json and check/structure.json when present) is not as the evidence
+///   contract's schema describes it (harness/contract: read typed, never with a default).
 Comparison compare_evidence(const std::filesystem::path& reference, const std::filesystem::path& candidate,
                             const CompareOptions& options = {});
 

@@ -16,6 +16,9 @@
 #include <sstream>
 
 #include "harness/contract/evidence_layout.h"
+#include "harness/contract/findings_file.h"
+#include "harness/contract/resolved_spec.h"
+#include "harness/contract/structure_table.h"
 #include "harness/findings/codes.h"
 #include "harness/base/error.h"
 #include "harness/base/files.h"
@@ -124,74 +127,97 @@ std::string CaseEvidence::spec_name() const {
 }
 
 
+namespace {
+
+// findings.json of the case, or of its save phase (before_save/), read typed.
+contract::FindingsFile findings_of(const CaseEvidence& ev, const std::string& file) {
+  return contract::findings_file(ev.json(file), file, rel_path(ev, file));
+}
+
+// The error findings of `codes` (at most 5 shown) in `files`; "" for none.
+std::string error_findings(const CaseEvidence& ev, const std::vector<std::string>& files,
+                           const std::vector<std::string>& codes, int* n) {
+  std::ostringstream out;
+  for (const auto& file : files) {
+    for (const auto& f : findings_of(ev, file).findings) {
+      if (!f.error() || std::find(codes.begin(), codes.end(), f.code) == codes.end()) continue;
+      if (++*n > 5) continue;
+      out << "\n  " << f.code << " " << f.owner << ": " << f.message << (file == files[0] ? "" : " (in the save phase)");
+      if (!f.facts.empty()) out << "\n    facts: " << short_json(f.facts);
+      if (!f.remediation.empty()) out << "\n    fix: " << f.remediation;
+    }
+  }
+  return out.str();
+}
+
+}  // namespace
+
 Verdict no_error_findings(const CaseEvidence& ev, const std::vector<std::string>& codes) {
   // The error findings of these codes first (of the case, and of the save phase of a resume
   // case, whose checks ran in another process); then, with none, the proof that the checks
   // emitting them ran: no finding from a check that never looked is not a pass.
-  std::ostringstream out;
   int n = 0;
   std::vector<std::string> files = {layout::kFindings};
   if (ev.has(layout::before_save(layout::kFindings))) files.push_back(layout::before_save(layout::kFindings));
-  for (const auto& file : files) {
-    for (const auto& f : ev.json(file).value("findings", json::array())) {
-      if (f.value("severity", "error") != "error") continue;
-      if (std::find(codes.begin(), codes.end(), f.value("code", "")) == codes.end()) continue;
-      if (++n > 5) continue;
-      out << "\n  " << f.value("code", "") << " " << f.value("owner", "") << ": " << f.value("message", "")
-          << (file == files[0] ? "" : " (in the save phase)");
-      if (f.contains("facts") && !f["facts"].empty()) out << "\n    facts: " << short_json(f["facts"]);
-      if (!f.value("remediation", "").empty()) out << "\n    fix: " << f.value("remediation", "");
-    }
-  }
+  const std::string shown = error_findings(ev, files, codes, &n);
   if (n > 0) {
-    return Verdict::fail(std::to_string(n) + " error finding(s):" + out.str() +
+    return Verdict::fail(std::to_string(n) + " error finding(s):" + shown +
                          (n > 5 ? "\n  ... and " + std::to_string(n - 5) + " more" : "") + "\n  (open " +
                          rel_path(ev, layout::kFindings) + ")");
   }
-  const json runs = ev.json(layout::kFindings).value("checks", json::object());
+  const std::map<std::string, contract::CheckRun> runs = findings_of(ev, layout::kFindings).checks;
   std::vector<std::string> examined;
   for (const auto& code : codes) {
     const std::string check(codes::check_of(code));
     MIH_INTERNAL_ASSERT(!check.empty(), "finding code ", code, " has no emitting check in codes::kAllCodes");
     if (std::find(examined.begin(), examined.end(), check) != examined.end()) continue;
-    if (!runs.contains(check)) {
+    if (!runs.count(check)) {
       return Verdict::fail("check " + check + " did not run on this case (" + code +
                            " is its finding): check/findings.json records no run of it, so the absence of findings "
                            "proves nothing; the session never reached it, the training backend skips the hook that "
                            "feeds it, or the evidence predates check records; rerun the case (open " +
                            rel_path(ev, layout::kFindings) + ")");
     }
-    const json& r = runs[check];
-    if (r.value("examined", int64_t{0}) <= 0) {
-      return Verdict::fail("check " + check + " ran " + std::to_string(r.value("runs", int64_t{0})) +
-                           " time(s) and examined no " + r.value("unit", std::string("item")) +
+    const contract::CheckRun& r = runs.at(check);
+    if (r.examined <= 0) {
+      return Verdict::fail("check " + check + " ran " + std::to_string(r.runs) + " time(s) and examined no " + r.unit +
                            ": it checked nothing on this case (open " + rel_path(ev, layout::kFindings) + ")");
     }
     examined.push_back(check);
   }
   std::string what;
   for (const auto& check : examined) {
-    what += (what.empty() ? "" : "; ") + check + " examined " + std::to_string(runs[check].value("examined", int64_t{0})) +
-            " " + runs[check].value("unit", std::string()) + " in " + std::to_string(runs[check].value("runs", int64_t{0})) +
-            " run(s)";
+    const contract::CheckRun& r = runs.at(check);
+    what += (what.empty() ? "" : "; ") + check + " examined " + std::to_string(r.examined) + " " + r.unit + " in " +
+            std::to_string(r.runs) + " run(s)";
   }
   return Verdict::pass(what);
 }
 
+namespace {
+
+contract::ResolvedSpec resolved_spec_of(const CaseEvidence& ev) {
+  return contract::resolved_spec(ev.json(layout::kSpecResolved), rel_path(ev, layout::kSpecResolved));
+}
+
+}  // namespace
+
 double case_tolerance(const CaseEvidence& ev) {
-  const auto& tol = ev.json(layout::kSpecResolved).at("tolerances");
+  const contract::ResolvedTolerances tol = resolved_spec_of(ev).tolerances;
   const std::string dtype = dtype_name(ev.config().dtype);
   std::string profile = ev.resolved_case().kind == spec::CaseKind::kResume ? "same_topology" : "cross_topology";
-  if (ev.config().micro_batches > 1 && tol.contains("grad_accumulation")) profile = "grad_accumulation";
-  MIH_CHECK(tol.contains(profile) && tol[profile].contains(dtype), "spec.resolved.json of ", ev.dir().string(),
-            " declares no ", profile, " tolerance for dtype ", dtype, ": add it to the spec's Tolerances");
-  return tol[profile][dtype].get<double>();
+  if (ev.config().micro_batches > 1 && tol.grad_accumulation) profile = "grad_accumulation";
+  const std::map<std::string, double>* by_dtype = tol.profile(profile);
+  MIH_CHECK(by_dtype && by_dtype->count(dtype), "spec.resolved.json of ", ev.dir().string(), " declares no ", profile,
+            " tolerance for dtype ", dtype, ": add it to the spec's Tolerances");
+  return by_dtype->at(dtype);
 }
 
 std::string not_comparable_reason(const CaseEvidence& ev) {
-  const auto& tol = ev.json(layout::kSpecResolved).at("tolerances");
-  if (ev.config().micro_batches <= 1 || tol.contains("grad_accumulation")) return "";
-  return tol.value("grad_accumulation_reason", "");
+  const contract::ResolvedTolerances tol = resolved_spec_of(ev).tolerances;
+  if (ev.config().micro_batches <= 1 || tol.grad_accumulation) return "";
+  // No reason declared: gradient accumulation is comparable.
+  return tol.grad_accumulation_reason.value_or("");
 }
 
 bool calibrated_lane(const CaseEvidence& candidate) { return candidate.config().dtype != DType::kFloat64; }
@@ -204,21 +230,14 @@ Calibration lane_calibration(const CaseEvidence& lane_reference, const CaseEvide
               side->dir().string(), " is a ", dtype_name(side->config().dtype), " case, the candidate ", dtype,
               ": calibrate from the lane reference and noise twin of the candidate's own matrix");
   }
-  const auto& tol = candidate.json(layout::kSpecResolved).at("tolerances");
+  const contract::ResolvedTolerances tol = resolved_spec_of(candidate).tolerances;
   Calibration settings;
-  for (const auto& [key, field] : {std::pair{"noise_k", &Calibration::k}, std::pair{"noise_k_update", &Calibration::k_update},
-                                   std::pair{"noise_floor_eps", &Calibration::floor_eps}}) {
-    MIH_CHECK(tol.contains(key) && tol[key].is_number(), "spec.resolved.json of ", candidate.dir().string(),
-              " declares no tolerances.", key, ": the evidence predates calibrated lanes; rerun the case");
-    settings.*field = tol[key].get<double>();
-  }
+  settings.k = tol.noise_k;
+  settings.k_update = tol.noise_k_update;
+  settings.floor_eps = tol.noise_floor_eps;
   if (k_override >= 0) settings.k = settings.k_update = k_override;
   // The lane's own reference and twin are compared with the float64 oracle.
-  if (candidate.resolved_case().compare_to == "Reference") {
-    MIH_CHECK(tol.contains("noise_oracle_factor") && tol["noise_oracle_factor"].is_number(), "spec.resolved.json of ",
-              candidate.dir().string(), " declares no tolerances.noise_oracle_factor; rerun the case");
-    settings.factor = tol["noise_oracle_factor"].get<double>();
-  }
+  if (candidate.resolved_case().compare_to == "Reference") settings.factor = tol.noise_oracle_factor;
   CompareOptions o;
   o.tolerance = std::numeric_limits<double>::max();  // every quantity measured, none diverges
   const Comparison twin = compare_evidence(lane_reference.dir(), noise_twin.dir(), o);
@@ -277,7 +296,8 @@ Verdict parity(const CaseEvidence& reference, const CaseEvidence& candidate, Qua
   o.calibration = calibration;
   // Runs with the same micro-batching optimize the same objective (a case with activation
   // checkpointing and its twin without): only a different split is not comparable.
-  const std::string reason = not_comparable_reason(candidate);
+  // Evidence of another writer declares no spec, so nothing declared not comparable.
+  const std::string reason = candidate.has(layout::kSpecResolved) ? not_comparable_reason(candidate) : "";
   if (!reason.empty() && reference.config().micro_batches != candidate.config().micro_batches) {
     return Verdict::skip("the spec declares gradient accumulation not comparable: " + reason);
   }
@@ -334,13 +354,13 @@ namespace {
 
 // The deepest module holding the owners of every error finding of `code` (dot-separated FQN
 // components they all start with, the parameter's own name dropped); "" for fewer than two.
-std::string common_module(const json& findings, const std::string& code) {
+std::string common_module(const std::vector<contract::Finding>& findings, const std::string& code) {
   std::vector<std::string> common;
   int owners = 0;
   for (const auto& f : findings) {
-    if (f.value("severity", "") != "error" || f.value("code", "") != code || f.value("owner", "").empty()) continue;
+    if (!f.error() || f.code != code || f.owner.empty()) continue;
     std::vector<std::string> parts;
-    std::stringstream in(module_of_parameter(f.value("owner", "")));
+    std::stringstream in(module_of_parameter(f.owner));
     for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
     if (owners++ == 0) {
       common = parts;
@@ -353,6 +373,52 @@ std::string common_module(const json& findings, const std::string& code) {
   std::string out;
   for (const auto& part : common) out += (out.empty() ? "" : ".") + part;
   return owners >= 2 ? out : "";
+}
+
+// Where an error finding with an owner puts the fault: a broken tie's alias, shared state's
+// publisher, the module holding a modality's parameters, else its owner's module.
+Localization finding_place(const contract::Finding& f, const std::vector<contract::Finding>& all,
+                           const std::set<std::string>& parameters) {
+  const json& facts = f.facts;
+  // A declared tie that does not hold: the alias (the second of the pair) is the parameter
+  // that lost the first's storage.
+  if (facts.contains("tied") && facts["tied"].is_array() && facts["tied"].size() == 2 && facts["tied"][1].is_string()) {
+    const std::string alias = facts["tied"][1].get<std::string>();
+    return {module_of_parameter(alias), "finding " + f.code + ": the tied alias '" + alias + "' is not the parameter it "
+                                        "is declared tied to"};
+  }
+  // Shared state: the module that published it.
+  if (facts.contains("publishes") && facts["publishes"].is_array() && !facts["publishes"].empty() &&
+      facts["publishes"][0].is_object() && facts["publishes"][0].contains("source") &&
+      facts["publishes"][0]["source"].is_string()) {
+    const std::string source = facts["publishes"][0]["source"].get<std::string>();
+    return {source, "finding " + f.code + ": shared state '" + f.owner + "' published by '" + source + "'"};
+  }
+  // A modality whose parameters train nowhere: the module that holds all of them (the vision
+  // tower), not the first one's (its embeddings).
+  if (f.code == codes::kModalNoGradient) {
+    const std::string shared = common_module(all, f.code);
+    if (!shared.empty()) return {shared, "the module holding every parameter finding " + f.code + " names"};
+  }
+  return {parameters.count(f.owner) ? module_of_parameter(f.owner) : f.owner,
+          "the owner of finding " + f.code + " ('" + f.owner + "')"};
+}
+
+// The place of the first error finding (a checkpoint load's, or one with an owner).
+Localization findings_place(const CaseEvidence& ev) {
+  std::set<std::string> parameters;
+  if (ev.has(layout::kStructure)) {
+    for (const auto& p : contract::structure_parameters(ev.json(layout::kStructure), rel_path(ev, layout::kStructure))) {
+      parameters.insert(p.fqn);
+    }
+  }
+  const std::vector<contract::Finding> all = findings_of(ev, layout::kFindings).findings;
+  for (const auto& f : all) {
+    if (!f.error()) continue;
+    if (f.phase == "checkpoint") return {"checkpoint", "finding " + f.code + " at a checkpoint load"};
+    if (!f.owner.empty()) return finding_place(f, all, parameters);
+  }
+  return {"", "the failure names no place"};
 }
 
 }  // namespace
@@ -378,41 +444,7 @@ Localization blame(const CaseEvidence& ev, const std::string& suite, const std::
       {"CommVolume", "grad_sync"}};
   auto it = kPlaces.find(suite);
   if (it != kPlaces.end()) return {it->second, "the place " + suite + " examines"};
-  if (ev.has(layout::kFindings)) {
-    std::set<std::string> parameters;
-    if (ev.has(layout::kStructure)) {
-      for (const auto& p : ev.json(layout::kStructure).value("parameters", json::array())) {
-        if (p.is_object()) parameters.insert(p.value("fqn", ""));
-      }
-    }
-    for (const auto& f : ev.findings()) {
-      if (f.value("severity", "") != "error") continue;
-      if (f.value("phase", "") == "checkpoint") return {"checkpoint", "finding " + f.value("code", "") + " at a checkpoint load"};
-      const std::string owner = f.value("owner", ""), code = f.value("code", "");
-      if (owner.empty()) continue;
-      const json& facts = f.value("facts", json::object());
-      // A declared tie that does not hold: the alias (the second of the pair) is the
-      // parameter that lost the first's storage.
-      if (facts.contains("tied") && facts["tied"].is_array() && facts["tied"].size() == 2 && facts["tied"][1].is_string()) {
-        const std::string alias = facts["tied"][1].get<std::string>();
-        return {module_of_parameter(alias), "finding " + code + ": the tied alias '" + alias + "' is not the parameter it "
-                                            "is declared tied to"};
-      }
-      // Shared state: the module that published it.
-      if (facts.contains("publishes") && facts["publishes"].is_array() && !facts["publishes"].empty() &&
-          facts["publishes"][0].is_object() && facts["publishes"][0].contains("source")) {
-        const std::string source = facts["publishes"][0].value("source", "");
-        return {source, "finding " + code + ": shared state '" + owner + "' published by '" + source + "'"};
-      }
-      // A modality whose parameters train nowhere: the module that holds all of them (the
-      // vision tower), not the first one's (its embeddings).
-      if (code == codes::kModalNoGradient) {
-        const std::string shared = common_module(ev.findings(), code);
-        if (!shared.empty()) return {shared, "the module holding every parameter finding " + code + " names"};
-      }
-      return {parameters.count(owner) ? module_of_parameter(owner) : owner, "the owner of finding " + code + " ('" + owner + "')"};
-    }
-  }
+  if (ev.has(layout::kFindings)) return findings_place(ev);
   return {"", "the failure names no place"};
 }
 

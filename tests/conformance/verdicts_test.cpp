@@ -178,12 +178,24 @@ TEST_F(VerdictsTest, FindingsVerdictFailsOnAnErrorFindingOfItsCodes) {
   EXPECT_TRUE(verdicts::no_error_findings(CaseEvidence(real("llama", "DpShard2")), {"MIH-STRUCT-001"}).passed());
   const fs::path dir = copy("llama", "DpShard2");
   json f = read(dir / "check/findings.json");
-  f["findings"].push_back({{"code", "MIH-STRUCT-001"}, {"severity", "error"}, {"owner", "layers.0.mlp.down_proj.weight"},
+  f["findings"].push_back({{"code", "MIH-STRUCT-001"}, {"phase", "structure"}, {"severity", "error"},
+                           {"owner", "layers.0.mlp.down_proj.weight"}, {"facts", json::object()},
                            {"message", "local shape [64, 8] is not the Shard(1) piece"}, {"remediation", "fix it"}});
   write(dir / "check/findings.json", f);
   CaseEvidence ev(dir);
   expect_fail(verdicts::no_error_findings(ev, {"MIH-STRUCT-001"}), "MIH-STRUCT-001 layers.0.mlp.down_proj.weight");
   EXPECT_TRUE(verdicts::no_error_findings(ev, {"MIH-STRUCT-002"}).passed()) << "another code is not this verdict's";
+  // A finding without its severity was read as an error: it is refused, naming the field.
+  f["findings"].back().erase("severity");
+  write(dir / "check/findings.json", f);
+  try {
+    (void)verdicts::no_error_findings(CaseEvidence(dir), {"MIH-STRUCT-001"});
+    ADD_FAILURE() << "a finding without its severity was judged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("check/findings.json"));
+    EXPECT_THAT(e.what(), HasSubstr("severity"));
+  }
 }
 
 // No finding is a pass only when the check that emits the code ran and examined something;
@@ -471,7 +483,8 @@ TEST_F(VerdictsTest, ModalityGradientsFailOnAModalityWithoutGradient) {
   EXPECT_TRUE(verdicts::modality_gradients(CaseEvidence(real("vlm", "Reference"))).passed());
   const fs::path dir = copy("vlm", "Reference");
   json f = read(dir / "check/findings.json");
-  f["findings"].push_back({{"code", "MIH-MODAL-001"}, {"severity", "error"}, {"owner", "vision_tower.patch_embed.weight"},
+  f["findings"].push_back({{"code", "MIH-MODAL-001"}, {"phase", "runtime"}, {"severity", "error"},
+                           {"owner", "vision_tower.patch_embed.weight"}, {"facts", json::object()},
                            {"message", "no gradient"}, {"remediation", "r"}});
   write(dir / "check/findings.json", f);
   expect_fail(verdicts::modality_gradients(CaseEvidence(dir)), "vision_tower.patch_embed.weight");
@@ -521,6 +534,34 @@ TEST_F(VerdictsTest, CommVolumeMatchesTheConfig) {
   rows[0]["comm_expected"]["tp"]["region.copy_to.backward"] = 0;
   write_lines(sp / "cases/runtime/metrics.jsonl", rows);
   expect_fail(verdicts::comm_volume(CaseEvidence(sp)), "call site region.copy_to.backward");
+}
+
+// The resolved spec a comparison and the tolerances read is validated, never read with a
+// default: a spec.resolved.json without its name was compared as a spec of no name, one without
+// its cross-topology tolerances fell back to a default message of another code.
+TEST_F(VerdictsTest, AResolvedSpecMissingAFieldIsRefusedByName) {
+  const fs::path dir = copy("llama", "DpShard2");
+  json spec = read(dir / "spec.resolved.json");
+  spec.erase("name");
+  write(dir / "spec.resolved.json", spec);
+  try {
+    (void)compare_evidence(real("llama", "Reference"), dir, {});
+    ADD_FAILURE() << "evidence of a spec without its name was compared";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("spec.resolved.json"));
+    EXPECT_THAT(e.what(), HasSubstr("'name'"));
+  }
+  spec = read(real("llama", "DpShard2") / "spec.resolved.json");
+  spec["tolerances"].erase("cross_topology");
+  write(dir / "spec.resolved.json", spec);
+  try {
+    (void)verdicts::case_tolerance(CaseEvidence(dir));
+    ADD_FAILURE() << "a spec without its cross-topology tolerances gave one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("cross_topology"));
+  }
 }
 
 TEST_F(VerdictsTest, MissingOrForeignEvidenceIsAClearError) {

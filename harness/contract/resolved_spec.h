@@ -1,0 +1,37 @@
+// spec.resolved.json read typed (schemas/evidence/v1/spec.resolved.schema.json), the parts a
+// comparison and the verdicts read: the spec's name and its tolerances. Validated against the
+// contract's schema once where the file is read.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace mih::contract {
+
+/// tolerances: relative-error tolerances by profile and dtype, and the lanes' calibration.
+struct ResolvedTolerances {
+  std::map<std::string, double> same_topology, cross_topology;  ///< dtype -> tolerance
+  /// Only for a spec whose gradient accumulation is not linear in the micro-batches.
+  std::optional<std::map<std::string, double>> grad_accumulation;
+  /// Why gradient accumulation is not comparable; absent: comparable (no reason declared).
+  std::optional<std::string> grad_accumulation_reason;
+  double noise_k = 0, noise_k_update = 0, noise_floor_eps = 0, noise_oracle_factor = 0;
+  /// The profile named ("same_topology", "cross_topology", "grad_accumulation"); nullptr when
+  /// the spec declares none of that name.
+  const std::map<std::string, double>* profile(const std::string& name) const;
+};
+
+struct ResolvedSpec {
+  std::string name;
+  ResolvedTolerances tolerances;
+};
+
+/// spec.resolved.json (`spec`, the parsed file; `file` names it in a refusal).
+/// Throws: mih::Error{kFailedPrecondition} naming the file and the field for a value the
+///   schema refuses (a missing or mistyped field).
+ResolvedSpec resolved_spec(const nlohmann::json& spec, const std::string& file);
+
+}  // namespace mih::contract
