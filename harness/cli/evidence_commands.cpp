@@ -275,102 +275,125 @@ CommandRun setup_validate(CLI::App& sub, const Invocation&) {
   };
 }
 
-CommandRun setup_run(CLI::App& sub, const Invocation&) {
-  struct Flags {
-    std::string spec, case_name, matrix = "cpu-smoke";
-    std::filesystem::path init_from;
-    CaseRequest request;  // the flags that are the request's own fields are bound to it
-    cases::CaseRunOptions options;
-    bool prepare = false;
-  };
-  auto f = std::make_shared<Flags>();
-  f->request.training_backend = "trainer";
-  // Relative to where mih runs, like every default of mih (never nested under a build/ of its own).
-  f->options.evidence_root = std::filesystem::path(layout::kDefaultEvidenceRoot) / layout::kManualDir;
-  sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->required();
-  sub.add_option("--case", f->case_name, "case name (see `mih matrix`)")->required();
-  sub.add_option("--preset,--matrix", f->matrix, "preset or JSON matrix file")->capture_default_str();
-  sub.add_option("--evidence-root", f->options.evidence_root, "evidence goes to <root>/<spec>/<case> (relative: to the current directory)")
+namespace {
+
+// `mih run`'s flags; those that are the request's own fields are bound to it.
+struct RunCommandFlags {
+  std::string spec, case_name, matrix = "cpu-smoke";
+  std::filesystem::path init_from;
+  CaseRequest request;
+  cases::CaseRunOptions options;
+  bool prepare = false;
+};
+
+void add_run_options(CLI::App& sub, RunCommandFlags& f) {
+  sub.add_option("--spec", f.spec, "registered spec (see `mih list`)")->required();
+  sub.add_option("--case", f.case_name, "case name (see `mih matrix`)")->required();
+  sub.add_option("--preset,--matrix", f.matrix, "preset or JSON matrix file")->capture_default_str();
+  sub.add_option("--evidence-root", f.options.evidence_root, "evidence goes to <root>/<spec>/<case> (relative: to the current directory)")
       ->capture_default_str();
-  add_seconds(sub, "--timeout", f->request.case_timeout, "how long the whole case may take", 1.0);
-  add_seconds(sub, "--collective-timeout", f->request.collective_timeout,
+  add_seconds(sub, "--timeout", f.request.case_timeout, "how long the whole case may take", 1.0);
+  add_seconds(sub, "--collective-timeout", f.request.collective_timeout,
               "how long one collective may wait before its rank fails (an infrastructure failure; default: --timeout)");
-  sub.add_option("--training-backend", f->request.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
+  sub.add_option("--training-backend", f.request.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
-  sub.add_option("--fault", f->request.fault,
+  sub.add_option("--fault", f.request.fault,
                  "inject a fault of the catalog (F01-F36, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
-  sub.add_option("--init-from", f->init_from,
+  sub.add_option("--init-from", f.init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "
                  "checked before any rank starts; it is the source checkpoint too) instead of the spec's "
                  "checkpoint.init_from or the seed's initialization; its files' SHA-256 are part of the case's "
                  "fingerprint")
       ->check(cli::non_empty_path());
-  sub.add_flag("--prepare", f->prepare,
+  sub.add_flag("--prepare", f.prepare,
                "only write <root>/<spec>/<case>/run/case.json and print the rank command of each phase, for an "
                "external launcher (torchrun, srun, mpirun)");
+}
+
+// The request's spec, matrix, case and checkpoint to initialize from. The matrix is resolved
+// here, once; the ranks read the case from run/case.json.
+void resolve_request(RunCommandFlags& f) {
+  const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f.spec);
+  const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f.matrix);
+  CaseRequest& q = f.request;
+  q.spec = s.name;
+  q.matrix = MatrixSource::parse(f.matrix);
+  q.c = case_named(matrix, f.case_name);
+  // A checkpoint to initialize from (--init-from, else the spec's) is checked here first: a
+  // URL, an LFS pointer, a missing shard, a key or shape that does not fit fails before any
+  // rank starts. Its digest tells this run from another's.
+  if (f.init_from.empty()) f.init_from = s.checkpoint.init_from;
+  if (!f.init_from.empty()) {
+    const cases::InitSource checked = cases::check_init_from(s, f.init_from);
+    q.init_from = checked.dir.string();
+    q.init_from_sha256 = checked.sha256;
+  }
+}
+
+// --prepare: the case file, and each phase's rank command for an external launcher.
+int prepare_only(const RunCommandFlags& f) {
+  const CaseRequest& q = f.request;
+  const std::filesystem::path dir = cases::prepare_case(q, f.options);
+  std::printf("%s/%s: case file %s\n", f.spec.c_str(), f.case_name.c_str(), (dir / layout::kCaseRequest).c_str());
+  // The request's timeouts and fault travel on each rank's command line, as a local launch
+  // gives them: the collective timeout (0: the case's), the rank's own watchdog, --fault.
+  for (const CasePhase& phase : case_phases(q.c)) {
+    std::printf("%s (%d rank%s): mih %s\n", phase.name.c_str(), phase.world_size, phase.world_size == 1 ? "" : "s",
+                cases::case_rank_shell_line(cases::case_rank_options(q, dir, phase.name), dir, phase.name).c_str());
+  }
+  std::printf("each rank needs its rendezvous in its environment: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+              "(torchrun and docs/gpu-nightly.md's srun lines set them), or MIH_STORE_FILE for ranks of one host\n");
+  return 0;
+}
+
+// Says how the case ended (what kind of failure, when it is not a verdict) and returns the
+// exit status.
+int case_exit_status(const RunCommandFlags& f, const cases::CaseRunResult& r) {
+  std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f.spec.c_str(), f.case_name.c_str(),
+              std::string(outcome_name(r.outcome)).c_str(), r.state.c_str(), r.seconds, r.evidence.c_str());
+  if (r.outcome == Outcome::kInterrupted) {
+    std::fprintf(stderr, "mih: %s; the case is recorded as interrupted and relaunched by the next run\n",
+                 r.error.c_str());
+    return 128 + interrupt_signal();
+  }
+  switch (classify(r.outcome)) {
+    case OutcomeClass::kVerdict:
+    case OutcomeClass::kConformanceFailure:
+      break;
+    case OutcomeClass::kBadInput:
+      std::fprintf(stderr, "mih: bad input (not a conformance verdict): %s\n", r.error.c_str());
+      break;
+    case OutcomeClass::kInfrastructure:
+      std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
+      break;
+    case OutcomeClass::kEnvironment:
+      std::fprintf(stderr,
+                   r.outcome == Outcome::kNotRun ? "mih: the case could not run (not a conformance verdict):\n%s\n"
+                                                 : "mih: environment failure (not a conformance verdict):\n%s\n",
+                   r.error.c_str());
+      break;
+  }
+  if (const Code code = outcome_code(r.outcome, r.code); code != Code::kOk) return exit_status(code);
+  if (!r.error.empty()) std::fprintf(stderr, "mih: the case FAILED: %s\n", r.error.c_str());
+  return r.state == "FAILED" ? 1 : 0;
+}
+
+}  // namespace
+
+CommandRun setup_run(CLI::App& sub, const Invocation&) {
+  auto f = std::make_shared<RunCommandFlags>();
+  f->request.training_backend = "trainer";
+  // Relative to where mih runs, like every default of mih (never nested under a build/ of its own).
+  f->options.evidence_root = std::filesystem::path(layout::kDefaultEvidenceRoot) / layout::kManualDir;
+  add_run_options(sub, *f);
   return [f] {
-    // The matrix is resolved here, once; the ranks read the case from run/case.json.
-    const spec::ModelSpec& s = spec::SpecRegistry::instance().get(f->spec);
-    const spec::CaseMatrix matrix = spec::resolve_matrix_source(s, f->matrix);
-    CaseRequest& q = f->request;
-    q.spec = s.name;
-    q.matrix = MatrixSource::parse(f->matrix);
-    q.c = case_named(matrix, f->case_name);
-    const spec::Case& c = q.c;
-    // A checkpoint to initialize from (--init-from, else the spec's) is checked here first: a
-    // URL, an LFS pointer, a missing shard, a key or shape that does not fit fails before any
-    // rank starts. Its digest tells this run from another's.
-    if (f->init_from.empty()) f->init_from = s.checkpoint.init_from;
-    if (!f->init_from.empty()) {
-      const cases::InitSource checked = cases::check_init_from(s, f->init_from);
-      q.init_from = checked.dir.string();
-      q.init_from_sha256 = checked.sha256;
-    }
+    resolve_request(*f);
     // prepare_case and run_case give the request the fingerprint `mih test` computes
     // (case_fingerprint), so a later `mih test` on this root reuses this run.
-    if (f->prepare) {
-      const std::filesystem::path dir = cases::prepare_case(q, f->options);
-      std::printf("%s/%s: case file %s\n", f->spec.c_str(), f->case_name.c_str(), (dir / layout::kCaseRequest).c_str());
-      // The request's timeouts and fault travel on each rank's command line, as a local launch
-      // gives them: the collective timeout (0: the case's), the rank's own watchdog, --fault.
-      for (const CasePhase& phase : case_phases(c)) {
-        std::printf("%s (%d rank%s): mih %s\n", phase.name.c_str(), phase.world_size, phase.world_size == 1 ? "" : "s",
-                    cases::case_rank_shell_line(cases::case_rank_options(q, dir, phase.name), dir, phase.name).c_str());
-      }
-      std::printf("each rank needs its rendezvous in its environment: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-                  "(torchrun and docs/gpu-nightly.md's srun lines set them), or MIH_STORE_FILE for ranks of one host\n");
-      return 0;
-    }
+    if (f->prepare) return prepare_only(*f);
     install_interrupt_handlers();  // SIGINT/SIGTERM: the ranks stopped, the case recorded as interrupted
-    const cases::CaseRunResult r = cases::run_case(q, f->options);
-    std::printf("%s/%s: %s (%s) in %.1f s\nevidence: %s\n", f->spec.c_str(), f->case_name.c_str(),
-                std::string(outcome_name(r.outcome)).c_str(), r.state.c_str(), r.seconds, r.evidence.c_str());
-    if (r.outcome == Outcome::kInterrupted) {
-      std::fprintf(stderr, "mih: %s; the case is recorded as interrupted and relaunched by the next run\n",
-                   r.error.c_str());
-      return 128 + interrupt_signal();
-    }
-    switch (classify(r.outcome)) {
-      case OutcomeClass::kVerdict:
-      case OutcomeClass::kConformanceFailure:
-        break;
-      case OutcomeClass::kBadInput:
-        std::fprintf(stderr, "mih: bad input (not a conformance verdict): %s\n", r.error.c_str());
-        break;
-      case OutcomeClass::kInfrastructure:
-        std::fprintf(stderr, "mih: infrastructure failure (not a conformance verdict):\n%s\n", r.error.c_str());
-        break;
-      case OutcomeClass::kEnvironment:
-        std::fprintf(stderr,
-                     r.outcome == Outcome::kNotRun ? "mih: the case could not run (not a conformance verdict):\n%s\n"
-                                                   : "mih: environment failure (not a conformance verdict):\n%s\n",
-                     r.error.c_str());
-        break;
-    }
-    if (const Code code = outcome_code(r.outcome, r.code); code != Code::kOk) return exit_status(code);
-    if (!r.error.empty()) std::fprintf(stderr, "mih: the case FAILED: %s\n", r.error.c_str());
-    return r.state == "FAILED" ? 1 : 0;
+    return case_exit_status(*f, cases::run_case(f->request, f->options));
   };
 }
 
