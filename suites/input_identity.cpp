@@ -10,6 +10,12 @@ bool InputIdentity::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* InputIdentity::where() { return "every case compared with another (not the reference itself)"; }
 
+verdicts::Verdict judged_inputs(const verdicts::JudgedCase& c) { return verdicts::same_inputs_as_reference(*c.reference, c.ev); }
+
+MIH_SUITE_READS(InputIdentity, {.files = {layout::kInputIdentity},
+                                .reference_files = {layout::kInputIdentity},
+                                .tests = {{"SameGlobalBatchAsReference", &judged_inputs}}});
+
 TEST_P(InputIdentity, SameGlobalBatchAsReference) {
   MIH_CASE_EVIDENCE(ev);
   MIH_COMPARED_EVIDENCE(ref);

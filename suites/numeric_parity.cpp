@@ -22,6 +22,21 @@ const char* NumericParity::where() { return "every case compared with another, e
   MIH_COMPARED_EVIDENCE(ref);         \
   MIH_ASSERT_VERDICT(parity(*ref, *ev, quantity, resolved_case().resume_at))
 
+// verdicts::parity of `quantity` on a case of any writer, at its dtype's tolerance.
+template <Quantity quantity>
+verdicts::Verdict judged_parity(const verdicts::JudgedCase& c) {
+  return verdicts::parity(*c.reference, c.ev, quantity, c.tolerance, c.first_step, nullptr, false);
+}
+
+// Every number of both runs: metrics, the probed tensors and activations, what is probed.
+MIH_SUITE_READS(NumericParity,
+                {.files = {layout::kMetrics, layout::kProbes, layout::kParameterWatchlist},
+                 .reference_files = {layout::kMetrics, layout::kProbes, layout::kParameterWatchlist},
+                 .tests = {{"LossMatchesReference", &judged_parity<Quantity::kLoss>},
+                           {"GradNormsMatchReference", &judged_parity<Quantity::kGradNorms>},
+                           {"LearningRateMatchesReference", &judged_parity<Quantity::kLr>},
+                           {"WatchedTensorsMatchReferenceAtEveryStage", &judged_parity<Quantity::kTensors>}}});
+
 TEST_P(NumericParity, LossMatchesReference) { MIH_NUMERIC_PARITY_(Quantity::kLoss); }
 TEST_P(NumericParity, GradNormsMatchReference) { MIH_NUMERIC_PARITY_(Quantity::kGradNorms); }
 TEST_P(NumericParity, LearningRateMatchesReference) { MIH_NUMERIC_PARITY_(Quantity::kLr); }

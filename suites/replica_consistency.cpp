@@ -15,6 +15,15 @@ const char* ReplicaConsistency::where() {
   return "cases where some rank pieces are replicated (tp, cp or dp_replicate > 1, or pp with a declared tie)";
 }
 
+verdicts::Verdict judged_digests(const verdicts::JudgedCase& c) { return verdicts::replica_digests_agree(c.ev); }
+std::string digests_compared(const verdicts::JudgedCase& c) { return verdicts::replica_digests_compared(c.ev); }
+
+// Another writer's digests of every rank's copy (mih's session judges its ranks' copies in
+// process and records its findings, MIH-PROBE-001, which the TEST_P below reads).
+MIH_SUITE_READS(ReplicaConsistency, {.files = {verdicts::any_step(&layout::replicas_step), layout::kStructure, layout::kMetrics},
+                                     .examinable = &digests_compared,
+                                     .tests = {{"ReplicasAgreeAfterEveryStep", &judged_digests}}});
+
 TEST_P(ReplicaConsistency, ReplicasAgreeAfterEveryStep) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kProbeReplicas}));

@@ -11,7 +11,10 @@
 //     MIH_ASSERT_VERDICT(verdicts::no_error_findings(*ev, {codes::kMyCode}));
 //   }
 //
-// add it to suites/CMakeLists.txt and add `X(arg, MySuite)` to MIH_SUITES below. Every TEST_P of a
+// add it to suites/CMakeLists.txt and add `X(arg, MySuite)` to MIH_SUITES below. A suite whose
+// verdicts judge files another writer can write too declares them in its file
+// (MIH_SUITE_READS(MySuite, {.files = ..., .tests = ...}), harness/compare/suite_reads.h), and
+// `mih check` then judges every foreign case holding them through the same verdicts. Every TEST_P of a
 // suite runs on the same cases: a test that applies elsewhere belongs to another suite. A code
 // must be in codes::kAllCodes with the check that emits it, and that check must record its run
 // (FindingReport::ran, with what it examined): no_error_findings fails when the check left no
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/compare/suite_reads.h"
 #include "harness/spec/case_matrix.h"
 #include "harness/spec/model_spec.h"
 
@@ -71,6 +75,10 @@ struct SuiteRow {
   bool (*applies)(const SuiteContext&);
   /// Where it applies, in words ("cases with dp_shard > 1").
   const char* (*where)();
+  /// The evidence its verdicts read (MIH_SUITE_READS in its file, harness/compare/suite_reads.h),
+  /// by which `mih check` judges a case of another writer holding those files; null when it
+  /// judges records only mih's session writes or a spec's declarations.
+  const verdicts::SuiteReads* reads() const { return verdicts::suite_reads(name); }
 };
 
 /// Every suite of MIH_SUITES, in order.

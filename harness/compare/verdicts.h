@@ -147,6 +147,39 @@ Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEviden
 /// (before_save/checkpoint/roundtrip_save.json), bit for bit, and the step counter continues.
 Verdict checkpoint_round_trip(const CaseEvidence& ev);
 
+/// CheckpointRoundTrip's judge, for a case of any writer that captured a save and its load:
+/// every tensor of before_save/checkpoint/roundtrip_save.json equals the one of
+/// checkpoint/roundtrip_load.json (sha256 and shape), none is only on one side, the step
+/// counter continues, and the save captured some tensor. A pass says how many it examined.
+/// Throws: mih::Error{kFailedPrecondition} naming the file and field when either file is
+///   missing or its schema refuses it.
+Verdict restored_what_was_saved(const CaseEvidence& ev);
+
+/// ReplicaConsistency on the digests a writer recorded of every rank's copy of every parameter
+/// after the optimizer (cases/runtime/replicas_step<k>.json with digests, read by
+/// contract::replica_steps): every rank holding a piece (the same box; every rank without boxes)
+/// holds the same bytes, at every step; fails when no piece is held by two ranks.
+/// Throws: mih::Error{kFailedPrecondition} naming the file and field where the records break
+///   their schema or the case (contract::replica_steps).
+Verdict replica_digests_agree(const CaseEvidence& ev);
+
+/// Whether some parameter piece of `ev`'s replicas_step<k>.json digests is held by two ranks
+/// or more: "" when one is, else why ReplicaConsistency has nothing to examine.
+std::string replica_digests_compared(const CaseEvidence& ev);
+
+/// GradientSync on the digests a writer recorded of every rank's gradient pieces after its
+/// synchronization (cases/runtime/gradient_replicas_step<k>.json): every rank holding a piece
+/// holds the same bytes and some rank holding a trainable parameter's piece has its gradient;
+/// over every axis of degree > 1 some gradient is declared reduced over (check/structure.json
+/// grad_domain), rank 0's reducing collectives moved at least the bytes of its pieces declared
+/// reduced over it. Throws: as replica_digests_agree.
+Verdict gradient_digests_agree(const CaseEvidence& ev);
+
+/// Whether gradient_digests_agree has something to examine on `ev`: "" when some gradient piece
+/// is held by two ranks or some axis of degree > 1 has gradients declared reduced over it, else
+/// why not (a 1-rank run).
+std::string gradient_digests_examinable(const CaseEvidence& ev);
+
 /// Resume: the metrics after the load start at resume_at and are contiguous.
 Verdict resume_continues_step_count(const CaseEvidence& ev);
 

@@ -20,7 +20,10 @@
 #include "harness/base/reduction_paths.h"
 #include "harness/base/strings.h"
 #include "harness/compare/verdicts_internal.h"
-#include "harness/contract/step_rows.h"
+#include "harness/contract/input_identity_row.h"
+#include "harness/contract/metrics_row.h"
+#include "harness/contract/roundtrip_capture.h"
+#include "harness/contract/structure_table.h"
 #include "harness/findings/codes.h"
 
 namespace mih::verdicts {
@@ -29,12 +32,13 @@ using nlohmann::json;
 
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
-  const auto& structure = ev.json(layout::kStructure);
+  const std::vector<contract::ParameterRow> structure =
+      contract::structure_parameters(ev.json(layout::kStructure), rel_path(ev, layout::kStructure));
   const auto& units = ev.json(layout::kFsdpUnits);
   // A parameter pp stages share (a tied embedding on the first and the last, placement pp
   // Replicate()) is in the same-named unit of each stage that holds it.
   std::map<std::string, int> stages_holding, listed;
-  for (const auto& p : structure.at("parameters")) ++stages_holding[p.value("fqn", "")];
+  for (const auto& p : structure) ++stages_holding[p.fqn];
   std::map<std::string, std::string> unit_of;
   std::vector<std::string> problems;
   for (const auto& [unit, u] : units.items()) {
@@ -49,13 +53,11 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
       unit_of[fqn] = unit;
     }
   }
-  for (const auto& p : structure.at("parameters")) {
-    const std::string fqn = p.value("fqn", "");
+  for (const auto& p : structure) {
     // FSDP-sharded: over dp_shard, or over edp for routed experts under ep.
-    const bool sharded = p.contains("fsdp_rows") ||
-                         (p.contains("placements") && p["placements"].contains("dp_shard") &&
-                          p["placements"]["dp_shard"] != "Replicate()");
-    if (sharded && !unit_of.count(fqn)) problems.push_back("sharded parameter '" + fqn + "' is in no FSDP unit");
+    const auto dp_shard = p.placements.find("dp_shard");
+    const bool sharded = p.fsdp_rows || (dp_shard != p.placements.end() && dp_shard->second != "Replicate()");
+    if (sharded && !unit_of.count(p.fqn)) problems.push_back("sharded parameter '" + p.fqn + "' is in no FSDP unit");
   }
   for (const auto& [fqn, held] : stages_holding) unit_of.erase(fqn);
   for (const auto& [fqn, unit] : unit_of) problems.push_back("unit '" + unit + "' lists '" + fqn + "', which is no parameter");
@@ -65,72 +67,118 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   return Verdict::fail(msg + "\n  (open " + rel_path(ev, layout::kFsdpUnits) + ")");
 }
 
+namespace {
+
+// The rows of data/input_identity.jsonl of `ev` into `*out`; the refusal (a row the schema
+// refuses, two rows for one step) as text, "" when read.
+std::string input_rows(const CaseEvidence& ev, std::map<int64_t, contract::InputIdentityRow>* out) {
+  try {
+    *out = contract::input_identity_rows(ev.jsonl(layout::kInputIdentity), rel_path(ev, layout::kInputIdentity));
+  } catch (const Error& e) {
+    if (e.code() != Code::kFailedPrecondition) throw;
+    return e.message();
+  }
+  return "";
+}
+
+// The fields whose hash differs between two rows of one step, "x, y (not seen)".
+std::string differing_fields(const contract::InputIdentityRow& mine, const contract::InputIdentityRow& theirs) {
+  std::string fields;
+  for (const auto& [name, hash] : mine.fields) {
+    const auto other = theirs.fields.find(name);
+    if (other == theirs.fields.end() || other->second != hash) fields += (fields.empty() ? "" : ", ") + name;
+  }
+  for (const auto& [name, hash] : theirs.fields) {
+    if (!mine.fields.count(name)) fields += (fields.empty() ? "" : ", ") + name + " (not seen)";
+  }
+  return fields;
+}
+
+}  // namespace
+
 Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate) {
-  std::map<StepKey, json> ref_rows, rows_seen;
+  std::map<int64_t, contract::InputIdentityRow> ref_rows, rows_seen;
   for (auto [ev, rows] : {std::pair{&reference, &ref_rows}, std::pair{&candidate, &rows_seen}}) {
-    const std::string refusal =
-        index_rows_by_step(ev->jsonl(layout::kInputIdentity), rel_path(*ev, layout::kInputIdentity), "", rows);
+    const std::string refusal = input_rows(*ev, rows);
     if (!refusal.empty()) return Verdict::fail(refusal);
   }
   int compared = 0;
-  for (const auto& [key, row] : rows_seen) {
-    const int64_t step = key.first;
-    const auto found = ref_rows.find(key);
+  for (const auto& [step, row] : rows_seen) {
+    const auto found = ref_rows.find(step);
     if (found == ref_rows.end()) continue;
-    const json& other = found->second;
     ++compared;
     // Every part: the global hash, each field's and the row count (a field changed under an
     // unchanged global hash is not the same batch).
-    if (row.value("global", "") == other.value("global", "") &&
-        row.value("fields", json::object()) == other.value("fields", json::object()) &&
-        row.value("rows", 0) == other.value("rows", 0)) {
-      continue;
-    }
-    std::string fields;
-    const json mine = row.value("fields", json::object()), theirs = other.value("fields", json::object());
-    for (const auto& [name, hash] : mine.items()) {
-      if (theirs.value(name, "") != hash.get<std::string>()) fields += (fields.empty() ? "" : ", ") + name;
-    }
-    for (const auto& [name, hash] : theirs.items()) {
-      if (!mine.contains(name)) fields += (fields.empty() ? "" : ", ") + name + " (not seen)";
-    }
-    return Verdict::fail("the global batch of step " + std::to_string(step) + " differs from the reference's in field(s) " +
-                         fields + ": rows were dropped, repeated or changed by the data split (rows " +
-                         std::to_string(row.value("rows", 0)) + " vs " + std::to_string(other.value("rows", 0)) +
-                         ") (open " + rel_path(candidate, layout::kInputIdentity) + ")");
+    const contract::InputIdentityRow& other = found->second;
+    if (row.global == other.global && row.fields == other.fields && row.rows == other.rows) continue;
+    const std::string fields = differing_fields(row, found->second);
+    return Verdict::fail("the global batch of step " + std::to_string(step) + " differs from the reference's in " +
+                         (fields.empty() ? "its row count" : "field(s) " + fields) +
+                         ": rows were dropped, repeated or changed by the data split (rows " + std::to_string(row.rows) +
+                         " vs " + std::to_string(found->second.rows) + ") (open " +
+                         rel_path(candidate, layout::kInputIdentity) + " and " +
+                         rel_path(reference, layout::kInputIdentity) + ")");
   }
   if (compared == 0) {
     return Verdict::fail("no step in common with the reference in data/input_identity.jsonl (open " +
                          rel_path(candidate, layout::kInputIdentity) + ")");
   }
-  return Verdict::pass("examined the global batch of " + std::to_string(compared) + " step(s), field by field");
+  return Verdict::pass("examined the global batch of " + std::to_string(compared) + " step(s), field by field, against " +
+                       reference.dir().filename().string());
 }
 
 Verdict checkpoint_round_trip(const CaseEvidence& ev) {
   if (!ev.resolved_case().save_config) {
     return Verdict::skip("the case does not save and load a checkpoint");
   }
-  const std::string saved_file = layout::before_save(layout::kRoundtripSave), loaded_file = layout::kRoundtripLoad;
-  const auto& saved = ev.json(saved_file);
-  const auto& loaded = ev.json(loaded_file);
+  return restored_what_was_saved(ev);
+}
+
+namespace {
+
+// The differences between what a save captured and what the load restored, one line each.
+std::vector<std::string> round_trip_problems(const contract::RoundtripCapture& saved,
+                                             const contract::RoundtripCapture& loaded) {
   std::vector<std::string> problems;
-  if (saved.value("next_step", -1) != loaded.value("next_step", -2)) {
-    problems.push_back("the step counter is " + std::to_string(loaded.value("next_step", -1)) + " after the load, " +
-                       std::to_string(saved.value("next_step", -1)) + " at the save");
+  if (saved.next_step != loaded.next_step) {
+    problems.push_back("the step counter is " + std::to_string(loaded.next_step) + " after the load, " +
+                       std::to_string(saved.next_step) + " at the save");
   }
-  for (const auto& [name, hash] : saved.at("tensors").items()) {
-    if (!loaded["tensors"].contains(name)) {
+  for (const auto& [name, hash] : saved.tensors) {
+    const auto after = loaded.tensors.find(name);
+    if (after == loaded.tensors.end()) {
       problems.push_back("'" + name + "' was saved and is absent after the load");
-    } else if (loaded["tensors"][name] != hash) {
-      problems.push_back("'" + name + "' is not bit-exact after the load: sha256 " + hash.value("sha256", "").substr(0, 12) +
-                         " saved, " + loaded["tensors"][name].value("sha256", "").substr(0, 12) + " loaded (shape " +
-                         short_json(hash.value("shape", json::array())) + ")");
+    } else if (after->second.sha256 != hash.sha256 || after->second.shape != hash.shape) {
+      problems.push_back("'" + name + "' is not bit-exact after the load: sha256 " + hash.sha256.substr(0, 12) +
+                         " saved, " + after->second.sha256.substr(0, 12) + " loaded (shape " + json(hash.shape).dump() +
+                         (hash.shape == after->second.shape ? "" : " saved, " + json(after->second.shape).dump() + " loaded") +
+                         ")");
     }
   }
-  for (const auto& [name, hash] : loaded.at("tensors").items()) {
-    if (!saved["tensors"].contains(name)) problems.push_back("'" + name + "' exists after the load and was not saved");
+  for (const auto& [name, hash] : loaded.tensors) {
+    if (!saved.tensors.count(name)) problems.push_back("'" + name + "' exists after the load and was not saved");
   }
-  if (problems.empty()) return Verdict::pass();
+  return problems;
+}
+
+}  // namespace
+
+Verdict restored_what_was_saved(const CaseEvidence& ev) {
+  const std::string saved_file = layout::before_save(layout::kRoundtripSave), loaded_file = layout::kRoundtripLoad;
+  const contract::RoundtripCapture saved =
+      contract::roundtrip_capture(saved_file, ev.json(saved_file), rel_path(ev, saved_file));
+  const contract::RoundtripCapture loaded =
+      contract::roundtrip_capture(loaded_file, ev.json(loaded_file), rel_path(ev, loaded_file));
+  const std::vector<std::string> problems = round_trip_problems(saved, loaded);
+  if (problems.empty()) {
+    int64_t states = 0;
+    for (const auto& [name, hash] : saved.tensors) states += name.find('/') != std::string::npos ? 1 : 0;
+    if (saved.tensors.empty()) return Verdict::fail("the save captured no tensor (open " + rel_path(ev, saved_file) + ")");
+    return Verdict::pass("examined " + std::to_string(saved.tensors.size()) + " tensor(s) saved and restored (" +
+                         (states ? std::to_string(states) + " of them optimizer state"
+                                 : std::string("parameters only: the writer captured no optimizer state")) +
+                         "), resuming at step " + std::to_string(saved.next_step));
+  }
   std::string msg = problems[0];
   for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
   if (problems.size() > 5) msg += "\n  ... and " + std::to_string(problems.size() - 5) + " more";
@@ -142,8 +190,9 @@ Verdict resume_continues_step_count(const CaseEvidence& ev) {
   if (!c.save_config) return Verdict::skip("not a resume case");
   const int64_t at = c.resume_at, steps = c.steps;
   const auto& rows = ev.jsonl(layout::kMetrics);
-  std::vector<int64_t> seen;
-  for (const auto& r : rows) seen.push_back(r.value("step", int64_t{-1}));
+  contract::metrics_rows(rows, rel_path(ev, layout::kMetrics));  // every row typed, one per step
+  std::vector<int64_t> seen;  // in the file's order
+  for (const auto& r : rows) seen.push_back(r["step"].get<int64_t>());
   std::vector<int64_t> expected(static_cast<size_t>(std::max<int64_t>(steps - at, 0)));
   std::iota(expected.begin(), expected.end(), at);
   if (seen == expected) return Verdict::pass();
@@ -157,9 +206,12 @@ Verdict modality_gradients(const CaseEvidence& ev) {
   if (modalities.empty()) return Verdict::skip("the spec declares no modality");
   Verdict v = no_error_findings(ev, {codes::kModalNoGradient});
   if (!v.passed()) return v;
-  for (const auto& r : ev.jsonl(layout::kMetrics)) {
-    const std::string file = layout::modality_gradients_step(r.value("step", 0));
-    if (!ev.has(file)) return Verdict::fail("no modality gradient evidence for step " + std::to_string(r.value("step", 0)) + ": " + rel_path(ev, file) + " is missing");
+  for (const auto& [step, row] : contract::metrics_rows(ev.jsonl(layout::kMetrics), rel_path(ev, layout::kMetrics))) {
+    const std::string file = layout::modality_gradients_step(step);
+    if (!ev.has(file)) {
+      return Verdict::fail("no modality gradient evidence for step " + std::to_string(step) + ": " + rel_path(ev, file) +
+                           " is missing");
+    }
   }
   return Verdict::pass();
 }

@@ -16,8 +16,9 @@ each root on its own so that a bug's case never shares a run with the good ones:
   bug_ckpt/own_mlp/DpShard2Resume  the resume's load phase restoring the parameters, not AdamW's
                                 state (its save phase copied from good/)
 (each bug root holds a copy of the Reference), and checks: the good runs follow the contract
-(`mih validate`) and pass every Foreign suite (`mih check`: NumericParity, GradientSync,
-ReplicaConsistency, CheckpointRoundTrip); the skipped all-reduce fails GradientSync naming
+(`mih validate`) and pass every suite their evidence holds (`mih check`: NumericParity,
+InputIdentity, GradientSync, ReplicaConsistency, CheckpointRoundTrip, through the verdicts of mih's
+own cases); the skipped all-reduce fails GradientSync naming
 layers.1.up.weight, ReplicaConsistency and NumericParity localized to layers.1.up's weight gradient; the
 per-rank mean fails NumericParity, localized to the loss; the lost optimizer state fails
 CheckpointRoundTrip naming the AdamW moments.
@@ -144,21 +145,32 @@ def main():
     out = expect("mih check, the good runs", [a.mih, "check", good, "--no-progress"], 0,
                  ["Foreign/NumericParity", "Foreign/GradientSync", "Foreign/ReplicaConsistency",
                   "Foreign/CheckpointRoundTrip"], absent=["FAILED"])
+    # Each suite's own tests (its TEST_P names), through the verdicts that judge mih's cases.
     for name in ("DpReplicate2", "DpShard2", "Tp2", "DpShard2Resume"):
-        expect_test("mih check, the good runs", out, f"Foreign/NumericParity.MatchesReference/{SPEC}/{name}", "OK")
-    for name in ("DpReplicate2", "DpShard2", "Tp2"):
-        expect_test("mih check, the good runs", out, f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/{name}", "OK")
+        for test in ("LossMatchesReference", "GradNormsMatchReference", "LearningRateMatchesReference",
+                     "WatchedTensorsMatchReferenceAtEveryStage"):
+            expect_test("mih check, the good runs", out, f"Foreign/NumericParity.{test}/{SPEC}/{name}", "OK")
+        expect_test("mih check, the good runs", out, f"Foreign/InputIdentity.SameGlobalBatchAsReference/{SPEC}/{name}",
+                    "OK", "examined the global batch")
+    for name in ("DpReplicate2", "DpShard2", "Tp2", "DpShard2Resume"):
+        expect_test("mih check, the good runs", out, f"Foreign/GradientSync.EachGradientReducedOverItsDomain/{SPEC}/{name}",
+                    "OK")
     for name in ("DpReplicate2", "Tp2"):
         expect_test("mih check, the good runs", out, f"Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/{SPEC}/{name}",
                     "OK", "examined")
-    expect_test("mih check, the good runs", out, f"Foreign/CheckpointRoundTrip.RestoresWhatWasSaved/{SPEC}/DpShard2Resume",
+    expect_test("mih check, the good runs", out, f"Foreign/CheckpointRoundTrip.LoadedTensorsBitExact/{SPEC}/DpShard2Resume",
                 "OK", "resuming at step 2")
+    # The header: which suites ran on how many cases, what the others need.
+    out = expect("mih check, the good runs' header", [a.mih, "check", good], 0,
+                 ["InputIdentity (4 case(s)), CheckpointRoundTrip (1 case(s)), NumericParity (4 case(s)), "
+                  "GradientSync (4 case(s)), ReplicaConsistency (2 case(s))", "27 test(s)",
+                  "judge records only mih's session writes"])
 
     # The skipped all-reduce: GradientSync names the one parameter and no other; NumericParity
     # fails, localized.
     out = expect("mih check, layers.1.up.weight's all-reduce skipped", [a.mih, "check", skip, "--no-progress"], 1,
                  ["FAILED", "layers.1.up.weight"])
-    test = f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/DpReplicate2"
+    test = f"Foreign/GradientSync.EachGradientReducedOverItsDomain/{SPEC}/DpReplicate2"
     expect_test("mih check, layers.1.up.weight's all-reduce skipped", out, test, "FAILED", "'layers.1.up.weight'",
                 "a reduction skipped")
     block = test_block(out, test)[0] if out else None
@@ -166,7 +178,8 @@ def main():
     if others:
         fail(f"GradientSync blames parameters whose gradients were all-reduced: {others}\n{block[-4000:]}")
     expect_test("mih check, layers.1.up.weight's all-reduce skipped", out,
-                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpReplicate2", "FAILED", "localized to 'layers.1.up'",
+                f"Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/{SPEC}/DpReplicate2", "FAILED",
+                "localized to 'layers.1.up'",
                 "the gradient of parameter 'layers.1.up.weight' is the first to diverge")
     expect_test("mih check, layers.1.up.weight's all-reduce skipped", out,
                 f"Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/{SPEC}/DpReplicate2", "FAILED",
@@ -176,17 +189,18 @@ def main():
     # the ranks' gradients still agree with each other (a wrong value, not a missed reduction).
     out = expect("mih check, each rank's loss over its own tokens", [a.mih, "check", mean, "--no-progress"], 1, ["FAILED"])
     expect_test("mih check, each rank's loss over its own tokens", out,
-                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpReplicate2", "FAILED", "localized to 'loss'")
+                f"Foreign/NumericParity.LossMatchesReference/{SPEC}/DpReplicate2", "FAILED", "localized to 'loss'")
     expect_test("mih check, each rank's loss over its own tokens", out,
-                f"Foreign/GradientSync.GradientsAgreeAfterSync/{SPEC}/DpReplicate2", "OK")
+                f"Foreign/GradientSync.EachGradientReducedOverItsDomain/{SPEC}/DpReplicate2", "OK")
 
     # AdamW's state not restored: the round trip names the moments, and the run leaves the reference.
     out = expect("mih check, the optimizer state not loaded", [a.mih, "check", lost, "--no-progress"], 1, ["FAILED"])
     expect_test("mih check, the optimizer state not loaded", out,
-                f"Foreign/CheckpointRoundTrip.RestoresWhatWasSaved/{SPEC}/DpShard2Resume", "FAILED",
-                "'layers.0.up.weight/exp_avg' restored other values than were saved")
+                f"Foreign/CheckpointRoundTrip.LoadedTensorsBitExact/{SPEC}/DpShard2Resume", "FAILED",
+                "'embed.weight/exp_avg' is not bit-exact after the load", "and 27 more")
     expect_test("mih check, the optimizer state not loaded", out,
-                f"Foreign/NumericParity.MatchesReference/{SPEC}/DpShard2Resume", "FAILED", "localized to")
+                f"Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/{SPEC}/DpShard2Resume", "FAILED",
+                "localized to")
 
     # Evidence edited to hide a failure, or to look like what it is not, is refused before any test
     # (exit 12, naming file and field) or fails the test that reads it; never a silent pass.

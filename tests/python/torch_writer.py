@@ -104,30 +104,33 @@ def main():
 
     # The correct runs equal their 1-rank run; the checks say what they examined.
     out = expect("mih check, DDP, DDP + ZeroRedundancyOptimizer, a sampler's rows and the example against the 1-rank run",
-                 [a.mih, "check", good], 0, "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2",
-                 "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Zero",
-                 "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2",
-                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "12 tests", "examined",
-                 "written by mih-evidence.py", "not instantiated for it: GradientSync (no case records every rank's gradient pieces")
+                 [a.mih, "check", good], 0, "Foreign/NumericParity.LossMatchesReference/tiny/DpReplicate2",
+                 "Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/tiny/DpReplicate2Zero",
+                 "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/DpReplicate2",
+                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "24 tests", "examined",
+                 "written by mih-evidence.py",
+                 "InputIdentity (4 case(s)), NumericParity (4 case(s)), ReplicaConsistency (4 case(s))",
+                 "not instantiated for it: CheckpointRoundTrip (needs checkpoint/roundtrip_load.json",
+                 "GradientSync (needs cases/runtime/gradient_replicas_step<k>.json (of the case))")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
                "written by mih-evidence.py")
     # A DistributedSampler's rows (rank r takes r, r + W, ...), declared row by row, equal the
     # 1-rank run; the installed example loop (shuffled sampler, DataLoader) too.
     expect("mih check, DDP over a DistributedSampler's rows declared row by row", [a.mih, "check", strided], 0,
-           "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2Strided",
-           "Foreign/NumericParity.MatchesReference/tiny/DpReplicate2Strided")
+           "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/DpReplicate2Strided",
+           "Foreign/NumericParity.LossMatchesReference/tiny/DpReplicate2Strided")
     expect("mih check, the example loop on 2 ranks against its 1-rank run", [a.mih, "check", example[1]], 0,
-           "Foreign/InputIdentity.SameInputsAsReference/example/DpReplicate2",
-           "Foreign/NumericParity.MatchesReference/example/DpReplicate2")
+           "Foreign/InputIdentity.SameGlobalBatchAsReference/example/DpReplicate2",
+           "Foreign/NumericParity.LossMatchesReference/example/DpReplicate2")
 
     # The planted bugs fail, named.
     expect("mih check, each rank's loss averaged over its own targets",
-           [a.mih, "check", mean], 1, "Foreign/NumericParity.MatchesReference/tiny/BugPerRankMean", "FAILED",
+           [a.mih, "check", mean], 1, "Foreign/NumericParity.LossMatchesReference/tiny/BugPerRankMean", "FAILED",
            "localized to 'loss'", "step 0")
     expect("mih compare, each rank's loss averaged over its own targets", [a.mih, "compare", ref, mean], 1, "step 0")
     expect("mih check, the last micro-batch under no_sync", [a.mih, "check", nosync], 1,
-           "Foreign/NumericParity.MatchesReference/tiny/BugNoSync", "FAILED",
+           "Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/tiny/BugNoSync", "FAILED",
            "the activations and their gradients match at step 0", "weight gradient or its reduction")
     expect("mih compare, the last micro-batch under no_sync", [a.mih, "compare", ref, nosync], 1, "step 0")
 
@@ -138,7 +141,7 @@ def main():
     # The same strided rows declared by each micro-batch's first row, as if contiguous: the
     # inputs are those of the 1-rank run in another order, and InputIdentity says so.
     expect("mih check, a DistributedSampler's rows declared as contiguous", [a.mih, "check", as_first], 1,
-           "Foreign/InputIdentity.SameInputsAsReference/tiny/BugRowsAsFirst", "FAILED")
+           "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/BugRowsAsFirst", "FAILED")
 
     # Evidence that breaks the contract is refused, naming file and field.
     metrics = os.path.join(ddp, "cases", "runtime", "metrics.jsonl")
@@ -192,7 +195,8 @@ def main():
         return rows
     d = variant("fields", edit_lines("data/input_identity.jsonl", field_edit))
     expect("mih check, a field's hash edited under the same global hash", [a.mih, "check", d], 1,
-           "Foreign/InputIdentity.SameInputsAsReference/tiny/DpReplicate2Zero", "differs from Reference's in labels")
+           "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/DpReplicate2Zero",
+           "differs from the reference's in field(s) labels")
 
     def self_reference(case):
         path = os.path.join(case, "environment.json")
