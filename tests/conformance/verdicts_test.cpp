@@ -440,6 +440,22 @@ TEST_F(VerdictsTest, CheckpointRoundTripIsBitExact) {
   json loaded = read(dir / "checkpoint/roundtrip_load.json");
   loaded["tensors"]["norm.weight/exp_avg"]["sha256"] = std::string(64, 'd');
   write(dir / "checkpoint/roundtrip_load.json", loaded);
+  expect_fail(verdicts::checkpoint_round_trip(CaseEvidence(dir)), "'norm.weight/exp_avg' is not bit-exact after the load");
+  // The same judge for a case of any writer (mih check of another writer's evidence).
+  expect_fail(verdicts::restored_what_was_saved(CaseEvidence(dir)), "'norm.weight/exp_avg' is not bit-exact after the load");
+  // A capture without its step counter is refused naming the file and the field, never read as -1.
+  json no_step = loaded;
+  no_step.erase("next_step");
+  write(dir / "checkpoint/roundtrip_load.json", no_step);
+  try {
+    verdicts::restored_what_was_saved(CaseEvidence(dir));
+    ADD_FAILURE() << "a load capture without next_step was judged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.message(), HasSubstr("checkpoint/roundtrip_load.json"));
+    EXPECT_THAT(e.message(), HasSubstr("next_step"));
+  }
+  write(dir / "checkpoint/roundtrip_load.json", loaded);
   auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
   rows.insert(rows.begin(), rows.front());
   rows.front()["step"] = 0;
