@@ -401,6 +401,24 @@ TEST(CliRunTest, RanksReadTheCaseFileTheMatrixFileIsReadOnce) {
   EXPECT_THAT(orphan.output, HasSubstr("run/case.json is missing"));
 }
 
+// A case's rank command is written once (cases::case_rank_arguments): the line `mih run --prepare`
+// prints for torchrun is the one `mih submit`'s srun starts, word for word (they were written
+// apart and had drifted: submit quoted every path, prepare none).
+TEST(CliRunTest, PrepareAndSubmitStartARankWithTheSameCommand) {
+  const std::filesystem::path root = testing::temp_dir("cli_rank_command");
+  CliRun prepared = mih("run --prepare --spec llama --case DpShard2 --evidence-root " + root.string());
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const std::string marker = "train (2 ranks): mih ";
+  const size_t at = prepared.output.find(marker);
+  ASSERT_NE(at, std::string::npos) << prepared.output;
+  const size_t from = at + marker.size();
+  const std::string line = prepared.output.substr(from, prepared.output.find('\n', from) - from);
+  EXPECT_THAT(line, HasSubstr("worker --run-dir " + (root / "llama/DpShard2/run/train").string()));
+  CliRun submitted = mih("submit --dry-run --spec llama --cases DpShard2 --evidence-root " + root.string());
+  ASSERT_EQ(submitted.status, 0) << submitted.output;
+  EXPECT_THAT(submitted.output, HasSubstr("' " + line + "\n")) << "prepare printed: " << line;
+}
+
 TEST(CliCompareTest, ACaseMatchesTheReferenceAndATamperedParameterIsNamed) {
   const std::filesystem::path root = testing::temp_dir("cli_compare");
   for (const char* c : {"Reference", "Tp2Sp"}) {
