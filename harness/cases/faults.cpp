@@ -21,6 +21,7 @@
 #include "harness/contract/case_record.h"
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
+#include "harness/contract/findings_file.h"
 #include "harness/base/fault.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
@@ -342,8 +343,10 @@ void read_detection_evidence(const fs::path& root, const FaultEntry& f, const st
   try {
     const verdicts::CaseEvidence ev(root / f.spec / case_name);
     if (ev.has(layout::kFindings)) {
-      for (const auto& finding : ev.findings()) {
-        if (finding.value("severity", "") == "error") codes.insert(finding.value("code", ""));
+      const contract::FindingsFile findings =
+          contract::findings_file(ev.json(layout::kFindings), layout::kFindings, (ev.dir() / layout::kFindings).string());
+      for (const auto& finding : findings.findings) {
+        if (finding.error()) codes.insert(finding.code);
       }
     }
     const std::string target = ev.resolved_case().compare_to;

@@ -15,6 +15,9 @@
 
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
+#include "harness/contract/metrics_row.h"
+#include "harness/contract/probe_row.h"
+#include "harness/contract/row_schema.h"
 #include "harness/base/json_fields.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/cases/memo.h"
@@ -87,7 +90,7 @@ struct Entry {
 // golden_statistics' are not the same, and neither is the original's).
 double summation_scale(const json& record) {
   if (record.contains("values")) return 0;
-  return std::sqrt(static_cast<double>(std::max<int64_t>(record.value("numel", int64_t{0}), 1)));
+  return std::sqrt(static_cast<double>(std::max<int64_t>(record.at("numel").get<int64_t>(), 1)));
 }
 
 // The kind of quantity a golden tensor name is, for the evidence's per-kind figures.
@@ -115,16 +118,15 @@ struct GoldenTensors {
 // The loss at step 0.
 Entry loss_entry(const verdicts::CaseEvidence& ev, const GoldenTensors& g) {
   Entry e{{"metric", "loss", 0, "metrics", 0, 0}, {"loss"}, (ev.dir() / layout::kMetrics).string(), "", ""};
-  const json* row = nullptr;
-  for (const auto& r : ev.jsonl(layout::kMetrics)) {
-    if (r.value("step", int64_t{-1}) == 0) row = &r;
-  }
-  if (!row || !(*row).contains("loss")) {
+  const std::map<int64_t, contract::MetricsRow> rows =
+      contract::metrics_rows(ev.jsonl(layout::kMetrics), (ev.dir() / layout::kMetrics).string());
+  const auto row = rows.find(0);
+  if (row == rows.end()) {
     e.missing_from = "candidate";
   } else if (!g.reader.contains("loss")) {
     e.missing_from = "golden";
   } else {
-    const double x = ((*row)["loss"].is_number() ? (*row)["loss"].get<double>() : NAN), y = g.load("loss").item<double>();
+    const double x = row->second.loss, y = g.load("loss").item<double>();
     e.m.max_abs_error = std::abs(x - y);
     e.m.relative_error = e.m.max_abs_error / std::max(std::abs(y), 1e-300);
   }
@@ -141,12 +143,12 @@ void measure_tensor(Entry& e, const json& record, const at::Tensor& t) {
 }
 
 // Forward outputs of the mapped modules, in the forward order the probes recorded (`order`).
-void add_activations(const spec::ModelSpec& spec, const json& forward, const GoldenTensors& g,
+void add_activations(const spec::ModelSpec& spec, const contract::ProbeRow* forward, const GoldenTensors& g,
                      const std::string& probes_file, std::vector<std::string>& order, std::vector<Entry>& entries) {
   std::map<std::string, std::string> mapped;  // module -> golden tensor
   for (const auto& [module, index] : spec.golden.layers) mapped[module] = "hidden_states." + std::to_string(index);
   if (!spec.golden.logits.empty()) mapped[spec.golden.logits] = "logits";
-  for (const auto& m : forward.value("order", json::array())) order.push_back(m.get<std::string>());
+  if (forward) order.insert(order.end(), forward->order.begin(), forward->order.end());
   std::vector<std::string> modules;
   for (const auto& m : order) {
     if (mapped.count(m)) modules.push_back(m);
@@ -154,7 +156,7 @@ void add_activations(const spec::ModelSpec& spec, const json& forward, const Gol
   for (const auto& [m, name] : mapped) {
     if (std::find(modules.begin(), modules.end(), m) == modules.end()) modules.push_back(m);
   }
-  const json& recorded = forward.contains("tensors") ? forward["tensors"] : json::object();
+  const json& recorded = forward ? forward->tensors : json::object();
   for (const auto& module : modules) {
     Entry e{{"activation", module, 0, "forward_output", 0, 0}, {mapped[module]}, probes_file, "", ""};
     if (!recorded.contains(module)) {
@@ -174,9 +176,10 @@ void add_parameters(const spec::ModelSpec& spec, const verdicts::CaseEvidence& e
                     const std::string& prefix, const json& tensors, const GoldenTensors& g, std::vector<Entry>& entries) {
   const KeyMap map(spec.checkpoint.key_map);
   const json& watchlist = ev.json(layout::kParameterWatchlist);
+  contract::require_schema(layout::kParameterWatchlist, watchlist, (ev.dir() / layout::kParameterWatchlist).string());
   const std::string probes_file = (ev.dir() / layout::kProbes).string();
   bool whole_model = false;
-  for (const auto& w : watchlist) whole_model = whole_model || w.value("reason", "").rfind("whole model", 0) == 0;
+  for (const auto& w : watchlist) whole_model = whole_model || w.at("reason").get<std::string>().rfind("whole model", 0) == 0;
   std::set<std::string> consumed;
   for (const auto& w : watchlist) {
     const std::string fqn = w.at("fqn").get<std::string>();
@@ -187,7 +190,9 @@ void add_parameters(const spec::ModelSpec& spec, const verdicts::CaseEvidence& e
       consumed.insert(prefix + k);
       if (!g.reader.contains(prefix + k)) absent.push_back(prefix + k);
     }
-    const bool recorded_here = tensors.contains(fqn) && tensors[fqn].value("defined_ranks", int64_t{1}) > 0;
+    // defined_ranks: absent when every rank defined the tensor (the schema's optional field).
+    const bool recorded_here = tensors.contains(fqn) && (!tensors[fqn].contains("defined_ranks") ||
+                                                         tensors[fqn]["defined_ranks"].get<int64_t>() > 0);
     // A frozen parameter: no gradient on either side.
     if (!recorded_here && absent.size() == names.size() && stage_name == "grad_before_clip") continue;
     Entry e{{"tensor", fqn, 0, stage_name, 0, 0}, names, probes_file, "", ""};
@@ -366,17 +371,17 @@ GoldenComparison compare_with_golden(const spec::ModelSpec& spec, const Golden& 
   const std::string golden_file = golden.tensors_file().string();
   std::vector<Entry> entries = {loss_entry(ev, g)};
   // The probes of step 0, by stage.
-  std::map<std::string, json> stage;
-  for (const auto& l : ev.jsonl(layout::kProbes)) {
-    if (l.value("step", int64_t{-1}) == 0) stage[l.value("stage", "")] = l;
+  const std::string probes_file = (ev.dir() / layout::kProbes).string();
+  std::map<std::string, contract::ProbeRow> stage;
+  for (auto& [key, row] : contract::probe_rows(ev.jsonl(layout::kProbes), probes_file)) {
+    if (key.first == 0) stage[key.second] = std::move(row);
   }
   std::vector<std::string> order;
-  add_activations(spec, stage.count("forward_output") ? stage["forward_output"] : json::object(), g,
-                  (ev.dir() / layout::kProbes).string(), order, entries);
+  add_activations(spec, stage.count("forward_output") ? &stage["forward_output"] : nullptr, g, probes_file, order,
+                  entries);
   for (const auto& [stage_name, prefix] : {std::pair{std::string("grad_before_clip"), std::string("grad.")},
                                            std::pair{std::string("after_optimizer"), std::string("param_after_step.")}}) {
-    const json& tensors = stage.count(stage_name) && stage[stage_name].contains("tensors") ? stage[stage_name]["tensors"]
-                                                                                          : json::object();
+    const json& tensors = stage.count(stage_name) ? stage[stage_name].tensors : json::object();
     add_parameters(spec, ev, stage_name, prefix, tensors, g, entries);
   }
   const Calibration cal = golden_calibration(spec, golden, entries, lane);

@@ -18,6 +18,7 @@
 #include "harness/cases/registrations.h"
 #include "harness/compare/verdicts.h"
 #include "harness/contract/contract.h"
+#include "harness/contract/run_record.h"
 #include "harness/spec/model_spec.h"
 
 namespace mih::cli {
@@ -31,46 +32,6 @@ using nlohmann::json;
 bool conformance_test_name(const std::string& name) {
   static const std::regex kName("[A-Za-z0-9_]+/[A-Za-z0-9_]+\\.[A-Za-z0-9_]+/[A-Za-z0-9_]+");
   return name.size() < 512 && std::regex_match(name, kName);
-}
-
-// What `mih check` reads of a run root's run.json (ConformanceRun writes it): the matrix, each
-// registration's prefix and matrix, each init_from spec's dir ("" when it records none).
-struct RunRecord {
-  std::string matrix;
-  std::vector<std::pair<std::string, std::string>> registrations;
-  std::map<std::string, std::string> init_from;
-};
-
-// Throws: mih::Error{kFailedPrecondition} naming the file and the field whose type is not the
-//   one ConformanceRun writes (a run.json of another tool, or edited): never a type error.
-RunRecord read_run_record(const fs::path& file) {
-  const json run = with_context("mih check: reading " + file.string(), [&] { return read_json_file(file); });
-  auto expect = [&](bool ok, const std::string& field, const char* type, const json& got) {
-    MIH_CHECK_CODE(ok, Code::kFailedPrecondition, "mih check: ", file.string(), ": ", field, " must be ", type,
-                   ", got ", json_summary(got, 200), "; it is not the run.json `mih test` writes: rerun the matrix "
-                   "with `mih test --evidence-root`, or remove the file to check the root by its cases");
-  };
-  expect(run.is_object(), "the record", "a JSON object", run);
-  RunRecord out;
-  if (run.contains("matrix")) {
-    expect(run["matrix"].is_string(), "'matrix'", "a string", run["matrix"]);
-    out.matrix = run["matrix"].get<std::string>();
-  }
-  const json registrations = run.value("registrations", json::array());
-  expect(registrations.is_array(), "'registrations'", "an array", registrations);
-  for (const json& r : registrations) {
-    expect(r.is_object() && r.value("prefix", json()).is_string() && r.value("matrix", json()).is_string(),
-           "each of 'registrations'", "an object with 'prefix' and 'matrix' strings", r);
-    out.registrations.emplace_back(r["prefix"].get<std::string>(), r["matrix"].get<std::string>());
-  }
-  const json init = run.value("init_from", json::object());
-  expect(init.is_object(), "'init_from'", "an object", init);
-  for (const auto& [spec, source] : init.items()) {
-    expect(source.is_object() && source.value("dir", json("")).is_string(), "'init_from." + spec + "'",
-           "an object whose 'dir' is a string", source);
-    out.init_from[spec] = source.value("dir", std::string());
-  }
-  return out;
 }
 
 // The tests the run of `root` recorded it would run: the start line of each of its processes
@@ -101,8 +62,13 @@ std::vector<std::string> recorded_tests(const fs::path& root) {
     const std::string where = file.string() + " line " + std::to_string(line_number);
     MIH_CHECK_CODE(parsed, Code::kFailedPrecondition, "mih check: ", where, " is not JSON mih wrote (", problem,
                    "): the run's record was truncated or edited, so what it ran cannot be read; rerun it");
-    if (!j.is_object() || !j.contains("run") || !j["run"].is_object() || j["run"].value("event", json()) != "start") continue;
-    const json& tests = j["run"].value("tests", json());
+    // A test's line has no "run"; a process's end line has another event.
+    if (!j.is_object() || !j.contains("run") || !j["run"].is_object() || !j["run"].contains("event") ||
+        j["run"]["event"] != "start") {
+      continue;
+    }
+    const json& run = j["run"];
+    const json& tests = run.contains("tests") ? run["tests"] : json();
     MIH_CHECK_CODE(tests.is_array(), Code::kFailedPrecondition, "mih check: ", where, ": a start line lists no 'tests'");
     for (const auto& t : tests) {
       MIH_CHECK_CODE(t.is_string() && conformance_test_name(t.get<std::string>()), Code::kFailedPrecondition,
@@ -212,21 +178,22 @@ RecordedRun recorded_run(const fs::path& target) {
 void run_record_arguments(const fs::path& target, const RecordedRun& recorded, std::vector<std::string>& args) {
   std::string matrix;
   if (fs::exists(target / layout::kRunRecord)) {
-    const RunRecord run = read_run_record(target / layout::kRunRecord);
-    matrix = run.matrix;
+    const contract::RunRecord run = contract::read_run_record(target / layout::kRunRecord);
+    matrix = run.matrix.value_or("");
     std::set<std::string> ran;
-    for (const auto& [prefix, ran_matrix] : run.registrations) {
-      if (recorded.prefixes.count(prefix)) ran.insert(ran_matrix);
+    for (const auto& r : run.registrations.value_or(std::vector<contract::RunRegistration>{})) {
+      if (recorded.prefixes.count(r.prefix)) ran.insert(r.matrix);
     }
     if (ran.size() == 1 && !ran.begin()->empty()) matrix = *ran.begin();
     // A run of one spec from a checkpoint (`mih test --only-spec S --init-from DIR`).
-    if (run.init_from.size() == 1 && fs::is_directory(target / run.init_from.begin()->first)) {
+    const auto init_from = run.init_from.value_or(std::map<std::string, contract::RunInitSource>{});
+    if (init_from.size() == 1 && fs::is_directory(target / init_from.begin()->first)) {
       std::set<std::string> spec_dirs;
       for (const auto& r : cases::registrations()) {
         if (fs::is_directory(target / r.spec)) spec_dirs.insert(r.spec);
       }
-      if (spec_dirs.size() == 1 && !run.init_from.begin()->second.empty()) {
-        args.insert(args.end(), {"--init-from", run.init_from.begin()->second});
+      if (spec_dirs.size() == 1 && !init_from.begin()->second.dir.empty()) {
+        args.insert(args.end(), {"--init-from", init_from.begin()->second.dir});
       }
     }
   }

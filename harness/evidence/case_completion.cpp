@@ -87,7 +87,8 @@ bool launched_by_case_runner(const fs::path& dir) {
   }
   if (string_of(env, "launcher") != "mih") return false;
   // <case>/run/<phase>/store: only the case runner puts a launch's run directory in the case's.
-  const fs::path store(string_of(env.value("variables", json::object()), "MIH_STORE_FILE"));
+  // The schema's optional "variables": without them (or the store's) the runner did not launch it.
+  const fs::path store(string_of(environment_variables(env_file), "MIH_STORE_FILE"));
   const fs::path phase_dir = store.parent_path(), run_dir = phase_dir.parent_path();
   fs::path case_dir = fs::absolute(dir, ec).lexically_normal();
   if (case_dir.filename().empty()) case_dir = case_dir.parent_path();

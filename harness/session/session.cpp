@@ -19,6 +19,7 @@
 #include "harness/base/version.h"
 #include "harness/checkpoint/safetensors.h"
 #include "harness/contract/contract.h"
+#include "harness/contract/gradients_received.h"
 #include "harness/compat/collectives.h"
 #include "harness/findings/codes.h"
 #include "harness/runtime/communicator.h"
@@ -551,25 +552,14 @@ void ValidationSession::gradients_received() {
   }
   gradients_checked_ = true;
   std::vector<int64_t> steps = presence_steps_;
-  json earlier;
   if (!options_.continues_evidence.empty() && mesh_->rank() == 0) {
-    const std::filesystem::path file = options_.continues_evidence / layout::kGradientsReceived;
-    earlier = read_json_file(file);
-    auto all_of = [](const json& list, bool (json::*is)() const noexcept) {
-      return list.is_array() && std::all_of(list.begin(), list.end(), [&](const json& v) { return (v.*is)(); });
-    };
-    MIH_CHECK_CODE(earlier.is_object() && all_of(earlier.value("never_received", json()), &json::is_string) &&
-                       all_of(earlier.value("steps", json()), &json::is_number_integer),
-                   Code::kFailedPrecondition, "evidence file ", file.string(),
-                   " has no list never_received of names or steps of integers: it was edited or written by another "
-                   "version; rerun the case");
-    std::set<std::string> never_before;
-    for (const auto& f : earlier["never_received"]) never_before.insert(f.get<std::string>());
+    const contract::GradientsReceived earlier =
+        contract::read_gradients_received(options_.continues_evidence / layout::kGradientsReceived);
+    const std::set<std::string> never_before(earlier.never_received.begin(), earlier.never_received.end());
     for (const auto& p : trainable) {
       if (!never_before.count(p.fqn)) received.insert(p.fqn);
     }
-    const std::vector<int64_t> before = earlier["steps"].get<std::vector<int64_t>>();
-    steps.insert(steps.begin(), before.begin(), before.end());
+    steps.insert(steps.begin(), earlier.steps.begin(), earlier.steps.end());
   }
   checks::CheckOutput out = checks::check_gradients_received(trainable, received, steps, spec_->unused_parameters);
   // Not the end of the run: a later step may still reach a parameter.
