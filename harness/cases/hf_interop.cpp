@@ -3,7 +3,6 @@
 #include "harness/cases/hf_interop_internal.h"
 
 #include <fnmatch.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -14,17 +13,14 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <torch/optim/adamw.h>
 
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
-#include "harness/base/owned_files.h"
 #include "harness/base/sha256.h"
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
-#include "harness/checks/checks.h"
 #include "harness/compat/store.h"
 #include "harness/parallel/parallel_context.h"
 #include "harness/parallel/placement.h"
