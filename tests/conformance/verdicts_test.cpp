@@ -607,6 +607,28 @@ TEST_F(VerdictsTest, AResolvedSpecMissingAFieldIsRefusedByName) {
   }
 }
 
+// CommVolume reads metrics and the parameter table typed: a row without comm_bytes was read as
+// nothing moved (a world-size-1 case passed), a parameter without requires_grad as trainable.
+TEST_F(VerdictsTest, CommVolumeRefusesEvidenceMissingAField) {
+  const fs::path dir = copy("llama", "Reference");
+  auto rows = read_lines(dir / "cases/runtime/metrics.jsonl");
+  for (auto& r : rows) r.erase("comm_bytes");
+  write_lines(dir / "cases/runtime/metrics.jsonl", rows);
+  expect_fail(verdicts::comm_volume(CaseEvidence(dir)), "have no comm_bytes");
+  const fs::path table = copy("llama", "Reference");
+  json structure = read(table / "check/structure.json");
+  structure["parameters"][0].erase("requires_grad");
+  write(table / "check/structure.json", structure);
+  try {
+    (void)verdicts::comm_volume(CaseEvidence(table));
+    ADD_FAILURE() << "a parameter without requires_grad was read as trainable";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_THAT(e.what(), HasSubstr("check/structure.json"));
+    EXPECT_THAT(e.what(), HasSubstr("requires_grad"));
+  }
+}
+
 TEST_F(VerdictsTest, MissingOrForeignEvidenceIsAClearError) {
   const fs::path dir = copy("llama", "DpShard2");
   fs::remove(dir / "check/findings.json");
