@@ -1,9 +1,12 @@
 // The schemas' enums (schemas/evidence/v1, as compiled into the binary) hold exactly the names of
 // the C++ enums that write them: an outcome, integration state, dtype, case kind, CP layout, pp
-// schedule, error code, severity or gradient kind added on one side and not on the other is
-// named here, and a planted extra or missing name is caught.
+// schedule, error code, severity, gradient kind or finding code (codes.h) added on one side and
+// not on the other is named here, and a planted extra or missing name is caught.
 #include <algorithm>
 #include <cctype>
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -174,6 +177,24 @@ TEST(SchemaEnumsTest, SeveritiesAndGradientKindsAreTheirEnums) {
   for (const char* file : {"check.structure.schema.json", "check.fsdp_trace.schema.json"}) {
     EXPECT_TRUE(schema_matches(file, "/properties/parameters/items/properties/gradient_kind/enum", kinds));
   }
+}
+
+// The finding codes are constants, not an enum: the names harness/findings/codes.h defines.
+Names finding_codes() {
+  std::ifstream in(std::string(MIH_TEST_SOURCE_DIR) + "/../../harness/findings/codes.h");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  static const std::regex kCode(R"re(inline constexpr const char\* k\w+ = "(MIH-[A-Z]+-[0-9]{3})")re");
+  Names out;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kCode); it != std::sregex_iterator(); ++it) {
+    out.insert((*it)[1].str());
+  }
+  return out;
+}
+
+TEST(SchemaEnumsTest, FindingCodesAreTheCodesHeader) {
+  const Names codes = finding_codes();
+  ASSERT_GT(codes.size(), 40u) << "harness/findings/codes.h was not read";
+  EXPECT_TRUE(schema_matches("check.findings.schema.json", "/properties/findings/items/properties/code/enum", codes));
 }
 
 TEST(SchemaEnumsTest, APlantedExtraOrMissingNameIsCaught) {
