@@ -10,6 +10,8 @@ bool ActivationCheckpointEquivalence::applies([[maybe_unused]] const SuiteContex
 }
 const char* ActivationCheckpointEquivalence::where() { return "cases with activation checkpointing"; }
 
+MIH_SUITE_READS_NONE(ActivationCheckpointEquivalence);
+
 TEST_P(ActivationCheckpointEquivalence, RegionsRecomputed) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::activation_checkpoint_enabled(*ev));

@@ -10,6 +10,8 @@ bool CheckpointCoverage::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* CheckpointCoverage::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(CheckpointCoverage);
+
 TEST_P(CheckpointCoverage, EveryTargetKeyLoadedOrTrainingOnly) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kCkptTargetKey}));

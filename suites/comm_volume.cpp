@@ -8,6 +8,8 @@ bool CommVolume::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* CommVolume::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(CommVolume);
+
 TEST_P(CommVolume, BytesPerAxisMatchTheConfig) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::comm_volume(*ev));

@@ -88,12 +88,14 @@ class ConformanceTest : public ::testing::TestWithParam<CaseParam> {
   std::optional<::testing::ScopedTrace> fault_trace_;
 };
 
-// The suites: one class per MIH_SUITES entry; each defines applies() and where() in its file.
+// The suites: one class per MIH_SUITES entry; each defines applies(), where() and reads()
+// (MIH_SUITE_READS or MIH_SUITE_READS_NONE, harness/compare/suite_reads.h) in its file.
 #define MIH_DECLARE_SUITE_(unused, Suite)         \
   class Suite : public ConformanceTest {          \
    public:                                        \
     static bool applies(const SuiteContext& s);   \
     static const char* where();                   \
+    static const verdicts::SuiteReads* reads();   \
   };
 MIH_SUITES(MIH_DECLARE_SUITE_, _)
 #undef MIH_DECLARE_SUITE_

@@ -13,6 +13,8 @@ bool CpReplicatedInputs::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* CpReplicatedInputs::where() { return "cases with cp > 1 of a spec with a cp-replicated field"; }
 
+MIH_SUITE_READS_NONE(CpReplicatedInputs);
+
 TEST_P(CpReplicatedInputs, FieldsAgreeOverCp) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kInputCpReplicated}));

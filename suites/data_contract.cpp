@@ -10,6 +10,8 @@ bool DataContract::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* DataContract::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(DataContract);
+
 TEST_P(DataContract, EveryFieldHasOneOwner) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kDataNoOwner, codes::kDataTwoOwners}));

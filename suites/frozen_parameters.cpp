@@ -10,6 +10,8 @@ using verdicts::no_error_findings;
 bool FrozenParameters::applies([[maybe_unused]] const SuiteContext& s) { return !s.spec.frozen.empty(); }
 const char* FrozenParameters::where() { return "every case of a spec that declares frozen parameters (frozen)"; }
 
+MIH_SUITE_READS_NONE(FrozenParameters);
+
 TEST_P(FrozenParameters, RequireNoGradOnEveryRank) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kFrozenTrainable}));

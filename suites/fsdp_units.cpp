@@ -10,6 +10,8 @@ bool FsdpUnits::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* FsdpUnits::where() { return "cases with dp_shard > 1 (FSDP)"; }
 
+MIH_SUITE_READS_NONE(FsdpUnits);
+
 TEST_P(FsdpUnits, EveryShardedParameterInOneUnit) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructFsdpUnit}));

@@ -13,6 +13,8 @@ const char* GradientPresence::where() { return "every case"; }
 
 // Zeros in place of an absent gradient let AdamW decay the parameter and move it by its
 // momentum; the single-rank reference does the same, so parity cannot see it.
+MIH_SUITE_READS_NONE(GradientPresence);
+
 TEST_P(GradientPresence, OptimizerLeavesParametersWithoutGradient) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimMovedWithoutGradient}));

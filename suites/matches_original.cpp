@@ -73,6 +73,8 @@ const Compared& compare_once(const CaseParam& p, const verdicts::CaseEvidence& e
     return cases::golden_verdict(c.comparison, quantity, c.golden, *ev);                                 \
   }())
 
+MIH_SUITE_READS_NONE(MatchesOriginal);
+
 TEST_P(MatchesOriginal, LossAndLogitsMatchOriginal) { MIH_MATCHES_ORIGINAL_(cases::GoldenQuantity::kLossAndLogits); }
 TEST_P(MatchesOriginal, HiddenStatesMatchOriginal) { MIH_MATCHES_ORIGINAL_(cases::GoldenQuantity::kHiddenStates); }
 TEST_P(MatchesOriginal, GradientsMatchOriginal) { MIH_MATCHES_ORIGINAL_(cases::GoldenQuantity::kGradients); }

@@ -8,6 +8,8 @@ bool ModalityGradients::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* ModalityGradients::where() { return "every case of a spec that declares a modality"; }
 
+MIH_SUITE_READS_NONE(ModalityGradients);
+
 TEST_P(ModalityGradients, ModalityParametersReceiveGradients) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::modality_gradients(*ev));

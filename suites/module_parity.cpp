@@ -9,6 +9,8 @@ bool ModuleParity::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* ModuleParity::where() { return "the reference case of a spec that declares module parity cases"; }
 
+MIH_SUITE_READS_NONE(ModuleParity);
+
 TEST_P(ModuleParity, CandidatesMatchIndependentImplementations) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::module_parity(*ev));

@@ -10,6 +10,8 @@ bool OptimizerLayout::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* OptimizerLayout::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(OptimizerLayout);
+
 TEST_P(OptimizerLayout, HoldsTheLiveShards) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kOptimNotLive}));

@@ -10,6 +10,8 @@ bool Resume::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* Resume::where() { return "resume and cross-topology resume cases"; }
 
+MIH_SUITE_READS_NONE(Resume);
+
 TEST_P(Resume, StepCountContinues) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::resume_continues_step_count(*ev));

@@ -10,6 +10,8 @@ bool SharedState::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* SharedState::where() { return "every case of a spec that declares shared state"; }
 
+MIH_SUITE_READS_NONE(SharedState);
+
 TEST_P(SharedState, EveryKeyHasProducerAndConsumer) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(

@@ -14,6 +14,8 @@ const char* SourceCheckpoint::where() {
          "(checkpoint.init_from, --init-from)";
 }
 
+MIH_SUITE_READS_NONE(SourceCheckpoint);
+
 TEST_P(SourceCheckpoint, NoUnexpectedOrMissingSourceKey) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kCkptUnexpectedSource, codes::kCkptMissingSource}));

@@ -8,6 +8,8 @@ bool StateInvariants::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* StateInvariants::where() { return "every case of a spec that declares a state invariant"; }
 
+MIH_SUITE_READS_NONE(StateInvariants);
+
 TEST_P(StateInvariants, AllHold) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(verdicts::state_invariants(*ev));

@@ -11,6 +11,8 @@ bool Structure::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* Structure::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(Structure);
+
 TEST_P(Structure, LocalShapesMatchPlacements) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructLocalShape}));

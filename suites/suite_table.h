@@ -6,15 +6,17 @@
 //
 //   bool MySuite::applies(const SuiteContext& s) { return s.c.config.tp > 1; }
 //   const char* MySuite::where() { return "cases with tp > 1"; }
+//   MIH_SUITE_READS_NONE(MySuite);
 //   TEST_P(MySuite, SomethingHolds) {
 //     MIH_CASE_EVIDENCE(ev);
 //     MIH_ASSERT_VERDICT(verdicts::no_error_findings(*ev, {codes::kMyCode}));
 //   }
 //
 // add it to suites/CMakeLists.txt and add `X(arg, MySuite)` to MIH_SUITES below. A suite whose
-// verdicts judge files another writer can write too declares them in its file
-// (MIH_SUITE_READS(MySuite, {.files = ..., .tests = ...}), harness/compare/suite_reads.h), and
-// `mih check` then judges every foreign case holding them through the same verdicts. Every TEST_P of a
+// verdicts judge files another writer can write too declares them instead of
+// MIH_SUITE_READS_NONE (MIH_SUITE_READS(MySuite, {.files = ..., .tests = ...}),
+// harness/compare/suite_reads.h), and `mih check` then judges every foreign case holding them
+// through the same verdicts. Every TEST_P of a
 // suite runs on the same cases: a test that applies elsewhere belongs to another suite. A code
 // must be in codes::kAllCodes with the check that emits it, and that check must record its run
 // (FindingReport::ran, with what it examined): no_error_findings fails when the check left no
@@ -75,14 +77,18 @@ struct SuiteRow {
   bool (*applies)(const SuiteContext&);
   /// Where it applies, in words ("cases with dp_shard > 1").
   const char* (*where)();
-  /// The evidence its verdicts read (MIH_SUITE_READS in its file, harness/compare/suite_reads.h),
+  /// The evidence its verdicts read (MIH_SUITE_READS or MIH_SUITE_READS_NONE in its file,
+  /// harness/compare/suite_reads.h),
   /// by which `mih check` judges a case of another writer holding those files; null when it
   /// judges records only mih's session writes or a spec's declarations.
-  const verdicts::SuiteReads* reads() const { return verdicts::suite_reads(name); }
+  const verdicts::SuiteReads* (*reads)();
 };
 
 /// Every suite of MIH_SUITES, in order.
 const std::vector<SuiteRow>& suite_table();
+/// Every suite of the table with its declared reads, in order: what `mih check` of another
+/// writer's evidence instantiates (harness/cases/foreign_check.h).
+std::vector<verdicts::DeclaredReads> declared_reads();
 /// The row of `name`. Throws: mih::Error{kInternal} for a name not in the table.
 const SuiteRow& suite_row(const std::string& name);
 

@@ -10,6 +10,8 @@ using verdicts::no_error_findings;
 bool TensorParallelGradients::applies(const SuiteContext& s) { return s.c.config.tp > 1; }
 const char* TensorParallelGradients::where() { return "cases with tp > 1"; }
 
+MIH_SUITE_READS_NONE(TensorParallelGradients);
+
 TEST_P(TensorParallelGradients, PartialSumsDeclaredWhereTheyAre) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kGradTpPartialUndeclared, codes::kGradTpPartialWhole}));

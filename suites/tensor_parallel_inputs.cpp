@@ -10,6 +10,8 @@ bool TensorParallelInputs::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* TensorParallelInputs::where() { return "cases with tp > 1"; }
 
+MIH_SUITE_READS_NONE(TensorParallelInputs);
+
 TEST_P(TensorParallelInputs, RanksSeeTheSameInputs) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kInputTpRanks}));

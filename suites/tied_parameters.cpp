@@ -10,6 +10,8 @@ bool TiedParameters::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* TiedParameters::where() { return "every case of a spec that declares tied parameters (checkpoint.tied)"; }
 
+MIH_SUITE_READS_NONE(TiedParameters);
+
 TEST_P(TiedParameters, DeclaredTiesAreOneParameter) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kStructTie}));

@@ -10,6 +10,8 @@ bool UndeclaredSharedState::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* UndeclaredSharedState::where() { return "every case"; }
 
+MIH_SUITE_READS_NONE(UndeclaredSharedState);
+
 TEST_P(UndeclaredSharedState, NoKeyWithoutDeclaration) {
   MIH_CASE_EVIDENCE(ev);
   MIH_ASSERT_VERDICT(no_error_findings(*ev, {codes::kSharedUndeclared}));

@@ -249,10 +249,10 @@ struct Instantiated {
 };
 
 // Every suite of the table whose declared reads `j` holds, registered on it.
-void instantiate(const std::shared_ptr<const Judged>& j, Instantiated* out) {
+void instantiate(const std::shared_ptr<const Judged>& j, const std::vector<verdicts::DeclaredReads>& suites,
+                 Instantiated* out) {
   const verdicts::JudgedCase judged = j->judged();
-  for (const std::string& suite : verdicts::suite_names()) {
-    const verdicts::SuiteReads* reads = verdicts::suite_reads(suite);
+  for (const auto& [suite, reads] : suites) {
     if (!reads) continue;
     const std::vector<std::string> missing = verdicts::missing_reads(*reads, judged);
     const std::string nothing = missing.empty() && reads->examinable ? reads->examinable(judged) : "";
@@ -270,14 +270,15 @@ void instantiate(const std::shared_ptr<const Judged>& j, Instantiated* out) {
 }
 
 // The header: the writers, the suites that ran and the files the others need.
-void print_header(const std::vector<ForeignCase>& cases, const Instantiated& in) {
+void print_header(const std::vector<ForeignCase>& cases, const std::vector<verdicts::DeclaredReads>& suites,
+                  const Instantiated& in) {
   std::map<std::string, int> writers;
   for (const ForeignCase& c : cases) ++writers[c.writer];
   std::string names, ran, absent, mih_only;
   for (const auto& [w, n] : writers) names += (names.empty() ? "" : ", ") + w + " (" + std::to_string(n) + ")";
-  for (const std::string& suite : verdicts::suite_names()) {
+  for (const auto& [suite, reads] : suites) {
     const auto count = in.cases.find(suite);
-    if (!verdicts::suite_reads(suite)) {
+    if (!reads) {
       mih_only += (mih_only.empty() ? "" : ", ") + suite;
     } else if (count != in.cases.end()) {
       ran += (ran.empty() ? "" : ", ") + suite + " (" + std::to_string(count->second) + " case(s))";
@@ -308,9 +309,10 @@ std::vector<ForeignCase> read_cases(const fs::path& evidence) {
 }
 
 // Every suite on every case whose evidence it reads.
-Instantiated instantiate_all(const fs::path& evidence, const std::vector<ForeignCase>& cases) {
-  MIH_CHECK(!verdicts::suite_names().empty(), "mih check: this binary links no conformance suite (suites/): run the "
-            "mih command, whose core links them");
+Instantiated instantiate_all(const fs::path& evidence, const std::vector<ForeignCase>& cases,
+                             const std::vector<verdicts::DeclaredReads>& suites) {
+  MIH_CHECK_CODE(!suites.empty(), Code::kInternal, "mih check: no suite of the suite table was given (suites/suite_table.h "
+                 "declared_reads())");
   Instantiated in;
   bool compared = false;
   for (const ForeignCase& c : cases) {
@@ -323,7 +325,7 @@ Instantiated instantiate_all(const fs::path& evidence, const std::vector<Foreign
       compared = true;
     }
     j->first_step = first_step_of(*j->ev);
-    instantiate(j, &in);
+    instantiate(j, suites, &in);
   }
   MIH_CHECK_CODE(compared, Code::kFailedPrecondition, "mih check: no case of ", evidence.string(),
                  " names a reference (environment.json case.compare_to): there is nothing to check it against");
@@ -357,13 +359,14 @@ std::vector<fs::path> foreign_case_dirs(const fs::path& evidence) {
   return out;
 }
 
-int check_foreign_evidence(const fs::path& evidence, const std::vector<std::string>& args) {
+int check_foreign_evidence(const fs::path& evidence, const std::vector<std::string>& args,
+                           const std::vector<verdicts::DeclaredReads>& suites) {
   std::vector<std::string> gtest = {"mih check"};
   bool progress = true, filtered = false;
   if (!split_args(args, &gtest, &progress, &filtered)) return 2;
   const std::vector<ForeignCase> cases = read_cases(evidence);
-  const Instantiated in = instantiate_all(evidence, cases);
-  if (progress) print_header(cases, in);
+  const Instantiated in = instantiate_all(evidence, cases, suites);
+  if (progress) print_header(cases, suites, in);
   if (!filtered) gtest.push_back("--gtest_filter=Foreign/*");
   std::vector<char*> argv;
   for (auto& a : gtest) argv.push_back(a.data());

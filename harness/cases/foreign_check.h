@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/compare/suite_reads.h"
+
 namespace mih::cases {
 
 /// The case directories of `evidence` (itself when it is one, else <evidence>/<spec>/<case>)
@@ -31,6 +33,9 @@ std::vector<std::filesystem::path> foreign_case_dirs(const std::filesystem::path
 ///   it names, breaks the contract or is missing, or when the root mixes mih's evidence with
 ///   another writer's; kInvalidSpec (11) when no case names a reference (nothing to check),
 ///   a filter selects no test, or an argument is not one of those.
-int check_foreign_evidence(const std::filesystem::path& evidence, const std::vector<std::string>& args);
+/// `suites`: the suite table with each suite's declared reads, in order (the caller links the
+/// suites: conformance::declared_reads(), suites/suite_table.h).
+int check_foreign_evidence(const std::filesystem::path& evidence, const std::vector<std::string>& args,
+                           const std::vector<verdicts::DeclaredReads>& suites);
 
 }  // namespace mih::cases

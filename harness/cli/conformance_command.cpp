@@ -333,7 +333,8 @@ int run_conformance_tests(const std::vector<std::string>& args) {
     // Another writer's evidence (docs/evidence.md): the suites of measured evidence, at this
     // mih's tolerances, since no spec compiled in describes it.
     if (!cases::foreign_case_dirs(args[1]).empty()) {
-      return cases::check_foreign_evidence(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
+      return cases::check_foreign_evidence(args[1], std::vector<std::string>(args.begin() + 2, args.end()),
+                                           conformance::declared_reads());
     }
     // A check judges the evidence and writes nothing into it (its verdict: the output and the
     // exit status; --gtest_output=json:FILE for a machine-readable copy).

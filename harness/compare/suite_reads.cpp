@@ -2,7 +2,6 @@
 #include "harness/compare/suite_reads.h"
 
 #include <filesystem>
-#include <map>
 
 #include "harness/base/error.h"
 
@@ -10,11 +9,6 @@ namespace mih::verdicts {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::map<std::string, SuiteReads>& declared() {
-  static std::map<std::string, SuiteReads> reads;
-  return reads;
-}
 
 // Whether `dir` holds `relative`; a "<k>" in its name stands for any step's number.
 bool holds(const fs::path& dir, const std::string& relative) {
@@ -35,29 +29,6 @@ bool holds(const fs::path& dir, const std::string& relative) {
 }
 
 }  // namespace
-
-bool declare_suite_reads(const std::string& suite, SuiteReads reads) {
-  MIH_CHECK_CODE(declared().emplace(suite, std::move(reads)).second, Code::kInternal, "suite '", suite,
-                 "' declares its reads twice (MIH_SUITE_READS once, in its own file)");
-  return true;
-}
-
-const SuiteReads* suite_reads(const std::string& suite) {
-  const auto it = declared().find(suite);
-  return it == declared().end() ? nullptr : &it->second;
-}
-
-std::vector<std::string>& names() {
-  static std::vector<std::string> table;
-  return table;
-}
-
-bool declare_suite_names(std::vector<std::string> suites) {
-  names() = std::move(suites);
-  return true;
-}
-
-const std::vector<std::string>& suite_names() { return names(); }
 
 std::string any_step(std::string (*step_file)(int64_t)) {
   std::string path = step_file(0);

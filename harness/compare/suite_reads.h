@@ -4,14 +4,16 @@
 // foreign_check.h) instantiates, per case, every suite of the suite table whose files the case
 // (and the case it is compared with) holds, and names the files the others need.
 //
-// A suite declares its reads in its own file (suites/<suite>.cpp):
+// Every suite declares its reads in its own file (suites/<suite>.cpp), beside applies() and
+// where():
 //
 //   MIH_SUITE_READS(InputIdentity, {.files = {layout::kInputIdentity},
 //                                   .reference_files = {layout::kInputIdentity},
 //                                   .tests = {{"SameGlobalBatchAsReference", &same_inputs}}});
 //
-// A suite that declares none judges records only mih's session writes (its checks' findings,
-// its runtime's records) or a spec's declarations, which no other writer's evidence holds.
+// A suite whose verdicts read only records mih's session writes (its checks' findings, its
+// runtime's records) or a spec's declarations, which no other writer's evidence holds, says so:
+// MIH_SUITE_READS_NONE(Structure);
 #pragma once
 
 #include <cstdint>
@@ -46,17 +48,13 @@ struct SuiteReads {
   std::vector<JudgedTest> tests = {};
 };
 
-/// Declares `suite`'s reads (MIH_SUITE_READS, at static initialization). Returns true.
-/// Throws: mih::Error{kInternal} when the suite declared its reads already.
-bool declare_suite_reads(const std::string& suite, SuiteReads reads);
-/// The reads `suite` declared; null when it declared none.
-const SuiteReads* suite_reads(const std::string& suite);
-
-/// Declares the suites of the suite table in its order (suites/suite_table.cpp, at static
-/// initialization). Returns true.
-bool declare_suite_names(std::vector<std::string> names);
-/// The suites of the suite table in its order; empty in a binary that links no suite.
-const std::vector<std::string>& suite_names();
+/// A suite of the suite table and what its verdicts read (null: it judges only mih's session
+/// records or a spec's declarations). `mih check` gets these, in the table's order, from its
+/// caller (the command, which links the suites: suites/suite_table.h), never from a registry.
+struct DeclaredReads {
+  std::string suite;
+  const SuiteReads* reads = nullptr;
+};
 
 /// The "<k>" pattern of a per-step file of the evidence layout (layout::replicas_step:
 /// "cases/runtime/replicas_step<k>.json"), for SuiteReads::files.
@@ -68,8 +66,18 @@ std::vector<std::string> missing_reads(const SuiteReads& reads, const JudgedCase
 
 }  // namespace mih::verdicts
 
-/// Declares the evidence suite `Suite`'s verdicts read (see above); once, in the suite's file,
-/// inside namespace mih::conformance.
-#define MIH_SUITE_READS(Suite, ...)                  \
-  static const bool mih_suite_reads_##Suite##_ = \
-      ::mih::verdicts::declare_suite_reads(#Suite, ::mih::verdicts::SuiteReads __VA_ARGS__)
+/// Defines `Suite::reads()` (suites/conformance.h declares it for every suite): the evidence
+/// its verdicts read (see above). Once, in the suite's file, inside namespace mih::conformance,
+/// followed by a semicolon.
+#define MIH_SUITE_READS(Suite, ...)                                    \
+  const ::mih::verdicts::SuiteReads* Suite::reads() {                  \
+    static const ::mih::verdicts::SuiteReads mih_reads_ __VA_ARGS__; \
+    return &mih_reads_;                                                \
+  }                                                                    \
+  static_assert(true, "")
+/// Defines `Suite::reads()` as null: the suite judges only what mih's session writes (its
+/// checks' findings, its runtime's records) or a spec's declarations, which no other writer's
+/// evidence holds; `mih check` names it so.
+#define MIH_SUITE_READS_NONE(Suite)                                                      \
+  const ::mih::verdicts::SuiteReads* Suite::reads() { return nullptr; }                 \
+  static_assert(true, "")
