@@ -18,6 +18,7 @@
 #include "harness/contract/evidence_layout.h"
 #include "harness/compare/compare.h"
 #include "harness/contract/case_request.h"
+#include "harness/contract/findings_file.h"
 #include "harness/base/parallel_config.h"
 
 namespace mih::verdicts {
@@ -37,9 +38,13 @@ class CaseEvidence {
   const nlohmann::json& json(const std::string& relative) const;
   /// Every line of a JSONL file. Throws: as json().
   const std::vector<nlohmann::json>& jsonl(const std::string& relative) const;
-  /// The findings of check/findings.json (objects with code, severity, owner, message,
-  /// facts, remediation).
-  const nlohmann::json& findings() const { return json(layout::kFindings)["findings"]; }
+  /// check/findings.json read typed (contract::findings_file: the findings, every field
+  /// required, and the record of the checks that ran).
+  /// Throws: as json(); mih::Error{kFailedPrecondition} naming the file and the field the
+  ///   contract's schema refuses (a finding without severity, ...), never a default.
+  contract::FindingsFile findings() const {
+    return contract::findings_file(json(layout::kFindings), layout::kFindings, (dir_ / layout::kFindings).string());
+  }
   /// The parallel config the case ran under (config.resolved.json, whose other fields are
   /// the trainer's options and the world size).
   /// Throws: as json(); kInvalidSpec naming the file when its config is malformed.

@@ -20,8 +20,13 @@
 #include "harness/base/reduction_paths.h"
 #include "harness/base/strings.h"
 #include "harness/compare/verdicts_internal.h"
+#include "harness/contract/activation_checkpoint_record.h"
+#include "harness/contract/fsdp_unit_table.h"
 #include "harness/contract/input_identity_row.h"
+#include "harness/contract/invariant_results.h"
 #include "harness/contract/metrics_row.h"
+#include "harness/contract/module_parity_results.h"
+#include "harness/contract/resolved_spec.h"
 #include "harness/contract/roundtrip_capture.h"
 #include "harness/contract/structure_table.h"
 #include "harness/findings/codes.h"
@@ -34,18 +39,17 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   if (ev.config().dp_shard <= 1) return Verdict::skip("dp_shard is 1: no FSDP units");
   const std::vector<contract::ParameterRow> structure =
       contract::structure_parameters(ev.json(layout::kStructure), rel_path(ev, layout::kStructure));
-  const auto& units = ev.json(layout::kFsdpUnits);
+  const std::map<std::string, contract::FsdpUnit> units =
+      contract::fsdp_unit_table(ev.json(layout::kFsdpUnits), rel_path(ev, layout::kFsdpUnits));
   // A parameter pp stages share (a tied embedding on the first and the last, placement pp
   // Replicate()) is in the same-named unit of each stage that holds it.
   std::map<std::string, int> stages_holding, listed;
   for (const auto& p : structure) ++stages_holding[p.fqn];
   std::map<std::string, std::string> unit_of;
   std::vector<std::string> problems;
-  for (const auto& [unit, u] : units.items()) {
-    const auto& dtypes = u.value("dtypes", json::array());
-    if (dtypes.size() != 1) problems.push_back("unit '" + unit + "' holds " + short_json(dtypes) + " (one dtype and mesh expected)");
-    for (const auto& p : u.value("parameters", json::array())) {
-      const std::string fqn = p.get<std::string>();
+  for (const auto& [unit, u] : units) {
+    if (u.dtypes.size() != 1) problems.push_back("unit '" + unit + "' holds " + short_json(u.dtypes) + " (one dtype and mesh expected)");
+    for (const std::string& fqn : u.parameters) {
       const bool another_stage = unit_of.count(fqn) && unit_of[fqn] == unit && ++listed[fqn] < stages_holding[fqn];
       if (unit_of.count(fqn) && !another_stage) {
         problems.push_back("parameter '" + fqn + "' in units '" + unit_of[fqn] + "' and '" + unit + "'");
@@ -201,9 +205,17 @@ Verdict resume_continues_step_count(const CaseEvidence& ev) {
                        rel_path(ev, layout::kMetrics) + ")");
 }
 
+namespace {
+
+// spec.resolved.json of the case, read typed (what the spec declares to be checked).
+contract::ResolvedSpec declared(const CaseEvidence& ev) {
+  return contract::resolved_spec(ev.json(layout::kSpecResolved), rel_path(ev, layout::kSpecResolved));
+}
+
+}  // namespace
+
 Verdict modality_gradients(const CaseEvidence& ev) {
-  const auto& modalities = ev.json(layout::kSpecResolved).value("modalities", json::array());
-  if (modalities.empty()) return Verdict::skip("the spec declares no modality");
+  if (declared(ev).modalities.empty()) return Verdict::skip("the spec declares no modality");
   Verdict v = no_error_findings(ev, {codes::kModalNoGradient});
   if (!v.passed()) return v;
   for (const auto& [step, row] : contract::metrics_rows(ev.jsonl(layout::kMetrics), rel_path(ev, layout::kMetrics))) {
@@ -217,8 +229,7 @@ Verdict modality_gradients(const CaseEvidence& ev) {
 }
 
 Verdict state_invariants(const CaseEvidence& ev) {
-  const auto& declared = ev.json(layout::kSpecResolved).value("invariants", json::array());
-  if (declared.empty()) return Verdict::skip("the spec declares no state invariant");
+  if (declared(ev).invariants.empty()) return Verdict::skip("the spec declares no state invariant");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(ev.dir() / layout::kCheckDir)) {
     const std::string n = e.path().filename().string();
@@ -235,15 +246,13 @@ Verdict state_invariants(const CaseEvidence& ev) {
   if (files.empty()) return Verdict::fail("the spec declares invariants and the case recorded none (no check/invariants_*.json in " + ev.dir().string() + ")");
   int checked = 0;
   for (const auto& file : files) {
-    for (const auto& [name, result] : ev.json(file).items()) {
+    for (const auto& [name, result] : contract::invariant_results(file, ev.json(file), rel_path(ev, file))) {
       ++checked;
-      if (result.value("passed", false)) continue;
+      if (result.passed) continue;
       // A materialization invariant names the weights it examined (the build's or a loaded checkpoint's).
-      const std::string weights = result.contains("weights") && result["weights"].is_string()
-                                      ? " on the weights of " + result["weights"].get<std::string>()
-                                      : "";
-      return Verdict::fail("invariant '" + name + "' failed" + weights + ": " +
-                           short_json(result.value("facts", json::object()), 500) + " (open " + rel_path(ev, file) + ")");
+      const std::string weights = result.weights ? " on the weights of " + *result.weights : "";
+      return Verdict::fail("invariant '" + name + "' failed" + weights + ": " + short_json(result.facts, 500) +
+                           " (open " + rel_path(ev, file) + ")");
     }
   }
   Verdict v = no_error_findings(ev, {codes::kInvarFailed, codes::kInvarThrew});
@@ -251,76 +260,88 @@ Verdict state_invariants(const CaseEvidence& ev) {
   return Verdict::pass(std::to_string(checked) + " invariant results");
 }
 
-Verdict module_parity(const CaseEvidence& ev) {
-  const auto& declared = ev.json(layout::kSpecResolved).value("module_parity_cases", json::array());
-  if (declared.empty()) return Verdict::skip("the spec declares no module parity case");
-  if (ev.resolved_case().kind != spec::CaseKind::kReference) return Verdict::skip("module parity runs with the reference case");
-  const std::string file = layout::kModuleParity;
-  const std::string open = " (open " + rel_path(ev, file) + ")";
-  const auto& results = ev.json(file);
-  int64_t observed = 0;
-  for (const auto& name : declared) {
-    const std::string n = name.is_string() ? name.get<std::string>() : name.value("name", "");
-    const std::string where = "module parity case '" + n + "'";
-    if (!results.contains(n)) return Verdict::fail("parity case '" + n + "' has no result" + open);
-    const json& r = results[n];
-    if (r.contains("error")) return Verdict::fail(where + " raised: " + r.value("error", std::string()) + open);
-    const json unmapped = r.value("unmapped", json::array());
-    if (!unmapped.empty()) {
-      return Verdict::fail(where + ": the weight adapter maps no reference weight from the candidate's trainable " +
-                           "parameter(s) " + short_json(unmapped) + open);
-    }
-    const json observations = r.value("observations", json::array());
-    if (observations.empty()) return Verdict::fail(where + " recorded no observation" + open);
-    // Each observation is judged at the declared tolerance (the spec's, which the runner has
-    // checked against the compiled one), never at the one the file carries.
-    const json declared_tolerance = name.is_object() ? name.value("tolerance", json()) : json();
-    const json declared_grad = name.is_object() ? name.value("grad_tolerance", declared_tolerance) : json();
-    for (const auto& o : observations) {
-      ++observed;
-      const std::string observation = o.value("name", "?");
-      const json& want = observation == "output" || observation == "aux_loss" ? declared_tolerance : declared_grad;
-      const json recorded = o.value("tolerance", json());
-      const json error = o.value("relative_error", json());
-      if (want.is_number()) {
-        MIH_CHECK_CODE(recorded.is_number() && recorded.get<double>() == want.get<double>(), Code::kFailedPrecondition,
-                       where, ": observation '", observation, "' was judged at tolerance ", number(recorded),
-                       ", and the spec declares ", number(want), ": ", rel_path(ev, file),
-                       " is not what this spec's run writes; rerun the case");
-        const bool within = error.is_number() && std::isfinite(error.get<double>()) && error.get<double>() <= want.get<double>();
-        MIH_CHECK_CODE(within == o.value("passed", false), Code::kFailedPrecondition, where, ": observation '",
-                       observation, "' says passed ", o.value("passed", false) ? "true" : "false", " at relative error ",
-                       number(error), " and tolerance ", number(want), ": ", rel_path(ev, file),
-                       " contradicts itself; rerun the case");
-      }
-      if (o.value("passed", false)) continue;
-      return Verdict::fail(where + ": observation '" + o.value("name", "?") + "' relative error " +
-                           number(o.value("relative_error", json())) + " > tolerance " + number(o.value("tolerance", json())) +
-                           " (max abs error " + number(o.value("max_abs_error", json())) +
-                           (o.contains("note") ? "; " + o["note"].get<std::string>() : "") + ")" + open);
-    }
-    if (!r.value("passed", false)) return Verdict::fail(where + " did not pass: " + short_json(r, 500) + open);
+namespace {
+
+// An error of the evidence as %.3g; absent: written as null, not finite.
+std::string number_or_not_finite(const std::optional<double>& v) { return v ? number(*v) : number(json()); }
+
+// Each observation is judged at the spec's declared tolerance (output and aux_loss at
+// tolerance, the gradients at grad_tolerance; the runner has checked it against the compiled
+// one), never at the one the file carries: a file that records another, or a passed that
+// contradicts its error, is refused.
+void require_declared_tolerance(const contract::ParityObservation& o, const contract::DeclaredParityCase& c,
+                                const std::string& where, const std::string& file) {
+  const double want = o.name == "output" || o.name == "aux_loss" ? c.tolerance : c.grad_tolerance;
+  MIH_CHECK_CODE(o.tolerance == want, Code::kFailedPrecondition, where, ": observation '", o.name,
+                 "' was judged at tolerance ", number(o.tolerance), ", and the spec declares ", number(want), ": ", file,
+                 " is not what this spec's run writes; rerun the case");
+  const bool within = o.relative_error && std::isfinite(*o.relative_error) && *o.relative_error <= want;
+  MIH_CHECK_CODE(within == o.passed, Code::kFailedPrecondition, where, ": observation '", o.name, "' says passed ",
+                 o.passed ? "true" : "false", " at relative error ", number_or_not_finite(o.relative_error),
+                 " and tolerance ", number(want), ": ", file, " contradicts itself; rerun the case");
+}
+
+// The verdict on one declared parity case's result (`file` names module_parity.json); its
+// observations are counted into *observed.
+Verdict parity_case(const contract::DeclaredParityCase& c, const std::map<std::string, contract::ParityCaseResult>& results,
+                    const std::string& file, int64_t* observed) {
+  const std::string where = "module parity case '" + c.name + "'", open = " (open " + file + ")";
+  const auto found = results.find(c.name);
+  if (found == results.end()) return Verdict::fail("parity case '" + c.name + "' has no result" + open);
+  const contract::ParityCaseResult& r = found->second;
+  if (r.error) return Verdict::fail(where + " raised: " + *r.error + open);
+  if (!r.unmapped.empty()) {
+    return Verdict::fail(where + ": the weight adapter maps no reference weight from the candidate's trainable " +
+                         "parameter(s) " + short_json(r.unmapped) + open);
   }
-  return Verdict::pass(std::to_string(observed) + " observations of " + std::to_string(declared.size()) +
+  if (r.observations.empty()) return Verdict::fail(where + " recorded no observation" + open);
+  for (const auto& o : r.observations) {
+    ++*observed;
+    require_declared_tolerance(o, c, where, file);
+    if (o.passed) continue;
+    return Verdict::fail(where + ": observation '" + o.name + "' relative error " +
+                         number_or_not_finite(o.relative_error) + " > tolerance " + number(o.tolerance) +
+                         " (max abs error " + number_or_not_finite(o.max_abs_error) + (o.note ? "; " + *o.note : "") +
+                         ")" + open);
+  }
+  if (!r.passed) return Verdict::fail(where + " did not pass" + (r.failure ? ": " + *r.failure : "") + open);
+  return Verdict::pass();
+}
+
+}  // namespace
+
+Verdict module_parity(const CaseEvidence& ev) {
+  const std::vector<contract::DeclaredParityCase> cases = declared(ev).module_parity_cases;
+  if (cases.empty()) return Verdict::skip("the spec declares no module parity case");
+  if (ev.resolved_case().kind != spec::CaseKind::kReference) return Verdict::skip("module parity runs with the reference case");
+  const std::string file = rel_path(ev, layout::kModuleParity);
+  const std::map<std::string, contract::ParityCaseResult> results =
+      contract::module_parity_results(ev.json(layout::kModuleParity), file);
+  int64_t observed = 0;
+  for (const auto& c : cases) {
+    Verdict v = parity_case(c, results, file, &observed);
+    if (!v.passed()) return v;
+  }
+  return Verdict::pass(std::to_string(observed) + " observations of " + std::to_string(cases.size()) +
                        " module parity cases");
 }
 
 Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
   if (!ev.config().activation_checkpointing) return Verdict::skip("activation checkpointing is off");
   const std::string file = layout::kActivationCheckpoint;
-  const auto& ac = ev.json(file);
-  if (!ac.value("enabled", false)) {
+  const contract::ActivationCheckpointRecord ac = contract::activation_checkpoint_record(ev.json(file), rel_path(ev, file));
+  if (!ac.enabled) {
     return Verdict::fail("the case asked for activation checkpointing and the model ran without it (enabled: false; open " +
                          rel_path(ev, file) + ")");
   }
-  if (ac.value("regions", json::array()).empty()) {
+  if (ac.regions.empty()) {
     return Verdict::fail("activation checkpointing is on and the model declares no region to recompute (open " +
                          rel_path(ev, file) + ")");
   }
   // The runtime's count, not the config's claim: every forward that ran under checkpointing
   // with an output that needs a gradient was recomputed once in backward.
-  const json steps = ac.value("steps", json());
-  if (!steps.is_array() || steps.empty()) {
+  const std::vector<contract::CheckpointedStep>& steps = ac.steps;
+  if (steps.empty()) {
     return Verdict::fail("activation checkpointing is on and " + rel_path(ev, file) +
                          " records no step of what the runtime recomputed, so nothing shows a region was recomputed "
                          "in backward (evidence of a runtime that does not count recomputes: rerun the case)");
@@ -329,13 +350,13 @@ Verdict activation_checkpoint_enabled(const CaseEvidence& ev) {
   std::set<std::string> regions;
   std::vector<std::string> problems;
   for (const auto& s : steps) {
-    for (const auto& [region, c] : s.at("regions").items()) {
-      const int64_t ran = c.at("checkpointed").get<int64_t>(), again = c.at("recomputed").get<int64_t>();
+    for (const auto& [region, c] : s.regions) {
+      const int64_t ran = c.checkpointed, again = c.recomputed;
       checkpointed += ran;
       recomputed += again;
       if (again > 0) regions.insert(region);
       if (ran != again) {
-        problems.push_back("step " + std::to_string(s.at("step").get<int64_t>()) + ": region '" + region + "' ran " +
+        problems.push_back("step " + std::to_string(s.step) + ": region '" + region + "' ran " +
                            std::to_string(ran) + " time(s) under checkpointing and backward recomputed it " +
                            std::to_string(again) + " time(s)");
       }

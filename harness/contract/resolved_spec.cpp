@@ -32,6 +32,16 @@ ResolvedSpec resolved_spec(const nlohmann::json& spec, const std::string& file) 
   out.tolerances.noise_k_update = t["noise_k_update"].get<double>();
   out.tolerances.noise_floor_eps = t["noise_floor_eps"].get<double>();
   out.tolerances.noise_oracle_factor = t["noise_oracle_factor"].get<double>();
+  for (const auto& m : spec["modalities"]) {
+    out.modalities.push_back({m["field"].get<std::string>(), m["parameters"].get<std::vector<std::string>>()});
+  }
+  for (const auto& i : spec["invariants"]) {
+    out.invariants.push_back({i["name"].get<std::string>(), i["phase"].get<std::string>()});
+  }
+  for (const auto& c : spec["module_parity_cases"]) {
+    out.module_parity_cases.push_back(
+        {c["name"].get<std::string>(), c["tolerance"].get<double>(), c["grad_tolerance"].get<double>()});
+  }
   return out;
 }
 

@@ -1,11 +1,13 @@
 // spec.resolved.json read typed (schemas/evidence/v1/spec.resolved.schema.json), the parts a
-// comparison and the verdicts read: the spec's name and its tolerances. Validated against the
+// comparison and the verdicts read: the spec's name, its tolerances, and what it declares to
+// be checked (modalities, state invariants, module parity cases). Validated against the
 // contract's schema once where the file is read.
 #pragma once
 
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -24,9 +26,33 @@ struct ResolvedTolerances {
   const std::map<std::string, double>* profile(const std::string& name) const;
 };
 
+/// modalities[]: a declared modality, the batch field that carries it and its parameters.
+struct DeclaredModality {
+  std::string field;
+  std::vector<std::string> parameters;
+};
+
+/// invariants[]: a declared state invariant and its phase (structure, materialization,
+/// checkpoint, runtime).
+struct DeclaredInvariant {
+  std::string name;
+  std::string phase;
+};
+
+/// module_parity_cases[]: a declared module parity case and its relative-error tolerances
+/// (output and aux_loss; the gradients).
+struct DeclaredParityCase {
+  std::string name;
+  double tolerance = 0;
+  double grad_tolerance = 0;
+};
+
 struct ResolvedSpec {
   std::string name;
   ResolvedTolerances tolerances;
+  std::vector<DeclaredModality> modalities;           ///< empty: the spec declares none
+  std::vector<DeclaredInvariant> invariants;          ///< empty: the spec declares none
+  std::vector<DeclaredParityCase> module_parity_cases;  ///< empty: the spec declares none
 };
 
 /// spec.resolved.json (`spec`, the parsed file; `file` names it in a refusal).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <gmock/gmock.h>
@@ -174,6 +175,17 @@ TEST(CalibrationTest, ToleranceIsKTimesTheNoiseFlooredByEpsilon) {
 void expect_fail(const Verdict& v, const std::string& needle) {
   EXPECT_EQ(v.status, Verdict::Status::kFail) << v.message;
   EXPECT_THAT(v.message, HasSubstr(needle));
+}
+
+// `judge` refuses the evidence (kFailedPrecondition, never a verdict) naming each of `named`.
+void expect_refused(const std::function<void()>& judge, const std::vector<std::string>& named) {
+  try {
+    judge();
+    ADD_FAILURE() << "judged, not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition) << e.message();
+    for (const auto& what : named) EXPECT_THAT(e.message(), HasSubstr(what));
+  }
 }
 
 TEST_F(VerdictsTest, FindingsVerdictFailsOnAnErrorFindingOfItsCodes) {
@@ -541,8 +553,66 @@ TEST_F(VerdictsTest, ActivationCheckpointMustBeOnWhenAsked) {
   EXPECT_TRUE(verdicts::activation_checkpoint_enabled(CaseEvidence(real("llama", "DpShard2Ac"))).passed());
   EXPECT_EQ(verdicts::activation_checkpoint_enabled(CaseEvidence(real("llama", "DpShard2"))).status, Verdict::Status::kSkip);
   const fs::path dir = copy("llama", "DpShard2Ac");
-  write(dir / "check/activation_checkpoint.json", {{"enabled", false}, {"regions", {"layers.0"}}});
+  json ac = read(dir / "check/activation_checkpoint.json");
+  ASSERT_FALSE(ac["steps"].empty()) << "mih's session writes the runtime's counts from the first step on";
+  ac["enabled"] = false;  // the runtime's steps as they were, the config flag off
+  write(dir / "check/activation_checkpoint.json", ac);
   expect_fail(verdicts::activation_checkpoint_enabled(CaseEvidence(dir)), "ran without it");
+  // A record without steps is not mih's (its session writes them): refused naming the field,
+  // where it was a failed verdict that blamed the runtime.
+  ac.erase("steps");
+  write(dir / "check/activation_checkpoint.json", ac);
+  expect_refused([&] { verdicts::activation_checkpoint_enabled(CaseEvidence(dir)); },
+                 {"check/activation_checkpoint.json", "steps"});
+  // Steps recorded and none of them with a recompute: the runtime recomputed nothing.
+  ac["enabled"] = true;
+  ac["steps"] = json::array();
+  write(dir / "check/activation_checkpoint.json", ac);
+  expect_fail(verdicts::activation_checkpoint_enabled(CaseEvidence(dir)), "records no step of what the runtime recomputed");
+}
+
+// The checks' evidence the verdicts judge is read typed, never with a default: a unit without
+// dtypes was "holds []", an invariant without passed a failed invariant, an observation without
+// its tolerance "judged at tolerance not finite", a parity case declared without grad_tolerance
+// judged the gradients at the output's tolerance, and a finding without severity was handed on.
+// Each is now refused naming the file and the field.
+TEST_F(VerdictsTest, ChecksEvidenceMissingAFieldIsRefusedByName) {
+  const fs::path shard = copy("llama", "DpShard2");
+  json units = read(shard / "check/fsdp_units.json");
+  units["layers.0"].erase("dtypes");
+  write(shard / "check/fsdp_units.json", units);
+  expect_refused([&] { verdicts::fsdp_units_cover_parameters(CaseEvidence(shard)); },
+                 {"check/fsdp_units.json", "dtypes"});
+  const fs::path dir = copy("llama", "Reference");
+  const json inv = read(dir / "check/invariants_structure.json");
+  json no_passed = inv;
+  no_passed.begin().value().erase("passed");
+  write(dir / "check/invariants_structure.json", no_passed);
+  expect_refused([&] { verdicts::state_invariants(CaseEvidence(dir)); }, {"check/invariants_structure.json", "passed"});
+  write(dir / "check/invariants_structure.json", inv);
+  const json parity = read(dir / "check/module_parity.json");
+  json no_tolerance = parity;
+  no_tolerance["fused_swiglu_vs_unfused"]["observations"][0].erase("tolerance");
+  write(dir / "check/module_parity.json", no_tolerance);
+  expect_refused([&] { verdicts::module_parity(CaseEvidence(dir)); }, {"check/module_parity.json", "tolerance"});
+  write(dir / "check/module_parity.json", parity);
+  const json spec = read(dir / "spec.resolved.json");
+  json no_grad_tolerance = spec;
+  ASSERT_FALSE(no_grad_tolerance["module_parity_cases"].empty());
+  no_grad_tolerance["module_parity_cases"][0].erase("grad_tolerance");
+  write(dir / "spec.resolved.json", no_grad_tolerance);
+  expect_refused([&] { verdicts::module_parity(CaseEvidence(dir)); }, {"spec.resolved.json", "grad_tolerance"});
+  json no_invariant_name = spec;
+  ASSERT_FALSE(no_invariant_name["invariants"].empty());
+  no_invariant_name["invariants"][0].erase("name");
+  write(dir / "spec.resolved.json", no_invariant_name);
+  expect_refused([&] { verdicts::state_invariants(CaseEvidence(dir)); }, {"spec.resolved.json", "invariants"});
+  write(dir / "spec.resolved.json", spec);
+  json findings = read(dir / "check/findings.json");
+  findings["findings"].push_back({{"code", "MIH-STRUCT-001"}, {"phase", "structure"}, {"owner", "w"},
+                                  {"message", "m"}, {"facts", json::object()}, {"remediation", "r"}});
+  write(dir / "check/findings.json", findings);
+  expect_refused([&] { (void)CaseEvidence(dir).findings(); }, {"check/findings.json", "severity"});
 }
 
 TEST_F(VerdictsTest, CommVolumeMatchesTheConfig) {
