@@ -94,11 +94,12 @@ std::vector<std::string> gradient_problems(const ReplicaStep& s, const std::map<
     std::string domain;
     for (const std::string& axis : r.grad_domain) domain += (domain.empty() ? "" : ", ") + axis;
     for (const auto& [box, ranks] : r.holders()) {
+      if (box.empty() && !r.boxes.empty()) continue;  // ranks holding no piece
       if (trainable.count(fqn) && std::all_of(ranks.begin(), ranks.end(), [&](size_t k) { return !r.digests[k]; })) {
         bad.push_back("the gradient of " + piece(fqn, box) + ": no rank holding it has one");
         continue;
       }
-      if (ranks.size() < 2) continue;
+      if (ranks.size() < 2 || (box.empty() && !r.boxes.empty())) continue;  // "": ranks holding none
       ++*compared;
       const std::string differ = differing(r, ranks);
       if (!differ.empty()) {
@@ -116,7 +117,7 @@ std::string replica_digests_compared(const CaseEvidence& ev) {
   for (const auto& [step, s] : records(ev, ReplicaKind::kParameters)) {
     for (const auto& [fqn, r] : s.parameters) {
       for (const auto& [box, ranks] : r.holders()) {
-        if (ranks.size() > 1) return "";
+        if (ranks.size() > 1 && !(box.empty() && !r.boxes.empty())) return "";
       }
     }
   }
@@ -132,7 +133,7 @@ Verdict replica_digests_agree(const CaseEvidence& ev) {
     std::vector<std::string> bad;
     for (const auto& [fqn, r] : s.parameters) {
       for (const auto& [box, ranks] : r.holders()) {
-        if (ranks.size() < 2) continue;
+        if (ranks.size() < 2 || (box.empty() && !r.boxes.empty())) continue;  // "": ranks holding none
         ++compared;
         const std::string differ = differing(r, ranks);
         if (!differ.empty()) {
@@ -154,7 +155,7 @@ std::string gradient_digests_examinable(const CaseEvidence& ev) {
   for (const auto& [step, s] : records(ev, ReplicaKind::kGradients)) {
     for (const auto& [fqn, r] : s.parameters) {
       for (const auto& [box, ranks] : r.holders()) {
-        if (ranks.size() > 1) return "";
+        if (ranks.size() > 1 && !(box.empty() && !r.boxes.empty())) return "";
       }
     }
   }

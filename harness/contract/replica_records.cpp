@@ -50,7 +50,15 @@ bool parse_box(const std::string& text, Box* dims) {
 // The distinct pieces of `boxes` tile `shape`: inside it, disjoint, covering it.
 void check_tiling(const std::vector<std::string>& boxes, const std::vector<int64_t>& shape, const std::string& where) {
   std::map<std::string, Box> pieces;
-  for (const std::string& text : boxes) {
+  std::set<std::string> parts;  // a rank's piece: one box, several joined by '+', none ("")
+  for (const std::string& held : boxes) {
+    for (size_t at = 0; at < held.size();) {
+      const size_t plus = std::min(held.find('+', at), held.size());
+      parts.insert(held.substr(at, plus - at));
+      at = plus + 1;
+    }
+  }
+  for (const std::string& text : parts) {
     Box dims;
     MIH_CHECK_CODE(parse_box(text, &dims) && dims.size() == shape.size(), Code::kFailedPrecondition, where, ": box '",
                    text.substr(0, 80), "' is not a box of a ", shape.size(), "-dim tensor");

@@ -108,6 +108,9 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
       }
     }
     presence_steps_.push_back(step);
+    if (session_internal::digests_recorded(state_.context->config(), true)) {
+      session_internal::write_replica_digests(*state_.context, *mesh_, evidence_.get(), ledger_seen_, step, true);
+    }
     probe(probes::Stage::kGradBeforeClip, step);
     probe_activations(step);
   });
@@ -141,7 +144,11 @@ void ValidationSession::after_optimizer(int64_t step) {
     json replicas;
     FindingReport r = probes::check_replica_consistency(*state_.context, step, &replicas);
     take(pending_, r);
-    write_step(layout::replicas_step(step), replicas);
+    if (session_internal::digests_recorded(state_.context->config(), false)) {
+      session_internal::write_replica_digests(*state_.context, *mesh_, evidence_.get(), ledger_seen_, step, false);
+    } else {
+      write_step(layout::replicas_step(step), replicas);
+    }
   });
 }
 

@@ -26,6 +26,7 @@
 #include "harness/compat/optim.h"
 #include "harness/contract/contract.h"
 #include "harness/evidence/evidence_store.h"
+#include "harness/session/replica_digests_internal.h"
 #include "harness/session/trainer_session_internal.h"
 #include "harness/session/writer_lock.h"
 
@@ -137,33 +138,18 @@ struct TrainerSession::Impl {
 
   // Every rank's (box, digest) of each parameter or gradient, recorded by rank 0.
   json replica_records(bool gradients) {
-    json mine = json::object();
+    std::vector<session_internal::PieceDigest> mine;
     for (const Param& p : params) {
       const at::Tensor t = gradients ? p.entry.local.grad() : p.entry.local;
-      mine[p.entry.fqn] = {p.box.str(), t.defined() ? json(tensor_sha256(t)) : json()};
-    }
-    const std::vector<json> every = all_gather_json(world, mine);
-    json out = json::object();
-    for (const Param& p : params) {
-      json boxes = json::array(), digests = json::array();
-      std::map<std::string, int> holders;
-      for (const json& r : every) {
-        const json& rec = r.at(p.entry.fqn);
-        boxes.push_back(rec[0]);
-        digests.push_back(rec[1]);
-        ++holders[rec[0].get<std::string>()];
-      }
-      int replicas = 1;
-      for (const auto& [box, n] : holders) replicas = std::max(replicas, n);
-      json rec = {{"replicas", replicas}, {"compared", replicas > 1}, {"pieces", holders.size()},
-                  {"boxes", boxes}, {"digests", digests}};
+      session_internal::PieceDigest d{p.entry.fqn, p.box.str(), std::nullopt};
+      if (t.defined()) d.sha256 = tensor_sha256(t);
       if (gradients) {
-        rec["grad_domain"] = p.entry.grad_reduce_axes;
-        rec["placements"] = placements_json(p.entry.placements, axes);
+        d.grad_domain = p.entry.grad_reduce_axes;
+        d.placements = placements_json(p.entry.placements, axes);
       }
-      out[p.entry.fqn] = std::move(rec);
+      mine.push_back(std::move(d));
     }
-    return out;
+    return session_internal::replica_records(world, mine);
   }
 
   // The full tensor a piece belongs to, on every rank (each counted piece added once).

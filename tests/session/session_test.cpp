@@ -808,6 +808,49 @@ TEST(ReplicaConsistencyTest, NamesAReplicatedParameterThatDivergedAcrossTpRanks)
   EXPECT_THAT(codes(r.findings), Contains("MIH-PROBE-001 norm.weight"));
 }
 
+// The per-rank digests ReplicaConsistency and GradientSync judge (verdicts_replicas.cpp, the
+// same verdicts as another writer's evidence): every rank's SHA-256 and box of each parameter
+// after the optimizer and of each gradient after the synchronization, one file per step.
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  EXPECT_TRUE(in.good()) << p << " was not written";
+  return in.good() ? json::parse(in) : json::object();
+}
+
+TEST(ReplicaConsistencyTest, SessionRecordsEveryRanksDigestsOfParametersAndGradients) {
+  ParallelConfig c = config(1, 2);
+  c.sequence_parallel = true;
+  const fs::path ok_dir = testing::temp_dir("digests_ok"), bad_dir = testing::temp_dir("digests_planted");
+  ASSERT_THAT(run_case(get("llama"), c, {.evidence = ok_dir}).errors, IsEmpty());
+  const json params = read_json(ok_dir / "cases/runtime/replicas_step0.json");
+  const json grads = read_json(ok_dir / "cases/runtime/gradient_replicas_step0.json");
+  ASSERT_EQ(params["parameters"].size(), 19u);
+  ASSERT_EQ(grads["parameters"].size(), 19u);
+  for (const json* j : {&params, &grads}) {
+    for (const auto& [fqn, rec] : (*j)["parameters"].items()) {
+      ASSERT_EQ(rec["digests"].size(), 2u) << fqn;
+      ASSERT_EQ(rec["boxes"].size(), 2u) << fqn;
+    }
+  }
+  // norm.weight is replicated over tp: one box, one value on both ranks; its gradient too.
+  EXPECT_EQ(params["parameters"]["norm.weight"]["digests"][0], params["parameters"]["norm.weight"]["digests"][1]);
+  EXPECT_EQ(grads["parameters"]["norm.weight"]["digests"][0], grads["parameters"]["norm.weight"]["digests"][1]);
+  // A replica that diverged on tp rank 1 before the optimizer: its digests differ.
+  ASSERT_THAT(run_case(get("llama"), c, {.evidence = bad_dir, .tamper = [](Tamper& t) {
+                                           t.before_optimizer_checks = [](int64_t, const TrainingState& s) {
+                                             if (s.context->tp_rank() != 1) return;
+                                             for (const auto& p : s.context->parameters()) {
+                                               if (p->fqn == "norm.weight") p->local.detach().add_(1e-3);
+                                             }
+                                           };
+                                         }})
+                  .errors,
+              IsEmpty());
+  const json bad = read_json(bad_dir / "cases/runtime/replicas_step0.json")["parameters"]["norm.weight"];
+  EXPECT_EQ(bad["boxes"][0], bad["boxes"][1]);
+  EXPECT_NE(bad["digests"][0], bad["digests"][1]);
+}
+
 
 // ---- what the checks examined, and what the trainer reports recounted ----
 
