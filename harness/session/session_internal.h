@@ -33,10 +33,13 @@ namespace session_internal {
 /// replicas_step<k>.json with digests) or of the gradients (gradient_replicas_step<k>.json):
 /// where ReplicaConsistency or GradientSync judge them (suites/replica_consistency.cpp,
 /// gradient_sync.cpp), one pipeline stage (under pp a rank holds its stage's parameters only;
-/// probes::check_replica_consistency compares the copies). They cost a gather per step.
-inline bool digests_recorded(const ParallelConfig& config, bool gradients) {
+/// probes::check_replica_consistency compares the copies). They cost a gather per step. Not the
+/// gradients of a spec that declares parameters unused (`declares_unused`: a parameter no rank
+/// has a gradient of, which the digests' verdict counts as unsynchronized; GradientPresence
+/// judges those against the declaration): GradientSync judges that spec by MIH-GRAD-001 alone.
+inline bool digests_recorded(const ParallelConfig& config, bool gradients, bool declares_unused = false) {
   if (config.pp > 1) return false;
-  return gradients ? config.world_size() > 1 : config.tp * config.cp * config.dp_replicate > 1;
+  return gradients ? config.world_size() > 1 && !declares_unused : config.tp * config.cp * config.dp_replicate > 1;
 }
 
 /// Every rank's digest of its piece of each parameter (`gradients` false: after the optimizer)

@@ -108,7 +108,7 @@ void ValidationSession::after_backward_before_clip(int64_t step) {
       }
     }
     presence_steps_.push_back(step);
-    if (session_internal::digests_recorded(state_.context->config(), true)) {
+    if (session_internal::digests_recorded(state_.context->config(), true, !spec_->unused_parameters.empty())) {
       session_internal::write_replica_digests(*state_.context, *mesh_, evidence_.get(), ledger_seen_, step, true);
     }
     probe(probes::Stage::kGradBeforeClip, step);
