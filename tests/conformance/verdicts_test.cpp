@@ -426,12 +426,15 @@ TEST_F(VerdictsTest, SuiteReadsNameTheFilesACaseLacks) {
               ::testing::ElementsAre("cases/runtime/metrics.jsonl (of its compare_to case)",
                                      "probes/rank0.jsonl (of its compare_to case)",
                                      "check/parameter_watchlist.json (of its compare_to case)"));
-  // "<k>": some step's record; mih's session writes replicas_step<k>.json, not a resume's capture.
+  // "<k>": some step's record. mih's session writes replicas_step<k>.json and
+  // gradient_replicas_step<k>.json on a one-stage case of several ranks (not a resume's capture),
+  // and no gradient digests on the one-rank reference.
   const verdicts::SuiteReads reads{.files = {verdicts::any_step(&layout::replicas_step), layout::kRoundtripLoad,
                                              verdicts::any_step(&layout::gradient_replicas_step)}};
-  EXPECT_THAT(verdicts::missing_reads(reads, {tp2}),
-              ::testing::ElementsAre("checkpoint/roundtrip_load.json (of the case)",
-                                     "cases/runtime/gradient_replicas_step<k>.json (of the case)"));
+  EXPECT_THAT(verdicts::missing_reads(reads, {tp2}), ::testing::ElementsAre("checkpoint/roundtrip_load.json (of the case)"));
+  const verdicts::SuiteReads gradients{.files = {verdicts::any_step(&layout::gradient_replicas_step)}};
+  EXPECT_THAT(verdicts::missing_reads(gradients, {ref}),
+              ::testing::ElementsAre("cases/runtime/gradient_replicas_step<k>.json (of the case)"));
 }
 
 TEST_F(VerdictsTest, FsdpUnitsMustCoverEveryShardedParameter) {
