@@ -183,14 +183,16 @@ def codes_asserted(a, clean_root):
     check(len(codes) == declared and len(set(codes)) == len(codes),
           f"3: codes.h defines {len(codes)} distinct codes, kAllCodes lists {declared}")
     # The clean base: cases where every check runs (FSDP, AC, tp, cp over a cp-replicated field,
-    # a modality, frozen and tied parameters), beside the ctest-style case of section 2.
+    # a modality, frozen and tied parameters, and pp with a tie, where mih's session records no
+    # digests and ReplicaConsistency asserts MIH-PROBE-001), beside the ctest-style case of section 2.
     base = os.path.join(a.work, "codes-base")
-    extra = ["Llama/*.*/Tp2Sp", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/DpShard2", "LlamaTied/*.*/DpShard2"]
+    extra = ["Llama/*.*/Tp2Sp", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/DpShard2", "LlamaTied/*.*/DpShard2",
+             "LlamaTied/*.*/Pp2Mb2"]
     r = run(a.mih, ["test", "--evidence-root", base, "--no-progress", "--gtest_brief=1", "--prefixes",
                     "Llama,Vlm,VlmFrozenVision,LlamaTied", "--gtest_filter=" + ":".join(extra)], timeout=900)
     check(r.returncode == 0, f"3: the clean base run passes (exit {r.returncode})", r.stdout[-3000:])
     targets = [(clean_root, "llama", "DpShard2Ac"), (base, "llama", "Tp2Sp"), (base, "vlm", "Cp2Zz"),
-               (base, "vlm_frozen_vision", "DpShard2"), (base, "llama_tied", "DpShard2")]
+               (base, "vlm_frozen_vision", "DpShard2"), (base, "llama_tied", "DpShard2"), (base, "llama_tied", "Pp2Mb2")]
     asserted = {}  # code -> the tests that failed naming it
     for i, (root, spec, case) in enumerate(targets):
         if not root or not os.path.isdir(os.path.join(root, spec, case)):
