@@ -5,9 +5,6 @@
 // default (an absent passed was a failed invariant, an absent steps a verdict's failure, an
 // absent grad_tolerance the output's tolerance). Values written to real files and read back as
 // the evidence store reads them.
-#include <filesystem>
-#include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,32 +19,16 @@
 #include "harness/contract/module_parity_results.h"
 #include "harness/contract/resolved_spec.h"
 #include "harness/evidence/evidence_store.h"
-#include "tests/support/temp_dir.h"
+#include "tests/support/evidence_refusal.h"
 
 namespace mih {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
-using ::testing::HasSubstr;
+using mih::testing::expect_evidence_refused;
 
-json file(const json& value) {
-  const fs::path dir = mih::testing::temp_dir("checks_evidence");
-  std::ofstream(dir / "value.json") << value.dump();
-  return EvidenceDir::open_existing(dir).read_json("value.json");
-}
+json file(const json& value) { return mih::testing::written_json(value, "checks_evidence"); }
 
-void expect_refused(const std::function<void()>& read, const std::vector<std::string>& named) {
-  try {
-    read();
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
-    EXPECT_THAT(e.message(), HasSubstr("evidence file case/"));
-    EXPECT_THAT(e.message(), HasSubstr("rerun the case"));
-    for (const auto& what : named) EXPECT_THAT(e.message(), HasSubstr(what));
-  }
-}
 
 TEST(ChecksEvidenceTest, FsdpUnitTable) {
   const json valid = {{"layers.0", {{"parameters", {"layers.0.w"}}, {"dtypes", {"float64@dp_shard=2/DENSE"}}}},
@@ -59,12 +40,12 @@ TEST(ChecksEvidenceTest, FsdpUnitTable) {
   for (const char* key : {"dtypes", "parameters"}) {
     json bad = valid;
     bad["layers.0"].erase(key);
-    expect_refused([&] { contract::fsdp_unit_table(file(bad), "case/check/fsdp_units.json"); },
+    expect_evidence_refused([&] { contract::fsdp_unit_table(file(bad), "case/check/fsdp_units.json"); },
                    {"case/check/fsdp_units.json", key});
   }
   json bad = valid;
   bad["layers.0"]["parameters"] = {7};
-  expect_refused([&] { contract::fsdp_unit_table(file(bad), "case/check/fsdp_units.json"); }, {"parameters"});
+  expect_evidence_refused([&] { contract::fsdp_unit_table(file(bad), "case/check/fsdp_units.json"); }, {"parameters"});
 }
 
 TEST(ChecksEvidenceTest, InvariantResults) {
@@ -80,12 +61,12 @@ TEST(ChecksEvidenceTest, InvariantResults) {
     for (const char* key : {"passed", "facts"}) {
       json bad = valid;
       bad["rope_table"].erase(key);
-      expect_refused([&] { contract::invariant_results(relative, file(bad), std::string("case/") + relative); },
+      expect_evidence_refused([&] { contract::invariant_results(relative, file(bad), std::string("case/") + relative); },
                      {relative, key});
     }
     json bad = valid;
     bad["init_std"]["passed"] = "false";
-    expect_refused([&] { contract::invariant_results(relative, file(bad), std::string("case/") + relative); }, {"passed"});
+    expect_evidence_refused([&] { contract::invariant_results(relative, file(bad), std::string("case/") + relative); }, {"passed"});
   }
 }
 
@@ -112,17 +93,17 @@ TEST(ChecksEvidenceTest, ModuleParityResults) {
   for (const char* key : {"passed", "unmapped", "observations"}) {
     json bad = valid;
     bad["swiglu"].erase(key);
-    expect_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); },
+    expect_evidence_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); },
                    {"case/check/module_parity.json", key});
   }
   for (const char* key : {"tolerance", "relative_error", "passed", "name"}) {
     json bad = valid;
     bad["swiglu"]["observations"][0].erase(key);
-    expect_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); }, {key});
+    expect_evidence_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); }, {key});
   }
   json bad = valid;
   bad["swiglu"]["observations"][0]["passed"] = "true";
-  expect_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); }, {"passed"});
+  expect_evidence_refused([&] { contract::module_parity_results(file(bad), "case/check/module_parity.json"); }, {"passed"});
 }
 
 TEST(ChecksEvidenceTest, ActivationCheckpointRecord) {
@@ -137,16 +118,16 @@ TEST(ChecksEvidenceTest, ActivationCheckpointRecord) {
   for (const char* key : {"steps", "regions", "enabled"}) {
     json bad = valid;
     bad.erase(key);
-    expect_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
+    expect_evidence_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
                    {"case/check/activation_checkpoint.json", key});
   }
   json bad = valid;
   bad["steps"][0]["regions"]["layers.0"].erase("recomputed");
-  expect_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
+  expect_evidence_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
                  {"recomputed"});
   bad = valid;
   bad["steps"][0]["regions"]["layers.0"]["checkpointed"] = -1;
-  expect_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
+  expect_evidence_refused([&] { contract::activation_checkpoint_record(file(bad), "case/check/activation_checkpoint.json"); },
                  {"checkpointed"});
 }
 

@@ -5,7 +5,6 @@
 // back as the evidence store reads them.
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "harness/contract/probe_row.h"
 #include "harness/contract/structure_table.h"
 #include "harness/evidence/evidence_store.h"
+#include "tests/support/evidence_refusal.h"
 #include "tests/support/temp_dir.h"
 
 namespace mih {
@@ -27,7 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using ::testing::HasSubstr;
+using mih::testing::expect_evidence_refused;
 
 std::vector<json> lines(const std::vector<json>& rows) {
   const fs::path dir = mih::testing::temp_dir("evidence_readers");
@@ -37,23 +37,8 @@ std::vector<json> lines(const std::vector<json>& rows) {
   return EvidenceDir::open_existing(dir).read_jsonl("rows.jsonl");
 }
 
-json file(const json& value) {
-  const fs::path dir = mih::testing::temp_dir("evidence_readers");
-  std::ofstream(dir / "value.json") << value.dump();
-  return EvidenceDir::open_existing(dir).read_json("value.json");
-}
+json file(const json& value) { return mih::testing::written_json(value, "evidence_readers"); }
 
-void expect_refused(const std::function<void()>& read, const std::vector<std::string>& named) {
-  try {
-    read();
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
-    EXPECT_THAT(e.message(), HasSubstr("evidence file case/"));
-    EXPECT_THAT(e.message(), HasSubstr("rerun the case"));
-    for (const auto& what : named) EXPECT_THAT(e.message(), HasSubstr(what));
-  }
-}
 
 json parameter() {
   return {{"fqn", "layers.0.w"}, {"requires_grad", true}, {"local_shape", {4, 8}}, {"dtype", "float32"},
@@ -72,16 +57,16 @@ TEST(EvidenceReadersTest, StructureTable) {
   for (const char* key : {"requires_grad", "local_shape", "dtype", "fqn"}) {
     json p = parameter();
     p.erase(key);
-    expect_refused([&] { contract::structure_parameters(file({{"parameters", {p}}}), "case/check/structure.json"); },
+    expect_evidence_refused([&] { contract::structure_parameters(file({{"parameters", {p}}}), "case/check/structure.json"); },
                    {"case/check/structure.json", key});
   }
   json chunkless = parameter();
   chunkless["fsdp_rows"].erase("chunk");
-  expect_refused([&] { contract::structure_parameters(file({{"parameters", {chunkless}}}), "case/check/structure.json"); },
+  expect_evidence_refused([&] { contract::structure_parameters(file({{"parameters", {chunkless}}}), "case/check/structure.json"); },
                  {"chunk"});
   json mistyped = parameter();
   mistyped["requires_grad"] = "yes";
-  expect_refused([&] { contract::structure_parameters(file({{"parameters", {mistyped}}}), "case/check/structure.json"); },
+  expect_evidence_refused([&] { contract::structure_parameters(file({{"parameters", {mistyped}}}), "case/check/structure.json"); },
                  {"requires_grad"});
 }
 
@@ -99,16 +84,16 @@ TEST(EvidenceReadersTest, FindingsFile) {
   for (const char* key : {"severity", "owner", "code"}) {
     json bad = valid;
     bad["findings"][0].erase(key);
-    expect_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
+    expect_evidence_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
                    {"case/check/findings.json", key});
   }
   json bad = valid;
   bad["checks"]["structure"].erase("examined");
-  expect_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
+  expect_evidence_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
                  {"examined"});
   bad = valid;
   bad["checks"]["structure"]["runs"] = "1";
-  expect_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
+  expect_evidence_refused([&] { contract::findings_file(file(bad), "check/findings.json", "case/check/findings.json"); },
                  {"runs"});
 }
 
@@ -123,12 +108,12 @@ TEST(EvidenceReadersTest, ProbeRows) {
   EXPECT_EQ(rows.at({0, "after_optimizer"}).tensors["w"]["numel"], 3);
   json no_numel = probe(1, "after_optimizer");
   no_numel["tensors"]["w"].erase("numel");
-  expect_refused([&] { contract::probe_rows(lines({probe(0, "model_before"), no_numel}), "case/probes/rank0.jsonl"); },
+  expect_evidence_refused([&] { contract::probe_rows(lines({probe(0, "model_before"), no_numel}), "case/probes/rank0.jsonl"); },
                  {"case/probes/rank0.jsonl, line 2 (step 1)", "numel"});
   json nonfinite = probe(0, "after_optimizer");
   nonfinite["tensors"]["w"]["nonfinite"] = 0.5;
-  expect_refused([&] { contract::probe_rows(lines({nonfinite}), "case/probes/rank0.jsonl"); }, {"nonfinite"});
-  expect_refused([&] { contract::probe_rows(lines({probe(0, "model_before"), probe(0, "model_before")}), "case/probes/rank0.jsonl"); },
+  expect_evidence_refused([&] { contract::probe_rows(lines({nonfinite}), "case/probes/rank0.jsonl"); }, {"nonfinite"});
+  expect_evidence_refused([&] { contract::probe_rows(lines({probe(0, "model_before"), probe(0, "model_before")}), "case/probes/rank0.jsonl"); },
                  {"two rows for step 0, stage model_before"});
 }
 
@@ -138,9 +123,9 @@ TEST(EvidenceReadersTest, PerformanceRows) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].pipeline_order->size(), 2u);
   EXPECT_FALSE(rows[1].pipeline_order.has_value());
-  expect_refused([&] { contract::performance_rows(lines({{{"pipeline_order", {"F0.0"}}}}), 1, "case/cases/runtime/performance_rank1.jsonl"); },
+  expect_evidence_refused([&] { contract::performance_rows(lines({{{"pipeline_order", {"F0.0"}}}}), 1, "case/cases/runtime/performance_rank1.jsonl"); },
                  {"performance_rank1.jsonl, line 1", "step"});
-  expect_refused([&] { contract::performance_rows(lines({{{"step", 0}, {"pipeline_order", "F0.0"}}}), 1, "case/cases/runtime/performance_rank1.jsonl"); },
+  expect_evidence_refused([&] { contract::performance_rows(lines({{{"step", 0}, {"pipeline_order", "F0.0"}}}), 1, "case/cases/runtime/performance_rank1.jsonl"); },
                  {"pipeline_order"});
 }
 
@@ -148,7 +133,7 @@ TEST(EvidenceReadersTest, CommExpectedStep) {
   const auto bytes = contract::comm_expected_by_layer(file({{"tp", {{"region.reduce_from", {{"layers.0.o_proj", 64}}}}}}), 2,
                                                       "case/cases/runtime/comm_expected_step2.json");
   EXPECT_EQ(bytes.at("tp").at("region.reduce_from").at("layers.0.o_proj"), 64);
-  expect_refused([&] { contract::comm_expected_by_layer(file({{"tp", {{"region.reduce_from", {{"layers.0.o_proj", "64"}}}}}}), 2,
+  expect_evidence_refused([&] { contract::comm_expected_by_layer(file({{"tp", {{"region.reduce_from", {{"layers.0.o_proj", "64"}}}}}}), 2,
                                                         "case/cases/runtime/comm_expected_step2.json"); },
                  {"comm_expected_step2.json", "layers.0.o_proj"});
 }
