@@ -66,9 +66,8 @@ json placements_json(const std::vector<AxisPlacement>& placements, const std::ma
 struct TrainerSession::Impl {
   TrainerSessionOptions o;
   compat::Group world_group;
-  Communicator world;  // the session's own collectives: not ledgered
+  WorldCollectives world;  // the session's own collectives, on the world's device: not ledgered
   std::map<std::string, AxisInfo> axes;
-  std::map<std::string, Communicator> quiet;  // per axis, not ledgered (checkpoint gathers)
   std::shared_ptr<CommLedger> ledger;
   std::unique_ptr<EvidenceDir> dir;  // made once rank 0 found the case directory free
   std::optional<session_internal::WriterLock> lock;  // rank 0's, for the session's life
@@ -89,8 +88,8 @@ struct TrainerSession::Impl {
   std::string input_hash;
   int64_t valid_tokens = 0;
 
-  Impl(TrainerSessionOptions options, compat::Group g)
-      : o(std::move(options)), world_group(g), world("world", g, nullptr) {}
+  Impl(TrainerSessionOptions options, compat::Group g, c10::Device device)
+      : o(std::move(options)), world_group(g), world(g, device) {}
 
   int rank() const { return world_group.rank(); }
   bool writer() const { return rank() == 0; }
@@ -149,7 +148,7 @@ struct TrainerSession::Impl {
       }
       mine.push_back(std::move(d));
     }
-    return session_internal::replica_records(world, mine);
+    return world.replica_records(mine);
   }
 
   // The full tensor a piece belongs to, on every rank (each counted piece added once).
@@ -162,8 +161,7 @@ struct TrainerSession::Impl {
       }
       view.copy_(piece.detach().to(at::kCPU, at::kDouble));
     }
-    world.all_reduce(whole, ReduceOp::kSum, "mih.session.checkpoint");
-    return whole;
+    return world.all_reduce(whole, ReduceOp::kSum, "mih.session.checkpoint");
   }
 
   void write_identity(int64_t at_step) {
@@ -190,8 +188,8 @@ struct TrainerSession::Impl {
       }
       mine[field] = std::move(list);
     }
-    const std::vector<json> every = all_gather_json(world, {{"rows", counts ? mine : json::object()},
-                                                            {"tokens", counts ? tokens : 0}});
+    const std::vector<json> every = world.all_gather_json({{"rows", counts ? mine : json::object()},
+                                                           {"tokens", counts ? tokens : 0}}, "mih.session.identity");
     std::map<std::string, std::vector<std::pair<int64_t, std::pair<int64_t, std::string>>>> fields;
     valid_tokens = 0;
     for (const json& r : every) {
@@ -265,7 +263,9 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
             "TrainerSession: compare_to '", options.compare_to, "' must be another case's name (a sibling directory)");
   MIH_CHECK(options.loss_scale > 0 && std::isfinite(options.loss_scale), "TrainerSession: loss_scale ",
             options.loss_scale, " must be positive");
-  impl_ = std::make_unique<Impl>(std::move(options), compat::adopt_group(world, "world", ranks));
+  compat::Group group = compat::adopt_group(world, "world", ranks);
+  const c10::Device device = collective_device_of(group.backend(), options.collective_device);
+  impl_ = std::make_unique<Impl>(std::move(options), std::move(group), device);
   // Nothing is overwritten or appended to: every rank learns whether rank 0 found files there
   // (a load phase's case directory holds its save phase's before_save/ only).
   at::Tensor taken = at::zeros({1}, at::kLong);
@@ -289,7 +289,7 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
     }
   }
   if (impl_->writer() && taken[0].item<int64_t>() == 1) found += session_internal::held_by(impl_->o.case_dir);
-  impl_->world.all_reduce(taken, ReduceOp::kSum, "mih.session.start");
+  taken = impl_->world.all_reduce(taken, ReduceOp::kSum, "mih.session.start");
   MIH_CHECK_CODE(taken[0].item<int64_t>() != 2, Code::kFailedPrecondition, "TrainerSession: rank 0 cannot create ",
                  impl_->o.case_dir.string(), found.empty() ? "" : " (" + found + ")");
   MIH_CHECK_CODE(taken[0].item<int64_t>() != 3, Code::kFailedPrecondition,
@@ -308,6 +308,7 @@ TrainerSession::TrainerSession(TrainerSessionOptions options, const c10::intrusi
 TrainerSession::~TrainerSession() = default;
 int TrainerSession::rank() const { return impl_->rank(); }
 int TrainerSession::world_size() const { return impl_->world_group.size(); }
+c10::Device TrainerSession::collective_device() const { return impl_->world.device(); }
 
 Communicator TrainerSession::axis(const std::string& axis, const c10::intrusive_ptr<compat::C10dBackend>& group,
                                   const std::vector<int>& global_ranks) {
@@ -324,7 +325,6 @@ Communicator TrainerSession::axis(const std::string& axis, const c10::intrusive_
                                                  layout::ledger_rank(impl_->rank()));
   }
   impl_->axes[axis] = {g.size(), g.rank(), is_data_axis(axis)};
-  impl_->quiet.emplace(axis, Communicator(axis, g, nullptr));
   return Communicator(axis, g, impl_->ledger);
 }
 
@@ -338,6 +338,7 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
     MIH_CHECK(!e.fqn.empty() && seen.insert(e.fqn).second, "TrainerSession::describe_parameters: FQN '", e.fqn,
               "' is empty or repeated");
     MIH_CHECK(e.local.defined(), "parameter '", e.fqn, "': its local tensor is undefined");
+    check_parameter_device(s.world.device(), s.o.collective_device.has_value(), e.local.device(), e.fqn);
     for (const AxisPlacement& p : e.placements) {
       MIH_CHECK(known_axes().count(p.axis), "parameter '", e.fqn, "': placement over unknown axis '", p.axis, "'");
     }
@@ -367,7 +368,7 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
     for (const AxisPlacement& a : p.entry.placements) placements.push_back(a.axis + "=" + a.str());
     mine.push_back({p.entry.fqn, p.global, placements, p.entry.grad_reduce_axes});
   }
-  const std::vector<json> every = all_gather_json(s.world, mine);
+  const std::vector<json> every = s.world.all_gather_json(mine, "mih.session.parameters");
   for (size_t r = 1; r < every.size(); ++r) {
     if (every[r] == every[0]) continue;
     std::string first;
@@ -394,7 +395,8 @@ void TrainerSession::describe_parameters(std::vector<ParameterEntry> table) {
                  {"seed", 0}, {"name", s.o.case_name}});
   const json c = {{"name", s.o.case_name}, {"kind", s.o.compare_to.empty() ? "reference" : "train"},
                   {"group", s.o.compare_to.empty() ? "reference" : "axis"}, {"config", config},
-                  {"steps", s.o.steps}, {"compare_to", s.o.compare_to}, {"device", "cpu"},
+                  {"steps", s.o.steps}, {"compare_to", s.o.compare_to},
+                  {"device", s.params.front().entry.local.is_cuda() ? "cuda" : "cpu"},
                   {"pg_backend", std::string(compat::backend_name(s.world_group.backend()))},
                   {"world_size", s.world_group.size()}};
   const std::string writer = "mih-trainer-session " + std::string(harness_version()) + " (" + s.o.trainer + ")";
@@ -540,7 +542,7 @@ void TrainerSession::end_step(int64_t step, double loss) {
     const at::Tensor g = p.entry.local.grad();
     if (p.counts && g.defined()) sq += g.detach().to(at::kCPU, at::kDouble).pow(2).sum();
   }
-  s.world.all_reduce(sq, ReduceOp::kSum, "mih.session.grad_norm");
+  sq = s.world.all_reduce(sq, ReduceOp::kSum, "mih.session.grad_norm");
   json comm_bytes = json::object(), comm_sites = json::object();
   for (const CommRecord& r : s.step_collectives()) {
     const std::string site = r.site.substr(0, r.site.find(" @"));

@@ -17,11 +17,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "harness/compat/adopt.h"
 #include "harness/runtime/communicator.h"
@@ -82,6 +84,19 @@ struct TrainerSessionOptions {
   int64_t steps = 0;
   /// Tensors of at most this many elements also record their values.
   int64_t values_up_to = 64;
+  /// The device the session's own collectives over the world stage their tensors on (the
+  /// start handshake, the statistics' sums, the digests' and input rows' gathers, the
+  /// checkpoint's full tensors, finish's barrier); what they return is read on the CPU, and
+  /// parameters, gradients and batches on any device are read through copies to the CPU.
+  /// Unset (the default): the world's, as torch.distributed picks it: the CPU for a Gloo
+  /// world, the current CUDA device for an NCCL world (call c10::cuda::set_device(local_rank)
+  /// before constructing the session, as ProcessGroupNCCL expects). c10::Device(kCUDA) without
+  /// an index is the current CUDA device. The constructor throws mih::Error{kInvalidSpec} for
+  /// a device neither the CPU nor CUDA, the CPU on an NCCL world (NCCL moves CUDA tensors
+  /// only), an NCCL world or CUDA device without a current CUDA device, or an index past the
+  /// CUDA devices this process sees; unset, describe_parameters throws kInvalidSpec for a
+  /// parameter on another CUDA device than the current one (the rank's device was not set).
+  std::optional<c10::Device> collective_device;
 };
 
 /// The hooks; see the file comment. Not thread-safe: the training thread calls them.
@@ -92,7 +107,8 @@ struct TrainerSessionOptions {
 class TrainerSession {
  public:
   /// `world`: the trainer's group of every rank (a ProcessGroupGloo or ProcessGroupNCCL);
-  /// the session's own collectives (sums of statistics, digests) use it, outside the ledger.
+  /// the session's own collectives (sums of statistics, digests) use it, outside the ledger,
+  /// on options.collective_device (the world backend's device when unset).
   TrainerSession(TrainerSessionOptions options, const c10::intrusive_ptr<compat::C10dBackend>& world);
   ~TrainerSession();
   TrainerSession(const TrainerSession&) = delete;
@@ -148,6 +164,9 @@ class TrainerSession {
   /// This process's rank in the world group, and the world's size.
   int rank() const;
   int world_size() const;
+  /// The device the session's collectives run on (TrainerSessionOptions::collective_device,
+  /// resolved: the CPU for a Gloo world unless set, cuda:<i> for an NCCL world).
+  c10::Device collective_device() const;
 
  private:
   struct Impl;

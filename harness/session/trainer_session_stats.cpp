@@ -99,7 +99,7 @@ void Stats::add(const at::Tensor& piece, const at::Tensor& index) {
   }
 }
 
-nlohmann::json finish_stats(Communicator& world, std::vector<std::pair<std::string, Stats>>& stats, bool with_extrema) {
+nlohmann::json finish_stats(WorldCollectives& world, std::vector<std::pair<std::string, Stats>>& stats, bool with_extrema) {
   constexpr int kLinear = 5 + kProjections;
   const int64_t n = static_cast<int64_t>(stats.size());
   at::Tensor linear = at::zeros({n, kLinear}, at::kDouble), extrema = at::zeros({n, 2}, at::kDouble);
@@ -120,9 +120,9 @@ nlohmann::json finish_stats(Communicator& world, std::vector<std::pair<std::stri
       at_value += s.total;
     }
   }
-  world.all_reduce(linear, ReduceOp::kSum, "mih.session.probes");
-  if (with_extrema) world.all_reduce(extrema, ReduceOp::kMax, "mih.session.probes");
-  if (value_count) world.all_reduce(values, ReduceOp::kSum, "mih.session.probes");
+  linear = world.all_reduce(linear, ReduceOp::kSum, "mih.session.probes");
+  if (with_extrema) extrema = world.all_reduce(extrema, ReduceOp::kMax, "mih.session.probes");
+  if (value_count) values = world.all_reduce(values, ReduceOp::kSum, "mih.session.probes");
   nlohmann::json out = nlohmann::json::object();
   at_value = 0;
   for (int64_t i = 0; i < n; ++i) {
