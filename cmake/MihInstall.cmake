@@ -36,9 +36,11 @@ install(FILES harness/cli/conformance_main.cpp DESTINATION "${MIH_INSTALL_DATADI
 install(DIRECTORY suites/matrices/ DESTINATION "${MIH_INSTALL_DATADIR}/matrices")
 # The evidence contract (docs/evidence.md) for writers other than mih's session.
 install(DIRECTORY schemas/ DESTINATION "${MIH_INSTALL_DATADIR}/schemas")
-# The contract's PyTorch writer (torch only): a Python training loop's evidence (docs/evidence.md),
-# and that page's example loop, whole and runnable beside it.
-install(FILES python/mih_evidence.py python/mih_evidence_example.py DESTINATION "${MIH_INSTALL_DATADIR}/python")
+# The contract's PyTorch writer (torch only; a package: `import mih_evidence` with
+# PYTHONPATH=<prefix>/share/mih/python): a Python training loop's evidence (docs/evidence.md,
+# docs/torch2-trainers.md), and that page's example loop, whole and runnable beside it.
+install(DIRECTORY python/mih_evidence DESTINATION "${MIH_INSTALL_DATADIR}/python" FILES_MATCHING PATTERN "*.py")
+install(FILES python/mih_evidence_example.py DESTINATION "${MIH_INSTALL_DATADIR}/python")
 # The golden producer (docs/golden.md): any Python with torch runs it; `mih golden` and
 # mih_add_golden find it here.
 install(FILES golden/mih_golden.py golden/builtin_models.py golden/transformers_impl.py golden/safetensors_io.py

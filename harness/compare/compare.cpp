@@ -112,11 +112,25 @@ json Comparison::to_json() const {
   return {{"passed", passed()}, {"compared", compared}, {"divergences", d}};
 }
 
+// "; not compared: ..." naming the module outputs a writer could not place, or "".
+std::string unplaced_text(const Comparison& c) {
+  if (c.unplaced_modules.empty()) return "";
+  std::string names;
+  for (size_t i = 0; i < c.unplaced_modules.size() && i < 4; ++i) {
+    names += (i ? ", '" : "'") + c.unplaced_modules[i] + "'";
+  }
+  if (c.unplaced_modules.size() > 4) names += ", ...";
+  return "; not compared: the outputs of " + std::to_string(c.unplaced_modules.size()) + " module(s) (" + names +
+         ") whose layout on the mesh the writer could not see (plain tensors the ranks of a tp or cp group hold "
+         "differently)";
+}
+
 std::string Comparison::summary() const {
-  if (passed()) return "match: " + std::to_string(compared) + " quantities within tolerance";
+  if (passed()) return "match: " + std::to_string(compared) + " quantities within tolerance" + unplaced_text(*this);
   const Localization where = localize(*this);
   return "localized to '" + where.blamed + "': " + where.reason + "; first divergence: " + divergences[0].message + " (" +
-         std::to_string(divergences.size()) + " of " + std::to_string(compared) + " quantities diverge)";
+         std::to_string(divergences.size()) + " of " + std::to_string(compared) + " quantities diverge)" +
+         unplaced_text(*this);
 }
 
 double record_norm(const json& r) {

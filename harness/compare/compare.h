@@ -143,6 +143,9 @@ struct Comparison {
   /// first in a later observed output or in the loss, so localize() says the blame is coarse.
   int64_t parameter_modules = 0;
   std::vector<std::string> unobserved_modules;
+  /// Modules whose output (or its gradient) one side's writer saw but could not place on its
+  /// mesh (ProbeRow::unplaced), so not compared; the summary names them.
+  std::vector<std::string> unplaced_modules;
   bool passed() const { return divergences.empty(); }
   nlohmann::json to_json() const;
   /// "match: N quantities within tolerance T", or where localize() puts the fault, the first

@@ -131,6 +131,7 @@ class Comparer {
   void missing_steps();
   void compare_metrics(int64_t step);
   void compare_stage(int64_t step, const std::string& stage, const std::vector<std::string>& order);
+  bool unplaced(const std::string& name, const json& tensors, const ProbeRow& row);
   void compare_tensors(int64_t step, const std::string& stage, const ProbeRow& a, const ProbeRow& b,
                        const std::vector<std::string>& names);
   void find_unobserved(const std::vector<std::string>& order);
@@ -268,6 +269,17 @@ void Comparer::compare_stage(int64_t step, const std::string& stage, const std::
   compare_tensors(step, stage, ia->second, ib->second, modules);
 }
 
+// Whether module `name` is missing from `tensors` because the writer of `row` could not place
+// its output on the mesh (ProbeRow::unplaced): noted once, never compared.
+bool Comparer::unplaced(const std::string& name, const json& tensors, const ProbeRow& row) {
+  if (tensors.contains(name) || std::find(row.unplaced.begin(), row.unplaced.end(), name) == row.unplaced.end()) {
+    return false;
+  }
+  auto& listed = out_.unplaced_modules;
+  if (std::find(listed.begin(), listed.end(), name) == listed.end()) listed.push_back(name);
+  return true;
+}
+
 void Comparer::compare_tensors(int64_t step, const std::string& stage, const ProbeRow& a, const ProbeRow& b,
                                const std::vector<std::string>& names) {
   const std::string kind = activation_stage(stage) ? "activation" : "tensor";
@@ -275,6 +287,7 @@ void Comparer::compare_tensors(int64_t step, const std::string& stage, const Pro
   const json& tb = b.tensors;
   for (const auto& name : names) {
     if (!ta.contains(name) && !tb.contains(name)) continue;  // an optimizer state of a frozen parameter
+    if (unplaced(name, ta, a) || unplaced(name, tb, b)) continue;
     ++out_.compared;
     if (!ta.contains(name) || !tb.contains(name)) {
       const bool cand_lacks = !ta.contains(name);

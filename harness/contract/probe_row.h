@@ -23,6 +23,10 @@ struct ProbeRow {
   /// Activation stages: the observed modules in forward order (the schema requires it there);
   /// empty for a parameter stage.
   std::vector<std::string> order;
+  /// Activation stages: modules whose output the writer saw but could not place on the mesh
+  /// (a plain tensor the ranks of a tp or cp group hold differently: a piece of unknown
+  /// layout); they are in neither order nor tensors, and are not compared.
+  std::vector<std::string> unplaced;
 };
 
 /// The lines of probes/rank0.jsonl (as an evidence store read them) by (step, stage). `file`

@@ -107,11 +107,12 @@ def main():
                  [a.mih, "check", good], 0, "Foreign/NumericParity.LossMatchesReference/tiny/DpReplicate2",
                  "Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/tiny/DpReplicate2Zero",
                  "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/DpReplicate2",
-                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero", "24 tests", "examined",
+                 "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero",
+                 "Foreign/GradientSync.EachGradientReducedOverItsDomain/tiny/DpReplicate2Zero", "28 tests", "examined",
                  "written by mih-evidence.py",
-                 "InputIdentity (4 case(s)), NumericParity (4 case(s)), ReplicaConsistency (4 case(s))",
-                 "not instantiated for it: CheckpointRoundTrip (needs checkpoint/roundtrip_load.json",
-                 "GradientSync (needs cases/runtime/gradient_replicas_step<k>.json (of the case))")
+                 "InputIdentity (4 case(s)), NumericParity (4 case(s)), GradientSync (4 case(s)), "
+                 "ReplicaConsistency (4 case(s))",
+                 "not instantiated for it: CheckpointRoundTrip (needs checkpoint/roundtrip_load.json")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
                "written by mih-evidence.py")
