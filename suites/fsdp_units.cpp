@@ -10,7 +10,19 @@ bool FsdpUnits::applies([[maybe_unused]] const SuiteContext& s) {
 }
 const char* FsdpUnits::where() { return "cases with dp_shard > 1 (FSDP)"; }
 
-MIH_SUITE_READS_NONE(FsdpUnits);
+namespace {
+verdicts::Verdict judged_units(const verdicts::JudgedCase& c) { return verdicts::fsdp_units_cover_parameters(c.ev); }
+std::string units_examinable(const verdicts::JudgedCase& c) { return verdicts::fsdp_units_examinable(c.ev); }
+}  // namespace
+
+// The FSDP units (check/fsdp_units.json: each unit's parameters and dtype@mesh signatures)
+// against the parameter table's sharded rows, whoever wrote them. Not declared to another
+// writer's evidence: UnitsHoldOneDtypeAndMesh (the in-process check's signature of each
+// parameter and the root unit of mih's runtime; the declared test judges the recorded
+// signatures, one per unit, too).
+MIH_SUITE_READS(FsdpUnits, {.files = {layout::kStructure, layout::kFsdpUnits, layout::kConfigResolved},
+                            .examinable = &units_examinable,
+                            .tests = {{"EveryShardedParameterInOneUnit", &judged_units}}});
 
 TEST_P(FsdpUnits, EveryShardedParameterInOneUnit) {
   MIH_CASE_EVIDENCE(ev);

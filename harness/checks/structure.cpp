@@ -326,7 +326,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
   std::map<const void*, const ShardedParameter*> live;
   for (const auto& p : ctx.parameters()) live[p->local.unsafeGetTensorImpl()] = p.get();
   std::map<const void*, int> seen;
-  json groups = json::array();
+  json groups = json::array(), state_shapes = json::object();
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     auto& group = optimizer.param_groups()[g];
     const double wd = static_cast<torch::optim::AdamWOptions&>(group.options()).weight_decay();
@@ -377,6 +377,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
       }
       for (const char* m : {"exp_avg", "exp_avg_sq"}) {
         const at::Tensor s = compat::adamw_state(optimizer, t, m);
+        if (s.defined()) state_shapes[p.fqn][m] = s.sizes().vec();  // judged from the file by any writer's rule
         if (s.defined() && s.sizes() != t.sizes()) {
           out.findings.add(error(codes::kOptimStateShape, phase, p.fqn,
                                  std::string(m) + " has shape " + shape_str(s.sizes().vec()) + ", the local parameter " +
@@ -396,7 +397,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
     }
   }
   out.findings.ran(codes::kCheckOptimizer, static_cast<int64_t>(ctx.parameters().size()), "parameters");
-  out.evidence = {{"phase", phase}, {"groups", groups}};
+  out.evidence = {{"phase", phase}, {"groups", groups}, {"state", state_shapes}};
   return out;
 }
 

@@ -143,6 +143,68 @@ Localization blame(const CaseEvidence& ev, const std::string& suite, const std::
 /// a unit of fsdp_units.json, every unit's parameters exist and hold one dtype and mesh.
 Verdict fsdp_units_cover_parameters(const CaseEvidence& ev);
 
+/// Whether fsdp_units_cover_parameters has something to examine on `ev`: "" when dp_shard > 1,
+/// else why not.
+std::string fsdp_units_examinable(const CaseEvidence& ev);
+
+/// Rank 0's shape of a tensor of `global_shape` under `placements` (axis -> "Replicate()",
+/// "Shard(<dim>)", "Shard(<dim>, partitions=<n>)") over the mesh axes' `degrees`, into `*shape`:
+/// cut by every axis but the FSDP ones (dp_shard, edp) first, then by those (mih's order, and
+/// FSDP2's over a tensor-parallel piece), each cut rank 0's chunk of torch.chunk
+/// (ceil(n / degree) elements; with partitions, that of each partition). Returns "" or why the
+/// placements cannot be applied (an unknown axis or placement, a dim the tensor lacks).
+std::string expected_rank0_shape(const std::vector<int64_t>& global_shape,
+                                 const std::map<std::string, std::string>& placements,
+                                 const std::map<std::string, int64_t>& degrees, std::vector<int64_t>* shape);
+
+/// Structure, from check/structure.json and config.resolved.json (any writer): every row's
+/// local_shape is expected_rank0_shape of its global_shape and placements; a row without
+/// global_shape fails (it cannot be judged). A pass says how many it examined.
+/// Throws: mih::Error{kFailedPrecondition} naming the file and field the schema refuses.
+Verdict local_shapes_match_placements(const CaseEvidence& ev);
+
+/// Whether some row of check/structure.json records its global_shape: "" when one does, else why
+/// local_shapes_match_placements has nothing to examine.
+std::string structure_examinable(const CaseEvidence& ev);
+
+/// The parameters' dtype in a lane (config.resolved.json "dtype"): the master weights' float32
+/// under autocast (bfloat16, float16), else the lane's own (ParallelContext::param_dtype).
+std::string master_dtype_name(const std::string& lane);
+
+/// Structure (any writer): every row's dtype is master_dtype_name of the case's lane, and the
+/// rows that record a device name one device. A pass says what it examined.
+/// Throws: as local_shapes_match_placements.
+Verdict dtypes_as_configured(const CaseEvidence& ev);
+
+/// Whether the case holds an optimizer layout record (check/optimizer_layout_initial.json,
+/// cases/runtime/optimizer_layout_step<k>.json, checkpoint/optimizer_layout_after_load.json):
+/// "" when it does, else what is missing.
+std::string optimizer_layout_examinable(const CaseEvidence& ev);
+
+/// OptimizerLayout (any writer), in every optimizer layout record against check/structure.json:
+/// every trainable parameter is listed in a group, and none more often than the rows it has
+/// (a parameter pp stages share: once per stage); every listed name is a parameter. Entries
+/// "<not a live parameter ...>" are HoldsTheLiveShards' (in-process only).
+/// Throws: mih::Error{kFailedPrecondition} naming the file and field the schema refuses.
+Verdict optimizer_groups_cover_trainable(const CaseEvidence& ev);
+
+/// OptimizerLayout (any writer): no group lists a parameter whose row says requires_grad false.
+/// Throws: as optimizer_groups_cover_trainable.
+Verdict optimizer_holds_no_frozen(const CaseEvidence& ev);
+
+/// OptimizerLayout (any writer): no group of weight decay > 0 lists a 1-D parameter (a norm
+/// scale or a bias) that none of config.resolved.json's no_weight_decay globs nor
+/// spec.resolved.json's decayed_1d names (either file's list absent: none).
+/// Throws: as optimizer_groups_cover_trainable; kFailedPrecondition when a list is no list of
+///   strings.
+Verdict no_decay_on_norms_or_biases(const CaseEvidence& ev);
+
+/// OptimizerLayout (any writer): every optimizer state tensor a layout record lists ("state":
+/// FQN -> name -> local shape) has its parameter's local_shape; fails when no record holds any
+/// state (nothing examined).
+/// Throws: as optimizer_groups_cover_trainable.
+Verdict optimizer_state_shapes_match(const CaseEvidence& ev);
+
 /// InputIdentity: every step's global input hash (metrics input_hash, data/input_identity)
 /// equals the reference's, naming the first field whose hash differs.
 Verdict same_inputs_as_reference(const CaseEvidence& reference, const CaseEvidence& candidate);

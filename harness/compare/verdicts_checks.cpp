@@ -65,10 +65,17 @@ Verdict fsdp_units_cover_parameters(const CaseEvidence& ev) {
   }
   for (const auto& [fqn, held] : stages_holding) unit_of.erase(fqn);
   for (const auto& [fqn, unit] : unit_of) problems.push_back("unit '" + unit + "' lists '" + fqn + "', which is no parameter");
-  if (problems.empty()) return Verdict::pass();
+  if (problems.empty()) {
+    return Verdict::pass("examined " + std::to_string(units.size()) + " FSDP units against " +
+                         std::to_string(structure.size()) + " parameters");
+  }
   std::string msg = problems[0];
   for (size_t i = 1; i < std::min<size_t>(problems.size(), 5); ++i) msg += "\n  " + problems[i];
   return Verdict::fail(msg + "\n  (open " + rel_path(ev, layout::kFsdpUnits) + ")");
+}
+
+std::string fsdp_units_examinable(const CaseEvidence& ev) {
+  return ev.config().dp_shard > 1 ? "" : "dp_shard is 1: no FSDP units";
 }
 
 namespace {

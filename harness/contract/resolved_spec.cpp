@@ -32,6 +32,7 @@ ResolvedSpec resolved_spec(const nlohmann::json& spec, const std::string& file) 
   out.tolerances.noise_k_update = t["noise_k_update"].get<double>();
   out.tolerances.noise_floor_eps = t["noise_floor_eps"].get<double>();
   out.tolerances.noise_oracle_factor = t["noise_oracle_factor"].get<double>();
+  out.decayed_1d = spec["decayed_1d"].get<std::vector<std::string>>();
   for (const auto& m : spec["modalities"]) {
     out.modalities.push_back({m["field"].get<std::string>(), m["parameters"].get<std::vector<std::string>>()});
   }

@@ -53,6 +53,9 @@ struct ResolvedSpec {
   std::vector<DeclaredModality> modalities;           ///< empty: the spec declares none
   std::vector<DeclaredInvariant> invariants;          ///< empty: the spec declares none
   std::vector<DeclaredParityCase> module_parity_cases;  ///< empty: the spec declares none
+  /// Globs of 1-D parameters whose weight decay is intended (ModelSpec::decayed_1d); empty:
+  /// the spec declares none.
+  std::vector<std::string> decayed_1d;
 };
 
 /// spec.resolved.json (`spec`, the parsed file; `file` names it in a refusal).

@@ -27,6 +27,9 @@ ParameterRow typed(const json& p) {
   r.local_shape = p["local_shape"].get<std::vector<int64_t>>();
   r.dtype = p["dtype"].get<std::string>();
   r.placements = p["placements"].get<std::map<std::string, std::string>>();
+  r.global_shape = optional_field<std::vector<int64_t>>(p, "global_shape");
+  r.aliases = optional_field<std::vector<std::string>>(p, "aliases").value_or(std::vector<std::string>{});
+  r.device = optional_field<std::string>(p, "device");
   r.tp_local_shape = optional_field<std::vector<int64_t>>(p, "tp_local_shape");
   r.grad_domain = optional_field<std::vector<std::string>>(p, "grad_domain");
   r.gradient_kind = optional_field<std::string>(p, "gradient_kind");

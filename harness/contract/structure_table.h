@@ -26,6 +26,13 @@ struct ParameterRow {
   std::vector<int64_t> local_shape;
   std::string dtype;
   std::map<std::string, std::string> placements;  ///< axis -> "Replicate()", "Shard(0)", ...
+  /// The logical shape, elements per dim; absent: not recorded (Structure cannot judge the
+  /// local shape against the placements).
+  std::optional<std::vector<int64_t>> global_shape;
+  /// Other FQNs of the same tensor (a declared tie); empty: none recorded.
+  std::vector<std::string> aliases;
+  /// Device of the local tensor ("cpu", "cuda:0"); absent: not recorded.
+  std::optional<std::string> device;
   /// This rank's tp piece of the padded shape; the own-trainer session writes none.
   std::optional<std::vector<int64_t>> tp_local_shape;
   /// The axes its gradient contributions are summed over; absent: none recorded.

@@ -418,7 +418,7 @@ TEST_F(VerdictsTest, SuiteReadsNameTheFilesACaseLacks) {
   for (const char* suite : {"NumericParity", "InputIdentity", "CheckpointRoundTrip", "ReplicaConsistency", "GradientSync"}) {
     ASSERT_NE(conformance::suite_row(suite).reads(), nullptr) << suite;
   }
-  EXPECT_EQ(conformance::suite_row("Structure").reads(), nullptr);
+  EXPECT_EQ(conformance::suite_row("TiedParameters").reads(), nullptr);
   const CaseEvidence tp2(real("llama", "Tp2")), ref(real("llama", "Reference"));
   const verdicts::SuiteReads& parity = *conformance::suite_row("NumericParity").reads();
   EXPECT_TRUE(verdicts::missing_reads(parity, {tp2, &ref}).empty());

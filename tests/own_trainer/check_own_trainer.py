@@ -144,7 +144,7 @@ def main():
     expect("mih validate, the good runs", [a.mih, "validate", good], 0, ["written by mih-trainer-session", "(own_trainer 1.0)", ", 0 not following"])
     out = expect("mih check, the good runs", [a.mih, "check", good, "--no-progress"], 0,
                  ["Foreign/NumericParity", "Foreign/GradientSync", "Foreign/ReplicaConsistency",
-                  "Foreign/CheckpointRoundTrip"], absent=["FAILED"])
+                  "Foreign/CheckpointRoundTrip", "Foreign/Structure"], absent=["FAILED"])
     # Each suite's own tests (its TEST_P names), through the verdicts that judge mih's cases.
     for name in ("DpReplicate2", "DpShard2", "Tp2", "DpShard2Resume"):
         for test in ("LossMatchesReference", "GradNormsMatchReference", "LearningRateMatchesReference",
@@ -160,10 +160,17 @@ def main():
                     "OK", "examined")
     expect_test("mih check, the good runs", out, f"Foreign/CheckpointRoundTrip.LoadedTensorsBitExact/{SPEC}/DpShard2Resume",
                 "OK", "resuming at step 2")
+    # The parameter table (every case, the reference too): rank 0's rows against their placements.
+    for name in ("Reference", "DpReplicate2", "DpShard2", "Tp2", "DpShard2Resume"):
+        expect_test("mih check, the good runs", out, f"Foreign/Structure.LocalShapesMatchPlacements/{SPEC}/{name}", "OK",
+                    "against their placements")
+        expect_test("mih check, the good runs", out, f"Foreign/Structure.DtypeAndDeviceAsConfigured/{SPEC}/{name}", "OK",
+                    "all float64")
     # The header: which suites ran on how many cases, what the others need.
     out = expect("mih check, the good runs' header", [a.mih, "check", good], 0,
-                 ["InputIdentity (4 case(s)), CheckpointRoundTrip (1 case(s)), NumericParity (4 case(s)), "
-                  "GradientSync (4 case(s)), ReplicaConsistency (2 case(s))", "27 test(s)",
+                 ["Structure (5 case(s)), InputIdentity (4 case(s)), CheckpointRoundTrip (1 case(s)), "
+                  "NumericParity (4 case(s)), GradientSync (4 case(s)), ReplicaConsistency (2 case(s))", "37 test(s)",
+                  "OptimizerLayout (no optimizer layout record", "FsdpUnits (needs check/fsdp_units.json",
                   "judge records only mih's session writes"])
 
     # The skipped all-reduce: GradientSync names the one parameter and no other; NumericParity
@@ -245,6 +252,10 @@ def main():
         ("a placement of 300000 characters", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"), lambda v: v[
             "parameters"]["head.weight"]["placements"].__setitem__("dp_replicate", "Shard(" + "1" * 300000 + ")")), 12,
          "a string of 300007 characters"),
+        ("a local shape its placements do not make", lambda d, r: edit_json(os.path.join(d, "check", "structure.json"),
+         lambda v: v["parameters"][-1].__setitem__("local_shape", [1, 1])), 1, "holds local shape [1,1] on rank 0"),
+        ("a parameter of another dtype", lambda d, r: edit_json(os.path.join(d, "check", "structure.json"),
+         lambda v: v["parameters"][0].__setitem__("dtype", "float32")), 1, "the float64 lane's parameters are float64"),
         ("a gradient no rank holds", lambda d, r: edit_json(runtime(d, "gradient_replicas_step1.json"), lambda v: v[
             "parameters"]["head.weight"].__setitem__("digests", [None, None])), 1, "no rank holding it has one"),
     ]
