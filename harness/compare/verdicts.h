@@ -193,8 +193,9 @@ Verdict optimizer_groups_cover_trainable(const CaseEvidence& ev);
 Verdict optimizer_holds_no_frozen(const CaseEvidence& ev);
 
 /// OptimizerLayout (any writer): no group of weight decay > 0 lists a 1-D parameter (a norm
-/// scale or a bias) that none of config.resolved.json's no_weight_decay globs nor
-/// spec.resolved.json's decayed_1d names (either file's list absent: none).
+/// scale or a bias) that none of config.resolved.json's no_weight_decay globs nor the decayed_1d
+/// globs of spec.resolved.json (mih's) or config.resolved.json (another writer's) names (a list
+/// absent: none).
 /// Throws: as optimizer_groups_cover_trainable; kFailedPrecondition when a list is no list of
 ///   strings.
 Verdict no_decay_on_norms_or_biases(const CaseEvidence& ev);

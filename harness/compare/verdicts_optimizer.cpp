@@ -156,7 +156,9 @@ Verdict no_decay_on_norms_or_biases(const CaseEvidence& ev) {
   if (layouts.empty()) return Verdict::fail(optimizer_layout_examinable(ev));
   const Table t = parameter_table(ev);
   const std::vector<std::string> no_decay = optional_globs(ev, layout::kConfigResolved, "no_weight_decay");
-  const std::vector<std::string> declared = optional_globs(ev, layout::kSpecResolved, "decayed_1d");
+  // Intended decay: the spec's declaration (mih's evidence), or the writer's own in its config.
+  std::vector<std::string> declared = optional_globs(ev, layout::kSpecResolved, "decayed_1d");
+  for (const std::string& g : optional_globs(ev, layout::kConfigResolved, "decayed_1d")) declared.push_back(g);
   std::vector<std::string> problems;
   int64_t one_dim = 0;
   for (const auto& [file, record] : layouts) {
@@ -171,7 +173,8 @@ Verdict no_decay_on_norms_or_biases(const CaseEvidence& ev) {
           problems.push_back(file + ": 1-D parameter '" + p + "' (a norm scale or a bias) has weight decay " +
                              number(g.weight_decay) + " in group " + std::to_string(g.index) +
                              "; its name matches no no_weight_decay pattern " + json(no_decay).dump() +
-                             " (config.resolved.json) nor a declared decayed_1d " + json(declared).dump());
+                             " (config.resolved.json) nor a declared decayed_1d " + json(declared).dump() +
+                             " (spec.resolved.json, config.resolved.json)");
         }
       }
     }
@@ -203,7 +206,9 @@ Verdict optimizer_state_shapes_match(const CaseEvidence& ev) {
   }
   if (tensors == 0) {
     return Verdict::fail("no optimizer layout record holds optimizer state ('state'): " +
-                         examined(layouts, "nothing") + "; a run of one step has none before its update");
+                         examined(layouts, "nothing") +
+                         "; record each parameter's per-element state tensors' local shapes (a run of one step "
+                         "has none before its update; a sharded optimizer, its own partition's)");
   }
   if (!problems.empty()) return failed(problems, ev, layouts);
   return Verdict::pass(examined(layouts, "the local shapes of " + std::to_string(tensors) + " optimizer state tensors"));

@@ -193,7 +193,13 @@ TEST_F(LayoutVerdictsTest, NoWeightDecayOnANormOrABias) {
   });
   expect_fail(verdicts::no_decay_on_norms_or_biases(CaseEvidence(dir)),
               "1-D parameter 'layers.0.input_layernorm.weight' (a norm scale or a bias) has weight decay 0.1 in group 0");
-  // Declared intended (ModelSpec::decayed_1d): a pass.
+  // Declared intended: by another writer in its config, or by mih's spec (ModelSpec::decayed_1d).
+  const fs::path writer = copy();
+  fs::copy_file(dir / layout::kConfigResolved, writer / layout::kConfigResolved, fs::copy_options::overwrite_existing);
+  fs::copy_file(dir / layout::kOptimizerLayoutInitial, writer / layout::kOptimizerLayoutInitial,
+                fs::copy_options::overwrite_existing);
+  edit(writer / layout::kConfigResolved, [](json& c) { c["decayed_1d"] = {"*norm*"}; });
+  EXPECT_TRUE(verdicts::no_decay_on_norms_or_biases(CaseEvidence(writer)).passed());
   edit(dir / layout::kSpecResolved, [](json& s) { s["decayed_1d"] = {"*norm*"}; });
   EXPECT_TRUE(verdicts::no_decay_on_norms_or_biases(CaseEvidence(dir)).passed());
 }
