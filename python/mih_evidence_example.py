@@ -68,7 +68,10 @@ def main():
     torch.manual_seed(0)
     model = TinyLM().double()
     ddp = nn.parallel.DistributedDataParallel(model) if distributed else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    # Weight decay on matrices, none on norm scales and biases (mih's OptimizerLayout checks it).
+    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=1e-2)
     data = dataset(a.global_batch * a.steps)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     per_rank = a.global_batch // world

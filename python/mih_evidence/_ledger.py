@@ -58,6 +58,7 @@ class CommLedger(TorchDispatchMode):
         self.axes = dict(axes)
         self.sites = {}  # axis -> {site: bytes}
         self.paused = 0  # > 0 while the session runs collectives of its own
+        self.known = {}  # op overload -> its _OPS entry or None (resolved once per op)
 
     def quiet(self):
         """A context in which nothing is ledgered (the session's own collectives)."""
@@ -73,9 +74,11 @@ class CommLedger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func).rsplit(".", 1)[0]
-        entry = _OPS.get(name) if not self.paused else None
-        if entry is not None:
+        entry = self.known.get(func, False)
+        if entry is False:
+            name = f"{func.namespace}.{func._opname}" if hasattr(func, "_opname") else str(func).rsplit(".", 1)[0]
+            entry = self.known[func] = _OPS.get(name)
+        if entry is not None and not self.paused:
             kind, at = entry
             axis = "world"
             for value in list(args) + list(kwargs.values()):

@@ -26,9 +26,15 @@ def _mesh_axes(mesh, group, world, rank):
     if names is None or any(n not in _layout.AXES for n in names) or len(set(names)) != len(names):
         raise ValueError(f"mih_evidence.Session: the mesh's dims are named {names}; name each once with mih's axes "
                          f"{_layout.AXES}, e.g. init_device_mesh('cpu', (2, 2), mesh_dim_names=('dp_shard', 'tp'))")
-    if "pp" in names or "ep" in names:
-        raise ValueError("mih_evidence.Session: pipeline and expert parallelism are not recorded by this writer yet; "
-                         "run those cases with mih's own runtime or its C++ TrainerSession")
+    if int(torch.__version__.split(".")[0]) < 2:
+        raise ValueError(f"mih_evidence.Session: a DeviceMesh needs torch 2.x (this is torch {torch.__version__}); "
+                         f"on torch 1.13 pass the DDP module and no mesh")
+    sizes = dict(zip(names, mesh.shape))
+    unsupported = [n for n in ("pp", "ep", "cp") if sizes.get(n, 1) > 1]
+    if unsupported:
+        raise ValueError(f"mih_evidence.Session: the mesh has {unsupported} > 1, which this writer does not record yet "
+                         f"(pipeline stages, expert groups, a sharded sequence); run those cases with mih's own "
+                         f"runtime or its C++ TrainerSession")
     groups = {mesh.get_group(n).group_name: n for n in names}
     return ({n: mesh.size(i) for i, n in enumerate(names)}, dict(zip(names, mesh.get_coordinate())), groups)
 

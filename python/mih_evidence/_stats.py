@@ -49,7 +49,9 @@ def piece_statistics(x, index):
     max over the finite elements, absent when none is finite."""
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
-    sketch = [float((xf * projection_signs(index, j)).sum()) for j in range(PROJECTIONS)]
+    # Every projection at once: [PROJECTIONS, n] signs (projection_signs with j broadcast).
+    j = torch.arange(PROJECTIONS, dtype=torch.int64).reshape(-1, 1)
+    sketch = (projection_signs(index.reshape(1, -1), j) @ xf.reshape(-1, 1)).reshape(-1).tolist()
     out = {"sum": float(xf.sum()), "sum_sq": float((xf * xf).sum()), "nonfinite": int((~finite).sum()),
            "numel": int(x.numel()), "sketch": sketch}
     if bool(finite.any()):

@@ -96,10 +96,12 @@ def optimizer_groups(optimizer, names):
 
 
 def state_shapes(optimizer, params):
-    """{fqn: {state name: this rank's local shape}} of the optimizer's tensor state."""
+    """{fqn: {state name: this rank's local shape}} of the optimizer's tensor state (a
+    ZeroRedundancyOptimizer's: its local optimizer's, this rank's partition)."""
     out = {}
+    states = optimizer.optim.state if type(optimizer).__name__ == "ZeroRedundancyOptimizer" else optimizer.state
     for fqn, p in params:
-        state = optimizer.state.get(p, {})
+        state = states.get(p, {})
         shapes = {k: list(_layout.local(v).shape) for k, v in state.items()
                   if isinstance(v, torch.Tensor) and v.dim() > 0}
         if shapes:

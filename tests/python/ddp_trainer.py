@@ -104,12 +104,14 @@ def main():
     torch.manual_seed(0)
     model = TinyLM().double()
     ddp = nn.parallel.DistributedDataParallel(model) if distributed else model
+    # Weight decay on matrices, none on norm scales and biases (OptimizerLayout's rule).
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
     if a.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3,
-                                            weight_decay=0.1)
+        optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=1e-3)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        optimizer = torch.optim.AdamW(groups, lr=1e-3)
 
     ev = mih_evidence.Session(a.out, ddp, case=a.case, compare_to=a.compare_to, steps=a.steps,
                               config={"dp_replicate": world})

@@ -108,11 +108,14 @@ def main():
                  "Foreign/NumericParity.WatchedTensorsMatchReferenceAtEveryStage/tiny/DpReplicate2Zero",
                  "Foreign/InputIdentity.SameGlobalBatchAsReference/tiny/DpReplicate2",
                  "Foreign/ReplicaConsistency.ReplicasAgreeAfterEveryStep/tiny/DpReplicate2Zero",
-                 "Foreign/GradientSync.EachGradientReducedOverItsDomain/tiny/DpReplicate2Zero", "28 tests", "examined",
+                 "Foreign/GradientSync.EachGradientReducedOverItsDomain/tiny/DpReplicate2Zero",
+                 "Foreign/OptimizerLayout.StateShapesMatchLocalShards/tiny/DpReplicate2Zero",
+                 "Foreign/Structure.LocalShapesMatchPlacements/example/DpReplicate2", "64 tests", "examined",
                  "written by mih-evidence.py",
-                 "InputIdentity (4 case(s)), NumericParity (4 case(s)), GradientSync (4 case(s)), "
+                 "Structure (6 case(s)), OptimizerLayout (6 case(s)), InputIdentity (4 case(s)), NumericParity (4 case(s)), GradientSync (4 case(s)), "
                  "ReplicaConsistency (4 case(s))",
-                 "not instantiated for it: CheckpointRoundTrip (needs checkpoint/roundtrip_load.json")
+                 "not instantiated for it: FsdpUnits (needs check/fsdp_units.json (of the case)); CheckpointRoundTrip (needs "
+                 "checkpoint/roundtrip_load.json")
     for d in (ddp, zero):
         expect(f"mih compare Reference {os.path.basename(d)}", [a.mih, "compare", ref, d], 0, "match:",
                "written by mih-evidence.py")
