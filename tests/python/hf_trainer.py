@@ -11,7 +11,8 @@ uneven (row r masks its first (3 r) mod 7 targets), so the data-parallel ranks h
 numbers of valid targets; each rank's loss is its targets' summed loss over the global count
 times the data-parallel size (FSDP2 averages the ranks' gradients).
 
---cases runs several cases in one process, one after the other. Cases (the mesh they need):
+--cases runs several cases in one process, one after the other, each `<case>` of hf_llama or
+`hf_qwen3:<case>` of the tiny Qwen3 (per-head q_norm and k_norm). Cases (the mesh they need):
   Reference      1 rank, no parallelism
   DpShard2       dp_shard 2: fully_shard per decoder layer and the root
   Hsdp           dp_replicate 2 x dp_shard 2: fully_shard on the 2-D mesh
@@ -28,6 +29,10 @@ Planted bugs (each a case of its own):
   BugDcpNoOptim    DcpResume, the load restores the model but not the optimizer's state
   BugDecayNorms    DpShard2Tp2, AdamW with weight decay on every parameter, norm scales too
   BugSameRows      DpShard2, both data-parallel ranks read the first half of the global batch
+  BugTorchClip     hf_qwen3 Tp2Sp, torch.nn.utils.clip_grad_norm_ on the DTensor gradients: where it
+                   clips (step 2) its coefficient's epsilon is sqrt(2) x 1e-6, not 1e-6
+  BugQkNorm        hf_qwen3 Tp2Sp, q_norm and k_norm left out of the tp plan: plain weights that each
+                   normalize this rank's heads, whose gradients are never summed over tp
   BugPartialNorm   Tp2Sp, the norms' Partial() gradients clipped unreduced: clip_grad_norm_ of
                    torch 2.8 then reports (and clips by) a global norm 7.7e-5 off
 """
@@ -44,7 +49,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, os.environ.get("MIH_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "python")))
 import mih_evidence  # noqa: E402
@@ -54,16 +59,20 @@ SPEC = "hf_llama"
 MESHES = {"Reference": {}, "DpShard2": {"dp_shard": 2}, "Hsdp": {"dp_replicate": 2, "dp_shard": 2},
           "Tp2Sp": {"tp": 2}, "DpShard2Tp2": {"dp_shard": 2, "tp": 2},
           "BugPerRankMean": {"dp_shard": 2}, "BugUnsharded": {"dp_shard": 2}, "BugSpNorm": {"tp": 2},
-          "BugPartialNorm": {"tp": 2}, "BugDecayNorms": {"dp_shard": 2, "tp": 2}, "BugSameRows": {"dp_shard": 2}}
+          "BugPartialNorm": {"tp": 2}, "BugDecayNorms": {"dp_shard": 2, "tp": 2}, "BugSameRows": {"dp_shard": 2},
+          "BugQkNorm": {"tp": 2}, "BugTorchClip": {"tp": 2}}
 RESUMES = {"DcpResume": False, "BugDcpNoOptim": True}  # case -> whether the load drops the optimizer
 
 
-def build_model():
+def build_model(spec=SPEC):
+    """The tiny model of `spec`: hf_llama (LlamaForCausalLM) or hf_qwen3 (Qwen3ForCausalLM, whose
+    attention normalizes q and k per head: q_norm, k_norm over head_dim)."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation="eager")
-    return LlamaForCausalLM(config).to(torch.float64)
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+    if spec == "hf_qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes)).to(torch.float64)
+    return LlamaForCausalLM(LlamaConfig(**sizes)).to(torch.float64)
 
 
 def adamw(model, decay_all=False):
@@ -96,6 +105,12 @@ def tp_plan(model, tp, bug):
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False)})
+        if hasattr(layer.self_attn, "q_norm") and bug != "qk_norm":
+            # Qwen3's per-head norms run on this rank's heads ([b, s, heads / tp, head_dim]): their
+            # weights are replicated and their gradients summed over tp (heads cut along dim 2).
+            parallelize_module(layer.self_attn, tp, {
+                "q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                "k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
 
 
 def parallelize(model, axes, bug=None):
@@ -126,13 +141,24 @@ def settle_gradients(model):
             p.grad = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
 
 
-def clip_gradients(model, max_norm):
-    """clip_grad_norm_, or, where some gradients are DTensors and some plain tensors (which it
-    cannot stack), the same from the two groups' norms: returns the global norm before clipping."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+def clip_gradients(model, max_norm, bug=None):
+    """Clips the gradients to a global norm of max_norm and returns the norm before clipping, as
+    TorchTitan does: the total norm made whole (full_tensor) before the clip coefficient is taken
+    from it. (torch 2.8's clip_grad_norm_ adds its 1e-6 to the DTensor total norm while it is
+    still _NormPartial, i.e. to each tp rank's partial norm: measured, its coefficient divides by
+    N + 1.414e-6 at tp 2 instead of N + 1e-6, which mih found: BugTorchClip.)
+    Gradients some DTensors and some plain tensors (which get_total_norm cannot stack) are
+    normed group by group."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if bug == "torch_clip":
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grads = [p.grad for p in params]
     plain = [g for g in grads if not isinstance(g, DTensor)]
     if not plain or len(plain) == len(grads):
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        total = torch.nn.utils.get_total_norm(grads)
+        total = total.full_tensor() if isinstance(total, DTensor) else total
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
     sharded = torch.nn.utils.get_total_norm([g for g in grads if isinstance(g, DTensor)]).full_tensor()
     total = (sharded ** 2 + torch.nn.utils.get_total_norm(plain) ** 2).sqrt()
     coef = min(1.0, max_norm / (float(total) + 1e-6))
@@ -184,7 +210,7 @@ def train_steps(model, optimizer, ev, mesh, steps, bug=None):
         if bug != "partial_norm":
             settle_gradients(model)
         ev.after_backward_before_clip(step)
-        norm = clip_gradients(model, 1.0)
+        norm = clip_gradients(model, 1.0, bug)
         ev.after_clip(step, norm)
         optimizer.step()
         ev.after_optimizer(step)
@@ -195,21 +221,22 @@ def train_steps(model, optimizer, ev, mesh, steps, bug=None):
         optimizer.zero_grad()
 
 
-def session(root, case, model, mesh, axes, sub=""):
+def session(root, case, model, mesh, axes, sub="", spec=SPEC):
     compare_to = "" if case == "Reference" else "Reference"
     config = {"sequence_parallel": "tp" in axes}
-    return mih_evidence.Session(os.path.join(root, SPEC, case, sub), model, case=case, compare_to=compare_to,
+    return mih_evidence.Session(os.path.join(root, spec, case, sub), model, case=case, compare_to=compare_to,
                                 mesh=mesh, config=config, steps=STEPS)
 
 
-def run_case(root, case):
+def run_case(root, case, spec):
     bug = {"BugPerRankMean": "per_rank_mean", "BugUnsharded": "unsharded", "BugSpNorm": "sp_norm",
-           "BugPartialNorm": "partial_norm", "BugDecayNorms": "decay_norms", "BugSameRows": "same_rows"}.get(case)
-    model = build_model()
+           "BugPartialNorm": "partial_norm", "BugDecayNorms": "decay_norms", "BugSameRows": "same_rows",
+           "BugQkNorm": "qk_norm", "BugTorchClip": "torch_clip"}.get(case)
+    model = build_model(spec)
     axes = MESHES[case]
     mesh = parallelize(model, axes, bug)
     optimizer = adamw(model, decay_all=bug == "decay_norms")
-    ev = session(root, case, model, mesh, axes)
+    ev = session(root, case, model, mesh, axes, spec=spec)
     ev.attach_optimizer(optimizer)
     train_steps(model, optimizer, ev, mesh, range(STEPS), bug)
     ev.finish()
@@ -254,12 +281,16 @@ def main():
     a = ap.parse_args()
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
-    for case in a.cases.split(","):
+    for name in a.cases.split(","):
+        spec, _, case = name.rpartition(":")
+        spec = spec or SPEC
         root = a.bug_root if case.startswith("Bug") and a.bug_root else a.root
-        if case in RESUMES:
+        if spec not in ("hf_llama", "hf_qwen3"):
+            sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama and hf_qwen3")
+        if case in RESUMES and spec == SPEC:
             run_resume(root, case, os.path.join(a.ckpt, case), RESUMES[case])
         elif case in MESHES:
-            run_case(root, case)
+            run_case(root, case, spec)
         else:
             sys.exit(f"hf_trainer.py: unknown case {case!r}; the cases are {sorted(MESHES) + sorted(RESUMES)}")
     if dist.is_initialized():
