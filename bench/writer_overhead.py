@@ -4,7 +4,7 @@ python/mih_evidence's hooks, against the same loop with hooks that do nothing, i
 one run (R rounds of S steps each way, on the same model), per parallel layout.
 
     <venv>/bin/python -m torch.distributed.run --nproc_per_node 2 bench/writer_overhead.py \
-        [--layout dp_shard=2|tp=2|dp_shard=2,tp=2] [--rounds 5] [--steps 3]
+        [--layout dp_shard=2|tp=2|dp_shard=2,tp=2] [--rounds 5] [--steps 3] [--hidden 32] [--layers 2]
 
 Prints, on rank 0, the median step time (ms, slowest rank) without and with the writer and
 their ratio. Setting up a session (its files, the parameter table) is not in the step time."""
@@ -50,11 +50,17 @@ def main():
     ap.add_argument("--layout", default="dp_shard=2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=32, help="the Llama's hidden size (the test model's: 32)")
+    ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     axes = {k: int(v) for k, v in (item.split("=") for item in a.layout.split(","))}
-    model = hf_trainer.build_model()
+    torch.manual_seed(0)
+    config = hf_trainer.LlamaConfig(vocab_size=64, hidden_size=a.hidden, intermediate_size=2 * a.hidden,
+                                    num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2,
+                                    max_position_embeddings=64, attn_implementation="eager")
+    model = hf_trainer.LlamaForCausalLM(config).to(torch.float64)
     mesh = hf_trainer.parallelize(model, axes)
     optimizer = hf_trainer.adamw(model)
     plain, hooked = [], []
@@ -70,7 +76,7 @@ def main():
         ev.finish()
     if dist.get_rank() == 0:
         p, h = statistics.median(plain), statistics.median(hooked)
-        print(f"{a.layout} on {dist.get_world_size()} ranks, {a.rounds} x {a.steps} steps each way: "
+        print(f"hidden {a.hidden} x {a.layers} layers, {a.layout} on {dist.get_world_size()} ranks, {a.rounds} x {a.steps} steps each way: "
               f"{p:.1f} ms per step without the writer, {h:.1f} ms with it: ratio {h / p:.2f}")
     dist.destroy_process_group()
 

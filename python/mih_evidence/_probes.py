@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from . import _layout
-from ._stats import LINEAR, PROJECTIONS, VALUES_UP_TO, from_linear, linear_fields, piece_statistics
+from ._stats import LINEAR, PROJECTIONS, VALUES_UP_TO, from_linear, linear_fields, piece_statistics, sketch_signs
 
 
 class Pieces:
@@ -20,9 +20,10 @@ class Pieces:
         self.defined = {}
         self.total = {}  # name -> the whole tensor's elements (0: undefined on this rank)
 
-    def add(self, name, x, index, total_numel, counts=True):
+    def add(self, name, x, index, total_numel, counts=True, signs=None):
         """Piece x (any dtype and device) holding global elements `index` of a tensor of
-        `total_numel` elements; `counts`: whether this rank's copy is the counted one."""
+        `total_numel` elements (`signs`: their sketch_signs, when cached); `counts`: whether this
+        rank's copy is the counted one."""
         if name not in self.linear:
             self.names.append(name)
             self.linear[name] = [0.0] * LINEAR
@@ -34,7 +35,7 @@ class Pieces:
         if not counts:
             return
         x = x.detach().to(torch.float64).reshape(-1).cpu()
-        s = piece_statistics(x, index)
+        s = piece_statistics(x, index, signs)
         self.linear[name] = [a + b for a, b in zip(self.linear[name], linear_fields(s))]
         if "max" in s:
             e = self.extrema[name]
@@ -84,6 +85,21 @@ class Pieces:
         return out
 
 
+# A parameter's piece keeps its global element indices from step to step (and its gradient's are
+# the same): their sketch signs are kept, up to this many elements in all (int8: 4 bytes each).
+SIGNS_CACHED_UP_TO = 1 << 26
+_signs = {}
+
+
+def _cached_signs(t, bounds, index):
+    key = (tuple(t.shape), tuple(bounds))
+    if key not in _signs:
+        if sum(s.shape[1] for s in _signs.values()) + index.numel() > SIGNS_CACHED_UP_TO:
+            return None
+        _signs[key] = sketch_signs(index)
+    return _signs[key]
+
+
 def parameter_piece(pieces, name, t, coords, where):
     """Adds tensor t (a parameter, its gradient, an optimizer state; a DTensor or a plain
     tensor replicated over the session's mesh) to `pieces` under `name`; None: undefined here."""
@@ -92,7 +108,9 @@ def parameter_piece(pieces, name, t, coords, where):
         return
     bounds = _layout.box(t, where)
     index = _layout.element_index(t.shape, bounds)
-    pieces.add(name, _layout.local(t), index, t.numel(), _layout.counted(t, coords, where))
+    counts = _layout.counted(t, coords, where)
+    signs = _cached_signs(t, bounds, index) if counts else None
+    pieces.add(name, _layout.local(t), index, t.numel(), counts, signs)
 
 
 def sum_over_group(group, device, distributed):

@@ -43,15 +43,20 @@ def tensor_statistics(x, first_index=0, total_numel=None, index=None):
     return out
 
 
-def piece_statistics(x, index):
+def sketch_signs(index):
+    """Every projection's signs of global elements `index` at once: [PROJECTIONS, n] int8."""
+    j = torch.arange(PROJECTIONS, dtype=torch.int64).reshape(-1, 1)
+    return projection_signs(index.reshape(1, -1), j).to(torch.int8)
+
+
+def piece_statistics(x, index, signs=None):
     """The statistics of one piece: x (float64, flat, on the CPU) holds global elements `index`
-    (int64, same length). Returns {sum, sum_sq, nonfinite, numel, sketch[, min, max]}; min and
-    max over the finite elements, absent when none is finite."""
+    (int64, same length; or their sketch_signs, given). Returns {sum, sum_sq, nonfinite, numel,
+    sketch[, min, max]}; min and max over the finite elements, absent when none is finite."""
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
-    # Every projection at once: [PROJECTIONS, n] signs (projection_signs with j broadcast).
-    j = torch.arange(PROJECTIONS, dtype=torch.int64).reshape(-1, 1)
-    sketch = (projection_signs(index.reshape(1, -1), j) @ xf.reshape(-1, 1)).reshape(-1).tolist()
+    signs = sketch_signs(index) if signs is None else signs
+    sketch = (signs.to(torch.float64) @ xf.reshape(-1, 1)).reshape(-1).tolist()
     out = {"sum": float(xf.sum()), "sum_sq": float((xf * xf).sum()), "nonfinite": int((~finite).sum()),
            "numel": int(x.numel()), "sketch": sketch}
     if bool(finite.any()):
