@@ -37,25 +37,39 @@ def _bytes(value):
     return 0
 
 
-def _group_name(value):
-    """The name of the process group an op argument is, or None."""
+def _group(value):
+    """The process group an op argument is (a group object, or a group's name), or None."""
     if isinstance(value, str):
-        return value
+        try:
+            from torch.distributed.distributed_c10d import _resolve_process_group
+            return _resolve_process_group(value)
+        except (ImportError, RuntimeError, ValueError, KeyError):  # a string that names no group
+            return None
     if isinstance(value, torch.ScriptObject):
         try:
-            return dist.ProcessGroup.unbox(value).group_name
+            return dist.ProcessGroup.unbox(value)
         except (RuntimeError, AttributeError):  # a ReduceOp, an options object
             return None
-    return getattr(value, "group_name", None) if isinstance(value, dist.ProcessGroup) else None
+    return value if isinstance(value, dist.ProcessGroup) else None
+
+
+def _ranks(group):
+    try:
+        return frozenset(dist.get_process_group_ranks(group))
+    except (RuntimeError, ValueError):
+        return None
 
 
 class CommLedger(TorchDispatchMode):
-    """Bytes per axis and call site ("fsdp.reduce_scatter") of the collectives this rank runs
-    while it is entered. axes: {process group name: mesh axis}."""
+    """Bytes per axis and call site ("c10d.reduce_scatter") of the collectives this rank runs
+    while it is entered. axes: {process group: mesh axis}, the mesh's groups. A collective on
+    another group of the same ranks is that axis's: DTensor keeps the groups of the first mesh
+    equal to this one (the same ranks and dim names) and redistributes over them."""
 
     def __init__(self, axes):
         super().__init__()
-        self.axes = dict(axes)
+        self.by_ranks = {_ranks(g): axis for g, axis in axes.items()}
+        self.axes = {}  # group name -> axis (or "world"), resolved once per group
         self.sites = {}  # axis -> {site: bytes}
         self.paused = 0  # > 0 while the session runs collectives of its own
         self.known = {}  # op overload -> its _OPS entry or None (resolved once per op)
@@ -82,15 +96,21 @@ class CommLedger(TorchDispatchMode):
             kind, at = entry
             axis = "world"
             for value in list(args) + list(kwargs.values()):
-                group = _group_name(value)
-                if group is not None and group in self.axes:
-                    axis = self.axes[group]
+                group = _group(value)
+                if group is not None:
+                    axis = self._axis(group)
                     break
             payload = _bytes(args[at]) if at < len(args) else 0
             site = f"{func.namespace.lstrip('_')}.{kind}"
             per_axis = self.sites.setdefault(axis, {})
             per_axis[site] = per_axis.get(site, 0) + payload
         return func(*args, **kwargs)
+
+    def _axis(self, group):
+        name = group.group_name
+        if name not in self.axes:
+            self.axes[name] = self.by_ranks.get(_ranks(group), "world")
+        return self.axes[name]
 
     def reducing_bytes(self):
         """{axis: bytes} of the reducing collectives (all-reduce, reduce-scatter)."""

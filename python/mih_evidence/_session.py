@@ -35,7 +35,7 @@ def _mesh_axes(mesh, group, world, rank):
         raise ValueError(f"mih_evidence.Session: the mesh has {unsupported} > 1, which this writer does not record yet "
                          f"(pipeline stages, expert groups, a sharded sequence); run those cases with mih's own "
                          f"runtime or its C++ TrainerSession")
-    groups = {mesh.get_group(n).group_name: n for n in names}
+    groups = {mesh.get_group(n): n for n in names}
     return ({n: mesh.size(i) for i, n in enumerate(names)}, dict(zip(names, mesh.get_coordinate())), groups)
 
 

@@ -20,6 +20,7 @@ times the data-parallel size (FSDP2 averages the ranks' gradients).
   DpShard2Tp2    dp_shard 2 x tp 2: the tp plan, then fully_shard over dp_shard
   DcpResume      saved by torch.distributed.checkpoint at dp_shard 2 after step 1 (before_save/),
                  loaded at tp 2 and trained at step 2
+  DpShard2Tp2Resume  saved at dp_shard 4, loaded at dp_shard 2 x tp 2 (FSDP x TP) and trained on
 Planted bugs (each a case of its own):
   BugPerRankMean   DpShard2, each rank's loss averaged over its own valid targets
   BugUnsharded     DpShard2, fully_shard on the decoder layers only: the embedding, the final
@@ -61,7 +62,10 @@ MESHES = {"Reference": {}, "DpShard2": {"dp_shard": 2}, "Hsdp": {"dp_replicate":
           "BugPerRankMean": {"dp_shard": 2}, "BugUnsharded": {"dp_shard": 2}, "BugSpNorm": {"tp": 2},
           "BugPartialNorm": {"tp": 2}, "BugDecayNorms": {"dp_shard": 2, "tp": 2}, "BugSameRows": {"dp_shard": 2},
           "BugQkNorm": {"tp": 2}, "BugTorchClip": {"tp": 2}}
-RESUMES = {"DcpResume": False, "BugDcpNoOptim": True}  # case -> whether the load drops the optimizer
+# case -> (the save's mesh, the load's mesh, whether the load drops the optimizer's state)
+RESUMES = {"DcpResume": ({"dp_shard": 2}, {"tp": 2}, False),
+           "DpShard2Tp2Resume": ({"dp_shard": 4}, {"dp_shard": 2, "tp": 2}, False),
+           "BugDcpNoOptim": ({"dp_shard": 2}, {"tp": 2}, True)}
 
 
 def build_model(spec=SPEC):
@@ -242,12 +246,13 @@ def run_case(root, case, spec):
     ev.finish()
 
 
-def run_resume(root, case, ckpt, drop_optimizer):
-    """Saved at dp_shard 2 after step SAVE_AFTER by DCP, loaded at tp 2 and trained on."""
+def run_resume(root, case, ckpt, save_axes, load_axes, drop_optimizer):
+    """Saved on a mesh of save_axes after step SAVE_AFTER by DCP, loaded on one of load_axes
+    (a reshard) and trained on."""
     model = build_model()
-    mesh = parallelize(model, {"dp_shard": 2})
+    mesh = parallelize(model, save_axes)
     optimizer = adamw(model)
-    ev = session(root, case, model, mesh, {"dp_shard": 2}, sub="before_save")
+    ev = session(root, case, model, mesh, save_axes, sub="before_save")
     ev.attach_optimizer(optimizer)
     train_steps(model, optimizer, ev, mesh, range(SAVE_AFTER + 1))
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -256,7 +261,7 @@ def run_resume(root, case, ckpt, drop_optimizer):
     ev.finish()
 
     model = build_model()
-    mesh = parallelize(model, {"tp": 2})
+    mesh = parallelize(model, load_axes)
     optimizer = adamw(model)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd} if drop_optimizer else {"model": model_sd, "optim": optim_sd}
@@ -265,7 +270,7 @@ def run_resume(root, case, ckpt, drop_optimizer):
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    ev = session(root, case, model, mesh, {"tp": 2})
+    ev = session(root, case, model, mesh, load_axes)
     ev.attach_optimizer(optimizer)
     ev.capture_checkpoint_payload("load", SAVE_AFTER + 1)
     train_steps(model, optimizer, ev, mesh, range(SAVE_AFTER + 1, STEPS))
@@ -288,7 +293,7 @@ def main():
         if spec not in ("hf_llama", "hf_qwen3"):
             sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama and hf_qwen3")
         if case in RESUMES and spec == SPEC:
-            run_resume(root, case, os.path.join(a.ckpt, case), RESUMES[case])
+            run_resume(root, case, os.path.join(a.ckpt, case), *RESUMES[case])
         elif case in MESHES:
             run_case(root, case, spec)
         else:

@@ -5,7 +5,8 @@ the CPU, gloo) under the venv's torchrun, 1, 2 and 4 ranks:
 
   good/   Reference (1 rank), DpShard2 (FSDP2), Tp2Sp (DTensor tp 2 + sequence parallelism),
           DcpResume (DCP save at dp_shard 2, load at tp 2), Hsdp (dp_replicate 2 x dp_shard 2),
-          DpShard2Tp2 (FSDP x TP); a tiny Qwen3's Reference and Tp2Sp (per-head q_norm, k_norm)
+          DpShard2Tp2 (FSDP x TP), DpShard2Tp2Resume (DCP save at dp_shard 4, load at FSDP x TP);
+          a tiny Qwen3's Reference and Tp2Sp (per-head q_norm, k_norm)
   bugs/   the planted bugs of hf_trainer.py, each a case against the same Reference
 
 and checks: `mih check good` passes every case through every suite whose evidence it holds (the
@@ -36,7 +37,7 @@ SPEC, QWEN3 = "hf_llama", "hf_qwen3"
 GOOD_2 = "DpShard2,Tp2Sp,DcpResume,hf_qwen3:Tp2Sp"
 BUGS_2 = "BugPerRankMean,BugUnsharded,BugSpNorm,BugPartialNorm,BugDcpNoOptim,BugSameRows,hf_qwen3:BugQkNorm," \
          "hf_qwen3:BugTorchClip"
-GOOD_4 = "Hsdp,DpShard2Tp2,BugDecayNorms"
+GOOD_4 = "Hsdp,DpShard2Tp2,DpShard2Tp2Resume,BugDecayNorms"
 
 
 def expect(what, cmd, code, *needles):
@@ -72,9 +73,10 @@ def failed(suite, test, case):
 def check_good(mih, good):
     fsdp_tp = "DpShard2Tp2"
     out = expect("mih check: FSDP2, HSDP, TP + SP, FSDP x TP and a DCP resume across a reshard against the 1-rank run",
-                 [mih, "check", good], 0, "Structure (8 case(s)), FsdpUnits (3 case(s)), OptimizerLayout (8 case(s)), "
-                 "InputIdentity (6 case(s)), CheckpointRoundTrip (1 case(s)), NumericParity (6 case(s)), "
-                 "GradientSync (6 case(s)), ReplicaConsistency (5 case(s))", f"{QWEN3}/Tp2Sp",
+                 [mih, "check", good], 0, "Structure (9 case(s)), FsdpUnits (4 case(s)), OptimizerLayout (9 case(s)), "
+                 "InputIdentity (7 case(s)), CheckpointRoundTrip (2 case(s)), NumericParity (7 case(s)), "
+                 "GradientSync (7 case(s)), ReplicaConsistency (6 case(s))", f"{QWEN3}/Tp2Sp",
+                 foreign("CheckpointRoundTrip", "LoadedTensorsBitExact", "DpShard2Tp2Resume"),
                  foreign("NumericParity", "WatchedTensorsMatchReferenceAtEveryStage", fsdp_tp),
                  foreign("InputIdentity", "SameGlobalBatchAsReference", fsdp_tp),
                  foreign("ReplicaConsistency", "ReplicasAgreeAfterEveryStep", fsdp_tp),
