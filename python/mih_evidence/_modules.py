@@ -121,14 +121,18 @@ class ModuleProbes:
         """(order, {name: statistics}, unplaced) of `stage` over every rank (collective):
         gather(obj) -> every rank's obj; sum_over(list, "sum") sums a float list."""
         table = self.stages[stage]
-        names = [n for n in self.order if n in table]
         mine = {n: (table[n].counts is None, table[n].dtensor, table[n].digest.hexdigest(), table[n].rowwise)
-                for n in names}
+                for n in self.order if n in table}
         every = gather(mine)
+        # Every module some rank saw (a data-dependent branch, an expert without tokens on one
+        # rank: the others' rows are all its rows), in rank 0's order, then the others'.
+        names = []
+        for r in every:
+            names += [n for n in r if n not in names]
         unplaced = [n for n in names if not self._placeable(n, every)]
         flat = []
         for n in names:
-            keep = n not in unplaced and self._counts(n, table[n])
+            keep = n in table and n not in unplaced and self._counts(n, table[n])
             flat += table[n].linear if keep else [0.0] * LINEAR
         flat = sum_over(flat, "sum")
         placed = [n for n in names if n not in unplaced]
@@ -136,18 +140,22 @@ class ModuleProbes:
         return placed, out, unplaced
 
     def _placeable(self, name, every):
-        if any(r.get(name, (True,))[0] for r in every):
-            return False  # a pending reduction somewhere, or a rank that never saw the module
-        if every[0][name][1]:
+        seen = [r[name] for r in every if name in r]
+        if any(s[0] for s in seen):
+            return False  # a pending reduction
+        if seen[0][1]:
             return True  # a DTensor: its placements place it
-        if not every[0][name][3]:  # not per row: the same bytes on every rank
-            return len({r[name][2] for r in every}) == 1
+        if not seen[0][3]:  # not per row: the same bytes on every rank
+            return len(seen) == len(every) and len({s[2] for s in seen}) == 1
         return not self.split or self._replicas_agree(name, every)
 
     def _replicas_agree(self, name, every):
-        """Whether the ranks of each tp x cp group (same data coordinates) hold equal bytes."""
+        """Whether the ranks of each tp x cp group (same data coordinates) that saw the module
+        hold equal bytes."""
         groups = {}
         for rank, r in enumerate(every):
+            if name not in r:
+                continue
             key = tuple(self._all_coords[rank][a] for a in _layout.DATA_AXES if a in self._all_coords[rank])
             groups.setdefault(key, set()).add(r[name][2])
         return all(len(d) == 1 for d in groups.values())

@@ -15,6 +15,8 @@ from ._stats import digest
 VERSION = "0.4.0"
 CONTRACT = {"contract": "mih-evidence", "version": 1}
 PROBE_CAP = 256  # parameters probed when no watch list is given (the first ones, in model order)
+# A step's hooks in their order; record_batch runs between begin_step and after_backward_before_clip.
+HOOKS = ("begin_step", "after_backward_before_clip", "after_clip", "after_optimizer", "end_step")
 
 
 def _mesh_axes(mesh, group, world, rank):
@@ -102,6 +104,7 @@ class Session:
         self.comm = {}
         self.step_rows = {}
         self.probed_initial = False
+        self.phase = "end_step"  # the last hook of the step's order that ran (HOOKS)
         self.case = {"name": case, "kind": "reference" if not compare_to else "train",
                      "group": "reference" if not compare_to else "axis", "config": self.config,
                      "steps": int(steps or 0), "compare_to": compare_to, "device": self._param_device(),
@@ -136,9 +139,9 @@ class Session:
         if self.ddp or _tables.fsdp_units(self.model):
             return float(data)
         raise ValueError(f"mih_evidence.Session: on {data} data-parallel ranks pass the DistributedDataParallel "
-                         f"module or an FSDP2 model (both average the ranks' gradients, so each rank's loss carries "
-                         f"the data-parallel size) or loss_scale=<what each rank's backpropagated loss is over its "
-                         f"share of the global loss>")
+                         f"module, or build the session after fully_shard (FSDP2; both average the ranks' gradients, so "
+                         f"each rank's loss carries the data-parallel size), or pass loss_scale=<what each rank's "
+                         f"backpropagated loss is over its share of the global loss>")
 
     def _watch(self, watch, cap):
         names = [n for n, _ in self.params]
@@ -235,7 +238,19 @@ class Session:
             axes.append("tp")
         return axes
 
+    def _enter_hook(self, hook, step):
+        """Refuses a hook out of the step's order (HOOKS), naming the one missing."""
+        before = "begin_step" if hook == "record_batch" else HOOKS[HOOKS.index(hook) - 1]
+        ok = self.phase == before
+        if not ok:
+            raise ValueError(f"mih_evidence.Session.{hook}(step {step}): the last hook called was {self.phase}; call "
+                             f"{before} first (each step: {', '.join(HOOKS[:1])}, record_batch per micro-batch, "
+                             f"{', '.join(HOOKS[1:])})")
+        if hook != "record_batch":
+            self.phase = hook
+
     def begin_step(self, step):
+        self._enter_hook("begin_step", step)
         if not self.probed_initial:  # the parameters the first step starts from (after a resume's load)
             self._probe("model_before", step, self._watched())
             self.probed_initial = True
@@ -258,6 +273,7 @@ class Session:
           (tensor parallelism's ranks) record the same rows; each row is counted once.
         Raises ValueError when rows is neither, is negative, repeats a row, or does not give
         one row per row of every field."""
+        self._enter_hook("record_batch", step)
         index = _rows.row_index(rows, batch)
         self.modules.row_index = index
         for field, t in batch.items():
@@ -267,6 +283,11 @@ class Session:
         """After backward and the gradients' synchronization (collective): the global batch's
         identity, the gradients' probes and every rank's digest of its gradient piece, and
         the module outputs of the step and their gradients."""
+        self._enter_hook("after_backward_before_clip", step)
+        if self.ddp and self.world > 1 and self.ledger is None and not self.comm:
+            raise ValueError("mih_evidence.Session: DDP moved no gradient through the session's ledger: register "
+                             "ddp_model.register_comm_hook(None, session.ddp_comm_hook) before the first step, or "
+                             "GradientSync cannot see its all-reduce")
         with self._quiet():
             self._input_identity(step)
             self._probe("grad_before_clip", step, self._watched(_grad))
@@ -290,7 +311,12 @@ class Session:
         return all(self.coords.get(a, 0) == 0 for a in _modules.SPLIT_AXES)
 
     def _input_identity(self, step):
-        gathered = self._gather_objects(self.step_rows if self._counts_rows() else {})
+        every = self._gather_objects((bool(self.step_rows), self.step_rows if self._counts_rows() else {}))
+        silent = [r for r, (recorded, _) in enumerate(every) if not recorded]
+        if silent:  # every rank raises: each gathered the same
+            raise ValueError(f"mih_evidence.Session: step {step}: rank(s) {silent} recorded no micro-batch: call "
+                             f"record_batch(step, micro_batch, rows, batch) before each micro-batch's forward")
+        gathered = [rows for _, rows in every]
         fields = {}
         for rows in gathered:
             for field, pieces in rows.items():
@@ -343,11 +369,10 @@ class Session:
         if self.rank != 0:
             return
         rows = {}
-        for fqn, p in self.params:
-            if not p.requires_grad:
-                continue
+        for fqn, p in self.params:  # a frozen parameter too: no rank's gradient, reduced over nothing
             rec = self._replica_record(fqn, every)
-            rec.update(grad_domain=self._domain(fqn, p), placements=_layout.placements(p, self.sizes, fqn))
+            rec.update(grad_domain=self._domain(fqn, p) if p.requires_grad else [],
+                       placements=_layout.placements(p, self.sizes, fqn))
             rows[fqn] = rec
         self.files.write(f"cases/runtime/gradient_replicas_step{step}.json",
                          {"step": step, "reductions": {a: b for a, b in reductions.items() if a != "world"},
@@ -356,6 +381,7 @@ class Session:
     def after_clip(self, step, grad_norm):
         """After clipping: the gradient norm before clipping, as the loop computed it (a
         DTensor norm is read whole)."""
+        self._enter_hook("after_clip", step)
         if _layout.is_dtensor(grad_norm):
             grad_norm = grad_norm.full_tensor()
         self.grad_norm_pre_clip = float(grad_norm)
@@ -365,6 +391,7 @@ class Session:
     def after_optimizer(self, step):
         """After optimizer.step() (collective): the parameters' probes, every rank's digest of
         its piece of every parameter, and the optimizer's groups and state shapes."""
+        self._enter_hook("after_optimizer", step)
         with self._quiet():
             self._probe("after_optimizer", step, self._watched())
             every = self._pieces(lambda p: p)
@@ -378,6 +405,7 @@ class Session:
 
     def end_step(self, step, loss, lr):
         """loss: the loss over the global batch (every rank's tokens), as a float."""
+        self._enter_hook("end_step", step)
         if self.ledger is not None:
             self.ledger.__exit__(None, None, None)
             self.comm = self.ledger.sites
@@ -422,10 +450,24 @@ class Session:
         if self.rank == 0:
             self.files.write(f"checkpoint/roundtrip_{event}.json", {"tensors": tensors, "next_step": int(next_step)})
 
-    @staticmethod
-    def _record_whole(tensors, name, t):
-        whole = _tables.full_float64(t)
+    def _record_whole(self, tensors, name, t):
+        whole = self._whole(t, f"'{name}'")
         tensors[name] = {"sha256": digest(whole), "shape": list(whole.shape)}
+
+    def _whole(self, t, where):
+        """The whole tensor t in float64 on the CPU: a DTensor assembled from every rank's piece
+        placed at its box (each element from its counted copy) by one all-reduce, not by
+        full_tensor(), which torch 2.8 assembles in the wrong row order for an uneven strided
+        shard (FSDP x TP over a dim that dp_shard x tp does not divide)."""
+        if not _layout.is_dtensor(t):
+            return t.detach().to(torch.float64).contiguous().cpu()
+        bounds = _layout.box(t, where)
+        whole = torch.zeros(tuple(t.shape), dtype=torch.float64, device=self.device)
+        if _layout.counted(t, self.coords, where) and all(e > s for s, e in bounds):
+            whole[tuple(slice(s, e) for s, e in bounds)] = _layout.local(t).detach().to(self.device, torch.float64)
+        if self.distributed and self.world > 1:
+            dist.all_reduce(whole, group=self.group)
+        return whole.cpu()
 
     def finish(self):
         """Ends the run: a barrier, so rank 0's files are whole when any rank returns; then rank 0

@@ -108,9 +108,3 @@ def state_shapes(optimizer, params):
             out[fqn] = shapes
     return out
 
-
-def full_float64(t):
-    """The whole tensor on the CPU in float64 (a DTensor gathered: collective)."""
-    if _layout.is_dtensor(t):
-        t = t.full_tensor()
-    return t.detach().to(torch.float64).contiguous().cpu()

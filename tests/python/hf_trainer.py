@@ -69,22 +69,28 @@ RESUMES = {"DcpResume": ({"dp_shard": 2}, {"tp": 2}, False),
 
 
 def build_model(spec=SPEC):
-    """The tiny model of `spec`: hf_llama (LlamaForCausalLM) or hf_qwen3 (Qwen3ForCausalLM, whose
-    attention normalizes q and k per head: q_norm, k_norm over head_dim)."""
+    """The tiny model of `spec`: hf_llama (LlamaForCausalLM), hf_llama_frozen (its final norm
+    frozen) or hf_qwen3 (Qwen3ForCausalLM, whose attention normalizes q and k per head: q_norm,
+    k_norm over head_dim)."""
     torch.manual_seed(0)
     sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
     if spec == "hf_qwen3":
         return Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes)).to(torch.float64)
-    return LlamaForCausalLM(LlamaConfig(**sizes)).to(torch.float64)
+    model = LlamaForCausalLM(LlamaConfig(**sizes)).to(torch.float64)
+    if spec == "hf_llama_frozen":  # the final norm frozen (not in the optimizer, no gradient)
+        model.model.norm.weight.requires_grad_(False)
+    return model
 
 
 def adamw(model, decay_all=False):
-    """AdamW as trainers build it: weight decay on matrices, none on norm scales (1-D)."""
+    """AdamW as trainers build it: the trainable parameters, weight decay on matrices, none on
+    norm scales (1-D)."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if decay_all:
-        return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    plain = [p for p in model.parameters() if p.dim() < 2]
+        return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
+    decay = [p for p in params if p.dim() >= 2]
+    plain = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}], lr=LR)
 
 
@@ -146,25 +152,18 @@ def settle_gradients(model):
 
 
 def clip_gradients(model, max_norm, bug=None):
-    """Clips the gradients to a global norm of max_norm and returns the norm before clipping, as
-    TorchTitan does: the total norm made whole (full_tensor) before the clip coefficient is taken
-    from it. (torch 2.8's clip_grad_norm_ adds its 1e-6 to the DTensor total norm while it is
-    still _NormPartial, i.e. to each tp rank's partial norm: measured, its coefficient divides by
-    N + 1.414e-6 at tp 2 instead of N + 1e-6, which mih found: BugTorchClip.)
-    Gradients some DTensors and some plain tensors (which get_total_norm cannot stack) are
-    normed group by group."""
-    params = [p for p in model.parameters() if p.grad is not None]
+    """Clips the gradients to a global norm of max_norm and returns the norm before clipping:
+    each gradient's norm (a DTensor's made whole: full_tensor of a scalar), then their norm,
+    whatever mix of meshes and plain tensors the gradients are on. (torch 2.8's clip_grad_norm_
+    adds its 1e-6 to the DTensor total norm while it is still _NormPartial, i.e. to each tp
+    rank's partial norm: measured, its coefficient divides by N + 1.414e-6 at tp 2 instead of
+    N + 1e-6, which mih found: BugTorchClip. TorchTitan's get_total_norm + full_tensor stacks the
+    norms, which fails when they are on two meshes.)"""
     if bug == "torch_clip":
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    grads = [p.grad for p in params]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
-    if not plain or len(plain) == len(grads):
-        total = torch.nn.utils.get_total_norm(grads)
-        total = total.full_tensor() if isinstance(total, DTensor) else total
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
-    sharded = torch.nn.utils.get_total_norm([g for g in grads if isinstance(g, DTensor)]).full_tensor()
-    total = (sharded ** 2 + torch.nn.utils.get_total_norm(plain) ** 2).sqrt()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]
+    total = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm()
     coef = min(1.0, max_norm / (float(total) + 1e-6))
     for g in grads:
         g.mul_(coef)
@@ -290,8 +289,9 @@ def main():
         spec, _, case = name.rpartition(":")
         spec = spec or SPEC
         root = a.bug_root if case.startswith("Bug") and a.bug_root else a.root
-        if spec not in ("hf_llama", "hf_qwen3"):
-            sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama and hf_qwen3")
+        if spec not in ("hf_llama", "hf_llama_frozen", "hf_qwen3"):
+            sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama, hf_llama_frozen "
+                     f"and hf_qwen3")
         if case in RESUMES and spec == SPEC:
             run_resume(root, case, os.path.join(a.ckpt, case), *RESUMES[case])
         elif case in MESHES:

@@ -6,7 +6,8 @@ the CPU, gloo) under the venv's torchrun, 1, 2 and 4 ranks:
   good/   Reference (1 rank), DpShard2 (FSDP2), Tp2Sp (DTensor tp 2 + sequence parallelism),
           DcpResume (DCP save at dp_shard 2, load at tp 2), Hsdp (dp_replicate 2 x dp_shard 2),
           DpShard2Tp2 (FSDP x TP), DpShard2Tp2Resume (DCP save at dp_shard 4, load at FSDP x TP);
-          a tiny Qwen3's Reference and Tp2Sp (per-head q_norm, k_norm)
+          a tiny Qwen3's Reference and Tp2Sp (per-head q_norm, k_norm); hf_llama_frozen's
+          Reference and DpShard2 (its final norm frozen)
   bugs/   the planted bugs of hf_trainer.py, each a case against the same Reference
 
 and checks: `mih check good` passes every case through every suite whose evidence it holds (the
@@ -34,7 +35,7 @@ TRAINER = os.path.join(HERE, "hf_trainer.py")
 TALLY = Tally()
 fail = TALLY.fail
 SPEC, QWEN3 = "hf_llama", "hf_qwen3"
-GOOD_2 = "DpShard2,Tp2Sp,DcpResume,hf_qwen3:Tp2Sp"
+GOOD_2 = "DpShard2,Tp2Sp,DcpResume,hf_qwen3:Tp2Sp,hf_llama_frozen:DpShard2"
 BUGS_2 = "BugPerRankMean,BugUnsharded,BugSpNorm,BugPartialNorm,BugDcpNoOptim,BugSameRows,hf_qwen3:BugQkNorm," \
          "hf_qwen3:BugTorchClip"
 GOOD_4 = "Hsdp,DpShard2Tp2,DpShard2Tp2Resume,BugDecayNorms"
@@ -73,9 +74,10 @@ def failed(suite, test, case):
 def check_good(mih, good):
     fsdp_tp = "DpShard2Tp2"
     out = expect("mih check: FSDP2, HSDP, TP + SP, FSDP x TP and a DCP resume across a reshard against the 1-rank run",
-                 [mih, "check", good], 0, "Structure (9 case(s)), FsdpUnits (4 case(s)), OptimizerLayout (9 case(s)), "
-                 "InputIdentity (7 case(s)), CheckpointRoundTrip (2 case(s)), NumericParity (7 case(s)), "
-                 "GradientSync (7 case(s)), ReplicaConsistency (6 case(s))", f"{QWEN3}/Tp2Sp",
+                 [mih, "check", good], 0, "Structure (11 case(s)), FsdpUnits (5 case(s)), OptimizerLayout (11 case(s)), "
+                 "InputIdentity (8 case(s)), CheckpointRoundTrip (2 case(s)), NumericParity (8 case(s)), "
+                 "GradientSync (8 case(s)), ReplicaConsistency (6 case(s))", f"{QWEN3}/Tp2Sp",
+                 foreign("GradientSync", "EachGradientReducedOverItsDomain", "DpShard2").replace(SPEC, "hf_llama_frozen"),
                  foreign("CheckpointRoundTrip", "LoadedTensorsBitExact", "DpShard2Tp2Resume"),
                  foreign("NumericParity", "WatchedTensorsMatchReferenceAtEveryStage", fsdp_tp),
                  foreign("InputIdentity", "SameGlobalBatchAsReference", fsdp_tp),
@@ -171,7 +173,7 @@ def main():
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     good, bugs, ckpt = (os.path.join(a.work, d) for d in ("good", "bugs", "ckpt"))
-    ran = launch(a.python, 1, "Reference,hf_qwen3:Reference", good, bugs, ckpt)
+    ran = launch(a.python, 1, "Reference,hf_qwen3:Reference,hf_llama_frozen:Reference", good, bugs, ckpt)
     for spec in (SPEC, QWEN3) if ran else ():
         shutil.copytree(os.path.join(good, spec, "Reference"), os.path.join(bugs, spec, "Reference"))
     ran = ran and launch(a.python, 2, f"{GOOD_2},{BUGS_2}", good, bugs, ckpt)
@@ -179,7 +181,8 @@ def main():
     units = os.path.join(a.work, "units")
     expect("writer_units.py: a bf16 model, FSDP2 mixed precision recorded per unit, bad meshes and watch lists refused",
            [a.python, os.path.join(HERE, "writer_units.py"), "--out", units], 0, "ok: bf16", "ok: mixed",
-           "ok: refusals: a mesh dim named 'data'")
+           "ok: refusals: a mesh dim named 'data'", "ok: refusals: record_batch before begin_step",
+           "ok: refusals: a step without record_batch")
     expect("mih validate: the bf16 and mixed-precision runs follow the contract",
            [a.mih, "validate", os.path.join(units, "bf16"), os.path.join(units, "mixed")], 0,
            "2 case directories, 0 not following")

@@ -6,8 +6,8 @@ each failed check.
   bf16/      a bfloat16 Hugging Face Llama, one step (digests and statistics of bf16 tensors)
   mixed/     FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), one step:
              the unit's policy recorded in check/fsdp_units.json
-  refusals   a mesh whose dims are not mih's axes, a watch list naming no parameter: ValueError
-             naming the fix, nothing written
+  refusals   a mesh whose dims are not mih's axes, a watch list naming no parameter, a hook out of
+             the step's order, a step without record_batch: ValueError naming the fix
 """
 import argparse
 import json
@@ -65,6 +65,18 @@ def mixed(out):
           f"mixed: 3 FSDP2 units, each recording param_dtype bfloat16 and reduce_dtype float32 ({policies})")
 
 
+def hooks_in_order(out):
+    model = hf_trainer.build_model()
+    ev = mih_evidence.Session(os.path.join(out, "order", "Reference"), model, case="Reference", steps=1)
+    ev.attach_optimizer(hf_trainer.adamw(model))
+    x, y = hf_trainer.global_batch(0)
+    refused("record_batch before begin_step", lambda: ev.record_batch(0, 0, 0, {"input_ids": x}),
+            "call begin_step first", "/nonexistent")
+    ev.begin_step(0)
+    refused("a step without record_batch", lambda: ev.after_backward_before_clip(0), "recorded no micro-batch",
+            "/nonexistent")
+
+
 def refused(what, make, needle, out):
     try:
         make()
@@ -94,6 +106,7 @@ def main():
     bf16(a.out)
     mixed(a.out)
     refusals(a.out)
+    hooks_in_order(a.out)
     dist.destroy_process_group()
     return 1 if FAILED else 0
 
