@@ -32,6 +32,8 @@ Planted bugs (each a case of its own):
   BugSameRows      DpShard2, both data-parallel ranks read the first half of the global batch
   BugTorchClip     hf_qwen3 Tp2Sp, torch.nn.utils.clip_grad_norm_ on the DTensor gradients: where it
                    clips (step 2) its coefficient's epsilon is sqrt(2) x 1e-6, not 1e-6
+  BugTpUntied      hf_llama_tied Tp2Sp, the tp plan shards the embedding the head shares (tied) and
+                   the trainer does not tie them again: each trains its own copy
   BugQkNorm        hf_qwen3 Tp2Sp, q_norm and k_norm left out of the tp plan: plain weights that each
                    normalize this rank's heads, whose gradients are never summed over tp
   BugPartialNorm   Tp2Sp, the norms' Partial() gradients clipped unreduced: clip_grad_norm_ of
@@ -61,7 +63,7 @@ MESHES = {"Reference": {}, "DpShard2": {"dp_shard": 2}, "Hsdp": {"dp_replicate":
           "Tp2Sp": {"tp": 2}, "DpShard2Tp2": {"dp_shard": 2, "tp": 2},
           "BugPerRankMean": {"dp_shard": 2}, "BugUnsharded": {"dp_shard": 2}, "BugSpNorm": {"tp": 2},
           "BugPartialNorm": {"tp": 2}, "BugDecayNorms": {"dp_shard": 2, "tp": 2}, "BugSameRows": {"dp_shard": 2},
-          "BugQkNorm": {"tp": 2}, "BugTorchClip": {"tp": 2}}
+          "BugQkNorm": {"tp": 2}, "BugTorchClip": {"tp": 2}, "BugTpUntied": {"tp": 2}}
 # case -> (the save's mesh, the load's mesh, whether the load drops the optimizer's state)
 RESUMES = {"DcpResume": ({"dp_shard": 2}, {"tp": 2}, False),
            "DpShard2Tp2Resume": ({"dp_shard": 4}, {"dp_shard": 2, "tp": 2}, False),
@@ -70,14 +72,14 @@ RESUMES = {"DcpResume": ({"dp_shard": 2}, {"tp": 2}, False),
 
 def build_model(spec=SPEC):
     """The tiny model of `spec`: hf_llama (LlamaForCausalLM), hf_llama_frozen (its final norm
-    frozen) or hf_qwen3 (Qwen3ForCausalLM, whose attention normalizes q and k per head: q_norm,
+    frozen), hf_llama_tied (the head tied to the embedding) or hf_qwen3 (Qwen3ForCausalLM, whose attention normalizes q and k per head: q_norm,
     k_norm over head_dim)."""
     torch.manual_seed(0)
     sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
     if spec == "hf_qwen3":
         return Qwen3ForCausalLM(Qwen3Config(head_dim=8, **sizes)).to(torch.float64)
-    model = LlamaForCausalLM(LlamaConfig(**sizes)).to(torch.float64)
+    model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=spec == "hf_llama_tied", **sizes)).to(torch.float64)
     if spec == "hf_llama_frozen":  # the final norm frozen (not in the optimizer, no gradient)
         model.model.norm.weight.requires_grad_(False)
     return model
@@ -131,6 +133,10 @@ def parallelize(model, axes, bug=None):
     mesh = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=names)
     if "tp" in axes:
         tp_plan(model, mesh["tp"], bug)
+        if model.config.tie_word_embeddings and bug != "untied":
+            # parallelize_module gives the embedding and the head a new DTensor parameter each:
+            # tie them again (both Shard(0) over the vocabulary), or each trains its own copy.
+            model.lm_head.weight = model.model.embed_tokens.weight
     dp = tuple(n for n in names if n.startswith("dp_"))
     if dp:
         dp_mesh = mesh[dp] if len(dp) > 1 else mesh[dp[0]]
@@ -234,7 +240,7 @@ def session(root, case, model, mesh, axes, sub="", spec=SPEC):
 def run_case(root, case, spec):
     bug = {"BugPerRankMean": "per_rank_mean", "BugUnsharded": "unsharded", "BugSpNorm": "sp_norm",
            "BugPartialNorm": "partial_norm", "BugDecayNorms": "decay_norms", "BugSameRows": "same_rows",
-           "BugQkNorm": "qk_norm", "BugTorchClip": "torch_clip"}.get(case)
+           "BugQkNorm": "qk_norm", "BugTorchClip": "torch_clip", "BugTpUntied": "untied"}.get(case)
     model = build_model(spec)
     axes = MESHES[case]
     mesh = parallelize(model, axes, bug)
@@ -289,9 +295,9 @@ def main():
         spec, _, case = name.rpartition(":")
         spec = spec or SPEC
         root = a.bug_root if case.startswith("Bug") and a.bug_root else a.root
-        if spec not in ("hf_llama", "hf_llama_frozen", "hf_qwen3"):
-            sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama, hf_llama_frozen "
-                     f"and hf_qwen3")
+        if spec not in ("hf_llama", "hf_llama_frozen", "hf_llama_tied", "hf_qwen3"):
+            sys.exit(f"hf_trainer.py: unknown model {spec!r} in {name!r}; the models are hf_llama, hf_llama_frozen, "
+                     f"hf_llama_tied and hf_qwen3")
         if case in RESUMES and spec == SPEC:
             run_resume(root, case, os.path.join(a.ckpt, case), *RESUMES[case])
         elif case in MESHES:
