@@ -24,12 +24,7 @@ class Pieces:
         """Piece x (any dtype and device) holding global elements `index` of a tensor of
         `total_numel` elements (`signs`: their sketch_signs, when cached); `counts`: whether this
         rank's copy is the counted one."""
-        if name not in self.linear:
-            self.names.append(name)
-            self.linear[name] = [0.0] * LINEAR
-            self.extrema[name] = [float("-inf"), float("-inf")]
-            self.defined[name] = 0
-            self.total[name] = 0
+        self.add_missing(name)
         self.defined[name] += 1
         self.total[name] = total_numel
         if not counts:
@@ -44,6 +39,7 @@ class Pieces:
             self.values.setdefault(name, []).append((index, x))
 
     def add_missing(self, name):
+        """Registers `name` (undefined on this rank until add): every rank holds every name."""
         if name not in self.linear:
             self.names.append(name)
             self.linear[name] = [0.0] * LINEAR

@@ -19,7 +19,7 @@ PROBE_CAP = 256  # parameters probed when no watch list is given (the first ones
 HOOKS = ("begin_step", "after_backward_before_clip", "after_clip", "after_optimizer", "end_step")
 
 
-def _mesh_axes(mesh, group, world, rank):
+def _mesh_axes(mesh, world, rank):
     """({axis: size}, {axis: coordinate}, {process group name: axis}) of the session's mesh: the
     DeviceMesh's named dims, or, without one, the world as dp_replicate (DDP)."""
     if mesh is None:
@@ -88,7 +88,7 @@ class Session:
         self.device = _collective_device(self.group) if self.distributed else torch.device("cpu")
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         self.model = model.module if hasattr(model, "module") else model
-        self.sizes, self.coords, groups = _mesh_axes(mesh, self.group, self.world, self.rank)
+        self.sizes, self.coords, groups = _mesh_axes(mesh, self.world, self.rank)
         self.config = self._config(config or {}, dtype, case)
         self.loss_scale = self._loss_scale(loss_scale)
         self.grad_domain = grad_domain

@@ -20,6 +20,7 @@
 #include "harness/compat/collectives.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
+#include "tests/support/mih_cli.h"
 #include "tests/support/temp_dir.h"
 
 namespace mih {
@@ -29,26 +30,10 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct CliRun {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
+using testing::CliRun;
 
-// Runs `mih <args>` through the shell (args are shell words), in directory `cwd` when given,
-// and captures everything it prints.
-CliRun mih(const std::string& args, const std::filesystem::path& cwd = {}) {
-  std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " " + args + " 2>&1";
-  if (!cwd.empty()) command = "cd " + shell_quote(cwd.string()) + " && " + command;
-  CliRun run;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-  int raw = ::pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return run;
-}
+// Runs `mih <args>` through the shell (args are shell words), in directory `cwd` when given.
+CliRun mih(const std::string& args, const std::filesystem::path& cwd = {}) { return testing::run_mih(args, cwd); }
 
 TEST(CliUsageTest, UsageErrorsExit2AndNameTheProblem) {
   struct Case {

@@ -17,6 +17,7 @@
 #include "harness/base/files.h"
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
+#include "tests/support/mih_cli.h"
 #include "tests/support/temp_dir.h"
 
 namespace mih {
@@ -28,23 +29,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct CliRun {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
+using testing::CliRun;
 
-CliRun mih(const std::string& args) {
-  const std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " " + args + " 2>&1";
-  CliRun run;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-  const int raw = ::pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return run;
-}
+CliRun mih(const std::string& args) { return testing::run_mih(args); }
 
 // A case's record of the paths its runtime took, each over an axis of 2 ranks.
 void write_paths(const fs::path& root, const std::string& spec_case, const std::vector<std::string>& paths) {

@@ -20,6 +20,7 @@
 #include "harness/runtime/launcher.h"
 #include "harness/runtime/worker.h"
 #include "suites/suite_table.h"
+#include "tests/support/mih_cli.h"
 #include "tests/support/temp_dir.h"
 
 namespace mih {
@@ -75,24 +76,11 @@ class LayoutVerdictsTest : public ::testing::Test {
 };
 fs::path* LayoutVerdictsTest::root_ = nullptr;
 
-struct CliRun {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
+using testing::CliRun;
 
 // `mih check <root> --no-progress`, everything it prints.
 CliRun mih_check(const fs::path& root) {
-  const std::string command = shell_quote((self_executable().parent_path() / "mih").string()) + " check " +
-                              shell_quote(root.string()) + " --no-progress 2>&1";
-  CliRun run;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
-  const int raw = ::pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return run;
+  return testing::run_mih("check " + shell_quote(root.string()) + " --no-progress");
 }
 
 void expect_pass(const Verdict& v, const std::string& needle) {

@@ -26,7 +26,6 @@ CheckpointRoundTrip naming the AdamW moments.
 Usage: check_own_trainer.py --mih build/bin/mih --trainer build/bin/mih_own_trainer --work DIR
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from testkit import Tally, free_port  # noqa: E402
+from testkit import Tally, edit_json, free_port  # noqa: E402
 
 SPEC = "own_mlp"
 STEPS = "4"
@@ -219,13 +218,6 @@ def main():
             shutil.copytree(case(good, name), case(root, name))
         mutate(case(root, "DpReplicate2"), case(root, "Reference"))
         return root
-
-    def edit_json(path, change):
-        with open(path) as f:
-            value = json.load(f)
-        change(value)
-        with open(path, "w") as f:
-            json.dump(value, f)
 
     runtime = lambda d, f: os.path.join(d, "cases", "runtime", f)  # noqa: E731
     hostile = [

@@ -22,14 +22,13 @@ process) records a bf16 model and FSDP2's mixed-precision policy and refuses bad
 Usage: torch2_writer.py --python <venv python with torch 2.x and transformers> --mih build/bin/mih --work DIR
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from testkit import Tally, free_port  # noqa: E402
+from testkit import Tally, edit_json, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAINER = os.path.join(HERE, "hf_trainer.py")
@@ -130,14 +129,6 @@ def mutated(good, work, case, edit):
         shutil.copytree(os.path.join(good, SPEC, name), os.path.join(root, SPEC, name))
     edit(os.path.join(root, SPEC, case))
     return root
-
-
-def edit_json(path, change):
-    with open(path) as f:
-        value = json.load(f)
-    change(value)
-    with open(path, "w") as f:
-        json.dump(value, f)
 
 
 def q_proj_whole(case_dir):

@@ -1,6 +1,8 @@
 """What the Python test drivers share (tests/python, tests/own_trainer, tests/slurm, tests/cli):
-a free TCP port on the loopback, and the tally of checks a driver prints as it goes."""
+a free TCP port on the loopback, the tally of checks a driver prints as it goes, and an evidence
+file edited in place (a broken copy a check must refuse or fail)."""
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -17,6 +19,15 @@ def mih_and_work():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     return os.path.abspath(a.mih), work
+
+
+def edit_json(path, change):
+    """Rewrites the JSON file `path` with change(value) applied to its parsed value in place."""
+    with open(path) as f:
+        value = json.load(f)
+    change(value)
+    with open(path, "w") as f:
+        json.dump(value, f)
 
 
 def processes():
