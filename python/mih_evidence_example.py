@@ -14,6 +14,7 @@ The model is a tiny causal LSTM language model over random tokens (float64 on CP
 replace it, the data set and the optimizer by your own.
 """
 import argparse
+import gc
 import os
 import sys
 
@@ -111,7 +112,14 @@ def main():
             dist.all_reduce(local_sum)
         ev.end_step(step, loss=float(local_sum / valid), lr=optimizer.param_groups[0]["lr"])   # ev.
     ev.finish()                                                                                # ev.
+    # Tear down while the interpreter is alive: DDP's reducer holds the group and the comm
+    # hook's futures (Python callbacks); left to interpreter exit, a gloo worker thread may
+    # drop the last of them after Python is gone (SIGABRT: 'terminate called without an
+    # active exception').
+    del ev, ddp, optimizer
+    gc.collect()
     if distributed:
+        dist.barrier()
         dist.destroy_process_group()
 
 

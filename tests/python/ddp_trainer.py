@@ -21,6 +21,7 @@ DistributedSampler does, declared to the writer row by row (mih_evidence.sampler
 """
 import argparse
 import contextlib
+import gc
 import math
 import os
 import sys
@@ -164,7 +165,14 @@ def main():
             dist.all_reduce(local_sum)
         ev.end_step(step, loss=float(local_sum) / valid, lr=optimizer.param_groups[0]["lr"])
     ev.finish()
+    # Tear down while the interpreter is alive: DDP's reducer holds the group and the comm
+    # hook's futures (Python callbacks); left to interpreter exit, a gloo worker thread may
+    # drop the last of them after Python is gone (SIGABRT: 'terminate called without an
+    # active exception').
+    del ev, ddp, optimizer
+    gc.collect()
     if distributed:
+        dist.barrier()
         dist.destroy_process_group()
 
 
