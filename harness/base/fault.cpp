@@ -58,8 +58,8 @@ std::vector<Fault> all() {
 
 Fault parse(std::string_view text) {
   const int id = detail::id_of(text);
-  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (docs/fault-catalog.md, `mih faults --list`) has "
-            "F01 to F36");
+  MIH_CHECK(id >= 0, "unknown fault '", std::string(text), "': the catalog (docs/fault-catalog.md, `mih faults --list`) has ",
+            kFaultCount, " faults, F01 to ", name(static_cast<Fault>(kMaxFaultId)));
   return static_cast<Fault>(id);
 }
 

@@ -1,4 +1,4 @@
-// Fault injection for the fault catalog (docs/fault-catalog.md F01-F36, `mih faults`): each catalogued
+// Fault injection for the fault catalog (docs/fault-catalog.md, `mih faults`): each catalogued
 // integration bug is written into the reference models, the data pipeline or the runtime at
 // the place where it happened in the public stacks, behind a fault point
 //
@@ -33,12 +33,24 @@ enum class Fault : int {
   kF28, kF29, kF30, kF31, kF32,  // the original model (config-invariant; only MatchesOriginal sees them)
   kF33, kF34, kF35,  // pipeline parallelism
   kF36,  // KV heads replicated over tp (tp > num_key_value_heads)
+  kF37, kF38, kF39,  // packed documents and attention windows under cp and sp
+  kF40, kF41,        // optimizers beyond AdamW, learning-rate schedules across resumes
+  kF42,              // the moe's load-balancing loss under pipeline parallelism
 };
+/// The catalogued IDs, ascending: the faults `mih faults` runs and MIH_FAULT accepts. An
+/// enumerator joins this list in the change that adds its row to harness/cases/fault_catalog.cpp.
+inline constexpr int kCatalogued[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                      19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36};
 /// How many faults are catalogued, and the largest ID.
-inline constexpr int kFaultCount = 36;
-inline constexpr int kMaxFaultId = 36;
-/// True for the ID of a catalogued fault (1-36).
-constexpr bool catalogued(int id) noexcept { return id >= 1 && id <= kMaxFaultId; }
+inline constexpr int kFaultCount = static_cast<int>(sizeof(kCatalogued) / sizeof(kCatalogued[0]));
+inline constexpr int kMaxFaultId = kCatalogued[kFaultCount - 1];
+/// True for the ID of a catalogued fault (one of kCatalogued).
+constexpr bool catalogued(int id) noexcept {
+  for (int c : kCatalogued) {
+    if (c == id) return true;
+  }
+  return false;
+}
 
 namespace detail {
 /// The fault of this process: -1 until MIH_FAULT is read, then a Fault, or kUnknown when
