@@ -249,6 +249,11 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
     const at::Tensor gate = at::sigmoid(at::matmul(x, ctx_->use(shared_expert_gate).t()));  // [B, S, 1]
     result = result + gate * shared_expert->forward(x);
   }
+  // F42 (docs/fault-catalog.md): the balancing loss added to the loss at the model's end, as a
+  // forward that sums its layers' aux terms into the returned loss does; under pp only the last
+  // stage computes that loss, so the routers of every earlier stage never get its gradient.
+  Communicator& pp = ctx_->mesh().comm(MeshAxis::kPp);
+  if (pp.size() > 1 && pp.rank() != pp.size() - 1 && fault::active(fault::Fault::kF42)) return result;
   return AttachAuxLoss::apply(result, aux);
 }
 

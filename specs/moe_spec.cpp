@@ -137,8 +137,32 @@ spec::ModelSpec moe_qwen_spec() {
   return s;
 }
 
+// Four layers, MoE at 1 and 3: under pp 2 each stage holds a MoE layer, so the balancing loss of
+// a stage that is not the last reaches its router only through the pipeline's backward (the
+// fault catalog's F42). Its suites run on request (`mih faults`); the moe's own Pp2 holds the
+// last stage's MoE layer to the reference.
+spec::ModelSpec moe_deep_spec() {
+  models::LlamaOptions o = models::moe_options().num_layers(4);
+  o.moe_layers({1, 3});
+  spec::ModelSpec s = language_model_spec("moe", o);
+  s.name = "moe_deep";
+  s.description = "moe with 4 decoder layers, MoE at layers 1 and 3 (a MoE layer on each stage of pp 2)";
+  s.factory = models::make_moe(o);
+  s.num_experts = o.num_experts();
+  s.pipeline_layers = o.num_layers();
+  s.checkpoint.hf = hf_qwen3_moe_config(o);
+  for (const char* layer : {"layers.1.mlp", "layers.3.mlp"}) {
+    s.shared_state.push_back({std::string(layer) + ".expert_counts", layer, {layer}});
+  }
+  s.invariants = llama_inv_freq_invariants("rotary_emb.inv_freq", o.rope_theta());
+  s.invariants.push_back(expert_counts_invariant(8 * 64, o.top_k()));
+  s.tolerances.grad_accumulation_reason = moe_spec().tolerances.grad_accumulation_reason;
+  return s;
+}
+
 MIH_REGISTER_SPEC(moe_spec);
 MIH_REGISTER_SPEC(moe_qwen_spec);
+MIH_REGISTER_SPEC(moe_deep_spec);
 
 }  // namespace
 }  // namespace mih::specs
@@ -147,3 +171,5 @@ MIH_REGISTER_SPEC(moe_qwen_spec);
 MIH_CONFORMANCE_SUITES(Moe, "moe", "cpu-smoke");
 // Its Qwen2-MoE variant on the variants' lane (dp_shard, tp, tp with sequence parallelism).
 MIH_CONFORMANCE_SUITES(MoeQwen, "moe_qwen", "cpu-smoke-variants");
+// The four-layer variant, for the fault catalog (F42 on Pp2).
+MIH_CONFORMANCE_SUITES_ON_REQUEST(MoeDeep, "moe_deep", "cpu-smoke");

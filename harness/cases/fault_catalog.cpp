@@ -16,7 +16,7 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json dp_replicate2 = {{"dp_replicate", 2}}, reference = "Reference";
   const json pp2_mb4 = {{"pp", 2}, {"micro_batches", 4}}, pp2_mb2 = {{"pp", 2}, {"micro_batches", 2}};
   const json dp_shard2_mb2 = {{"dp_shard", 2}, {"micro_batches", 2}};
-  const json tp4 = {{"tp", 4}};
+  const json tp4 = {{"tp", 4}}, pp2 = {{"pp", 2}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -212,6 +212,16 @@ const std::vector<FaultEntry>& fault_catalog() {
        "vLLM's num_kv_head_replicas (QKVParallelLinear: the KV head of tp rank t is t / (tp / num_kv_heads)); mih "
        "issue 52 (a wrong KV head per rank at tp 4 was green on cpu-smoke)", "layers.0.self_attn",
        {tp2}, "tp>num_key_value_heads"},
+      // One micro-batch (Pp2: a moe's pp case its numbers are held to), four layers: stage 0
+      // holds MoE layer 1, stage 1 MoE layer 3.
+      {"F42", "pipeline parallelism (moe balancing loss)",
+       "the load-balancing loss added to the loss at the model's end: under pp only the last stage computes the "
+       "loss, so the routers of the earlier stages never get the balancing loss's gradient",
+       "reference_models/llama.cpp", "MoeDeep", "moe_deep", pp2, {"NumericParity"}, {R"(layers\.1\.mlp)"},
+       "databricks/megablocks#64 (the balancing loss under pipeline parallelism: its backward reaches an earlier "
+       "stage only through the output gradient the next stage sends back); pytorch/torchtitan#2061 (the aux loss "
+       "broken under interleaved pipeline schedules)", "layers.1.mlp",
+       {dp_shard2}, "pp>1"},
   };
   return catalog;
 }
