@@ -31,6 +31,7 @@
 #include "harness/cases/faults.h"
 #include "harness/cases/hf_interop.h"
 #include "harness/compat/collectives.h"
+#include "harness/compat/optim.h"
 #include "harness/evidence/evidence_store.h"
 #include "harness/runtime/communicator.h"
 #include "harness/runtime/launcher.h"
@@ -45,7 +46,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// SHA-256 of the full value of every parameter and AdamW state (float64 bytes, row-major),
+// SHA-256 of the full value of every parameter and optimizer state (float64 bytes, row-major),
 // gathered through the backend: the same under every sharding, so a checkpoint that loads
 // bit-exact under another config gives the same hashes. A collective; rank 0 writes.
 nlohmann::json tensor_hashes(TrainingBackend& backend) {
@@ -53,13 +54,16 @@ nlohmann::json tensor_hashes(TrainingBackend& backend) {
   TrainingState st = backend.state();
   for (const auto& p : st.context->parameters()) {
     if (!p->pp_counted) continue;  // a copy tied across pipeline stages: its first stage's
-    for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
-      if (std::string(what) != "param" && !p->local.requires_grad()) continue;
+    std::vector<std::string> whats = {"param"};
+    if (p->local.requires_grad()) {
+      for (const std::string& s : compat::state_names(*st.optimizer)) whats.push_back(s);
+    }
+    for (const std::string& what : whats) {
       const at::Tensor full = backend.gather_full(*p, what);
       if (!full.defined()) continue;
       const at::Tensor flat = full.detach().to(at::kCPU, at::kDouble).contiguous();
       const std::string_view bytes(static_cast<const char*>(flat.data_ptr()), flat.numel() * sizeof(double));
-      out[std::string(what) == "param" ? p->fqn : p->fqn + "/" + what] = {{"sha256", sha256_hex(bytes)},
+      out[what == "param" ? p->fqn : p->fqn + "/" + what] = {{"sha256", sha256_hex(bytes)},
                                                                            {"shape", full.sizes().vec()}};
     }
   }

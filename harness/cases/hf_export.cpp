@@ -10,7 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
 #include "harness/base/files.h"
@@ -20,6 +20,7 @@
 #include "harness/checkpoint/distributed_checkpoint.h"
 #include "harness/checkpoint/key_map.h"
 #include "harness/checkpoint/safetensors.h"
+#include "harness/compat/optim.h"
 #include "harness/checks/checks.h"
 #include "harness/contract/evidence_layout.h"
 #include "harness/parallel/parallel_context.h"
@@ -200,7 +201,7 @@ at::Tensor write_batch_and_reference(const spec::ModelSpec& spec, Trainer& train
 nlohmann::json training_tensors(const spec::ModelSpec& spec, const KeyMap& map, Trainer& trainer) {
   std::map<const void*, bool> decayed;
   for (const auto& group : trainer.optimizer().param_groups()) {
-    const double wd = static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay();
+    const double wd = compat::weight_decay(group.options());
     for (const auto& t : group.params()) decayed[t.unsafeGetTensorImpl()] = wd != 0;
   }
   nlohmann::json out = nlohmann::json::object();
@@ -222,7 +223,7 @@ nlohmann::json training_tensors(const spec::ModelSpec& spec, const KeyMap& map, 
 nlohmann::json training_record(const spec::ModelSpec& spec, const KeyMap& map, Trainer& trainer) {
   const TrainerOptions& t = spec.trainer;
   return {{"trainer",
-           {{"optimizer", "adamw"},
+           {{"optimizer", optimizer_kind_name(t.optimizer())},
             {"lr", t.lr()},
             {"beta1", t.beta1()},
             {"beta2", t.beta2()},

@@ -29,7 +29,17 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr const char* kIndexFile = layout::kDistributedCheckpointIndex;
-const std::vector<std::string> kMoments = {"exp_avg", "exp_avg_sq"};
+// The optimizer's per-parameter state saved with the parameter: every state the optimizer
+// keeps (compat::state_names), but under F41.
+std::vector<std::string> saved_states(torch::optim::Optimizer& optimizer) {
+  // F41 (docs/fault-catalog.md): a checkpoint writer that knows the Adam moments only, so
+  // another optimizer's state (SGD's momentum buffer) is neither saved nor restored.
+  std::vector<std::string> names = compat::state_names(optimizer);
+  if (fault::active(fault::Fault::kF41)) {
+    std::erase_if(names, [](const std::string& n) { return n != "exp_avg" && n != "exp_avg_sq"; });
+  }
+  return names;
+}
 
 std::string rank_file(int rank) { return layout::checkpoint_rank_file(rank); }
 
@@ -103,16 +113,13 @@ struct Piece {
 std::vector<Piece> pieces_to_save(ParallelContext& ctx, torch::optim::Optimizer* optimizer, json* steps) {
   std::vector<Piece> out;
   for (const auto& p : ctx.parameters()) {
-    if (optimizer) {
-      const int64_t step = compat::adamw_step(*optimizer, p->local);
-      if (step > 0) (*steps)[p->fqn] = step;
-    }
+    if (optimizer && compat::has_state(*optimizer, p->local)) (*steps)[p->fqn] = compat::optimizer_step(*optimizer, p->local);
     if (!ctx.writes_piece(*p)) continue;
     const std::vector<Box> boxes = ctx.local_boxes(*p);
     out.push_back({"model/" + p->fqn, p->local.detach(), p->global_shape, boxes});
     if (!optimizer) continue;
-    for (const auto& m : kMoments) {
-      at::Tensor state = compat::adamw_state(*optimizer, p->local, m);
+    for (const auto& m : saved_states(*optimizer)) {
+      at::Tensor state = compat::optimizer_state(*optimizer, p->local, m);
       if (state.defined()) out.push_back({"optim/" + p->fqn + "/" + m, state, p->global_shape, boxes});
     }
   }
@@ -173,7 +180,7 @@ json build_index(const fs::path& dir, int world_size, const std::string& checkpo
     const json chunks = parse_json_strict(meta.at("mih.chunks"), where + " 'mih.chunks'");
     const json rank_steps = parse_json_strict(meta.at("mih.optim_steps"), where + " 'mih.optim_steps'");
     for (const auto& [fqn, step] : rank_steps.items()) {
-      MIH_INTERNAL_ASSERT(!steps.contains(fqn) || steps[fqn] == step, "ranks disagree on the AdamW step of '", fqn, "'");
+      MIH_INTERNAL_ASSERT(!steps.contains(fqn) || steps[fqn] == step, "ranks disagree on the optimizer step of '", fqn, "'");
       steps[fqn] = step;
     }
     if (chunks.empty()) continue;
@@ -325,13 +332,47 @@ void save_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   });
 }
 
+// This rank's pieces of the optimizer state of `p` (state name -> tensor laid out like p.local),
+// each key it read added to `used`. Throws: mih::Error naming a state the checkpoint lacks.
+std::map<std::string, at::Tensor> read_optimizer_state(const fs::path& dir, const json& index, const ShardedParameter& p,
+                                                       const std::vector<Box>& boxes, torch::optim::Optimizer& optimizer,
+                                                       int rank, std::map<std::string, safetensors::Reader>& readers,
+                                                       std::set<std::string>& used) {
+  const at::ScalarType dtype = p.local.scalar_type();
+  std::map<std::string, at::Tensor> out;
+  for (const auto& m : saved_states(optimizer)) {
+    const std::string key = "optim/" + p.fqn + "/" + m;
+    if (m == "max_exp_avg_sq" && !index.at("tensors").contains(key)) continue;  // saved without amsgrad
+    MIH_CHECK(index.at("tensors").contains(key), "checkpoint ", dir.string(), " has optimizer state for '", p.fqn,
+              "' but no '", key, "' that this ", compat::optimizer_kind(optimizer), " optimizer needs; was it ",
+              "saved with another optimizer?");
+    if (fault::active(fault::Fault::kF12)) {
+      // F12 (docs/fault-catalog.md): the moments restored as this rank's flat shard of the saved
+      // layout (FSDP1's flat optimizer state loaded by rank), not resharded to the
+      // parameter's box under the new topology.
+      const Box whole{std::vector<int64_t>(p.global_shape.size(), 0), std::vector<int64_t>(p.global_shape.size(), 0),
+                      p.global_shape};
+      at::Tensor flat = read_piece(dir, index, key, dtype, p.global_shape, p.global_shape, {whole}, readers).flatten();
+      const int64_t n = p.local.numel(), start = std::min<int64_t>(rank * n, flat.numel() - n);
+      if (start >= 0) {
+        out[m] = flat.narrow(0, start, n).reshape(p.local_shape).clone();
+        used.insert(key);
+        continue;
+      }
+    }
+    out[m] = read_piece(dir, index, key, dtype, p.global_shape, p.local_shape, boxes, readers);
+    used.insert(key);
+  }
+  return out;
+}
+
 json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Optimizer* optimizer) {
   Communicator& world = ctx.mesh().comm(MeshAxis::kWorld);
   json index;
   struct Staged {
     std::shared_ptr<ShardedParameter> param;
     at::Tensor value;
-    std::vector<at::Tensor> moments;  // exp_avg, exp_avg_sq; empty when not in the checkpoint
+    std::map<std::string, at::Tensor> moments;  // by state name; empty when not in the checkpoint
     int64_t step = 0;
   };
   std::vector<Staged> staged;
@@ -350,25 +391,7 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
       used.insert("model/" + p->fqn);
       if (optimizer && steps.contains(p->fqn)) {
         s.step = steps.at(p->fqn).get<int64_t>();
-        for (const auto& m : kMoments) {
-          const std::string key = "optim/" + p->fqn + "/" + m;
-          if (fault::active(fault::Fault::kF12)) {
-            // F12 (docs/fault-catalog.md): the moments restored as this rank's flat shard of the saved
-            // layout (FSDP1's flat optimizer state loaded by rank), not resharded to the
-            // parameter's box under the new topology.
-            const Box whole{std::vector<int64_t>(p->global_shape.size(), 0), std::vector<int64_t>(p->global_shape.size(), 0),
-                            p->global_shape};
-            at::Tensor flat = read_piece(dir, index, key, dtype, p->global_shape, p->global_shape, {whole}, readers).flatten();
-            const int64_t n = p->local.numel(), start = std::min<int64_t>(world.rank() * n, flat.numel() - n);
-            if (start >= 0) {
-              s.moments.push_back(flat.narrow(0, start, n).reshape(p->local_shape).clone());
-              used.insert(key);
-              continue;
-            }
-          }
-          s.moments.push_back(read_piece(dir, index, key, dtype, p->global_shape, p->local_shape, boxes, readers));
-          used.insert(key);
-        }
+        s.moments = read_optimizer_state(dir, index, *p, boxes, *optimizer, world.rank(), readers, used);
       }
       staged.push_back(std::move(s));
     }
@@ -408,7 +431,8 @@ json load_checkpoint(const fs::path& dir, ParallelContext& ctx, torch::optim::Op
   for (Staged& s : staged) {
     s.param->local.copy_(s.value);
     if (!s.moments.empty()) {
-      compat::set_adamw_state(*optimizer, s.param->local, s.step, s.moments[0].to(device), s.moments[1].to(device));
+      for (auto& [name, t] : s.moments) t = t.to(device);
+      compat::set_optimizer_state(*optimizer, s.param->local, s.step, s.moments);
     }
   }
   for (auto& [buffer, value] : buffers) buffer.copy_(value);

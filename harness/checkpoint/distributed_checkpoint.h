@@ -10,8 +10,9 @@
 //                              "model/layers.0.q.weight@8,0" (a chunk at global offset [8, 0])
 //   index.json                 written last: its presence marks a complete checkpoint
 // Keys: "model/<fqn>" (parameters), "buffer/<fqn>" (persistent buffers),
-// "optim/<fqn>/exp_avg" and "optim/<fqn>/exp_avg_sq" (AdamW moments, laid out like the
-// parameter). Non-persistent buffers (rotary inv_freq) are not saved; a load rebuilds them.
+// "optim/<fqn>/<state>" (the optimizer's per-parameter state, laid out like the parameter:
+// "exp_avg" and "exp_avg_sq" of AdamW and Adam, "momentum_buffer" of SGD; compat::state_names).
+// Non-persistent buffers (rotary inv_freq) are not saved; a load rebuilds them.
 #pragma once
 
 #include <filesystem>
@@ -33,7 +34,7 @@ class ParallelContext;
 inline constexpr const char* kCheckpointFormat = "mih.distributed_checkpoint";
 inline constexpr int kCheckpointVersion = 1;
 
-/// Saves the model of `ctx` (and the AdamW state of `optimizer`, if not null) to `dir`, with
+/// Saves the model of `ctx` (and the state of `optimizer`, if not null) to `dir`, with
 /// `trainer_state` (step, config: any JSON) stored in the index. A collective: call it on every
 /// rank of the mesh, with the same `dir` (a filesystem every rank sees). An existing
 /// checkpoint in `dir` is replaced: its index is removed first, so a save that fails midway
@@ -44,7 +45,7 @@ void save_checkpoint(const std::filesystem::path& dir, ParallelContext& ctx, tor
                      const nlohmann::json& trainer_state);
 
 /// Loads a checkpoint written by save_checkpoint under any parallel config into the current
-/// layout of `ctx` (and `optimizer`'s AdamW state when not null), rebuilds the non-persistent
+/// layout of `ctx` (and `optimizer`'s state when not null), rebuilds the non-persistent
 /// buffers, and returns the saved trainer_state. All or nothing: every rank first reads and
 /// checks everything it needs into new tensors, the ranks agree that all succeeded, and only
 /// then is anything copied into the model. A collective.

@@ -321,7 +321,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                    const std::vector<std::string>& decayed_1d) {
   const std::string phase = spec::phase_name(phase_id);
   const ParallelContext& ctx = *state.context;
-  torch::optim::AdamW& optimizer = *state.optimizer;
+  torch::optim::Optimizer& optimizer = *state.optimizer;
   CheckOutput out;
   std::map<const void*, const ShardedParameter*> live;
   for (const auto& p : ctx.parameters()) live[p->local.unsafeGetTensorImpl()] = p.get();
@@ -329,7 +329,7 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
   json groups = json::array(), state_shapes = json::object();
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     auto& group = optimizer.param_groups()[g];
-    const double wd = static_cast<torch::optim::AdamWOptions&>(group.options()).weight_decay();
+    const double wd = compat::weight_decay(group.options());
     json names = json::array();
     for (const at::Tensor& t : group.params()) {
       const auto it = live.find(t.unsafeGetTensorImpl());
@@ -375,12 +375,12 @@ CheckOutput check_optimizer_layout(const TrainingState& state, const TrainerOpti
                                "add its name pattern to the spec's trainer no_weight_decay (ModelSpec::trainer), or "
                                "declare it in ModelSpec::decayed_1d if the decay is intended"));
       }
-      for (const char* m : {"exp_avg", "exp_avg_sq"}) {
-        const at::Tensor s = compat::adamw_state(optimizer, t, m);
+      for (const std::string& m : compat::state_names(optimizer)) {
+        const at::Tensor s = compat::optimizer_state(optimizer, t, m);
         if (s.defined()) state_shapes[p.fqn][m] = s.sizes().vec();  // judged from the file by any writer's rule
         if (s.defined() && s.sizes() != t.sizes()) {
           out.findings.add(error(codes::kOptimStateShape, phase, p.fqn,
-                                 std::string(m) + " has shape " + shape_str(s.sizes().vec()) + ", the local parameter " +
+                                 m + " has shape " + shape_str(s.sizes().vec()) + ", the local parameter " +
                                      shape_str(t.sizes().vec()),
                                  facts, "the update mixes elements of different positions (state not resharded)",
                                  "reshard optimizer state with the parameters when loading under another topology"));
@@ -444,10 +444,12 @@ CheckOutput check_frozen_parameters(const TrainingState& state, const std::vecto
                              "leave frozen parameters out of the backward and of the gradient synchronization"));
     }
     if (point == FrozenPoint::kAfterOptimizer && state.optimizer) {
-      for (const char* m : {"exp_avg", "exp_avg_sq"}) {
-        if (!compat::adamw_state(*state.optimizer, p->local, m).defined()) continue;
+      for (const std::string& m : compat::state_names(*state.optimizer)) {
+        if (!compat::optimizer_state(*state.optimizer, p->local, m).defined()) continue;
         out.findings.add(error(codes::kFrozenOptimizerState, phase, p->fqn,
-                               std::string("declared frozen and has AdamW state '") + m + "'" + at_step, facts,
+                               "declared frozen and has " + compat::optimizer_kind(*state.optimizer) + " state '" + m +
+                                   "'" + at_step,
+                               facts,
                                "the optimizer steps a frozen parameter (weight decay moves it even with a zero "
                                "gradient), and its state is saved in checkpoints",
                                "build the optimizer over the trainable parameters only"));

@@ -12,7 +12,7 @@
 #include <regex>
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #ifdef MIH_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -228,7 +228,7 @@ PieceSums piece_sums(const T* x, const uint8_t* pattern, int64_t n, int64_t k) {
   return out;
 }
 
-// One probed tensor: a parameter, its gradient or an AdamW state, laid out like param->local
+// One probed tensor: a parameter, its gradient or an optimizer state, laid out like param->local
 // (undefined if this rank has none).
 struct ProbeItem {
   std::string name;
@@ -237,7 +237,7 @@ struct ProbeItem {
 };
 
 std::vector<ProbeItem> stage_items(const std::vector<WatchEntry>& watchlist, Stage stage,
-                                   torch::optim::AdamW* optimizer) {
+                                   torch::optim::Optimizer* optimizer) {
   std::vector<ProbeItem> items;
   for (const auto& w : watchlist) {
     const ShardedParameter& p = *w.param;
@@ -248,8 +248,8 @@ std::vector<ProbeItem> stage_items(const std::vector<WatchEntry>& watchlist, Sta
       case Stage::kGradAfterClip: items.push_back({p.fqn, &p, p.local.grad()}); break;
       case Stage::kOptimizerState:
         MIH_INTERNAL_ASSERT(optimizer != nullptr, "probe_stage(optimizer_state) without an optimizer");
-        for (const char* m : {"exp_avg", "exp_avg_sq"}) {
-          items.push_back({p.fqn + "/" + m, &p, compat::adamw_state(*optimizer, p.local, m)});
+        for (const std::string& m : compat::state_names(*optimizer)) {
+          items.push_back({p.fqn + "/" + m, &p, compat::optimizer_state(*optimizer, p.local, m)});
         }
         break;
     }
@@ -368,7 +368,7 @@ json reduced_records(ParallelContext& ctx, const std::vector<ProbeItem>& items, 
 }  // namespace
 
 json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
-                 torch::optim::AdamW* optimizer, const WatchlistOptions& options) {
+                 torch::optim::Optimizer* optimizer, const WatchlistOptions& options) {
   const std::vector<ProbeItem> items = stage_items(watchlist, stage, optimizer);
   ProbeSums b(items, options);
   for (size_t i = 0; i < items.size(); ++i) {

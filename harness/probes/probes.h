@@ -16,7 +16,7 @@
 #include "harness/findings/findings.h"
 
 namespace torch::optim {
-class AdamW;
+class Optimizer;
 }
 
 namespace mih::probes {
@@ -52,15 +52,15 @@ std::string stage_name(Stage stage);
 
 /// Statistics of each watched tensor at `stage` (collective over the ranks of this pipeline
 /// stage, MeshAxis::kStage: the world without pp; each stage probes its own parameters): for the
-/// parameters' values (model_before, after_optimizer), gradients (grad_*) or AdamW moments
-/// (optimizer_state: "<fqn>/exp_avg", "<fqn>/exp_avg_sq"). Per tensor: sum, sum_sq, min,
+/// parameters' values (model_before, after_optimizer), gradients (grad_*) or optimizer state
+/// (optimizer_state: "<fqn>/<state>" per compat::state_names, "<fqn>/exp_avg" ...). Per tensor: sum, sum_sq, min,
 /// max, nonfinite (count), defined_ranks, sketch (k sums of x[i] * sign_j(i), the sign a
 /// hash of the global element index i, so it is the same under every sharding) and, for
 /// small tensors, values (row-major, float64). Each element is counted once: only the rank
 /// that writes a piece (ParallelContext::writes_piece) contributes it.
 /// Returns {"stage": name, "tensors": {name: {...}}}.
 nlohmann::json probe_stage(ParallelContext& ctx, const std::vector<WatchEntry>& watchlist, Stage stage,
-                           torch::optim::AdamW* optimizer, const WatchlistOptions& options);
+                           torch::optim::Optimizer* optimizer, const WatchlistOptions& options);
 
 /// The ±1 signs of the sketches (harness/parallel/activations.h; the activation probes use
 /// the same).

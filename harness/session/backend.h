@@ -28,8 +28,8 @@ class TrainingBackend {
   /// `resume` is true for a case that saves and loads a checkpoint. The case runner rejects
   /// such a case before any rank starts.
   virtual std::string unsupported(const ParallelConfig& /*config*/, bool /*resume*/) const { return ""; }
-  /// Builds the spec's model on `mesh` under `config` (the model, its sharding, the AdamW
-  /// optimizer with `options`, the data split) and calls hooks.attach_optimizer and
+  /// Builds the spec's model on `mesh` under `config` (the model, its sharding, the
+  /// optimizer `options` names, the data split) and calls hooks.attach_optimizer and
   /// hooks.attach_data_pipeline. `spec`, `mesh` and `hooks` outlive the backend.
   /// Throws: mih::Error{kInvalidSpec} for a config it cannot run.
   virtual void build(const spec::ModelSpec& spec, DeviceMesh& mesh, const ParallelConfig& config,
@@ -40,8 +40,8 @@ class TrainingBackend {
   virtual int64_t next_step() const = 0;
   /// What the session sees (parameter table, model, optimizer, config).
   virtual TrainingState state() = 0;
-  /// The full value of a parameter ("param"), its gradient ("grad") or an AdamW state
-  /// ("exp_avg", "exp_avg_sq"), on every rank. A collective.
+  /// The full value of a parameter ("param"), its gradient ("grad") or an optimizer
+  /// state (compat::state_names: "exp_avg", "momentum_buffer" ...), on every rank. A collective.
   virtual at::Tensor gather_full(const ShardedParameter& p, const std::string& what) = 0;
   /// Saves / loads a checkpoint (model, optimizer, step) that any config of the spec can
   /// load; calls hooks.capture_checkpoint_payload. Collectives.

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
 #include "harness/contract/evidence_layout.h"
@@ -130,7 +130,10 @@ ValidationSession::ValidationSession(const spec::ModelSpec& spec, SessionOptions
       evidence_->write_json(layout::kEnvironment, capture_environment(options_.source_dir, env));
       evidence_->write_json(layout::kSpecResolved, spec.to_json());
       json config = options_.config;
+      config["optimizer"] = optimizer_kind_name(options_.trainer.optimizer());
       config["lr"] = options_.trainer.lr();
+      config["warmup_steps"] = options_.trainer.warmup_steps();
+      config["decay_steps"] = options_.trainer.decay_steps();
       config["weight_decay"] = options_.trainer.weight_decay();
       config["max_grad_norm"] = options_.trainer.max_grad_norm();
       config["no_weight_decay"] = options_.trainer.no_weight_decay();

@@ -16,7 +16,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
@@ -579,16 +578,18 @@ void TrainerSession::capture_checkpoint_payload(const std::string& event, int64_
   MIH_CHECK(nested == (event == "save"), "TrainerSession::capture_checkpoint_payload('", event, "'): the save is "
             "captured by the save phase's run, whose case_dir is <case>/", layout::kBeforeSave, ", the load by the load "
             "phase's, whose case_dir is <case>; this session's is ", s.o.case_dir.string());
-  auto* adamw = dynamic_cast<torch::optim::AdamW*>(s.optimizer);
+  // The state of an optimizer compat reads (AdamW, Adam, SGD); another one's is not recorded.
+  const std::vector<std::string> states =
+      compat::state_readable(*s.optimizer) ? compat::state_names(*s.optimizer) : std::vector<std::string>{};
   json tensors = json::object();
   auto record = [&](const std::string& name, const at::Tensor& whole) {
     tensors[name] = {{"sha256", tensor_sha256(whole)}, {"shape", whole.sizes().vec()}};
   };
   for (const Param& p : s.params) {
     record(p.entry.fqn, s.full(p, p.entry.local));
-    if (!adamw || !p.entry.local.requires_grad()) continue;
-    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-      record(p.entry.fqn + "/" + moment, s.full(p, compat::adamw_state(*adamw, p.entry.local, moment)));
+    if (!p.entry.local.requires_grad()) continue;
+    for (const std::string& name : states) {
+      record(p.entry.fqn + "/" + name, s.full(p, compat::optimizer_state(*s.optimizer, p.entry.local, name)));
     }
   }
   if (!s.writer()) return;

@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include "harness/base/error.h"
 #include "harness/base/fault.h"
@@ -300,16 +300,7 @@ Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFact
     decay = before_sharding;
     no_decay.clear();
   }
-  auto adamw = [&](double weight_decay) {
-    return torch::optim::AdamWOptions(options_.lr())
-        .betas(std::make_tuple(options_.beta1(), options_.beta2()))
-        .eps(options_.eps())
-        .weight_decay(weight_decay);
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(adamw(options_.weight_decay())));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(adamw(0.0)));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(groups, adamw(options_.weight_decay()));
+  optimizer_ = make_optimizer(options_, decay, no_decay);
   hooks_->attach_optimizer(state());
   hooks_->attach_data_pipeline(batches_);
 }
@@ -360,6 +351,8 @@ StepMetrics Trainer::step() {
                                                        : context_->grad_norm();
   m.grad_norm_post_clip = context_->grad_norm();
   hooks_->after_clip(step, m.grad_norm_pre_clip);
+  m.lr = scheduled_lr(options_, step - schedule_origin_);
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(m.lr);
   optimizer_->step();
   for (const auto& p : context_->parameters()) p->local.mutable_grad() = at::Tensor();  // set to none
   hooks_->after_optimizer(step);
@@ -371,7 +364,6 @@ StepMetrics Trainer::step() {
   // Under pp only the last stage's ranks computed losses: the batch loss on every rank.
   if (config_.pp > 1) mesh_->comm(MeshAxis::kPp).all_reduce(loss, ReduceOp::kSum, "trainer.loss.pp");
   m.loss = loss.item<double>();
-  m.lr = options_.lr();
   m.valid_tokens = global_valid;
   m.loss_normalizers = normalizers;
   for (const auto& a : pipelined.executed) m.pipeline_order.push_back(a.text());
@@ -385,15 +377,29 @@ StepMetrics Trainer::step() {
 }
 
 void Trainer::save(const std::filesystem::path& dir) {
-  nlohmann::json state = {{"next_step", next_step_}, {"parallel_config", config_}, {"world_size", mesh_->world_size()}};
+  nlohmann::json state = {{"next_step", next_step_},
+                          {"parallel_config", config_},
+                          {"world_size", mesh_->world_size()},
+                          {"optimizer", compat::optimizer_kind(*optimizer_)}};
   save_checkpoint(dir, *context_, optimizer_.get(), state);
   hooks_->capture_checkpoint_payload("save", dir, read_checkpoint_index(dir));
 }
 
 void Trainer::load(const std::filesystem::path& dir) {
+  // A checkpoint of another optimizer's state would load as a fresh one (its keys unknown):
+  // refused by name. Checkpoints written before the field were AdamW's.
+  const nlohmann::json trainer_state = read_checkpoint_index(dir).at("trainer_state");
+  const std::string saved =
+      trainer_state.contains("optimizer") ? trainer_state.at("optimizer").get<std::string>() : std::string("adamw");
+  MIH_CHECK(saved == compat::optimizer_kind(*optimizer_), "checkpoint ", dir.string(), " holds the state of optimizer '",
+            saved, "', this trainer's is '", compat::optimizer_kind(*optimizer_), "': build the trainer with ",
+            "TrainerOptions::optimizer '", saved, "' to resume it");
   nlohmann::json state = load_checkpoint(dir, *context_, optimizer_.get());
   MIH_CHECK(state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
   next_step_ = state.at("next_step").get<int64_t>();
+  // F40 (docs/fault-catalog.md): the schedule's step not restored with the checkpoint (a
+  // scheduler whose state is not saved): the warmup starts again at the resumed step.
+  schedule_origin_ = fault::active(fault::Fault::kF40) ? next_step_ : 0;
   hooks_->capture_checkpoint_payload("load", dir, read_checkpoint_index(dir));
 }
 
@@ -410,7 +416,7 @@ at::Tensor Trainer::gather_full(const ShardedParameter& p, const std::string& wh
   } else if (what == "grad") {
     piece = p.local.grad();
   } else {
-    piece = compat::adamw_state(*optimizer_, p.local, what);
+    piece = compat::optimizer_state(*optimizer_, p.local, what);
     if (!piece.defined()) return piece;  // no state: the parameter never had a gradient
   }
   MIH_CHECK(piece.defined(), "gather_full('", p.fqn, "', '", what, "'): not defined at this point of the step");

@@ -1,10 +1,10 @@
 // The Trainer: the short real training loop conformance cases run. From a model factory, a
-// ParallelConfig and a source of global batches it builds the model on the mesh, the AdamW
-// optimizer over the local shards and the data split, and runs steps: micro-batches with the
-// loss normalized by the global valid-token count, gradient synchronization, global-norm
-// clipping, the optimizer step. Every configuration of one global batch gives the numbers of
-// one rank (DESIGN.md section 4). Session hooks are called at each point of DESIGN.md
-// section 6.
+// ParallelConfig and a source of global batches it builds the model on the mesh, the optimizer
+// (AdamW, Adam or SGD) over the local shards and the data split, and runs steps: micro-batches
+// with the loss normalized by the global valid-token count, gradient synchronization,
+// global-norm clipping, the optimizer step at the step's scheduled learning rate. Every
+// configuration of one global batch gives the numbers of one rank (DESIGN.md section 4).
+// Session hooks are called at each point of DESIGN.md section 6.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@
 #include "harness/base/parallel_config.h"
 
 namespace torch::optim {
-class AdamW;
+class Optimizer;
 }
 
 namespace mih {
@@ -71,17 +71,43 @@ class ParallelModel : public torch::nn::Module {
 /// Builds the model on a context; every parameter must come from ctx.make_parameter.
 using ModelFactory = std::function<std::shared_ptr<ParallelModel>(ParallelContext& ctx)>;
 
-/// Optimizer and clipping of a run.
+/// The optimizer the Trainer builds over the local shards (TrainerOptions::optimizer).
+enum class OptimizerKind {
+  kAdamW,  ///< torch::optim::AdamW: decoupled weight decay (Loshchilov and Hutter 2019)
+  kAdam,   ///< torch::optim::Adam: weight decay as L2 in the gradient
+  kSgd,    ///< torch::optim::SGD with momentum: its update is linear in the gradient's scale
+};
+
+/// "adamw", "adam", "sgd".
+std::string optimizer_kind_name(OptimizerKind kind);
+/// The kind of a name optimizer_kind_name gives. Throws: mih::Error{kInvalidSpec} listing them.
+OptimizerKind parse_optimizer_kind(const std::string& name);
+
+/// Optimizer, learning-rate schedule and clipping of a run. The optimizer's param groups are
+/// one per weight-decay rule: weight_decay for the parameters no no_weight_decay pattern names,
+/// 0 for the others.
 struct TrainerOptions {
-  /// AdamW learning rate. Default 1e-3.
+  /// The optimizer. Default AdamW.
+  TORCH_ARG(OptimizerKind, optimizer) = OptimizerKind::kAdamW;
+  /// Peak learning rate (the constant one without a schedule). Default 1e-3.
   TORCH_ARG(double, lr) = 1e-3;
-  /// AdamW betas. Default (0.9, 0.95).
+  /// Adam and AdamW betas. Default (0.9, 0.95).
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.95;
-  /// AdamW eps. Default 1e-8.
+  /// Adam and AdamW eps. Default 1e-8.
   TORCH_ARG(double, eps) = 1e-8;
+  /// SGD momentum (0: plain SGD, no optimizer state). Default 0.9.
+  TORCH_ARG(double, momentum) = 0.9;
+  /// SGD Nesterov momentum. Default false.
+  TORCH_ARG(bool, nesterov) = false;
   /// Weight decay of the decay group. Default 0.1.
   TORCH_ARG(double, weight_decay) = 0.1;
+  /// Learning-rate schedule (scheduled_lr): linear warmup over this many steps (0: none).
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  /// Then cosine decay from lr to min_lr over this many steps (0: lr stays constant).
+  TORCH_ARG(int64_t, decay_steps) = 0;
+  /// The learning rate the cosine decay ends at. Default 0.
+  TORCH_ARG(double, min_lr) = 0;
   /// Clip gradients to this global L2 norm; <= 0 disables clipping. Default 1.0.
   TORCH_ARG(double, max_grad_norm) = 1.0;
   /// FQN glob patterns (fnmatch) of the parameters without weight decay. Default: biases and
@@ -101,6 +127,20 @@ struct TrainerOptions {
   TORCH_ARG(c10::Device, device) = c10::Device(c10::DeviceType::CPU);
 };
 
+/// The learning rate of step `step` (0-based, counted from the run's first step, across
+/// resumes): lr * (step + 1) / warmup_steps during the warmup, then
+/// min_lr + (lr - min_lr) * (1 + cos(pi * min(1, (step - warmup_steps) / decay_steps))) / 2
+/// (linear warmup then cosine decay, as torchtitan's and Megatron-LM's schedulers), lr when
+/// decay_steps is 0. Throws: mih::Error{kInvalidSpec} for a negative step count or step.
+double scheduled_lr(const TrainerOptions& options, int64_t step);
+
+/// The optimizer `options` names over the local shards: one param group of `decay` with
+/// options.weight_decay and one of `no_decay` with 0 (an empty one left out), at options.lr.
+/// Throws: mih::Error{kInvalidSpec} for a negative momentum or weight decay, or Nesterov
+///   without momentum.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainerOptions& options, const std::vector<at::Tensor>& decay,
+                                                        const std::vector<at::Tensor>& no_decay);
+
 /// What one step measured.
 struct StepMetrics {
   int64_t step = 0;
@@ -109,6 +149,7 @@ struct StepMetrics {
   /// Global L2 norm of the gradients before and after clipping (the latter measured).
   double grad_norm_pre_clip = 0;
   double grad_norm_post_clip = 0;
+  /// The learning rate the optimizer stepped with (scheduled_lr of the step).
   double lr = 0;
   /// Targets with a label (!= -100) in the global batch.
   int64_t valid_tokens = 0;
@@ -133,7 +174,9 @@ void to_json(nlohmann::json& j, const StepMetrics& m);
 struct TrainingState {
   ParallelContext* context = nullptr;
   ParallelModel* model = nullptr;
-  torch::optim::AdamW* optimizer = nullptr;
+  /// The run's optimizer (AdamW, Adam or SGD: compat::optimizer_kind; its state through
+  /// harness/compat/optim.h).
+  torch::optim::Optimizer* optimizer = nullptr;
   /// The run's config (micro-batches, dtype...); null when the backend has none.
   const ParallelConfig* config = nullptr;
 };
@@ -199,11 +242,12 @@ class Trainer {
   /// Runs `steps` steps.
   std::vector<StepMetrics> run(int64_t steps);
 
-  /// Saves a resharding checkpoint of the model, the AdamW state and the step count to `dir`
+  /// Saves a resharding checkpoint of the model, the optimizer state and the step count to `dir`
   /// (distributed_checkpoint.h). A collective. Throws: as save_checkpoint.
   void save(const std::filesystem::path& dir);
   /// Loads a checkpoint saved under any ParallelConfig of the same model (and dtype); the
-  /// next step() continues from the saved step. A collective; nothing is loaded on error.
+  /// next step() continues from the saved step (and its learning rate from the schedule at
+  /// that step). A collective; nothing is loaded on error.
   /// Throws: as load_checkpoint.
   void load(const std::filesystem::path& dir);
   /// The index of the next step to run.
@@ -212,12 +256,12 @@ class Trainer {
   ParallelContext& context() { return *context_; }
   TrainingState state() { return {context_.get(), model_.get(), optimizer_.get(), &config_}; }
   ParallelModel& model() { return *model_; }
-  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const ParallelConfig& config() const { return config_; }
 
-  /// The full value of a parameter, of its gradient ("grad") or of an AdamW state
-  /// ("exp_avg", "exp_avg_sq"), on every rank. A collective: call it on every rank. An AdamW
-  /// state the optimizer does not hold (a parameter no step gave a gradient yet, as CLIP's
+  /// The full value of a parameter, of its gradient ("grad") or of an optimizer state
+  /// (compat::state_names: "exp_avg", "exp_avg_sq", "momentum_buffer"), on every rank. A
+  /// collective: call it on every rank. A state the optimizer does not hold (a parameter no step gave a gradient yet, as CLIP's
   /// post_layernorm in LLaVA) is an undefined tensor on every rank, as PyTorch's optimizers
   /// hold no state for it. Throws: mih::Error naming the parameter for an undefined value or
   /// gradient.
@@ -231,8 +275,10 @@ class Trainer {
   TrainingHooks* hooks_;
   std::unique_ptr<ParallelContext> context_;
   std::shared_ptr<ParallelModel> model_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t next_step_ = 0;
+  /// The step scheduled_lr counts from: 0 (F40 sets it to the step a load restored).
+  int64_t schedule_origin_ = 0;
 };
 
 }  // namespace mih

@@ -29,7 +29,7 @@ using Tensors = std::map<std::string, at::Tensor>;
 struct TrainingRun {
   std::vector<StepMetrics> metrics;
   std::vector<Tensors> grads, params;
-  Tensors exp_avg;  // after the last step
+  Tensors exp_avg;  // after the last step: the optimizer's first state (SGD: momentum_buffer)
   nlohmann::json layout;
 };
 
@@ -58,7 +58,7 @@ class Capture : public TrainingHooks {
     Tensors params, exp_avg;
     for (const auto& p : ctx.parameters()) {
       params[p->fqn] = ctx.gather_full(*p, p->local);
-      const at::Tensor state = compat::adamw_state(*optimizer_, p->local, "exp_avg");
+      const at::Tensor state = compat::optimizer_state(*optimizer_, p->local, compat::state_names(*optimizer_).front());
       if (step == steps_ - 1 && state.defined()) exp_avg[p->fqn] = ctx.gather_full(*p, state);
     }
     if (!keep_) return;
@@ -85,7 +85,7 @@ class Capture : public TrainingHooks {
   bool keep_metrics_;
   int64_t steps_;
   std::mutex* merge_;
-  torch::optim::AdamW* optimizer_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
   ParallelContext* ctx_ = nullptr;
 };
 
@@ -136,6 +136,7 @@ inline ::testing::AssertionResult MatchesReference(const TrainingRun& run, const
                                              << " (relative error " << e << " > " << tolerance << ")";
       }
     }
+    if (m.lr != r.lr) return ::testing::AssertionFailure() << "step " << s << " lr " << m.lr << " vs reference " << r.lr;
     if (m.valid_tokens != r.valid_tokens) {
       return ::testing::AssertionFailure() << "step " << s << " valid tokens " << m.valid_tokens << " vs " << r.valid_tokens;
     }
@@ -161,7 +162,10 @@ inline ::testing::AssertionResult MatchesReference(const TrainingRun& run, const
   const double last_norm = ref.metrics.empty() ? 0 : ref.metrics.back().grad_norm_post_clip;
   for (const auto& [fqn, expected] : ref.exp_avg) {
     double e = relative_error(run.exp_avg.at(fqn), expected, tolerance * last_norm);
-    if (!(e <= tolerance)) return ::testing::AssertionFailure() << "exp_avg of '" << fqn << "': relative error " << e;
+    if (!(e <= tolerance)) {
+      return ::testing::AssertionFailure() << "optimizer state (exp_avg / momentum_buffer) of '" << fqn
+                                           << "': relative error " << e;
+    }
   }
   return ::testing::AssertionSuccess() << "worst relative error " << worst;
 }
