@@ -213,14 +213,19 @@ def _rms_norm(ops, x, w, eps):
 
 
 def _causal_mask(batch, dtype):
-    """Additive [B, 1, S, S] mask: 0 where query t may attend key j (j <= t and the key not
-    padding by attention_mask), the dtype's lowest value elsewhere (as Hugging Face adds it)."""
+    """Additive [B, 1, S, S] mask: 0 where query t may attend key j (j <= t, the key not
+    padding by attention_mask and, when the batch has document_ids, in t's own document: the
+    block-causal mask of packed documents, as transformers' packed-sequence mask), the dtype's
+    lowest value elsewhere (as Hugging Face adds it)."""
     ids = batch["input_ids"]
     b, s = ids.shape
     keep = torch.ones(s, s, dtype=torch.bool).tril().expand(b, 1, s, s)
     mask = batch.get("attention_mask")
     if mask is not None:
         keep = keep & mask.bool()[:, None, None, :]
+    documents = batch.get("document_ids")
+    if documents is not None:
+        keep = keep & (documents[:, None, :, None] == documents[:, None, None, :])
     low = torch.finfo(dtype).min
     return torch.zeros(b, 1, s, s, dtype=dtype).masked_fill(~keep, low)
 

@@ -281,7 +281,7 @@ def produce(export_dir, out_dir, impl, noise_twin=True, plugin=None):
         if name not in batch_tensors:
             raise GoldenError(11, "%s/batch.safetensors has no '%s'" % (export_dir, name))
     batch = {k: v.to(torch.int64) for k, v in batch_tensors.items()
-             if k in ("input_ids", "labels", "position_ids", "attention_mask")}
+             if k in ("input_ids", "labels", "position_ids", "attention_mask", "document_ids")}
     if "pixel_values" in batch_tensors:  # a vision-language model's images, in the weights' precision
         batch["pixel_values"] = batch_tensors["pixel_values"].to(torch.float64)
 

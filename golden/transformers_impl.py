@@ -112,11 +112,27 @@ def saved_parameters(model):
 
 def _inputs(batch):
     """The forward's keyword arguments from the batch: input_ids, and attention_mask,
-    position_ids and pixel_values when the batch has them."""
+    position_ids and pixel_values when the batch has them. A batch of packed documents
+    (document_ids) gives no attention_mask: then transformers finds the documents itself from
+    the position_ids, which restart at each one (masking_utils.find_packed_sequence_indices),
+    and masks attention to each; a row with padding cannot be given that way."""
     kwargs = {"input_ids": batch["input_ids"]}
+    packed = "document_ids" in batch
     for name in ("attention_mask", "position_ids", "pixel_values"):
-        if name in batch:
+        if name in batch and not (packed and name == "attention_mask"):
             kwargs[name] = batch[name]
+    if packed:
+        from transformers import masking_utils
+
+        if not getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", False):
+            raise GoldenError(12, "batch.safetensors has document_ids: transformers masks packed documents only with "
+                                  "torch >= 2.6; run the producer with a newer torch or use --impl builtin")
+        if "position_ids" not in batch:
+            raise GoldenError(11, "batch.safetensors has document_ids but no position_ids: transformers finds packed "
+                                  "documents from the position_ids")
+        if "attention_mask" in batch and not bool(batch["attention_mask"].bool().all()):
+            raise GoldenError(11, "batch.safetensors has document_ids and padding (attention_mask 0): transformers "
+                                  "masks packed documents only without an attention_mask; use --impl builtin")
     return kwargs
 
 

@@ -98,7 +98,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions&
   }
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       const at::Tensor& document_ids) {
   const int64_t d = o_.resolved_head_dim();
   // KV heads of this rank: KV/TP, or the one replicated head at tp > KV.
   const int64_t heads = o_.num_heads() / ctx_->tp_size(), kv_heads = std::max<int64_t>(o_.num_kv_heads() / ctx_->tp_size(), 1);
@@ -116,7 +117,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   // F29 (docs/fault-catalog.md): the queries scaled by 1 / sqrt(D) before an attention that scales the
   // scores by 1 / sqrt(D) itself: the scores scaled by 1 / D, in every configuration alike.
   if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
-  at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard());
+  CpAttentionMask mask;
+  mask.document_ids = document_ids;
+  at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard(), mask);
   context = context.transpose(1, 2).reshape({b, s, heads * d});
   // The context is split over tp by heads: Shard(features).
   return o_proj(ctx_->dropout(context, o_.dropout(), is_training(), ActivationLayout::column_parallel()));
@@ -275,12 +278,13 @@ at::Tensor LlamaDecoderLayerImpl::mlp_forward(const at::Tensor& x) {
   return static_cast<MoeMlpImpl*>(mlp.get())->forward(x);
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                          const at::Tensor& document_ids) {
   // The residual stream is replicated over tp, or sharded on the sequence under sequence
   // parallelism: the dropout masks and the activation probes follow.
   const ActivationLayout residual = ActivationLayout::residual(*ctx_);
   const at::Tensor attn_in = observed(*ctx_, o_, *input_layernorm, input_layernorm(x), residual);
-  const at::Tensor attn = observed(*ctx_, o_, *self_attn, self_attn(attn_in, cos, sin), residual);
+  const at::Tensor attn = observed(*ctx_, o_, *self_attn, self_attn(attn_in, cos, sin, document_ids), residual);
   at::Tensor h = x + ctx_->dropout(attn, o_.dropout(), is_training(), residual);
   const at::Tensor mlp_in = observed(*ctx_, o_, *post_attention_layernorm, post_attention_layernorm(h), residual);
   const at::Tensor mlp_out = observed(*ctx_, o_, *mlp, mlp_forward(mlp_in), residual);
@@ -351,12 +355,13 @@ at::Tensor LlamaForCausalLM::embed(const Batch& batch) {
 }
 
 at::Tensor LlamaForCausalLM::run_layers(at::Tensor x, const Batch& batch, int64_t first, int64_t last) {
+  const at::Tensor docs = document_ids(batch);
   // The rotary table, once per forward, for the global positions of this rank's tokens:
   // shared state every layer consumes (outside its checkpoint region, which gets it as an
   // input: a recompute must see this forward's table, not a later one).
   SharedState& shared = ctx_->shared_state();
   {
-    auto [cos, sin] = rotary_emb(batch.position_ids);
+    auto [cos, sin] = rotary_emb(rotary_positions(batch));
     shared.publish("rotary.cos", cos, "rotary_emb");
     shared.publish("rotary.sin", sin, "rotary_emb");
   }
@@ -364,13 +369,38 @@ at::Tensor LlamaForCausalLM::run_layers(at::Tensor x, const Batch& batch, int64_
     const std::string name = "layers." + std::to_string(i);
     const at::Tensor cos = shared.consume("rotary.cos", name), sin = shared.consume("rotary.sin", name);
     auto layer = decoder_layers.at(i).ptr();
+    // The document ids are a region input (not state of the model), so a recompute in the
+    // backward of an earlier micro-batch sees that micro-batch's.
+    std::vector<at::Tensor> inputs = {x, cos, sin};
+    if (docs.defined()) inputs.push_back(docs);
     x = ctx_->fsdp_forward(name, [&] {
       return ctx_->checkpoint_region(
-          name, [layer](const std::vector<at::Tensor>& in) { return layer->forward(in[0], in[1], in[2]); },
-          {x, cos, sin}, layer->parameters());
+          name,
+          [layer](const std::vector<at::Tensor>& in) {
+            return layer->forward(in[0], in[1], in[2], in.size() > 3 ? in[3] : at::Tensor());
+          },
+          inputs, layer->parameters());
     });
   }
   return x;
+}
+
+at::Tensor LlamaForCausalLM::document_ids(const Batch& batch) const {
+  if (!o_.document_mask()) return {};
+  const auto it = batch.fields.find("document_ids");
+  MIH_CHECK(it != batch.fields.end(), "llama: document_mask is set and the batch has no field 'document_ids'; emit it "
+            "(TextPipelineOptions::document_ids) and declare it cp-replicated, or turn document_mask off");
+  return it->second.to(ctx_->device());
+}
+
+at::Tensor LlamaForCausalLM::rotary_positions(const Batch& batch) const {
+  const CpShard cp = ctx_->cp_shard();
+  if (!fault::active(fault::Fault::kF38) || cp.size() == 1) return batch.position_ids;
+  // F38 (docs/fault-catalog.md): under cp the positions counted on from this rank's first token through
+  // its shard (its offset in the row), not read from position_ids: a document that starts
+  // inside the shard does not restart at 0.
+  const at::Tensor ids = cp.query_ids(batch.position_ids.size(1)).to(batch.position_ids.device());
+  return batch.position_ids.narrow(1, 0, 1) + (ids - ids[0]).unsqueeze(0);
 }
 
 at::Tensor LlamaForCausalLM::head_logits(const at::Tensor& x) {

@@ -92,6 +92,13 @@ struct LlamaOptions {
   /// SwiGLU inner size of the shared expert every token of a MoE layer also goes through,
   /// scaled by sigmoid(x g^T) (Qwen2-MoE's shared_expert and shared_expert_gate); 0: none.
   TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
+  /// Attention never crosses a document of a packed row: a query attends only to the keys of
+  /// its own document (block-causal), from the batch field "document_ids" ([B, S] int64,
+  /// TextPipelineOptions::document_ids), which the spec hands whole to every cp rank
+  /// (cp-replicated) so the mask is looked up at global token ids (CpAttentionMask). Rotary
+  /// positions come from position_ids, which restart at every document. false (default): every
+  /// row one causal sequence.
+  TORCH_ARG(bool, document_mask) = false;
 
  public:
   /// D: head_dim, or hidden_size / num_heads when it is 0.
@@ -106,11 +113,13 @@ struct LlamaOptions {
 
 /// Grouped-query self-attention with rotary positions over a context-parallel sequence, with
 /// Qwen3's per-head q and k norms under qk_norm (Qwen3Attention: norm, then rotary).
-/// Input [B, S, H] (sequence parallel: [B, S/TP, H]), cos/sin [B, 1, S, D] -> like the input.
+/// Input [B, S, H] (sequence parallel: [B, S/TP, H]), cos/sin [B, 1, S, D], document_ids
+/// [B, S * CP] (the whole row; undefined: no document mask) -> like the input.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(ParallelContext& ctx, const LlamaOptions& o);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& document_ids = {});
 
   ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
   RowParallelLinear o_proj{nullptr};
@@ -204,7 +213,9 @@ TORCH_MODULE(MoeMlp);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOptions& o, int64_t index);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  /// document_ids as LlamaAttentionImpl::forward takes them.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& document_ids = {});
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
@@ -264,6 +275,11 @@ class LlamaForCausalLM : public ParallelModel {
  private:
   /// Layers [first, last) over x, the rotary table published once for them.
   at::Tensor run_layers(at::Tensor x, const Batch& batch, int64_t first, int64_t last);
+  /// Under document_mask the batch's document_ids [B, S * CP], else undefined.
+  /// Throws: mih::Error{kInvalidSpec} when document_mask is set and the batch lacks the field.
+  at::Tensor document_ids(const Batch& batch) const;
+  /// The positions of this rank's tokens the rotary table is built for: batch.position_ids.
+  at::Tensor rotary_positions(const Batch& batch) const;
   /// The final norm and the head: -> logits [B, S, V/TP].
   at::Tensor head_logits(const at::Tensor& x);
 

@@ -175,7 +175,21 @@ spec::ModelSpec llama_unobserved_spec() {
   return s;
 }
 
+// Packed documents that attention never crosses (document_ids, a block-causal mask in global
+// token ids): the cases that split the sequence (cp contiguous and zigzag, sp), with its own
+// golden; llama's own cases are the single-document control.
+spec::ModelSpec llama_docs_spec() {
+  const models::LlamaOptions o = models::LlamaOptions().document_mask(true);
+  spec::ModelSpec s = with_document_ids(llama_spec_with("llama_docs", o));
+  s.description = "llama over packed documents, attention masked to each document (document_mask)";
+  s.golden.dir = reference_golden("llama_docs");
+  s.golden.layers = llama_golden_layers(o.num_layers());
+  s.golden.logits = "lm_head";
+  return s;
+}
+
 MIH_REGISTER_SPEC(llama_spec);
+MIH_REGISTER_SPEC(llama_docs_spec);
 MIH_REGISTER_SPEC(llama_tied_spec);
 MIH_REGISTER_SPEC(llama_bias_spec);
 MIH_REGISTER_SPEC(llama_unsharded_root_spec);
@@ -229,5 +243,7 @@ MIH_CONFORMANCE_SUITES(LlamaDeep, "llama_deep", "cpu-smoke-variants");
 // Dropout 0.1 on every case: its masks depend only on each element's global position
 // (ParallelContext::dropout), so every split of the batch matches the one-rank reference.
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");
+// Document masking on the cases that split the sequence (cp contiguous, cp zigzag, sp).
+MIH_CONFORMANCE_SUITES(LlamaDocs, "llama_docs", "cpu-smoke-documents");
 // No activation probes: on request only (`--prefixes LlamaUnobserved`; tests/cli/honest_blame.py).
 MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaUnobserved, "llama_unobserved", "cpu-smoke");

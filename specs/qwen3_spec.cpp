@@ -14,9 +14,10 @@ namespace {
 // replicated over 2 tp ranks: k_proj's rows and k_norm's weight are whole on both, each
 // backpropagating only its own query heads' share, so their gradients are partial over tp
 // (the gradient domain ColumnParallelLinearOptions::heads and HeadRMSNorm declare).
-spec::ModelSpec qwen3_spec() {
-  const models::LlamaOptions o = models::qwen3_options();
+spec::ModelSpec qwen3_spec_with(const std::string& name, const models::LlamaOptions& o) {
   spec::ModelSpec s = language_model_spec("qwen3", o);
+  s.name = name;
+  s.factory = models::make_llama(o);
   s.pipeline_layers = o.num_layers();  // the reference llama builds its pipeline stages
   s.checkpoint.hf = hf_qwen3_config(o);
   s.checkpoint.tied = {{"embed_tokens.weight", "lm_head.weight"}};
@@ -26,16 +27,28 @@ spec::ModelSpec qwen3_spec() {
   s.parity_cases = {llama_attention_case()};
   // The original (Qwen3's equations, the builtin or transformers' Qwen3ForCausalLM on this
   // spec's export): each decoder layer's output, the final norm's and the logits.
-  s.golden.dir = reference_golden("qwen3");
+  s.golden.dir = reference_golden(name);
   s.golden.layers = llama_golden_layers(o.num_layers());
   s.golden.logits = "lm_head";
   return s;
 }
 
+spec::ModelSpec qwen3_spec() { return qwen3_spec_with("qwen3", models::qwen3_options()); }
+
+// Packed documents that attention never crosses (see llama_docs in llama_spec.cpp).
+spec::ModelSpec qwen3_docs_spec() {
+  spec::ModelSpec s = with_document_ids(qwen3_spec_with("qwen3_docs", models::qwen3_options().document_mask(true)));
+  s.description += "; packed documents, attention masked to each document (document_mask)";
+  return s;
+}
+
 MIH_REGISTER_SPEC(qwen3_spec);
+MIH_REGISTER_SPEC(qwen3_docs_spec);
 
 }  // namespace
 }  // namespace mih::specs
 
 // Every conformance suite for this spec over the CI preset (`--matrix` overrides it).
 MIH_CONFORMANCE_SUITES(Qwen3, "qwen3", "cpu-smoke");
+// Document masking on the cases that split the sequence (cp contiguous, cp zigzag, sp).
+MIH_CONFORMANCE_SUITES(Qwen3Docs, "qwen3_docs", "cpu-smoke-documents");

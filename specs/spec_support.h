@@ -179,6 +179,26 @@ inline spec::ModelSpec language_model_spec(const std::string& name, const models
   return s;
 }
 
+/// `s` (a language_model_spec) over packed documents that attention never crosses: its
+/// documents cut to at most 23 bytes (25 tokens: several to a row of 64, of odd and even
+/// lengths, straddling every cp chunk boundary; TextPipelineOptions::max_document_bytes), and
+/// "document_ids" emitted (TextPipelineOptions::document_ids: which document of its row each
+/// input is), a forward field handed whole to every cp rank (cp-replicated, so a
+/// port's block-causal mask looks it up at global token ids, CpAttentionMask), and recomputed
+/// from the documents with the other fields (PipelineOutputs). The port must mask by it
+/// (LlamaOptions::document_mask).
+inline spec::ModelSpec with_document_ids(spec::ModelSpec s) {
+  const int64_t seq_len = s.seq_len;
+  s.data.pipeline += ", documents of at most 23 bytes, document_ids (attention within each document)";
+  s.data.make_batches = [seq_len] {
+    return data::TextPipeline(
+               data::TextPipelineOptions().seq_len(seq_len).global_batch(8).document_ids(true).max_document_bytes(23))
+        .source();
+  };
+  s.data.fields.push_back({data::kDocumentIdsField, /*forward=*/true, /*loss=*/false, spec::CpSharding::kReplicated});
+  return s;
+}
+
 /// From llama_spec.cpp: the key listing of reference model `name` in Hugging Face layout
 /// (<MIH_SPECS_DIR>/sources/<name>/, see its README; MIH_SPECS_DIR is the specs folder the
 /// binary was built from), or "" when that folder is not there (a relocated install): then

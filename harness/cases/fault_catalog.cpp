@@ -9,7 +9,7 @@ using nlohmann::json;
 
 const std::vector<FaultEntry>& fault_catalog() {
   const json dp_shard2 = {{"dp_shard", 2}}, tp2 = {{"tp", 2}}, tp2_sp = {{"tp", 2}, {"sequence_parallel", true}};
-  const json cp2zz = {{"cp", 2}, {"cp_layout", "zigzag"}};
+  const json cp2zz = {{"cp", 2}, {"cp_layout", "zigzag"}}, cp2 = {{"cp", 2}};
   const json resume = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}};
   const json cross = {{"kind", "cross_resume"}, {"save", dp_shard2}, {"load", tp2}, {"resume_at", 2}};
   const json ep2 = {{"dp_shard", 2}, {"ep", 2}};
@@ -212,6 +212,26 @@ const std::vector<FaultEntry>& fault_catalog() {
        "vLLM's num_kv_head_replicas (QKVParallelLinear: the KV head of tp rank t is t / (tp / num_kv_heads)); mih "
        "issue 52 (a wrong KV head per rank at tp 4 was green on cpu-smoke)", "layers.0.self_attn",
        {tp2}, "tp>num_key_value_heads"},
+      // Packed documents masked by document_ids (llama_docs): only a case that splits the
+      // sequence over cp reaches these faults' code; the sp case of the same spec is the control.
+      {"F37", "sequence layout (packed documents)",
+       "the document mask under cp looked up at a rank's local token indices (0..S/CP-1) for its queries and at "
+       "global ids for the gathered keys: every cp rank but the first takes the documents of the row's first tokens, "
+       "so its queries attend into other documents and a document straddling a chunk boundary is cut",
+       "harness/parallel/context_parallel.cpp", "LlamaDocs", "llama_docs", cp2, {"NumericParity"},
+       {R"(layers\.[0-9]+\.self_attn)"},
+       "huggingface/trl#6843 (packing with context parallelism: the document mask replaced by plain causal "
+       "attention, each packed document attends to the ones before it); NVIDIA/Megatron-LM#4495 (packed sequences "
+       "under cp: local chunk boundaries from the wrong cu_seqlens, tokens leaked across sequence boundaries)",
+       "layers.0.self_attn", {tp2_sp}, "cp>1"},
+      {"F38", "sequence layout (packed documents)",
+       "rotary positions under cp counted on from the position of a rank's first token through its shard (its offset "
+       "in the row) instead of read from position_ids: a document that starts inside the shard does not restart at 0",
+       "reference_models/llama.cpp", "LlamaDocs", "llama_docs", cp2zz, {"NumericParity"},
+       {R"(layers\.[0-9]+\.self_attn)"},
+       "NVIDIA/Megatron-LM#5243 (packed THD RoPE under cp: a cp rank's later packed sequences took the positions of "
+       "the first one); NVIDIA/Megatron-LM#453 (RoPE ignores the reset position ids of packed documents)",
+       "layers.0.self_attn", {tp2_sp}, "cp>1"},
       // One micro-batch (Pp2: a moe's pp case its numbers are held to), four layers: stage 0
       // holds MoE layer 1, stage 1 MoE layer 3.
       {"F42", "pipeline parallelism (moe balancing loss)",

@@ -113,7 +113,9 @@ CheckOutput check_data_contract(const spec::DataSpec& data, const Batch& global_
 ///  - loss_mask: labels != -100; attention_mask: 1 on every input but padding (packed rows hold
 ///    no padding: they attend across their documents, and a port that masks by document takes
 ///    the boundaries from position_ids);
-///  - placeholders (prefix_tokens): the placeholder token, label -100, index 0.. there, -1 elsewhere.
+///  - placeholders (prefix_tokens): the placeholder token, label -100, index 0.. there, -1 elsewhere;
+///  - a document field (BatchProvenance::document_field, e.g. TextPipelineOptions::document_ids):
+///    the index of the row's span that holds each input (what a block-causal mask reads).
 /// A field that differs is MIH-DATA-009 naming the field, how many positions differ, and the
 /// first (row, position, recomputed value, the pipeline's); a batch without provenance when
 /// `data.rows_from_documents` declares it, or a span that does not fit its document, too.

@@ -214,6 +214,8 @@ std::string expected_row(const BatchProvenance& pv, int64_t r, int64_t s, Expect
   auto& f = out->fields;
   for (const char* name : {"input_ids", "labels", "position_ids", "loss_mask", "attention_mask"}) f[name].assign(s, 0);
   if (!pv.prefix_index_field.empty()) f[pv.prefix_index_field].assign(s, -1);
+  // A document field numbers the spans of the row: the input's span, wherever it starts.
+  if (!pv.document_field.empty()) f[pv.document_field].assign(span_of.begin(), span_of.begin() + s);
   for (int64_t t = 0; t < s; ++t) {
     const bool placeholder = t < p;
     const bool padding = span_of[t] < 0;
@@ -246,7 +248,7 @@ std::string spans_text(const std::vector<DocumentSpan>& spans) {
 }
 
 // What a field that differs from its recomputation most likely means, and the fix.
-std::pair<std::string, std::string> document_field_advice(const std::string& field) {
+std::pair<std::string, std::string> document_field_advice(const std::string& field, const BatchProvenance& pv) {
   if (field == "position_ids") {
     return {"every document after the first of a packed row is placed as the continuation of the one before it (or a "
             "position jumps), so rotary positions and any mask derived from them cross document boundaries",
@@ -256,6 +258,12 @@ std::pair<std::string, std::string> document_field_advice(const std::string& fie
     return {"the model is trained to predict across a document boundary (or not trained where it should be)",
             "label each input with the next token of its own document; -100 where the next token starts another "
             "document, is padding, or is a placeholder"};
+  }
+  if (field == pv.document_field) {
+    return {"attention masked by these ids either crosses a document boundary (two documents share an id) or cuts a "
+            "document in two, so a token attends to another document or not to its own",
+            "number each input by the span of the row that holds it: 0 for the row's first document, one more at "
+            "every document start after it"};
   }
   if (field == "input_ids") {
     return {"the model reads other tokens than the documents hold (a dropped, repeated or misplaced token)",
@@ -298,13 +306,15 @@ CheckOutput check_batch_documents(const spec::DataSpec& data, const Batch& batch
   got["position_ids"] = batch.position_ids.defined() ? batch.position_ids
                                                      : at::arange(s, at::kLong).unsqueeze(0).expand({rows, s});
   std::vector<std::string> names = {"input_ids", "labels", "position_ids"};
-  for (const std::string& name : std::vector<std::string>{"loss_mask", "attention_mask", pv->prefix_index_field}) {
+  for (const std::string& name :
+       std::vector<std::string>{"loss_mask", "attention_mask", pv->prefix_index_field, pv->document_field}) {
     if (name.empty()) continue;
     if (auto it = batch.fields.find(name); it != batch.fields.end()) {
       got[name] = it->second;
       names.push_back(name);
-    } else if (name == pv->prefix_index_field) {
-      problem(name, "the provenance names placeholder index field '" + name + "', which the batch does not hold",
+    } else if (name == pv->prefix_index_field || name == pv->document_field) {
+      problem(name, std::string("the provenance names ") + (name == pv->document_field ? "document" : "placeholder index") +
+                        " field '" + name + "', which the batch does not hold",
               json::object());
     }
   }
@@ -340,7 +350,7 @@ CheckOutput check_batch_documents(const spec::DataSpec& data, const Batch& batch
     const json& f = fields[name];
     if (f["differing"].get<int64_t>() == 0) continue;
     const json& first = f["first"];
-    const auto [why, fix] = document_field_advice(name);
+    const auto [why, fix] = document_field_advice(name, *pv);
     out.findings.add({codes::kDataNotFromDocuments, "structure", name, Severity::kError,
                       "field '" + name + "' differs from its recomputation from the raw documents at " +
                           std::to_string(f["differing"].get<int64_t>()) + " of " + std::to_string(rows * s) +

@@ -121,7 +121,7 @@ void add_matrix_options(CLI::App& app, RunFlags* f, cases::RunOptions* o) {
   app.add_option("--evidence-root", f->evidence_root,
                  "where the run's evidence goes (default: MIH_EVIDENCE_ROOT, else mih-evidence/<run id> in the current "
                  "directory)");
-  app.add_option("--matrix", o->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
+  app.add_option("--matrix", o->matrix, "preset (cpu-smoke, cpu-smoke-variants, cpu-smoke-documents, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file; overrides every spec's");
   app.add_option("--dtype", f->dtype,
                  "the precision lane: float64, float32 or bfloat16 (sets every matrix's dtype, over its own @<dtype>; a reduced lane "
                  "compares each case with its own reference at tolerances calibrated from a noise twin)")

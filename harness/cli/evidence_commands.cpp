@@ -153,7 +153,7 @@ CommandRun setup_matrix(CLI::App& sub, const Invocation&) {
   };
   auto f = std::make_shared<Flags>();
   sub.add_option("--spec", f->spec, "registered spec (see `mih list`)")->capture_default_str();
-  sub.add_option("--preset,--matrix", f->source, "preset (cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file")
+  sub.add_option("--preset,--matrix", f->source, "preset (cpu-smoke, cpu-smoke-variants, cpu-smoke-documents, cpu-precision, cpu-full, gpu-smoke; @<dtype>[,seed=N] sets the lane) or JSON matrix file")
       ->capture_default_str();
   sub.add_flag("--json", f->as_json, "print the resolved matrix as JSON");
   return [f] {

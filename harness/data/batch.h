@@ -43,6 +43,9 @@ struct BatchProvenance {
   int64_t prefix_tokens = 0;
   int64_t prefix_token = 0;
   std::string prefix_index_field;
+  /// The field (if not empty) that numbers each input's document in its row: the index of the
+  /// row's span that holds the input (TextPipelineOptions::document_ids).
+  std::string document_field;
 };
 
 /// A batch of token sequences. `labels` are already shifted (labels[:, t] is the target of

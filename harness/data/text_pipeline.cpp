@@ -134,8 +134,16 @@ std::string read_text_file(const fs::path& path) {
   return contents;
 }
 
-// Appends the documents of `text` (split at blank lines) to the corpus; returns how many.
-int64_t add_documents(std::string_view text, int64_t min_bytes, TextCorpus& corpus) {
+// Appends one document of `len` bytes (already in corpus.bytes from `begin`).
+void add_document(int64_t begin, int64_t len, TextCorpus& corpus) {
+  corpus.doc_begin.push_back(begin);
+  corpus.doc_bytes.push_back(len);
+  corpus.tokens += len + 2;
+}
+
+// Appends the documents of `text` (split at blank lines, those above max_bytes > 0 cut into
+// pieces of max_bytes) to the corpus; returns how many.
+int64_t add_documents(std::string_view text, int64_t min_bytes, int64_t max_bytes, TextCorpus& corpus) {
   int64_t added = 0;
   size_t doc_start = std::string_view::npos;
   size_t doc_end = 0;
@@ -143,11 +151,10 @@ int64_t add_documents(std::string_view text, int64_t min_bytes, TextCorpus& corp
     if (doc_start == std::string_view::npos) return;
     const auto len = static_cast<int64_t>(doc_end - doc_start);
     if (len >= min_bytes) {
-      corpus.doc_begin.push_back(static_cast<int64_t>(corpus.bytes.size()));
-      corpus.doc_bytes.push_back(len);
+      const auto begin = static_cast<int64_t>(corpus.bytes.size());
       corpus.bytes.append(text.substr(doc_start, doc_end - doc_start));
-      corpus.tokens += len + 2;
-      ++added;
+      const int64_t piece = max_bytes > 0 ? max_bytes : len;
+      for (int64_t at = 0; at < len; at += piece, ++added) add_document(begin + at, std::min(piece, len - at), corpus);
     }
     doc_start = std::string_view::npos;
   };
@@ -173,7 +180,7 @@ std::shared_ptr<const TextCorpus> load_corpus(const TextPipelineOptions& options
   for (const auto& path : list_data_files(options.corpus(), kCorpusFix)) {
     std::string text = read_text_file(path);
     internal::TextFile file{path, static_cast<int64_t>(text.size()), 0};
-    file.documents = add_documents(text, options.min_document_bytes(), *corpus);
+    file.documents = add_documents(text, options.min_document_bytes(), options.max_document_bytes(), *corpus);
     corpus->files.push_back(std::move(file));
   }
   MIH_CHECK_CODE(!corpus->files.empty(), Code::kFailedPrecondition, "corpus '", options.corpus().string(),
@@ -211,12 +218,15 @@ void to_json(nlohmann::json& j, const TextPipelineOptions& o) {
        {"packing", o.packing()},
        {"shuffle", o.shuffle()},
        {"seed", o.seed()},
-       {"min_document_bytes", o.min_document_bytes()}};
+       {"min_document_bytes", o.min_document_bytes()},
+       {"document_ids", o.document_ids()},
+       {"max_document_bytes", o.max_document_bytes()}};
 }
 
 void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
   check_known_fields(j, "text pipeline options",
-                     {"corpus", "seq_len", "global_batch", "packing", "shuffle", "seed", "min_document_bytes"});
+                     {"corpus", "seq_len", "global_batch", "packing", "shuffle", "seed", "min_document_bytes",
+                      "document_ids", "max_document_bytes"});
   TextPipelineOptions d;
   o.corpus(j.contains("corpus") ? fs::path(j.at("corpus").get<std::string>()) : d.corpus());
   o.seq_len(j.value("seq_len", d.seq_len()));
@@ -225,6 +235,8 @@ void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
   o.shuffle(j.value("shuffle", d.shuffle()));
   o.seed(j.value("seed", d.seed()));
   o.min_document_bytes(j.value("min_document_bytes", d.min_document_bytes()));
+  o.document_ids(j.value("document_ids", d.document_ids()));
+  o.max_document_bytes(j.value("max_document_bytes", d.max_document_bytes()));
 }
 
 void PrintTo(const TextPipelineOptions& o, std::ostream* os) { *os << nlohmann::json(o).dump(); }
@@ -235,6 +247,10 @@ TextPipeline::TextPipeline(TextPipelineOptions options) : options_(std::move(opt
             options_.global_batch());
   MIH_CHECK(options_.min_document_bytes() >= 1, "text pipeline: 'min_document_bytes' must be >= 1, got ",
             options_.min_document_bytes());
+  MIH_CHECK(options_.max_document_bytes() >= 0, "text pipeline: 'max_document_bytes' must be >= 0 (0: no limit), got ",
+            options_.max_document_bytes());
+  MIH_CHECK(options_.packing() || !options_.document_ids(), "text pipeline: 'document_ids' numbers the documents of "
+            "a packed row, and 'packing' is false (one document per row); set packing or drop document_ids");
   corpus_ = load_corpus(options_);
 }
 
@@ -257,6 +273,8 @@ Batch TextPipeline::batch(int64_t step) const {
   int64_t* pos = position_ids.data_ptr<int64_t>();
   int64_t* loss = loss_mask.data_ptr<int64_t>();
   int64_t* attn = attention_mask.data_ptr<int64_t>();
+  at::Tensor document_ids = options_.document_ids() ? at::empty({b, s}, at::kLong) : at::Tensor();
+  int64_t* docs = options_.document_ids() ? document_ids.data_ptr<int64_t>() : nullptr;
 
   // Where each row's window came from, for the check that recomputes the batch from the raw
   // documents (Batch::provenance).
@@ -271,8 +289,9 @@ Batch TextPipeline::batch(int64_t step) const {
   provenance->bos = ByteTokenizer::kBos;
   provenance->eos = ByteTokenizer::kEos;
   provenance->pad = ByteTokenizer::kPad;
+  if (options_.document_ids()) provenance->document_field = kDocumentIdsField;
 
-  std::vector<int64_t> window(static_cast<size_t>(s + 1));
+  std::vector<int64_t> window(static_cast<size_t>(s + 1)), span_of(static_cast<size_t>(s + 1));
   for (int64_t r = 0; r < b; ++r) {
     const int64_t row = r * s;
     if (options_.packing()) {
@@ -285,7 +304,10 @@ Batch TextPipeline::batch(int64_t step) const {
         const int64_t doc = pass.order[k];
         const int64_t j = in_pass - pass.start[k];
         const int64_t n = std::min(corpus.doc_tokens(doc) - j, s + 1 - filled);
-        for (int64_t t = 0; t < n; ++t) window[filled + t] = corpus.token(doc, j + t);
+        for (int64_t t = 0; t < n; ++t) {
+          window[filled + t] = corpus.token(doc, j + t);
+          span_of[filled + t] = static_cast<int64_t>(provenance->rows[r].size());
+        }
         provenance->rows[r].push_back({doc, j, n});
         filled += n;
         offset += n;
@@ -301,6 +323,7 @@ Batch TextPipeline::batch(int64_t step) const {
         const bool restart = t == 0 || (window[t] == ByteTokenizer::kBos && !fault::active(fault::Fault::kF27));
         pos[row + t] = restart ? 0 : pos[row + t - 1] + 1;
         attn[row + t] = 1;
+        if (docs != nullptr) docs[row + t] = span_of[t];
       }
     } else {
       const int64_t index = step * b + r;  // in the endless sequence of passes' documents
@@ -325,6 +348,7 @@ Batch TextPipeline::batch(int64_t step) const {
   batch.position_ids = std::move(position_ids);
   batch.fields["loss_mask"] = std::move(loss_mask);
   batch.fields["attention_mask"] = std::move(attention_mask);
+  if (document_ids.defined()) batch.fields[kDocumentIdsField] = std::move(document_ids);
   batch.provenance = std::move(provenance);
   return batch;
 }

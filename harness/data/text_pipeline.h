@@ -23,6 +23,9 @@ namespace mih::data {
 /// The label of a position that takes no loss (torch.nn.CrossEntropyLoss's ignore_index).
 inline constexpr int64_t kIgnoreIndex = -100;
 
+/// The field TextPipelineOptions::document_ids adds: which document of its row each input is.
+inline constexpr const char* kDocumentIdsField = "document_ids";
+
 /// Bytes as tokens: byte b is token b (0..255), plus three specials. No merges, no unknowns:
 /// every string encodes, and decode(encode(s)) == s.
 class ByteTokenizer {
@@ -65,6 +68,15 @@ struct TextPipelineOptions {
   TORCH_ARG(uint64_t, seed) = 0;
   /// Documents shorter than this many bytes are dropped (>= 1). Default 1: only empty ones.
   TORCH_ARG(int64_t, min_document_bytes) = 1;
+  /// Add fields["document_ids"] (kDocumentIdsField) [B, S] int64: which document of its row
+  /// each input belongs to, 0 for the row's first (possibly partial) document and one more at
+  /// every document start after it; a port masks attention by it (block-causal: a key only in
+  /// the query's own document). Needs packing. Default false.
+  TORCH_ARG(bool, document_ids) = false;
+  /// A document longer than this many bytes is cut into documents of this many bytes each (the
+  /// last one the rest), in order: short documents, several to a row (documents of every
+  /// length, starting anywhere in a row). 0 (default): documents as the files hold them.
+  TORCH_ARG(int64_t, max_document_bytes) = 0;
 };
 
 void to_json(nlohmann::json& j, const TextPipelineOptions& o);
@@ -82,7 +94,8 @@ struct TextCorpus;
 /// The corpus: every regular file under `corpus` (recursively, symlinks followed, each
 /// directory visited once), in path order. A file splits into documents at blank lines (lines
 /// empty or only whitespace); a document is its lines joined by "\n", tokenized as
-/// BOS + bytes + EOS. Documents shorter than min_document_bytes are dropped.
+/// BOS + bytes + EOS. Documents shorter than min_document_bytes are dropped; with
+/// max_document_bytes, the others are cut into documents of at most that many bytes.
 ///
 /// The document order of pass p over the corpus (p = 0, 1, ...) is a Fisher-Yates shuffle
 /// driven by splitmix64 seeded from (seed, p) (identity when shuffle is false): it is the
@@ -96,7 +109,9 @@ struct TextCorpus;
 ///   labels = -100 where the label is BOS (no loss on guessing the next document's start);
 ///   position_ids count from 0 at the row's first token and restart at 0 at every BOS input,
 ///     so they stay in [0, S) (document-relative except for a row's leading fragment);
-///   attention_mask all 1; loss_mask = (labels != -100).
+///   attention_mask all 1; loss_mask = (labels != -100);
+///   with document_ids: fields["document_ids"] counts from 0 at the row's first token and
+///     adds 1 at every BOS input after it (the span index of each input in the provenance).
 /// batch(step) with packing = false: row r of step k is document k * B + r of the cycled
 /// passes: BOS + bytes + EOS truncated to S + 1 tokens and right-padded with PAD.
 ///   input_ids = tokens[0:S], labels = tokens[1:S+1] with -100 where the label is PAD;
@@ -108,17 +123,18 @@ struct TextCorpus;
 /// Every batch carries its provenance (Batch::provenance): per row the (document, offset,
 /// length) spans its window was cut from, and each document's raw bytes, so the data contract
 /// recomputes every field above from the documents with code of its own
-/// (checks::check_batch_documents). Packed rows attend across the documents they hold (no
-/// document mask: attention_mask is the padding mask); position_ids restart at every document
-/// start, so a port that masks by document derives the boundaries from them (Hugging Face's
-/// packing with position_ids and flash-attention varlen).
+/// (checks::check_batch_documents). Without document_ids packed rows attend across the
+/// documents they hold (attention_mask is the padding mask); position_ids restart at every
+/// document start either way, so a port may also derive the boundaries from them (Hugging
+/// Face's packing with position_ids and flash-attention varlen).
 ///
 /// Copies share the loaded corpus (immutable), so copies and source() are cheap and
 /// thread-safe.
 class TextPipeline {
  public:
   /// Loads the corpus.
-  /// Throws: mih::Error{kInvalidSpec} for seq_len, global_batch or min_document_bytes < 1;
+  /// Throws: mih::Error{kInvalidSpec} for seq_len, global_batch or min_document_bytes < 1,
+  ///   max_document_bytes < 0, or document_ids without packing;
   ///   mih::Error{kFailedPrecondition} naming the path when the corpus is missing, is not a
   ///   directory, has an unreadable file or directory, or holds no document.
   explicit TextPipeline(TextPipelineOptions options = {});

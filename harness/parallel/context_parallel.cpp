@@ -85,7 +85,37 @@ at::Tensor CpShard::query_ids(int64_t local_seq) const {
 
 at::Tensor CpShard::key_ids(int64_t local_seq) const { return cp_gathered_token_ids(local_seq * size(), size(), layout); }
 
-at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp) {
+namespace {
+
+// [B or 1, 1, S/CP, S]: true where a query may not attend a key (cp_causal_attention).
+at::Tensor hidden_keys(const CpShard& cp, int64_t batch, int64_t local_seq, const CpAttentionMask& mask,
+                       c10::Device device) {
+  // F21 (docs/fault-catalog.md): the queries numbered in this rank's local coordinates (0..S/CP) while the
+  // gathered keys carry global ones, so the causal mask hides the wrong keys.
+  const at::Tensor local = at::arange(local_seq, at::kLong);
+  const at::Tensor q_ids = fault::active(fault::Fault::kF21) ? local : cp.query_ids(local_seq);
+  const at::Tensor k_ids = cp.key_ids(local_seq);
+  at::Tensor hidden = (k_ids.unsqueeze(0) > q_ids.unsqueeze(1)).unsqueeze(0);  // [1, S/CP, S]
+  if (mask.document_ids.defined()) {
+    const at::Tensor& docs = mask.document_ids;
+    MIH_CHECK(docs.dim() == 2 && docs.size(0) == batch && docs.size(1) == k_ids.size(0) &&
+                  docs.scalar_type() == at::kLong,
+              "cp_causal_attention: document_ids must be [B, S] = [", batch, ", ", k_ids.size(0),
+              "] int64 (the whole row on every cp rank: declare the field cp-replicated), got ", docs.sizes(), " ",
+              docs.scalar_type());
+    // F37 (docs/fault-catalog.md): the queries' documents looked up at their local indices, the keys' at
+    // their global ids: a cp rank's queries take the documents of the row's first tokens.
+    const at::Tensor q_docs = docs.index_select(1, fault::active(fault::Fault::kF37) ? local : q_ids);
+    const at::Tensor k_docs = docs.index_select(1, k_ids);
+    hidden = hidden | (q_docs.unsqueeze(2) != k_docs.unsqueeze(1));  // [B, S/CP, S]
+  }
+  return hidden.unsqueeze(1).to(device);
+}
+
+}  // namespace
+
+at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp,
+                               const CpAttentionMask& mask) {
   MIH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes(), "cp_causal_attention: expected q [B, Hq, S, D] and k, v ",
             "[B, Hkv, S, D] of equal shape, got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
   MIH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
@@ -110,13 +140,8 @@ at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const a
     values = values.repeat_interleave(hq / hkv, 1);
   }
   at::Tensor scores = at::matmul(q, keys.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  // F21 (docs/fault-catalog.md): the queries numbered in this rank's local coordinates (0..S/CP) while the
-  // gathered keys carry global ones, so the causal mask hides the wrong keys.
-  const at::Tensor q_ids = (fault::active(fault::Fault::kF21) ? at::arange(local_seq, at::kLong) : cp.query_ids(local_seq))
-                               .to(q.device());
-  const at::Tensor k_ids = cp.key_ids(local_seq).to(q.device());
-  at::Tensor future = k_ids.unsqueeze(0) > q_ids.unsqueeze(1);  // [S/CP, S]
-  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  const at::Tensor hidden = hidden_keys(cp, q.size(0), local_seq, mask, q.device());
+  scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   return at::matmul(at::softmax(scores, -1), values);
 }
 

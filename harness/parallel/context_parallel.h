@@ -79,14 +79,28 @@ struct CpShard {
   at::Tensor key_ids(int64_t local_seq) const;
 };
 
+/// What cp_causal_attention hides besides the future, in global token ids.
+struct CpAttentionMask {
+  /// Which document of its row each token is, for the whole row on every cp rank (a field the
+  /// Trainer hands whole to every cp rank: TrainerOptions::cp_replicated_fields): a query
+  /// attends only to keys of its own document (block-causal; TextPipelineOptions::document_ids).
+  /// Looked up at the queries' and the gathered keys' global ids, so any layout is exact and a
+  /// document that straddles a cp chunk boundary stays one document. Shape: [B, S] int64.
+  /// Undefined (default): every row one document.
+  at::Tensor document_ids;
+};
+
 /// Causal scaled-dot-product attention over a sequence sharded on cp, with grouped-query
 /// attention (each group of n_heads / n_kv_heads query heads shares one K/V head; Ainslie et
 /// al. 2023). K and V are stacked and all-gathered over cp in one collective (its backward
 /// reduce-scatters dK and dV, summing every rank's queries' contributions); the causal mask
-/// is key_id > query_id in global ids, so any layout is exact. Softmax scale 1/sqrt(D).
+/// is key_id > query_id in global ids, so any layout is exact; `mask` hides more (documents).
+/// Softmax scale 1/sqrt(D).
 /// Shapes: q [B, Hq, S/CP, D], k and v [B, Hkv, S/CP, D] (Hq, Hkv: this tp rank's heads)
-///   -> [B, Hq, S/CP, D].
-/// Throws: mih::Error{kInvalidSpec} if Hq is not a multiple of Hkv or the shapes disagree.
-at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp);
+///   -> [B, Hq, S/CP, D]; mask.document_ids [B, S].
+/// Throws: mih::Error{kInvalidSpec} if Hq is not a multiple of Hkv, the shapes disagree, or
+///   mask.document_ids is not [B, S] (S = S/CP * CP) int64.
+at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp,
+                               const CpAttentionMask& mask = {});
 
 }  // namespace mih

@@ -89,6 +89,11 @@ const char* kCpuSmokeVariants = R"({
     {"pp": 4, "micro_batches": 4}
   ]})";
 
+// The packed-documents lane (llama_docs, qwen3_docs): the cases that split the sequence.
+const char* kCpuSmokeDocuments = R"({"name": "cpu-smoke-documents", "dtype": "float64", "device": "cpu", "steps": 3,
+  "pg_backend": "gloo", "max_world_size": 4, "cases": [{"cp": 2}, {"cp": 2, "cp_layout": "zigzag"}, {"tp": 2,
+  "sequence_parallel": true}]})";
+
 // The reduced-precision lane's CI cases (float32 unless `@bfloat16` or --dtype says otherwise):
 // the lane's reference and noise twin are added by resolve_matrix; one case per way a
 // parallel run reorders the reductions (the batch over FSDP ranks, the contraction over tp,
@@ -241,20 +246,15 @@ std::string CaseMatrix::table() const {
   return os.str();
 }
 
-bool CaseMatrix::is_listed(const std::string& case_name) const {
-  return std::find(listed.begin(), listed.end(), case_name) != listed.end();
-}
+bool CaseMatrix::is_listed(const std::string& name) const { return std::find(listed.begin(), listed.end(), name) != listed.end(); }
 
 std::vector<std::string> preset_names() {
-  return {"cpu-smoke", "cpu-smoke-variants", "cpu-precision", "cpu-full", "gpu-smoke"};
+  return {"cpu-smoke", "cpu-smoke-variants", "cpu-smoke-documents", "cpu-precision", "cpu-full", "gpu-smoke"};
 }
 
 namespace {
 // "cpu-smoke, cpu-smoke-variants, ...": the presets for a message.
-std::string preset_list() {
-  std::string out = join(preset_names(), ", ");
-  return out;
-}
+std::string preset_list() { return join(preset_names(), ", "); }
 
 // The most cases a matrix lists (its own ones; the presets list under 40): every case is a
 // launch, so a file past this is a mistake, refused before any case is resolved.
@@ -310,6 +310,7 @@ json parse_matrix_file(const std::string& text, const std::string& where) {
 json preset_json(const std::string& name) {
   if (name == "cpu-smoke") return json::parse(kCpuSmoke);
   if (name == "cpu-smoke-variants") return json::parse(kCpuSmokeVariants);
+  if (name == "cpu-smoke-documents") return json::parse(kCpuSmokeDocuments);
   if (name == "cpu-precision") return json::parse(kCpuPrecision);
   if (name == "cpu-full") return json::parse(kCpuFull);
   if (name == "gpu-smoke") return json::parse(kGpuSmoke);

@@ -58,7 +58,7 @@ struct CaseMatrix {
 };
 
 /// The names of the built-in presets: cpu-smoke (CI, <= 4 ranks), cpu-smoke-variants,
-/// cpu-precision (a float32 lane), cpu-full, gpu-smoke (world size 1 on one GPU, NCCL; the
+/// cpu-smoke-documents (packed documents: cp contiguous and zigzag, sp), cpu-precision (a float32 lane), cpu-full, gpu-smoke (world size 1 on one GPU, NCCL; the
 /// float64 Reference on the CPU).
 std::vector<std::string> preset_names();
 /// The JSON of a built-in preset. Throws: mih::Error{kInvalidSpec} for an unknown name,

@@ -290,10 +290,11 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   CliRun preset = mih("matrix --spec llama --preset gpu-full");
   EXPECT_EQ(preset.status, exit_status(Code::kInvalidSpec)) << preset.output;
   EXPECT_THAT(preset.output,
-              HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-precision, cpu-full, gpu-smoke"));
+              HasSubstr("unknown preset 'gpu-full'; presets: cpu-smoke, cpu-smoke-variants, cpu-smoke-documents, cpu-precision, cpu-full, "
+                       "gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_deep, moe_qwen, qwen3, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -553,8 +554,10 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // llama_dropout, moe and vlm (152 tests) and Tp4Sp on the variants lane's 7 specs (260); Pp2,
   // listed now, was already there as a resume's twin. Then 5507 on 148 cases: qwen3, the
   // Qwen3-style port, on every cpu-smoke case (861 tests on 22 cases). Then 5511: the vlm, now
-  // transformers' LLaVA, has its golden (MatchesOriginal's 4 tests on its Reference).
-  EXPECT_EQ(total, 5511) << list.output;
+  // transformers' LLaVA, has its golden (MatchesOriginal's 4 tests on its Reference). Then
+  // 5807: packed documents masked by document_ids, llama_docs (146 tests) and qwen3_docs (150)
+  // on the cpu-smoke-documents lane (Reference, Cp2, Cp2Zz, Tp2Sp; goldens of their own).
+  EXPECT_EQ(total, 5807) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);
@@ -598,6 +601,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
             (std::set<std::string>{"Tp2Sp", "DpShard2Tp2Sp", "Cp2ZzTp2", "ResumeDpShard2ToTp2", "Tp2", "Tp4", "Pp2Tp2SpMb2"}));
   EXPECT_EQ(cases_of.count("Llama/CpReplicatedInputs"), 0u);  // llama has no cp-replicated field
   EXPECT_EQ(cases_of["Vlm/CpReplicatedInputs"], (std::set<std::string>{"Cp2Zz", "DpShard2Cp2", "Cp2ZzTp2"}));  // pixel_values
+  // document_ids, whole on every cp rank; the documents' own original model on the Reference.
+  EXPECT_EQ(cases_of["LlamaDocs/CpReplicatedInputs"], (std::set<std::string>{"Cp2", "Cp2Zz"}));
+  EXPECT_EQ(cases_of["Qwen3Docs/MatchesOriginal"], (std::set<std::string>{"Reference"}));
   EXPECT_EQ(cases_of["Llama/SourceCheckpoint"], all);
   EXPECT_EQ(cases_of.count("Vlm/SourceCheckpoint"), 0u);  // no source listing for the vlm
   EXPECT_EQ(cases_of.count("Llama/TiedParameters"), 0u);  // only llama_tied declares a tie

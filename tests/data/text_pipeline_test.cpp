@@ -143,6 +143,30 @@ TEST(TextPipelineTest, MinDocumentBytesDropsShortDocuments) {
   EXPECT_EQ(pipeline.num_documents(), static_cast<int64_t>(kDocuments.size()) - 3);
 }
 
+// max_document_bytes 7: each document cut into pieces of 7 bytes, the last one the rest, in
+// order ("alpha one\nalpha two": "alpha o", "ne\nalph", "a two"); the unshuffled stream is
+// the pieces as documents.
+TEST(TextPipelineTest, MaxDocumentBytesCutsDocumentsIntoPieces) {
+  TextPipeline pipeline(corpus_options().shuffle(false).max_document_bytes(7));
+  std::vector<int64_t> stream;
+  int64_t pieces = 0;
+  for (const auto& doc : kDocuments) {
+    for (size_t at = 0; at < doc.size(); at += 7, ++pieces) {
+      stream.push_back(Tok::kBos);
+      for (int64_t t : Tok::encode(doc.substr(at, 7))) stream.push_back(t);
+      stream.push_back(Tok::kEos);
+    }
+  }
+  EXPECT_EQ(pipeline.num_documents(), pieces);
+  EXPECT_EQ(pipeline.num_tokens(), static_cast<int64_t>(stream.size()));
+  const Batch batch = pipeline.batch(0);
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_THAT(row(batch.input_ids, r), ElementsAreArray(stream.begin() + r * 16, stream.begin() + r * 16 + 16));
+  }
+  EXPECT_THAT([] { TextPipeline(corpus_options().max_document_bytes(-1)); },
+              ThrowsError(Code::kInvalidSpec, HasSubstr("'max_document_bytes' must be >= 0 (0: no limit), got -1")));
+}
+
 TEST(TextPipelineTest, PackedBatchesAreConsecutiveWindowsOfTheStream) {
   TextPipeline pipeline(corpus_options().shuffle(false));
   const auto stream = expected_stream();
@@ -224,6 +248,43 @@ TEST(TextPipelineTest, PackedMasksAndPositionsRestartAtEachDocument) {
     }
   }
   EXPECT_GT(restarts_inside_rows, 0);
+}
+
+// document_ids: 0 at the row's start, one more at every BOS input after it, so a position
+// restarts exactly where the document changes and no label crosses a change; the other fields
+// are those of the batch without the option.
+TEST(TextPipelineTest, DocumentIdsCountTheDocumentsOfEachRow) {
+  TextPipeline plain(corpus_options()), with_ids(corpus_options().document_ids(true));
+  int64_t changes = 0;
+  for (int64_t step = 0; step < 20; ++step) {
+    Batch batch = with_ids.batch(step), without = plain.batch(step);
+    ASSERT_EQ(batch.fields.count(kDocumentIdsField), 1u);
+    const at::Tensor docs = batch.fields.at(kDocumentIdsField);
+    EXPECT_EQ(docs.scalar_type(), at::kLong);
+    EXPECT_EQ(batch.provenance->document_field, kDocumentIdsField);
+    batch.fields.erase(kDocumentIdsField);
+    expect_batches_equal(batch, without);
+    for (int64_t r = 0; r < 4; ++r) {
+      auto input = row(batch.input_ids, r), positions = row(batch.position_ids, r), ids = row(docs, r);
+      auto labels = row(batch.labels, r);
+      EXPECT_EQ(ids[0], 0);
+      EXPECT_EQ(ids.back() + 1, static_cast<int64_t>(batch.provenance->rows[r].size()) -
+                                    (batch.provenance->rows[r].back().offset == 0 &&
+                                     batch.provenance->rows[r].back().length == 1 ? 1 : 0));
+      for (int64_t t = 1; t < 16; ++t) {
+        const bool starts = input[t] == Tok::kBos;
+        EXPECT_EQ(ids[t], ids[t - 1] + (starts ? 1 : 0)) << "step " << step << " row " << r << " t " << t;
+        EXPECT_EQ(positions[t] == 0, starts);
+        if (starts) {
+          EXPECT_EQ(labels[t - 1], kIgnoreIndex);  // no loss on predicting the next document's BOS
+          ++changes;
+        }
+      }
+    }
+  }
+  EXPECT_GT(changes, 0);
+  EXPECT_THAT([] { TextPipeline(corpus_options().packing(false).document_ids(true)); },
+              ThrowsError(Code::kInvalidSpec, HasSubstr("'document_ids' numbers the documents of a packed row")));
 }
 
 TEST(TextPipelineTest, PaddedRowsHoldOneDocumentEach) {
@@ -363,6 +424,8 @@ TEST(TextPipelineTest, ReadsTheSystemCorpus) {
 TEST(TextPipelineTest, OptionsRoundTripThroughJson) {
   auto options = corpus_options().packing(false).seed(7).min_document_bytes(3);
   nlohmann::json j = options;
+  EXPECT_EQ(nlohmann::json(corpus_options().document_ids(true)).get<TextPipelineOptions>().document_ids(), true);
+  EXPECT_EQ(nlohmann::json(corpus_options().max_document_bytes(9)).get<TextPipelineOptions>().max_document_bytes(), 9);
   auto back = j.get<TextPipelineOptions>();
   EXPECT_EQ(nlohmann::json(back), j);
   EXPECT_EQ(::testing::PrintToString(options), j.dump());

@@ -2,13 +2,16 @@
 // round trip, and CP attention on thread ranks against full-sequence attention on one device
 // (output and the gradients of q, k and v: a gather whose backward only sliced would leave
 // the output right and dk, dv wrong; docs/spike-ac-cp.md section 2.3).
+#include <atomic>
 #include <limits>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "harness/base/error.h"
+#include "harness/base/fault.h"
 #include "harness/parallel/context_parallel.h"
 #include "harness/training/trainer.h"
 #include "tests/parallel/tiny_block.h"
@@ -107,6 +110,86 @@ TEST(CpAttentionTest, MatchesFullSequenceAttentionWithGqa) {
       EXPECT_THAT(errors, IsEmpty());
     }
   }
+}
+
+// Each document of each row attended as a sequence of its own (full_attention on its slice):
+// what a block-causal mask over packed documents must equal. `lengths[b]`: row b's documents.
+at::Tensor per_document_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<at::Tensor> rows;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    std::vector<at::Tensor> docs;
+    int64_t start = 0;
+    for (int64_t n : lengths[b]) {
+      auto part = [&](const at::Tensor& t) { return t.narrow(0, b, 1).narrow(2, start, n); };
+      docs.push_back(full_attention(part(q), part(k), part(v)));
+      start += n;
+    }
+    rows.push_back(at::cat(docs, 2));
+  }
+  return at::cat(rows, 0);
+}
+
+// The rows' documents as ids [B, S]: 0 for the first, one more at each start.
+at::Tensor document_ids_of(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<at::Tensor> rows;
+  for (const auto& row : lengths) {
+    std::vector<at::Tensor> docs;
+    for (size_t d = 0; d < row.size(); ++d) docs.push_back(at::full({row[d]}, static_cast<int64_t>(d), at::kLong));
+    rows.push_back(at::cat(docs));
+  }
+  return at::stack(rows);
+}
+
+// Documents of odd lengths that straddle every chunk boundary of cp 2 and 4, contiguous and
+// zigzag (row 0: tokens 0-4, 5-10, 11-15; row 1: 0-2, 3-15): the mask looked up at global ids
+// gives each document's own attention on every rank (output, dq, dk, dv); looked up at local
+// ids (F37) it does not.
+TEST(CpAttentionTest, DocumentMaskMatchesEachDocumentAttendedAlone) {
+  const std::vector<std::vector<int64_t>> lengths = {{5, 6, 5}, {3, 13}};
+  const int64_t b = 2, hq = 4, hkv = 2, s = 16, d = 8;
+  at::Tensor q = at::randn({b, hq, s, d}, at::kDouble), k = at::randn({b, hkv, s, d}, at::kDouble);
+  at::Tensor v = at::randn({b, hkv, s, d}, at::kDouble), g = at::randn({b, hq, s, d}, at::kDouble);
+  at::Tensor qf = q.clone().requires_grad_(true), kf = k.clone().requires_grad_(true), vf = v.clone().requires_grad_(true);
+  at::Tensor out = per_document_attention(qf, kf, vf, lengths);
+  (out * g).sum().backward();
+  CpAttentionMask mask;
+  mask.document_ids = document_ids_of(lengths);
+  for (const bool local_ids : {false, true}) {
+    std::optional<fault::ScopedFault> f37;  // process-wide: every thread rank runs with it
+    if (local_ids) f37.emplace(fault::Fault::kF37);
+    for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
+      for (int cp : {2, 4}) {
+        ParallelConfig dims;
+        dims.cp = cp;
+        std::atomic<int> differing{0};
+        auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+          CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
+          auto local = [&](const at::Tensor& t) { return cp_shard_sequence(t, 2, cp, shard.rank(), layout); };
+          at::Tensor ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
+          at::Tensor o = cp_causal_attention(ql, kl, vl, shard, mask);
+          (o * local(g)).sum().backward();
+          const bool same = at::allclose(o, local(out.detach()), 0, 1e-12) &&
+                            at::allclose(ql.grad(), local(qf.grad()), 0, 1e-12) &&
+                            at::allclose(kl.grad(), local(kf.grad()), 0, 1e-12) &&
+                            at::allclose(vl.grad(), local(vf.grad()), 0, 1e-12);
+          if (!same) ++differing;
+        });
+        EXPECT_THAT(errors, IsEmpty());
+        const std::string where = cp_layout_name(layout) + " cp=" + std::to_string(cp);
+        if (local_ids) {
+          EXPECT_GT(differing.load(), 0) << where << ": the mask at local ids matched every document's attention";
+        } else {
+          EXPECT_EQ(differing.load(), 0) << where << ": output or a gradient differs from each document attended alone";
+        }
+      }
+    }
+  }
+  at::Tensor x = at::zeros({1, 2, 4, 2}, at::kDouble);
+  CpAttentionMask wrong;
+  wrong.document_ids = at::zeros({1, 3}, at::kLong);
+  EXPECT_THAT([&] { cp_causal_attention(x, x, x, CpShard{}, wrong); },
+              ThrowsMessage<Error>(HasSubstr("document_ids must be [B, S] = [1, 4] int64")));
 }
 
 TEST(CpAttentionTest, HeadsThatDoNotGroupAreRejected) {

@@ -2,6 +2,7 @@
 // pipeline's packed and padded batches, and the vlm's placeholders, recomputed from the raw
 // documents, match; a pipeline bug that the reference would share (so the comparison with it
 // passes, and so does today's data contract) is named with its field, row and position.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,7 @@ std::vector<std::string> errors(const FindingReport& r) {
 spec::ModelSpec get(const std::string& name) { return spec::SpecRegistry::instance().get(name); }
 
 TEST(BatchDocumentsTest, ReferencePipelinesMatchTheirDocuments) {
-  for (const char* name : {"llama", "moe", "vlm"}) {
+  for (const char* name : {"llama", "moe", "vlm", "llama_docs", "qwen3_docs"}) {
     const spec::ModelSpec s = get(name);
     ASSERT_TRUE(s.data.rows_from_documents) << name;
     const BatchSource batches = s.data.make_batches();
@@ -142,6 +143,69 @@ TEST(BatchDocumentsTest, CatchesPipelineBugsTheReferenceShares) {
   spec::DataSpec synthetic = s.data;
   synthetic.rows_from_documents = false;
   EXPECT_TRUE(checks::check_batch_documents(synthetic, bare).findings.runs().empty());
+}
+
+// A document field recomputed from the spans: the pipeline's passes; ids numbered per cp shard
+// (each half of the row counting its documents from 0, as a rank that derives them from its
+// own tokens does) or one that never counts a document start are named; a field the
+// provenance names but the batch lacks too.
+TEST(BatchDocumentsTest, DocumentIdsAreRecomputedFromTheSpans) {
+  spec::DataSpec data;
+  data.rows_from_documents = true;
+  const data::TextPipeline text(data::TextPipelineOptions().seq_len(64).global_batch(8).document_ids(true));
+  for (int64_t step : {0, 1, 2000}) {
+    EXPECT_THAT(errors(checks::check_batch_documents(data, text.batch(step)).findings), IsEmpty()) << "step " << step;
+  }
+  const Batch good = text.batch(0);
+  const at::Tensor ids = good.fields.at(data::kDocumentIdsField);
+  Batch per_shard = good;
+  per_shard.fields[data::kDocumentIdsField] =
+      at::cat({ids.narrow(1, 0, 32), ids.narrow(1, 32, 32) - ids.narrow(1, 32, 1)}, 1);
+  ASSERT_FALSE(per_shard.fields[data::kDocumentIdsField].equal(ids)) << "no document starts before the row's middle";
+  EXPECT_THAT(errors(checks::check_batch_documents(data, per_shard).findings),
+              ::testing::ElementsAre(AllOf(HasSubstr("MIH-DATA-009 document_ids: field 'document_ids' differs from "
+                                                     "its recomputation from the raw documents"),
+                                           HasSubstr("position 32: recomputed"))));
+  Batch one_document = good;
+  one_document.fields[data::kDocumentIdsField] = at::zeros_like(ids);
+  const FindingReport r = checks::check_batch_documents(data, one_document).findings;
+  ASSERT_THAT(errors(r), ::testing::ElementsAre(HasSubstr("MIH-DATA-009 document_ids")));
+  EXPECT_THAT(r.findings()[0].why_unsafe, HasSubstr("two documents share an id"));
+  Batch missing = good;
+  missing.fields.erase(data::kDocumentIdsField);
+  EXPECT_THAT(errors(checks::check_batch_documents(data, missing).findings),
+              ::testing::ElementsAre(HasSubstr("the provenance names document field 'document_ids', which the batch "
+                                               "does not hold")));
+}
+
+// The document specs' first batch holds what their cases must be exact on: several documents
+// to a row, documents of odd length, and documents that straddle a chunk boundary of cp 2 contiguous (token 32 of 64) and
+// of cp 2 zigzag (tokens 16, 32, 48), so a mask looked up at a rank's local ids leaks.
+TEST(BatchDocumentsTest, DocumentSpecsStraddleTheCpChunkBoundaries) {
+  for (const char* name : {"llama_docs", "qwen3_docs"}) {
+    const spec::ModelSpec s = get(name);
+    const Batch b = s.data.make_batches()(0);
+    ASSERT_EQ(b.fields.count(data::kDocumentIdsField), 1u) << name;
+    const at::Tensor ids = b.fields.at(data::kDocumentIdsField);
+    const int64_t seq = ids.size(1);
+    ASSERT_EQ(seq, 64) << name;
+    std::map<int64_t, int64_t> straddling;  // boundary -> rows with one document on both sides
+    for (int64_t boundary : {16, 32, 48}) {
+      straddling[boundary] = ids.select(1, boundary - 1).eq(ids.select(1, boundary)).sum().item<int64_t>();
+      EXPECT_GT(straddling[boundary], 0) << name << ": no document straddles token " << boundary;
+    }
+    int64_t odd = 0, starts = 0;
+    for (const auto& row : b.provenance->rows) {
+      for (const auto& span : row) {
+        odd += static_cast<int64_t>(b.provenance->document_bytes(span.document).size() + 2) % 2;
+        starts += span.offset == 0 ? 1 : 0;
+      }
+    }
+    EXPECT_GT(odd, 0) << name << ": no document of odd length";
+    EXPECT_GE(starts, 2 * static_cast<int64_t>(b.provenance->rows.size())) << name << ": rows of one or two documents";
+    const auto sharding = s.data.apply_sharding(TrainerOptions()).cp_replicated_fields();
+    EXPECT_THAT(sharding, ::testing::Contains(std::string(data::kDocumentIdsField))) << name;
+  }
 }
 
 }  // namespace
