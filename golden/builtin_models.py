@@ -484,8 +484,17 @@ def forward(cfg, W, batch, ops):
         import builtin_llava
 
         model = builtin_llava.llava
+    elif cfg.model_type == "deepseek_v3":
+        model = builtin_mla.deepseek_v3
     else:
         model = _gpt2 if cfg.model_type == "gpt2" else _decoder
     out = model(cfg, W, batch, ops)
     W.check_all_used()
     return out
+
+
+# DeepSeek-V3 with dense layers (multi-head latent attention): builtin_mla.py, which uses this
+# module's pieces.
+import builtin_mla  # noqa: E402
+
+DEFAULTS["deepseek_v3"] = builtin_mla.DEFAULTS

@@ -55,6 +55,8 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
   MIH_CHECK(dropout() == 0 || !ctx.config().pipelined(), "llama: dropout ", dropout(), " under pipeline parallelism (",
             ctx.config().name(), ") is not supported yet: the masks follow one forward through the whole model; "
             "set dropout to 0 for pp configs");
+  MIH_CHECK(attention() == "gqa" || attention() == "mla", "llama: attention(\"", attention(),
+            "\") is not one of \"gqa\" (grouped-query) and \"mla\" (multi-head latent)");
   MIH_CHECK(head_dim() >= 0, "llama: head_dim(", head_dim(), ") must be positive, or 0 for hidden_size / num_heads");
   MIH_CHECK(head_dim() > 0 || hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(),
             ") must divide by num_heads(", num_heads(), ") when head_dim is 0 (hidden_size / num_heads); set head_dim");
@@ -263,7 +265,11 @@ at::Tensor MoeMlpImpl::forward(const at::Tensor& x) {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(ParallelContext& ctx, const LlamaOptions& o, int64_t index)
     : ctx_(&ctx), o_(o) {
   input_layernorm = register_module("input_layernorm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
-  self_attn = register_module("self_attn", LlamaAttention(ctx, o));
+  if (o.attention() == "mla") {
+    mla_attn = register_module("self_attn", MlaAttention(ctx, o));
+  } else {
+    self_attn = register_module("self_attn", LlamaAttention(ctx, o));
+  }
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(ctx, o.hidden_size(), o.rms_norm_eps()));
   const auto& moe = o.moe_layers();
   if (std::find(moe.begin(), moe.end(), index) != moe.end()) {
@@ -284,7 +290,8 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
   // parallelism: the dropout masks and the activation probes follow.
   const ActivationLayout residual = ActivationLayout::residual(*ctx_);
   const at::Tensor attn_in = observed(*ctx_, o_, *input_layernorm, input_layernorm(x), residual);
-  const at::Tensor attn = observed(*ctx_, o_, *self_attn, self_attn(attn_in, cos, sin, document_ids), residual);
+  const at::Tensor attn = self_attn ? observed(*ctx_, o_, *self_attn, self_attn(attn_in, cos, sin, document_ids), residual)
+                                    : observed(*ctx_, o_, *mla_attn, mla_attn(attn_in, cos, sin, document_ids), residual);
   at::Tensor h = x + ctx_->dropout(attn, o_.dropout(), is_training(), residual);
   const at::Tensor mlp_in = observed(*ctx_, o_, *post_attention_layernorm, post_attention_layernorm(h), residual);
   const at::Tensor mlp_out = observed(*ctx_, o_, *mlp, mlp_forward(mlp_in), residual);
@@ -306,7 +313,7 @@ LlamaForCausalLM::LlamaForCausalLM(ParallelContext& ctx, const LlamaOptions& o) 
   // F28 (docs/fault-catalog.md): the rotary table built with the usual default theta instead of the
   // config's, in every configuration alike.
   const double theta = fault::active(fault::Fault::kF28) ? 10000.0 : o.rope_theta();
-  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.resolved_head_dim(), theta));
+  rotary_emb = register_module("rotary_emb", RotaryEmbedding(ctx, o.rotary_dim(), theta));
   layers = register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < o.num_layers(); ++i) {
     const bool mine = std::any_of(stages_.begin(), stages_.end(),

@@ -25,6 +25,7 @@
 
 #include "harness/parallel/layers.h"
 #include "harness/training/trainer.h"
+#include "reference_models/mla_attention.h"
 
 namespace mih::models {
 
@@ -92,6 +93,12 @@ struct LlamaOptions {
   /// SwiGLU inner size of the shared expert every token of a MoE layer also goes through,
   /// scaled by sigmoid(x g^T) (Qwen2-MoE's shared_expert and shared_expert_gate); 0: none.
   TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
+  /// The attention of every decoder layer: "gqa" (default; LlamaAttention) or "mla"
+  /// (multi-head latent attention, DeepSeek-V2/V3: MlaAttention, its sizes in `mla`; the
+  /// rotary table built for mla.qk_rope_head_dim; head_dim and num_kv_heads unused by it).
+  TORCH_ARG(std::string, attention) = "gqa";
+  /// The sizes of the "mla" attention.
+  TORCH_ARG(MlaOptions, mla) = {};
   /// Attention never crosses a document of a packed row: a query attends only to the keys of
   /// its own document (block-causal), from the batch field "document_ids" ([B, S] int64,
   /// TextPipelineOptions::document_ids), which the spec hands whole to every cp rank
@@ -103,6 +110,8 @@ struct LlamaOptions {
  public:
   /// D: head_dim, or hidden_size / num_heads when it is 0.
   int64_t resolved_head_dim() const { return head_dim() > 0 ? head_dim() : hidden_size() / num_heads(); }
+  /// The width of the rotary table: mla.qk_rope_head_dim under attention("mla"), else D.
+  int64_t rotary_dim() const { return attention() == "mla" ? mla().qk_rope_head_dim() : resolved_head_dim(); }
   /// Throws: mih::Error{kInvalidSpec} naming the option and the arithmetic when the sizes do
   ///   not fit each other or the mesh (hidden_size % num_heads without head_dim, an odd or
   ///   negative head_dim, num_heads % num_kv_heads,
@@ -218,7 +227,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
                      const at::Tensor& document_ids = {});
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  /// The attention, registered as "self_attn": grouped-query (self_attn), or under
+  /// attention("mla") multi-head latent attention (mla_attn; self_attn null).
   LlamaAttention self_attn{nullptr};
+  MlaAttention mla_attn{nullptr};
   std::shared_ptr<torch::nn::Module> mlp;  // LlamaMlpImpl or MoeMlpImpl
 
  private:

@@ -116,15 +116,17 @@ at::Tensor hidden_keys(const CpShard& cp, int64_t batch, int64_t local_seq, cons
 
 at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp,
                                const CpAttentionMask& mask) {
-  MIH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes(), "cp_causal_attention: expected q [B, Hq, S, D] and k, v ",
-            "[B, Hkv, S, D] of equal shape, got q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  MIH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes().slice(0, 3) == v.sizes().slice(0, 3),
+            "cp_causal_attention: expected q [B, Hq, S, D], k [B, Hkv, S, D] and v [B, Hkv, S, Dv], got q ", q.sizes(),
+            ", k ", k.sizes(), ", v ", v.sizes());
   MIH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
             "cp_causal_attention: q ", q.sizes(), " and k ", k.sizes(), " disagree on B, S or D");
   const int64_t hq = q.size(1), hkv = k.size(1), local_seq = q.size(2), head_dim = q.size(3);
   MIH_CHECK(hkv > 0 && hq % hkv == 0, "cp_causal_attention: ", hq, " query heads do not group over ", hkv,
             " key/value heads (n_heads must be a multiple of n_kv_heads)");
-  // One collective for K and V: [2, B, Hkv, S/CP, D] -> [2, B, Hkv, S, D], rank-major.
-  at::Tensor kv = at::stack({k, v});
+  // One collective for K and V, side by side on the features (V's width may differ from K's,
+  // as in multi-head latent attention): [B, Hkv, S/CP, D + Dv] -> [B, Hkv, S, D + Dv], rank-major.
+  at::Tensor kv = at::cat({k, v}, -1);
   if (cp.size() > 1) {
     // The contract (CommVolume): K and V all-gathered over cp, dK and dV reduce-scattered back.
     const int64_t bytes = kv.numel() * static_cast<int64_t>(kv.element_size());
@@ -132,9 +134,9 @@ at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const a
     if (at::GradMode::is_enabled() && kv.requires_grad()) {
       cp.comm->expect("region.reduce_scatter", bytes * cp.size(), "cp_causal_attention");
     }
-    kv = sequence_all_gather(kv, *cp.comm, 3);
+    kv = sequence_all_gather(kv, *cp.comm, 2);
   }
-  at::Tensor keys = kv[0], values = kv[1];
+  at::Tensor keys = kv.narrow(-1, 0, head_dim), values = kv.narrow(-1, head_dim, v.size(3));
   if (hq != hkv) {
     keys = keys.repeat_interleave(hq / hkv, 1);
     values = values.repeat_interleave(hq / hkv, 1);

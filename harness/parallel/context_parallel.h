@@ -96,8 +96,8 @@ struct CpAttentionMask {
 /// reduce-scatters dK and dV, summing every rank's queries' contributions); the causal mask
 /// is key_id > query_id in global ids, so any layout is exact; `mask` hides more (documents).
 /// Softmax scale 1/sqrt(D).
-/// Shapes: q [B, Hq, S/CP, D], k and v [B, Hkv, S/CP, D] (Hq, Hkv: this tp rank's heads)
-///   -> [B, Hq, S/CP, D]; mask.document_ids [B, S].
+/// Shapes: q [B, Hq, S/CP, D], k [B, Hkv, S/CP, D], v [B, Hkv, S/CP, Dv] (Hq, Hkv: this tp
+///   rank's heads; Dv may differ from D, as multi-head latent attention's) -> [B, Hq, S/CP, Dv]; mask.document_ids [B, S].
 /// Throws: mih::Error{kInvalidSpec} if Hq is not a multiple of Hkv, the shapes disagree, or
 ///   mask.document_ids is not [B, S] (S = S/CP * CP) int64.
 at::Tensor cp_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const CpShard& cp,
