@@ -42,6 +42,12 @@ DEFAULTS = {
         "output_router_logits": False, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
         "sliding_window": None,
     },
+    "mistral": {
+        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None, "attention_dropout": 0.0,
+        "tie_word_embeddings": False, "sliding_window": 4096,
+    },
     "qwen3": {
         "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
@@ -212,11 +218,12 @@ def _rms_norm(ops, x, w, eps):
     return w * (x * torch.rsqrt(ops.mean_last(x * x) + eps))
 
 
-def _causal_mask(batch, dtype):
+def _causal_mask(batch, dtype, window=None):
     """Additive [B, 1, S, S] mask: 0 where query t may attend key j (j <= t, the key not
     padding by attention_mask and, when the batch has document_ids, in t's own document: the
-    block-causal mask of packed documents, as transformers' packed-sequence mask), the dtype's
-    lowest value elsewhere (as Hugging Face adds it)."""
+    block-causal mask of packed documents, as transformers' packed-sequence mask; with a
+    sliding `window`, t - window < j: Mistral's sliding_window), the dtype's lowest value
+    elsewhere (as Hugging Face adds it)."""
     ids = batch["input_ids"]
     b, s = ids.shape
     keep = torch.ones(s, s, dtype=torch.bool).tril().expand(b, 1, s, s)
@@ -226,6 +233,9 @@ def _causal_mask(batch, dtype):
     documents = batch.get("document_ids")
     if documents is not None:
         keep = keep & (documents[:, None, :, None] == documents[:, None, None, :])
+    if window is not None:
+        t = torch.arange(s)
+        keep = keep & (t[None, :] > t[:, None] - window)
     low = torch.finfo(dtype).min
     return torch.zeros(b, 1, s, s, dtype=dtype).masked_fill(~keep, low)
 
@@ -363,7 +373,7 @@ def _decoder(cfg, W, batch, ops, prefix="", merge=None):
         x = merge(x)
     positions = batch["position_ids"]
     cos, sin = _rotary(cfg, head_dim, positions, dtype)
-    mask = _causal_mask(batch, dtype)
+    mask = _causal_mask(batch, dtype, cfg["sliding_window"] if mt == "mistral" else None)
     b, s = ids.shape
     hidden_states = [x]
     router_logits = []

@@ -57,6 +57,7 @@ void LlamaOptions::validate(const ParallelContext& ctx) const {
             "set dropout to 0 for pp configs");
   MIH_CHECK(attention() == "gqa" || attention() == "mla", "llama: attention(\"", attention(),
             "\") is not one of \"gqa\" (grouped-query) and \"mla\" (multi-head latent)");
+  MIH_CHECK(sliding_window() >= 0, "llama: sliding_window(", sliding_window(), ") must be >= 0 (0: no window)");
   MIH_CHECK(head_dim() >= 0, "llama: head_dim(", head_dim(), ") must be positive, or 0 for hidden_size / num_heads");
   MIH_CHECK(head_dim() > 0 || hidden_size() % num_heads() == 0, "llama: hidden_size(", hidden_size(),
             ") must divide by num_heads(", num_heads(), ") when head_dim is 0 (hidden_size / num_heads); set head_dim");
@@ -121,6 +122,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   if (fault::active(fault::Fault::kF29)) qh = qh / std::sqrt(static_cast<double>(d));
   CpAttentionMask mask;
   mask.document_ids = document_ids;
+  mask.window = o_.sliding_window();
   at::Tensor context = cp_causal_attention(qh, kh, split_heads(v_proj(x), kv_heads), ctx_->cp_shard(), mask);
   context = context.transpose(1, 2).reshape({b, s, heads * d});
   // The context is split over tp by heads: Shard(features).

@@ -106,6 +106,11 @@ struct LlamaOptions {
   /// positions come from position_ids, which restart at every document. false (default): every
   /// row one causal sequence.
   TORCH_ARG(bool, document_mask) = false;
+  /// Sliding-window attention: a query attends only to itself and the sliding_window - 1 keys
+  /// before it (transformers' sliding_window: q - W < k <= q), in global token ids, so exact
+  /// under any cp layout (CpAttentionMask::window); with document_mask both hold. 0 (default):
+  /// every earlier key.
+  TORCH_ARG(int64_t, sliding_window) = 0;
 
  public:
   /// D: head_dim, or hidden_size / num_heads when it is 0.

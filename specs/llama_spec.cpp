@@ -188,8 +188,23 @@ spec::ModelSpec llama_docs_spec() {
   return s;
 }
 
+// Sliding-window attention (a window of 8 in rows of 64, in global token ids) over the same
+// packed documents: the window crosses every cp chunk boundary and composes with the documents;
+// declared a MistralForCausalLM (Llama's decoder with sliding_window), its own golden.
+spec::ModelSpec llama_swa_spec() {
+  const models::LlamaOptions o = models::LlamaOptions().document_mask(true).sliding_window(8);
+  spec::ModelSpec s = with_document_ids(llama_spec_with("llama_swa", o));
+  s.description = "llama with sliding-window attention (8 tokens) over packed documents (a Mistral)";
+  s.checkpoint.hf = hf_mistral_config(o);
+  s.golden.dir = reference_golden("llama_swa");
+  s.golden.layers = llama_golden_layers(o.num_layers());
+  s.golden.logits = "lm_head";
+  return s;
+}
+
 MIH_REGISTER_SPEC(llama_spec);
 MIH_REGISTER_SPEC(llama_docs_spec);
+MIH_REGISTER_SPEC(llama_swa_spec);
 MIH_REGISTER_SPEC(llama_tied_spec);
 MIH_REGISTER_SPEC(llama_bias_spec);
 MIH_REGISTER_SPEC(llama_unsharded_root_spec);
@@ -245,5 +260,7 @@ MIH_CONFORMANCE_SUITES(LlamaDeep, "llama_deep", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");
 // Document masking on the cases that split the sequence (cp contiguous, cp zigzag, sp).
 MIH_CONFORMANCE_SUITES(LlamaDocs, "llama_docs", "cpu-smoke-documents");
+// Sliding-window attention (with the documents) on the same cases.
+MIH_CONFORMANCE_SUITES(LlamaSwa, "llama_swa", "cpu-smoke-documents");
 // No activation probes: on request only (`--prefixes LlamaUnobserved`; tests/cli/honest_blame.py).
 MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaUnobserved, "llama_unobserved", "cpu-smoke");

@@ -52,6 +52,20 @@ inline spec::HfConfig hf_llama_config(const models::LlamaOptions& o) {
   return {"llama", {"LlamaForCausalLM"}, hf_llama_fields(o)};
 }
 
+/// MistralForCausalLM: Llama's decoder (no biases, no q/k norms) with a sliding window
+/// (`sliding_window`, null when the options have none): LlamaConfig's fields less
+/// attention_bias, mlp_bias and pretraining_tp. Throws: mih::Error{kInvalidSpec} for options
+/// with attention biases or qk_norm, which Mistral has not.
+inline spec::HfConfig hf_mistral_config(const models::LlamaOptions& o) {
+  MIH_CHECK(!o.attention_bias() && !o.qk_norm(), "hf_mistral_config: Mistral has no attention biases and no q/k "
+            "norms, the options have ", o.attention_bias() ? "attention_bias" : "qk_norm",
+            "; declare the model as a LlamaForCausalLM or Qwen3ForCausalLM");
+  nlohmann::json f = hf_llama_fields(o);
+  for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp"}) f.erase(llama_only);
+  f["sliding_window"] = o.sliding_window() > 0 ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  return {"mistral", {"MistralForCausalLM"}, f};
+}
+
 /// Qwen3ForCausalLM for options with qk_norm (Qwen3's q_norm and k_norm; Qwen3Config has no
 /// field for them, every Qwen3 has them): LlamaConfig's fields less pretraining_tp and
 /// mlp_bias, head_dim always declared (Qwen3Config's default is 128, not hidden / heads), no

@@ -232,6 +232,16 @@ const std::vector<FaultEntry>& fault_catalog() {
        "NVIDIA/Megatron-LM#5243 (packed THD RoPE under cp: a cp rank's later packed sequences took the positions of "
        "the first one); NVIDIA/Megatron-LM#453 (RoPE ignores the reset position ids of packed documents)",
        "layers.0.self_attn", {tp2_sp}, "cp>1"},
+      // A sliding window of 8 over packed documents (llama_swa): the keys of another cp rank.
+      {"F39", "sequence layout (sliding window)",
+       "the sliding window one key wider for the keys gathered from another cp rank (q - k <= W instead of < W): at a "
+       "cp chunk boundary a query attends to W + 1 keys",
+       "harness/parallel/context_parallel.cpp", "LlamaSwa", "llama_swa", cp2zz, {"NumericParity"},
+       {R"(layers\.[0-9]+\.self_attn)"},
+       "open-lm-engine/lm-engine#447 (sliding-window attention under ring context parallelism: the window offset per "
+       "cp step); huggingface/transformers#39408 (a sliding window off by one: flash attention's inclusive window); "
+       "PrimeIntellect-ai/prime-rl#2828 (the cp ring attention ignoring the sliding window)",
+       "layers.0.self_attn", {tp2_sp}, "cp>1"},
       // One micro-batch (Pp2: a moe's pp case its numbers are held to), four layers: stage 0
       // holds MoE layer 1, stage 1 MoE layer 3.
       {"F42", "pipeline parallelism (moe balancing loss)",

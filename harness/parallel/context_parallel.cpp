@@ -109,6 +109,18 @@ at::Tensor hidden_keys(const CpShard& cp, int64_t batch, int64_t local_seq, cons
     const at::Tensor k_docs = docs.index_select(1, k_ids);
     hidden = hidden | (q_docs.unsqueeze(2) != k_docs.unsqueeze(1));  // [B, S/CP, S]
   }
+  MIH_CHECK(mask.window >= 0, "cp_causal_attention: the sliding window must be >= 0 (0: none), got ", mask.window);
+  if (mask.window > 0) {
+    const at::Tensor distance = q_ids.unsqueeze(1) - k_ids.unsqueeze(0);  // [S/CP, S]
+    at::Tensor outside = distance >= mask.window;
+    if (fault::active(fault::Fault::kF39) && cp.size() > 1) {
+      // F39 (docs/fault-catalog.md): the window of the keys gathered from another cp rank one key
+      // wider (distance <= W): at a cp chunk boundary a query sees W + 1 keys.
+      const at::Tensor remote = (at::arange(k_ids.size(0), at::kLong) / local_seq != cp.rank()).unsqueeze(0);
+      outside = at::where(remote, distance > mask.window, outside);
+    }
+    hidden = hidden | outside.unsqueeze(0);
+  }
   return hidden.unsqueeze(1).to(device);
 }
 

@@ -88,6 +88,11 @@ struct CpAttentionMask {
   /// document that straddles a cp chunk boundary stays one document. Shape: [B, S] int64.
   /// Undefined (default): every row one document.
   at::Tensor document_ids;
+  /// Sliding window W > 0: query q attends key k only if q - W < k <= q, in global token ids
+  /// (transformers' sliding_window: a query sees itself and the W - 1 keys before it), so the
+  /// window reaches across cp chunk boundaries exactly; composes with document_ids. 0
+  /// (default): no window.
+  int64_t window = 0;
 };
 
 /// Causal scaled-dot-product attention over a sequence sharded on cp, with grouped-query

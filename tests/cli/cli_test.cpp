@@ -294,7 +294,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                        "gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_tied, llama_unobserved, llama_unsharded_root, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -556,8 +556,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // Qwen3-style port, on every cpu-smoke case (861 tests on 22 cases). Then 5511: the vlm, now
   // transformers' LLaVA, has its golden (MatchesOriginal's 4 tests on its Reference). Then
   // 5807: packed documents masked by document_ids, llama_docs (146 tests) and qwen3_docs (150)
-  // on the cpu-smoke-documents lane (Reference, Cp2, Cp2Zz, Tp2Sp; goldens of their own).
-  EXPECT_EQ(total, 5807) << list.output;
+  // on the cpu-smoke-documents lane (Reference, Cp2, Cp2Zz, Tp2Sp; goldens of their own). Then
+  // 5953: llama_swa (146), a sliding window of 8 over the same documents, on that lane.
+  EXPECT_EQ(total, 5953) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);

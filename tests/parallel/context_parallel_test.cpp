@@ -192,6 +192,70 @@ TEST(CpAttentionTest, DocumentMaskMatchesEachDocumentAttendedAlone) {
               ThrowsMessage<Error>(HasSubstr("document_ids must be [B, S] = [1, 4] int64")));
 }
 
+// Attention with an explicit [S, S] keep matrix (true: the query may attend the key), GQA by
+// repeating K/V heads: the reference of the masks below.
+at::Tensor kept_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep) {
+  const int64_t group = q.size(1) / k.size(1);
+  at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  scores = scores.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
+}
+
+// A sliding window of 3 (transformers': query t sees keys t-2..t) with documents of odd length
+// that straddle the chunk boundaries, on every layout of cp 2 and 4: output and dq, dk, dv
+// match the window written as a keep matrix (row 0's documents 0-4, 5-10, 11-15); the window
+// one key wider for the keys of another cp rank (F39) does not.
+TEST(CpAttentionTest, SlidingWindowMatchesTheWindowOnOneRank) {
+  const std::vector<std::vector<int64_t>> lengths = {{5, 6, 5}, {16}};
+  const int64_t b = 2, hq = 4, hkv = 2, s = 16, d = 8, window = 3;
+  at::Tensor q = at::randn({b, hq, s, d}, at::kDouble), k = at::randn({b, hkv, s, d}, at::kDouble);
+  at::Tensor v = at::randn({b, hkv, s, d}, at::kDouble), g = at::randn({b, hq, s, d}, at::kDouble);
+  const at::Tensor docs = document_ids_of(lengths), t = at::arange(s, at::kLong);
+  const at::Tensor keep = (t.unsqueeze(0) <= t.unsqueeze(1)) & (t.unsqueeze(0) > t.unsqueeze(1) - window);
+  const at::Tensor keep_docs = (keep.unsqueeze(0) & (docs.unsqueeze(2) == docs.unsqueeze(1))).unsqueeze(1);
+  at::Tensor qf = q.clone().requires_grad_(true), kf = k.clone().requires_grad_(true), vf = v.clone().requires_grad_(true);
+  at::Tensor out = kept_attention(qf, kf, vf, keep_docs);
+  (out * g).sum().backward();
+  CpAttentionMask mask;
+  mask.document_ids = docs;
+  mask.window = window;
+  for (const bool wider : {false, true}) {
+    std::optional<fault::ScopedFault> f39;  // process-wide: every thread rank runs with it
+    if (wider) f39.emplace(fault::Fault::kF39);
+    for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
+      for (int cp : {2, 4}) {
+        ParallelConfig dims;
+        dims.cp = cp;
+        std::atomic<int> differing{0};
+        auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+          CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
+          auto local = [&](const at::Tensor& x) { return cp_shard_sequence(x, 2, cp, shard.rank(), layout); };
+          at::Tensor ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
+          at::Tensor o = cp_causal_attention(ql, kl, vl, shard, mask);
+          (o * local(g)).sum().backward();
+          const bool same = at::allclose(o, local(out.detach()), 0, 1e-12) &&
+                            at::allclose(ql.grad(), local(qf.grad()), 0, 1e-12) &&
+                            at::allclose(kl.grad(), local(kf.grad()), 0, 1e-12) &&
+                            at::allclose(vl.grad(), local(vf.grad()), 0, 1e-12);
+          if (!same) ++differing;
+        });
+        EXPECT_THAT(errors, IsEmpty());
+        const std::string where = cp_layout_name(layout) + " cp=" + std::to_string(cp);
+        if (wider) {
+          EXPECT_GT(differing.load(), 0) << where << ": a window one key wider across ranks matched";
+        } else {
+          EXPECT_EQ(differing.load(), 0) << where << ": output or a gradient differs from the window on one rank";
+        }
+      }
+    }
+  }
+  at::Tensor x = at::zeros({1, 2, 4, 2}, at::kDouble);
+  CpAttentionMask negative;
+  negative.window = -1;
+  EXPECT_THAT([&] { cp_causal_attention(x, x, x, CpShard{}, negative); },
+              ThrowsMessage<Error>(HasSubstr("the sliding window must be >= 0 (0: none), got -1")));
+}
+
 TEST(CpAttentionTest, HeadsThatDoNotGroupAreRejected) {
   at::Tensor q = at::zeros({1, 3, 4, 2}), k = at::zeros({1, 2, 4, 2});
   EXPECT_THAT([&] { cp_causal_attention(q, k, k, CpShard{}); },
