@@ -24,5 +24,12 @@ TEST_P(Resume, StepsAfterLoadMatchUninterruptedRun) {
   MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kGradNorms, at));
   MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kTensors, at));
 }
+// The learning rate of every step after the load is the uninterrupted run's: a schedule
+// resumes at the saved step (a scheduler whose state a checkpoint drops warms up again).
+TEST_P(Resume, LearningRateAfterLoadMatchesUninterruptedRun) {
+  MIH_CASE_EVIDENCE(ev);
+  MIH_COMPARED_EVIDENCE(twin);
+  MIH_ASSERT_VERDICT(parity(*twin, *ev, Quantity::kLr, resolved_case().resume_at));
+}
 
 }  // namespace mih::conformance

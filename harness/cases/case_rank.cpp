@@ -40,6 +40,7 @@
 #include "harness/session/backend.h"
 #include "harness/session/session.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/spec/case_trainer.h"
 
 namespace mih::cases {
 namespace {
@@ -140,7 +141,7 @@ SessionOptions phase_session(WorkerContext& ctx, const CaseRequest& file, const 
   // A resume's load phase continues the save phase's run (the run-level gradient check).
   if (phase == "load") so.continues_evidence = evidence / layout::kBeforeSave;
   so.run_continues = phase == "save";
-  so.trainer = s.data.apply_sharding(s.trainer).frozen(s.frozen);
+  so.trainer = spec::with_case_trainer(s.data.apply_sharding(s.trainer).frozen(s.frozen), c.trainer);
   c10::Device device(c10::DeviceType::CPU);
   if (c.device == "cuda") {
     // One GPU per rank, the one the NCCL group was built on (WorkerContext::build_mesh): the

@@ -17,6 +17,9 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json pp2_mb4 = {{"pp", 2}, {"micro_batches", 4}}, pp2_mb2 = {{"pp", 2}, {"micro_batches", 2}};
   const json dp_shard2_mb2 = {{"dp_shard", 2}, {"micro_batches", 2}};
   const json tp4 = {{"tp", 4}}, pp2 = {{"pp", 2}};
+  const json sgd_cosine = {{"optimizer", "sgd"}, {"warmup_steps", 2}, {"decay_steps", 3}, {"max_grad_norm", 0}};
+  const json resume_sgd = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}, {"trainer", sgd_cosine}};
+  const json dp_shard2_sgd = {{"dp_shard", 2}, {"trainer", sgd_cosine}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -242,6 +245,28 @@ const std::vector<FaultEntry>& fault_catalog() {
        "cp step); huggingface/transformers#39408 (a sliding window off by one: flash attention's inclusive window); "
        "PrimeIntellect-ai/prime-rl#2828 (the cp ring attention ignoring the sliding window)",
        "layers.0.self_attn", {tp2_sp}, "cp>1"},
+      // SGD with momentum at a warmup-then-cosine schedule, no clipping (cpu-smoke's
+      // ResumeDpShard2SgdCosine): the schedule and the momentum buffer cross the resume; the
+      // uninterrupted twin of the same trainer is the control.
+      {"F40", "learning-rate schedule across a resume",
+       "the learning-rate schedule's step not restored from the checkpoint: after a load it counts from the resumed "
+       "step as from 0, so the warmup starts again",
+       "harness/training/trainer.cpp", "Llama", "llama", resume_sgd, {"Resume.LearningRateAfterLoadMatchesUninterruptedRun"},
+       {"metric 'lr'"},
+       "verl-project/verl#7954 (Megatron checkpoints: the LR scheduler state saved and not loaded by default, the "
+       "schedule restarts at step 0 on resume); PrimeIntellect-ai/prime-rl#1095 (LR scheduler across checkpoint "
+       "resume); lightly-ai/lightly-train#301 (warmup restarting on resume)",
+       "optimizer", {dp_shard2_sgd}, "resume"},
+      {"F41", "optimizer state in the checkpoint (non-AdamW)",
+       "the checkpoint writes and reads the Adam moments (exp_avg, exp_avg_sq) only: SGD's momentum buffer is "
+       "neither saved nor restored, so momentum restarts from the first step after a load (invisible under AdamW)",
+       "harness/checkpoint/distributed_checkpoint.cpp", "Llama", "llama", resume_sgd,
+       {"CheckpointRoundTrip.LoadedTensorsBitExact", "Resume.StepsAfterLoadMatchUninterruptedRun"},
+       {"momentum_buffer"},
+       "TrenTorch/TrenTorch#187 (checkpoints saved the state of one optimizer kind only: the others' moments and step "
+       "silently dropped); harvard-edge/cs249r_book#2087 (the momentum branch of the checkpoint never exercised: every "
+       "test used momentum 0)",
+       "checkpoint", {dp_shard2_sgd}, "resume"},
       // One micro-batch (Pp2: a moe's pp case its numbers are held to), four layers: stage 0
       // holds MoE layer 1, stage 1 MoE layer 3.
       {"F42", "pipeline parallelism (moe balancing loss)",

@@ -38,6 +38,7 @@ void to_json(json& j, const Case& c) {
   j = {{"name", c.name},   {"kind", case_kind_name(c.kind)}, {"group", c.group},   {"config", c.config},
        {"steps", c.steps}, {"compare_to", c.compare_to},     {"device", c.device}, {"pg_backend", c.pg_backend},
        {"world_size", c.world_size()}};
+  if (!c.trainer.empty()) j["trainer"] = c.trainer;
   if (c.save_config) {
     j["save_config"] = *c.save_config;
     j["resume_at"] = c.resume_at;
@@ -46,7 +47,7 @@ void to_json(json& j, const Case& c) {
 
 void from_json(const json& j, Case& c) {
   check_known_fields(j, "case", {"name", "kind", "group", "config", "steps", "compare_to", "device", "pg_backend",
-                                 "world_size", "save_config", "resume_at"});
+                                 "world_size", "save_config", "resume_at", "trainer"});
   try {
     Case out;
     out.name = j.at("name").get<std::string>();
@@ -57,6 +58,10 @@ void from_json(const json& j, Case& c) {
     out.compare_to = j.at("compare_to").get<std::string>();
     out.device = j.at("device").get<std::string>();
     out.pg_backend = j.at("pg_backend").get<std::string>();
+    if (j.contains("trainer")) {
+      out.trainer = j.at("trainer");
+      MIH_CHECK(out.trainer.is_object(), "case: 'trainer' must be an object, got ", out.trainer.type_name());
+    }
     if (j.contains("save_config")) {
       out.save_config = j.at("save_config").get<ParallelConfig>();
       out.resume_at = j.at("resume_at").get<int64_t>();

@@ -45,6 +45,10 @@ struct Case {
   /// The name of the case its numbers are compared with ("Reference", or a resume's
   /// uninterrupted twin, named like a train case of `config`).
   std::string compare_to;
+  /// The case's changes to the spec's TrainerOptions (spec/case_trainer.h: "optimizer",
+  /// "momentum", "warmup_steps", "decay_steps", "min_lr", "max_grad_norm"); an empty object
+  /// when it trains as the spec says. Its cases are named with a suffix ("Sgd", "SgdCosine").
+  nlohmann::json trainer = nlohmann::json::object();
   /// "cpu" or "cuda"; the process-group backend, "gloo" or "nccl".
   std::string device = "cpu";
   std::string pg_backend = "gloo";

@@ -15,6 +15,7 @@
 #include "harness/base/files.h"
 #include "harness/base/json_fields.h"
 #include "harness/runtime/dtypes.h"
+#include "harness/spec/case_trainer.h"
 #include "harness/base/strings.h"
 
 namespace mih::spec {
@@ -36,24 +37,20 @@ using nlohmann::json;
 // case whose numbers a moe can be held to, its load-balancing loss depending on the
 // micro-batching; also the uninterrupted twin of the resume into pp), and a resume from pp stages
 // into FSDP and back. Tp4: tp above the 2 key/value heads of every GQA spec (each KV head
-// replicated over 2 tp ranks, a Qwen3 or Llama job's 4-8 KV heads at tp 8).
+// replicated over 2 tp ranks, a Qwen3 or Llama job's 4-8 KV heads at tp 8). SGD with momentum
+// and no clipping, a step linear in the gradient's scale, at a warmup-then-cosine schedule
+// across a resume: ResumeDpShard2SgdCosine (its twin and ReferenceSgdCosine added). Cp2ZzTp2
+// is cpu-full's (cp zigzag and tp each stay here).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
-    {"dp_shard": 2},
-    {"dp_replicate": 2},
-    {"tp": 2},
-    {"tp": 2, "sequence_parallel": true},
-    {"tp": 4},
-    {"cp": 2, "cp_layout": "zigzag"},
-    {"dp_shard": 2, "cp": 2},
+    {"dp_shard": 2}, {"dp_replicate": 2},
+    {"tp": 2}, {"tp": 2, "sequence_parallel": true}, {"tp": 4},
+    {"cp": 2, "cp_layout": "zigzag"}, {"dp_shard": 2, "cp": 2},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
     {"dp_replicate": 2, "dp_shard": 2},
-    {"cp": 2, "cp_layout": "zigzag", "tp": 2},
-    {"dp_shard": 2, "activation_checkpointing": true},
-    {"dp_shard": 2, "micro_batches": 2},
-    {"pp": 2},
-    {"pp": 2, "micro_batches": 4},
+    {"dp_shard": 2, "activation_checkpointing": true}, {"dp_shard": 2, "micro_batches": 2},
+    {"pp": 2}, {"pp": 2, "micro_batches": 4},
     {"dp_shard": 2, "pp": 2, "micro_batches": 2},
     {"pp": 2, "tp": 2, "sequence_parallel": true, "micro_batches": 2},
     {"pp": 2, "micro_batches": 4, "activation_checkpointing": true},
@@ -68,20 +65,21 @@ const char* kCpuSmoke = R"({
     {"kind": "cross_resume", "save": {"dp_shard": 2, "ep": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"dp_shard": 2, "ep": 2}, "resume_at": 2},
     {"kind": "cross_resume", "save": {"pp": 2}, "load": {"dp_shard": 2}, "resume_at": 2},
-    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"pp": 2}, "resume_at": 2}
+    {"kind": "cross_resume", "save": {"dp_shard": 2}, "load": {"pp": 2}, "resume_at": 2},
+    {"kind": "resume", "config": {"dp_shard": 2}, "resume_at": 2,
+     "trainer": {"optimizer": "sgd", "warmup_steps": 2, "decay_steps": 3, "max_grad_norm": 0}}
   ]})";
 
 // The model variants' lane (tied embedding and head, row-parallel biases, four layers): the
-// layouts their features change, FSDP, tp with and without sequence parallelism, tp 4 with it
+// layouts their features change, FSDP, tp with SGD (momentum, no clipping; compared with
+// ReferenceSgd) and with sequence parallelism, tp 4 with it
 // (above the 2 KV heads: replicated k/v weights and biases, their input gathered over tp), and
 // pp (a tie across the first and last stage; the interleaved schedule and pp 4, which only the
 // four-layer llama_deep can take).
 const char* kCpuSmokeVariants = R"({
   "name": "cpu-smoke-variants", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3,
-  "max_world_size": 4,
-  "cases": [
-    {"dp_shard": 2},
-    {"tp": 2},
+  "max_world_size": 4, "cases": [
+    {"dp_shard": 2}, {"tp": 2, "trainer": {"optimizer": "sgd", "max_grad_norm": 0}},
     {"tp": 2, "sequence_parallel": true},
     {"tp": 4, "sequence_parallel": true},
     {"pp": 2, "micro_batches": 2},
@@ -137,7 +135,9 @@ const char* kCpuFull = R"({
     {"kind": "cross_resume", "save": {}, "load": {"dp_shard": 4}, "resume_at": 2},
     {"pp": 2, "micro_batches": 4, "pp_schedule": "gpipe"}, {"pp": 2, "dp_replicate": 2, "micro_batches": 2},
     {"pp": 2, "cp": 2, "cp_layout": "zigzag", "micro_batches": 2}, {"pp": 4, "micro_batches": 4},
-    {"pp": 2, "vpp": 2, "micro_batches": 4}, {"kind": "resume", "config": {"pp": 2, "micro_batches": 2}, "resume_at": 2}
+    {"pp": 2, "vpp": 2, "micro_batches": 4}, {"kind": "resume", "config": {"pp": 2, "micro_batches": 2}, "resume_at": 2},
+    {"kind": "resume", "config": {"tp": 2, "sequence_parallel": true}, "resume_at": 1, "trainer": {"optimizer": "sgd",
+     "warmup_steps": 1, "decay_steps": 2, "max_grad_norm": 0}}, {"dp_shard": 2, "trainer": {"optimizer": "adam"}}
   ]})";
 
 // "dp_shard2_cp2zz_tp2_sp" -> "DpShard2Cp2ZzTp2Sp".
@@ -184,8 +184,6 @@ ParallelConfig config_from(const json& j, const json& defaults, const std::strin
 }
 
 }  // namespace
-
-
 
 const Case& CaseMatrix::at(const std::string& name) const {
   for (const auto& c : cases) {
@@ -499,14 +497,14 @@ Case MatrixResolver::listed_case(const json& j, const std::string& at) const {
   c.compare_to = lane_target;
   if (kind == CaseKind::kTrain) {
     json cfg = j;
-    cfg.erase("kind");
+    for (const char* own : {"kind", "trainer"}) cfg.erase(own);
     c.config = config_from(cfg, defaults, at);
     c.name = camel(c.config.name());
     c.group = group_of(c.config);
   } else if (kind == CaseKind::kResume || kind == CaseKind::kCrossResume) {
     const bool cross = kind == CaseKind::kCrossResume;
-    check_known_fields(j, at, cross ? std::vector<std::string>{"kind", "save", "load", "resume_at"}
-                                    : std::vector<std::string>{"kind", "config", "resume_at"});
+    check_known_fields(j, at, cross ? std::vector<std::string>{"kind", "save", "load", "resume_at", "trainer"}
+                                    : std::vector<std::string>{"kind", "config", "resume_at", "trainer"});
     MIH_CHECK(j.contains(cross ? "save" : "config"), at, ": a ", case_kind_name(kind), " case needs '",
               cross ? "save" : "config", "'");
     c.resume_at = json_int(j, "resume_at", 0, at);
@@ -521,6 +519,7 @@ Case MatrixResolver::listed_case(const json& j, const std::string& at) const {
   } else {
     MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
   }
+  read_case_trainer(j, c, reduced, at);  // a case's own optimizer or schedule: suffixed, with its twin
   return c;
 }
 
@@ -538,7 +537,8 @@ void MatrixResolver::add_resume_twins() {
     twin.config = c.config;
     twin.device = c.device;
     twin.pg_backend = c.pg_backend;
-    twin.compare_to = lane_target;
+    twin.trainer = c.trainer;
+    twin.compare_to = lane_target + case_trainer_suffix(c.trainer);
     twins.push_back(twin);
   }
   for (auto& t : twins) add(std::move(t));
@@ -580,6 +580,7 @@ CaseMatrix resolve_matrix(const ModelSpec& spec, const json& m) {
     if (r.add(std::move(c)) && !r.out.is_listed(name)) r.out.listed.push_back(name);
   }
   r.add_resume_twins();
+  for (Case& ref : case_trainer_references(r.out.cases, r.seed)) r.add(std::move(ref));
   r.add_ep1_controls();
   return std::move(r.out);
 }

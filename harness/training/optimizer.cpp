@@ -47,7 +47,7 @@ double scheduled_lr(const TrainerOptions& o, int64_t step) {
   if (step < o.warmup_steps()) return o.lr() * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps());
   if (o.decay_steps() == 0) return o.lr();
   const double progress =
-      std::min(1.0, static_cast<double>(step - o.warmup_steps()) / static_cast<double>(o.decay_steps()));
+      std::min(1.0, static_cast<double>(step + 1 - o.warmup_steps()) / static_cast<double>(o.decay_steps()));
   return o.min_lr() + (o.lr() - o.min_lr()) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 

@@ -128,8 +128,8 @@ struct TrainerOptions {
 };
 
 /// The learning rate of step `step` (0-based, counted from the run's first step, across
-/// resumes): lr * (step + 1) / warmup_steps during the warmup, then
-/// min_lr + (lr - min_lr) * (1 + cos(pi * min(1, (step - warmup_steps) / decay_steps))) / 2
+/// resumes): lr * (step + 1) / warmup_steps during the warmup (its last step at lr), then
+/// min_lr + (lr - min_lr) * (1 + cos(pi * min(1, (step + 1 - warmup_steps) / decay_steps))) / 2
 /// (linear warmup then cosine decay, as torchtitan's and Megatron-LM's schedulers), lr when
 /// decay_steps is 0. Throws: mih::Error{kInvalidSpec} for a negative step count or step.
 double scheduled_lr(const TrainerOptions& options, int64_t step);

@@ -86,9 +86,9 @@ TEST(ScheduleTest, WarmsUpLinearlyThenDecaysAlongACosine) {
   const TrainerOptions o = TrainerOptions().lr(1.0).warmup_steps(2).decay_steps(4).min_lr(0.2);
   EXPECT_EQ(scheduled_lr(o, 0), 0.5);
   EXPECT_EQ(scheduled_lr(o, 1), 1.0);
-  EXPECT_EQ(scheduled_lr(o, 2), 1.0);
-  EXPECT_NEAR(scheduled_lr(o, 4), 0.6, 1e-15);  // half way: (1 + 0.2) / 2
-  EXPECT_NEAR(scheduled_lr(o, 6), 0.2, 1e-15);
+  EXPECT_NEAR(scheduled_lr(o, 2), 0.2 + 0.4 * (1 + std::cos(M_PI / 4)), 1e-15);  // a quarter of the decay
+  EXPECT_NEAR(scheduled_lr(o, 3), 0.6, 1e-15);  // half way: (1 + 0.2) / 2
+  EXPECT_NEAR(scheduled_lr(o, 5), 0.2, 1e-15);
   EXPECT_NEAR(scheduled_lr(o, 60), 0.2, 1e-15);
   EXPECT_EQ(scheduled_lr(TrainerOptions().lr(0.3), 7), 0.3) << "no schedule: constant";
   EXPECT_THAT([&] { scheduled_lr(o, -1); }, ::testing::ThrowsMessage<Error>(HasSubstr("learning-rate schedule")));
