@@ -22,9 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import golden_kit as kit  # noqa: E402
 from golden_kit import check  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden"))
-import transformers_impl  # noqa: E402  (the golden producer's forward inputs)
+GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "golden")
 
 # Two float32 (or bfloat16) computations of one function in different reduction orders: each
 # contraction of K terms rounds to about sqrt(K) epsilons in the typical case (K <= 128 here, so
@@ -94,6 +92,9 @@ def compare_numbers(model, export_dir, dtype):
     shifted = kit.read_json(os.path.join(export_dir, "training.json"))["labels_are_shifted"]
     # The golden producer's inputs: packed documents (document_ids) go without an attention_mask,
     # so transformers masks each document, found from the position_ids.
+    sys.path.insert(0, GOLDEN_DIR)
+    import transformers_impl  # the golden producer's forward inputs (needs torch: imported here)
+
     kwargs = transformers_impl._inputs(batch)
     if "pixel_values" in batch:  # a vision-language model's images, in the export's dtype
         kwargs["pixel_values"] = batch["pixel_values"].to(dtype)
