@@ -40,7 +40,7 @@ using nlohmann::json;
 // replicated over 2 tp ranks, a Qwen3 or Llama job's 4-8 KV heads at tp 8). SGD with momentum
 // and no clipping, a step linear in the gradient's scale, at a warmup-then-cosine schedule
 // across a resume: ResumeDpShard2SgdCosine (its twin and ReferenceSgdCosine added). Cp2ZzTp2
-// is cpu-full's (cp zigzag and tp each stay here).
+// and DpReplicate2DpShard2 are cpu-full's (cp zigzag and tp stay here; HSDP's paths in moe's Ep2).
 const char* kCpuSmoke = R"({
   "name": "cpu-smoke", "dtype": "float64", "device": "cpu", "pg_backend": "gloo", "steps": 3, "max_world_size": 4,
   "cases": [
@@ -48,7 +48,6 @@ const char* kCpuSmoke = R"({
     {"tp": 2}, {"tp": 2, "sequence_parallel": true}, {"tp": 4},
     {"cp": 2, "cp_layout": "zigzag"}, {"dp_shard": 2, "cp": 2},
     {"dp_shard": 2, "tp": 2, "sequence_parallel": true},
-    {"dp_replicate": 2, "dp_shard": 2},
     {"dp_shard": 2, "activation_checkpointing": true}, {"dp_shard": 2, "micro_batches": 2},
     {"pp": 2}, {"pp": 2, "micro_batches": 4},
     {"dp_shard": 2, "pp": 2, "micro_batches": 2},

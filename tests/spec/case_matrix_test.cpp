@@ -63,7 +63,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, PresetTest, ::testing::Values("cpu-smoke", "cp
 TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   const CaseMatrix m = resolve_matrix_source(SpecRegistry::instance().get("llama"), "cpu-smoke");
   EXPECT_THAT(names(m), ::testing::ElementsAre("Reference", "DpShard2", "DpReplicate2", "Tp2", "Tp2Sp", "Tp4", "Cp2Zz",
-                                               "DpShard2Cp2", "DpShard2Tp2Sp", "DpReplicate2DpShard2",
+                                               "DpShard2Cp2", "DpShard2Tp2Sp",
                                                "DpShard2Ac", "DpShard2Mb2", "Pp2", "Pp2Mb4", "Pp2DpShard2Mb2", "Pp2Tp2SpMb2",
                                                "Pp2AcMb4", "ResumeDpShard2", "ResumeDpShard2ToTp2", "ResumePp2ToDpShard2",
                                                "ResumeDpShard2ToPp2", "ResumeDpShard2SgdCosine", "DpShard2SgdCosine",
@@ -77,7 +77,6 @@ TEST(CaseMatrixTest, NamesKindsGroupsAndTwins) {
   EXPECT_EQ(m.at("DpReplicate2").group, "axis");
   EXPECT_EQ(m.at("DpShard2Cp2").config.cp_layout, CpLayout::kContiguous);
   EXPECT_EQ(m.at("DpShard2Tp2Sp").group, "combined");
-  EXPECT_EQ(m.at("DpReplicate2DpShard2").group, "combined");
   EXPECT_EQ(m.at("DpShard2Ac").group, "activation_checkpoint");
   EXPECT_EQ(m.at("DpShard2Mb2").group, "grad_accumulation");
   const Case& cross = m.at("ResumeDpShard2ToTp2");
@@ -127,7 +126,7 @@ TEST(CaseMatrixTest, ExpertParallelCasesGetTheirEp1Control) {
   // carved out of cp, dp_shard = 1).
   EXPECT_EQ(m.at("DpReplicate2DpShard2Ep2").config.dp_replicate, 2);
   EXPECT_EQ(m.at("Cp4ZzEp2").config.cp, 4);
-  // The controls: DpShard2, DpShard2Tp2Sp, DpShard2Ac and DpReplicate2DpShard2 were listed;
+  // The controls: DpShard2, DpShard2Tp2Sp and DpShard2Ac were listed; DpReplicate2DpShard2,
   // DpShard4 and Cp4Zz are added.
   ASSERT_THAT(names(m), Contains(std::string("DpShard4")));
   ASSERT_THAT(names(m), Contains(std::string("Cp4Zz")));
