@@ -446,6 +446,10 @@ bool MatrixResolver::add(Case c) {
   }
   std::string problem = topology_problem(spec, c.config, global_batch, max_world);
   if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
+  if (problem.empty() && reduced && !c.trainer.empty()) {
+    problem = "its own trainer (" + c.trainer.dump() + ") runs in the float64 lane only: a reduced lane's tolerances "
+              "are calibrated on the spec's trainer";
+  }
   if (!problem.empty()) {
     out.rejected.push_back({c.name, problem});
     return false;
@@ -518,7 +522,7 @@ Case MatrixResolver::listed_case(const json& j, const std::string& at) const {
   } else {
     MIH_THROW(Code::kInvalidSpec, at, ": the reference case is implicit; set \"reference\": false to omit it");
   }
-  read_case_trainer(j, c, reduced, at);  // a case's own optimizer or schedule: suffixed, with its twin
+  read_case_trainer(j, c, at);  // a case's own optimizer or schedule: suffixed, with its twin
   return c;
 }
 

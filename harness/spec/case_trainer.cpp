@@ -63,13 +63,11 @@ std::string case_trainer_suffix(const json& t) {
   return out;
 }
 
-void read_case_trainer(const json& listed, Case& c, bool reduced, const std::string& where) {
+void read_case_trainer(const json& listed, Case& c, const std::string& where) {
   if (!listed.contains("trainer")) return;
   const json& t = listed.at("trainer");
   check_case_trainer(t, where);
   if (t.empty()) return;
-  MIH_CHECK(!reduced, where, ": a case's own 'trainer' runs in the float64 lane only (a reduced lane's tolerances are ",
-            "calibrated on the spec's trainer); list it in a float64 matrix");
   c.trainer = t;
   const std::string suffix = case_trainer_suffix(t);
   c.name += suffix;

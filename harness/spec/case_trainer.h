@@ -32,9 +32,9 @@ std::string case_trainer_suffix(const nlohmann::json& trainer);
 
 /// Reads a listed case's "trainer" (`listed`, at `where`) into `c` and appends its suffix to
 /// c.name and, unless c.compare_to is empty, to c.compare_to (the twin with the same changes).
-/// Throws: as check_case_trainer; kInvalidSpec in a reduced-precision lane (`reduced`), whose
-///   noise calibration is the spec's trainer's.
-void read_case_trainer(const nlohmann::json& listed, Case& c, bool reduced, const std::string& where);
+/// Throws: as check_case_trainer. (resolve_matrix rejects such a case in a reduced-precision
+///   lane, whose noise calibration is the spec's trainer's, with that reason.)
+void read_case_trainer(const nlohmann::json& listed, Case& c, const std::string& where);
 
 /// The world-size-1 references the cases with changes are compared with: per distinct suffix
 /// one train case "Reference<suffix>" (float64 on CPU, parameter-init seed `seed`, as the

@@ -66,8 +66,21 @@ TEST(CaseTrainerTest, RefusesMalformedChangesNamingTheCaseAndField) {
               ThrowsMessage<Error>(HasSubstr("unknown optimizer 'lion'; valid: [adamw, adam, sgd]")));
   EXPECT_THAT([&] { resolve_matrix(llama, matrix({{{"dp_shard", 2}, {"trainer", {{"warmup_steps", -1}}}}})); },
               ThrowsMessage<Error>(HasSubstr("'warmup_steps' must be an integer >= 0")));
-  EXPECT_THAT([&] { resolve_matrix(llama, matrix({{{"dp_shard", 2}, {"trainer", kSgdCosine}}}, "float32")); },
-              ThrowsMessage<Error>(HasSubstr("runs in the float64 lane only")));
+}
+
+// A reduced lane calibrates its tolerances on the spec's trainer: a case with its own is
+// rejected there with the reason (so `mih test --dtype float32` still runs the rest of a preset
+// that lists one), never run uncalibrated.
+TEST(CaseTrainerTest, AReducedLaneRejectsACaseWithItsOwnTrainerNamingWhy) {
+  const ModelSpec& llama = SpecRegistry::instance().get("llama");
+  const CaseMatrix m = resolve_matrix(llama, matrix({{{"dp_shard", 2}}, {{"dp_shard", 2}, {"trainer", kSgdCosine}}},
+                                                    "float32"));
+  EXPECT_TRUE(m.is_listed("DpShard2"));
+  EXPECT_FALSE(m.is_listed("DpShard2SgdCosine")) << "run in a lane whose noise was not calibrated for it";
+  for (const Case& c : m.cases) EXPECT_TRUE(c.trainer.empty()) << c.name;
+  ASSERT_FALSE(m.rejected.empty());
+  EXPECT_EQ(m.rejected[0].name, "DpShard2SgdCosine");
+  EXPECT_THAT(m.rejected[0].reason, HasSubstr("runs in the float64 lane only"));
 }
 
 }  // namespace
