@@ -265,7 +265,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
   // moe: the cases of every spec (Tp4 above its 2 KV heads among them), its 8 expert-parallel
   // ones, the EP=1 controls DpShard4 and Cp4Zz, and the pipelined ones (Pp2 with one
   // micro-batch, compared numerically).
-  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 32 cases, 0 rejected"),
+  EXPECT_THAT(smoke.output, AllOf(HasSubstr("matrix cpu-smoke for spec moe: 34 cases, 0 rejected"),
                                   HasSubstr("Reference"), HasSubstr("DpShard2Tp2Sp"),
                                   HasSubstr("ResumeDpShard2ToTp2"), HasSubstr("(vs Tp2)"),
                                   HasSubstr("dp_shard4_ep2 float64 (vs Reference; EP=1 control DpShard4)"),
@@ -801,7 +801,11 @@ TEST(CliConformanceTest, SuitesOnOneCaseThenCheckReportAndBadInputs) {
   for (const auto& [command, says] : std::vector<std::pair<std::string, std::string>>{
            {"test --fault F99 --fault-cases Tp2Sp" + r, "unknown fault 'F99'"},
            {"test --fault F03" + r, "--fault and --fault-cases go together"},
-           {"faults --fault F37 --out " + (root / "faults").string(), "unknown fault 'F37'"},
+           {"faults --fault F99 --out " + (root / "faults").string(), "unknown fault 'F99'"},
+           // A case with its own trainer runs in float64 only: a reduced lane that keeps none of
+           // the selected faults would check nothing.
+           {"faults --fault F40 --dtype float32 --out " + (root / "faults").string(),
+            "F40 train with a case's own trainer, which runs in the float64 lane only"},
            // An empty selection would run nothing and exit 0.
            {"faults --fault '' --out " + (root / "faults").string(), "--fault '' names no fault"}}) {
     CliRun bad_fault = mih(command);
