@@ -446,10 +446,7 @@ bool MatrixResolver::add(Case c) {
   }
   std::string problem = topology_problem(spec, c.config, global_batch, max_world);
   if (problem.empty() && c.save_config) problem = topology_problem(spec, *c.save_config, global_batch, max_world);
-  if (problem.empty() && reduced && !c.trainer.empty()) {
-    problem = "its own trainer (" + c.trainer.dump() + ") runs in the float64 lane only: a reduced lane's tolerances "
-              "are calibrated on the spec's trainer";
-  }
+  if (problem.empty()) problem = case_trainer_lane_problem(c.trainer, reduced);
   if (!problem.empty()) {
     out.rejected.push_back({c.name, problem});
     return false;

@@ -74,6 +74,12 @@ void read_case_trainer(const json& listed, Case& c, const std::string& where) {
   if (!c.compare_to.empty()) c.compare_to += suffix;
 }
 
+std::string case_trainer_lane_problem(const json& trainer, bool reduced) {
+  if (!reduced || trainer.empty()) return "";
+  return "its own trainer (" + trainer.dump() + ") runs in the float64 lane only: a reduced lane's tolerances are "
+         "calibrated on the spec's trainer";
+}
+
 std::vector<Case> case_trainer_references(const std::vector<Case>& cases, uint64_t seed) {
   std::vector<Case> out;
   std::set<std::string> named;

@@ -36,6 +36,10 @@ std::string case_trainer_suffix(const nlohmann::json& trainer);
 ///   lane, whose noise calibration is the spec's trainer's, with that reason.)
 void read_case_trainer(const nlohmann::json& listed, Case& c, const std::string& where);
 
+/// Why a case with these changes cannot run in a reduced-precision lane (`reduced`), whose
+/// tolerances are calibrated on the spec's trainer: "" without changes or in the float64 lane.
+std::string case_trainer_lane_problem(const nlohmann::json& trainer, bool reduced);
+
 /// The world-size-1 references the cases with changes are compared with: per distinct suffix
 /// one train case "Reference<suffix>" (float64 on CPU, parameter-init seed `seed`, as the
 /// Reference) with the changes, compared with nothing (as the Reference).
