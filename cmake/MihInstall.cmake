@@ -43,9 +43,9 @@ install(DIRECTORY python/mih_evidence DESTINATION "${MIH_INSTALL_DATADIR}/python
 install(FILES python/mih_evidence_example.py DESTINATION "${MIH_INSTALL_DATADIR}/python")
 # The golden producer (docs/golden.md): any Python with torch runs it; `mih golden` and
 # mih_add_golden find it here.
-install(FILES golden/mih_golden.py golden/builtin_models.py golden/transformers_impl.py golden/safetensors_io.py
-              golden/errors.py golden/README.md golden/mih_golden_api.py golden/plugin_impl.py
-        DESTINATION "${MIH_INSTALL_DATADIR}/golden")
+# Every module of it (the builtin originals import their siblings: builtin_mla, builtin_llava).
+install(DIRECTORY golden/ DESTINATION "${MIH_INSTALL_DATADIR}/golden" FILES_MATCHING PATTERN "*.py" PATTERN "README.md"
+        PATTERN "__pycache__" EXCLUDE)
 # The reference ports and their specs, as examples for authors (docs/examples.md is their
 # README): read and copied, not built by the package.
 install(FILES reference_models/llama.h reference_models/llama.cpp reference_models/vlm.h reference_models/vlm.cpp
