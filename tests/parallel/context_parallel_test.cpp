@@ -2,9 +2,11 @@
 // round trip, and CP attention on thread ranks against full-sequence attention on one device
 // (output and the gradients of q, k and v: a gather whose backward only sliced would leave
 // the output right and dk, dv wrong; docs/spike-ac-cp.md section 2.3).
+#include <array>
 #include <atomic>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -141,6 +143,31 @@ at::Tensor document_ids_of(const std::vector<std::vector<int64_t>>& lengths) {
   return at::stack(rows);
 }
 
+// How many of cp ranks' cp_causal_attention(q, k, v) under `mask`, with output gradient g,
+// differ (1e-12) in their tokens' output, dq, dk or dv from `whole` (the same computed on the
+// whole sequence). in and whole: {q, k, v, g} and {out, dq, dk, dv}, each [B, H, S, D].
+int ranks_differing(const std::array<at::Tensor, 4>& in, const std::array<at::Tensor, 4>& whole,
+                    const CpAttentionMask& mask, CpLayout layout, int cp) {
+  ParallelConfig dims;
+  dims.cp = cp;
+  std::atomic<int> differing{0};
+  auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
+    CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
+    auto local = [&](const at::Tensor& t) { return cp_shard_sequence(t, 2, cp, shard.rank(), layout); };
+    at::Tensor q = local(in[0]).requires_grad_(true), k = local(in[1]).requires_grad_(true);
+    at::Tensor v = local(in[2]).requires_grad_(true);
+    at::Tensor o = cp_causal_attention(q, k, v, shard, mask);
+    (o * local(in[3])).sum().backward();
+    bool same = true;
+    for (const auto& [got, want] : {std::pair{o, whole[0]}, {q.grad(), whole[1]}, {k.grad(), whole[2]}, {v.grad(), whole[3]}}) {
+      same = same && at::allclose(got, local(want), 0, 1e-12);
+    }
+    if (!same) ++differing;
+  });
+  EXPECT_THAT(errors, IsEmpty());
+  return differing.load();
+}
+
 // Documents of odd lengths that straddle every chunk boundary of cp 2 and 4, contiguous and
 // zigzag (row 0: tokens 0-4, 5-10, 11-15; row 1: 0-2, 3-15): the mask looked up at global ids
 // gives each document's own attention on every rank (output, dq, dk, dv); looked up at local
@@ -160,27 +187,13 @@ TEST(CpAttentionTest, DocumentMaskMatchesEachDocumentAttendedAlone) {
     if (local_ids) f37.emplace(fault::Fault::kF37);
     for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
       for (int cp : {2, 4}) {
-        ParallelConfig dims;
-        dims.cp = cp;
-        std::atomic<int> differing{0};
-        auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
-          CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
-          auto local = [&](const at::Tensor& t) { return cp_shard_sequence(t, 2, cp, shard.rank(), layout); };
-          at::Tensor ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
-          at::Tensor o = cp_causal_attention(ql, kl, vl, shard, mask);
-          (o * local(g)).sum().backward();
-          const bool same = at::allclose(o, local(out.detach()), 0, 1e-12) &&
-                            at::allclose(ql.grad(), local(qf.grad()), 0, 1e-12) &&
-                            at::allclose(kl.grad(), local(kf.grad()), 0, 1e-12) &&
-                            at::allclose(vl.grad(), local(vf.grad()), 0, 1e-12);
-          if (!same) ++differing;
-        });
-        EXPECT_THAT(errors, IsEmpty());
+        const int differing = ranks_differing({q, k, v, g}, {out.detach(), qf.grad(), kf.grad(), vf.grad()}, mask,
+                                              layout, cp);
         const std::string where = cp_layout_name(layout) + " cp=" + std::to_string(cp);
         if (local_ids) {
-          EXPECT_GT(differing.load(), 0) << where << ": the mask at local ids matched every document's attention";
+          EXPECT_GT(differing, 0) << where << ": the mask at local ids matched every document's attention";
         } else {
-          EXPECT_EQ(differing.load(), 0) << where << ": output or a gradient differs from each document attended alone";
+          EXPECT_EQ(differing, 0) << where << ": output or a gradient differs from each document attended alone";
         }
       }
     }
@@ -224,27 +237,13 @@ TEST(CpAttentionTest, SlidingWindowMatchesTheWindowOnOneRank) {
     if (wider) f39.emplace(fault::Fault::kF39);
     for (CpLayout layout : {CpLayout::kContiguous, CpLayout::kZigzag}) {
       for (int cp : {2, 4}) {
-        ParallelConfig dims;
-        dims.cp = cp;
-        std::atomic<int> differing{0};
-        auto errors = testing::run_mesh(dims, [&](DeviceMesh& mesh) {
-          CpShard shard{&mesh.comm(MeshAxis::kCp), layout};
-          auto local = [&](const at::Tensor& x) { return cp_shard_sequence(x, 2, cp, shard.rank(), layout); };
-          at::Tensor ql = local(q).requires_grad_(true), kl = local(k).requires_grad_(true), vl = local(v).requires_grad_(true);
-          at::Tensor o = cp_causal_attention(ql, kl, vl, shard, mask);
-          (o * local(g)).sum().backward();
-          const bool same = at::allclose(o, local(out.detach()), 0, 1e-12) &&
-                            at::allclose(ql.grad(), local(qf.grad()), 0, 1e-12) &&
-                            at::allclose(kl.grad(), local(kf.grad()), 0, 1e-12) &&
-                            at::allclose(vl.grad(), local(vf.grad()), 0, 1e-12);
-          if (!same) ++differing;
-        });
-        EXPECT_THAT(errors, IsEmpty());
+        const int differing = ranks_differing({q, k, v, g}, {out.detach(), qf.grad(), kf.grad(), vf.grad()}, mask,
+                                              layout, cp);
         const std::string where = cp_layout_name(layout) + " cp=" + std::to_string(cp);
         if (wider) {
-          EXPECT_GT(differing.load(), 0) << where << ": a window one key wider across ranks matched";
+          EXPECT_GT(differing, 0) << where << ": a window one key wider across ranks matched";
         } else {
-          EXPECT_EQ(differing.load(), 0) << where << ": output or a gradient differs from the window on one rank";
+          EXPECT_EQ(differing, 0) << where << ": output or a gradient differs from the window on one rank";
         }
       }
     }
