@@ -30,6 +30,7 @@
 #include "harness/compare/verdicts.h"
 #include "harness/evidence/report.h"
 #include "harness/spec/case_matrix.h"
+#include "harness/spec/case_trainer.h"
 #include "harness/spec/model_spec.h"
 #include "harness/base/strings.h"
 
@@ -185,9 +186,13 @@ std::vector<const FaultEntry*> runnable_in_lane(const std::vector<const FaultEnt
   if (dtype == "float64") return faults;
   std::vector<const FaultEntry*> kept;
   std::vector<std::string> left;
+  // The matrix's own rule (case_trainer_lane_problem), on the fault's case and its contrasts.
+  auto lane_problem = [](const json& entry) {
+    return entry.is_object() ? spec::case_trainer_lane_problem(entry.value("trainer", json::object()), true) : "";
+  };
   for (const auto* f : faults) {
-    bool own = f->case_entry.is_object() && f->case_entry.contains("trainer");
-    for (const auto& k : f->contrast) own = own || (k.is_object() && k.contains("trainer"));
+    bool own = !lane_problem(f->case_entry).empty();
+    for (const auto& k : f->contrast) own = own || !lane_problem(k).empty();
     if (own) {
       left.push_back(f->id);
     } else {
