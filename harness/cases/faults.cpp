@@ -188,7 +188,8 @@ std::vector<const FaultEntry*> runnable_in_lane(const std::vector<const FaultEnt
   std::vector<std::string> left;
   // The matrix's own rule (case_trainer_lane_problem), on the fault's case and its contrasts.
   auto lane_problem = [](const json& entry) {
-    return entry.is_object() ? spec::case_trainer_lane_problem(entry.value("trainer", json::object()), true) : "";
+    const bool own = entry.is_object() && entry.contains("trainer");
+    return own ? spec::case_trainer_lane_problem(entry.at("trainer"), true) : "";
   };
   for (const auto* f : faults) {
     bool own = !lane_problem(f->case_entry).empty();
