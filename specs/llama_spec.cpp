@@ -202,7 +202,28 @@ spec::ModelSpec llama_swa_spec() {
   return s;
 }
 
+// The long-horizon lane: epochs of 12 samples (8 a step, so steps straddle the epoch
+// boundaries) drawn through a loader whose state the checkpoint saves, a warmup-then-cosine
+// schedule over 50 steps, and resumes held to bit-exactness in float64 (same_topology 0: a
+// resume on the config it saved from recomputes the uninterrupted run's every bit).
+spec::ModelSpec llama_epochs_spec() {
+  spec::ModelSpec s = with_epochs(llama_spec_with("llama_epochs", models::LlamaOptions()), 12);
+  s.description = "llama over epochs of 12 samples from a stateful loader, warmup then cosine over 50 steps";
+  s.trainer.warmup_steps(2).decay_steps(48).min_lr(1e-4);
+  s.tolerances.same_topology["float64"] = 0;
+  return s;
+}
+
 MIH_REGISTER_SPEC(llama_spec);
+MIH_REGISTER_SPEC(llama_epochs_spec);
+// The same, for the 50-step matrix on request (a spec of its own: its evidence apart).
+spec::ModelSpec llama_epochs_long_spec() {
+  spec::ModelSpec s = llama_epochs_spec();
+  s.name = "llama_epochs_long";
+  s.description += " (the 50-step lane)";
+  return s;
+}
+MIH_REGISTER_SPEC(llama_epochs_long_spec);
 MIH_REGISTER_SPEC(llama_docs_spec);
 MIH_REGISTER_SPEC(llama_swa_spec);
 MIH_REGISTER_SPEC(llama_tied_spec);
@@ -260,6 +281,10 @@ MIH_CONFORMANCE_SUITES(LlamaDeep, "llama_deep", "cpu-smoke-variants");
 MIH_CONFORMANCE_SUITES(LlamaDropout, "llama_dropout", "cpu-smoke");
 // Document masking on the cases that split the sequence (cp contiguous, cp zigzag, sp).
 MIH_CONFORMANCE_SUITES(LlamaDocs, "llama_docs", "cpu-smoke-documents");
+// The long horizon: resumes mid-epoch, across an epoch boundary and onto another dp degree
+// (4 steps); its 50-step version on request (specs/matrices/llama_epochs_long.json).
+MIH_CONFORMANCE_SUITES(LlamaEpochs, "llama_epochs", MIH_SPECS_DIR "/matrices/llama_epochs.json");
+MIH_CONFORMANCE_SUITES_ON_REQUEST(LlamaEpochsLong, "llama_epochs_long", MIH_SPECS_DIR "/matrices/llama_epochs_long.json");
 // Sliding-window attention (with the documents) on the same cases.
 MIH_CONFORMANCE_SUITES(LlamaSwa, "llama_swa", "cpu-smoke-documents");
 // No activation probes: on request only (`--prefixes LlamaUnobserved`; tests/cli/honest_blame.py).

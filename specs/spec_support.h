@@ -213,6 +213,20 @@ inline spec::ModelSpec with_document_ids(spec::ModelSpec s) {
   return s;
 }
 
+/// `s` (a language_model_spec) over a dataset of `epoch_samples` samples served in epochs
+/// (TextPipelineOptions::epoch_samples: a window of 65 tokens each, shuffled anew each epoch)
+/// and drawn through a data::EpochLoader, whose epoch, position and seed every checkpoint saves
+/// and a resume restores; each step's sample ids are its metrics' ledger (the DataLoaderState
+/// suite). With 8 rows a step and 12 samples an epoch, steps straddle epoch boundaries.
+inline spec::ModelSpec with_epochs(spec::ModelSpec s, int64_t epoch_samples) {
+  const data::TextPipelineOptions options =
+      data::TextPipelineOptions().seq_len(s.seq_len).global_batch(8).epoch_samples(epoch_samples);
+  s.data.pipeline += ", epochs of " + std::to_string(epoch_samples) + " samples shuffled per epoch (a stateful loader)";
+  s.data.make_batches = [options] { return data::TextPipeline(options).source(); };
+  s.data.make_loader = [options] { return std::make_unique<data::EpochLoader>(data::TextPipeline(options)); };
+  return s;
+}
+
 /// From llama_spec.cpp: the key listing of reference model `name` in Hugging Face layout
 /// (<MIH_SPECS_DIR>/sources/<name>/, see its README; MIH_SPECS_DIR is the specs folder the
 /// binary was built from), or "" when that folder is not there (a relocated install): then

@@ -47,6 +47,7 @@
   X(arg, CheckpointCoverage) \
   X(arg, SourceCheckpoint) \
   X(arg, CheckpointRoundTrip) \
+  X(arg, DataLoaderState) \
   X(arg, Resume) \
   X(arg, SharedState) \
   X(arg, UndeclaredSharedState) \

@@ -36,11 +36,12 @@ enum class Fault : int {
   kF37, kF38, kF39,  // packed documents and attention windows under cp and sp
   kF40, kF41,        // optimizers beyond AdamW, learning-rate schedules across resumes
   kF42,              // the moe's load-balancing loss under pipeline parallelism
+  kF43, kF44,        // a data loader's state across resumes
 };
 /// The catalogued IDs, ascending: the faults `mih faults` runs and MIH_FAULT accepts. An
 /// enumerator joins this list in the change that adds its row to harness/cases/fault_catalog.cpp.
 inline constexpr int kCatalogued[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,
-                                      19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42};
+                                      19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44};
 /// How many faults are catalogued, and the largest ID.
 inline constexpr int kFaultCount = static_cast<int>(sizeof(kCatalogued) / sizeof(kCatalogued[0]));
 inline constexpr int kMaxFaultId = kCatalogued[kFaultCount - 1];

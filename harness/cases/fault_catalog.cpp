@@ -20,6 +20,7 @@ const std::vector<FaultEntry>& fault_catalog() {
   const json sgd_cosine = {{"optimizer", "sgd"}, {"warmup_steps", 2}, {"decay_steps", 3}, {"max_grad_norm", 0}};
   const json resume_sgd = {{"kind", "resume"}, {"config", dp_shard2}, {"resume_at", 2}, {"trainer", sgd_cosine}};
   const json dp_shard2_sgd = {{"dp_shard", 2}, {"trainer", sgd_cosine}};
+  const json resume_epoch1 = {{"kind", "resume"}, {"config", dp_replicate2}, {"resume_at", 2}};
   // Cause patterns name the parameter, field, key or invariant at fault. A quoted FQN
   // ('norm.weight') is that parameter exactly, not layers.0.input_layernorm.weight. The last
   // field is the place the harness should blame first (verdicts::blame).
@@ -277,6 +278,26 @@ const std::vector<FaultEntry>& fault_catalog() {
        "stage only through the output gradient the next stage sends back); pytorch/torchtitan#2061 (the aux loss "
        "broken under interleaved pipeline schedules)", "layers.1.mlp",
        {dp_shard2}, "pp>1"},
+      // A loader with epochs (llama_epochs: 12 samples an epoch, 8 a step), resumed after
+      // step 1 straddled the first epoch boundary: saved at epoch 1, position 4.
+      {"F43", "data loader state across a resume",
+       "the sampler's epoch not restored from the checkpoint (set_epoch(0) on the resumed loader): the position is "
+       "kept but in epoch 0's shuffle order, so the resumed run serves samples it already trained on",
+       "harness/data/data_loader.cpp", "LlamaEpochs", "llama_epochs", resume_epoch1,
+       {"DataLoaderState.EverySampleOncePerEpochAcrossTheResume"}, {"served twice"},
+       "huggingface/accelerate#4195 (a stateful dataloader resumes the cursor, not the shuffle order: epoch 0's "
+       "permutation at the restored position); huggingface/accelerate#4012 (the DataLoaderShard epoch counter not "
+       "persisted: a resumed run replays the epoch-0 order); modelscope/ms-swift#10050 (resume_from_checkpoint "
+       "loses the epoch seed: already-trained samples trained again)",
+       "data", {dp_replicate2}, "resume"},
+      {"F44", "data loader state across a resume",
+       "the data loader left out of the checkpoint (the model and optimizer restored, the loader never given its "
+       "state): the resumed run draws from the first batch again",
+       "harness/training/trainer.cpp", "LlamaEpochs", "llama_epochs", resume_epoch1,
+       {"DataLoaderState.SampleLedgerAfterLoadMatchesUninterruptedRun", "DataLoaderState"}, {"served|did not continue"},
+       "KempnerInstitute/KempnerForge#51 (the dataloader never passed to the checkpoint manager: every resume "
+       "replays the first epoch from scratch, StatefulDataLoader's batches_yielded reset to zero)",
+       "data", {dp_replicate2}, "resume"},
   };
   return catalog;
 }

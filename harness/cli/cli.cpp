@@ -138,7 +138,7 @@ std::vector<Command> conformance_rows() {
      "the run's largest mesh could take was taken by no case, 12 when cases of the run have no evidence.",
      setup_reach},
     {"faults",
-     "Run the fault catalog (docs/fault-catalog.md, F01-F42): each fault on the case where it manifests and its "
+     "Run the fault catalog (docs/fault-catalog.md, F01-F44): each fault on the case where it manifests and its "
      "fault-free twin; report the suites that caught it, the finding codes, the first divergence, and the diagnosis "
      "across its contrast cases, which must name the catalog's feature (exit 1 otherwise). Options: "
      "--fault ID (repeatable), --json FILE, --out DIR (default mih-faults in the current directory), --case-timeout S, --list. "

@@ -182,7 +182,7 @@ void add_shard_and_fault_options(CLI::App& app, RunFlags* f) {
             }
           },
           "i/N"));
-  app.add_option("--fault", f->fault, "fault of the catalog (F01-F42) the --fault-cases run with")
+  app.add_option("--fault", f->fault, "fault of the catalog (F01-F44) the --fault-cases run with")
       ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("an empty fault name") : std::string(); },
                              "FAULT"));
   app.add_option("--fault-cases", f->fault_cases, "the cases that run with --fault")->delimiter(',');
@@ -374,7 +374,7 @@ CommandRun setup_check(CLI::App& sub, const Invocation&) {
 CommandRun setup_faults(CLI::App& sub, const Invocation&) {
   auto o = std::make_shared<cases::FaultsOptions>();
   auto quiet = std::make_shared<bool>(false);
-  sub.add_option("--fault", o->only, "only these faults (F01 ... F42; repeat or comma-separate)")->delimiter(',');
+  sub.add_option("--fault", o->only, "only these faults (F01 ... F44; repeat or comma-separate)")->delimiter(',');
   sub.add_option("--json", o->json_out, "write the detection matrix as JSON here (default: <out>/faults.json)");
   auto out_given = sub.add_option("--out", o->out, "evidence folder: fault-free/ (the twins), <ID>/ per fault "
                                                     "(default mih-faults, mih-faults-<dtype> in a reduced lane, in the current directory)");

@@ -298,7 +298,7 @@ void add_run_options(CLI::App& sub, RunCommandFlags& f) {
   sub.add_option("--training-backend", f.request.training_backend, "training backend (MIH_REGISTER_TRAINING_BACKEND)")
       ->capture_default_str();
   sub.add_option("--fault", f.request.fault,
-                 "inject a fault of the catalog (F01-F42, docs/fault-catalog.md) in the case's ranks (their --fault; "
+                 "inject a fault of the catalog (F01-F44, docs/fault-catalog.md) in the case's ranks (their --fault; "
                  "an exported MIH_FAULT is ignored)");
   sub.add_option("--init-from", f.init_from,
                  "initialize the port from this local Hugging Face checkpoint directory (through the spec's key map; "

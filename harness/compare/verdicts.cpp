@@ -435,7 +435,7 @@ Localization blame(const CaseEvidence& ev, const std::string& suite, const std::
   static const std::map<std::string, std::string> kPlaces = {
       {"InputIdentity", "data"},         {"DataContract", "data"},
       {"CpReplicatedInputs", "data"},    {"TensorParallelInputs", "data"},
-      {"PipelineOutputs", "data"},
+      {"PipelineOutputs", "data"},      {"DataLoaderState", "data"},
       {"CheckpointCoverage", "checkpoint"}, {"CheckpointRoundTrip", "checkpoint"},
       {"Resume", "checkpoint"},          {"SourceCheckpoint", "checkpoint"},
       {"OptimizerLayout", "optimizer"},  {"FrozenParameters", "optimizer"},

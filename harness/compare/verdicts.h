@@ -251,6 +251,21 @@ std::string gradient_digests_examinable(const CaseEvidence& ev);
 /// Resume: the metrics after the load start at resume_at and are contiguous.
 Verdict resume_continues_step_count(const CaseEvidence& ev);
 
+/// DataLoaderState: the sample-id ledger of the whole run (a resume's save phase's metrics
+/// rows, then its load phase's: "samples" [[epoch, index], ...] and "data_loader", the loader's
+/// state after the step, whose "epoch_samples" is N): no sample served twice in an epoch, every
+/// index in [0, N), and every epoch before the last one served whole. Fails naming the sample,
+/// the two steps and the file; and when a row has no ledger. A pass says how many samples, steps
+/// and epochs it examined.
+/// Throws: as CaseEvidence::jsonl; kFailedPrecondition when a metrics row is malformed.
+Verdict samples_once_per_epoch(const CaseEvidence& ev);
+
+/// DataLoaderState: from `first_step` (the resume_at), every step of `ev`'s metrics served the
+/// samples the uninterrupted `twin` served at that step and left the loader in the same state
+/// ("samples" and "data_loader" equal). Fails naming the first step that differs, both ledgers
+/// and states. Throws: as samples_once_per_epoch.
+Verdict ledger_matches_uninterrupted_run(const CaseEvidence& twin, const CaseEvidence& ev, int64_t first_step);
+
 /// ModalityGradients: skip when the spec declares no modality; else no MIH-MODAL error and a
 /// modality_gradients_step<k>.json for every step.
 Verdict modality_gradients(const CaseEvidence& ev);

@@ -48,6 +48,15 @@ struct BatchProvenance {
   std::string document_field;
 };
 
+/// A sample a loader with epochs served (TextPipelineOptions::epoch_samples): sample `index`
+/// of its dataset, drawn in epoch `epoch` (0-based). The sample-id ledger of a step is its
+/// batch's rows' samples, in row order.
+struct SampleId {
+  int64_t epoch = 0;
+  int64_t index = 0;
+  friend bool operator==(const SampleId&, const SampleId&) = default;
+};
+
 /// A batch of token sequences. `labels` are already shifted (labels[:, t] is the target of
 /// input_ids[:, t]) and equal -100 where no loss is taken. `position_ids` are the rotary
 /// positions (0..S-1 per row unless the pipeline packs documents); the Trainer fills them
@@ -63,6 +72,8 @@ struct Batch {
   std::map<std::string, at::Tensor> fields;
   /// Set by a pipeline that cuts rows out of documents (global batches only); null otherwise.
   std::shared_ptr<const BatchProvenance> provenance;
+  /// Per row, the sample it holds (a global batch of a loader with epochs); empty otherwise.
+  std::vector<SampleId> samples;
 };
 
 /// Returns the global batch of step `step` (0-based); the same whatever the parallel config.

@@ -77,6 +77,21 @@ uint64_t uniform_below(uint64_t& state, uint64_t n) {
   }
 }
 
+// 0 .. n-1 in the order of round `round` of seed `seed`: a Fisher-Yates shuffle driven by
+// splitmix64 (identity without shuffle). A pass's document order and an epoch's sample order.
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t round, bool shuffle) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  if (!shuffle) return order;
+  uint64_t state = seed;
+  state = splitmix64(state) ^ static_cast<uint64_t>(round);
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(uniform_below(state, static_cast<uint64_t>(i + 1)));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
+
 // The document order of one pass and where each document starts in the pass's token stream.
 struct Pass {
   int64_t index = -1;
@@ -93,16 +108,7 @@ class PassCache {
     if (pass_.index == index) return pass_;
     const int64_t d = corpus_.num_documents();
     pass_.index = index;
-    pass_.order.resize(static_cast<size_t>(d));
-    for (int64_t i = 0; i < d; ++i) pass_.order[i] = i;
-    if (options_.shuffle()) {
-      uint64_t state = options_.seed();
-      state = splitmix64(state) ^ static_cast<uint64_t>(index);
-      for (int64_t i = d - 1; i > 0; --i) {
-        auto j = static_cast<int64_t>(uniform_below(state, static_cast<uint64_t>(i + 1)));
-        std::swap(pass_.order[i], pass_.order[j]);
-      }
-    }
+    pass_.order = shuffled_order(d, options_.seed(), index, options_.shuffle());
     pass_.start.assign(static_cast<size_t>(d + 1), 0);
     for (int64_t i = 0; i < d; ++i) pass_.start[i + 1] = pass_.start[i] + corpus_.doc_tokens(pass_.order[i]);
     return pass_;
@@ -220,13 +226,14 @@ void to_json(nlohmann::json& j, const TextPipelineOptions& o) {
        {"seed", o.seed()},
        {"min_document_bytes", o.min_document_bytes()},
        {"document_ids", o.document_ids()},
-       {"max_document_bytes", o.max_document_bytes()}};
+       {"max_document_bytes", o.max_document_bytes()},
+       {"epoch_samples", o.epoch_samples()}};
 }
 
 void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
   check_known_fields(j, "text pipeline options",
                      {"corpus", "seq_len", "global_batch", "packing", "shuffle", "seed", "min_document_bytes",
-                      "document_ids", "max_document_bytes"});
+                      "document_ids", "max_document_bytes", "epoch_samples"});
   TextPipelineOptions d;
   o.corpus(j.contains("corpus") ? fs::path(j.at("corpus").get<std::string>()) : d.corpus());
   o.seq_len(j.value("seq_len", d.seq_len()));
@@ -237,6 +244,7 @@ void from_json(const nlohmann::json& j, TextPipelineOptions& o) {
   o.min_document_bytes(j.value("min_document_bytes", d.min_document_bytes()));
   o.document_ids(j.value("document_ids", d.document_ids()));
   o.max_document_bytes(j.value("max_document_bytes", d.max_document_bytes()));
+  o.epoch_samples(j.value("epoch_samples", d.epoch_samples()));
 }
 
 void PrintTo(const TextPipelineOptions& o, std::ostream* os) { *os << nlohmann::json(o).dump(); }
@@ -251,7 +259,39 @@ TextPipeline::TextPipeline(TextPipelineOptions options) : options_(std::move(opt
             options_.max_document_bytes());
   MIH_CHECK(options_.packing() || !options_.document_ids(), "text pipeline: 'document_ids' numbers the documents of "
             "a packed row, and 'packing' is false (one document per row); set packing or drop document_ids");
+  MIH_CHECK(options_.epoch_samples() >= 0, "text pipeline: 'epoch_samples' must be >= 0 (0: no epochs), got ",
+            options_.epoch_samples());
+  MIH_CHECK(options_.packing() || options_.epoch_samples() == 0, "text pipeline: 'epoch_samples' makes samples of "
+            "packed windows, and 'packing' is false; set packing or drop epoch_samples");
   corpus_ = load_corpus(options_);
+  MIH_CHECK(options_.epoch_samples() <= num_windows(), "text pipeline: 'epoch_samples' ", options_.epoch_samples(),
+            " is more than the ", num_windows(), " windows of seq_len ", options_.seq_len(), " + 1 tokens in one pass of ",
+            "the corpus (", num_tokens(), " tokens); ask for at most ", num_windows(), " or a larger corpus");
+}
+
+int64_t TextPipeline::num_windows() const { return (corpus_->tokens - 1) / options_.seq_len(); }
+
+SampleId TextPipeline::sample_at(int64_t position) const {
+  const int64_t n = options_.epoch_samples();
+  MIH_CHECK(n > 0, "text pipeline: sample_at needs 'epoch_samples' (the pipeline has no epochs)");
+  MIH_CHECK(position >= 0, "text pipeline: a sample position must be >= 0, got ", position);
+  const int64_t epoch = position / n;
+  return {epoch, shuffled_order(n, options_.seed(), epoch, options_.shuffle())[static_cast<size_t>(position % n)]};
+}
+
+Batch TextPipeline::samples_batch(int64_t first_position) const {
+  const int64_t b = options_.global_batch();
+  MIH_CHECK(first_position >= 0 && first_position <= std::numeric_limits<int64_t>::max() - b,
+            "text pipeline: sample position ", first_position, " is not in [0, int64 max - global_batch]");
+  std::vector<SampleId> samples;
+  std::vector<int64_t> offsets;
+  for (int64_t r = 0; r < b; ++r) {
+    samples.push_back(sample_at(first_position + r));
+    offsets.push_back(samples.back().index * options_.seq_len());
+  }
+  Batch batch = rows(offsets);
+  batch.samples = std::move(samples);
+  return batch;
 }
 
 Batch TextPipeline::batch(int64_t step) const {
@@ -260,6 +300,17 @@ Batch TextPipeline::batch(int64_t step) const {
   MIH_CHECK(step >= 0, "text pipeline: step must be >= 0, got ", step);
   MIH_CHECK(step < std::numeric_limits<int64_t>::max() / (b * (s + 1)) - 1, "text pipeline: step ", step,
             " overflows the token offset (global_batch ", b, " * seq_len ", s, ")");
+  if (options_.epoch_samples() > 0) return samples_batch(step * b);
+  // Row r: the window at token (step * B + r) * S of the endless stream (packed), or document
+  // step * B + r of the cycled passes (padded).
+  std::vector<int64_t> starts;
+  for (int64_t r = 0; r < b; ++r) starts.push_back(options_.packing() ? (step * b + r) * s : step * b + r);
+  return rows(starts);
+}
+
+Batch TextPipeline::rows(const std::vector<int64_t>& starts) const {
+  const auto b = static_cast<int64_t>(starts.size());
+  const int64_t s = options_.seq_len();
   const TextCorpus& corpus = *corpus_;
   PassCache passes(corpus, options_);
 
@@ -295,7 +346,7 @@ Batch TextPipeline::batch(int64_t step) const {
   for (int64_t r = 0; r < b; ++r) {
     const int64_t row = r * s;
     if (options_.packing()) {
-      int64_t offset = (step * b + r) * s;  // in the endless stream of passes
+      int64_t offset = starts[r];  // in the endless stream of passes
       int64_t filled = 0;
       while (filled < s + 1) {
         const Pass& pass = passes.get(offset / corpus.tokens);
@@ -326,7 +377,7 @@ Batch TextPipeline::batch(int64_t step) const {
         if (docs != nullptr) docs[row + t] = span_of[t];
       }
     } else {
-      const int64_t index = step * b + r;  // in the endless sequence of passes' documents
+      const int64_t index = starts[r];  // in the endless sequence of passes' documents
       const int64_t doc = passes.get(index / corpus.num_documents()).order[index % corpus.num_documents()];
       const int64_t n = std::min(corpus.doc_tokens(doc), s + 1);
       for (int64_t t = 0; t < n; ++t) window[t] = corpus.token(doc, t);

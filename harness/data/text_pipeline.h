@@ -77,6 +77,15 @@ struct TextPipelineOptions {
   /// last one the rest), in order: short documents, several to a row (documents of every
   /// length, starting anywhere in a row). 0 (default): documents as the files hold them.
   TORCH_ARG(int64_t, max_document_bytes) = 0;
+  /// N > 0: a map-style dataset of N samples served in epochs, as a sampler with set_epoch
+  /// (torch.utils.data.DistributedSampler, torchdata's StatefulDataLoader): sample i is the
+  /// packed window of S + 1 tokens at token i * S of the first pass; epoch e serves all N, in
+  /// the order of a Fisher-Yates shuffle seeded from (seed, e) (sample order without shuffle);
+  /// the epochs follow each other, and step k's rows are positions k * B .. k * B + B - 1 of
+  /// that sequence, so a step may straddle two epochs. Batch::samples names each row's
+  /// (epoch, index); data::EpochLoader serves the same sequence with a state a checkpoint
+  /// saves. Needs packing; at most num_windows(). 0 (default): the endless stream, no epochs.
+  TORCH_ARG(int64_t, epoch_samples) = 0;
 };
 
 void to_json(nlohmann::json& j, const TextPipelineOptions& o);
@@ -146,6 +155,18 @@ class TextPipeline {
   /// batch() as a BatchSource; the functor holds a copy of this pipeline (sharing the corpus).
   BatchSource source() const;
 
+  /// With epoch_samples: the sample at position `position` (0-based) of the sequence of
+  /// epochs: {position / N, the epoch's order[position % N]}.
+  /// Throws: mih::Error{kInvalidSpec} without epoch_samples or for a negative position.
+  SampleId sample_at(int64_t position) const;
+  /// With epoch_samples: the global batch of the samples at positions first .. first + B - 1
+  /// (batch(k) is samples_batch(k * B)), Batch::samples naming them.
+  /// Throws: as sample_at.
+  Batch samples_batch(int64_t first_position) const;
+  /// Windows of S + 1 tokens that start in one pass, (num_tokens() - 1) / S: the most
+  /// epoch_samples can be.
+  int64_t num_windows() const;
+
   const TextPipelineOptions& options() const { return options_; }
   /// Documents kept after splitting and filtering.
   int64_t num_documents() const;
@@ -156,6 +177,10 @@ class TextPipeline {
   nlohmann::json describe() const;
 
  private:
+  /// The batch of one row per start: a token offset in the endless stream (packed) or a
+  /// document index in the cycled passes (padded).
+  Batch rows(const std::vector<int64_t>& starts) const;
+
   TextPipelineOptions options_;
   std::shared_ptr<const internal::TextCorpus> corpus_;
 };

@@ -305,7 +305,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& options, std::string& pg_b
   app.add_option("--gloo-host", options.gloo_hostname,
                  "Gloo bind address, e.g. 127.0.0.1 (default: GLOO_SOCKET_IFNAME or the hostname)");
   app.add_option("--fault", options.fault,
-                 "inject this fault of the catalog (F01-F42; mih test/run/faults pass it); MIH_FAULT is ignored");
+                 "inject this fault of the catalog (F01-F44; mih test/run/faults pass it); MIH_FAULT is ignored");
   app.add_option("--threads", options.determinism.intra_op_threads, "intra-op threads (torch and BLAS)")
       ->check(cli::at_least(1))
       ->capture_default_str();

@@ -11,7 +11,8 @@ class TrainerBackend : public TrainingBackend {
  public:
   void build(const spec::ModelSpec& spec, DeviceMesh& mesh, const ParallelConfig& config, const TrainerOptions& options,
              TrainingHooks& hooks) override {
-    trainer_ = std::make_unique<Trainer>(mesh, config, spec.factory, spec.data.make_batches(), options, &hooks);
+    trainer_ = std::make_unique<Trainer>(mesh, config, spec.factory, spec.data.make_batches(), options, &hooks,
+                                         spec.data.make_loader ? spec.data.make_loader() : nullptr);
   }
   StepMetrics step() override { return trainer().step(); }
   int64_t next_step() const override { return trainer_ ? trainer_->next_step() : 0; }

@@ -59,6 +59,10 @@ struct DataSpec {
   std::string pipeline;
   /// Global batches; the same for step k whatever the parallel config.
   std::function<BatchSource()> make_batches;
+  /// The loader the Trainer's steps draw from, whose state its checkpoints save (a
+  /// data::EpochLoader over the same pipeline: its batches are make_batches' in a run that never
+  /// resumes). Null: a data::StepLoader over make_batches.
+  std::function<std::unique_ptr<data::DataLoader>()> make_loader;
   /// labels[:, t] is the target of input_ids[:, t] (shifted once, by the pipeline).
   bool labels_are_shifted = true;
   /// Causal language-model data: the data contract checks that labels are the next input

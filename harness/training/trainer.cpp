@@ -37,7 +37,7 @@ bool matches_any(const std::vector<std::string>& patterns, const ShardedParamete
 
 Batch rows(const Batch& b, int64_t start, int64_t count) {
   Batch out{b.input_ids.narrow(0, start, count), b.labels.narrow(0, start, count),
-            b.position_ids.narrow(0, start, count), {}, nullptr};
+            b.position_ids.narrow(0, start, count), {}, nullptr, {}};
   for (const auto& [name, t] : b.fields) out.fields[name] = t.narrow(0, start, count);
   return out;
 }
@@ -246,6 +246,8 @@ void to_json(nlohmann::json& j, const StepMetrics& m) {
        {"lr", m.lr},
        {"valid_tokens", m.valid_tokens},
        {"step_ms", m.step_ms}};
+  if (!m.data_state.is_null()) j["data_loader"] = m.data_state;
+  if (!m.samples.empty()) j["samples"] = m.samples;
 }
 
 at::Tensor ParallelModel::stage_forward(int stage, const at::Tensor& /*input*/, const Batch& /*micro_batch*/) {
@@ -264,12 +266,14 @@ TrainingHooks& no_training_hooks() {
 }
 
 Trainer::Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
-                 const TrainerOptions& options, TrainingHooks* hooks)
-    : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), hooks_(hooks ? hooks : &no_training_hooks()) {
+                 const TrainerOptions& options, TrainingHooks* hooks, std::unique_ptr<data::DataLoader> loader)
+    : mesh_(&mesh), config_(config), options_(options), batches_(std::move(batches)), loader_(std::move(loader)),
+      hooks_(hooks ? hooks : &no_training_hooks()) {
   config_.validate(mesh.world_size());
   MIH_CHECK(config_.same_mesh(mesh.config()), "parallel config '", config_.name(), "' (", config_.mesh_str(),
             ") does not match the mesh (", mesh.config().mesh_str(), ")");
   MIH_CHECK(static_cast<bool>(batches_), "Trainer: the batch source is empty");
+  if (!loader_) loader_ = std::make_unique<data::StepLoader>(batches_);
   context_ = std::make_unique<ParallelContext>(mesh, config_, options_.device());
   model_ = factory(*context_);
   MIH_CHECK(model_ != nullptr, "Trainer: the model factory returned no model");
@@ -312,7 +316,9 @@ StepMetrics Trainer::step() {
   const int64_t step = next_step_++;
   hooks_->begin_step(step);
   const c10::Device device = context_->device();
-  const Batch global = global_batch_on(batches_(step), step, device);
+  Batch drawn = loader_->next();
+  std::vector<SampleId> samples = std::move(drawn.samples);
+  const Batch global = global_batch_on(std::move(drawn), step, device);
   const int64_t seq = global.input_ids.size(1);
   LocalBatch local = local_batch(global, mesh_->comm(MeshAxis::kDp), config_, step);
   if (config_.cp > 1) shard_over_cp(local.batch, mesh_->comm(MeshAxis::kCp), config_, options_, step, seq);
@@ -366,6 +372,8 @@ StepMetrics Trainer::step() {
   m.loss = loss.item<double>();
   m.valid_tokens = global_valid;
   m.loss_normalizers = normalizers;
+  m.samples = std::move(samples);
+  m.data_state = loader_->state_dict();
   for (const auto& a : pipelined.executed) m.pipeline_order.push_back(a.text());
   m.pipeline_bytes_sent = pipelined.bytes_sent;
   m.pipeline_message_shape = pipelined.message_shape;
@@ -380,7 +388,8 @@ void Trainer::save(const std::filesystem::path& dir) {
   nlohmann::json state = {{"next_step", next_step_},
                           {"parallel_config", config_},
                           {"world_size", mesh_->world_size()},
-                          {"optimizer", compat::optimizer_kind(*optimizer_)}};
+                          {"optimizer", compat::optimizer_kind(*optimizer_)},
+                          {"data_loader", loader_->state_dict()}};
   save_checkpoint(dir, *context_, optimizer_.get(), state);
   hooks_->capture_checkpoint_payload("save", dir, read_checkpoint_index(dir));
 }
@@ -394,9 +403,29 @@ void Trainer::load(const std::filesystem::path& dir) {
   MIH_CHECK(saved == compat::optimizer_kind(*optimizer_), "checkpoint ", dir.string(), " holds the state of optimizer '",
             saved, "', this trainer's is '", compat::optimizer_kind(*optimizer_), "': build the trainer with ",
             "TrainerOptions::optimizer '", saved, "' to resume it");
-  nlohmann::json state = load_checkpoint(dir, *context_, optimizer_.get());
+  // The loader continues where the checkpoint's stood; a checkpoint of an older harness has
+  // no loader state and its batches were drawn by step.
+  MIH_CHECK(trainer_state.contains("data_loader") || trainer_state.contains("next_step"), "checkpoint ", dir.string(),
+            ": its trainer state has no 'next_step'");
+  const nlohmann::json data_state =
+      trainer_state.contains("data_loader")
+          ? trainer_state.at("data_loader")
+          : nlohmann::json{{"kind", "steps"}, {"next_step", trainer_state.at("next_step")}};
+  const nlohmann::json fresh = loader_->state_dict();
+  // Refuses another data's state before anything loads, changing nothing.
+  with_context("checkpoint " + dir.string(), [&] { loader_->load_state_dict(data_state); });
+  nlohmann::json state;
+  try {
+    state = load_checkpoint(dir, *context_, optimizer_.get());
+  } catch (...) {
+    loader_->load_state_dict(fresh);
+    throw;
+  }
   MIH_CHECK(state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
   next_step_ = state.at("next_step").get<int64_t>();
+  // F44 (docs/fault-catalog.md): the data loader left out of what a load restores (the
+  // checkpoint never given it): the resumed run draws from the first batch again.
+  if (fault::active(fault::Fault::kF44)) loader_->load_state_dict(fresh);
   // F40 (docs/fault-catalog.md): the schedule's step not restored with the checkpoint (a
   // scheduler whose state is not saved): the warmup starts again at the resumed step.
   schedule_origin_ = fault::active(fault::Fault::kF40) ? next_step_ : 0;

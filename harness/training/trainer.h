@@ -18,11 +18,12 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
 #include "harness/data/batch.h"
+#include "harness/data/data_loader.h"
 #include "harness/parallel/parallel_context.h"
 #include "harness/runtime/device_mesh.h"
 #include "harness/base/parallel_config.h"
@@ -30,6 +31,7 @@
 namespace torch::optim {
 class Optimizer;
 }
+
 
 namespace mih {
 
@@ -162,6 +164,10 @@ struct StepMetrics {
   /// pp::Action::text), the bytes it sent to other pp ranks, and the shape and dtype of the
   /// first activation (or activation gradient) it moved. Not in to_json.
   std::vector<std::string> pipeline_order;
+  /// The step's sample-id ledger (a loader with epochs: Batch::samples; empty otherwise) and the
+  /// data loader's state after the step (data::DataLoader::state_dict).
+  std::vector<SampleId> samples;
+  nlohmann::json data_state;
   int64_t pipeline_bytes_sent = 0;
   std::vector<int64_t> pipeline_message_shape;
   std::string pipeline_message_dtype;
@@ -230,8 +236,12 @@ class Trainer {
   /// Throws: mih::Error{kInvalidSpec} if config differs from the mesh's, or as
   ///   ParallelConfig::validate, or if the config is pipelined and the model did not ask
   ///   for its stages (ParallelContext::pipeline_stages).
+  /// `batches` is the pure source the session's data checks read (attach_data_pipeline); the
+  /// steps draw from `loader` (null: a data::StepLoader over `batches`), whose state the
+  /// checkpoint saves and a load restores.
   Trainer(DeviceMesh& mesh, const ParallelConfig& config, const ModelFactory& factory, BatchSource batches,
-          const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr);
+          const TrainerOptions& options = {}, TrainingHooks* hooks = nullptr,
+          std::unique_ptr<data::DataLoader> loader = nullptr);
   ~Trainer();
 
   /// Runs the next step and returns what it measured (the same on every rank).
@@ -242,13 +252,17 @@ class Trainer {
   /// Runs `steps` steps.
   std::vector<StepMetrics> run(int64_t steps);
 
-  /// Saves a resharding checkpoint of the model, the optimizer state and the step count to `dir`
-  /// (distributed_checkpoint.h). A collective. Throws: as save_checkpoint.
+  /// Saves a resharding checkpoint of the model, the optimizer state, the step count and the
+  /// data loader's state to `dir` (distributed_checkpoint.h). A collective. Throws: as
+  /// save_checkpoint.
   void save(const std::filesystem::path& dir);
   /// Loads a checkpoint saved under any ParallelConfig of the same model (and dtype); the
   /// next step() continues from the saved step (and its learning rate from the schedule at
-  /// that step). A collective; nothing is loaded on error.
-  /// Throws: as load_checkpoint.
+  /// that step) and the data loader where it stood (a checkpoint without a loader state, of an
+  /// older harness, continues a StepLoader at the saved step). A collective; nothing is loaded
+  /// on error.
+  /// Throws: as load_checkpoint; as data::DataLoader::load_state_dict (another loader's or
+  ///   another data's state, or none for a loader of epochs).
   void load(const std::filesystem::path& dir);
   /// The index of the next step to run.
   int64_t next_step() const { return next_step_; }
@@ -272,6 +286,7 @@ class Trainer {
   ParallelConfig config_;
   TrainerOptions options_;
   BatchSource batches_;
+  std::unique_ptr<data::DataLoader> loader_;
   TrainingHooks* hooks_;
   std::unique_ptr<ParallelContext> context_;
   std::shared_ptr<ParallelModel> model_;

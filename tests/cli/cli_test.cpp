@@ -294,7 +294,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                        "gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -563,8 +563,10 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // cpu-smoke specs (538), the variants lane's Tp2 now Tp2Sgd with ReferenceSgd on its 7 specs
   // (197), Resume's learning-rate test on the 18 resumes of before; cpu-smoke's Cp2ZzTp2 (192)
   // moved to cpu-full. Then 6503: DpReplicate2DpShard2 (153) moved to cpu-full too, but on moe,
-  // where it stays the EP=1 control of DpReplicate2DpShard2Ep2.
-  EXPECT_EQ(total, 6503) << list.output;
+  // where it stays the EP=1 control of DpReplicate2DpShard2Ep2. Then 6765: llama_epochs (262 tests
+  // on 7 cases, specs/matrices/llama_epochs.json), whose data loader has epochs: its 3 resumes
+  // with DataLoaderState (2 tests each), their twins DpShard2, DpReplicate2 and Single.
+  EXPECT_EQ(total, 6765) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2Sgd", "ReferenceSgd", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);

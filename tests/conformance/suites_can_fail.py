@@ -25,7 +25,7 @@ import sys
 SPECS_OF_PREFIX = {"Llama": "llama", "Moe": "moe", "Vlm": "vlm", "LlamaTied": "llama_tied",
                    "LlamaBias": "llama_bias", "LlamaDropout": "llama_dropout",
                    "LlamaUnshardedRoot": "llama_unsharded_root",
-                   "VlmFrozenVision": "vlm_frozen_vision"}
+                   "VlmFrozenVision": "vlm_frozen_vision", "LlamaEpochs": "llama_epochs"}
 # The cases of the clean base run: where every mutation's test applies.
 BASE = ["Llama/*.*/Reference", "Llama/*.*/DpShard2", "Llama/*.*/DpShard2Ac", "Llama/*.*/Tp2Sp",
         "Llama/*.*/ResumeDpShard2", "Llama/*.*/Pp2Mb4", "Vlm/*.*/Reference", "Vlm/*.*/Cp2Zz", "VlmFrozenVision/*.*/Reference",

@@ -50,7 +50,7 @@ NOT_EVIDENCE = {
                                              "memory a few lines above"),
     "harness/spec/case_matrix.cpp": (1, "a case matrix (a spec file the user writes): an omitted 'load' means "
                                         "the save's config"),
-    "harness/data/text_pipeline.cpp": (8, "TextPipelineOptions from a user's config: an omitted field keeps "
+    "harness/data/text_pipeline.cpp": (9, "TextPipelineOptions from a user's config: an omitted field keeps "
                                           "its documented default"),
     "harness/data/image_pipeline.cpp": (4, "ImagePipelineOptions from a user's config: an omitted field keeps "
                                            "its documented default"),

@@ -48,11 +48,12 @@ TEST(ReferenceSpecsTest, AllAreRegistered) {
   // main job's layouts (the root module outside FSDP, a frozen vision tower) and the correct
   // ports the runtime tests use (one that observes no module, a vlm with text-only steps), and
   // the ports of the original model's config-invariant faults (gpt2, moe_qwen), and Qwen3's
-  // attention on the llama port (qwen3).
+  // attention on the llama port (qwen3), and the long-horizon llama whose data loader has epochs
+  // (llama_epochs; llama_epochs_long for its 50-step matrix).
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
-              ElementsAre("gpt2", "llama", "llama_bias", "llama_deep", "llama_docs", "llama_dropout", "llama_swa",
-                          "llama_tied", "llama_unobserved", "llama_unsharded_root", "mla", "moe", "moe_deep", "moe_qwen",
-                          "qwen3", "qwen3_docs", "vlm", "vlm_frozen_vision", "vlm_mixed"));
+              ElementsAre("gpt2", "llama", "llama_bias", "llama_deep", "llama_docs", "llama_dropout", "llama_epochs",
+                          "llama_epochs_long", "llama_swa", "llama_tied", "llama_unobserved", "llama_unsharded_root",
+                          "mla", "moe", "moe_deep", "moe_qwen", "qwen3", "qwen3_docs", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -138,7 +139,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt3"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
