@@ -6,7 +6,7 @@
 #   golden.safetensors  loss, logits, hidden_states.<i> (0: the embeddings, i: decoder layer
 #                       i-1's output, L + 1: the final norm's), grad.<key> (each parameter's
 #                       gradient under its external key), param_after_step.<key> (after one
-#                       AdamW step with clipping, the export's trainer options)
+#                       step of the port's optimizer with clipping, the export's trainer options)
 #   golden.json         the manifest: format and version, the implementation, the SHA-256 of
 #                       the checkpoint, the batch and the training options it was computed
 #                       from, dtype, the noise of every quantity (builtin: against a twin run
@@ -150,10 +150,35 @@ def cross_entropy(logits, labels, shifted, twin=False):
     return (losses[:n].sum() + losses[n:].sum()) / count
 
 
+# The trainer options a step needs, as training.json "trainer" holds them (harness/cases/hf_export.cpp).
+STEP_FIELDS = ("optimizer", "step_lr", "beta1", "beta2", "eps", "momentum", "nesterov", "weight_decay", "max_grad_norm")
+
+
+def make_optimizer(groups, t):
+    """The port's optimizer over `groups` at the learning rate of step 0 (training.json "step_lr":
+    the schedule's, a warmup's first fraction of lr): torch.optim.AdamW (decoupled weight decay,
+    Loshchilov and Hutter 2019), Adam (weight decay as L2 in the gradient) or SGD with momentum,
+    as mih's Trainer builds them (harness/training/optimizer.cpp)."""
+    import torch
+
+    missing = [f for f in STEP_FIELDS if f not in t]
+    if missing:
+        raise GoldenError(11, "training.json's trainer has no %s: it was exported by an older mih; export again "
+                              "with this one" % ", ".join(missing))
+    kind, lr = t["optimizer"], t["step_lr"]
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    if kind == "adam":
+        return torch.optim.Adam(groups, lr=lr, betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=t["momentum"], nesterov=t["nesterov"], foreach=False)
+    raise GoldenError(11, "training.json names optimizer '%s'; this producer takes adamw, adam or sgd" % kind)
+
+
 def step(params, training):
-    """Clipping to the global L2 norm and one AdamW step (Loshchilov and Hutter 2019;
-    torch.optim.AdamW, decoupled weight decay) with the export's trainer options, each tensor
-    in its weight-decay group. Returns {key: parameter after the step}."""
+    """Clipping to the global L2 norm and one step of the port's optimizer (make_optimizer) with
+    the export's trainer options, each tensor in its weight-decay group. Returns {key: parameter
+    after the step}."""
     import torch
 
     t = training["trainer"]
@@ -169,8 +194,7 @@ def step(params, training):
         torch.nn.utils.clip_grad_norm_(trainable, t["max_grad_norm"])
     groups = [g for g in ({"params": decay, "weight_decay": t["weight_decay"]},
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"], foreach=False)
-    optimizer.step()
+    make_optimizer(groups, t).step()
     return {k: p.detach().clone() for k, p in params.items()}
 
 

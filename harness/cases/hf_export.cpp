@@ -225,6 +225,11 @@ nlohmann::json training_record(const spec::ModelSpec& spec, const KeyMap& map, T
   return {{"trainer",
            {{"optimizer", optimizer_kind_name(t.optimizer())},
             {"lr", t.lr()},
+            // The learning rate the golden's one step takes: the schedule's at step 0 (a warmup's
+            // first fraction of lr).
+            {"step_lr", scheduled_lr(t, 0)},
+            {"momentum", t.momentum()},
+            {"nesterov", t.nesterov()},
             {"beta1", t.beta1()},
             {"beta2", t.beta2()},
             {"eps", t.eps()},

@@ -565,8 +565,9 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // moved to cpu-full. Then 6503: DpReplicate2DpShard2 (153) moved to cpu-full too, but on moe,
   // where it stays the EP=1 control of DpReplicate2DpShard2Ep2. Then 6765: llama_epochs (262 tests
   // on 7 cases, specs/matrices/llama_epochs.json), whose data loader has epochs: its 3 resumes
-  // with DataLoaderState (2 tests each), their twins DpShard2, DpReplicate2 and Single.
-  EXPECT_EQ(total, 6765) << list.output;
+  // with DataLoaderState (2 tests each), their twins DpShard2, DpReplicate2 and Single. Then 6769:
+  // its golden (MatchesOriginal's 4 tests on its Reference, the step at the schedule's step-0 lr).
+  EXPECT_EQ(total, 6769) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2Sgd", "ReferenceSgd", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);

@@ -75,7 +75,7 @@ def compare(builtin_dir, transformers_dir, training):
     b = load_file(os.path.join(builtin_dir, "golden.safetensors"))
     t = load_file(os.path.join(transformers_dir, "golden.safetensors"))
     eps = kit.read_json(os.path.join(transformers_dir, "golden.json"))["compute_epsilon"]
-    lr, eps_adam = training["trainer"]["lr"], training["trainer"]["eps"]
+    lr, eps_adam = training["trainer"]["step_lr"], training["trainer"]["eps"]
     out = {}
     # A gradient zero in exact arithmetic (CLIP's key bias, which softmax ignores) is rounding
     # residue on both sides: compared against the whole gradient's norm when transformers' is
