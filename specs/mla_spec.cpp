@@ -108,10 +108,10 @@ spec::ModuleParityCase mla_attention_case() {
   return c;
 }
 
-spec::ModelSpec mla_spec() {
-  const models::LlamaOptions o = mla_options();
+// The llama port with MLA built with options `o`, registered as spec `name`.
+spec::ModelSpec mla_spec_with(const std::string& name, const models::LlamaOptions& o) {
   spec::ModelSpec s = language_model_spec("llama", o);
-  s.name = "mla";
+  s.name = name;
   s.description =
       "llama with multi-head latent attention (DeepSeek-V3 MLA: compressed q and kv with their norms, one shared "
       "rotary key, v_head_dim apart from the query/key width) in every layer";
@@ -124,13 +124,26 @@ spec::ModelSpec mla_spec() {
   s.checkpoint.key_map.push_back({R"(layers\.(\d+)\.self_attn\.(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa|)"
                                   R"(kv_a_layernorm|kv_b_proj)\.weight)",
                                   {"model.layers.$1.self_attn.$2.weight"}});
-  s.golden.dir = reference_golden("mla");
+  s.golden.dir = reference_golden(name);
   s.golden.layers = llama_golden_layers(o.num_layers());
   s.golden.logits = "lm_head";
   return s;
 }
 
+spec::ModelSpec mla_spec() { return mla_spec_with("mla", mla_options()); }
+
+// MLA over packed documents that attention never crosses (see llama_docs): the decoupled
+// rotary key takes each document's positions, the latent keys and values are masked to the
+// query's document at global token ids under cp; its golden is transformers' DeepseekV3, which
+// finds the documents from the restarting position ids.
+spec::ModelSpec mla_docs_spec() {
+  spec::ModelSpec s = with_document_ids(mla_spec_with("mla_docs", mla_options().document_mask(true)));
+  s.description += ", over packed documents, attention masked to each document (document_mask)";
+  return s;
+}
+
 MIH_REGISTER_SPEC(mla_spec);
+MIH_REGISTER_SPEC(mla_docs_spec);
 
 }  // namespace
 }  // namespace mih::specs
@@ -139,3 +152,5 @@ MIH_REGISTER_SPEC(mla_spec);
 // replicated low-rank projections and norms, their gradients partial over tp) and cp zigzag
 // (the keys and the values of another width all-gathered over cp).
 MIH_CONFORMANCE_SUITES(Mla, "mla", MIH_SPECS_DIR "/matrices/mla.json");
+// Document masking on the cases that split the sequence (cp contiguous and zigzag, sp).
+MIH_CONFORMANCE_SUITES(MlaDocs, "mla_docs", "cpu-smoke-documents");

@@ -294,7 +294,7 @@ TEST(CliMatrixTest, PrintsTheResolvedCasesAndRejectsBadInput) {
                        "gpu-smoke"));
   CliRun spec = mih("matrix --spec gpt3");
   EXPECT_EQ(spec.status, exit_status(Code::kInvalidSpec)) << spec.output;
-  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
+  EXPECT_THAT(spec.output, HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, mla_docs, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed"));
 }
 
 // Reads a JSONL file's lines.
@@ -567,7 +567,8 @@ TEST(CliConformanceTest, SuitesAreInstantiatedOnlyWhereTheyApply) {
   // on 7 cases, specs/matrices/llama_epochs.json), whose data loader has epochs: its 3 resumes
   // with DataLoaderState (2 tests each), their twins DpShard2, DpReplicate2 and Single. Then 6769:
   // its golden (MatchesOriginal's 4 tests on its Reference, the step at the schedule's step-0 lr).
-  EXPECT_EQ(total, 6769) << list.output;
+  // Then 6911: mla_docs (142 tests), MLA over the packed documents, on the documents lane.
+  EXPECT_EQ(total, 6911) << list.output;
   EXPECT_EQ(cases_of["VlmFrozenVision/FrozenParameters"],
             (std::set<std::string>{"Reference", "DpShard2", "Tp2Sgd", "ReferenceSgd", "Tp2Sp", "Tp4Sp"}));
   EXPECT_EQ(cases_of.count("Llama/FrozenParameters"), 0u);

@@ -53,7 +53,7 @@ TEST(ReferenceSpecsTest, AllAreRegistered) {
   EXPECT_THAT(spec::SpecRegistry::instance().names(),
               ElementsAre("gpt2", "llama", "llama_bias", "llama_deep", "llama_docs", "llama_dropout", "llama_epochs",
                           "llama_epochs_long", "llama_swa", "llama_tied", "llama_unobserved", "llama_unsharded_root",
-                          "mla", "moe", "moe_deep", "moe_qwen", "qwen3", "qwen3_docs", "vlm", "vlm_frozen_vision", "vlm_mixed"));
+                          "mla", "mla_docs", "moe", "moe_deep", "moe_qwen", "qwen3", "qwen3_docs", "vlm", "vlm_frozen_vision", "vlm_mixed"));
 }
 
 class ReferenceSpecTest : public ::testing::TestWithParam<std::string> {};
@@ -139,7 +139,7 @@ TEST(ModelSpecTest, MalformedSpecsAreRejectedNamingTheField) {
   EXPECT_THAT([] { spec::parse_phase("warmup"); },
               ThrowsMessage<Error>(HasSubstr("unknown phase 'warmup'; valid: structure, materialization")));
   EXPECT_THAT([] { spec::SpecRegistry::instance().get("gpt3"); },
-              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed")));
+              ThrowsMessage<Error>(HasSubstr("unknown spec 'gpt3'; registered: gpt2, llama, llama_bias, llama_deep, llama_docs, llama_dropout, llama_epochs, llama_epochs_long, llama_swa, llama_tied, llama_unobserved, llama_unsharded_root, mla, mla_docs, moe, moe_deep, moe_qwen, qwen3, qwen3_docs, vlm, vlm_frozen_vision, vlm_mixed")));
   // A pattern that matches nothing in the model.
   spec::ModelSpec typo = base;
   typo.modalities[0].parameter_patterns = {"vison_tower.*"};
