@@ -253,16 +253,18 @@ Verdict resume_continues_step_count(const CaseEvidence& ev);
 
 /// DataLoaderState: the sample-id ledger of the whole run (a resume's save phase's metrics
 /// rows, then its load phase's: "samples" [[epoch, index], ...] and "data_loader", the loader's
-/// state after the step, whose "epoch_samples" is N): no sample served twice in an epoch, every
-/// index in [0, N), and every epoch before the last one served whole. Fails naming the sample,
+/// state after the step, whose "epoch_samples" is N): a row for every step of the run, the
+/// loader's "samples_served" after each step equal to the samples the ledger lists up to it, no
+/// sample served twice in an epoch, every index in [0, N), and every epoch before the last one
+/// served whole. Fails naming the sample,
 /// the two steps and the file; and when a row has no ledger. A pass says how many samples, steps
 /// and epochs it examined.
 /// Throws: as CaseEvidence::jsonl; kFailedPrecondition when a metrics row is malformed.
 Verdict samples_once_per_epoch(const CaseEvidence& ev);
 
-/// DataLoaderState: from `first_step` (the resume_at), every step of `ev`'s metrics served the
-/// samples the uninterrupted `twin` served at that step and left the loader in the same state
-/// ("samples" and "data_loader" equal). Fails naming the first step that differs, both ledgers
+/// DataLoaderState: from `first_step` (the resume_at), `ev`'s metrics have every step `twin`'s
+/// have, and each served the samples the uninterrupted `twin` served at that step and left the
+/// loader in the same state ("samples" and "data_loader" equal). Fails naming the first step that differs, both ledgers
 /// and states. Throws: as samples_once_per_epoch.
 Verdict ledger_matches_uninterrupted_run(const CaseEvidence& twin, const CaseEvidence& ev, int64_t first_step);
 

@@ -80,6 +80,14 @@ Verdict samples_once_per_epoch(const CaseEvidence& ev) {
                          " names no 'epoch_samples' >= 1 (open " + rows.front().file + ")");
   }
   const int64_t n = n_field.get<int64_t>();
+  // The run's every step, in order: a ledger with a step missing would hide what it served.
+  const int64_t steps = ev.resolved_case().steps;
+  for (int64_t k = 0; k < steps; ++k) {
+    if (k >= static_cast<int64_t>(rows.size()) || rows[static_cast<size_t>(k)].step != k) {
+      return Verdict::fail("the ledger of the run's " + std::to_string(steps) + " steps has no row for step " +
+                           std::to_string(k) + " (open " + rows.front().file + " and " + rows.back().file + ")");
+    }
+  }
   std::map<int64_t, std::map<int64_t, int64_t>> seen;  // epoch -> index -> step that served it
   int64_t count = 0;
   for (const LedgerRow& row : rows) {
@@ -96,6 +104,12 @@ Verdict samples_once_per_epoch(const CaseEvidence& ev) {
                              "; open " + row.file + ")");
       }
       ++count;
+    }
+    // What the loader says it served after the step is what the ledger lists up to it.
+    const json served = row.state.contains("samples_served") ? row.state.at("samples_served") : json();
+    if (!served.is_number_integer() || served.get<int64_t>() != count) {
+      return Verdict::fail("after step " + std::to_string(row.step) + " the ledger lists " + std::to_string(count) +
+                           " samples and the loader says it served " + short_json(served) + " (open " + row.file + ")");
     }
   }
   if (count == 0) return Verdict::fail("the ledger of steps " + std::to_string(rows.front().step) + ".." +
@@ -127,6 +141,14 @@ Verdict ledger_matches_uninterrupted_run(const CaseEvidence& twin, const CaseEvi
   }
   std::map<int64_t, const LedgerRow*> by_step;
   for (const LedgerRow& r : theirs) by_step[r.step] = &r;
+  std::set<int64_t> resumed_steps;
+  for (const LedgerRow& r : mine) resumed_steps.insert(r.step);
+  for (const LedgerRow& t : theirs) {
+    if (t.step >= first_step && !resumed_steps.count(t.step)) {
+      return Verdict::fail("the uninterrupted run trained step " + std::to_string(t.step) +
+                           " and the resumed run's metrics have no row for it (open " + rel_path(ev, layout::kMetrics) + ")");
+    }
+  }
   int64_t steps = 0, samples = 0;
   for (const LedgerRow& r : mine) {
     if (r.step < first_step) continue;

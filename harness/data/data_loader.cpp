@@ -86,15 +86,17 @@ void EpochLoader::load_state_dict(const nlohmann::json& state) {
   const int64_t n = json_int(state, "epoch_samples", 0, where, 1);
   MIH_CHECK(n == o.epoch_samples(), where, ": the checkpoint's epochs have ", n, " samples, this run's ",
             o.epoch_samples(), ": its positions mean other samples; resume with epoch_samples ", n);
-  MIH_CHECK(state.at("seed").is_number_unsigned() || state.at("seed").is_number_integer(), where,
-            ": 'seed' must be an integer, got ", json_summary(state.at("seed")));
-  const auto seed = state.at("seed").get<uint64_t>();
+  const nlohmann::json& seed_field = state.at("seed");
+  MIH_CHECK(seed_field.is_number_unsigned() || (seed_field.is_number_integer() && seed_field.get<int64_t>() >= 0), where,
+            ": 'seed' must be an integer >= 0, got ", json_summary(seed_field));
+  const auto seed = seed_field.get<uint64_t>();
   MIH_CHECK(seed == o.seed(), where, ": the checkpoint's epochs were shuffled with seed ", seed, ", this run's with ",
             o.seed(), ": the epoch would continue in another order, serving samples twice or never; resume with seed ",
             seed);
   const bool shuffle = json_bool(state, "shuffle", true, where);
   MIH_CHECK(shuffle == o.shuffle(), where, ": the checkpoint's epochs were ", shuffle ? "" : "not ",
-            "shuffled and this run's are ", o.shuffle() ? "" : "not ", "; resume with shuffle ", shuffle ? "true" : "false");
+            "shuffled and this run's are ", o.shuffle() ? "" : "not ", "shuffled; resume with shuffle ",
+            shuffle ? "true" : "false");
   const int64_t epoch = json_int(state, "epoch", 0, where, 0, kMax / n - 2);
   const int64_t position = json_int(state, "position", 0, where, 0, n - 1);
   if (state.contains("samples_served")) {

@@ -398,31 +398,31 @@ void Trainer::load(const std::filesystem::path& dir) {
   // A checkpoint of another optimizer's state would load as a fresh one (its keys unknown):
   // refused by name. Checkpoints written before the field were AdamW's.
   const nlohmann::json trainer_state = read_checkpoint_index(dir).at("trainer_state");
-  const std::string saved =
-      trainer_state.contains("optimizer") ? trainer_state.at("optimizer").get<std::string>() : std::string("adamw");
+  const std::string saved = json_string(trainer_state, "optimizer", "adamw", "checkpoint " + dir.string() + " trainer state");
   MIH_CHECK(saved == compat::optimizer_kind(*optimizer_), "checkpoint ", dir.string(), " holds the state of optimizer '",
             saved, "', this trainer's is '", compat::optimizer_kind(*optimizer_), "': build the trainer with ",
             "TrainerOptions::optimizer '", saved, "' to resume it");
   // The loader continues where the checkpoint's stood; a checkpoint of an older harness has
   // no loader state and its batches were drawn by step.
-  MIH_CHECK(trainer_state.contains("data_loader") || trainer_state.contains("next_step"), "checkpoint ", dir.string(),
-            ": its trainer state has no 'next_step'");
-  const nlohmann::json data_state =
-      trainer_state.contains("data_loader")
-          ? trainer_state.at("data_loader")
-          : nlohmann::json{{"kind", "steps"}, {"next_step", trainer_state.at("next_step")}};
+  MIH_CHECK(trainer_state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
+  const int64_t saved_step = json_int(trainer_state, "next_step", 0, "checkpoint " + dir.string() + " trainer state", 0);
   const nlohmann::json fresh = loader_->state_dict();
+  MIH_CHECK(trainer_state.contains("data_loader") || fresh.at("kind") == "steps", "checkpoint ", dir.string(),
+            " holds no data loader state (written before loaders kept one: its batches were drawn by step), and this ",
+            "run's loader is of kind '", fresh.at("kind").get<std::string>(), "', which cannot continue it; resume ",
+            "it with the data it was trained on, or start the run again");
+  const nlohmann::json data_state = trainer_state.contains("data_loader")
+                                        ? trainer_state.at("data_loader")
+                                        : nlohmann::json{{"kind", "steps"}, {"next_step", saved_step}};
   // Refuses another data's state before anything loads, changing nothing.
   with_context("checkpoint " + dir.string(), [&] { loader_->load_state_dict(data_state); });
-  nlohmann::json state;
   try {
-    state = load_checkpoint(dir, *context_, optimizer_.get());
+    load_checkpoint(dir, *context_, optimizer_.get());
   } catch (...) {
     loader_->load_state_dict(fresh);
     throw;
   }
-  MIH_CHECK(state.contains("next_step"), "checkpoint ", dir.string(), ": its trainer state has no 'next_step'");
-  next_step_ = state.at("next_step").get<int64_t>();
+  next_step_ = saved_step;
   // F44 (docs/fault-catalog.md): the data loader left out of what a load restores (the
   // checkpoint never given it): the resumed run draws from the first batch again.
   if (fault::active(fault::Fault::kF44)) loader_->load_state_dict(fresh);

@@ -7,6 +7,7 @@
 // after a refusal; F43 (the epoch not restored) and F44 (the loader left out of the load) serve
 // samples twice.
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -184,6 +185,15 @@ TEST(EpochLoaderTest, ContinuesFromItsStateAndRefusesAnotherDatasetsUnchanged) {
   bad["epoch_samples"] = 13;
   EXPECT_THAT([&] { resumed.load_state_dict(bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("epochs have 13 samples")));
   bad = state;
+  bad["seed"] = -1;
+  EXPECT_THAT([&] { resumed.load_state_dict(bad); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'seed' must be an integer >= 0, got -1")));
+  bad = state;
+  bad["shuffle"] = false;
+  EXPECT_THAT([&] { resumed.load_state_dict(bad); },
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("epochs were not shuffled and this run's are shuffled; resume with shuffle false")));
+  bad = state;
   bad["samples_served"] = 3;
   EXPECT_THAT([&] { resumed.load_state_dict(bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("edited or corrupted")));
   bad = state;
@@ -255,6 +265,31 @@ TEST(DataLoaderResumeTest, AStepLoaderRefusesALoaderOfEpochsStateAndLoadsNothing
     Trainer t(mesh, config(1, 1), testing::tiny_block_factory(model()), pipeline().source(), options());
     EXPECT_THAT([&] { t.load(dir / "a"); }, ::testing::ThrowsMessage<Error>(HasSubstr("of kind 'epochs'")));
     EXPECT_EQ(t.next_step(), 0);
+  });
+  EXPECT_THAT(errors, IsEmpty());
+}
+
+// A checkpoint of a harness before loaders kept state (no "data_loader"; batches by step): a
+// loader of epochs cannot continue it and says so; a step loader continues at its next_step.
+TEST(DataLoaderResumeTest, ACheckpointWithoutLoaderStateContinuesByStepOrIsRefusedByName) {
+  const std::filesystem::path dir = testing::temp_dir("loader_ckpt_old");
+  train(config(1, 1), 1, {}, dir / "a");
+  const std::filesystem::path index = dir / "a" / "index.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(index));
+  ASSERT_TRUE(j.at("trainer_state").contains("data_loader"));
+  j["trainer_state"].erase("data_loader");
+  std::ofstream(index) << j.dump();
+  auto errors = testing::run_mesh(config(1, 1), [&](DeviceMesh& mesh) {
+    const data::TextPipeline p = pipeline();
+    Trainer epochs(mesh, config(1, 1), testing::tiny_block_factory(model()), p.source(), options(), nullptr,
+                   std::make_unique<data::EpochLoader>(p));
+    EXPECT_THAT([&] { epochs.load(dir / "a"); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("holds no data loader state")));
+    EXPECT_EQ(epochs.next_step(), 0);
+    Trainer steps(mesh, config(1, 1), testing::tiny_block_factory(model()), p.source(), options());
+    steps.load(dir / "a");
+    EXPECT_EQ(steps.next_step(), 1);
+    EXPECT_EQ(steps.step().data_state.at("next_step"), 2);
   });
   EXPECT_THAT(errors, IsEmpty());
 }
