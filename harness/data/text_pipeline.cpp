@@ -281,12 +281,19 @@ SampleId TextPipeline::sample_at(int64_t position) const {
 
 Batch TextPipeline::samples_batch(int64_t first_position) const {
   const int64_t b = options_.global_batch();
+  const int64_t n = options_.epoch_samples();
+  MIH_CHECK(n > 0, "text pipeline: samples_batch needs 'epoch_samples' (the pipeline has no epochs)");
   MIH_CHECK(first_position >= 0 && first_position <= std::numeric_limits<int64_t>::max() - b,
             "text pipeline: sample position ", first_position, " is not in [0, int64 max - global_batch]");
+  // Each epoch's order once (a batch touches one or two epochs), not once per row.
   std::vector<SampleId> samples;
-  std::vector<int64_t> offsets;
-  for (int64_t r = 0; r < b; ++r) {
-    samples.push_back(sample_at(first_position + r));
+  std::vector<int64_t> offsets, order;
+  for (int64_t p = first_position, epoch = -1; p < first_position + b; ++p) {
+    if (p / n != epoch) {
+      epoch = p / n;
+      order = shuffled_order(n, options_.seed(), epoch, options_.shuffle());
+    }
+    samples.push_back({epoch, order[static_cast<size_t>(p % n)]});
     offsets.push_back(samples.back().index * options_.seq_len());
   }
   Batch batch = rows(offsets);
