@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -26,6 +27,10 @@
 #include "tests/support/thread_ranks.h"
 
 namespace mih {
+
+// gtest prints a ledger as [epoch, index] pairs.
+void PrintTo(const SampleId& id, std::ostream* os) { *os << "[" << id.epoch << ", " << id.index << "]"; }
+
 namespace {
 
 using ::testing::HasSubstr;
